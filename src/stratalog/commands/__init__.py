@@ -1,0 +1,13 @@
+"""Registers every subcommand on the CLI groups."""
+
+from __future__ import annotations
+
+import click
+
+
+def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) -> None:
+    from stratalog.commands import bench_wal, chaos_wal, demo
+
+    cli.add_command(demo.demo)
+    bench.add_command(bench_wal.wal, name="wal")
+    chaos.add_command(chaos_wal.wal, name="wal")

@@ -1,0 +1,612 @@
+"""The Delta WAL: a ring of 4 KiB-aligned blocks on a file or raw device, acknowledged in offset order.
+
+Write path (all under one lock, a few microseconds per record)::
+
+    append(data) -> record packed into the current block's aligned buffer -> AppendResult(offset, future)
+    current block sealed by size (block_bytes_soft_max) or age (block_linger_s, by the sealer thread)
+    sealed blocks -> pending -> up to io_threads written at once, within window_bytes_max
+    a block is acknowledged (its future completes) once it and every block before it are durable
+
+Every record in a block shares the block's future: one Future per block, not per record, keeps the
+per-record cost small. The future's result is the offset up to which the log is durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from enum import Enum
+from typing import NamedTuple
+
+from stratalog.errors import (
+    CapacityMismatchError,
+    CorruptHeaderError,
+    OverCapacityError,
+    RecordTooLargeError,
+    WALClosedError,
+    WALFailedError,
+    WALStateError,
+)
+from stratalog.invariant import invariant
+from stratalog.io.device import Device, FileDevice, aligned_buffer
+from stratalog.wal.config import FsyncPolicy, WALConfig
+from stratalog.wal.format import (
+    ALIGN_BYTES,
+    HEADER_SLOT_BYTES,
+    HEADER_SLOTS,
+    HEADERS_BYTES,
+    RECORD_HEADER_BYTES,
+    RECORD_HEADER_CRC_COVERS_BYTES,
+    RECORD_MAGIC,
+    TRIM_NONE,
+    ShutdownType,
+    WALHeader,
+    align_up,
+    crc32c,
+    decode_header,
+    encode_header,
+    encode_pad,
+)
+from stratalog.wal.recovery import RecoveredRecord, RecoveryStats, scan
+
+log = logging.getLogger("stratalog.wal")
+
+_PREFIX = struct.Struct("<IIQI")
+_U32 = struct.Struct("<I")
+
+
+class AppendResult(NamedTuple):
+    """Where a record went and when it is durable.
+
+    ``offset``: the record's logical offset (use it for trim). ``future``: completes with the offset up
+    to which the log is durable once this record is; futures complete in offset order. On a write or
+    sync error it raises WALFailedError instead.
+    """
+
+    offset: int
+    future: Future[int]
+
+
+class _State(Enum):
+    NEEDS_RECOVERY = "needs recovery"
+    RECOVERING = "recovering"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class _Block:
+    """A run of records written with one aligned write; the unit of I/O and of acknowledgement."""
+
+    __slots__ = ("buf", "end", "future", "limit", "opened_at", "pad", "pooled", "start", "used", "written")
+
+    def __init__(self, start: int, buf: mmap.mmap, limit: int, pooled: bool) -> None:
+        self.start = start
+        self.buf = buf
+        self.limit = limit  # bytes this block may hold: buffer size, ring end and capacity allowing
+        self.used = 0
+        self.end = start
+        self.future: Future[int] = Future()
+        self.opened_at = 0.0
+        self.written = False
+        self.pooled = pooled
+        self.pad = False
+
+
+class WriteAheadLog:
+    """A durable, ordered write-ahead log over a preallocated file or a raw block device.
+
+    Open it, run :meth:`recover` to its end (it returns every record after the trim point and then
+    positions the writer), then :meth:`append`, :meth:`trim` and finally :meth:`close`.
+    """
+
+    def __init__(self, device: Device, header: WALHeader, config: WALConfig, *, owns_device: bool) -> None:
+        self._device = device
+        self._config = config
+        self._owns_device = owns_device
+        self._capacity_bytes = header.capacity_bytes
+        self._ring_bytes = header.ring_bytes
+        self._trim_offset = header.trim_offset
+        self._header_window_bytes = header.window_bytes_max
+        self._sequence = header.sequence
+        self._last_shutdown = header.shutdown
+        # Held across a header write and the state it records, so headers land in the order decided.
+        self._header_lock = threading.RLock()
+        self._lock = threading.Lock()
+        self._sealer_wake = threading.Condition(self._lock)
+        self._space_free = threading.Condition(self._lock)
+        self._complete_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._state = _State.NEEDS_RECOVERY
+        self._fresh = False
+        self._failure: WALFailedError | None = None
+        self._current: _Block | None = None
+        self._next_offset = 0
+        self._pending: deque[_Block] = deque()
+        self._unacked: deque[_Block] = deque()
+        self._writing = 0
+        self._buffered_bytes = 0
+        self._free_buffers: list[mmap.mmap] = []
+        self._durable_offset = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._threads: list[threading.Thread] = []
+        self._stop_background = threading.Event()
+        self.recovery_stats = RecoveryStats()
+        # Writes need a sync after them unless the device makes each write durable by itself.
+        self._sync_after_write = config.fsync is FsyncPolicy.ALWAYS and not device.durable_writes
+
+    # Opening ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str] | Device,
+        capacity_bytes: int | None = None,
+        create: bool = True,
+        config: WALConfig | None = None,
+    ) -> WriteAheadLog:
+        """Open the log at ``path`` (a regular file, a block device, or a :class:`Device`).
+
+        A missing file is created and preallocated to ``capacity_bytes`` when ``create`` is true. An
+        existing log keeps the capacity in its header; a different ``capacity_bytes`` is an error, as is
+        a file or device smaller than that capacity. Call :meth:`recover` before appending.
+        """
+        config = config or WALConfig()
+        config.validate()
+        if capacity_bytes is not None and (capacity_bytes % ALIGN_BYTES or capacity_bytes <= HEADERS_BYTES):
+            raise ValueError(f"capacity_bytes must be a multiple of {ALIGN_BYTES} above {HEADERS_BYTES}")
+        owns = not hasattr(path, "pwrite")
+        if owns:
+            fspath = os.fspath(path)  # type: ignore[arg-type]
+            created = not os.path.exists(fspath)
+            device: Device = FileDevice.open(
+                fspath, size_bytes=capacity_bytes, create=create,
+                sync_writes=config.fsync is FsyncPolicy.ALWAYS,
+            )
+        else:
+            device = path  # type: ignore[assignment]
+            created = False
+        try:
+            return cls._open_device(device, capacity_bytes, create, config, created, owns)
+        except BaseException:
+            if owns:
+                device.close()
+            raise
+
+    @classmethod
+    def _open_device(cls, device: Device, capacity_bytes: int | None, create: bool, config: WALConfig,
+                     created: bool, owns: bool) -> WriteAheadLog:
+        slots = aligned_buffer(HEADERS_BYTES)
+        try:
+            device.pread_into(slots, 0)
+            raw = bytes(slots)
+        finally:
+            slots.close()
+        found = [h for h in (decode_header(raw[i * HEADER_SLOT_BYTES:(i + 1) * HEADER_SLOT_BYTES])
+                             for i in range(HEADER_SLOTS)) if h is not None]
+        if found:
+            header = max(found, key=lambda h: h.sequence)
+            if capacity_bytes is not None and capacity_bytes != header.capacity_bytes:
+                raise CapacityMismatchError(
+                    f"the WAL was made with capacity_bytes={header.capacity_bytes}, not {capacity_bytes}: "
+                    "pass the original capacity (or None to take it from the header)"
+                )
+            if device.size_bytes < header.capacity_bytes:
+                raise CapacityMismatchError(
+                    f"the device holds {device.size_bytes} bytes but the WAL header says "
+                    f"{header.capacity_bytes}: the file was truncated or this is another device"
+                )
+            config.validate(header.ring_bytes)
+            return cls(device, header, config, owns_device=owns)
+        if not (create and (created or raw == bytes(len(raw)))):
+            raise CorruptHeaderError(
+                "neither header slot holds a valid WAL header: this is not a stratalog WAL, or both "
+                "headers are damaged; refusing to format it (move it aside to start a new log)"
+            )
+        capacity = capacity_bytes if capacity_bytes is not None else device.size_bytes
+        capacity -= capacity % ALIGN_BYTES
+        if capacity > device.size_bytes:
+            raise CapacityMismatchError(
+                f"capacity_bytes={capacity} is larger than the device ({device.size_bytes} bytes)"
+            )
+        header = WALHeader(0, capacity, TRIM_NONE, config.window_bytes_max, ShutdownType.UNCLEAN)
+        config.validate(header.ring_bytes)
+        wal = cls(device, header, config, owns_device=owns)
+        wal._write_header(ShutdownType.UNCLEAN)
+        wal._fresh = True
+        wal._start_writer(0)
+        return wal
+
+    # Recovery --------------------------------------------------------------------------------------
+
+    def recover(self) -> Iterator[RecoveredRecord]:
+        """Yield every valid record after the trim offset, in offset order, then open for appends.
+
+        Run it to its end: appends are refused until it has finished. It never yields a record that
+        fails its CRC, one from an earlier lap of the ring, or one at or below the trim offset.
+        ``recovery_stats`` tells what it saw.
+        """
+        if self._fresh:
+            self._fresh = False
+            return iter(())  # a log made by this open: nothing to recover
+        if self._state is not _State.NEEDS_RECOVERY:
+            raise WALStateError(f"recover() runs once, before any append (the log is {self._state.value})")
+        self._state = _State.RECOVERING
+        return self._recover()
+
+    def _recover(self) -> Iterator[RecoveredRecord]:
+        stats = self.recovery_stats
+        yield from scan(
+            self._device,
+            ring_bytes=self._ring_bytes,
+            trim_offset=self._trim_offset,
+            window_bytes_max=self._header_window_bytes,
+            read_bytes=self._config.recovery_read_bytes,
+            stats=stats,
+        )
+        # Make what recovery saw durable before writing past it: after a kill -9 the records may sit
+        # unsynced in the page cache, and new acknowledged records must never follow a hole.
+        self._device.sync()
+        self._write_header(ShutdownType.UNCLEAN)
+        self._start_writer(stats.next_offset)
+
+    def _start_writer(self, next_offset: int) -> None:
+        self._next_offset = next_offset
+        self._durable_offset = next_offset
+        self._executor = ThreadPoolExecutor(self._config.io_threads, thread_name_prefix="stratalog-wal-io")
+        self._state = _State.OPEN
+        sealer = threading.Thread(target=self._sealer_loop, name="stratalog-wal-sealer", daemon=True)
+        sealer.start()
+        self._threads.append(sealer)
+        if self._config.fsync is FsyncPolicy.INTERVAL:
+            syncer = threading.Thread(target=self._interval_sync_loop, name="stratalog-wal-sync", daemon=True)
+            syncer.start()
+            self._threads.append(syncer)
+
+    # Appending -------------------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview) -> AppendResult:
+        """Add one record; return its offset and a future that completes once it is durable.
+
+        Raises OverCapacityError when the ring has no room left (trim, then retry) or when the write
+        buffer stayed full for ``append_wait_s_max``; RecordTooLargeError above ``record_bytes_max``;
+        WALFailedError after a write or sync error.
+        """
+        body_bytes = len(data)
+        if body_bytes > self._config.record_bytes_max:
+            raise RecordTooLargeError(
+                f"record of {body_bytes} bytes exceeds record_bytes_max={self._config.record_bytes_max}"
+            )
+        body_crc = crc32c(data)
+        self._fresh = False
+        size = RECORD_HEADER_BYTES + body_bytes
+        with self._lock:
+            block = self._current
+            if block is None or block.used + size > block.limit:
+                block = self._roll(size)
+            pos = block.used
+            offset = block.start + pos
+            buf = block.buf
+            _PREFIX.pack_into(buf, pos, RECORD_MAGIC, body_bytes, offset, body_crc)
+            _U32.pack_into(buf, pos + RECORD_HEADER_CRC_COVERS_BYTES,
+                           crc32c(buf[pos:pos + RECORD_HEADER_CRC_COVERS_BYTES]))
+            buf[pos + RECORD_HEADER_BYTES:pos + size] = data
+            block.used = pos + size
+            if pos == 0:
+                block.opened_at = time.monotonic()
+                self._sealer_wake.notify()
+            if block.used >= self._config.block_bytes_soft_max:
+                self._seal(block)
+            return AppendResult(offset, block.future)
+
+    def _roll(self, size: int) -> _Block:
+        """Seal the current block and open one that can take a record of ``size`` bytes (lock held)."""
+        deadline = None
+        while True:
+            self._check_writable()
+            current = self._current
+            if current is not None and current.used + size <= current.limit:
+                return current  # another appender opened a block while this one waited
+            if current is not None:
+                if current.used:
+                    self._seal(current)
+                else:
+                    self._current = None
+                    self._release_buffer(current)
+            block_bytes = align_up(size)
+            pooled = block_bytes <= self._config.block_bytes_soft_max
+            buffer_bytes = self._config.block_bytes_soft_max if pooled else block_bytes
+            if self._buffered_bytes + buffer_bytes <= self._config.buffered_bytes_max:
+                break
+            # Backpressure: the device is behind; wait for blocks to be acknowledged.
+            now = time.monotonic()
+            deadline = deadline or now + self._config.append_wait_s_max
+            if now >= deadline:
+                raise OverCapacityError(
+                    f"write buffer full ({self._buffered_bytes} bytes waiting for the device) for "
+                    f"{self._config.append_wait_s_max} s: the device is slower than the appends"
+                )
+            self._space_free.wait(deadline - now)
+        start = self._next_offset
+        room = self._ring_bytes - start % self._ring_bytes
+        if block_bytes > room:
+            # The record would cross the ring's physical end: pad to it, start the next lap.
+            self._check_room(start, ALIGN_BYTES)
+            self._emit_pad(start, start + room)
+            start += room
+            room = self._ring_bytes
+        self._check_room(start, block_bytes)
+        buf = self._free_buffers.pop() if pooled and self._free_buffers else aligned_buffer(buffer_bytes)
+        live_end = max(self._trim_offset, 0) + self._ring_bytes
+        limit = min(buffer_bytes, room, live_end - start)
+        block = _Block(start, buf, limit - limit % ALIGN_BYTES, pooled)
+        self._buffered_bytes += buffer_bytes
+        self._current = block
+        return block
+
+    def _check_room(self, start: int, block_bytes: int) -> None:
+        live_end = max(self._trim_offset, 0) + self._ring_bytes
+        if start + block_bytes > live_end:
+            raise OverCapacityError(
+                f"the WAL ring is full: {start - max(self._trim_offset, 0)} of {self._ring_bytes} bytes "
+                "hold untrimmed records; trim what has been uploaded, then retry"
+            )
+
+    def _emit_pad(self, start: int, ring_end: int) -> None:
+        buf = aligned_buffer(ALIGN_BYTES)
+        buf[:RECORD_HEADER_BYTES] = encode_pad(start, ring_end)
+        pad = _Block(start, buf, ALIGN_BYTES, pooled=False)
+        pad.used = RECORD_HEADER_BYTES
+        pad.pad = True
+        self._buffered_bytes += ALIGN_BYTES
+        self._seal(pad, end=ring_end)
+
+    def _seal(self, block: _Block, end: int | None = None) -> None:
+        """Close ``block`` to further records and queue it for writing (lock held)."""
+        block.end = end if end is not None else block.start + align_up(block.used)
+        self._next_offset = block.end
+        if self._current is block:
+            self._current = None
+        self._pending.append(block)
+        self._unacked.append(block)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand pending blocks to I/O threads while threads and the window allow (lock held)."""
+        window_max = self._config.window_bytes_max
+        threads = self._config.io_threads
+        while self._pending and self._writing < threads:
+            block = self._pending[0]
+            oldest = self._unacked[0]
+            if block is not oldest and block.end - oldest.start > window_max:
+                return
+            self._pending.popleft()
+            self._writing += 1
+            assert self._executor is not None
+            self._executor.submit(self._write_block, block)
+
+    # I/O threads -----------------------------------------------------------------------------------
+
+    def _write_block(self, block: _Block) -> None:
+        position = HEADERS_BYTES + block.start % self._ring_bytes
+        length = ALIGN_BYTES if block.pad else block.end - block.start
+        try:
+            with memoryview(block.buf) as view:
+                self._device.pwrite(view[:length], position)
+            if self._sync_after_write:
+                self._sync()
+        except BaseException as e:
+            self._fail(e, f"writing {length} bytes at logical offset {block.start}", writer=True)
+            return
+        with self._lock:
+            block.written = True
+            self._writing -= 1
+            self._dispatch()
+            ready = bool(self._unacked) and self._unacked[0].written
+        if ready:
+            self._complete_in_order()
+
+    def _sync(self) -> None:
+        # Serialized, and never retried: once one sync fails, a later one may report success for data
+        # the kernel already dropped (fsyncgate), so nothing may be acknowledged after a failure.
+        with self._sync_lock:
+            if self._failure is not None:
+                raise self._failure
+            self._device.sync()
+
+    def _complete_in_order(self) -> None:
+        with self._complete_lock:
+            while True:
+                with self._lock:
+                    if self._failure is not None or not self._unacked or not self._unacked[0].written:
+                        return
+                    block = self._unacked.popleft()
+                    invariant(block.start >= self._durable_offset, "blocks acknowledged out of order")
+                    self._durable_offset = block.end
+                    self._release_buffer(block)
+                    self._dispatch()
+                    self._space_free.notify_all()
+                block.future.set_result(block.end)
+
+    def _release_buffer(self, block: _Block) -> None:
+        self._buffered_bytes -= ALIGN_BYTES if block.pad else (
+            self._config.block_bytes_soft_max if block.pooled else len(block.buf))
+        if block.pooled and len(self._free_buffers) < 2 * self._config.io_threads + 2:
+            self._free_buffers.append(block.buf)
+        else:
+            block.buf.close()
+
+    def _fail(self, error: BaseException, what: str, writer: bool = False) -> None:
+        """Stop the log: fail every unacknowledged append and refuse new ones (fail-stop)."""
+        with self._lock:
+            first = self._failure is None
+            if first:
+                self._failure = WALFailedError(
+                    f"the WAL stopped after an I/O error while {what}: {error}. Nothing after it is "
+                    "acknowledged; reopen the log to recover what is durable"
+                )
+                self._failure.__cause__ = error
+            failed = list(self._unacked)
+            self._unacked.clear()
+            self._pending.clear()
+            if self._current is not None and self._current.used:
+                failed.append(self._current)
+            self._current = None
+            if writer:
+                self._writing -= 1
+            self._space_free.notify_all()
+            self._sealer_wake.notify_all()
+        if first:
+            log.error("%s", self._failure)
+        with self._complete_lock:
+            for block in failed:
+                if not block.future.done():
+                    block.future.set_exception(self._failure)
+
+    def _check_writable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._state is not _State.OPEN:
+            if self._state in (_State.CLOSING, _State.CLOSED):
+                raise WALClosedError("the WAL is closed")
+            raise WALStateError("run recover() to its end before appending")
+
+    # Background threads ----------------------------------------------------------------------------
+
+    def _sealer_loop(self) -> None:
+        """Seal the current block once its first record has waited ``block_linger_s``."""
+        linger_s = self._config.block_linger_s
+        with self._lock:
+            while self._state is _State.OPEN and self._failure is None:
+                block = self._current
+                if block is None or not block.used:
+                    self._sealer_wake.wait()
+                    continue
+                wait_s = block.opened_at + linger_s - time.monotonic()
+                if wait_s > 0:
+                    self._sealer_wake.wait(wait_s)
+                    continue
+                self._seal(block)
+
+    def _interval_sync_loop(self) -> None:
+        while not self._stop_background.wait(self._config.fsync_interval_s):
+            try:
+                self._sync()
+            except BaseException as e:
+                self._fail(e, "the periodic sync")
+                return
+
+    # Trim, header, close ---------------------------------------------------------------------------
+
+    def trim(self, offset: int) -> None:
+        """Let records at offsets <= ``offset`` be overwritten; recovery no longer returns them.
+
+        Durable when it returns (the header is written and synced). ``offset`` should be an offset an
+        append returned; trimming backwards is a no-op.
+        """
+        with self._header_lock:
+            with self._lock:
+                self._check_writable()
+                end = self._current.start + self._current.used if self._current else self._next_offset
+                if offset >= end:
+                    raise ValueError(f"cannot trim to {offset}: nothing is appended there yet (end {end})")
+                if offset <= self._trim_offset:
+                    return
+            # The new trim must be durable before the space it frees is reused.
+            self._write_header(ShutdownType.UNCLEAN, trim_offset=offset)
+            with self._lock:
+                self._trim_offset = offset
+
+    def _write_header(self, shutdown: ShutdownType, trim_offset: int | None = None) -> None:
+        with self._header_lock:
+            trim = self._trim_offset if trim_offset is None else trim_offset
+            sequence = self._sequence + 1
+            header = WALHeader(sequence, self._capacity_bytes, trim, self._config.window_bytes_max, shutdown)
+            buf = aligned_buffer(HEADER_SLOT_BYTES)
+            buf[:] = encode_header(header)
+            try:
+                self._device.pwrite(buf, (sequence % HEADER_SLOTS) * HEADER_SLOT_BYTES)
+                if not self._device.durable_writes:
+                    self._sync()
+            except WALFailedError:
+                raise
+            except BaseException as e:
+                self._fail(e, "writing the WAL header")
+                assert self._failure is not None
+                raise self._failure from e
+            finally:
+                buf.close()
+            self._sequence = sequence
+            self._header_window_bytes = header.window_bytes_max
+
+    def close(self) -> None:
+        """Write out and acknowledge everything appended, mark a graceful shutdown, release the device."""
+        with self._lock:
+            if self._state in (_State.CLOSING, _State.CLOSED):
+                return
+            was_open = self._state is _State.OPEN
+            self._state = _State.CLOSING
+            if self._current is not None and self._current.used and self._failure is None:
+                self._seal(self._current)
+            futures = [b.future for b in self._unacked]
+            self._sealer_wake.notify_all()
+        for future in futures:
+            future.exception()  # wait; a failure is already recorded in self._failure
+        self._stop_background.set()
+        for thread in self._threads:
+            thread.join()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        try:
+            if was_open and self._failure is None:
+                self._write_header(ShutdownType.GRACEFUL)
+        finally:
+            with self._lock:
+                self._state = _State.CLOSED
+                for buf in self._free_buffers:
+                    buf.close()
+                self._free_buffers.clear()
+            if self._owns_device:
+                self._device.close()
+
+    def __enter__(self) -> WriteAheadLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Introspection ---------------------------------------------------------------------------------
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity_bytes
+
+    @property
+    def trim_offset(self) -> int:
+        """Records at or below this offset are gone (-1: nothing trimmed yet)."""
+        return self._trim_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every record below this offset is acknowledged."""
+        return self._durable_offset
+
+    @property
+    def failure(self) -> WALFailedError | None:
+        return self._failure
+
+    @property
+    def last_shutdown(self) -> ShutdownType:
+        """How the previous writer stopped, from the header found at open."""
+        return self._last_shutdown
+
+    @property
+    def device(self) -> Device:
+        return self._device
