@@ -124,28 +124,36 @@ class MemDevice:
         with self._lock:
             return bytearray(self._visible)
 
-    def crash_image(self, rng: random.Random) -> bytearray:
+    def crash_image(self, rng: random.Random, flip_bits: int = 0) -> bytearray:
         """The bytes a power cut now would leave: synced data plus a random subset of unsynced writes.
 
         Each unsynced write is dropped, kept whole, or torn: a random subset of its 512 B sectors or
         of its 4 KiB pages lands. Writes land in a random order, so a later write may survive while an
-        earlier one to the same place does not.
+        earlier one to the same place does not. ``flip_bits`` bits are then flipped at random inside
+        what landed of the unsynced writes (a write garbled on its way to the medium).
         """
         with self._lock:
             image = bytearray(self._durable)
             pending = list(self._unsynced)
         rng.shuffle(pending)
+        landed: list[tuple[int, int]] = []
         for pos, data in pending:
             fate = rng.random()
             if fate < 0.3:
                 continue
             if fate < 0.6:
                 image[pos:pos + len(data)] = data
+                landed.append((pos, len(data)))
                 continue
             unit = SECTOR_BYTES if rng.random() < 0.5 else PAGE_BYTES
             for start in range(0, len(data), unit):
                 if rng.random() < 0.5:
-                    image[pos + start:pos + min(start + unit, len(data))] = data[start:start + unit]
+                    end = min(start + unit, len(data))
+                    image[pos + start:pos + end] = data[start:end]
+                    landed.append((pos + start, end - start))
+        for _ in range(flip_bits if landed else 0):
+            pos, length = rng.choice(landed)
+            flip_bit(image, pos + rng.randrange(length), rng.randrange(8))
         return image
 
     # Internals -------------------------------------------------------------------------------------

@@ -1,0 +1,251 @@
+"""The WAL's public behaviour: append, ordered durability, trim, wrap, limits, errors, reopen."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+from walkit import CAPACITY_BYTES, RECORD_BYTES_MAX, new_wal, recover_image, small_config
+
+from stratalog.errors import (
+    CapacityMismatchError,
+    CorruptHeaderError,
+    OverCapacityError,
+    RecordTooLargeError,
+    RecoveryReadError,
+    WALClosedError,
+    WALFailedError,
+    WALStateError,
+)
+from stratalog.io.faulty import FaultPlan, MemDevice
+from stratalog.wal import WriteAheadLog
+from stratalog.wal.format import ShutdownType
+
+
+def test_records_come_back_after_close_and_reopen() -> None:
+    wal, device = new_wal()
+    bodies = [os.urandom(n) for n in (0, 1, 100, 4000, RECORD_BYTES_MAX)]
+    results = [wal.append(b) for b in bodies]
+    wal.close()
+    assert all(r.future.done() for r in results)
+    reopened = WriteAheadLog.open(device, config=small_config())
+    assert [(r.offset, r.data) for r in reopened.recover()] == [
+        (res.offset, b) for res, b in zip(results, bodies, strict=True)
+    ]
+    assert reopened.last_shutdown is ShutdownType.GRACEFUL
+    reopened.close()
+
+
+def test_offsets_only_grow_and_futures_complete_in_offset_order() -> None:
+    wal, _ = new_wal(io_threads=4, block_linger_s=0.0)
+    completed: list[int] = []
+    lock = threading.Lock()
+
+    def done(fut: Future[int]) -> None:
+        with lock:
+            completed.append(fut.result())
+
+    rng = random.Random(1)
+    futures: list[Future[int]] = []
+    offsets = []
+    for _ in range(2000):
+        res = wal.append(rng.randbytes(rng.randint(1, 2000)))
+        offsets.append(res.offset)
+        if not futures or futures[-1] is not res.future:
+            futures.append(res.future)
+            res.future.add_done_callback(done)
+        if len(offsets) % 50 == 0:
+            wal.trim(offsets[-40])
+    wal.close()
+    assert offsets == sorted(set(offsets))
+    assert len(completed) == len(futures) > 10
+    assert completed == sorted(completed), "a later block was acknowledged before an earlier one"
+
+
+def test_future_result_is_the_durable_offset() -> None:
+    wal, _ = new_wal()
+    res = wal.append(b"x" * 100)
+    durable = res.future.result(timeout=5)
+    assert durable > res.offset
+    assert wal.durable_offset >= durable
+    wal.close()
+
+
+def test_trim_hides_records_and_backwards_trim_is_a_no_op() -> None:
+    wal, device = new_wal()
+    results = [wal.append(bytes([i]) * 50) for i in range(10)]
+    results[-1].future.result()
+    wal.trim(results[4].offset)
+    wal.trim(results[2].offset)  # backwards: ignored
+    assert wal.trim_offset == results[4].offset
+    image = device.durable_image()  # a power cut right after trim returned
+    assert [r.offset for r in recover_image(image)] == [r.offset for r in results[5:]]
+    wal.close()
+
+
+def test_trim_past_the_end_is_an_error() -> None:
+    wal, _ = new_wal()
+    res = wal.append(b"a")
+    with pytest.raises(ValueError, match="nothing is appended there"):
+        wal.trim(res.offset + 10_000)
+    wal.close()
+
+
+def test_ring_wraps_many_laps_with_padding() -> None:
+    wal, device = new_wal()
+    rng = random.Random(7)
+    kept: list[tuple[int, bytes]] = []
+    for _ in range(3000):
+        body = rng.randbytes(rng.randint(100, 3000))
+        res = wal.append(body)
+        kept.append((res.offset, body))
+        if len(kept) % 20 == 0:
+            wal.append(b"")  # an empty record is a record too
+            res.future.result()
+            wal.trim(kept[-10][0])
+            kept = kept[-9:]
+    last = wal.append(b"last")
+    last.future.result()
+    wal.close()
+    assert last.offset > 10 * CAPACITY_BYTES, "the test did not wrap the ring"
+    recovered = [(r.offset, r.data) for r in recover_image(device.durable_image())]
+    assert [x for x in recovered if x[1]][: len(kept)] == kept
+    assert recovered[-1] == (last.offset, b"last")
+
+
+def test_full_ring_raises_over_capacity_until_trimmed() -> None:
+    wal, _ = new_wal()
+    results = []
+    with pytest.raises(OverCapacityError, match="ring is full"):
+        for _ in range(1000):
+            results.append(wal.append(b"z" * 4000))
+    results[-1].future.result()
+    wal.trim(results[-1].offset)
+    wal.append(b"room again").future.result()
+    wal.close()
+
+
+def test_oversize_record_is_refused_and_nothing_else_changes() -> None:
+    wal, _ = new_wal()
+    first = wal.append(b"ok")
+    with pytest.raises(RecordTooLargeError, match="record_bytes_max"):
+        wal.append(b"x" * (RECORD_BYTES_MAX + 1))
+    second = wal.append(b"ok2")
+    second.future.result()
+    wal.close()
+    assert second.offset > first.offset
+
+
+def test_append_before_recover_is_refused() -> None:
+    wal, device = new_wal()
+    wal.append(b"a").future.result()
+    wal.close()
+    reopened = WriteAheadLog.open(device, config=small_config())
+    with pytest.raises(WALStateError, match="recover"):
+        reopened.append(b"b")
+    list(reopened.recover())
+    reopened.append(b"b").future.result()
+    reopened.close()
+    with pytest.raises(WALClosedError):
+        reopened.append(b"c")
+
+
+def test_write_error_stops_the_log_and_acknowledges_nothing_after() -> None:
+    wal, _ = new_wal(faults=FaultPlan(fail_writes={6}), block_linger_s=0.0)
+    results = []
+    with pytest.raises(WALFailedError, match="I/O error"):
+        for i in range(10_000):
+            results.append(wal.append(bytes([i % 256]) * 500))
+            if i % 7 == 0:
+                results[-1].future.exception()
+    outcomes = [r.future.exception(timeout=5) for r in results]
+    first_error = next(i for i, e in enumerate(outcomes) if e is not None)
+    assert all(isinstance(e, WALFailedError) for e in outcomes[first_error:]), "acknowledged after an error"
+    assert wal.failure is not None
+    with pytest.raises(WALFailedError):
+        wal.trim(results[0].offset)
+    wal.close()
+
+
+def test_sync_error_stops_the_log() -> None:
+    wal, device = new_wal(faults=FaultPlan(fail_syncs={4}))
+    results = [wal.append(b"s" * 300) for _ in range(3)]
+    acked_before = []
+    for _ in range(50):
+        res = wal.append(b"s" * 300)
+        results.append(res)
+        if res.future.exception(timeout=5) is not None:
+            break
+        acked_before.append(res.offset)
+    assert isinstance(results[-1].future.exception(), WALFailedError)
+    with pytest.raises(WALFailedError):
+        wal.append(b"after")
+    wal.close()
+    survivors = {r.offset for r in recover_image(device.durable_image())}
+    assert set(acked_before) <= survivors
+
+
+def test_read_error_during_recovery_is_raised_not_taken_for_the_end() -> None:
+    wal, device = new_wal()
+    wal.append(b"r" * 100).future.result()
+    wal.close()
+    image = device.durable_image()
+    faulty = MemDevice(len(image), image=image, faults=FaultPlan(fail_reads={2}))  # 1: headers, 2: ring
+    reopened = WriteAheadLog.open(faulty, config=small_config())
+    with pytest.raises(RecoveryReadError, match="recovery stopped"):
+        list(reopened.recover())
+
+
+def test_real_file_roundtrip_and_capacity_checks(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = WriteAheadLog.open(path, capacity_bytes=CAPACITY_BYTES, config=small_config())
+    list(wal.recover())
+    res = wal.append(b"on disk")
+    res.future.result()
+    wal.close()
+    assert path.stat().st_size == CAPACITY_BYTES
+    with pytest.raises(CapacityMismatchError, match="capacity_bytes="):
+        WriteAheadLog.open(path, capacity_bytes=2 * CAPACITY_BYTES, config=small_config())
+    reopened = WriteAheadLog.open(path, config=small_config())
+    assert [(r.offset, r.data) for r in reopened.recover()] == [(res.offset, b"on disk")]
+    reopened.close()
+    os.truncate(path, CAPACITY_BYTES - 4096)
+    with pytest.raises(CapacityMismatchError, match="truncated"):
+        WriteAheadLog.open(path, config=small_config())
+
+
+def test_missing_file_without_create_and_foreign_file_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        WriteAheadLog.open(tmp_path / "absent", capacity_bytes=CAPACITY_BYTES, create=False)
+    foreign = tmp_path / "foreign"
+    foreign.write_bytes(os.urandom(CAPACITY_BYTES))
+    with pytest.raises(CorruptHeaderError):
+        WriteAheadLog.open(foreign, config=small_config())
+
+
+def test_recovery_after_hole_positions_the_writer_after_recovered_records() -> None:
+    wal, device = new_wal()
+    first = [wal.append(b"1" * 200) for _ in range(5)]
+    first[-1].future.result()
+    wal.close()
+    records, reopened = recover_and_keep(device.durable_image())
+    assert [r.offset for r in records] == [r.offset for r in first]
+    res = reopened.append(b"after recovery")
+    assert res.offset > first[-1].offset
+    res.future.result()
+    reopened.close()
+
+
+def recover_and_keep(image: bytearray) -> tuple[list[object], WriteAheadLog]:
+    device = MemDevice(len(image), image=image)
+    wal = WriteAheadLog.open(device, config=small_config())
+    return list(wal.recover()), wal
+
+
+def test_config_rejects_a_window_smaller_than_a_block() -> None:
+    with pytest.raises(ValueError, match="window_bytes_max"):
+        small_config(window_bytes_max=4096).validate()
