@@ -9,7 +9,6 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from walkit import CAPACITY_BYTES, RECORD_BYTES_MAX, new_wal, recover_image, small_config
 
 from stratalog.errors import (
     CapacityMismatchError,
@@ -24,6 +23,7 @@ from stratalog.errors import (
 from stratalog.io.faulty import FaultPlan, MemDevice
 from stratalog.wal import WriteAheadLog
 from stratalog.wal.format import ShutdownType
+from walkit import CAPACITY_BYTES, RECORD_BYTES_MAX, new_wal, recover_image, small_config
 
 
 def test_records_come_back_after_close_and_reopen() -> None:

@@ -6,6 +6,17 @@ Images are built by hand with the format's encoders, damaged with byte surgery, 
 from __future__ import annotations
 
 import pytest
+
+from stratalog.errors import CorruptHeaderError
+from stratalog.io.faulty import MemDevice
+from stratalog.wal import WriteAheadLog
+from stratalog.wal.format import (
+    HEADER_SLOT_BYTES,
+    RECORD_HEADER_BYTES,
+    ShutdownType,
+    WALHeader,
+    encode_header,
+)
 from walkit import (
     CAPACITY_BYTES,
     RING_BYTES,
@@ -16,11 +27,6 @@ from walkit import (
     put_pad,
     recover_image,
 )
-
-from stratalog.errors import CorruptHeaderError
-from stratalog.io.faulty import MemDevice
-from stratalog.wal import WriteAheadLog
-from stratalog.wal.format import HEADER_SLOT_BYTES, RECORD_HEADER_BYTES, ShutdownType, WALHeader, encode_header
 
 BODIES_A = [b"alpha" * 10, b"beta" * 20, b"gamma" * 30]
 BODIES_B = [b"delta" * 40, b"epsilon"]
@@ -42,7 +48,7 @@ def offsets_and_data(image: bytearray) -> list[tuple[int, bytes]]:
 def test_clean_image_recovers_every_record() -> None:
     image = blank_image()
     a, b, c = three_blocks(image)
-    assert offsets_and_data(image) == list(zip(a + b + c, BODIES_A + BODIES_B + BODIES_C, strict=True))
+    assert offsets_and_data(image) == list(zip([*a, *b, *c], [*BODIES_A, *BODIES_B, *BODIES_C], strict=True))
 
 
 def test_bad_record_magic_skips_to_the_next_block() -> None:
@@ -50,7 +56,7 @@ def test_bad_record_magic_skips_to_the_next_block() -> None:
     a, b, c = three_blocks(image)
     image[physical(a[1])] ^= 0xFF  # record 2's magic; record 3 shares its 4 KiB page and is lost too
     got = offsets_and_data(image)
-    assert got == [(a[0], BODIES_A[0])] + list(zip(b + c, BODIES_B + BODIES_C, strict=True))
+    assert got == [(a[0], BODIES_A[0]), *zip([*b, *c], [*BODIES_B, *BODIES_C], strict=True)]
 
 
 def test_bad_header_crc_skips_the_record() -> None:
@@ -69,7 +75,7 @@ def test_bad_body_crc_skips_only_that_record() -> None:
     image[physical(a[1]) + RECORD_HEADER_BYTES + 7] ^= 0x40  # a bit in record 2's body
     got = offsets_and_data(image)
     # The header is intact (its own CRC holds), so the scan steps over the body and keeps record 3.
-    assert got == list(zip([a[0], a[2]] + b + c, [BODIES_A[0], BODIES_A[2]] + BODIES_B + BODIES_C,
+    assert got == list(zip([a[0], a[2], *b, *c], [BODIES_A[0], BODIES_A[2], *BODIES_B, *BODIES_C],
                            strict=True))
 
 
@@ -122,7 +128,7 @@ def test_gap_beyond_the_window_ends_the_scan() -> None:
 
 def test_records_at_or_below_the_trim_are_not_returned() -> None:
     image = blank_image()
-    a, b, c = three_blocks(image)
+    _, b, c = three_blocks(image)
     image[:2 * HEADER_SLOT_BYTES] = blank_image(trim_offset=b[0], sequence=2)[:2 * HEADER_SLOT_BYTES]
     assert offsets_and_data(image) == [(b[1], BODIES_B[1]), (c[0], BODIES_C[0])]
 

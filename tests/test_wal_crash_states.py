@@ -12,12 +12,11 @@ import random
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from walkit import CAPACITY_BYTES, RING_BYTES, acknowledged, new_wal, payload, reopen, small_config
-
 from stratalog.errors import OverCapacityError, WALFailedError
 from stratalog.io.faulty import FaultPlan, MemDevice, flip_bit
 from stratalog.wal import RecoveredRecord, WriteAheadLog
 from stratalog.wal.format import HEADERS_BYTES
+from walkit import CAPACITY_BYTES, acknowledged, new_wal, payload, reopen, small_config
 
 CRASH_STATES_MIN = 10_000
 SCENARIOS = 160

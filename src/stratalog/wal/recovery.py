@@ -16,6 +16,7 @@ at or below the trim offset are read (to find where they end) but never returned
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -100,10 +101,8 @@ class _RingReader:
 
     def close(self) -> None:
         self._view.release()
-        try:
+        with contextlib.suppress(BufferError):  # a caller's view still points into it: unmapped with it
             self._buf.close()
-        except BufferError:
-            pass  # a caller's view still points into it; unmapped when that view goes
 
 
 _U32 = struct.Struct("<I")
