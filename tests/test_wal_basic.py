@@ -22,7 +22,14 @@ from stratalog.errors import (
 )
 from stratalog.io.faulty import FaultPlan, MemDevice
 from stratalog.wal import WriteAheadLog
-from stratalog.wal.format import ShutdownType
+from stratalog.wal.format import (
+    FORMAT_VERSION,
+    HEADERS_BYTES,
+    ShutdownType,
+    WALHeader,
+    crc32c,
+    encode_header,
+)
 from walkit import CAPACITY_BYTES, RECORD_BYTES_MAX, new_wal, recover_image, small_config
 
 
@@ -59,6 +66,7 @@ def test_offsets_only_grow_and_futures_complete_in_offset_order() -> None:
             futures.append(res.future)
             res.future.add_done_callback(done)
         if len(offsets) % 50 == 0:
+            futures[-1].result()
             wal.trim(offsets[-40])
     wal.close()
     assert offsets == sorted(set(offsets))
@@ -87,12 +95,47 @@ def test_trim_hides_records_and_backwards_trim_is_a_no_op() -> None:
     wal.close()
 
 
-def test_trim_past_the_end_is_an_error() -> None:
-    wal, _ = new_wal()
-    res = wal.append(b"a")
-    with pytest.raises(ValueError, match="nothing is appended there"):
-        wal.trim(res.offset + 10_000)
+def test_trim_to_anything_but_a_durable_record_is_an_error() -> None:
+    wal, _ = new_wal(block_linger_s=10.0)
+    first = wal.append(b"a" * 100)
+    pending = wal.append(b"b" * 100)  # not sealed for 10 s: not durable
+    with pytest.raises(ValueError, match="only durable records"):
+        wal.trim(pending.offset)
     wal.close()
+    wal, _ = new_wal()
+    first = wal.append(b"a" * 100)
+    second = wal.append(b"b" * 100)
+    second.future.result()
+    with pytest.raises(ValueError, match="no record starts there"):
+        wal.trim(first.offset + 10)  # inside a record: recovery could not find its way from there
+    wal.trim(first.offset)
+    assert wal.trim_offset == first.offset
+    wal.close()
+
+
+def test_newer_format_version_is_a_clear_error() -> None:
+    image = bytearray(CAPACITY_BYTES)
+    header = bytearray(encode_header(WALHeader(1, CAPACITY_BYTES, -1, 64 << 10, ShutdownType.UNCLEAN)))
+    header[4:6] = (FORMAT_VERSION + 1).to_bytes(2, "little")
+    header[40:44] = crc32c(bytes(header[:40])).to_bytes(4, "little")
+    image[:len(header)] = header
+    with pytest.raises(CorruptHeaderError, match="upgrade stratalog"):
+        WriteAheadLog.open(MemDevice(len(image), image=image), config=small_config())
+
+
+def test_formatting_a_device_with_blank_headers_clears_an_older_log() -> None:
+    old, device = new_wal()
+    for _ in range(20):  # one block each: they sit at the offsets the new log writes first
+        old.append(b"from an older log").future.result()
+    old.close()
+    image = device.durable_image()
+    image[:HEADERS_BYTES] = bytes(HEADERS_BYTES)  # headers wiped, ring intact
+    fresh_device = MemDevice(len(image), image=image)
+    wal = WriteAheadLog.open(fresh_device, capacity_bytes=CAPACITY_BYTES, config=small_config())
+    assert list(wal.recover()) == []
+    wal.append(b"new").future.result()
+    wal.close()
+    assert [r.data for r in recover_image(fresh_device.durable_image())] == [b"new"]
 
 
 def test_ring_wraps_many_laps_with_padding() -> None:

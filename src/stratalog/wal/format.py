@@ -100,6 +100,17 @@ def encode_header(header: WALHeader) -> bytes:
     return head[:HEADER_CRC_COVERS_BYTES] + crc.to_bytes(4, "little") + bytes(HEADER_SLOT_BYTES - HEADER.size)
 
 
+def header_version(slot: bytes | memoryview) -> int | None:
+    """The version of a slot that has the header magic and a valid CRC, whatever its version; else None."""
+    if len(slot) < HEADER.size:
+        return None
+    magic, version = struct.unpack_from("<IH", slot, 0)
+    crc = HEADER.unpack_from(slot, 0)[-1]
+    if magic != HEADER_MAGIC or crc != crc32c(bytes(slot[:HEADER_CRC_COVERS_BYTES])):
+        return None
+    return int(version)
+
+
 def decode_header(slot: bytes | memoryview) -> WALHeader | None:
     """The header in a slot, or None when the slot is not a valid header (magic, CRC, version, shape)."""
     if len(slot) < HEADER.size:

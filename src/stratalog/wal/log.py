@@ -39,9 +39,11 @@ from stratalog.io.device import Device, FileDevice, aligned_buffer
 from stratalog.wal.config import FsyncPolicy, WALConfig
 from stratalog.wal.format import (
     ALIGN_BYTES,
+    FORMAT_VERSION,
     HEADER_SLOT_BYTES,
     HEADER_SLOTS,
     HEADERS_BYTES,
+    RECORD_HEADER,
     RECORD_HEADER_BYTES,
     RECORD_HEADER_CRC_COVERS_BYTES,
     RECORD_MAGIC,
@@ -53,6 +55,7 @@ from stratalog.wal.format import (
     decode_header,
     encode_header,
     encode_pad,
+    header_version,
 )
 from stratalog.wal.recovery import RecoveredRecord, RecoveryStats, scan
 
@@ -60,6 +63,7 @@ log = logging.getLogger("stratalog.wal")
 
 _PREFIX = struct.Struct("<IIQI")
 _U32 = struct.Struct("<I")
+_ZEROS = bytes(ALIGN_BYTES)
 
 
 class AppendResult(NamedTuple):
@@ -205,6 +209,13 @@ class WriteAheadLog:
                 )
             config.validate(header.ring_bytes)
             return cls(device, header, config, owns_device=owns)
+        newer = [v for v in (header_version(raw[i * HEADER_SLOT_BYTES:(i + 1) * HEADER_SLOT_BYTES])
+                             for i in range(HEADER_SLOTS)) if v is not None and v > FORMAT_VERSION]
+        if newer:
+            raise CorruptHeaderError(
+                f"this WAL has format version {max(newer)}; this stratalog reads version {FORMAT_VERSION}: "
+                "upgrade stratalog"
+            )
         if not (create and (created or raw == bytes(len(raw)))):
             raise CorruptHeaderError(
                 "neither header slot holds a valid WAL header: this is not a stratalog WAL, or both "
@@ -218,6 +229,10 @@ class WriteAheadLog:
             )
         header = WALHeader(0, capacity, TRIM_NONE, config.window_bytes_max, ShutdownType.UNCLEAN)
         config.validate(header.ring_bytes)
+        if not created:
+            # An existing device with blank headers may still hold an older log's records at the
+            # offsets this log will use first: clear the ring so none can pass as ours.
+            _zero_ring(device, capacity)
         wal = cls(device, header, config, owns_device=owns)
         wal._write_header(ShutdownType.UNCLEAN)
         wal._fresh = True
@@ -371,6 +386,9 @@ class WriteAheadLog:
     def _seal(self, block: _Block, end: int | None = None) -> None:
         """Close ``block`` to further records and queue it for writing (lock held)."""
         block.end = end if end is not None else block.start + align_up(block.used)
+        fill = align_up(block.used) - block.used
+        if fill:  # a reused buffer holds an earlier block's bytes: never copy them to a new place
+            block.buf[block.used:block.used + fill] = _ZEROS[:fill]
         self._next_offset = block.end
         if self._current is block:
             self._current = None
@@ -508,21 +526,42 @@ class WriteAheadLog:
     def trim(self, offset: int) -> None:
         """Let records at offsets <= ``offset`` be overwritten; recovery no longer returns them.
 
-        Durable when it returns (the header is written and synced). ``offset`` should be an offset an
-        append returned; trimming backwards is a no-op.
+        Durable when it returns (the header is written and synced). ``offset`` must be the offset of a
+        durable record (one whose future completed); recovery starts its scan there, so any other
+        offset is refused. Trimming backwards is a no-op.
         """
         with self._header_lock:
             with self._lock:
                 self._check_writable()
-                end = self._current.start + self._current.used if self._current else self._next_offset
-                if offset >= end:
-                    raise ValueError(f"cannot trim to {offset}: nothing is appended there yet (end {end})")
                 if offset <= self._trim_offset:
                     return
+                if offset >= self._durable_offset:
+                    raise ValueError(
+                        f"cannot trim to {offset}: only durable records can be trimmed "
+                        f"(durable below {self._durable_offset}); wait for the append's future"
+                    )
+            self._check_record_at(offset)
             # The new trim must be durable before the space it frees is reused.
             self._write_header(ShutdownType.UNCLEAN, trim_offset=offset)
             with self._lock:
                 self._trim_offset = offset
+
+    def _check_record_at(self, offset: int) -> None:
+        """Raise ValueError unless a valid record header lies at logical ``offset`` on the device."""
+        page = offset - offset % ALIGN_BYTES
+        room = self._ring_bytes - page % self._ring_bytes
+        buf = aligned_buffer(2 * ALIGN_BYTES)
+        try:
+            with memoryview(buf) as view:
+                self._device.pread_into(view[:min(len(buf), room)], HEADERS_BYTES + page % self._ring_bytes)
+            at = offset - page
+            magic, _, stored, _, header_crc = RECORD_HEADER.unpack_from(buf, at)
+            valid = magic == RECORD_MAGIC and stored == offset and header_crc == crc32c(
+                buf[at:at + RECORD_HEADER_CRC_COVERS_BYTES])
+        finally:
+            buf.close()
+        if not valid:
+            raise ValueError(f"cannot trim to {offset}: no record starts there (pass an offset from append)")
 
     def _write_header(self, shutdown: ShutdownType, trim_offset: int | None = None) -> None:
         with self._header_lock:
@@ -610,3 +649,18 @@ class WriteAheadLog:
     @property
     def device(self) -> Device:
         return self._device
+
+
+def _zero_ring(device: Device, capacity_bytes: int) -> None:
+    chunk = aligned_buffer(min(4 << 20, capacity_bytes - HEADERS_BYTES))
+    try:
+        position = HEADERS_BYTES
+        while position < capacity_bytes:
+            n = min(len(chunk), capacity_bytes - position)
+            with memoryview(chunk) as view:
+                device.pwrite(view[:n], position)
+            position += n
+        if not device.durable_writes:
+            device.sync()
+    finally:
+        chunk.close()
