@@ -1,0 +1,80 @@
+"""The file device: direct I/O where allowed, buffered + fdatasync where O_DIRECT is refused."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from stratalog.io import device as device_module
+from stratalog.io.device import FileDevice, aligned_buffer
+from stratalog.wal import WriteAheadLog
+from walkit import CAPACITY_BYTES, small_config
+
+
+def refuse_direct(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make O_DIRECT fail as tmpfs does on older kernels; count fdatasync calls."""
+    real_open = os.open
+    syncs: list[int] = []
+
+    def fake_open(path: str, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, mode)
+
+    def counting_fdatasync(fd: int) -> None:
+        syncs.append(fd)
+        os.fsync(fd)
+
+    monkeypatch.setattr(device_module.os, "open", fake_open)
+    monkeypatch.setattr(device_module.os, "fdatasync", counting_fdatasync)
+    return syncs
+
+
+def test_direct_io_with_dsync_on_a_real_disk(tmp_path: Path) -> None:
+    dev = FileDevice.open(tmp_path / "dev", size_bytes=1 << 20, create=True)
+    try:
+        assert dev.direct and dev.durable_writes
+        buf = aligned_buffer(8192)
+        buf[:5] = b"hello"
+        dev.pwrite(buf, 4096)
+        back = aligned_buffer(4096)
+        assert dev.pread_into(back, 4096) == 4096
+        assert bytes(back[:5]) == b"hello"
+    finally:
+        dev.close()
+    assert (tmp_path / "dev").stat().st_size == 1 << 20
+
+
+def test_refused_o_direct_falls_back_to_buffered_writes_and_fdatasync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    syncs = refuse_direct(monkeypatch)
+    path = tmp_path / "wal"
+    with caplog.at_level(logging.WARNING, logger="stratalog.io"):
+        wal = WriteAheadLog.open(path, capacity_bytes=CAPACITY_BYTES, config=small_config())
+        list(wal.recover())
+        assert not wal.device.direct and not wal.device.durable_writes
+        before = len(syncs)
+        res = wal.append(b"buffered but synced")
+        res.future.result()
+        assert len(syncs) > before, "acknowledged without fdatasync"
+        wal.close()
+        reopened = WriteAheadLog.open(path, config=small_config())
+        assert [r.data for r in reopened.recover()] == [b"buffered but synced"]
+        reopened.close()
+    warnings = [r for r in caplog.records if "refuses O_DIRECT" in r.getMessage()]
+    assert len(warnings) == 1, "the fallback is announced once per file"
+
+
+def test_open_without_create_or_size_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        FileDevice.open(tmp_path / "none")
+    with pytest.raises(ValueError, match="size_bytes"):
+        FileDevice.open(tmp_path / "none", create=True)
+    with pytest.raises(ValueError, match="multiple of 4096"):
+        FileDevice.open(tmp_path / "odd", size_bytes=5000, create=True)
+    assert not (tmp_path / "odd").exists(), "a failed create leaves no file behind"
