@@ -89,9 +89,9 @@ class _State(Enum):
 class _Block:
     """A run of records written with one aligned write; the unit of I/O and of acknowledgement."""
 
-    __slots__ = ("buf", "end", "future", "limit", "opened_at", "pad", "pooled", "start", "used", "written")
+    __slots__ = ("buf", "end", "future", "limit", "opened_at", "pad", "start", "used", "written")
 
-    def __init__(self, start: int, buf: mmap.mmap, limit: int, pooled: bool) -> None:
+    def __init__(self, start: int, buf: mmap.mmap, limit: int) -> None:
         self.start = start
         self.buf = buf
         self.limit = limit  # bytes this block may hold: buffer size, ring end and capacity allowing
@@ -100,7 +100,6 @@ class _Block:
         self.future: Future[int] = Future()
         self.opened_at = 0.0
         self.written = False
-        self.pooled = pooled
         self.pad = False
 
 
@@ -137,7 +136,11 @@ class WriteAheadLog:
         self._unacked: deque[_Block] = deque()
         self._writing = 0
         self._buffered_bytes = 0
-        self._free_buffers: list[mmap.mmap] = []
+        # Aligned buffers kept for reuse, by size: mapping and faulting in fresh pages costs more than
+        # the copy into them. Bounded by _pool_bytes_max.
+        self._free_buffers: dict[int, list[mmap.mmap]] = {}
+        self._pool_bytes = 0
+        self._pool_bytes_max = config.buffered_bytes_max // 2
         self._durable_offset = 0
         self._executor: ThreadPoolExecutor | None = None
         self._threads: list[threading.Thread] = []
@@ -336,8 +339,7 @@ class WriteAheadLog:
                     self._current = None
                     self._release_buffer(current)
             block_bytes = align_up(size)
-            pooled = block_bytes <= self._config.block_bytes_soft_max
-            buffer_bytes = self._config.block_bytes_soft_max if pooled else block_bytes
+            buffer_bytes = max(self._config.block_bytes_soft_max, block_bytes)
             if self._buffered_bytes + buffer_bytes <= self._config.buffered_bytes_max:
                 break
             # Backpressure: the device is behind; wait for blocks to be acknowledged.
@@ -358,10 +360,10 @@ class WriteAheadLog:
             start += room
             room = self._ring_bytes
         self._check_room(start, block_bytes)
-        buf = self._free_buffers.pop() if pooled and self._free_buffers else aligned_buffer(buffer_bytes)
+        buf = self._take_buffer(buffer_bytes)
         live_end = max(self._trim_offset, 0) + self._ring_bytes
         limit = min(buffer_bytes, room, live_end - start)
-        block = _Block(start, buf, limit - limit % ALIGN_BYTES, pooled)
+        block = _Block(start, buf, limit - limit % ALIGN_BYTES)
         self._buffered_bytes += buffer_bytes
         self._current = block
         return block
@@ -377,7 +379,7 @@ class WriteAheadLog:
     def _emit_pad(self, start: int, ring_end: int) -> None:
         buf = aligned_buffer(ALIGN_BYTES)
         buf[:RECORD_HEADER_BYTES] = encode_pad(start, ring_end)
-        pad = _Block(start, buf, ALIGN_BYTES, pooled=False)
+        pad = _Block(start, buf, ALIGN_BYTES)
         pad.used = RECORD_HEADER_BYTES
         pad.pad = True
         self._buffered_bytes += ALIGN_BYTES
@@ -454,12 +456,27 @@ class WriteAheadLog:
                 block.future.set_result(block.end)
 
     def _release_buffer(self, block: _Block) -> None:
-        self._buffered_bytes -= ALIGN_BYTES if block.pad else (
-            self._config.block_bytes_soft_max if block.pooled else len(block.buf))
-        if block.pooled and len(self._free_buffers) < 2 * self._config.io_threads + 2:
-            self._free_buffers.append(block.buf)
-        else:
+        size = len(block.buf)
+        self._buffered_bytes -= size
+        if block.pad or self._pool_bytes + size > self._pool_bytes_max:
             block.buf.close()
+            return
+        self._free_buffers.setdefault(size, []).append(block.buf)
+        self._pool_bytes += size
+
+    def _take_buffer(self, size: int) -> mmap.mmap:
+        free = self._free_buffers.get(size)
+        if free:
+            self._pool_bytes -= size
+            return free.pop()
+        if self._pool_bytes + size > self._pool_bytes_max:
+            # Record sizes changed: drop buffers of other sizes rather than hold them forever.
+            for buffers in self._free_buffers.values():
+                for buf in buffers:
+                    buf.close()
+            self._free_buffers.clear()
+            self._pool_bytes = 0
+        return aligned_buffer(size)
 
     def _fail(self, error: BaseException, what: str, writer: bool = False) -> None:
         """Stop the log: fail every unacknowledged append and refuse new ones (fail-stop)."""
@@ -609,9 +626,11 @@ class WriteAheadLog:
         finally:
             with self._lock:
                 self._state = _State.CLOSED
-                for buf in self._free_buffers:
-                    buf.close()
+                for buffers in self._free_buffers.values():
+                    for buf in buffers:
+                        buf.close()
                 self._free_buffers.clear()
+                self._pool_bytes = 0
             if self._owns_device:
                 self._device.close()
 
