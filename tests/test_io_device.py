@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,23 @@ def test_open_without_create_or_size_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="multiple of 4096"):
         FileDevice.open(tmp_path / "odd", size_bytes=5000, create=True)
     assert not (tmp_path / "odd").exists(), "a failed create leaves no file behind"
+
+
+def test_a_crash_while_creating_leaves_no_short_file(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    # The child dies (like kill -9: no cleanup) a quarter of the way through filling a new file.
+    code = (
+        "import os, sys\n"
+        "from stratalog.io.device import FileDevice\n"
+        "def die(done, total):\n"
+        "    if done >= total // 4: os._exit(9)\n"
+        f"FileDevice.open({str(path)!r}, size_bytes=32 << 20, create=True, progress=die)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], check=False)
+    assert child.returncode == 9
+    assert not path.exists(), "a half-filled file sits at the WAL's name"
+    assert (tmp_path / "wal.creating").exists()
+    dev = FileDevice.open(path, size_bytes=32 << 20, create=True)
+    dev.close()
+    assert path.stat().st_size == 32 << 20
+    assert not (tmp_path / "wal.creating").exists()

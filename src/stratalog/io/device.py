@@ -6,6 +6,7 @@ through :class:`Device`, so tests can swap in the fault-injecting :class:`~strat
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
@@ -108,39 +109,29 @@ class FileDevice:
         exists = os.path.exists(path)
         if not exists and not create:
             raise FileNotFoundError(errno.ENOENT, "no WAL file here (pass create=True to make one)", path)
-        if not exists and size_bytes is None:
-            raise ValueError("size_bytes is needed to create a new WAL file")
-        base_flags = os.O_RDWR | os.O_CLOEXEC | (0 if exists else os.O_CREAT | os.O_EXCL)
-        fd, is_direct = _open_direct(path, base_flags, direct)
         if not exists:
-            base_flags &= ~(os.O_CREAT | os.O_EXCL)
+            if size_bytes is None:
+                raise ValueError("size_bytes is needed to create a new WAL file")
+            _create_filled(path, size_bytes, direct, progress)
+        fd, is_direct = _open_direct(path, os.O_RDWR | os.O_CLOEXEC, direct)
         try:
             st = os.fstat(fd)
             if stat.S_ISBLK(st.st_mode):
                 actual = os.lseek(fd, 0, os.SEEK_END)
             elif stat.S_ISREG(st.st_mode):
                 actual = st.st_size
-                if not exists:
-                    assert size_bytes is not None
-                    _prefill(fd, size_bytes, progress)
-                    os.fsync(fd)
-                    _fsync_dir(path)
-                    actual = size_bytes
             else:
                 raise ValueError(f"{path}: not a regular file or block device")
+            if sync_writes and is_direct:
+                # Reopen with O_DSYNC: each direct write is then durable on return, and a failed write
+                # is reported to the thread that issued it, with no page cache to hide it (fsyncgate).
+                dsync_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_DIRECT | os.O_DSYNC)
+                os.close(fd)
+                fd = dsync_fd
         except BaseException:
             os.close(fd)
-            if not exists:
-                os.unlink(path)
             raise
-        durable = False
-        if sync_writes and is_direct:
-            # Reopen with O_DSYNC: each direct write is then durable on return, and a failed write is
-            # reported to the thread that issued it, with no page cache to hide it (fsyncgate).
-            os.close(fd)
-            fd = os.open(path, base_flags | os.O_DIRECT | os.O_DSYNC)
-            durable = True
-        return cls(fd, path, actual, is_direct, durable)
+        return cls(fd, path, actual, is_direct, sync_writes and is_direct)
 
     def pwrite(self, buf: bytes | bytearray | memoryview | mmap.mmap, position_bytes: int) -> None:
         view = memoryview(buf)
@@ -172,7 +163,7 @@ class FileDevice:
             self._fd = -1
 
 
-def _open_direct(path: str, flags: int, want_direct: bool) -> tuple[int, bool]:
+def _open_direct(path: str, flags: int, want_direct: bool, quiet: bool = False) -> tuple[int, bool]:
     if want_direct:
         try:
             return os.open(path, flags | os.O_DIRECT, 0o644), True
@@ -181,15 +172,38 @@ def _open_direct(path: str, flags: int, want_direct: bool) -> tuple[int, bool]:
                 raise
             # O_CREAT may have made the file before O_DIRECT was refused.
             flags &= ~os.O_EXCL
-            if path not in _warned_buffered:
+            if not quiet and path not in _warned_buffered:
                 _warned_buffered.add(path)
                 log.warning("%s: the filesystem refuses O_DIRECT; using buffered writes + fdatasync", path)
     return os.open(path, flags, 0o644), False
 
 
-def _prefill(fd: int, size_bytes: int, progress: Callable[[int, int], None] | None) -> None:
+def _create_filled(path: str, size_bytes: int, direct: bool,
+                   progress: Callable[[int, int], None] | None) -> None:
+    """Make ``path`` a zero-filled file of ``size_bytes``, all or nothing.
+
+    The zeros go to a temporary name first and are renamed into place once synced, so a crash while
+    filling leaves no short file at ``path`` (only a ``.creating`` file that the next create replaces).
+    """
     if size_bytes % DIRECT_ALIGN_BYTES:
         raise ValueError(f"size_bytes must be a multiple of {DIRECT_ALIGN_BYTES}, got {size_bytes}")
+    temp = path + ".creating"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temp)
+    fd, _ = _open_direct(temp, os.O_RDWR | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL, direct, quiet=True)
+    try:
+        _prefill(fd, size_bytes, progress)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(temp)
+        raise
+    os.close(fd)
+    os.rename(temp, path)
+    _fsync_dir(path)
+
+
+def _prefill(fd: int, size_bytes: int, progress: Callable[[int, int], None] | None) -> None:
     chunk = aligned_buffer(min(PREFILL_CHUNK_BYTES, size_bytes))
     view = memoryview(chunk)
     done = 0

@@ -1,0 +1,1 @@
+"""Benchmarks: each measures one component against a plain-syscall reference taken in the same run."""
