@@ -1,0 +1,213 @@
+"""Record batches: the unit a stream appends, the WAL stores and objects hold, in one encoding.
+
+A batch is encoded once, at append, and its bytes then travel unchanged: WAL record body, LogCache
+entry, object data block. Readers decode only what they return. Layout (little-endian; spec in
+docs/formats/object.md, "Batches")::
+
+    batch   = header record*
+    header  = stream_id:u64 base_offset:u64 count:u32 batch_bytes:u32 max_timestamp_ms:i64
+              crc32c:u32                       -- crc32c of the records (the bytes after the header)
+    record  = record_bytes:u32 timestamp_ms:i64 key_bytes:i32 value_bytes:i32 header_count:u16
+              key value (name_bytes:u16 name header_value_bytes:i32 header_value)*
+              -- key_bytes / header_value_bytes of -1 mean None; record_bytes counts what follows it
+
+The batch CRC lets a batch be checked wherever it sits (an object's data block also has its own CRC).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from stratalog.errors import StratalogError
+from stratalog.wal.format import crc32c
+
+BATCH_HEADER = struct.Struct("<QQIIqI")
+BATCH_HEADER_BYTES = BATCH_HEADER.size
+RECORD_HEAD = struct.Struct("<IqiiH")
+#: What record_bytes counts besides key, value and headers: timestamp, key and value lengths, header count.
+_RECORD_FIXED_BYTES = RECORD_HEAD.size - 4
+_HEADER_NAME = struct.Struct("<H")
+_HEADER_VALUE = struct.Struct("<i")
+#: Bounds on one record's parts; a batch must also fit a WAL record (record_bytes_max).
+HEADER_COUNT_MAX = 0xFFFF
+HEADER_NAME_BYTES_MAX = 0xFFFF
+
+
+class CorruptBatchError(StratalogError):
+    """A batch failed its CRC or its structure is inconsistent: the bytes are damaged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record of a stream as fetch returns it."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NewRecord:
+    """A record to append, with the optional parts: key, timestamp (default: now), headers."""
+
+    value: bytes
+    key: bytes | None = None
+    timestamp_ms: int | None = None
+    headers: Sequence[tuple[str, bytes | None]] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """A batch's header fields."""
+
+    stream_id: int
+    base_offset: int
+    count: int
+    batch_bytes: int
+    max_timestamp_ms: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+def encode_batch(stream_id: int, base_offset: int, records: Sequence[bytes | NewRecord],
+                 now_ms: int | None = None) -> tuple[bytes, int]:
+    """Encode ``records`` as one batch; return its bytes and its max timestamp."""
+    if not records:
+        raise ValueError("a batch needs at least one record")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    parts: list[bytes] = []
+    max_ts = -1
+    pack_head = RECORD_HEAD.pack
+    for rec in records:
+        if isinstance(rec, bytes | bytearray | memoryview):
+            value = bytes(rec)
+            parts.append(pack_head(_RECORD_FIXED_BYTES + len(value), now_ms, -1, len(value), 0))
+            parts.append(value)
+            max_ts = max(max_ts, now_ms)
+            continue
+        ts = now_ms if rec.timestamp_ms is None else rec.timestamp_ms
+        max_ts = max(max_ts, ts)
+        key = rec.key
+        tail = _encode_headers(rec.headers)
+        body_bytes = _RECORD_FIXED_BYTES + (len(key) if key is not None else 0) + len(rec.value) + len(tail)
+        parts.append(pack_head(body_bytes, ts, -1 if key is None else len(key), len(rec.value),
+                               len(rec.headers)))
+        if key is not None:
+            parts.append(key)
+        parts.append(rec.value)
+        parts.append(tail)
+    body = b"".join(parts)
+    header = BATCH_HEADER.pack(stream_id, base_offset, len(records), BATCH_HEADER_BYTES + len(body), max_ts,
+                               crc32c(body))
+    return header + body, max_ts
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    if not headers:
+        return b""
+    if len(headers) > HEADER_COUNT_MAX:
+        raise ValueError(f"a record has at most {HEADER_COUNT_MAX} headers")
+    out = bytearray()
+    for name, value in headers:
+        raw = name.encode()
+        if len(raw) > HEADER_NAME_BYTES_MAX:
+            raise ValueError(f"header name longer than {HEADER_NAME_BYTES_MAX} bytes")
+        out += _HEADER_NAME.pack(len(raw)) + raw
+        out += _HEADER_VALUE.pack(-1 if value is None else len(value))
+        if value is not None:
+            out += value
+    return bytes(out)
+
+
+def read_batch_info(buf: bytes | memoryview, pos: int = 0) -> BatchInfo:
+    """The header of the batch at ``buf[pos:]`` (no CRC check)."""
+    if len(buf) - pos < BATCH_HEADER_BYTES:
+        raise CorruptBatchError(f"truncated batch header at {pos}")
+    stream_id, base, count, batch_bytes, max_ts, _ = BATCH_HEADER.unpack_from(buf, pos)
+    if batch_bytes < BATCH_HEADER_BYTES or pos + batch_bytes > len(buf):
+        raise CorruptBatchError(f"batch at {pos} claims {batch_bytes} bytes; {len(buf) - pos} are there")
+    return BatchInfo(stream_id, base, count, batch_bytes, max_ts)
+
+
+def check_batch(buf: bytes | memoryview, pos: int = 0) -> BatchInfo:
+    """The header of the batch at ``buf[pos:]``, after checking its CRC."""
+    info = read_batch_info(buf, pos)
+    crc = BATCH_HEADER.unpack_from(buf, pos)[-1]
+    if crc32c(buf[pos + BATCH_HEADER_BYTES:pos + info.batch_bytes]) != crc:
+        raise CorruptBatchError(f"batch of stream {info.stream_id} at offset {info.base_offset}: bad CRC")
+    return info
+
+
+def iter_batches(buf: bytes | memoryview) -> Iterator[tuple[int, BatchInfo]]:
+    """``(position, info)`` of each batch packed back to back in ``buf``, CRC-checked."""
+    pos = 0
+    while pos < len(buf):
+        info = check_batch(buf, pos)
+        yield pos, info
+        pos += info.batch_bytes
+
+
+def decode_records(buf: bytes | memoryview, pos: int, info: BatchInfo,
+                   start_offset: int = 0) -> Iterator[Record]:
+    """The records of the batch at ``buf[pos:]`` from ``start_offset`` on (header already checked)."""
+    view = memoryview(buf)
+    at = pos + BATCH_HEADER_BYTES
+    end = pos + info.batch_bytes
+    unpack = RECORD_HEAD.unpack_from
+    for i in range(info.count):
+        if at + RECORD_HEAD.size > end:
+            raise CorruptBatchError(f"batch at offset {info.base_offset}: record {i} runs past the batch")
+        body_bytes, ts, key_bytes, value_bytes, header_count = unpack(view, at)
+        next_at = at + 4 + body_bytes
+        offset = info.base_offset + i
+        if offset < start_offset:
+            at = next_at
+            continue
+        p = at + RECORD_HEAD.size
+        key = None
+        if key_bytes >= 0:
+            key = bytes(view[p:p + key_bytes])
+            p += key_bytes
+        value = bytes(view[p:p + value_bytes])
+        p += value_bytes
+        headers: tuple[tuple[str, bytes | None], ...] = ()
+        if header_count:
+            headers, p = _decode_headers(view, p, header_count)
+        if p != next_at or next_at > end:
+            raise CorruptBatchError(f"record {offset}: its parts do not add up to its length")
+        yield Record(offset, ts, key, value, headers)
+        at = next_at
+
+
+def _decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    out = []
+    for _ in range(count):
+        (name_bytes,) = _HEADER_NAME.unpack_from(view, p)
+        p += 2
+        name = bytes(view[p:p + name_bytes]).decode()
+        p += name_bytes
+        (value_bytes,) = _HEADER_VALUE.unpack_from(view, p)
+        p += 4
+        value = None
+        if value_bytes >= 0:
+            value = bytes(view[p:p + value_bytes])
+            p += value_bytes
+        out.append((name, value))
+    return tuple(out), p
+
+
+def record_timestamps(buf: bytes | memoryview, pos: int, info: BatchInfo) -> Iterator[tuple[int, int]]:
+    """``(offset, timestamp_ms)`` of each record of a batch, without copying keys or values."""
+    at = pos + BATCH_HEADER_BYTES
+    unpack = RECORD_HEAD.unpack_from
+    for i in range(info.count):
+        body_bytes, ts, _, _, _ = unpack(buf, at)
+        yield info.base_offset + i, ts
+        at += 4 + body_bytes

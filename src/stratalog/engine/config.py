@@ -1,0 +1,48 @@
+"""Every bound of the stream store, named, with the reason for its default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stratalog.wal.config import WALConfig
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    #: The WAL ring. Only data not yet uploaded lives there, so it need not be large (AutoMQ: 2 GiB).
+    wal_capacity_bytes: int = 512 << 20
+    wal: WALConfig = field(default_factory=lambda: WALConfig(record_bytes_max=8 << 20))
+    #: Appended data not yet in objects, held in memory for tail reads. When full, appends wait.
+    log_cache_bytes_max: int = 256 << 20
+    #: Upload once this much is waiting (a quarter of the cache: uploads overlap with new appends) ...
+    upload_bytes_threshold: int = 64 << 20
+    #: ... or once the oldest waiting data is this old, so a quiet store still reaches object storage.
+    upload_interval_s: float = 5.0
+    #: A stream with at least this much data in one upload gets an object of its own (AutoMQ's stream
+    #: objects): big streams then read without touching other streams' bytes.
+    stream_object_bytes_min: int = 16 << 20
+    #: Cold data blocks kept in memory, and readahead depth for sequential readers.
+    block_cache_bytes_max: int = 128 << 20
+    readahead_blocks_max: int = 8
+    block_cache_io_threads: int = 4
+    #: How long an append waits for room (log cache or WAL) before raising BackpressureError.
+    append_wait_s_max: float = 30.0
+    #: Uploads retry a failed object-store or metadata step this many times, backing off, before the
+    #: store stops accepting appends (the data stays in the WAL and is retried at the next open).
+    upload_attempts_max: int = 5
+    upload_backoff_s: float = 0.2
+    #: Objects nothing refers to are deleted this long after, so readers holding them finish first.
+    object_grace_s: float = 60.0
+    #: How often retention and object deletion run in the background.
+    retention_interval_s: float = 30.0
+    #: A full manifest snapshot every this many commits; deltas in between.
+    manifest_snapshot_every: int = 64
+
+    def validate(self) -> None:
+        if self.upload_bytes_threshold > self.log_cache_bytes_max:
+            raise ValueError("upload_bytes_threshold must not exceed log_cache_bytes_max")
+        if self.log_cache_bytes_max < self.wal.record_bytes_max:
+            raise ValueError("log_cache_bytes_max must hold the largest batch (wal.record_bytes_max)")
+        if self.upload_attempts_max < 1:
+            raise ValueError("upload_attempts_max must be >= 1")
+        self.wal.validate(self.wal_capacity_bytes - 8192)

@@ -1,0 +1,150 @@
+"""The manifest: committed state published in the object store, for readers that have only the store.
+
+Spark executors (and any other reader without the store's SQLite) find every committed object and range
+here. Each metadata commit publishes a small *delta*; every ``manifest_snapshot_every`` commits, and at
+each open, a full *snapshot*. Each delta names the manifest published just before it (``prev``), so a
+reader follows an unbroken chain from the newest snapshot and stops at the first missing link: what it
+sees is always a state the store really committed, never a mix.
+
+Keys: ``manifest/<seq:020d>.snapshot.json`` and ``manifest/<seq:020d>.delta.json``. JSON documents::
+
+    {"format": 1, "kind": "snapshot"|"delta", "seq": N, "prev": N|null,
+     "streams": [{"id": 1, "name": "a", "start": 0, "end": 10}],
+     "objects": [{"key": "data/...", "blocks": [[stream, start, end, position, size, count, max_ts, crc]]}],
+     "removed": ["data/..."]}
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stratalog.engine.metadata import Metadata, NewObject, StreamMeta
+from stratalog.engine.objformat import BlockEntry
+from stratalog.errors import StratalogError
+from stratalog.objects.store import ObjectStore
+
+MANIFEST_PREFIX = "manifest/"
+MANIFEST_FORMAT = 1
+
+class ManifestError(StratalogError):
+    """The manifest is missing or unreadable: the store was never opened against this object store?"""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    stream_id: int
+    name: str | None
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRef:
+    """A data block and the object holding it."""
+
+    key: str
+    entry: BlockEntry
+
+
+@dataclass
+class Manifest:
+    seq: int
+    streams: dict[int, StreamInfo] = field(default_factory=dict)
+    blocks: dict[int, list[BlockRef]] = field(default_factory=dict)
+
+    def stream_by_name(self, name: str) -> StreamInfo | None:
+        return next((s for s in self.streams.values() if s.name == name), None)
+
+
+def _stream_doc(sm: StreamMeta) -> dict[str, object]:
+    return {"id": sm.stream_id, "name": sm.name, "start": sm.start_offset, "end": sm.committed_end_offset}
+
+
+def _block_row(e: BlockEntry) -> list[int]:
+    return [e.stream_id, e.start_offset, e.end_offset, e.position, e.size_bytes, e.record_count,
+            e.max_timestamp_ms, e.crc]
+
+
+class ManifestPublisher:
+    """Publishes one store's manifests, remembering the last one so each delta can name it."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._last_seq: int | None = None
+
+    def delta(self, seq: int, streams: Sequence[StreamMeta], objects: Sequence[NewObject],
+              removed_keys: Sequence[str] = ()) -> None:
+        with self._lock:
+            self._put({
+                "format": MANIFEST_FORMAT, "kind": "delta", "seq": seq, "prev": self._last_seq,
+                "streams": [_stream_doc(s) for s in streams],
+                "objects": [{"key": o.key, "blocks": [_block_row(b) for b in o.blocks]} for o in objects],
+                "removed": list(removed_keys),
+            })
+
+    def snapshot(self, seq: int, meta: Metadata) -> None:
+        by_key: dict[str, list[list[int]]] = {}
+        streams = meta.streams()
+        for sm in streams:
+            for row in meta.ranges(sm.stream_id, sm.start_offset, None, limit=1 << 62):
+                by_key.setdefault(row.key, []).append(_block_row(row.entry()))
+        with self._lock:
+            self._put({
+                "format": MANIFEST_FORMAT, "kind": "snapshot", "seq": seq, "prev": None,
+                "streams": [_stream_doc(s) for s in streams],
+                "objects": [{"key": k, "blocks": v} for k, v in sorted(by_key.items())],
+                "removed": [],
+            })
+
+    def _put(self, doc: dict[str, object]) -> None:
+        seq = int(doc["seq"])  # type: ignore[call-overload]
+        self._store.put(f"{MANIFEST_PREFIX}{seq:020d}.{doc['kind']}.json",
+                        json.dumps(doc, separators=(",", ":")).encode())
+        self._last_seq = seq
+
+
+def read_manifest(store: ObjectStore) -> Manifest:
+    """The newest committed state reachable by an unbroken chain from the newest snapshot."""
+    keys = [info.key for info in store.list(MANIFEST_PREFIX)]
+    snapshots = sorted(k for k in keys if k.endswith(".snapshot.json"))
+    if not snapshots:
+        raise ManifestError("no manifest snapshot in the object store: open the store once to publish one")
+    snap = json.loads(store.get(snapshots[-1]))
+    manifest = Manifest(seq=int(snap["seq"]))
+    _apply(manifest, snap)
+    deltas = {}
+    for key in keys:
+        if key.endswith(".delta.json") and int(key[len(MANIFEST_PREFIX):].split(".")[0]) > manifest.seq:
+            doc = json.loads(store.get(key))
+            deltas[doc["prev"]] = doc
+    while manifest.seq in deltas:
+        doc = deltas[manifest.seq]
+        _apply(manifest, doc)
+        manifest.seq = int(doc["seq"])
+    return manifest
+
+
+def _apply(manifest: Manifest, doc: dict[str, Any]) -> None:
+    if doc.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"manifest format {doc.get('format')}; this stratalog reads {MANIFEST_FORMAT}")
+    removed = set(doc["removed"])
+    if removed:
+        for stream_id, refs in manifest.blocks.items():
+            manifest.blocks[stream_id] = [r for r in refs if r.key not in removed]
+    for obj in doc["objects"]:
+        for row in obj["blocks"]:
+            entry = BlockEntry(*row)
+            manifest.blocks.setdefault(entry.stream_id, []).append(BlockRef(obj["key"], entry))
+    for s in doc["streams"]:
+        info = StreamInfo(int(s["id"]), s["name"], int(s["start"]), int(s["end"]))
+        old = manifest.streams.get(info.stream_id)
+        end = max(info.end_offset, old.end_offset) if old else info.end_offset
+        manifest.streams[info.stream_id] = StreamInfo(info.stream_id, info.name, info.start_offset, end)
+        refs = manifest.blocks.get(info.stream_id, [])
+        manifest.blocks[info.stream_id] = sorted((r for r in refs if r.entry.end_offset > info.start_offset),
+                                                 key=lambda r: r.entry.start_offset)

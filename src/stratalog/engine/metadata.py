@@ -1,0 +1,324 @@
+"""Metadata in SQLite: streams, objects, the ranges of each stream in each object, and a commit sequence.
+
+Every change that readers can see (an upload's commit, a trim, an object replacement) is one SQLite
+transaction and bumps ``commit_seq``. The database runs in WAL mode with ``synchronous=FULL``: a commit
+is durable when the call returns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from stratalog.engine.objformat import BlockEntry
+from stratalog.errors import StratalogError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS streams (
+    stream_id INTEGER PRIMARY KEY,
+    name TEXT UNIQUE,
+    start_offset INTEGER NOT NULL DEFAULT 0,
+    committed_end_offset INTEGER NOT NULL DEFAULT 0,
+    committed_bytes INTEGER NOT NULL DEFAULT 0,
+    created_ms INTEGER NOT NULL,
+    retention_ms INTEGER,
+    retention_bytes INTEGER
+);
+CREATE TABLE IF NOT EXISTS objects (
+    object_id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    unreferenced_ms INTEGER        -- set once no range needs it; deleted after a grace period
+);
+CREATE TABLE IF NOT EXISTS ranges (
+    stream_id INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL,
+    end_offset INTEGER NOT NULL,
+    object_id INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    record_count INTEGER NOT NULL,
+    max_timestamp_ms INTEGER NOT NULL,
+    crc INTEGER NOT NULL,
+    PRIMARY KEY (stream_id, start_offset)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ranges_by_object ON ranges (object_id);
+"""
+
+
+class UnknownStreamError(StratalogError, KeyError):
+    """No stream with that id or name."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMeta:
+    stream_id: int
+    name: str | None
+    start_offset: int
+    committed_end_offset: int
+    committed_bytes: int
+    created_ms: int
+    retention_ms: int | None
+    retention_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    object_id: int
+    key: str
+    size_bytes: int
+    created_ms: int
+    unreferenced_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRow:
+    """One data block of one stream in one object."""
+
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    object_id: int
+    key: str
+    position: int
+    size_bytes: int
+    record_count: int
+    max_timestamp_ms: int
+    crc: int
+
+    def entry(self) -> BlockEntry:
+        return BlockEntry(self.stream_id, self.start_offset, self.end_offset, self.position,
+                          self.size_bytes, self.record_count, self.max_timestamp_ms, self.crc)
+
+
+@dataclass(frozen=True, slots=True)
+class NewObject:
+    """An object written to the store, with the blocks it holds."""
+
+    object_id: int
+    key: str
+    size_bytes: int
+    blocks: Sequence[BlockEntry]
+
+
+_STREAM_COLUMNS = ("stream_id, name, start_offset, committed_end_offset, committed_bytes, created_ms, "
+                   "retention_ms, retention_bytes")
+_RANGE_COLUMNS = ("r.stream_id, r.start_offset, r.end_offset, r.object_id, o.key, r.position, r.size_bytes, "
+                  "r.record_count, r.max_timestamp_ms, r.crc")
+
+
+class Metadata:
+    """The store's metadata. Thread-safe: one connection behind a lock."""
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.RLock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _bump_seq(self, db: sqlite3.Connection) -> int:
+        db.execute("INSERT INTO meta VALUES ('commit_seq', 1) "
+                   "ON CONFLICT(key) DO UPDATE SET value = value + 1")
+        return int(db.execute("SELECT value FROM meta WHERE key = 'commit_seq'").fetchone()[0])
+
+    def get_meta(self, key: str, default: int = 0) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else int(row[0])
+
+    @property
+    def commit_seq(self) -> int:
+        return self.get_meta("commit_seq")
+
+    # Streams ---------------------------------------------------------------------------------------
+
+    def create_stream(self, name: str | None, retention_ms: int | None = None,
+                      retention_bytes: int | None = None) -> StreamMeta:
+        with self._tx() as db:
+            if name is not None and db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone():
+                raise ValueError(f"a stream named {name!r} exists already")
+            cur = db.execute(
+                "INSERT INTO streams (name, created_ms, retention_ms, retention_bytes) VALUES (?, ?, ?, ?)",
+                (name, int(time.time() * 1000), retention_ms, retention_bytes),
+            )
+            self._bump_seq(db)
+            stream_id = int(cur.lastrowid or 0)
+        return self.stream(stream_id)
+
+    def stream(self, id_or_name: int | str) -> StreamMeta:
+        column = "name" if isinstance(id_or_name, str) else "stream_id"
+        with self._lock:
+            row = self._db.execute(f"SELECT {_STREAM_COLUMNS} FROM streams WHERE {column} = ?",
+                                   (id_or_name,)).fetchone()
+        if row is None:
+            raise UnknownStreamError(f"no stream {id_or_name!r}")
+        return StreamMeta(*row)
+
+    def streams(self) -> list[StreamMeta]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_STREAM_COLUMNS} FROM streams ORDER BY stream_id").fetchall()
+        return [StreamMeta(*r) for r in rows]
+
+    def set_retention(self, stream_id: int, retention_ms: int | None, retention_bytes: int | None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE streams SET retention_ms = ?, retention_bytes = ? WHERE stream_id = ?",
+                       (retention_ms, retention_bytes, stream_id))
+
+    # Objects ---------------------------------------------------------------------------------------
+
+    def allocate_object_id(self) -> int:
+        """A fresh object id, durable, so no key is ever reused even after a crash."""
+        with self._tx() as db:
+            db.execute("INSERT INTO meta VALUES ('next_object_id', 2) "
+                       "ON CONFLICT(key) DO UPDATE SET value = value + 1")
+            return int(db.execute("SELECT value FROM meta WHERE key = 'next_object_id'").fetchone()[0]) - 1
+
+    def commit_objects(self, objects: Sequence[NewObject]) -> int:
+        """Register uploaded objects and move each stream's committed end past their blocks."""
+        now = int(time.time() * 1000)
+        with self._tx() as db:
+            for obj in objects:
+                db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
+                           (obj.object_id, obj.key, obj.size_bytes, now))
+                for b in obj.blocks:
+                    end = db.execute("SELECT committed_end_offset FROM streams WHERE stream_id = ?",
+                                     (b.stream_id,)).fetchone()
+                    if end is None or end[0] != b.start_offset:
+                        raise ValueError(
+                            f"stream {b.stream_id}: block at {b.start_offset} does not follow the committed "
+                            f"end {None if end is None else end[0]}"
+                        )
+                    db.execute("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               (b.stream_id, b.start_offset, b.end_offset, obj.object_id, b.position,
+                                b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
+                    db.execute("UPDATE streams SET committed_end_offset = ?, committed_bytes = committed_bytes"
+                               " + ? WHERE stream_id = ?", (b.end_offset, b.size_bytes, b.stream_id))
+            return self._bump_seq(db)
+
+    def replace_objects(self, old_object_ids: Sequence[int], new_objects: Sequence[NewObject]) -> int:
+        """Atomically swap the blocks of ``old_object_ids`` for those of ``new_objects`` (compaction).
+
+        The new blocks must cover exactly the live ranges the old objects held. The old objects are
+        marked unreferenced, not deleted: readers that already hold their keys keep working until
+        :meth:`collect_unreferenced` passes their grace period.
+        """
+        now = int(time.time() * 1000)
+        with self._tx() as db:
+            marks = ",".join("?" * len(old_object_ids))
+            old = db.execute(f"SELECT stream_id, start_offset, end_offset FROM ranges WHERE object_id IN ({marks}) "
+                             "ORDER BY stream_id, start_offset", tuple(old_object_ids)).fetchall()
+            new = sorted((b.stream_id, b.start_offset, b.end_offset) for o in new_objects for b in o.blocks)
+            if _coverage(old) != _coverage(new):
+                raise ValueError("the new objects do not cover exactly the ranges of the old ones")
+            db.execute(f"DELETE FROM ranges WHERE object_id IN ({marks})", tuple(old_object_ids))
+            db.execute(f"UPDATE objects SET unreferenced_ms = ? WHERE object_id IN ({marks})",
+                       (now, *old_object_ids))
+            for obj in new_objects:
+                db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
+                           (obj.object_id, obj.key, obj.size_bytes, now))
+                for b in obj.blocks:
+                    db.execute("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               (b.stream_id, b.start_offset, b.end_offset, obj.object_id, b.position,
+                                b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
+            return self._bump_seq(db)
+
+    def objects(self) -> list[ObjectMeta]:
+        with self._lock:
+            rows = self._db.execute("SELECT object_id, key, size_bytes, created_ms, unreferenced_ms FROM objects "
+                                    "ORDER BY object_id").fetchall()
+        return [ObjectMeta(*r) for r in rows]
+
+    def collect_unreferenced(self, older_than_ms: int) -> list[ObjectMeta]:
+        """Objects unreferenced before ``older_than_ms``: safe to delete from the store now."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT object_id, key, size_bytes, created_ms, unreferenced_ms FROM objects "
+                "WHERE unreferenced_ms IS NOT NULL AND unreferenced_ms <= ? ORDER BY object_id",
+                (older_than_ms,)).fetchall()
+        return [ObjectMeta(*r) for r in rows]
+
+    def forget_object(self, object_id: int) -> None:
+        """Drop an unreferenced object's row once it is deleted from the store."""
+        with self._tx() as db:
+            db.execute("DELETE FROM objects WHERE object_id = ? AND unreferenced_ms IS NOT NULL", (object_id,))
+
+    # Ranges and trim -------------------------------------------------------------------------------
+
+    def ranges(self, stream_id: int, start_offset: int, end_offset: int | None = None,
+               limit: int = 64) -> list[RangeRow]:
+        """Blocks of ``stream_id`` overlapping ``[start_offset, end_offset)``, in offset order."""
+        end = end_offset if end_offset is not None else 1 << 62
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_RANGE_COLUMNS} FROM ranges r JOIN objects o USING (object_id) "
+                "WHERE r.stream_id = ? AND r.end_offset > ? AND r.start_offset < ? "
+                "ORDER BY r.start_offset LIMIT ?", (stream_id, start_offset, end, limit)).fetchall()
+        return [RangeRow(*r) for r in rows]
+
+    def first_range_at_or_after_time(self, stream_id: int, timestamp_ms: int) -> RangeRow | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_RANGE_COLUMNS} FROM ranges r JOIN objects o USING (object_id) "
+                "WHERE r.stream_id = ? AND r.max_timestamp_ms >= ? ORDER BY r.start_offset LIMIT 1",
+                (stream_id, timestamp_ms)).fetchone()
+        return None if row is None else RangeRow(*row)
+
+    def trim_stream(self, stream_id: int, new_start_offset: int) -> int:
+        """Move a stream's start forward; drop blocks wholly below it; mark objects nothing needs."""
+        now = int(time.time() * 1000)
+        with self._tx() as db:
+            row = db.execute("SELECT start_offset FROM streams WHERE stream_id = ?", (stream_id,)).fetchone()
+            if row is None:
+                raise UnknownStreamError(f"no stream {stream_id}")
+            if new_start_offset <= row[0]:
+                return self._bump_seq(db)
+            gone = db.execute("SELECT object_id, size_bytes FROM ranges WHERE stream_id = ? AND end_offset <= ?",
+                              (stream_id, new_start_offset)).fetchall()
+            db.execute("DELETE FROM ranges WHERE stream_id = ? AND end_offset <= ?", (stream_id, new_start_offset))
+            db.execute("UPDATE streams SET start_offset = ?, committed_bytes = committed_bytes - ? "
+                       "WHERE stream_id = ?", (new_start_offset, sum(g[1] for g in gone), stream_id))
+            for object_id in {g[0] for g in gone}:
+                if not db.execute("SELECT 1 FROM ranges WHERE object_id = ? LIMIT 1", (object_id,)).fetchone():
+                    db.execute("UPDATE objects SET unreferenced_ms = ? WHERE object_id = ?", (now, object_id))
+            return self._bump_seq(db)
+
+    def ranges_by_time(self, stream_id: int) -> list[tuple[int, int, int]]:
+        """``(end_offset, max_timestamp_ms, size_bytes)`` of a stream's blocks, oldest first (retention)."""
+        with self._lock:
+            rows = self._db.execute("SELECT end_offset, max_timestamp_ms, size_bytes FROM ranges "
+                                    "WHERE stream_id = ? ORDER BY start_offset", (stream_id,)).fetchall()
+        return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
+def _coverage(rows: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Merge adjacent ``(stream, start, end)`` ranges so two tilings of the same span compare equal."""
+    merged: list[tuple[int, int, int]] = []
+    for stream_id, start, end in sorted(rows):
+        if merged and merged[-1][0] == stream_id and merged[-1][2] == start:
+            merged[-1] = (stream_id, merged[-1][1], end)
+        else:
+            merged.append((stream_id, start, end))
+    return merged

@@ -1,0 +1,166 @@
+"""The object format: data blocks of one stream's batches, an index, a footer. Spec: docs/formats/object.md.
+
+::
+
+    object     = data_block* index footer
+    data_block = batch+                        -- one stream, offsets contiguous, batches unchanged
+    index      = entry*                        -- in (stream_id, start_offset) order
+    entry      = stream_id:u64 start_offset:u64 end_offset:u64 position:u64 size_bytes:u32
+                 record_count:u32 max_timestamp_ms:i64 block_crc32c:u32
+    footer     = index_position:u64 index_bytes:u32 index_crc32c:u32 entry_count:u32 version:u16
+                 flags:u16 magic:u32 footer_crc32c:u32   -- crc32c of the 28 bytes before it
+
+All little-endian. A reader needs only ranged gets: the footer (last 32 bytes), the index, then blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from stratalog.errors import StratalogError
+from stratalog.wal.format import crc32c
+
+OBJECT_MAGIC = 0x424F4C53  # "SLOB"
+OBJECT_FORMAT_VERSION = 1
+INDEX_ENTRY = struct.Struct("<QQQQIIqI")
+FOOTER = struct.Struct("<QIIIHHII")
+FOOTER_BYTES = FOOTER.size
+FOOTER_CRC_COVERS_BYTES = FOOTER_BYTES - 4
+#: A data block is closed at a batch boundary once it reaches this size: the unit of a ranged get and
+#: of the block cache. 1 MiB keeps one get efficient on S3 and the cache granular.
+DATA_BLOCK_BYTES_TARGET = 1 << 20
+
+
+class CorruptObjectError(StratalogError):
+    """An object's footer, index or block failed its CRC or is inconsistent."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEntry:
+    """Where one data block lies in an object, and what it holds."""
+
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    position: int
+    size_bytes: int
+    record_count: int
+    max_timestamp_ms: int
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBatch:
+    """One encoded batch with the facts the writer needs about it."""
+
+    base_offset: int
+    count: int
+    max_timestamp_ms: int
+    data: bytes
+
+
+class ObjectBuilder:
+    """Lays out one object in memory. Streams must be added in ascending id order."""
+
+    def __init__(self, block_bytes_target: int = DATA_BLOCK_BYTES_TARGET) -> None:
+        self._parts: list[bytes] = []
+        self._entries: list[BlockEntry] = []
+        self._position = 0
+        self._block_bytes_target = block_bytes_target
+        self._last_stream = -1
+
+    def add_stream(self, stream_id: int, batches: Sequence[StreamBatch]) -> list[BlockEntry]:
+        """Append one stream's batches (contiguous offsets) as data blocks; return their entries."""
+        if stream_id <= self._last_stream:
+            raise ValueError("streams must be added in ascending id order, each once")
+        self._last_stream = stream_id
+        added: list[BlockEntry] = []
+        block: list[StreamBatch] = []
+        block_bytes = 0
+        for batch in batches:
+            if block and block_bytes + len(batch.data) > self._block_bytes_target:
+                added.append(self._close_block(stream_id, block))
+                block, block_bytes = [], 0
+            block.append(batch)
+            block_bytes += len(batch.data)
+        if block:
+            added.append(self._close_block(stream_id, block))
+        return added
+
+    def _close_block(self, stream_id: int, block: list[StreamBatch]) -> BlockEntry:
+        for prev, nxt in itertools.pairwise(block):
+            if prev.base_offset + prev.count != nxt.base_offset:
+                raise ValueError(f"stream {stream_id}: batches are not contiguous at {nxt.base_offset}")
+        data = b"".join(b.data for b in block)
+        entry = BlockEntry(
+            stream_id, block[0].base_offset, block[-1].base_offset + block[-1].count, self._position,
+            len(data), sum(b.count for b in block), max(b.max_timestamp_ms for b in block), crc32c(data),
+        )
+        self._parts.append(data)
+        self._entries.append(entry)
+        self._position += len(data)
+        return entry
+
+    @property
+    def entries(self) -> list[BlockEntry]:
+        return list(self._entries)
+
+    @property
+    def data_bytes(self) -> int:
+        return self._position
+
+    def finish(self) -> bytes:
+        """The whole object: blocks, index, footer."""
+        index = encode_index(self._entries)
+        footer_head = FOOTER.pack(self._position, len(index), crc32c(index), len(self._entries),
+                                  OBJECT_FORMAT_VERSION, 0, OBJECT_MAGIC, 0)[:FOOTER_CRC_COVERS_BYTES]
+        footer = footer_head + crc32c(footer_head).to_bytes(4, "little")
+        return b"".join([*self._parts, index, footer])
+
+
+def encode_index(entries: Iterable[BlockEntry]) -> bytes:
+    return b"".join(
+        INDEX_ENTRY.pack(e.stream_id, e.start_offset, e.end_offset, e.position, e.size_bytes,
+                         e.record_count, e.max_timestamp_ms, e.crc)
+        for e in entries
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Footer:
+    index_position: int
+    index_bytes: int
+    index_crc: int
+    entry_count: int
+
+
+def decode_footer(raw: bytes, object_bytes: int) -> Footer:
+    if len(raw) != FOOTER_BYTES:
+        raise CorruptObjectError(f"object footer is {len(raw)} bytes, not {FOOTER_BYTES}")
+    pos, index_bytes, index_crc, count, version, _, magic, crc = FOOTER.unpack(raw)
+    if magic != OBJECT_MAGIC or crc != crc32c(raw[:FOOTER_CRC_COVERS_BYTES]):
+        raise CorruptObjectError("object footer: bad magic or CRC (not a stratalog object, or damaged)")
+    if version != OBJECT_FORMAT_VERSION:
+        raise CorruptObjectError(f"object format version {version}; this stratalog reads {OBJECT_FORMAT_VERSION}")
+    if pos + index_bytes + FOOTER_BYTES != object_bytes or index_bytes != count * INDEX_ENTRY.size:
+        raise CorruptObjectError("object footer: index position and sizes do not add up")
+    return Footer(pos, index_bytes, index_crc, count)
+
+
+def decode_index(raw: bytes, footer: Footer) -> list[BlockEntry]:
+    if crc32c(raw) != footer.index_crc:
+        raise CorruptObjectError("object index: bad CRC")
+    return [BlockEntry(*INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY.size)) for i in range(footer.entry_count)]
+
+
+def check_block(data: bytes, entry: BlockEntry) -> bytes:
+    """Return ``data`` after checking it is the block ``entry`` describes."""
+    if len(data) != entry.size_bytes or crc32c(data) != entry.crc:
+        raise CorruptObjectError(
+            f"data block of stream {entry.stream_id} at {entry.start_offset}: bad CRC or length; "
+            "the object is damaged"
+        )
+    return data

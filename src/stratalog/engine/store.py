@@ -1,0 +1,676 @@
+"""StreamStore: many streams over one WAL, recent data in memory, everything else in object storage.
+
+Write path: ``Stream.append`` encodes one batch, appends it to the WAL and to the LogCache (in memory,
+not yet uploaded); its future completes with the base offset once the WAL says the batch is durable.
+The uploader turns LogCache contents into objects, commits their ranges in metadata, drops them from
+memory, then trims the WAL. Read path: objects through the BlockCache for committed offsets, then the
+LogCache for the tail. Recovery replays the WAL from its trim point into the LogCache, skipping what
+metadata says is already in objects, and deletes objects that no commit refers to.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from stratalog.engine.batch import NewRecord, Record, check_batch, decode_records, encode_batch, record_timestamps
+from stratalog.engine.blockcache import BlockCache
+from stratalog.engine.config import StoreConfig
+from stratalog.engine.manifest import ManifestPublisher
+from stratalog.engine.metadata import Metadata, NewObject, StreamMeta, UnknownStreamError
+from stratalog.engine.objformat import ObjectBuilder, StreamBatch
+from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError
+from stratalog.objects.store import ObjectStore
+from stratalog.wal import WriteAheadLog
+
+log = logging.getLogger("stratalog.engine")
+
+DATA_PREFIX = "data/"
+_T = TypeVar("_T")
+
+
+class BackpressureError(StratalogError):
+    """Appends outran uploads for ``append_wait_s_max``: the log cache or the WAL stayed full."""
+
+
+class OffsetOutOfRangeError(StratalogError, ValueError):
+    """The offset is below the stream's start (trimmed) or above its end."""
+
+
+class StoreClosedError(StratalogError):
+    """The store was closed."""
+
+
+class StoreFailedError(StratalogError):
+    """A durability step failed; the store stopped accepting appends. Reopen it to recover."""
+
+
+class StoreLockedError(StratalogError):
+    """Another process has this data directory open."""
+
+
+def object_key(object_id: int) -> str:
+    return f"{DATA_PREFIX}{object_id:016x}.slo"
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One batch in the LogCache."""
+
+    base_offset: int
+    count: int
+    data: bytes
+    max_timestamp_ms: int
+    wal_offset: int
+    appended_at: float
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+@dataclass(slots=True)
+class _StreamState:
+    stream_id: int
+    name: str | None
+    start_offset: int
+    committed_end: int           # offsets below are in objects
+    next_offset: int             # offset the next append gets
+    durable_end: int             # offsets below are acknowledged: what readers may see
+    cache: deque[_Entry] = field(default_factory=deque)
+    #: Readahead: where a sequential reader will fetch next, and how many blocks to read ahead.
+    read_next: int = -1
+    readahead_blocks: int = 1
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    wal_records: int = 0
+    batches_replayed: int = 0
+    batches_already_in_objects: int = 0
+    batches_not_contiguous: int = 0
+    batches_of_unknown_streams: int = 0
+    orphan_objects_deleted: int = 0
+    seconds: float = 0.0
+
+
+class Stream:
+    """A handle on one stream. Cheap; get one from ``StreamStore.create_stream`` or ``open_stream``."""
+
+    def __init__(self, store: StreamStore, state: _StreamState) -> None:
+        self._store = store
+        self._state = state
+
+    @property
+    def stream_id(self) -> int:
+        return self._state.stream_id
+
+    @property
+    def name(self) -> str | None:
+        return self._state.name
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset still kept (records below were trimmed or expired)."""
+        return self._state.start_offset
+
+    @property
+    def end_offset(self) -> int:
+        """One past the last acknowledged record: the offset the next durable append will get at least."""
+        return self._state.durable_end
+
+    def append(self, records: Sequence[bytes | NewRecord]) -> Future[int]:
+        """Append records as one batch; the future completes with the first record's offset once durable."""
+        return self._store._append(self._state, records)
+
+    def fetch(self, start_offset: int, end_offset: int | None = None, max_bytes: int = 1 << 20) -> list[Record]:
+        """Records from ``start_offset`` (up to ``end_offset``), in order, about ``max_bytes`` of values at
+        most but always at least one record when one exists."""
+        return self._store._fetch(self._state, start_offset, end_offset, max_bytes)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The first offset whose record timestamp is >= ``timestamp_ms`` (None: no such record yet)."""
+        return self._store._offset_for_timestamp(self._state, timestamp_ms)
+
+    def trim(self, new_start_offset: int) -> None:
+        """Drop records below ``new_start_offset``; durable when it returns."""
+        self._store._trim(self._state, new_start_offset)
+
+    def __repr__(self) -> str:
+        s = self._state
+        return f"Stream(id={s.stream_id}, name={s.name!r}, start={s.start_offset}, end={s.durable_end})"
+
+
+class StreamStore:
+    """Durable streams on one machine's WAL, with object storage as main storage."""
+
+    def __init__(self, data_dir: Path, objects: ObjectStore, config: StoreConfig) -> None:
+        self._dir = data_dir
+        self._config = config
+        self._objects = objects
+        self._lock_fd = _lock_dir(data_dir)
+        self._meta = Metadata(data_dir / "meta.sqlite")
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._upload_lock = threading.Lock()
+        self._streams: dict[int, _StreamState] = {}
+        self._by_name: dict[str, int] = {}
+        self._cached: dict[int, _StreamState] = {}  # streams with LogCache entries
+        self._cache_bytes = 0
+        self._upload_wanted = False
+        self._closing = False
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._last_wal_future: Future[int] | None = None
+        self._manifest = ManifestPublisher(objects)
+        self._blocks = BlockCache(objects, config.block_cache_bytes_max, config.block_cache_io_threads)
+        self._last_retention = time.monotonic()
+        for sm in self._meta.streams():
+            self._add_state(sm)
+        self._wal = WriteAheadLog.open(data_dir / "wal", capacity_bytes=config.wal_capacity_bytes, create=True,
+                                       config=config.wal)
+        self.recovery = self._recover()
+        self._uploader = threading.Thread(target=self._uploader_loop, name="stratalog-uploader", daemon=True)
+        self._uploader.start()
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
+             config: StoreConfig | None = None) -> StreamStore:
+        """Open (or create) the store in ``data_dir``.
+
+        ``object_store``: None for a local directory under ``data_dir``, a URI such as
+        ``s3://bucket/prefix?endpoint=http://127.0.0.1:8333``, or an ObjectStore.
+        """
+        config = config or StoreConfig()
+        config.validate()
+        path = Path(data_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        if object_store is None or isinstance(object_store, str):
+            from stratalog.objects.uri import open_object_store
+
+            objects = open_object_store(object_store, path)
+        else:
+            objects = object_store
+        return cls(path, objects, config)
+
+    def _add_state(self, sm: StreamMeta) -> _StreamState:
+        st = _StreamState(sm.stream_id, sm.name, sm.start_offset, sm.committed_end_offset,
+                          sm.committed_end_offset, sm.committed_end_offset)
+        self._streams[sm.stream_id] = st
+        if sm.name is not None:
+            self._by_name[sm.name] = sm.stream_id
+        return st
+
+    # Streams ---------------------------------------------------------------------------------------
+
+    def create_stream(self, name: str | None = None, *, retention_ms: int | None = None,
+                      retention_bytes: int | None = None) -> Stream:
+        """A new, empty stream; durable when it returns. Names are unique; None means unnamed."""
+        self._check_open()
+        sm = self._meta.create_stream(name, retention_ms, retention_bytes)
+        self._manifest.delta(self._meta.commit_seq, [sm], [])
+        with self._lock:
+            return Stream(self, self._add_state(sm))
+
+    def open_stream(self, id_or_name: int | str) -> Stream:
+        with self._lock:
+            stream_id = self._by_name.get(id_or_name) if isinstance(id_or_name, str) else id_or_name
+            st = self._streams.get(stream_id) if stream_id is not None else None
+        if st is None:
+            raise UnknownStreamError(f"no stream {id_or_name!r}")
+        return Stream(self, st)
+
+    def streams(self) -> list[Stream]:
+        with self._lock:
+            return [Stream(self, st) for st in self._streams.values()]
+
+    def set_retention(self, stream: Stream, *, retention_ms: int | None, retention_bytes: int | None) -> None:
+        self._meta.set_retention(stream.stream_id, retention_ms, retention_bytes)
+
+    # Append ----------------------------------------------------------------------------------------
+
+    def _append(self, st: _StreamState, records: Sequence[bytes | NewRecord]) -> Future[int]:
+        if not records:
+            raise ValueError("append needs at least one record")
+        config = self._config
+        deadline: float | None = None
+        with self._cond:
+            while True:
+                self._check_open()
+                if self._cache_bytes < config.log_cache_bytes_max:
+                    data, max_ts = encode_batch(st.stream_id, st.next_offset, records)
+                    if len(data) > config.wal.record_bytes_max:
+                        raise RecordTooLargeError(
+                            f"a batch of {len(data)} bytes exceeds wal.record_bytes_max={config.wal.record_bytes_max}:"
+                            " append fewer or smaller records at a time"
+                        )
+                    try:
+                        res = self._wal.append(data)
+                        break
+                    except OverCapacityError:
+                        pass  # the ring is full until the uploader trims it: wait below
+                deadline = deadline or time.monotonic() + config.append_wait_s_max
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BackpressureError(
+                        f"appends waited {config.append_wait_s_max} s for uploads to free room "
+                        f"({self._cache_bytes} bytes not yet in objects): object storage is too slow or failing"
+                    )
+                self._upload_wanted = True
+                self._cond.notify_all()
+                self._cond.wait(remaining)
+            entry = _Entry(st.next_offset, len(records), data, max_ts, res.offset, time.monotonic())
+            st.next_offset += len(records)
+            st.cache.append(entry)
+            self._cached[st.stream_id] = st
+            self._cache_bytes += len(data)
+            self._last_wal_future = res.future
+            if self._cache_bytes >= config.upload_bytes_threshold:
+                self._cond.notify_all()
+        done: Future[int] = Future()
+        res.future.add_done_callback(lambda wal_future: self._on_durable(st, entry, done, wal_future))
+        return done
+
+    def _on_durable(self, st: _StreamState, entry: _Entry, done: Future[int], wal_future: Future[int]) -> None:
+        # Runs in the WAL's completion order, which is append order: durable_end only grows.
+        error = wal_future.exception()
+        if error is not None:
+            done.set_exception(StoreFailedError(f"the append was not made durable: {error}"))
+            return
+        st.durable_end = entry.end_offset
+        done.set_result(entry.base_offset)
+
+    # Read ------------------------------------------------------------------------------------------
+
+    def _fetch(self, st: _StreamState, start: int, end: int | None, max_bytes: int) -> list[Record]:
+        self._check_not_closed()
+        with self._lock:
+            low, visible_end, committed = st.start_offset, st.durable_end, st.committed_end
+            if start < low or start > visible_end:
+                raise OffsetOutOfRangeError(
+                    f"stream {st.stream_id}: offset {start} is outside [{low}, {visible_end}]")
+            stop = visible_end if end is None else min(end, visible_end)
+            tail = [e for e in st.cache if e.end_offset > max(start, committed) and e.base_offset < stop]
+        out: list[Record] = []
+        budget = [max_bytes]
+        if start < committed and start < stop:
+            self._fetch_cold(st, start, min(stop, committed), out, budget)
+            if budget[0] <= 0:
+                return out
+        pos = max(start, committed)
+        for entry in tail:
+            if not self._take(entry.data, 0, pos, stop, out, budget):
+                break
+            pos = entry.end_offset
+        return out
+
+    def _take(self, buf: bytes, at: int, start: int, stop: int, out: list[Record], budget: list[int]) -> bool:
+        """Decode the batch at ``buf[at:]`` into ``out``; False once ``stop`` or the byte budget is reached."""
+        info = check_batch(buf, at)
+        for rec in decode_records(buf, at, info, start):
+            if rec.offset >= stop or (budget[0] <= 0 and out):
+                return False
+            out.append(rec)
+            budget[0] -= len(rec.value) + (len(rec.key) if rec.key else 0)
+        return budget[0] > 0
+
+    def _fetch_cold(self, st: _StreamState, start: int, stop: int, out: list[Record], budget: list[int]) -> None:
+        pos = start
+        sequential = st.read_next == start
+        st.readahead_blocks = min(st.readahead_blocks * 2, self._config.readahead_blocks_max) if sequential else 1
+        while pos < stop:
+            rows = self._meta.ranges(st.stream_id, pos, stop, limit=4)
+            if not rows:
+                break
+            for i, row in enumerate(rows):
+                if i == 0 and sequential:
+                    self._blocks.prefetch(self._meta.ranges(st.stream_id, row.end_offset, stop,
+                                                            limit=st.readahead_blocks))
+                block = self._blocks.get(row)
+                at = 0
+                while at < len(block):
+                    info = check_batch(block, at)
+                    if info.end_offset > pos and not self._take(block, at, pos, stop, out, budget):
+                        st.read_next = out[-1].offset + 1 if out else pos
+                        return
+                    at += info.batch_bytes
+                pos = row.end_offset
+        st.read_next = pos
+
+    def _offset_for_timestamp(self, st: _StreamState, timestamp_ms: int) -> int | None:
+        self._check_not_closed()
+        with self._lock:
+            low, committed = st.start_offset, st.committed_end
+            tail = [e for e in st.cache if e.end_offset <= st.durable_end]
+        row = self._meta.first_range_at_or_after_time(st.stream_id, timestamp_ms) if low < committed else None
+        if row is not None:
+            block = self._blocks.get(row)
+            at = 0
+            while at < len(block):
+                info = check_batch(block, at)
+                for offset, ts in record_timestamps(block, at, info):
+                    if ts >= timestamp_ms and offset >= low:
+                        return offset
+                at += info.batch_bytes
+        for entry in tail:
+            if entry.max_timestamp_ms >= timestamp_ms:
+                info = check_batch(entry.data)
+                for offset, ts in record_timestamps(entry.data, 0, info):
+                    if ts >= timestamp_ms and offset >= low:
+                        return offset
+        return None
+
+    # Trim, retention, compaction -------------------------------------------------------------------
+
+    def _trim(self, st: _StreamState, new_start: int) -> None:
+        self._check_open()
+        if new_start > st.durable_end:
+            raise OffsetOutOfRangeError(f"cannot trim stream {st.stream_id} to {new_start}: its end is "
+                                        f"{st.durable_end}")
+        if new_start <= st.start_offset:
+            return
+        seq = self._meta.trim_stream(st.stream_id, new_start)
+        with self._lock:
+            st.start_offset = max(st.start_offset, new_start)
+        self._manifest.delta(seq, [self._meta.stream(st.stream_id)], [])
+
+    def apply_retention(self, now_ms: int | None = None) -> int:
+        """Apply each stream's time and byte retention to uploaded data, then delete objects past their grace.
+
+        Returns the number of objects deleted.
+        """
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        for sm in self._meta.streams():
+            if sm.retention_ms is None and sm.retention_bytes is None:
+                continue
+            new_start = sm.start_offset
+            blocks = [b for b in self._meta.ranges_by_time(sm.stream_id) if b[0] > sm.start_offset]
+            kept_bytes = sum(b[2] for b in blocks)
+            for end, max_ts, size in blocks:
+                too_old = sm.retention_ms is not None and max_ts < now_ms - sm.retention_ms
+                too_big = sm.retention_bytes is not None and kept_bytes > sm.retention_bytes
+                if not (too_old or too_big):
+                    break
+                new_start = end
+                kept_bytes -= size
+            st = self._streams.get(sm.stream_id)
+            if st is not None and new_start > sm.start_offset:
+                self._trim(st, new_start)
+        return self.delete_unreferenced(now_ms)
+
+    def delete_unreferenced(self, now_ms: int | None = None) -> int:
+        """Delete objects that nothing has referred to for ``object_grace_s``."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        gone = self._meta.collect_unreferenced(now_ms - int(self._config.object_grace_s * 1000))
+        for obj in gone:
+            self._objects.delete(obj.key)  # metadata first (already done), object after
+            self._blocks.drop_object(obj.key)
+            self._meta.forget_object(obj.object_id)
+        return len(gone)
+
+    def replace_objects(self, old_object_ids: Sequence[int], new_objects: Sequence[NewObject]) -> int:
+        """Compaction's primitive: swap objects in metadata atomically; old ones go after the grace period."""
+        seq = self._meta.replace_objects(old_object_ids, new_objects)
+        self._manifest.snapshot(seq, self._meta)
+        return seq
+
+    @property
+    def metadata(self) -> Metadata:
+        return self._meta
+
+    @property
+    def object_store(self) -> ObjectStore:
+        return self._objects
+
+    # Upload ----------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Upload everything appended so far, commit it, and trim the WAL behind it."""
+        self._check_open()
+        last = self._last_wal_future
+        if last is not None:
+            last.result()
+        self._upload(trim_wal=True)
+
+    def _upload(self, *, trim_wal: bool, everything: bool = False) -> int:
+        """Upload what the WAL holds durably; return the bytes uploaded. Serialized by ``_upload_lock``."""
+        with self._upload_lock:
+            with self._lock:
+                durable = (1 << 63) if everything else self._wal.durable_offset
+                taken: list[tuple[_StreamState, list[_Entry]]] = []
+                for st in sorted(self._cached.values(), key=lambda s: s.stream_id):
+                    entries = []
+                    for e in st.cache:
+                        if e.wal_offset >= durable:
+                            break
+                        entries.append(e)
+                    if entries:
+                        taken.append((st, entries))
+            if not taken:
+                return 0
+            objects = self._write_objects(taken)
+            seq = self._with_retries("committing the upload", lambda: self._meta.commit_objects(objects))
+            self._after_commit(seq, taken, objects)
+            uploaded = sum(len(e.data) for _, entries in taken for e in entries)
+            with self._cond:
+                for st, entries in taken:
+                    for _ in entries:
+                        st.cache.popleft()
+                    st.committed_end = entries[-1].end_offset
+                    if not st.cache:
+                        self._cached.pop(st.stream_id, None)
+                self._cache_bytes -= uploaded
+                self._cond.notify_all()
+            if trim_wal:
+                last_wal = max(entries[-1].wal_offset for _, entries in taken)
+                if last_wal > self._wal.trim_offset:
+                    self._wal.trim(last_wal)
+            return uploaded
+
+    def _write_objects(self, taken: list[tuple[_StreamState, list[_Entry]]]) -> list[NewObject]:
+        groups: list[list[tuple[_StreamState, list[_Entry]]]] = []
+        shared: list[tuple[_StreamState, list[_Entry]]] = []
+        for st, entries in taken:
+            if sum(len(e.data) for e in entries) >= self._config.stream_object_bytes_min:
+                groups.append([(st, entries)])
+            else:
+                shared.append((st, entries))
+        if shared:
+            groups.append(shared)
+        written: list[NewObject] = []
+        for group in groups:
+            builder = ObjectBuilder()
+            for st, entries in group:
+                builder.add_stream(st.stream_id, [StreamBatch(e.base_offset, e.count, e.max_timestamp_ms, e.data)
+                                                  for e in entries])
+            data = builder.finish()
+            object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
+            key = object_key(object_id)
+            self._with_retries(f"writing object {key}", functools.partial(self._objects.put, key, data))
+            written.append(NewObject(object_id, key, len(data), builder.entries))
+        return written
+
+    def _after_commit(self, seq: int, taken: list[tuple[_StreamState, list[_Entry]]],
+                      objects: list[NewObject]) -> None:
+        # Data trimmed while it waited for upload is now in objects below the start: drop it at once.
+        for st, _ in taken:
+            if st.start_offset > st.committed_end:
+                self._meta.trim_stream(st.stream_id, st.start_offset)
+        try:
+            seq = self._meta.commit_seq  # a trim above may have moved it
+            if seq % self._config.manifest_snapshot_every == 0:
+                self._manifest.snapshot(seq, self._meta)
+            else:
+                self._manifest.delta(seq, [self._meta.stream(st.stream_id) for st, _ in taken], objects)
+        except StratalogError as e:
+            # The commit stands; a reader of the manifest sees it at the next snapshot (at the latest,
+            # the one published at the next open).
+            log.warning("publishing manifest %d failed: %s", seq, e)
+
+    def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
+        delay = self._config.upload_backoff_s
+        for attempt in range(1, self._config.upload_attempts_max + 1):
+            try:
+                return step()
+            except StratalogError as e:
+                if attempt == self._config.upload_attempts_max:
+                    raise
+                log.warning("%s failed (attempt %d of %d): %s", what, attempt, self._config.upload_attempts_max, e)
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _uploader_loop(self) -> None:
+        config = self._config
+        while True:
+            with self._cond:
+                while not self._closing:
+                    oldest = min((s.cache[0].appended_at for s in self._cached.values() if s.cache), default=None)
+                    now = time.monotonic()
+                    if (self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold
+                            or (oldest is not None and now - oldest >= config.upload_interval_s)
+                            or now - self._last_retention >= config.retention_interval_s):
+                        break
+                    due = [self._last_retention + config.retention_interval_s]
+                    if oldest is not None:
+                        due.append(oldest + config.upload_interval_s)
+                    self._cond.wait(max(0.001, min(due) - now))
+                if self._closing:
+                    return
+                self._upload_wanted = False
+            try:
+                self._upload(trim_wal=True)
+                if time.monotonic() - self._last_retention >= config.retention_interval_s:
+                    self._last_retention = time.monotonic()
+                    self.apply_retention()
+            except BaseException as e:
+                self._fail(e)
+                return
+
+    def _fail(self, error: BaseException) -> None:
+        log.error("the store stopped: %s", error)
+        with self._cond:
+            if self._failure is None:
+                self._failure = error
+            self._cond.notify_all()
+
+    # Recovery --------------------------------------------------------------------------------------
+
+    def _recover(self) -> RecoveryReport:
+        report = RecoveryReport()
+        started = time.monotonic()
+        last_wal_offset = -1
+        for rec in self._wal.recover():
+            report.wal_records += 1
+            last_wal_offset = rec.offset
+            info = check_batch(rec.data)
+            st = self._streams.get(info.stream_id)
+            if st is None:
+                report.batches_of_unknown_streams += 1
+                continue
+            if info.base_offset != st.next_offset:
+                # Below: already in objects (a crash between commit and WAL trim). Above: a hole left by
+                # a batch that never became durable; later batches of that stream were never acknowledged.
+                if info.base_offset < st.next_offset:
+                    report.batches_already_in_objects += 1
+                else:
+                    report.batches_not_contiguous += 1
+                continue
+            data = bytes(rec.data)
+            entry = _Entry(info.base_offset, info.count, data, info.max_timestamp_ms, rec.offset, time.monotonic())
+            st.cache.append(entry)
+            st.next_offset = st.durable_end = entry.end_offset
+            self._cached[st.stream_id] = st
+            self._cache_bytes += len(data)
+            report.batches_replayed += 1
+            if self._cache_bytes >= self._config.log_cache_bytes_max:
+                self._upload(trim_wal=False, everything=True)
+        self._upload(trim_wal=False, everything=True)
+        if last_wal_offset > self._wal.trim_offset:
+            self._wal.trim(last_wal_offset)
+        report.orphan_objects_deleted = self._delete_orphans()
+        self._manifest.snapshot(self._meta.commit_seq, self._meta)
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _delete_orphans(self) -> int:
+        """Delete objects an interrupted upload wrote but never committed."""
+        known = {o.key for o in self._meta.objects()}
+        orphans = [info.key for info in self._objects.list(DATA_PREFIX) if info.key not in known]
+        for key in orphans:
+            self._objects.delete(key)
+        return len(orphans)
+
+    # Lifecycle -------------------------------------------------------------------------------------
+
+    def _check_not_closed(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+
+    def _check_open(self) -> None:
+        if self._failure is not None:
+            raise StoreFailedError(f"the store stopped after an error: {self._failure}") from self._failure
+        if self._closing or self._closed:
+            raise StoreClosedError("the store is closed")
+
+    def close(self) -> None:
+        """Upload what is left, trim the WAL, and release everything."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._uploader.join()
+        try:
+            if self._failure is None and not self._wal.failure:
+                last = self._last_wal_future
+                if last is not None:
+                    last.exception()
+                self._upload(trim_wal=True)
+        finally:
+            self._closed = True
+            self._wal.close()
+            self._blocks.close()
+            self._meta.close()
+            self._objects.close()
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> StreamStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "streams": len(self._streams),
+                "log_cache_bytes": self._cache_bytes,
+                "block_cache_bytes": self._blocks.cached_bytes,
+                "wal_trim_offset": self._wal.trim_offset,
+                "commit_seq": self._meta.commit_seq,
+            }
+
+    def iter_streams(self) -> Iterator[StreamMeta]:
+        yield from self._meta.streams()
+
+
+def _lock_dir(data_dir: Path) -> int:
+    fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        os.close(fd)
+        raise StoreLockedError(f"{data_dir} is open in another process; close it there first") from e
+    return fd
+

@@ -1,0 +1,1 @@
+"""Object storage: one small protocol (put, ranged get, list, delete) and its implementations."""
