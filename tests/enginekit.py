@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 
 from stratalog.engine.config import StoreConfig
+from stratalog.engine.store import StreamStore
 from stratalog.objects.store import ObjectInfo, ObjectNotFoundError
 from stratalog.wal import WALConfig
 
@@ -64,3 +65,9 @@ def small_store_config(**overrides: object) -> StoreConfig:
     }
     values.update(overrides)
     return StoreConfig(**values)  # type: ignore[arg-type]
+
+
+def abandon(store: StreamStore) -> None:
+    """Stop a store as a crash would: no final upload; the WAL keeps what was not uploaded."""
+    store._failure = RuntimeError("abandoned")
+    store.close()

@@ -626,7 +626,7 @@ class StreamStore:
     def close(self) -> None:
         """Upload what is left, trim the WAL, and release everything."""
         with self._cond:
-            if self._closing:
+            if self._closed:
                 return
             self._closing = True
             self._cond.notify_all()

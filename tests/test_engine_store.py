@@ -1,0 +1,260 @@
+"""The stream engine through its public API: append, fetch, upload, reopen, trim, retention, crash points."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from enginekit import MemoryStore, abandon, small_store_config
+from stratalog.engine.batch import NewRecord
+from stratalog.engine.manifest import read_manifest
+from stratalog.engine.metadata import NewObject, UnknownStreamError
+from stratalog.engine.objformat import ObjectBuilder, StreamBatch
+from stratalog.engine.store import (
+    DATA_PREFIX,
+    BackpressureError,
+    OffsetOutOfRangeError,
+    StoreFailedError,
+    StoreLockedError,
+    StreamStore,
+)
+from stratalog.errors import StratalogError
+
+
+def open_store(path: Path, mem: MemoryStore, **overrides: object) -> StreamStore:
+    return StreamStore.open(path, mem, small_store_config(**overrides))
+
+
+def values(records: list) -> list[bytes]:
+    return [r.value for r in records]
+
+
+def test_offsets_are_dense_per_stream_and_tail_reads_come_from_memory(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem) as store:
+        a, b = store.create_stream("a"), store.create_stream("b")
+        fa = [a.append([b"a%d" % i, b"a%d'" % i]) for i in range(50)]
+        fb = [b.append([b"b%d" % i]) for i in range(30)]
+        assert [f.result() for f in fa] == list(range(0, 100, 2))
+        assert [f.result() for f in fb] == list(range(30))
+        assert a.end_offset == 100 and b.end_offset == 30
+        got = a.fetch(0, max_bytes=1 << 30)
+        assert [r.offset for r in got] == list(range(100))
+        assert got[3].value == b"a1'"
+        assert mem.gets == 0, "tail reads touched object storage"
+
+
+def test_flush_moves_data_to_objects_and_cold_reads_match(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem) as store:
+        s = store.create_stream("s")
+        for i in range(200):
+            s.append([NewRecord(b"v%d" % i, key=b"k%d" % i, timestamp_ms=1000 + i, headers=[("h", b"x")])])
+        store.flush()
+        assert any(k.startswith(DATA_PREFIX) for k in mem.objects)
+        assert store.stats()["log_cache_bytes"] == 0
+        got = s.fetch(150, 155)
+        assert [(r.offset, r.key, r.value, r.timestamp_ms, r.headers) for r in got] == [
+            (i, b"k%d" % i, b"v%d" % i, 1000 + i, (("h", b"x"),)) for i in range(150, 155)]
+        assert mem.gets > 0
+
+
+def test_fetch_respects_max_bytes_but_returns_at_least_one_record(tmp_path: Path) -> None:
+    with open_store(tmp_path, MemoryStore()) as store:
+        s = store.create_stream()
+        s.append([b"x" * 1000] * 10).result()
+        assert len(s.fetch(0, max_bytes=1)) == 1
+        assert len(s.fetch(0, max_bytes=2500)) == 3
+        store.flush()
+        assert len(s.fetch(0, max_bytes=1)) == 1
+        assert len(s.fetch(2, max_bytes=2500)) == 3
+
+
+def test_fetch_outside_the_stream_is_a_clear_error(tmp_path: Path) -> None:
+    with open_store(tmp_path, MemoryStore()) as store:
+        s = store.create_stream()
+        s.append([b"a", b"b"]).result()
+        assert s.fetch(2) == []
+        with pytest.raises(OffsetOutOfRangeError, match="outside"):
+            s.fetch(3)
+        with pytest.raises(UnknownStreamError):
+            store.open_stream("missing")
+        store.create_stream("x")
+        with pytest.raises(ValueError, match="exists already"):
+            store.create_stream("x")
+        with pytest.raises(ValueError, match="at least one record"):
+            s.append([])
+
+
+def test_offset_for_timestamp_in_objects_and_in_memory(tmp_path: Path) -> None:
+    with open_store(tmp_path, MemoryStore()) as store:
+        s = store.create_stream()
+        s.append([NewRecord(b"%d" % t, timestamp_ms=t) for t in (10, 20, 30)]).result()
+        store.flush()
+        s.append([NewRecord(b"%d" % t, timestamp_ms=t) for t in (40, 50)]).result()
+        assert s.offset_for_timestamp(0) == 0
+        assert s.offset_for_timestamp(20) == 1
+        assert s.offset_for_timestamp(21) == 2
+        assert s.offset_for_timestamp(45) == 4
+        assert s.offset_for_timestamp(51) is None
+
+
+def test_records_survive_reopen_with_and_without_upload(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    store = open_store(tmp_path, mem)
+    s = store.create_stream("s")
+    s.append([b"uploaded"]).result()
+    store.flush()
+    s.append([b"in wal only"]).result()
+    abandon(store)  # like a crash: the tail was never uploaded and is only in the WAL
+    reopened = open_store(tmp_path, mem)
+    assert reopened.recovery.batches_replayed == 1
+    assert values(reopened.open_stream("s").fetch(0)) == [b"uploaded", b"in wal only"]
+    reopened.close()
+
+
+def test_a_second_process_cannot_open_the_same_directory(tmp_path: Path) -> None:
+    with open_store(tmp_path, MemoryStore()), pytest.raises(StoreLockedError, match="another process"):
+        open_store(tmp_path, MemoryStore())
+
+
+def test_trim_hides_records_and_unreferenced_objects_are_deleted(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem) as store:
+        s = store.create_stream()
+        s.append([b"old"] * 10).result()
+        store.flush()
+        first_objects = {k for k in mem.objects if k.startswith(DATA_PREFIX)}
+        s.append([b"new"] * 10).result()
+        store.flush()
+        s.trim(10)
+        assert s.start_offset == 10
+        with pytest.raises(OffsetOutOfRangeError):
+            s.fetch(5)
+        assert values(s.fetch(10, 12)) == [b"new", b"new"]
+        assert store.delete_unreferenced() == 1
+        assert not first_objects & set(mem.objects), "the trimmed object is still in the store"
+        with pytest.raises(OffsetOutOfRangeError, match="its end"):
+            s.trim(100)
+
+
+def test_retention_by_bytes_and_time(tmp_path: Path) -> None:
+    with open_store(tmp_path, MemoryStore()) as store:
+        by_bytes = store.create_stream("bytes", retention_bytes=3300)  # three 1058-byte blocks
+        by_time = store.create_stream("time", retention_ms=1000)
+        for i in range(5):
+            by_bytes.append([b"x" * 1000]).result()
+            by_time.append([NewRecord(b"t", timestamp_ms=i * 1000)]).result()
+            store.flush()  # one block per upload
+        store.apply_retention(now_ms=4500)
+        assert by_bytes.start_offset == 2, "kept more than retention_bytes"
+        assert by_time.start_offset == 4, "kept records older than retention_ms"
+        assert values(by_bytes.fetch(by_bytes.start_offset)) == [b"x" * 1000] * 3
+
+
+def test_backpressure_when_uploads_fail(tmp_path: Path) -> None:
+    class BrokenStore(MemoryStore):
+        def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+            if key.startswith(DATA_PREFIX):
+                raise StratalogError("object storage is down")
+            super().put(key, data)
+
+    store = open_store(tmp_path, BrokenStore(), append_wait_s_max=0.5, upload_attempts_max=1)
+    s = store.create_stream()
+    with pytest.raises((BackpressureError, StoreFailedError)):
+        for _ in range(1000):
+            s.append([b"x" * 10_000])
+    store.close()
+
+
+def test_crash_between_upload_and_commit_leaves_no_orphan_and_loses_nothing(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    store = open_store(tmp_path, mem, upload_attempts_max=1)
+    s = store.create_stream("s")
+    offsets = [s.append([b"r%d" % i]).result() for i in range(20)]
+
+    def crash(*_: object) -> int:
+        raise StratalogError("killed between the object put and the metadata commit")
+
+    store._meta.commit_objects = crash  # type: ignore[method-assign]
+    with pytest.raises(StratalogError):
+        store.flush()
+    assert any(k.startswith(DATA_PREFIX) for k in mem.objects), "the object should have been written"
+    store._failure = RuntimeError("crashed")
+    store.close()
+    reopened = open_store(tmp_path, mem)
+    assert reopened.recovery.orphan_objects_deleted == 1
+    assert values(reopened.open_stream("s").fetch(0)) == [b"r%d" % i for i in offsets]
+    known = {o.key for o in reopened.metadata.objects()}
+    assert {k for k in mem.objects if k.startswith(DATA_PREFIX)} == known
+    reopened.close()
+
+
+def test_crash_between_commit_and_wal_trim_replays_nothing_twice(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    store = open_store(tmp_path, mem)
+    s = store.create_stream("s")
+    for i in range(20):
+        s.append([b"r%d" % i]).result()
+
+    def crash(_: int) -> None:
+        raise StratalogError("killed after the commit, before the WAL trim")
+
+    store._wal.trim = crash  # type: ignore[method-assign]
+    with pytest.raises(StratalogError):
+        store.flush()
+    store._failure = RuntimeError("crashed")
+    store.close()
+    reopened = open_store(tmp_path, mem)
+    assert reopened.recovery.batches_already_in_objects == 20
+    assert reopened.recovery.batches_replayed == 0
+    got = reopened.open_stream("s").fetch(0)
+    assert [r.offset for r in got] == list(range(20)), "duplicates or gaps after replay"
+    reopened.close()
+
+
+def test_manifest_lets_a_store_less_reader_find_every_committed_block(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem) as store:
+        a, b = store.create_stream("a"), store.create_stream("b")
+        for i in range(3):
+            a.append([b"a%d" % i]).result()
+            b.append([b"b%d" % i] * 2).result()
+            store.flush()
+        manifest = read_manifest(mem)
+        assert {s.name: (s.start_offset, s.end_offset) for s in manifest.streams.values()} == {
+            "a": (0, 3), "b": (0, 6)}
+        spans = [(r.entry.start_offset, r.entry.end_offset) for r in manifest.blocks[a.stream_id]]
+        assert spans == [(0, 1), (1, 2), (2, 3)]
+        a.trim(2)
+        assert [r.entry.start_offset for r in read_manifest(mem).blocks[a.stream_id]] == [2]
+
+
+def test_replace_objects_swaps_atomically_and_old_readers_finish(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem, object_grace_s=3600.0) as store:
+        s = store.create_stream("s")
+        for i in range(4):
+            s.append([b"r%d" % i]).result()
+            store.flush()
+        old = store.metadata.objects()
+        builder = ObjectBuilder()
+        batches = []
+        for rec in s.fetch(0):
+            from stratalog.engine.batch import encode_batch
+
+            data, ts = encode_batch(s.stream_id, rec.offset, [NewRecord(rec.value, timestamp_ms=rec.timestamp_ms)])
+            batches.append(StreamBatch(rec.offset, 1, ts, data))
+        builder.add_stream(s.stream_id, batches)
+        object_id = store.metadata.allocate_object_id()
+        key = f"{DATA_PREFIX}compacted-{object_id}"
+        mem.put(key, builder.finish())
+        with pytest.raises(ValueError, match="cover exactly"):
+            store.replace_objects([o.object_id for o in old[:2]], [NewObject(object_id, key, 0, builder.entries)])
+        store.replace_objects([o.object_id for o in old], [NewObject(object_id, key, 0, builder.entries)])
+        assert values(s.fetch(0)) == [b"r0", b"r1", b"r2", b"r3"]
+        assert all(o.key in mem.objects for o in old), "old objects must outlive their grace period"
+        assert store.delete_unreferenced(now_ms=int(time.time() * 1000) + 3_600_001) == 4
+        assert values(s.fetch(0)) == [b"r0", b"r1", b"r2", b"r3"]
