@@ -117,9 +117,14 @@ _RANGE_COLUMNS = ("r.stream_id, r.start_offset, r.end_offset, r.object_id, o.key
 class Metadata:
     """The store's metadata. Thread-safe: one connection behind a lock."""
 
-    def __init__(self, path: Path) -> None:
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    def __init__(self, path: Path, read_only: bool = False) -> None:
         self._lock = threading.RLock()
+        if read_only:
+            # For inspection beside a running store: SQLite's WAL mode lets readers in while it writes.
+            self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                       isolation_level=None)
+            return
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)

@@ -98,6 +98,7 @@ class FileDevice:
         sync_writes: bool = True,
         direct: bool = True,
         progress: Callable[[int, int], None] | None = None,
+        read_only: bool = False,
     ) -> FileDevice:
         """Open (and with ``create``, preallocate to ``size_bytes``) a file or block device.
 
@@ -113,7 +114,8 @@ class FileDevice:
             if size_bytes is None:
                 raise ValueError("size_bytes is needed to create a new WAL file")
             _create_filled(path, size_bytes, direct, progress)
-        fd, is_direct = _open_direct(path, os.O_RDWR | os.O_CLOEXEC, direct)
+        mode = os.O_RDONLY if read_only else os.O_RDWR
+        fd, is_direct = _open_direct(path, mode | os.O_CLOEXEC, direct)
         try:
             st = os.fstat(fd)
             if stat.S_ISBLK(st.st_mode):
@@ -122,7 +124,7 @@ class FileDevice:
                 actual = st.st_size
             else:
                 raise ValueError(f"{path}: not a regular file or block device")
-            if sync_writes and is_direct:
+            if sync_writes and is_direct and not read_only:
                 # Reopen with O_DSYNC: each direct write is then durable on return, and a failed write
                 # is reported to the thread that issued it, with no page cache to hide it (fsyncgate).
                 dsync_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_DIRECT | os.O_DSYNC)
@@ -131,7 +133,7 @@ class FileDevice:
         except BaseException:
             os.close(fd)
             raise
-        return cls(fd, path, actual, is_direct, sync_writes and is_direct)
+        return cls(fd, path, actual, is_direct, sync_writes and is_direct and not read_only)
 
     def pwrite(self, buf: bytes | bytearray | memoryview | mmap.mmap, position_bytes: int) -> None:
         view = memoryview(buf)

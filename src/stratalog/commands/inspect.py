@@ -1,0 +1,150 @@
+"""``stratalog inspect``: what a store holds, read without changing anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from stratalog.engine.batch import CorruptBatchError, read_batch_info
+from stratalog.engine.metadata import Metadata
+from stratalog.engine.objformat import FOOTER_BYTES, check_block, decode_footer, decode_index
+from stratalog.objects.store import ObjectStore
+from stratalog.wal.inspect import open_read_only, read_headers, read_records
+from stratalog.wal.recovery import RecoveryStats
+
+
+@click.command()
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--object-store", "object_store_uri", default=None, metavar="URI",
+              help="Where the store's objects are (default: the local directory under DATA_DIR).")
+@click.option("--stream", "stream_ref", default=None, metavar="ID|NAME", help="List the ranges of one stream.")
+@click.option("--wal", "dump_wal", is_flag=True,
+              help="Dump the WAL's header slots and the records recovery would return.")
+@click.option("--object", "object_key", default=None, metavar="KEY",
+              help="Dump one object's footer and index; with --verify, check every block's CRC.")
+@click.option("--verify", is_flag=True, help="With --object: read every block and check its CRC.")
+@click.option("--limit", default=50, show_default=True, help="At most this many rows per table.")
+def inspect(data_dir: Path, object_store_uri: str | None, stream_ref: str | None, dump_wal: bool,
+            object_key: str | None, verify: bool, limit: int) -> None:
+    """Print a store's streams, objects and ranges; or dump its WAL or one object.
+
+    Reads only: safe beside a running store.
+    """
+    console = Console()
+    if dump_wal:
+        _dump_wal(console, data_dir / "wal", limit)
+        return
+    if object_key is not None:
+        from stratalog.objects.uri import open_object_store
+
+        _dump_object(console, open_object_store(object_store_uri, data_dir), object_key, verify, limit)
+        return
+    meta_path = data_dir / "meta.sqlite"
+    if not meta_path.exists():
+        raise click.ClickException(f"{data_dir} holds no stratalog store (no meta.sqlite)")
+    meta = Metadata(meta_path, read_only=True)
+    try:
+        if stream_ref is not None:
+            _dump_stream(console, meta, stream_ref, limit)
+        else:
+            _summary(console, meta, limit)
+    finally:
+        meta.close()
+
+
+def _summary(console: Console, meta: Metadata, limit: int) -> None:
+    streams = meta.streams()
+    table = Table(title=f"{len(streams)} streams (commit {meta.commit_seq})")
+    for col in ("id", "name", "start", "end in objects", "bytes in objects", "retention"):
+        table.add_column(col, justify="right" if col != "name" else "left")
+    for s in streams[:limit]:
+        retention = ", ".join(x for x in (f"{s.retention_ms} ms" if s.retention_ms is not None else "",
+                                          f"{s.retention_bytes} B" if s.retention_bytes is not None else "") if x)
+        table.add_row(str(s.stream_id), s.name or "", f"{s.start_offset:,}", f"{s.committed_end_offset:,}",
+                      f"{s.committed_bytes:,}", retention or "-")
+    console.print(table)
+    objects = meta.objects()
+    table = Table(title=f"{len(objects)} objects, {sum(o.size_bytes for o in objects):,} bytes")
+    for col in ("id", "key", "bytes", "state"):
+        table.add_column(col)
+    for o in objects[:limit]:
+        table.add_row(str(o.object_id), o.key, f"{o.size_bytes:,}", "live" if o.unreferenced_ms is None else
+                      "unreferenced (deleted after the grace period)")
+    console.print(table)
+
+
+def _dump_stream(console: Console, meta: Metadata, ref: str, limit: int) -> None:
+    sm = meta.stream(int(ref) if ref.isdigit() else ref)
+    rows = meta.ranges(sm.stream_id, sm.start_offset, None, limit=limit)
+    table = Table(title=f"stream {sm.stream_id} {sm.name or ''}: offsets {sm.start_offset:,}.."
+                        f"{sm.committed_end_offset:,} in objects")
+    for col in ("start", "end", "records", "object", "position", "bytes", "max timestamp ms"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(f"{r.start_offset:,}", f"{r.end_offset:,}", f"{r.record_count:,}", r.key, f"{r.position:,}",
+                      f"{r.size_bytes:,}", str(r.max_timestamp_ms))
+    console.print(table)
+
+
+def _dump_wal(console: Console, path: Path, limit: int) -> None:
+    if not path.exists():
+        raise click.ClickException(f"no WAL at {path}")
+    device = open_read_only(path)
+    try:
+        view = read_headers(device)
+        table = Table(title=f"WAL {path}")
+        for col in ("slot", "sequence", "capacity", "trim offset", "window", "shutdown"):
+            table.add_column(col)
+        for i, h in enumerate(view.slots):
+            if h is None:
+                table.add_row(str(i), "invalid", "", "", "", "")
+            else:
+                table.add_row(str(i), str(h.sequence), f"{h.capacity_bytes:,}", f"{h.trim_offset:,}",
+                              f"{h.window_bytes_max:,}", h.shutdown.name.lower())
+        console.print(table)
+        stats = RecoveryStats()
+        records = Table(title="records after the trim (as recovery returns them)")
+        for col in ("offset", "bytes", "stream", "base offset", "count"):
+            records.add_column(col, justify="right")
+        for n, rec in enumerate(read_records(device, view, stats)):
+            if n < limit:
+                try:
+                    info = read_batch_info(rec.data)
+                    records.add_row(f"{rec.offset:,}", f"{len(rec.data):,}", str(info.stream_id),
+                                    f"{info.base_offset:,}", str(info.count))
+                except CorruptBatchError:
+                    records.add_row(f"{rec.offset:,}", f"{len(rec.data):,}", "-", "-", "-")
+        console.print(records)
+        console.print(f"{stats.records:,} records ({stats.record_bytes:,} bytes), {stats.trimmed_records} trimmed "
+                      f"read past, {stats.bad_body_records} with a bad body CRC, {stats.invalid_positions:,} invalid "
+                      f"positions scanned; the writer would continue at {stats.next_offset:,}")
+    finally:
+        device.close()
+
+
+def _dump_object(console: Console, store: ObjectStore, key: str, verify: bool, limit: int) -> None:
+    size = store.size(key)
+    footer = decode_footer(store.get(key, size - FOOTER_BYTES, size), size)
+    entries = decode_index(store.get(key, footer.index_position, footer.index_position + footer.index_bytes), footer)
+    table = Table(title=f"{key}: {size:,} bytes, {len(entries)} blocks")
+    for col in ("stream", "start", "end", "records", "position", "bytes", "crc", *(("check",) if verify else ())):
+        table.add_column(col, justify="right")
+    bad = 0
+    for i, e in enumerate(entries):
+        check = ()
+        if verify:
+            try:
+                check_block(store.get(key, e.position, e.position + e.size_bytes), e)
+                check = ("ok",)
+            except Exception as exc:
+                bad += 1
+                check = (f"BAD: {exc}",)
+        if i < limit:
+            table.add_row(str(e.stream_id), f"{e.start_offset:,}", f"{e.end_offset:,}", f"{e.record_count:,}",
+                          f"{e.position:,}", f"{e.size_bytes:,}", f"{e.crc:08x}", *check)
+    console.print(table)
+    if verify and bad:
+        raise click.ClickException(f"{bad} of {len(entries)} blocks failed their check")
