@@ -1,0 +1,27 @@
+"""The stream engine: many streams over one WAL, object storage as main storage.
+
+```python
+store = StreamStore.open("data", object_store=None)   # or "s3://bucket/prefix?endpoint=http://127.0.0.1:8333"
+s = store.create_stream("orders")
+base = s.append([b"a", NewRecord(b"b", key=b"k")]).result()   # offsets are dense, one per record
+records = s.fetch(base)                                       # Record(offset, timestamp_ms, key, value, headers)
+store.close()
+```
+"""
+
+from stratalog.engine.batch import NewRecord, Record
+from stratalog.engine.config import StoreConfig
+from stratalog.engine.store import (
+    BackpressureError,
+    OffsetOutOfRangeError,
+    StoreClosedError,
+    StoreFailedError,
+    StoreLockedError,
+    Stream,
+    StreamStore,
+)
+
+__all__ = [
+    "StreamStore", "Stream", "StoreConfig", "NewRecord", "Record",
+    "BackpressureError", "OffsetOutOfRangeError", "StoreClosedError", "StoreFailedError", "StoreLockedError",
+]
