@@ -9,11 +9,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from enginekit import MemoryStore, abandon, small_store_config
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.engine.store import DATA_PREFIX, StreamStore
 
 STREAMS_MAX = 6

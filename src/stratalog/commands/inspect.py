@@ -134,7 +134,7 @@ def _dump_object(console: Console, store: ObjectStore, key: str, verify: bool, l
         table.add_column(col, justify="right")
     bad = 0
     for i, e in enumerate(entries):
-        check = ()
+        check: tuple[str, ...] = ()
         if verify:
             try:
                 check_block(store.get(key, e.position, e.position + e.size_bytes), e)

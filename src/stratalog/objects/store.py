@@ -24,14 +24,23 @@ class ObjectInfo:
 
 
 class ObjectStore(Protocol):
-    """Keys are '/'-separated strings relative to the store's root (bucket + prefix, or a directory)."""
+    """Keys are '/'-separated strings relative to the store's root (bucket + prefix, or a directory).
+
+    Every store refuses, with ValueError, a key that is empty, absolute, has an empty, '.' or '..'
+    segment, or breaks a length limit (see :func:`stratalog.objects.local.check_key`), so objects can move
+    between stores unchanged. Operating failures raise ObjectStoreError; retrying the whole call is safe.
+    """
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` under ``key``, all or nothing: a reader never sees part of it. Durable on return."""
         ...
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of the object (``end=None``: to its end). ObjectNotFoundError if absent."""
+        """Bytes ``[start, end)`` of the object (``end=None``: to its end). ObjectNotFoundError if absent.
+
+        Like a slice, a range reaching past the object's end is cut at the end (empty when ``start`` is at
+        or past it). A negative ``start`` or an ``end`` below ``start`` is a ValueError.
+        """
         ...
 
     def size(self, key: str) -> int:
@@ -39,11 +48,16 @@ class ObjectStore(Protocol):
         ...
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in key order."""
+        """Every object whose key starts with ``prefix``, in key order (code point order, as S3 sorts).
+
+        ``prefix`` is a plain string prefix, not a directory: "a/b" lists "a/b", "a/b-1" and "a/b/c".
+        """
         ...
 
     def delete(self, key: str) -> None:
         """Remove the object; deleting an absent key is not an error."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release connections; the store is not used after this."""
+        ...

@@ -1,0 +1,286 @@
+"""The embedded object store: one file per key under a root directory.
+
+A put is atomic and durable: the bytes go to a temp file in the key's directory, which is fsynced, renamed
+over the key's file, and then the directory is fsynced so the rename itself survives a power cut. A crash
+mid-put leaves at most a temp file, which no reader sees (``list`` skips temp names, ``get`` never opens
+them) and :meth:`LocalDirStore.remove_temp_files` deletes.
+
+The key rules here (:func:`check_key`) are the strictest of any store, and every store applies them, so
+objects can move between the local directory and an S3 bucket unchanged.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStoreError
+
+#: S3's own limit on a key's length, in UTF-8 bytes; the local store keeps it too so keys stay portable.
+KEY_BYTES_MAX = 1024
+#: Longest file or directory name most Linux filesystems accept (NAME_MAX).
+SEGMENT_BYTES_MAX = 255
+#: Names of in-flight puts start with this; keys may not, so a temp file never shadows an object.
+TEMP_PREFIX = ".stratalog-tmp."
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if every store can hold it; raise ValueError saying which rule it breaks."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"object key must be a non-empty string, got {key!r}")
+    if len(key.encode("utf-8", "surrogatepass")) > KEY_BYTES_MAX:
+        raise ValueError(f"object key is longer than {KEY_BYTES_MAX} UTF-8 bytes: {key[:64]!r}...")
+    if "\x00" in key:
+        raise ValueError(f"object key {key!r} contains a NUL character")
+    if key.startswith("/"):
+        raise ValueError(f"object key {key!r} is absolute: keys are relative to the store, drop the leading '/'")
+    for segment in key.split("/"):
+        if not segment:
+            raise ValueError(f"object key {key!r} has an empty segment ('//' or a trailing '/')")
+        if segment in (".", ".."):
+            raise ValueError(f"object key {key!r} has a {segment!r} segment: keys cannot point outside or "
+                             "back into the store")
+        if len(segment.encode("utf-8", "surrogatepass")) > SEGMENT_BYTES_MAX:
+            raise ValueError(f"object key {key!r} has a segment longer than {SEGMENT_BYTES_MAX} bytes")
+        if segment.startswith(TEMP_PREFIX):
+            raise ValueError(f"object key {key!r} has a segment starting with {TEMP_PREFIX!r}, which the local "
+                             "store reserves for puts in flight")
+    return key
+
+
+def check_range(start: int, end: int | None) -> None:
+    """Raise ValueError for a byte range no object has: negative start, or end before start."""
+    if start < 0:
+        raise ValueError(f"range start must be >= 0, got {start}")
+    if end is not None and end < start:
+        raise ValueError(f"range end ({end}) must be >= its start ({start})")
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file or subdirectory) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _advice(exc: OSError) -> str:
+    """What an operator can do about an OS error, for the error message."""
+    if exc.errno == errno.ENOSPC:
+        return "the disk is full: free space under the store's root, then retry"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "check that the process may write the store's root"
+    if exc.errno == errno.EIO:
+        return "the disk reported an I/O error: check it (dmesg) before retrying"
+    return "retry, and check the disk if it persists"
+
+
+class LocalDirStore:
+    """An :class:`~stratalog.objects.store.ObjectStore` on a local directory, one file per key."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).absolute()
+        if self.root.exists() and not self.root.is_dir():
+            raise ObjectStoreError(f"object store root {self.root} exists but is not a directory: point the "
+                                   "store at a directory")
+        try:
+            created = not self.root.exists()
+            self.root.mkdir(parents=True, exist_ok=True)
+            if created:
+                _fsync_dir(self.root.parent)
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot create the object store directory {self.root}: {exc}; "
+                                   f"{_advice(exc)}") from exc
+
+    def __repr__(self) -> str:
+        return f"LocalDirStore({str(self.root)!r})"
+
+    # ObjectStore protocol ---------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        path = self._path(key)
+        view = memoryview(data).cast("B")
+        self._make_parents(key, path.parent)
+        temp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot create a temp file for key {key!r} in {path.parent}: {exc}; "
+                                   f"{_advice(exc)}") from exc
+        try:
+            try:
+                written = 0
+                while written < len(view):
+                    # os.write may write less than asked (signals, 2 GiB per call): loop until all is out.
+                    written += os.write(fd, view[written:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            if isinstance(exc, IsADirectoryError):
+                raise ObjectStoreError(f"cannot store key {key!r}: {path} is a directory (keys exist under "
+                                       f"'{key}/'), and a local store cannot hold both") from exc
+            raise ObjectStoreError(f"put of key {key!r} to {path} failed, nothing was stored: {exc}; "
+                                   f"{_advice(exc)}") from exc
+        try:
+            # Without this the rename may be lost in a power cut even though put returned.
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise ObjectStoreError(f"put of key {key!r}: the directory {path.parent} could not be synced, so "
+                                   f"the object may not survive a power cut: {exc}; {_advice(exc)}") from exc
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        check_range(start, end)
+        path = self._path(key)
+        fd = self._open_object(key, path)
+        try:
+            size_bytes = os.fstat(fd).st_size
+            stop = size_bytes if end is None else min(end, size_bytes)
+            remaining = max(0, stop - start)
+            chunks: list[bytes] = []
+            position_bytes = start
+            while remaining > 0:
+                chunk = os.pread(fd, remaining, position_bytes)
+                if not chunk:
+                    # Puts replace the file by rename and our descriptor holds the old one, so a short
+                    # read means something outside the store truncated it.
+                    raise ObjectStoreError(f"object {key!r} ({path}) was truncated while being read: "
+                                           "something other than this store changed it")
+                chunks.append(chunk)
+                position_bytes += len(chunk)
+                remaining -= len(chunk)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        except OSError as exc:
+            raise ObjectStoreError(f"read of key {key!r} from {path} failed: {exc}; {_advice(exc)}") from exc
+        finally:
+            os.close(fd)
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise ObjectNotFoundError(f"no object {key!r} in {self.root}") from exc
+        except OSError as exc:
+            raise ObjectStoreError(f"stat of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise ObjectNotFoundError(f"no object {key!r} in {self.root} ({path} is not a file)")
+        return st.st_size
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, in key order (code point order, as S3 lists).
+
+        The whole listing under the prefix's directory is gathered and sorted before the first yield:
+        a directory walk gives 'a/b' before 'a-b', key order the other way round.
+        """
+        directory, _, _ = prefix.rpartition("/")
+        if directory:
+            check_key(directory)
+        found: list[ObjectInfo] = []
+        pending = [(self.root / directory, f"{directory}/" if directory else "")]
+        try:
+            while pending:
+                path, key_prefix = pending.pop()
+                try:
+                    entries = list(os.scandir(path))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                for entry in entries:
+                    key = key_prefix + entry.name
+                    if entry.name.startswith(TEMP_PREFIX):
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        if key.startswith(prefix):
+                            pending.append((Path(entry.path), f"{key}/"))
+                    elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
+                        found.append(ObjectInfo(key, entry.stat(follow_symlinks=False).st_size))
+        except OSError as exc:
+            raise ObjectStoreError(f"listing {prefix!r} in {self.root} failed: {exc}; {_advice(exc)}") from exc
+        found.sort(key=lambda info: info.key)
+        return iter(found)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except IsADirectoryError:
+            return  # no object under this key, only keys below it
+        except OSError as exc:
+            raise ObjectStoreError(f"delete of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
+        # Empty parent directories stay: removing them would race with a put creating a file in them.
+
+    def close(self) -> None:
+        """Nothing to release: every call opens and closes its own files."""
+
+    # Maintenance ------------------------------------------------------------------------------------
+
+    def remove_temp_files(self) -> int:
+        """Delete the temp files that puts interrupted by a crash left behind; return how many.
+
+        Only call this when no put is in flight (at startup): a live put's temp file is removed too.
+        """
+        removed = 0
+        for directory, _, names in os.walk(self.root):
+            for name in names:
+                if name.startswith(TEMP_PREFIX):
+                    Path(directory, name).unlink(missing_ok=True)
+                    removed += 1
+        return removed
+
+    # Internals --------------------------------------------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*check_key(key).split("/"))
+
+    def _open_object(self, key: str, path: Path) -> int:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise ObjectNotFoundError(f"no object {key!r} in {self.root}") from exc
+        except OSError as exc:
+            raise ObjectStoreError(f"open of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
+        try:
+            is_file = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError as exc:
+            os.close(fd)
+            raise ObjectStoreError(f"stat of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
+        if not is_file:
+            os.close(fd)
+            raise ObjectNotFoundError(f"no object {key!r} in {self.root} ({path} is not a file)")
+        return fd
+
+    def _make_parents(self, key: str, directory: Path) -> None:
+        """Create the key's directories, syncing each new one's parent so it survives a power cut."""
+        missing: list[Path] = []
+        probe = directory
+        while probe != self.root and not probe.is_dir():
+            missing.append(probe)
+            probe = probe.parent
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+            except FileExistsError as exc:
+                if not path.is_dir():
+                    object_key = path.relative_to(self.root).as_posix()
+                    raise ObjectStoreError(
+                        f"cannot store key {key!r}: {object_key!r} is an object, and a local store cannot hold "
+                        "keys below an object's key; choose keys where no key is a prefix of another + '/'"
+                    ) from exc
+                continue  # a concurrent put made it
+            except OSError as exc:
+                raise ObjectStoreError(f"cannot create directory {path} for key {key!r}: {exc}; "
+                                       f"{_advice(exc)}") from exc
+            try:
+                _fsync_dir(path.parent)
+            except OSError as exc:
+                raise ObjectStoreError(f"cannot sync directory {path.parent} for key {key!r}: {exc}; "
+                                       f"{_advice(exc)}") from exc
