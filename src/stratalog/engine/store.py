@@ -173,6 +173,7 @@ class StreamStore:
         self._failure: BaseException | None = None
         self._last_wal_future: Future[int] | None = None
         self._manifest = ManifestPublisher(objects)
+        self._manifest_stale = False
         self._blocks = BlockCache(objects, config.block_cache_bytes_max, config.block_cache_io_threads)
         self._last_retention = time.monotonic()
         for sm in self._meta.streams():
@@ -218,7 +219,7 @@ class StreamStore:
         """A new, empty stream; durable when it returns. Names are unique; None means unnamed."""
         self._check_open()
         sm = self._meta.create_stream(name, retention_ms, retention_bytes)
-        self._manifest.delta(self._meta.commit_seq, [sm], [])
+        self._publish([sm])
         with self._lock:
             return Stream(self, self._add_state(sm))
 
@@ -379,10 +380,10 @@ class StreamStore:
                                         f"{st.durable_end}")
         if new_start <= st.start_offset:
             return
-        seq = self._meta.trim_stream(st.stream_id, new_start)
+        self._meta.trim_stream(st.stream_id, new_start)
         with self._lock:
             st.start_offset = max(st.start_offset, new_start)
-        self._manifest.delta(seq, [self._meta.stream(st.stream_id)], [])
+        self._publish([self._meta.stream(st.stream_id)])
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Apply each stream's time and byte retention to uploaded data, then delete objects past their grace.
@@ -421,7 +422,7 @@ class StreamStore:
     def replace_objects(self, old_object_ids: Sequence[int], new_objects: Sequence[NewObject]) -> int:
         """Compaction's primitive: swap objects in metadata atomically; old ones go after the grace period."""
         seq = self._meta.replace_objects(old_object_ids, new_objects)
-        self._manifest.snapshot(seq, self._meta)
+        self._publish([], snapshot=True)
         return seq
 
     @property
@@ -506,16 +507,27 @@ class StreamStore:
         for st, _ in taken:
             if st.start_offset > st.committed_end:
                 self._meta.trim_stream(st.stream_id, st.start_offset)
+        self._publish([self._meta.stream(st.stream_id) for st, _ in taken], objects)
+
+    def _publish(self, streams: Sequence[StreamMeta], objects: Sequence[NewObject] = (),
+                 snapshot: bool = False) -> None:
+        """Publish the manifest for the latest commit: a delta, or a snapshot when one is due.
+
+        Best effort: the commit already stands in metadata. After a failed publication the chain of
+        deltas has a hole, so the next publication is a snapshot, which readers start from.
+        """
+        seq = self._meta.commit_seq
+        snapshot = snapshot or self._manifest_stale or seq % self._config.manifest_snapshot_every == 0
         try:
-            seq = self._meta.commit_seq  # a trim above may have moved it
-            if seq % self._config.manifest_snapshot_every == 0:
-                self._manifest.snapshot(seq, self._meta)
+            if snapshot:
+                self._with_retries("publishing a manifest snapshot", lambda: self._manifest.snapshot(seq, self._meta))
             else:
-                self._manifest.delta(seq, [self._meta.stream(st.stream_id) for st, _ in taken], objects)
+                self._with_retries("publishing a manifest delta",
+                                   lambda: self._manifest.delta(seq, streams, objects))
+            self._manifest_stale = False
         except StratalogError as e:
-            # The commit stands; a reader of the manifest sees it at the next snapshot (at the latest,
-            # the one published at the next open).
-            log.warning("publishing manifest %d failed: %s", seq, e)
+            self._manifest_stale = True
+            log.warning("publishing manifest %d failed; the next one will be a snapshot: %s", seq, e)
 
     def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
         delay = self._config.upload_backoff_s
@@ -599,7 +611,7 @@ class StreamStore:
         if last_wal_offset > self._wal.trim_offset:
             self._wal.trim(last_wal_offset)
         report.orphan_objects_deleted = self._delete_orphans()
-        self._manifest.snapshot(self._meta.commit_seq, self._meta)
+        self._publish([], snapshot=True)
         report.seconds = time.monotonic() - started
         return report
 
