@@ -258,3 +258,14 @@ def test_replace_objects_swaps_atomically_and_old_readers_finish(tmp_path: Path)
         assert all(o.key in mem.objects for o in old), "old objects must outlive their grace period"
         assert store.delete_unreferenced(now_ms=int(time.time() * 1000) + 3_600_001) == 4
         assert values(s.fetch(0)) == [b"r0", b"r1", b"r2", b"r3"]
+
+
+def test_a_full_wal_makes_appends_wait_for_the_uploader_not_fail(tmp_path: Path) -> None:
+    # A 2 MiB ring with a large cache: the WAL fills before the cache does, and only the uploader's
+    # trims make room.
+    with open_store(tmp_path, MemoryStore(), wal_capacity_bytes=8192 + (2 << 20),
+                    log_cache_bytes_max=8 << 20, upload_bytes_threshold=4 << 20, append_wait_s_max=2.0) as store:
+        s = store.create_stream()
+        futures = [s.append([b"w" * 4000]) for _ in range(2000)]  # 8 MB through a 2 MiB ring
+        assert futures[-1].result(timeout=30) == 1999
+        assert len(s.fetch(0, max_bytes=1 << 30)) == 2000

@@ -476,6 +476,8 @@ class StreamStore:
                 last_wal = max(entries[-1].wal_offset for _, entries in taken)
                 if last_wal > self._wal.trim_offset:
                     self._wal.trim(last_wal)
+                    with self._cond:
+                        self._cond.notify_all()  # appenders waiting for WAL room
             return uploaded
 
     def _write_objects(self, taken: list[tuple[_StreamState, list[_Entry]]]) -> list[NewObject]:
