@@ -269,3 +269,42 @@ def test_a_full_wal_makes_appends_wait_for_the_uploader_not_fail(tmp_path: Path)
         futures = [s.append([b"w" * 4000]) for _ in range(2000)]  # 8 MB through a 2 MiB ring
         assert futures[-1].result(timeout=30) == 1999
         assert len(s.fetch(0, max_bytes=1 << 30)) == 2000
+
+
+def test_concurrent_commits_keep_the_manifest_chain_whole(tmp_path: Path) -> None:
+    import threading
+
+    mem = MemoryStore()
+    with open_store(tmp_path, mem, manifest_snapshot_every=1000) as store:
+        a = store.create_stream("a")
+        for round_ in range(20):
+            for _ in range(3):
+                a.append([b"r"]).result()
+            barrier = threading.Barrier(2)
+
+            def flush(barrier: threading.Barrier) -> None:
+                barrier.wait()
+                store.flush()
+
+            thread = threading.Thread(target=flush, args=(barrier,))
+            thread.start()
+            barrier.wait()
+            a.trim(round_)
+            thread.join()
+        manifest = read_manifest(mem)
+        assert manifest.seq == store.metadata.commit_seq, "the chain of deltas broke"
+        info = manifest.streams[a.stream_id]
+        assert (info.start_offset, info.end_offset) == (a.start_offset, 60)
+
+
+def test_old_manifests_are_pruned(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem, manifest_snapshot_every=4) as store:
+        s = store.create_stream("s")
+        for _ in range(40):
+            s.append([b"x"]).result()
+            store.flush()
+        manifests = [k for k in mem.objects if k.startswith("manifest/")]
+        assert sum(k.endswith(".snapshot.json") for k in manifests) == 2
+        assert len(manifests) <= 2 + 2 * 4
+        assert read_manifest(mem).streams[s.stream_id].end_offset == 40

@@ -6,9 +6,10 @@ import click
 
 
 def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) -> None:
-    from stratalog.commands import bench_wal, chaos_wal, demo, inspect
+    from stratalog.commands import bench_wal, chaos_engine, chaos_wal, demo, inspect
 
     cli.add_command(demo.demo)
     cli.add_command(inspect.inspect)
     bench.add_command(bench_wal.wal, name="wal")
     chaos.add_command(chaos_wal.wal, name="wal")
+    chaos.add_command(chaos_engine.engine, name="engine")

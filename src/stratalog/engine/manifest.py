@@ -29,6 +29,8 @@ from stratalog.objects.store import ObjectStore
 
 MANIFEST_PREFIX = "manifest/"
 MANIFEST_FORMAT = 1
+#: Snapshots (with the deltas after the older one) kept in the store; older manifests are deleted.
+SNAPSHOTS_KEPT = 2
 
 class ManifestError(StratalogError):
     """The manifest is missing or unreadable: the store was never opened against this object store?"""
@@ -100,12 +102,32 @@ class ManifestPublisher:
                 "objects": [{"key": k, "blocks": v} for k, v in sorted(by_key.items())],
                 "removed": [],
             })
+            self._prune()
+
+    def _prune(self) -> None:
+        """Delete manifests older than the second-newest snapshot.
+
+        One older snapshot and its deltas stay, so a reader that listed the store just before the newest
+        snapshot landed still finds every file of the chain it is following.
+        """
+        keys = [info.key for info in self._store.list(MANIFEST_PREFIX)]
+        snapshots = sorted(_seq_of(k) for k in keys if k.endswith(".snapshot.json"))
+        if len(snapshots) < SNAPSHOTS_KEPT:
+            return
+        oldest_kept = snapshots[-SNAPSHOTS_KEPT]
+        for key in keys:
+            if _seq_of(key) < oldest_kept:
+                self._store.delete(key)
 
     def _put(self, doc: dict[str, object]) -> None:
         seq = int(doc["seq"])  # type: ignore[call-overload]
         self._store.put(f"{MANIFEST_PREFIX}{seq:020d}.{doc['kind']}.json",
                         json.dumps(doc, separators=(",", ":")).encode())
         self._last_seq = seq
+
+
+def _seq_of(key: str) -> int:
+    return int(key[len(MANIFEST_PREFIX):].split(".", maxsplit=1)[0])
 
 
 def read_manifest(store: ObjectStore) -> Manifest:
@@ -119,10 +141,10 @@ def read_manifest(store: ObjectStore) -> Manifest:
     _apply(manifest, snap)
     deltas = {}
     for key in keys:
-        if key.endswith(".delta.json") and int(key[len(MANIFEST_PREFIX):].split(".")[0]) > manifest.seq:
+        if key.endswith(".delta.json") and _seq_of(key) > manifest.seq:
             doc = json.loads(store.get(key))
             deltas[doc["prev"]] = doc
-    while manifest.seq in deltas:
+    while manifest.seq in deltas and int(deltas[manifest.seq]["seq"]) > manifest.seq:
         doc = deltas[manifest.seq]
         _apply(manifest, doc)
         manifest.seq = int(doc["seq"])

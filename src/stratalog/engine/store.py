@@ -174,6 +174,9 @@ class StreamStore:
         self._last_wal_future: Future[int] | None = None
         self._manifest = ManifestPublisher(objects)
         self._manifest_stale = False
+        # Held from a metadata commit through its manifest's publication, so each commit publishes under
+        # its own sequence number and manifests go out in commit order.
+        self._commit_lock = threading.RLock()
         self._blocks = BlockCache(objects, config.block_cache_bytes_max, config.block_cache_io_threads)
         self._last_retention = time.monotonic()
         for sm in self._meta.streams():
@@ -218,8 +221,9 @@ class StreamStore:
                       retention_bytes: int | None = None) -> Stream:
         """A new, empty stream; durable when it returns. Names are unique; None means unnamed."""
         self._check_open()
-        sm = self._meta.create_stream(name, retention_ms, retention_bytes)
-        self._publish([sm])
+        with self._commit_lock:
+            sm = self._meta.create_stream(name, retention_ms, retention_bytes)
+            self._publish([sm])
         with self._lock:
             return Stream(self, self._add_state(sm))
 
@@ -380,10 +384,11 @@ class StreamStore:
                                         f"{st.durable_end}")
         if new_start <= st.start_offset:
             return
-        self._meta.trim_stream(st.stream_id, new_start)
-        with self._lock:
-            st.start_offset = max(st.start_offset, new_start)
-        self._publish([self._meta.stream(st.stream_id)])
+        with self._commit_lock:
+            self._meta.trim_stream(st.stream_id, new_start)
+            with self._lock:
+                st.start_offset = max(st.start_offset, new_start)
+            self._publish([self._meta.stream(st.stream_id)])
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Apply each stream's time and byte retention to uploaded data, then delete objects past their grace.
@@ -421,8 +426,9 @@ class StreamStore:
 
     def replace_objects(self, old_object_ids: Sequence[int], new_objects: Sequence[NewObject]) -> int:
         """Compaction's primitive: swap objects in metadata atomically; old ones go after the grace period."""
-        seq = self._meta.replace_objects(old_object_ids, new_objects)
-        self._publish([], snapshot=True)
+        with self._commit_lock:
+            seq = self._meta.replace_objects(old_object_ids, new_objects)
+            self._publish([], snapshot=True)
         return seq
 
     @property
@@ -460,8 +466,9 @@ class StreamStore:
             if not taken:
                 return 0
             objects = self._write_objects(taken)
-            seq = self._with_retries("committing the upload", lambda: self._meta.commit_objects(objects))
-            self._after_commit(seq, taken, objects)
+            with self._commit_lock:
+                self._with_retries("committing the upload", lambda: self._meta.commit_objects(objects))
+                self._after_commit(taken, objects)
             uploaded = sum(len(e.data) for _, entries in taken for e in entries)
             with self._cond:
                 for st, entries in taken:
@@ -503,7 +510,7 @@ class StreamStore:
             written.append(NewObject(object_id, key, len(data), builder.entries))
         return written
 
-    def _after_commit(self, seq: int, taken: list[tuple[_StreamState, list[_Entry]]],
+    def _after_commit(self, taken: list[tuple[_StreamState, list[_Entry]]],
                       objects: list[NewObject]) -> None:
         # Data trimmed while it waited for upload is now in objects below the start: drop it at once.
         for st, _ in taken:
@@ -618,7 +625,13 @@ class StreamStore:
         return report
 
     def _delete_orphans(self) -> int:
-        """Delete objects an interrupted upload wrote but never committed."""
+        """Delete objects an interrupted upload wrote but never committed, and the pieces of cut-off puts."""
+        # Not part of the ObjectStore protocol: each store has its own kind of leftover (temp files in a
+        # directory, incomplete multipart uploads in S3). One store per data directory makes them ours.
+        for cleanup in ("remove_temp_files", "abort_incomplete_uploads"):
+            method = getattr(self._objects, cleanup, None)
+            if callable(method):
+                method()
         known = {o.key for o in self._meta.objects()}
         orphans = [info.key for info in self._objects.list(DATA_PREFIX) if info.key not in known]
         for key in orphans:
