@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from stratalog.errors import CorruptHeaderError
-from stratalog.io.device import Device, FileDevice, aligned_buffer
-from stratalog.wal.format import HEADER_SLOT_BYTES, HEADER_SLOTS, HEADERS_BYTES, WALHeader, decode_header
-from stratalog.wal.recovery import RecoveredRecord, RecoveryStats, scan
+from stratalog.io.device import Device, FileDevice
+from stratalog.wal.format import WALHeader, decode_header
+from stratalog.wal.recovery import RecoveredRecord, RecoveryStats, read_header_slots, scan
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,13 +21,7 @@ class WALView:
 
 
 def read_headers(device: Device) -> WALView:
-    buf = aligned_buffer(HEADERS_BYTES)
-    try:
-        device.pread_into(buf, 0)
-        raw = bytes(buf)
-    finally:
-        buf.close()
-    slots = tuple(decode_header(raw[i * HEADER_SLOT_BYTES:(i + 1) * HEADER_SLOT_BYTES]) for i in range(HEADER_SLOTS))
+    slots = tuple(map(decode_header, read_header_slots(device)))
     valid = [h for h in slots if h is not None]
     if not valid:
         raise CorruptHeaderError("neither header slot holds a valid WAL header")

@@ -57,7 +57,7 @@ from stratalog.wal.format import (
     encode_pad,
     header_version,
 )
-from stratalog.wal.recovery import RecoveredRecord, RecoveryStats, scan
+from stratalog.wal.recovery import RecoveredRecord, RecoveryStats, read_header_slots, scan
 
 log = logging.getLogger("stratalog.wal")
 
@@ -190,14 +190,8 @@ class WriteAheadLog:
     @classmethod
     def _open_device(cls, device: Device, capacity_bytes: int | None, create: bool, config: WALConfig,
                      created: bool, owns: bool) -> WriteAheadLog:
-        slots = aligned_buffer(HEADERS_BYTES)
-        try:
-            device.pread_into(slots, 0)
-            raw = bytes(slots)
-        finally:
-            slots.close()
-        found = [h for h in (decode_header(raw[i * HEADER_SLOT_BYTES:(i + 1) * HEADER_SLOT_BYTES])
-                             for i in range(HEADER_SLOTS)) if h is not None]
+        slots = read_header_slots(device)
+        found = [h for h in map(decode_header, slots) if h is not None]
         if found:
             header = max(found, key=lambda h: h.sequence)
             if capacity_bytes is not None and capacity_bytes != header.capacity_bytes:
@@ -212,14 +206,13 @@ class WriteAheadLog:
                 )
             config.validate(header.ring_bytes)
             return cls(device, header, config, owns_device=owns)
-        newer = [v for v in (header_version(raw[i * HEADER_SLOT_BYTES:(i + 1) * HEADER_SLOT_BYTES])
-                             for i in range(HEADER_SLOTS)) if v is not None and v > FORMAT_VERSION]
+        newer = [v for v in map(header_version, slots) if v is not None and v > FORMAT_VERSION]
         if newer:
             raise CorruptHeaderError(
                 f"this WAL has format version {max(newer)}; this stratalog reads version {FORMAT_VERSION}: "
                 "upgrade stratalog"
             )
-        if not (create and (created or raw == bytes(len(raw)))):
+        if not (create and (created or not any(any(slot) for slot in slots))):
             raise CorruptHeaderError(
                 "neither header slot holds a valid WAL header: this is not a stratalog WAL, or both "
                 "headers are damaged; refusing to format it (move it aside to start a new log)"

@@ -25,6 +25,8 @@ from typing import NamedTuple
 from stratalog.errors import RecoveryReadError
 from stratalog.io.device import Device, aligned_buffer
 from stratalog.wal.format import (
+    HEADER_SLOT_BYTES,
+    HEADER_SLOTS,
     HEADERS_BYTES,
     PAD_MAGIC,
     RECORD_HEADER,
@@ -106,6 +108,17 @@ class _RingReader:
 
 
 _U32 = struct.Struct("<I")
+
+
+def read_header_slots(device: Device) -> list[bytes]:
+    """The raw bytes of both header slots."""
+    buf = aligned_buffer(HEADERS_BYTES)
+    try:
+        device.pread_into(buf, 0)
+        raw = bytes(buf)
+    finally:
+        buf.close()
+    return [raw[i * HEADER_SLOT_BYTES:(i + 1) * HEADER_SLOT_BYTES] for i in range(HEADER_SLOTS)]
 
 
 def scan(
