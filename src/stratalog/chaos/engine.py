@@ -35,26 +35,26 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
+from stratalog.chaos.child import start_child
 from stratalog.chaos.engine_child import (
     CHAOS_STORE_CONFIG,
+    TAG_OPENING,
+    TAG_READY,
     ChildReport,
     parse_child_output,
     record_run,
     stream_name,
     stream_tag,
 )
+from stratalog.chaos.harness import ChaosHarnessError, run_rounds
 from stratalog.engine.batch import Record
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.store import DATA_PREFIX, OffsetOutOfRangeError, RecoveryReport, Stream, StreamStore
@@ -63,10 +63,6 @@ from stratalog.objects.local import TEMP_PREFIX, LocalDirStore
 #: The parent opens the store as the child does, but runs no retention pass: it only reads, and a pass
 #: deleting objects while it lists them would make the orphan count race.
 CHECK_STORE_CONFIG = dataclasses.replace(CHAOS_STORE_CONFIG, retention_interval_s=3600.0)
-
-
-class ChaosHarnessError(RuntimeError):
-    """The harness itself could not run a round (the child did not start, or failed before opening)."""
 
 
 class Phase(StrEnum):
@@ -283,40 +279,6 @@ def summarize(iterations: list[IterationFigures], elapsed_s: float) -> EngineCha
 
 # Running one child ---------------------------------------------------------------------------------
 
-#: Bytes per read of the child's stdout; its lines arrive at about a megabyte a second.
-_READ_CHUNK_BYTES = 64 << 10
-#: Last bytes of a failed child's stderr quoted in the report.
-_STDERR_TAIL_BYTES = 4000
-
-
-class _OutputReader(threading.Thread):
-    """Drains a child's stdout (so it never blocks on a full pipe) and spots its opening and ready lines."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        super().__init__(name="stratalog-chaos-reader", daemon=True)
-        self._fd = stream.fileno()
-        self.output = bytearray()
-        self.opening = threading.Event()
-        self.ready = threading.Event()
-        self.eof = False
-
-    def run(self) -> None:
-        scanned = 0
-        while chunk := os.read(self._fd, _READ_CHUNK_BYTES):
-            self.output += chunk
-            if self.ready.is_set():
-                continue
-            complete = self.output.rfind(b"\n") + 1
-            for line in bytes(self.output[scanned:complete]).splitlines():
-                if line == b"o":
-                    self.opening.set()
-                elif line == b"g":
-                    self.ready.set()
-            scanned = complete
-        self.eof = True
-        self.opening.set()
-        self.ready.set()
-
 
 class _Kill(NamedTuple):
     report: ChildReport
@@ -327,54 +289,24 @@ class _Kill(NamedTuple):
 
 def _run_child(data_dir: Path, config: EngineChaosConfig, run_id: int, phase: Phase, kill_after_s: float) -> _Kill:
     """Start the writer, SIGKILL it ``kill_after_s`` after the moment ``phase`` names; return what it said."""
-    command = [sys.executable, "-m", "stratalog.chaos.engine_child", "--dir", str(data_dir), "--run-id",
-               str(run_id), "--streams", str(config.streams), "--threads", str(config.threads)]
+    args = ["--dir", str(data_dir), "--run-id", str(run_id), "--streams", str(config.streams),
+            "--threads", str(config.threads)]
     if config.object_store is not None:
-        command += ["--object-store", config.object_store]
-    stderr_path = data_dir.with_name(data_dir.name + ".child-stderr")
+        args += ["--object-store", config.object_store]
     failure: str | None = None
-    with (
-        open(stderr_path, "w+b") as stderr,
-        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr) as child,
-    ):
-        assert child.stdout is not None
-        reader = _OutputReader(child.stdout)
-        reader.start()
-        try:
-            moment = reader.ready if phase is Phase.RUNNING else reader.opening
-            if not moment.wait(config.child_ready_timeout_s):
-                awaited = "that it was ready" if phase is Phase.RUNNING else "that it was opening the store"
-                raise ChaosHarnessError(_child_failure(
-                    f"did not say {awaited} within {config.child_ready_timeout_s} s", child, stderr))
-            since = time.monotonic()
-            if not reader.eof:
-                time.sleep(kill_after_s)
-            if child.poll() is None:
-                child.kill()  # SIGKILL
-            killed_after_s = time.monotonic() - since
-            child.wait()
-            reader.join()
-            if child.returncode != -signal.SIGKILL:
-                report = parse_child_output(bytes(reader.output))
-                if not report.opening:
-                    raise ChaosHarnessError(_child_failure("stopped before opening the store", child, stderr))
-                failure = _child_failure("exited by itself", child, stderr)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            reader.join()
-    stderr_path.unlink()
-    return _Kill(parse_child_output(bytes(reader.output)), killed_after_s, failure)
-
-
-def _child_failure(what: str, child: subprocess.Popen[bytes], stderr: IO[bytes]) -> str:
-    if child.poll() is None:
-        child.kill()
-        child.wait()
-    stderr.seek(0)
-    tail = stderr.read()[-_STDERR_TAIL_BYTES:].decode(errors="replace")
-    return f"the engine chaos child {what} (exit status {child.returncode}):\n{tail}"
+    with start_child("stratalog.chaos.engine_child", args, name="engine", beside=data_dir,
+                     awaited_tags=[TAG_OPENING, TAG_READY]) as child:
+        moment = TAG_READY if phase is Phase.RUNNING else TAG_OPENING
+        if not child.wait_for(moment, config.child_ready_timeout_s):
+            awaited = "that it was ready" if phase is Phase.RUNNING else "that it was opening the store"
+            raise ChaosHarnessError(child.failure(
+                f"did not say {awaited} within {config.child_ready_timeout_s} s"))
+        killed_after_s = child.kill_after(kill_after_s)
+        if not child.killed:
+            if not parse_child_output(child.output).opening:
+                raise ChaosHarnessError(child.failure("stopped before opening the store"))
+            failure = child.failure("exited by itself")
+    return _Kill(parse_child_output(child.output), killed_after_s, failure)
 
 
 # What the parent knows -----------------------------------------------------------------------------
@@ -683,13 +615,7 @@ def run_engine_chaos(
     rng = random.Random(config.seed)
     ledger = _Ledger([_StreamLedger(index, stream_tag(stream_name(index))) for index in range(config.streams)])
     run = _Run()
-    iterations: list[IterationFigures] = []
-    started = time.monotonic()
-    for index in range(config.iterations):
-        figures = _iteration(index, path, config, rng, ledger, run)
-        iterations.append(figures)
-        if on_iteration is not None:
-            on_iteration(figures)
-        if run.stopped:
-            break
-    return summarize(iterations, time.monotonic() - started)
+    iterations, elapsed_s = run_rounds(
+        config.iterations, lambda index: _iteration(index, path, config, rng, ledger, run), on_iteration,
+        stop=lambda: run.stopped)
+    return summarize(iterations, elapsed_s)

@@ -42,6 +42,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from stratalog.chaos.lines import LineWriter, complete_lines
+from stratalog.chaos.mix import mix64
 from stratalog.engine.batch import NewRecord, Record
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata import UnknownStreamError
@@ -87,7 +89,6 @@ FILLER_STARTS = 64 << 10
 _FILLER_POOL = random.Random(0x5EED_F111).randbytes(FILLER_STARTS + FILLER_BYTES_MAX)
 #: Keys are 8 bytes of the record's hash, or None for one record in four.
 KEY_BYTES = 8
-_U64_MASK = (1 << 64) - 1
 
 
 def stream_tag(name: str) -> int:
@@ -95,17 +96,9 @@ def stream_tag(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
-def _mix64(value: int) -> int:
-    """SplitMix64's finalizer: spreads every input bit over the 64 output bits."""
-    value = (value + 0x9E3779B97F4A7C15) & _U64_MASK
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _U64_MASK
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _U64_MASK
-    return value ^ (value >> 31)
-
-
 def record_parts(tag: int, offset: int, run_id: int) -> tuple[bytes | None, bytes]:
     """``(key, value)`` of the record that run ``run_id`` writes at ``offset`` of the stream tagged ``tag``."""
-    mixed = _mix64(run_id ^ _mix64(offset ^ (tag << 32)))
+    mixed = mix64(run_id ^ mix64(offset ^ (tag << 32)))
     filler_bytes = (mixed >> 8) % (1 << (mixed % _SIZE_CLASSES))
     start = (mixed >> 32) % FILLER_STARTS
     value = VALUE_PREFIX.pack(offset, run_id, tag) + _FILLER_POOL[start:start + filler_bytes]
@@ -176,10 +169,7 @@ class ChildReport:
 def parse_child_output(output: bytes) -> ChildReport:
     """Decode a child's stdout; a last line without its newline was cut by the kill and is dropped."""
     report = ChildReport()
-    complete = output[:output.rfind(b"\n") + 1]
-    for line in complete.decode("ascii").splitlines():
-        tag, *fields = line.split()
-        values = [int(v) for v in fields]
+    for text, tag, values in complete_lines(output):
         if tag == TAG_ACK:
             stream, base, count = values
             report.acks.append((stream, base, count))
@@ -205,22 +195,8 @@ def parse_child_output(output: bytes) -> ChildReport:
         elif tag == TAG_READY:
             report.ready = True
         else:
-            raise ValueError(f"the engine chaos child wrote an unknown line: {line!r}")
+            raise ValueError(f"the engine chaos child wrote an unknown line: {text!r}")
     return report
-
-
-class _LineWriter:
-    """Writes whole lines to a file descriptor, one thread at a time, without user-space buffering."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._lock = threading.Lock()
-
-    def write(self, line: str) -> None:
-        with self._lock:
-            view = memoryview(line.encode())
-            while view:
-                view = view[os.write(self._fd, view):]
 
 
 # The writer ------------------------------------------------------------------------------------------
@@ -271,7 +247,7 @@ class _Child:
     """One run's threads: appenders (each owning some streams), a trimmer and a flusher."""
 
     def __init__(self, store: StreamStore, writers: list[_StreamWriter], run_id: int, threads: int,
-                 lines: _LineWriter) -> None:
+                 lines: LineWriter) -> None:
         self._store = store
         self._writers = writers
         self._run_id = run_id
@@ -358,7 +334,7 @@ class _Child:
         self._lines.write(f"{TAG_TRIM_DONE} {writer.index} {target}\n")
 
 
-def _open_streams(store: StreamStore, streams: int, lines: _LineWriter) -> list[_StreamWriter]:
+def _open_streams(store: StreamStore, streams: int, lines: LineWriter) -> list[_StreamWriter]:
     writers = []
     for index in range(streams):
         name = stream_name(index)
@@ -384,7 +360,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    lines = _LineWriter(sys.stdout.fileno())
+    lines = LineWriter(sys.stdout.fileno())
     parent_pid = os.getppid()
     lines.write(f"{TAG_OPENING}\n")
     store = StreamStore.open(args.dir, args.object_store, CHAOS_STORE_CONFIG)

@@ -23,27 +23,23 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
+from stratalog.chaos.child import start_child
+from stratalog.chaos.harness import ChaosHarnessError, run_rounds
 from stratalog.chaos.wal_child import (
     CHAOS_WAL_CONFIG,
+    TAG_READY,
     ChildReport,
     parse_child_output,
     record_identity,
 )
 from stratalog.wal import WriteAheadLog
 from stratalog.wal.format import HEADERS_BYTES, TRIM_NONE
-
-
-class ChaosHarnessError(RuntimeError):
-    """The harness itself could not run an iteration (the child failed to start or died by itself)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,30 +154,6 @@ def summarize(iterations: list[IterationFigures], ring_bytes: int, elapsed_s: fl
 
 # Running one child ---------------------------------------------------------------------------------
 
-#: Bytes per read of the child's stdout; its lines arrive at a few hundred KB/s.
-_READ_CHUNK_BYTES = 64 << 10
-#: Last bytes of a failed child's stderr quoted in the error.
-_STDERR_TAIL_BYTES = 4000
-
-
-class _OutputReader(threading.Thread):
-    """Drains a child's stdout (so the child never blocks on a full pipe) and spots its ready line."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        super().__init__(name="stratalog-chaos-reader", daemon=True)
-        self._fd = stream.fileno()
-        self.output = bytearray()
-        self.ready_or_eof = threading.Event()
-        self.eof = False
-
-    def run(self) -> None:
-        while chunk := os.read(self._fd, _READ_CHUNK_BYTES):
-            self.output += chunk
-            if b"\n" in chunk:
-                self.ready_or_eof.set()  # the ready line is always the first line
-        self.eof = True
-        self.ready_or_eof.set()
-
 
 class _Kill(NamedTuple):
     report: ChildReport
@@ -190,44 +162,16 @@ class _Kill(NamedTuple):
 
 def _run_child(wal_path: Path, config: WALChaosConfig, run_id: int, kill_after_s: float) -> _Kill:
     """Start the writer, SIGKILL it ``kill_after_s`` after it is ready, and return what it printed."""
-    command = [
-        sys.executable, "-m", "stratalog.chaos.wal_child", "--path", str(wal_path),
-        "--capacity-bytes", str(config.capacity_bytes), "--run-id", str(run_id),
-    ]
-    stderr_path = wal_path.with_name(wal_path.name + ".child-stderr")
-    with (
-        open(stderr_path, "w+b") as stderr,
-        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr) as child,
-    ):
-        assert child.stdout is not None
-        reader = _OutputReader(child.stdout)
-        reader.start()
-        try:
-            if not reader.ready_or_eof.wait(config.child_ready_timeout_s) or reader.eof:
-                raise ChaosHarnessError(_child_failure("stopped before saying it was ready", child, stderr))
-            ready_at = time.monotonic()
-            time.sleep(kill_after_s)
-            if child.poll() is not None:
-                raise ChaosHarnessError(_child_failure("exited before it was killed", child, stderr))
-            child.kill()  # SIGKILL
-            killed_after_s = time.monotonic() - ready_at
-            child.wait()
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            reader.join()
-    stderr_path.unlink()
-    return _Kill(parse_child_output(bytes(reader.output)), killed_after_s)
-
-
-def _child_failure(what: str, child: subprocess.Popen[bytes], stderr: IO[bytes]) -> str:
-    if child.poll() is None:
-        child.kill()
-        child.wait()
-    stderr.seek(0)
-    tail = stderr.read()[-_STDERR_TAIL_BYTES:].decode(errors="replace")
-    return f"the WAL chaos child {what} (exit status {child.returncode}):\n{tail}"
+    args = ["--path", str(wal_path), "--capacity-bytes", str(config.capacity_bytes), "--run-id", str(run_id)]
+    with start_child("stratalog.chaos.wal_child", args, name="WAL", beside=wal_path,
+                     awaited_tags=[TAG_READY]) as child:
+        # A child whose stdout ended is gone, whether or not it said it was ready first.
+        if not child.wait_for(TAG_READY, config.child_ready_timeout_s) or child.eof:
+            raise ChaosHarnessError(child.failure("stopped before saying it was ready"))
+        killed_after_s = child.kill_after(kill_after_s)
+        if not child.killed:
+            raise ChaosHarnessError(child.failure("exited before it was killed"))
+    return _Kill(parse_child_output(child.output), killed_after_s)
 
 
 # Checking one recovery -----------------------------------------------------------------------------
@@ -401,11 +345,6 @@ def run_wal_chaos(
         raise ValueError("need 0 <= kill_after_s_min <= kill_after_s_max")
     rng = random.Random(config.seed)
     ledger = _Ledger()
-    iterations: list[IterationFigures] = []
-    started = time.monotonic()
-    for index in range(config.iterations):
-        figures = _iteration(index, path, config, rng, ledger)
-        iterations.append(figures)
-        if on_iteration is not None:
-            on_iteration(figures)
-    return summarize(iterations, ring_bytes, time.monotonic() - started)
+    iterations, elapsed_s = run_rounds(
+        config.iterations, lambda index: _iteration(index, path, config, rng, ledger), on_iteration)
+    return summarize(iterations, ring_bytes, elapsed_s)

@@ -31,6 +31,8 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from stratalog.chaos.lines import LineWriter, complete_lines
+from stratalog.chaos.mix import mix64
 from stratalog.wal import AppendResult, WALConfig, WriteAheadLog
 from stratalog.wal.format import HEADERS_BYTES, TRIM_NONE
 
@@ -46,19 +48,10 @@ FILLER_STARTS = 64 << 10
 RECORD_BODY_BYTES_MAX = RECORD_PREFIX.size + FILLER_BYTES_MAX
 #: The largest size class spans 2**16 bytes of filler.
 _SIZE_CLASSES = 17
-_U64_MASK = (1 << 64) - 1
 
 #: The log both the child and the checking parent open. record_bytes_max is the largest body rounded up
 #: to a power of two: small enough that rings of a few MiB pass validation, large enough for every body.
 CHAOS_WAL_CONFIG = WALConfig(record_bytes_max=128 << 10)
-
-
-def _mix64(value: int) -> int:
-    """SplitMix64's finalizer: spreads every input bit over the 64 output bits."""
-    value = (value + 0x9E3779B97F4A7C15) & _U64_MASK
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _U64_MASK
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _U64_MASK
-    return value ^ (value >> 31)
 
 
 @functools.lru_cache(maxsize=64)
@@ -69,7 +62,7 @@ def _filler_pool(run_id: int) -> bytes:
 
 def record_body(run_id: int, seq: int) -> bytes:
     """The body the writer of run ``run_id`` appends as its record number ``seq``."""
-    mixed = _mix64(run_id ^ _mix64(seq))
+    mixed = mix64(run_id ^ mix64(seq))
     size_class_bytes = 1 << (mixed % _SIZE_CLASSES)
     filler_bytes = (mixed >> 8) % size_class_bytes
     start = (mixed >> 32) % FILLER_STARTS
@@ -94,9 +87,9 @@ TAG_TRIM_STARTED = "t+"
 TAG_TRIM_DONE = "t"
 
 
-def format_ack(first_seq: int, offsets: list[int]) -> bytes:
+def format_ack(first_seq: int, offsets: list[int]) -> str:
     deltas = [offsets[0], *(later - earlier for earlier, later in itertools.pairwise(offsets))]
-    return f"{TAG_ACK} {first_seq} {' '.join(map(str, deltas))}\n".encode()
+    return f"{TAG_ACK} {first_seq} {' '.join(map(str, deltas))}\n"
 
 
 @dataclass(slots=True)
@@ -115,10 +108,7 @@ class ChildReport:
 def parse_child_output(output: bytes) -> ChildReport:
     """Decode a child's stdout; a last line without its newline was cut by the kill and is dropped."""
     report = ChildReport()
-    complete = output[:output.rfind(b"\n") + 1]
-    for line in complete.decode("ascii").splitlines():
-        tag, *fields = line.split()
-        values = [int(v) for v in fields]
+    for text, tag, values in complete_lines(output):
         if tag == TAG_ACK:
             first_seq, offset, *deltas = values
             report.acks.append((first_seq, offset))
@@ -133,22 +123,8 @@ def parse_child_output(output: bytes) -> ChildReport:
             report.ready = True
             report.records_recovered, report.last_recovered_offset = values
         else:
-            raise ValueError(f"the WAL chaos child wrote an unknown line: {line!r}")
+            raise ValueError(f"the WAL chaos child wrote an unknown line: {text!r}")
     return report
-
-
-class _LineWriter:
-    """Writes whole lines to a file descriptor, one thread at a time, without user-space buffering."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._lock = threading.Lock()
-
-    def write(self, line: bytes) -> None:
-        with self._lock:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(self._fd, view):]
 
 
 # The writer ------------------------------------------------------------------------------------------
@@ -164,7 +140,7 @@ ACK_WAIT_S = 1.0
 class _Writer:
     """Appends records forever; reports acknowledgements from the WAL's completion thread."""
 
-    def __init__(self, wal: WriteAheadLog, run_id: int, lines: _LineWriter, recovered: list[int]) -> None:
+    def __init__(self, wal: WriteAheadLog, run_id: int, lines: LineWriter, recovered: list[int]) -> None:
         ring_bytes = wal.capacity_bytes - HEADERS_BYTES
         # Trim once untrimmed records span half the ring, keeping the newest quarter ring: each
         # recovery then has megabytes of acknowledged records to check, and the ring never fills.
@@ -239,9 +215,9 @@ class _Writer:
                 target = self._trim_candidates.popleft()
         if target <= self._trim_offset:
             return
-        self._lines.write(f"{TAG_TRIM_STARTED} {target}\n".encode())
+        self._lines.write(f"{TAG_TRIM_STARTED} {target}\n")
         self._wal.trim(target)
-        self._lines.write(f"{TAG_TRIM_DONE} {target}\n".encode())
+        self._lines.write(f"{TAG_TRIM_DONE} {target}\n")
         self._trim_offset = target
 
 
@@ -255,12 +231,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    lines = _LineWriter(sys.stdout.fileno())
+    lines = LineWriter(sys.stdout.fileno())
     wal = WriteAheadLog.open(args.path, capacity_bytes=args.capacity_bytes, create=True,
                              config=CHAOS_WAL_CONFIG)
     recovered = [record.offset for record in wal.recover()]
     last_offset = recovered[-1] if recovered else -1
-    lines.write(f"{TAG_READY} {len(recovered)} {last_offset}\n".encode())
+    lines.write(f"{TAG_READY} {len(recovered)} {last_offset}\n")
     try:
         _Writer(wal, args.run_id, lines, recovered).run()
     finally:

@@ -9,7 +9,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from stratalog.chaos.wal import ChaosHarnessError, IterationFigures, WALChaosConfig, run_wal_chaos
+from stratalog.chaos.harness import ChaosHarnessError
+from stratalog.chaos.wal import IterationFigures, WALChaosConfig, run_wal_chaos
 from stratalog.chaos.wal_child import RECORD_BODY_BYTES_MAX, RECORD_PREFIX
 from stratalog.io.device import FileDevice
 
