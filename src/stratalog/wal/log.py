@@ -13,6 +13,7 @@ per-record cost small. The future's result is the offset up to which the log is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -418,13 +419,18 @@ class WriteAheadLog:
         except BaseException as e:
             self._fail(e, f"writing {length} bytes at logical offset {block.start}", writer=True)
             return
-        with self._lock:
-            block.written = True
-            self._writing -= 1
-            self._dispatch()
-            ready = bool(self._unacked) and self._unacked[0].written
-        if ready:
-            self._complete_in_order()
+        try:
+            with self._lock:
+                block.written = True
+                self._writing -= 1
+                self._dispatch()
+                ready = bool(self._unacked) and self._unacked[0].written
+            if ready:
+                self._complete_in_order()
+        except BaseException as e:
+            # The executor would swallow this and leave every later future pending: stop instead.
+            self._fail(e, f"completing the block at logical offset {block.start}")
+            raise
 
     def _sync(self) -> None:
         # Serialized, and never retried: once one sync fails, a later one may report success for data
@@ -621,7 +627,8 @@ class WriteAheadLog:
                 self._state = _State.CLOSED
                 for buffers in self._free_buffers.values():
                     for buf in buffers:
-                        buf.close()
+                        with contextlib.suppress(BufferError):  # a caller still holds a view: unmapped with it
+                            buf.close()
                 self._free_buffers.clear()
                 self._pool_bytes = 0
             if self._owns_device:
