@@ -1,11 +1,12 @@
 """`stratalog bench wal`: the Delta WAL against the bare disk, measured in the same run.
 
-For each record size the log is driven flat out (or at ``--rate-mib-s``). Right after, a reference loop
-of plain O_DIRECT ``pwritev`` (+ ``fdatasync`` under ``fsync=always``) writes blocks of the mean size the
-log wrote, from as many threads as the log has I/O threads, for as long. The log's payload rate divided
-by the reference rate says how much the log costs over the disk. Then the log runs again at half the
-rate it reached, to see latency when the disk is not the bottleneck, followed by the reference paced at
-the same writes per second: the disk's own latency at that load, the floor for the log's.
+For each record size the log is driven flat out (or at ``--rate-mib-s``), and right after each slice
+of that, a reference loop of plain O_DIRECT ``pwritev`` (+ ``fdatasync`` under ``fsync=always``) writes
+blocks of the mean size the log wrote, from as many threads as the log has I/O threads, for as long.
+The two take turns in slices of a few seconds so both meet the same disk. The log's payload rate
+divided by the reference rate says how much the log costs over the disk. Then the log runs at half the
+rate it reached, to see latency when the disk is not the bottleneck, taking turns with the reference
+paced at the same writes per second: the disk's own latency at that load, the floor for the log's.
 
 Recovery is timed the same way: a log filled with 4 KiB records is opened and recovered to its end, and
 compared with a plain O_DIRECT sequential read of the same bytes.
@@ -18,13 +19,14 @@ with numpy at the end.
 
 from __future__ import annotations
 
-import errno
-import mmap
+import math
 import os
 import threading
 import time
 import uuid
 from array import array
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from functools import partial
@@ -34,12 +36,23 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from stratalog.bench.common import MIB_BYTES, machine_info, size_label, summarize_latency_ms
+from stratalog.bench.common import (
+    MIB_BYTES,
+    Activity,
+    ReferenceFigures,
+    ReferenceLoad,
+    machine_info,
+    preallocate,
+    reference_read,
+    reference_write,
+    size_label,
+    summarize_latency_ms,
+)
 from stratalog.errors import OverCapacityError
-from stratalog.io.device import FileDevice, aligned_buffer
 from stratalog.wal.config import FsyncPolicy, WALConfig
 from stratalog.wal.format import ALIGN_BYTES, HEADERS_BYTES
 from stratalog.wal.log import WriteAheadLog
+from stratalog.wal.recovery import RecoveryStats
 
 #: The record sizes of AutoMQ's Delta WAL benchmark.
 SIZES_BYTES_DEFAULT = (1 << 10, 4 << 10, 64 << 10, 256 << 10, 1 << 20)
@@ -58,6 +71,9 @@ TRIM_EVERY_BYTES_MAX = 64 << 20
 TRIM_EVERY_RING_FRACTION = 8
 #: Times an append that met a full ring waits for the oldest block and retries before giving up.
 ROOM_RETRIES_MAX = 64
+#: A block not durable after this long means the log is stuck, not slow (a synced write takes
+#: milliseconds; the log's own append_wait_s_max is 30 s): the run fails instead of hanging.
+BLOCK_WAIT_S_MAX = 120.0
 #: Append times kept per run, at 8 bytes each (400 MB): a run that reaches it ends early. Far above
 #: what a 10 s run appends (about 3.5 million 1 KiB records here).
 RECORDS_PER_RUN_MAX = 50_000_000
@@ -66,8 +82,12 @@ PROGRESS_EVERY_S = 0.25
 #: Recovery is measured on 4 KiB records: small enough that the scan's per-record work (two CRCs, a
 #: copy, a tuple) shows against the disk's read rate, as it would for a log of small produce batches.
 RECOVERY_RECORD_BYTES = 4 << 10
-#: Read size of the reference sequential read: the log's own recovery_read_bytes default.
-REFERENCE_READ_BYTES = 4 << 20
+#: Recoveries timed (the fastest counts), each after a reference read, with one more read at the end.
+RECOVERY_ROUNDS = 2
+#: The log and its reference take turns in slices of at most this long, so both meet the same disk.
+#: The virtual disk this was first run on drifts by up to 2x within tens of seconds: measured one after
+#: the other for 10 s each, the same ratio came out anywhere from 0.6 to 1.3.
+COMPARE_SLICE_S_MAX = 2.0
 
 # Targets from the issue. Each is printed beside its figure with PASS or MISS.
 RECORDS_PER_S_MIN = {1 << 10: 150_000.0, 4 << 10: 100_000.0}
@@ -111,12 +131,18 @@ class _RunFailedError(RuntimeError):
 
 
 class _BlockLog:
-    """One run's blocks: where each starts (record index, offset), when and where it completed."""
+    """One run's blocks: where each starts (record index, offset), when and where it completed.
+
+    Futures are held only while outstanding: each drags a dozen objects the garbage collector tracks,
+    and a run's worth kept alive makes every full collection (which holds the GIL, and so the log's
+    I/O threads) slower.
+    """
 
     def __init__(self) -> None:
         self.first_index = array("q")
         self.first_offset = array("q")
-        self.futures: list[Future[int]] = []
+        self.count = 0
+        self._outstanding: deque[tuple[int, Future[int]]] = deque()
         # Filled by callbacks on I/O threads; a dict entry per block, never per record.
         self.done_s: dict[int, float] = {}
         self.end_offset: dict[int, int] = {}
@@ -125,11 +151,20 @@ class _BlockLog:
         self._callback_ran = threading.Condition()
 
     def add(self, record_index: int, offset: int, future: Future[int]) -> None:
-        seq = len(self.futures)
+        seq = self.count
+        self.count += 1
         self.first_index.append(record_index)
         self.first_offset.append(offset)
-        self.futures.append(future)
+        self.oldest_outstanding()  # drops the done ones, so the deque stays as short as the backlog
+        self._outstanding.append((seq, future))
         future.add_done_callback(partial(self._on_done, seq))
+
+    def oldest_outstanding(self) -> tuple[int, Future[int]] | None:
+        """The oldest block whose future has not completed, or None."""
+        outstanding = self._outstanding
+        while outstanding and outstanding[0][1].done():
+            outstanding.popleft()
+        return outstanding[0] if outstanding else None
 
     def _on_done(self, seq: int, future: Future[int]) -> None:
         done_s = time.perf_counter()
@@ -146,11 +181,14 @@ class _BlockLog:
     def wait_all(self) -> None:
         """Return once the last block's callback has run; a future's waiters wake before its callbacks
         run, so waiting on the future alone would race with the callback that records its time."""
-        if not self.futures:
+        if not self.count:
             return
-        final_seq = len(self.futures) - 1  # futures complete in order: the last one runs its callback last
+        final_seq = self.count - 1  # futures complete in order: the last one runs its callback last
         with self._callback_ran:
-            self._callback_ran.wait_for(lambda: final_seq in self.done_s or self.error is not None)
+            done = self._callback_ran.wait_for(lambda: final_seq in self.done_s or self.error is not None,
+                                               timeout=BLOCK_WAIT_S_MAX)
+        if not done:
+            raise _RunFailedError(f"the last block of the run was not durable after {BLOCK_WAIT_S_MAX} s")
         if self.error is not None:
             raise _RunFailedError(f"the WAL failed during the benchmark: {self.error}") from self.error
 
@@ -165,6 +203,15 @@ class RunFigures:
     payload_bytes: int
     written_bytes: int
     latencies_s: npt.NDArray[np.float64]
+
+    @classmethod
+    def merge(cls, parts: list[RunFigures]) -> RunFigures:
+        return cls(
+            records=sum(p.records for p in parts), blocks=sum(p.blocks for p in parts),
+            seconds=sum(p.seconds for p in parts), payload_bytes=sum(p.payload_bytes for p in parts),
+            written_bytes=sum(p.written_bytes for p in parts),
+            latencies_s=np.concatenate([p.latencies_s for p in parts]),
+        )
 
     @property
     def records_per_s(self) -> float:
@@ -259,10 +306,14 @@ class _Producer:
     def _append_after_room(self) -> tuple[int, Future[int]]:
         """The ring is full: wait for the oldest outstanding block of this run, trim to it, retry."""
         for _ in range(ROOM_RETRIES_MAX):
-            oldest = self._blocks.last_done_seq + 1
-            if oldest < len(self._blocks.futures):
-                self._blocks.futures[oldest].exception()
-                self._trim_to(oldest)
+            oldest = self._blocks.oldest_outstanding()
+            if oldest is not None:
+                seq, future = oldest
+                try:
+                    future.exception(timeout=BLOCK_WAIT_S_MAX)
+                except TimeoutError as e:
+                    raise _RunFailedError(f"a block was not durable after {BLOCK_WAIT_S_MAX} s") from e
+                self._trim_to(seq)
             try:
                 offset, future = self._wal.append(self._payload)
             except OverCapacityError:
@@ -276,7 +327,7 @@ class _Producer:
         blocks = self._blocks
         blocks.wait_all()
         self._trim_to(blocks.last_done_seq)
-        count = len(blocks.futures)
+        count = blocks.count
         if not count:
             return RunFigures(0, 0, 0.0, 0, 0, np.empty(0))
         done_s = np.array([blocks.done_s[seq] for seq in range(count)])
@@ -341,150 +392,6 @@ def run_paced(producer: _Producer, payload: bytes, records_per_s: float, seconds
     return producer.finish_run(started_s)
 
 
-# References: the disk with nothing of ours in between ------------------------------------------------
-#
-# These loops call os.pwritev / os.preadv / os.fdatasync directly, outside io/, on purpose: a reference
-# that went through our device layer would hide that layer's cost instead of measuring it.
-
-
-def _open_direct(path: Path, flags: int) -> tuple[int, bool]:
-    """Open with O_DIRECT, or without it where the filesystem refuses it (tmpfs)."""
-    try:
-        return os.open(path, flags | os.O_DIRECT), True
-    except OSError as e:
-        if e.errno != errno.EINVAL:
-            raise
-        return os.open(path, flags), False
-
-
-@dataclass(frozen=True, slots=True)
-class ReferenceLoad:
-    """What the reference writes: blocks of ``write_bytes`` from ``threads`` threads for ``seconds``,
-    flat out, or ``writes_per_s`` in all (spread evenly over the threads)."""
-
-    write_bytes: int
-    threads: int
-    seconds: float
-    sync: bool
-    writes_per_s: float | None = None
-
-
-@dataclass(slots=True)
-class _ReferenceWriter:
-    """One reference thread: loops over its own region of the file, one write (+ sync) at a time.
-
-    Each write's due time and completion time are kept. Paced, the due time is the schedule's, not
-    when the thread got round to it: a write held up behind a slow one counts as late, as a record
-    appended to the log during a stall does.
-    """
-
-    fd: int
-    base_bytes: int
-    region_bytes: int
-    load: ReferenceLoad
-    first_write_s: float
-    deadline_s: float
-    due_s: array[float]
-    done_s: array[float]
-
-    def run(self) -> None:
-        size = self.load.write_bytes
-        buf = aligned_buffer(size)
-        buf.write(os.urandom(size))  # not zeros: a disk that compresses must not gain
-        try:
-            self._loop(buf)
-        finally:
-            buf.close()
-
-    def _loop(self, buf: mmap.mmap) -> None:
-        fd, base, region = self.fd, self.base_bytes, self.region_bytes
-        size, sync = self.load.write_bytes, self.load.sync
-        interval_s = self.load.threads / self.load.writes_per_s if self.load.writes_per_s else 0.0
-        buffers = [buf]
-        put_due, put_done = self.due_s.append, self.done_s.append
-        clock = time.perf_counter
-        next_s = self.first_write_s
-        position = 0
-        while (now_s := clock()) < self.deadline_s:
-            if interval_s:
-                if now_s < next_s:
-                    time.sleep(next_s - now_s)
-                    continue
-                now_s = next_s
-                next_s += interval_s
-            os.pwritev(fd, buffers, base + position)
-            if sync:
-                os.fdatasync(fd)
-            put_due(now_s)
-            put_done(clock())
-            position = (position + size) % region
-
-
-def reference_write(path: Path, load: ReferenceLoad) -> dict[str, Any]:
-    """Throughput and per-write latency of plain O_DIRECT pwritev (+ fdatasync) loops, one region each."""
-    fd, direct = _open_direct(path, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        region_bytes = os.fstat(fd).st_size // load.threads // load.write_bytes * load.write_bytes
-        if region_bytes < load.write_bytes:
-            raise ValueError(f"the reference file cannot hold {load.threads} regions of {load.write_bytes} B")
-        started_s = time.perf_counter()
-        # Paced threads start staggered, so together they write evenly spaced, as one producer would.
-        stagger_s = 1 / load.writes_per_s if load.writes_per_s else 0.0
-        writers = [_ReferenceWriter(fd, i * region_bytes, region_bytes, load, started_s + i * stagger_s,
-                                    started_s + load.seconds, array("d"), array("d"))
-                   for i in range(load.threads)]
-        workers = [threading.Thread(target=w.run, name=f"bench-reference-{i}") for i, w in enumerate(writers)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        elapsed_s = time.perf_counter() - started_s
-    finally:
-        os.close(fd)
-    due_s = np.concatenate([np.frombuffer(w.due_s, dtype=np.float64) for w in writers])
-    done_s = np.concatenate([np.frombuffer(w.done_s, dtype=np.float64) for w in writers])
-    order = np.argsort(due_s, kind="stable")
-    # A log acknowledges in order: a write is done for it only once every earlier write is.
-    done_in_order_s = np.maximum.accumulate(done_s[order])
-    return {
-        "write_bytes": load.write_bytes,
-        "threads": load.threads,
-        "sync": "fdatasync after each write" if load.sync else "none",
-        "direct": direct,
-        "writes_per_s_target": load.writes_per_s,
-        "mib_per_s": due_s.size * load.write_bytes / MIB_BYTES / elapsed_s,
-        "iops": due_s.size / elapsed_s,
-        "latency_ms": summarize_latency_ms(done_s - due_s),
-        "latency_ms_in_order": summarize_latency_ms(done_in_order_s - due_s[order]),
-    }
-
-
-def reference_read(path: Path, start_bytes: int, length_bytes: int) -> float:
-    """MiB/s of one thread reading ``length_bytes`` from ``start_bytes`` with O_DIRECT preadv."""
-    fd, _ = _open_direct(path, os.O_RDONLY | os.O_CLOEXEC)
-    buf = aligned_buffer(REFERENCE_READ_BYTES)
-    buffers = [buf]
-    try:
-        started_s = time.perf_counter()
-        position = start_bytes
-        end = start_bytes + length_bytes
-        while position < end:
-            n = os.preadv(fd, buffers, position)
-            if n <= 0:
-                break
-            position += n
-        elapsed_s = time.perf_counter() - started_s
-    finally:
-        os.close(fd)
-        buf.close()
-    return (position - start_bytes) / MIB_BYTES / elapsed_s
-
-
-def _preallocate(path: Path, size_bytes: int) -> None:
-    """A zero-filled file, so reference writes, like the log's, touch no filesystem metadata."""
-    FileDevice.open(path, size_bytes=size_bytes, create=True, sync_writes=False).close()
-
-
 # One record size -------------------------------------------------------------------------------------
 
 
@@ -492,36 +399,82 @@ def _round_to_align(value: float) -> int:
     return max(ALIGN_BYTES, round(value / ALIGN_BYTES) * ALIGN_BYTES)
 
 
+class _SliceProgress:
+    """Reports a slice's progress as its share of the whole comparison."""
+
+    def __init__(self, progress: Progress, done_steps: int, steps: int) -> None:
+        self._progress = progress
+        self._done_steps = done_steps
+        self._steps = steps
+
+    def phase(self, description: str) -> None:
+        """A slice is part of its comparison's phase, not a phase of its own."""
+
+    def advance(self, fraction: float) -> None:
+        self._progress.advance((self._done_steps + fraction) / self._steps)
+
+
+def _slices_s(seconds: float) -> list[float]:
+    count = max(1, math.ceil(seconds / COMPARE_SLICE_S_MAX))
+    return [seconds / count] * count
+
+
+def compare(seconds: float, run_wal: Callable[[float, Progress], RunFigures],
+            load_for: Callable[[RunFigures, float], ReferenceLoad], reference_path: Path,
+            progress: Progress) -> tuple[RunFigures, ReferenceFigures]:
+    """``seconds`` of the log and as many of the reference, in alternating slices; each merged."""
+    slices_s = _slices_s(seconds)
+    steps = 2 * len(slices_s)
+    wal_parts: list[RunFigures] = []
+    reference_parts: list[ReferenceFigures] = []
+    for i, slice_s in enumerate(slices_s):
+        part = run_wal(slice_s, _SliceProgress(progress, 2 * i, steps))
+        wal_parts.append(part)
+        progress.advance((2 * i + 1) / steps)
+        reference_parts.append(reference_write(reference_path, load_for(part, slice_s)))
+        progress.advance((2 * i + 2) / steps)
+    return RunFigures.merge(wal_parts), ReferenceFigures.merge(reference_parts)
+
+
 def bench_size(plan: WalBenchPlan, producer: _Producer, reference_path: Path, record_bytes: int,
                progress: Progress) -> dict[str, Any]:
-    """Flat out (or at the planned rate), then half that, each followed by its reference."""
+    """Flat out (or at the planned rate), then at half that, each against its reference."""
     payload = os.urandom(record_bytes)
     label = size_label(record_bytes)
-    sync = plan.fsync is FsyncPolicy.ALWAYS
-    progress.phase(f"{label} records, flat out" if plan.rate_bytes_per_s is None else f"{label} records")
-    if plan.rate_bytes_per_s is None:
-        full = run_flat_out(producer, payload, plan.seconds, progress)
-    else:
-        full = run_paced(producer, payload, plan.rate_bytes_per_s / record_bytes, plan.seconds, progress)
-    full_load = ReferenceLoad(_round_to_align(full.block_bytes_mean), plan.io_threads, plan.seconds, sync)
-    progress.phase(f"{label} reference, {full_load.write_bytes >> 10} KiB writes")
-    reference = reference_write(reference_path, full_load)
+    threads, sync = plan.io_threads, plan.fsync is FsyncPolicy.ALWAYS
+
+    def run_full(seconds: float, slice_progress: Progress) -> RunFigures:
+        if plan.rate_bytes_per_s is None:
+            return run_flat_out(producer, payload, seconds, slice_progress)
+        return run_paced(producer, payload, plan.rate_bytes_per_s / record_bytes, seconds, slice_progress)
+
+    def flat_load(part: RunFigures, seconds: float) -> ReferenceLoad:
+        return ReferenceLoad(_round_to_align(part.block_bytes_mean), threads, seconds, sync)
+
+    how = "flat out" if plan.rate_bytes_per_s is None else f"at {plan.rate_bytes_per_s / MIB_BYTES:g} MiB/s"
+    progress.phase(f"{label} records {how} / reference")
+    full, reference = compare(plan.seconds, run_full, flat_load, reference_path, progress)
     half_rate = full.records_per_s / 2
-    progress.phase(f"{label} records, half rate ({half_rate:,.0f}/s)")
-    half = run_paced(producer, payload, half_rate, plan.seconds, progress)
-    # The disk's own latency at the load the half-rate run put on it: what the log cannot beat.
-    half_load = replace(full_load, write_bytes=_round_to_align(half.block_bytes_mean), writes_per_s=half.iops)
-    progress.phase(f"{label} reference at {half.iops:,.0f} writes/s")
-    half_reference = reference_write(reference_path, half_load)
+
+    def run_half(seconds: float, slice_progress: Progress) -> RunFigures:
+        return run_paced(producer, payload, half_rate, seconds, slice_progress)
+
+    def paced_load(part: RunFigures, seconds: float) -> ReferenceLoad:
+        # The disk's own latency at the load the log put on it: what the log cannot beat.
+        return ReferenceLoad(_round_to_align(part.block_bytes_mean), threads, seconds, sync, part.iops)
+
+    progress.phase(f"{label} records at {half_rate:,.0f}/s / reference at the same writes/s")
+    half, half_reference = compare(plan.seconds, run_half, paced_load, reference_path, progress)
     result = {"record_bytes": record_bytes, **full.summary()}
     result.update({
-        "reference_mib_per_s": reference["mib_per_s"],
-        "ratio_to_reference": full.mib_per_s / reference["mib_per_s"] if reference["mib_per_s"] else 0.0,
-        "reference": reference,
+        "reference_mib_per_s": reference.mib_per_s,
+        "ratio_to_reference": full.mib_per_s / reference.mib_per_s if reference.mib_per_s else 0.0,
+        "reference": reference.summary(),
         "half_rate_records_per_s": half.records_per_s,
         "half_rate_latency_ms": summarize_latency_ms(half.latencies_s),
         "half_rate": half.summary(),
-        "half_rate_reference": half_reference,
+        "half_rate_reference": half_reference.summary(),
+        "slices": len(_slices_s(plan.seconds)),
     })
     result["targets"] = size_targets(result)
     return result
@@ -547,6 +500,19 @@ def _fill(wal: WriteAheadLog) -> int:
     return records
 
 
+def _time_recovery(path: Path, config: WALConfig, expected_records: int) -> tuple[float, RecoveryStats]:
+    started_s = time.perf_counter()
+    recovered = 0
+    with WriteAheadLog.open(path, config=config) as wal:
+        for _ in wal.recover():
+            recovered += 1
+        seconds = time.perf_counter() - started_s
+        stats = wal.recovery_stats
+    if recovered != expected_records:
+        raise _RunFailedError(f"recovery returned {recovered} records, {expected_records} were appended")
+    return seconds, stats
+
+
 def bench_recovery(plan: WalBenchPlan, path: Path, progress: Progress) -> dict[str, Any]:
     """Time open + recover() of a full log, against a plain sequential read of the same bytes."""
     config = plan.wal_config()
@@ -555,34 +521,33 @@ def bench_recovery(plan: WalBenchPlan, path: Path, progress: Progress) -> dict[s
         for _ in wal.recover():
             pass  # a fresh log: nothing
         appended = _fill(wal)
-    progress.phase("recovery: reference read")
-    # The reference reads before and after the recovery, and the faster one counts: whatever the
-    # disk or its host caches, recovery is not flattered by it.
-    wal_bytes_guess = plan.recovery_bytes - HEADERS_BYTES
-    reference_before = reference_read(path, HEADERS_BYTES, wal_bytes_guess)
-    progress.phase("recovery: open + recover()")
-    started_s = time.perf_counter()
-    recovered = 0
-    with WriteAheadLog.open(path, config=config) as wal:
-        for _ in wal.recover():
-            recovered += 1
-        seconds = time.perf_counter() - started_s
-        stats = wal.recovery_stats
-    if recovered != appended:
-        raise _RunFailedError(f"recovery returned {recovered} records, {appended} were appended")
-    progress.phase("recovery: reference read")
-    reference_after = reference_read(path, HEADERS_BYTES, stats.next_offset)
-    reference = max(reference_before, reference_after)
-    mib_per_s = stats.next_offset / MIB_BYTES / seconds
+    # Reads and recoveries alternate, reads first and last, and the best of each counts: whatever the
+    # disk, its host's cache or the neighbours do meanwhile, neither side is favoured by the order.
+    wal_bytes = plan.recovery_bytes - HEADERS_BYTES
+    reference_runs: list[float] = []
+    seconds_runs: list[float] = []
+    for round_index in range(RECOVERY_ROUNDS):
+        progress.phase(f"recovery: reference read ({round_index + 1} of {RECOVERY_ROUNDS + 1})")
+        reference_runs.append(reference_read(path, HEADERS_BYTES, wal_bytes))
+        progress.phase(f"recovery: open + recover() ({round_index + 1} of {RECOVERY_ROUNDS})")
+        seconds, stats = _time_recovery(path, config, appended)
+        seconds_runs.append(seconds)
+        wal_bytes = stats.next_offset
+    progress.phase(f"recovery: reference read ({RECOVERY_ROUNDS + 1} of {RECOVERY_ROUNDS + 1})")
+    reference_runs.append(reference_read(path, HEADERS_BYTES, wal_bytes))
+    reference = max(reference_runs)
+    seconds = min(seconds_runs)
+    mib_per_s = wal_bytes / MIB_BYTES / seconds
     result: dict[str, Any] = {
-        "wal_bytes": stats.next_offset,
-        "records": recovered,
+        "wal_bytes": wal_bytes,
+        "records": appended,
         "record_bytes": RECOVERY_RECORD_BYTES,
         "bytes_read": stats.bytes_read,
         "seconds": seconds,
+        "seconds_runs": seconds_runs,
         "mib_per_s": mib_per_s,
         "reference_mib_per_s": reference,
-        "reference_mib_per_s_runs": [reference_before, reference_after],
+        "reference_mib_per_s_runs": reference_runs,
         "ratio_to_reference": mib_per_s / reference if reference else 0.0,
     }
     result["targets"] = [_target("ratio", result["ratio_to_reference"],
@@ -622,7 +587,7 @@ def _trim_every_bytes(capacity_bytes: int) -> int:
 def _bench_sizes(plan: WalBenchPlan, wal_path: Path, reference_path: Path,
                  progress: Progress) -> list[dict[str, Any]]:
     progress.phase(f"preallocating {plan.capacity_bytes // MIB_BYTES} MiB for the WAL and the reference")
-    _preallocate(reference_path, plan.capacity_bytes)
+    preallocate(reference_path, plan.capacity_bytes)
     results = []
     with WriteAheadLog.open(wal_path, capacity_bytes=plan.capacity_bytes, config=plan.wal_config()) as wal:
         for _ in wal.recover():
@@ -635,6 +600,10 @@ def _bench_sizes(plan: WalBenchPlan, wal_path: Path, reference_path: Path,
 
 def run_wal_bench(plan: WalBenchPlan, progress: Progress) -> dict[str, Any]:
     """Run every phase of the plan; return the JSON document. Leaves no file behind."""
+    # Other work on the machine skews every figure here: say how much there was.
+    machine = machine_info(plan.dir_path)
+    load_start = os.getloadavg()
+    activity_start = Activity.take(machine["disk_device"])
     tag = uuid.uuid4().hex[:8]
     paths = [plan.dir_path / f"bench-wal-{tag}.{kind}" for kind in ("wal", "ref", "recovery.wal")]
     wal_path, reference_path, recovery_path = paths
@@ -649,7 +618,9 @@ def run_wal_bench(plan: WalBenchPlan, progress: Progress) -> dict[str, Any]:
     return {
         "bench": "wal",
         "fsync": plan.fsync.value,
-        "machine": machine_info(plan.dir_path),
+        "machine": machine,
+        "load_average_1m": {"start": load_start[0], "end": os.getloadavg()[0]},
+        "other_activity": Activity.take(machine["disk_device"]).others_since(activity_start),
         "settings": _settings(plan),
         "results": results,
         "recovery": recovery,

@@ -14,11 +14,11 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from stratalog.bench.common import MIB_BYTES, machine_info, size_label, write_json
-from stratalog.bench.wal import SIZES_BYTES_DEFAULT, WalBenchPlan, run_wal_bench
+from stratalog.bench.wal import RECOVERY_ROUNDS, SIZES_BYTES_DEFAULT, WalBenchPlan, run_wal_bench
 from stratalog.wal.config import FsyncPolicy, WALConfig
 
 SECONDS_DEFAULT = 10.0
-#: --quick: every size and the recovery figure in under 30 s (20 timed phases of 1 s, plus set-up).
+#: --quick: every size and the recovery figure in under 30 s (20 timed slices of 1 s, plus set-up).
 SECONDS_QUICK = 1.0
 CAPACITY_MIB_DEFAULT = 1024
 CAPACITY_MIB_QUICK = 256
@@ -69,8 +69,8 @@ class _BarProgress:
 
 
 def _phases(plan: WalBenchPlan) -> int:
-    # preallocation; per size flat out, its reference, half rate, its reference; fill, read, recover, read.
-    return 1 + 4 * len(plan.sizes_bytes) + 4
+    # preallocation; per size flat out / reference, half rate / reference; fill, (read, recover) x N, read.
+    return 1 + 2 * len(plan.sizes_bytes) + 2 + 2 * RECOVERY_ROUNDS
 
 
 # Tables ----------------------------------------------------------------------------------------------
@@ -139,7 +139,8 @@ def _latency_table(doc: dict[str, Any]) -> Table:
 def _recovery_table(doc: dict[str, Any]) -> Table:
     rec = doc["recovery"]
     table = _table(f"WAL recovery: open + recover() of a full log of {rec['record_bytes'] // 1024} KiB "
-                   "records, vs a plain O_DIRECT sequential read",
+                   f"records, vs a plain O_DIRECT sequential read (best of {len(rec['seconds_runs'])} and "
+                   f"{len(rec['reference_mib_per_s_runs'])})",
                    ("WAL MiB", "fsync", "records", "seconds", "MiB/s", "ref MiB/s", "ratio", "target", ""),
                    left=("fsync", "target"))
     target = rec["targets"][0]
@@ -204,9 +205,10 @@ def wal(sizes: str, seconds: float | None, rate_mib_s: float | None, dir_path: P
         json_path: Path | None) -> None:
     """The write-ahead log against the bare disk: throughput, latency and recovery.
 
-    For each record size: flat out (or at --rate-mib-s), then a plain O_DIRECT pwritev loop at the
-    same write size and depth for reference; then at half the rate reached, and the reference paced to
-    the same writes per second. Last, a full log is recovered and compared with a plain sequential read.
+    For each record size: flat out (or at --rate-mib-s), taking turns with a plain O_DIRECT pwritev
+    loop at the same write size and depth for reference; then at half the rate reached, taking turns
+    with the reference paced to the same writes per second. Last, a full log is recovered and compared
+    with a plain sequential read of it.
     """
     console = Console()
     if not console.is_terminal:
@@ -241,6 +243,10 @@ def _run_with_progress(console: Console, plan: WalBenchPlan) -> dict[str, Any]:
 
 
 def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> None:
+    load, other = doc["load_average_1m"], doc["other_activity"]
+    console.print(f"while it ran, other processes used {other['other_cpu_s']:,.1f} CPU-s and wrote "
+                  f"{other['other_disk_write_mib']:,.0f} MiB, the hypervisor stole {other['steal_cpu_s']:,.1f} "
+                  f"CPU-s; load average (1 min) {load['start']:.2f} at start, {load['end']:.2f} at end")
     console.print(_throughput_table(doc))
     console.print(_latency_table(doc))
     console.print(_recovery_table(doc))
