@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from stratalog.bench.common import KIB_BYTES, MIB_BYTES, MS_PER_S, machine_info, size_label
+from stratalog.bench.common import KIB_BYTES, MIB_BYTES, MS_PER_S, Activity, machine_info, size_label
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.store import Stream, StreamStore
 from stratalog.io.device import FileDevice, aligned_buffer
@@ -394,6 +394,8 @@ def _targets(plan: LogBenchPlan, latency: list[dict[str, Any]],
 def run_log_bench(plan: LogBenchPlan, progress: Progress) -> dict[str, Any]:
     """Run every phase of the plan; return the JSON document. Leaves no file behind."""
     load_start = os.getloadavg()
+    machine = machine_info(plan.dir_path)
+    activity_start = Activity.take(machine["disk_device"])
     tag = uuid.uuid4().hex[:8]
     store_dir = plan.dir_path / f"bench-log-{tag}"
     ref_path = plan.dir_path / f"bench-log-{tag}.ref"
@@ -408,9 +410,10 @@ def run_log_bench(plan: LogBenchPlan, progress: Progress) -> dict[str, Any]:
     return {
         "bench": "log",
         "fsync": plan.fsync.value,
-        "machine": machine_info(plan.dir_path),
+        "machine": machine,
         "started_unix_s": started,
         "load_average_1m": {"start": load_start[0], "end": os.getloadavg()[0]},
+        "other_activity": Activity.take(machine["disk_device"]).others_since(activity_start),
         "settings": _settings(plan),
         "latency": latency,
         "reference": reference,

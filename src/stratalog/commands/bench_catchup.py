@@ -15,6 +15,7 @@ from stratalog.commands.bench_log import (
     bench_dir,
     make_console,
     ms,
+    print_load,
     print_machine,
     progress_bar,
     table,
@@ -47,6 +48,14 @@ def _produce_table(doc: dict[str, Any]) -> Table:
     return out
 
 
+def _print_idle_windows(console: Console, doc: dict[str, Any]) -> None:
+    idle = doc["produce"]["idle"]
+    w = idle["windows_p99_ms"]
+    console.print(f"idle p99 (from due) in {w['windows']} windows of {w['window_s']:.2f} s (phase B's length): "
+                  f"median {w['median']:.2f} ms, min {w['min']:.2f}, max {w['max']:.2f}; over all of phase A "
+                  f"{idle['latency_from_due_ms']['p99']:.2f} ms. The target compares phase B with the median.")
+
+
 def _read_table(doc: dict[str, Any]) -> Table:
     read, raw = doc["catchup_read"], doc["raw_ranged_get"]
     out = table(f"Catch-up read of a cold backlog ({read['block_bytes'] / MIB_BYTES:,.0f} MiB of blocks) vs "
@@ -67,16 +76,16 @@ def _read_table(doc: dict[str, Any]) -> Table:
 
 
 def _targets_table(doc: dict[str, Any]) -> Table:
-    out = table("Targets", ("figure", "fsync", "value", "target", ""), left=("figure", "fsync", "target"))
+    out = table("Targets (produce p99: phase B over the median p99 of idle windows as long as phase B)",
+                ("figure", "fsync", "value", "target", ""), left=("figure", "fsync", "target"))
     for t in doc["targets"]:
         out.add_row(t["name"], doc["fsync"], f"{t['figure']:.2f}", target_text(t), verdict(t))
     return out
 
 
 def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> None:
-    load = doc["load_average_1m"]
     backlog = doc["backlog"]
-    console.print(f"load average (1 min) at start {load['start']:.2f}, at end {load['end']:.2f}")
+    print_load(console, doc)
     console.print(f"backlog: {backlog['records']:,} x 4 KiB records in {backlog['blocks']:,} blocks of "
                   f"{backlog['objects']:,} objects, built and flushed at {backlog['build_mib_per_s']:,.0f} MiB/s "
                   f"(fsync={doc['fsync']}); read from a freshly opened store (empty block cache)")
@@ -85,6 +94,7 @@ def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> No
                   f"{'' if settled['quiet'] else '[red](never quiet: figures disturbed)[/] '}"
                   f"(slowest {settled['slowest_write_ms']:.1f} ms)")
     console.print(_produce_table(doc))
+    _print_idle_windows(console, doc)
     console.print(_read_table(doc))
     console.print(_targets_table(doc))
     for t in doc["targets"]:

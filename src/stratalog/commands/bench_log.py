@@ -123,6 +123,14 @@ def table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Table:
     return out
 
 
+def print_load(console: Console, doc: dict[str, Any]) -> None:
+    load, other = doc["load_average_1m"], doc["other_activity"]
+    note = " (object-store server included)" if doc.get("object_store", "").startswith("s3") else ""
+    console.print(f"while it ran, other processes{note} used {other['other_cpu_s']:,.1f} CPU-s and wrote "
+                  f"{other['other_disk_write_mib']:,.0f} MiB, the hypervisor stole {other['steal_cpu_s']:,.1f} "
+                  f"CPU-s; load average (1 min) {load['start']:.2f} at start, {load['end']:.2f} at end")
+
+
 def ms(value: float) -> str:
     return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
 
@@ -178,8 +186,7 @@ def _print_notes(console: Console, doc: dict[str, Any]) -> None:
 
 
 def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> None:
-    load = doc["load_average_1m"]
-    console.print(f"load average (1 min) at start {load['start']:.2f}, at end {load['end']:.2f}")
+    print_load(console, doc)
     console.print(_latency_table(doc))
     console.print(_throughput_table(doc))
     _print_notes(console, doc)
