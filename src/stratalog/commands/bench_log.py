@@ -27,6 +27,7 @@ from stratalog.bench.log import (
     run_log_bench,
 )
 from stratalog.commands.bench_wal import parse_sizes
+from stratalog.engine.batch import BATCH_HEADER_BYTES, RECORD_HEAD
 from stratalog.engine.config import StoreConfig
 from stratalog.wal.config import FsyncPolicy
 
@@ -36,6 +37,8 @@ SECONDS_QUICK = 5.0
 THROUGHPUT_RECORDS_QUICK = 20_000
 THROUGHPUT_BYTES_MAX_QUICK = 512 << 20
 SYNC_SECONDS_QUICK = 1.0
+#: Largest record: one record's batch (batch header + record head + value) must fit one WAL record.
+RECORD_BYTES_MAX = StoreConfig().wal.record_bytes_max - BATCH_HEADER_BYTES - RECORD_HEAD.size
 #: Output to a file or pipe is laid out this wide, so no column of the tables is cut.
 CONSOLE_WIDTH_PIPED = 150
 #: The progress bar redraws on its own thread; rarely, since it competes with the producer for the GIL.
@@ -180,6 +183,11 @@ def _print_notes(console: Console, doc: dict[str, Any]) -> None:
                           f"(fsync={doc['fsync']})")
         if not goal["applies"]:
             console.print(f"[yellow]{goal['why_not']}[/]")
+    wanted = doc["settings"]["throughput_records"]
+    for r in doc["throughput"]:
+        if r["records"] < wanted:
+            console.print(f"throughput at {size_label(r['record_bytes'])}: {r['records']:,} records, not {wanted:,} "
+                          f"(capped at {doc['settings']['throughput_bytes_max'] >> 20:,} MiB per size)")
     lags = [r["start_lag_ms_max"] for r in doc["latency"]]
     if lags:
         console.print(f"pacing: appends started at most {max(lags):.2f} ms after their due time")
@@ -239,7 +247,7 @@ def log(sizes: str, rate: float, seconds: float | None, records: int | None, rec
     console = make_console()
     with bench_dir(dir_path) as target_dir:
         plan = LogBenchPlan(
-            sizes_bytes=parse_sizes(sizes, StoreConfig().wal.record_bytes_max - 4096),
+            sizes_bytes=parse_sizes(sizes, RECORD_BYTES_MAX),
             rate_per_s=rate,
             seconds=_pick(seconds, quick, SECONDS_QUICK, SECONDS_DEFAULT),
             throughput_records=_pick(records, quick, THROUGHPUT_RECORDS_QUICK, THROUGHPUT_RECORDS_DEFAULT),
