@@ -30,6 +30,7 @@ from stratalog.engine.manifest import ManifestPublisher
 from stratalog.engine.metadata import Metadata, NewObject, StreamMeta, UnknownStreamError
 from stratalog.engine.objformat import ObjectBuilder, StreamBatch
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError
+from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore
 from stratalog.wal import WriteAheadLog
 
@@ -154,7 +155,8 @@ class Stream:
 class StreamStore:
     """Durable streams on one machine's WAL, with object storage as main storage."""
 
-    def __init__(self, data_dir: Path, objects: ObjectStore, config: StoreConfig) -> None:
+    def __init__(self, data_dir: Path, objects: ObjectStore, config: StoreConfig,
+                 wal_device: Device | None = None) -> None:
         self._dir = data_dir
         self._config = config
         self._objects = objects
@@ -181,7 +183,8 @@ class StreamStore:
         self._last_retention = time.monotonic()
         for sm in self._meta.streams():
             self._add_state(sm)
-        self._wal = WriteAheadLog.open(data_dir / "wal", capacity_bytes=config.wal_capacity_bytes, create=True,
+        wal_path = data_dir / "wal" if wal_device is None else wal_device
+        self._wal = WriteAheadLog.open(wal_path, capacity_bytes=config.wal_capacity_bytes, create=True,
                                        config=config.wal)
         self.recovery = self._recover()
         self._uploader = threading.Thread(target=self._uploader_loop, name="stratalog-uploader", daemon=True)
@@ -189,11 +192,13 @@ class StreamStore:
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
-             config: StoreConfig | None = None) -> StreamStore:
+             config: StoreConfig | None = None, *, wal_device: Device | None = None) -> StreamStore:
         """Open (or create) the store in ``data_dir``.
 
         ``object_store``: None for a local directory under ``data_dir``, a URI such as
-        ``s3://bucket/prefix?endpoint=http://127.0.0.1:8333``, or an ObjectStore.
+        ``s3://bucket/prefix?endpoint=http://127.0.0.1:8333``, or an ObjectStore. ``wal_device``: the
+        WAL on a raw block device (or any Device) instead of the file ``data_dir/wal``; the caller keeps
+        ownership and closes it after the store.
         """
         config = config or StoreConfig()
         config.validate()
@@ -205,7 +210,7 @@ class StreamStore:
             objects = open_object_store(object_store, path)
         else:
             objects = object_store
-        return cls(path, objects, config)
+        return cls(path, objects, config, wal_device)
 
     def _add_state(self, sm: StreamMeta) -> _StreamState:
         st = _StreamState(sm.stream_id, sm.name, sm.start_offset, sm.committed_end_offset,
