@@ -192,3 +192,20 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """A SeaweedFS S3 gateway on 127.0.0.1 for the whole session, with an empty bucket."""
     with run_seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One local[2] SparkSession for the whole run, with the stratalog format registered (needs Java 17).
+
+    Started on first use only, so runs without Spark tests never pay the JVM start (about 8 s).
+    """
+    from stratalog.spark import local_session
+
+    session = local_session("local[2]", app_name="stratalog-tests", extra_conf={
+        "spark.local.dir": str(tmp_path_factory.mktemp("spark-local")),
+        "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse")),
+    })
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

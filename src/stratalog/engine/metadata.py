@@ -250,6 +250,41 @@ class Metadata:
                                 b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
             return self._bump_seq(db)
 
+    def commit_external_objects(self, objects: Sequence[NewObject], marker_key: str | None = None,
+                                marker_value: int = 0) -> int | None:
+        """Register objects written outside the store (Spark writers), like :meth:`commit_objects`.
+
+        With ``marker_key``, the commit happens at most once per ``marker_value``: the meta row
+        ``marker_key`` is raised to ``marker_value`` in the same transaction, and a commit whose value is
+        not above the stored one does nothing and returns None (a replayed streaming batch).
+        """
+        now = int(time.time() * 1000)
+        with self._tx() as db:
+            if marker_key is not None:
+                row = db.execute("SELECT value FROM meta WHERE key = ?", (marker_key,)).fetchone()
+                if row is not None and int(row[0]) >= marker_value:
+                    return None
+                db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                           (marker_key, marker_value))
+            # The same steps as commit_objects, inside this transaction.
+            for obj in objects:
+                db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
+                           (obj.object_id, obj.key, obj.size_bytes, now))
+                for b in obj.blocks:
+                    end = db.execute("SELECT committed_end_offset FROM streams WHERE stream_id = ?",
+                                     (b.stream_id,)).fetchone()
+                    if end is None or end[0] != b.start_offset:
+                        raise ValueError(
+                            f"stream {b.stream_id}: block at {b.start_offset} does not follow the committed "
+                            f"end {None if end is None else end[0]}"
+                        )
+                    db.execute("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               (b.stream_id, b.start_offset, b.end_offset, obj.object_id, b.position,
+                                b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
+                    db.execute("UPDATE streams SET committed_end_offset = ?, committed_bytes = committed_bytes"
+                               " + ? WHERE stream_id = ?", (b.end_offset, b.size_bytes, b.stream_id))
+            return self._bump_seq(db)
+
     def objects(self) -> list[ObjectMeta]:
         with self._lock:
             rows = self._db.execute("SELECT object_id, key, size_bytes, created_ms, unreferenced_ms FROM objects "

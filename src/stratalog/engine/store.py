@@ -436,6 +436,39 @@ class StreamStore:
             self._publish([], snapshot=True)
         return seq
 
+    def commit_external_objects(self, objects: Sequence[NewObject], *,
+                                marker: tuple[str, int] | None = None) -> int | None:
+        """Register objects written outside this store (Spark writers) and publish them.
+
+        Each object must already be in the object store under its key, with an id from
+        ``metadata.allocate_object_id()``; each block must start at its stream's end, and those streams
+        must have nothing appended but not yet uploaded (call :meth:`flush` first). ``marker``
+        ``(key, value)`` makes the commit happen once per value (see
+        :meth:`Metadata.commit_external_objects`). Returns the commit sequence, or None when the marker
+        says this commit happened already.
+        """
+        self._check_open()
+        with self._upload_lock, self._commit_lock:
+            touched = {b.stream_id for o in objects for b in o.blocks}
+            marker_key, marker_value = marker if marker is not None else (None, 0)
+            # Appends wait for the lock until the new ends are in place, so none takes an offset the
+            # external objects hold.
+            with self._lock:
+                for stream_id in touched:
+                    st = self._streams.get(stream_id)
+                    if st is None or st.cache or st.next_offset != st.committed_end:
+                        raise ValueError(f"stream {stream_id} is unknown or has appends not yet uploaded: "
+                                         "flush the store before committing external objects")
+                seq = self._meta.commit_external_objects(objects, marker_key, marker_value)
+                if seq is None:
+                    return None
+                metas = [self._meta.stream(stream_id) for stream_id in sorted(touched)]
+                for sm in metas:
+                    st = self._streams[sm.stream_id]
+                    st.committed_end = st.next_offset = st.durable_end = sm.committed_end_offset
+            self._publish(metas, objects)
+        return seq
+
     @property
     def metadata(self) -> Metadata:
         return self._meta

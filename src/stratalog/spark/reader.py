@@ -1,0 +1,102 @@
+"""Executor side of a read: fetch a partition's blocks from the object store and yield Arrow batches.
+
+Nothing here needs a running stratalog process or its SQLite metadata: the plan names every block, and
+the object store is opened from the same URI the driver used. If compaction replaced and then deleted
+an object after the plan was made (its grace period passed during a long job), the slice is planned
+again from the newest manifest: the data is the same, only its place changed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+
+from stratalog.engine.manifest import read_manifest
+from stratalog.engine.objformat import check_block
+from stratalog.objects.store import ObjectNotFoundError, ObjectStore
+from stratalog.spark.columns import ColumnBuilder
+from stratalog.spark.plan import (
+    FETCH_BYTES_MAX,
+    OffsetRange,
+    ReadPartition,
+    StreamSlice,
+    plan_fetches,
+    plan_partitions,
+)
+
+_stores: dict[str, ObjectStore] = {}
+_stores_lock = threading.Lock()
+
+
+def open_store(uri: str) -> ObjectStore:
+    """The object store at ``uri``: a local directory path, ``file:///abs/path`` or ``s3://bucket/prefix?...``.
+
+    A plain path names the object directory itself (``<data_dir>/objects`` for the embedded store).
+    """
+    if "://" not in uri:
+        from stratalog.objects.local import LocalDirStore
+
+        return LocalDirStore(Path(uri))
+    from stratalog.objects.uri import open_object_store
+
+    return open_object_store(uri, Path("."))
+
+
+def shared_store(uri: str) -> ObjectStore:
+    """One store per URI per process: Spark runs many tasks in one Python worker, and an S3 client is
+    costly to make."""
+    with _stores_lock:
+        store = _stores.get(uri)
+        if store is None:
+            store = _stores[uri] = open_store(uri)
+        return store
+
+
+def read_partition(store: ObjectStore, partition: ReadPartition,
+                   fetch_bytes_max: int = FETCH_BYTES_MAX) -> Iterator[pa.RecordBatch]:
+    """The records of ``partition``, one RecordBatch per ranged get (``fetch_bytes_max`` bytes at most,
+    unless one block is larger)."""
+    yield from _read(store, partition, fetch_bytes_max)
+
+
+def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int) -> Iterator[pa.RecordBatch]:
+    for fetch in plan_fetches(partition, fetch_bytes_max):
+        try:
+            buf = store.get(fetch.key, fetch.start, fetch.end)
+        except ObjectNotFoundError:
+            # Everything before this get was yielded already: continue from its first block.
+            index, ref = fetch.blocks[0]
+            yield from _read_replanned(store, partition, index, ref.entry.start_offset, fetch_bytes_max)
+            return
+        builder = ColumnBuilder()
+        for index, ref in fetch.blocks:
+            piece = partition.slices[index]
+            entry = ref.entry
+            at = entry.position - fetch.start
+            check_block(buf[at:at + entry.size_bytes], entry)
+            builder.add_block(buf, at, entry.size_bytes, piece.name, piece.start_offset, piece.end_offset)
+        yield builder.finish(buf)
+
+
+def _read_replanned(store: ObjectStore, partition: ReadPartition, first_slice: int, from_offset: int,
+                    fetch_bytes_max: int) -> Iterator[pa.RecordBatch]:
+    """Read slice ``first_slice`` from ``from_offset``, and the slices after it, planned from the newest
+    manifest."""
+    manifest = read_manifest(store)
+    for index in range(first_slice, len(partition.slices)):
+        piece = partition.slices[index]
+        if piece.stream_id not in manifest.streams:
+            continue  # deleted since: nothing left to read
+        start = max(piece.start_offset, from_offset) if index == first_slice else piece.start_offset
+        again = plan_partitions(manifest, [piece.stream_id], OffsetRange(start, piece.end_offset),
+                                rows_max=1 << 62, bytes_max=1 << 62)
+        for fresh in again:
+            relabelled = ReadPartition(tuple(_relabel(s, piece.name) for s in fresh.slices))
+            yield from _read(store, relabelled, fetch_bytes_max)
+
+
+def _relabel(piece: StreamSlice, name: str) -> StreamSlice:
+    return StreamSlice(piece.stream_id, name, piece.start_offset, piece.end_offset, piece.blocks)

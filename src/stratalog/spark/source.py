@@ -1,0 +1,196 @@
+"""The ``stratalog`` data source: PySpark's Python Data Source API over a store's object storage.
+
+Options (all strings, as Spark passes them):
+
+``path``
+    The store's object storage: a local directory path (``<data_dir>/objects`` for the embedded store),
+    ``file:///abs/path``, or ``s3://bucket/prefix?endpoint=URL&region=NAME``. Required.
+``streams``
+    Comma list of stream names or ids to read; every stream when absent.
+``rowsPerPartition`` / ``bytesPerPartition``
+    Planning bounds of one read task (defaults: 1,000,000 rows, 128 MiB).
+``data_dir``, ``sinkId``, ``objectBytes``
+    Writes only: see :mod:`stratalog.spark.write`.
+``maxRowsPerTrigger``
+    Streaming reads only: see :mod:`stratalog.spark.stream`.
+
+The driver reads the manifest once and plans partitions (:mod:`stratalog.spark.plan`); each task reads
+its blocks from the object store directly (:mod:`stratalog.spark.reader`). Filters ``stream = x``,
+``stream IN (...)`` and comparisons of ``offset`` with a constant are pushed down and applied exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.types import StructType
+
+from stratalog.engine.manifest import read_manifest
+from stratalog.spark.columns import SPARK_SCHEMA
+from stratalog.spark.plan import (
+    BYTES_PER_PARTITION,
+    ROWS_PER_PARTITION,
+    OffsetRange,
+    ReadPartition,
+    filter_by_label,
+    plan_partitions,
+    resolve_streams,
+)
+from stratalog.spark.reader import open_store, read_partition, shared_store
+
+FORMAT_NAME = "stratalog"
+
+
+def option(options: dict[str, str], name: str, default: str | None = None) -> str | None:
+    """Option ``name``: Spark passes options with lower-cased names (they are case-insensitive)."""
+    return options.get(name.lower(), default)
+
+
+def required(options: dict[str, str], name: str) -> str:
+    value = option(options, name)
+    if not value:
+        raise ValueError(f"the stratalog data source needs option {name!r}")
+    return value
+
+
+def int_option(options: dict[str, str], name: str, default: int) -> int:
+    raw = option(options, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"option {name!r} must be an integer, not {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"option {name!r} must be at least 1, not {value}")
+    return value
+
+
+class StratalogDataSource(DataSource):
+    """``spark.read.format("stratalog")``: batch and streaming reads and writes of a store's streams."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return SPARK_SCHEMA
+
+    def _options(self) -> dict[str, str]:
+        return {str(k).lower(): str(v) for k, v in self.options.items()}
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return StratalogReader(self._options())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from stratalog.spark.stream import StratalogStreamReader
+
+        return StratalogStreamReader(self._options())
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from stratalog.spark.write import StratalogBatchWriter
+
+        return StratalogBatchWriter(self._options(), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from stratalog.spark.write import StratalogStreamWriter
+
+        return StratalogStreamWriter(self._options(), schema, overwrite)
+
+
+#: Columns the source never leaves null (only ``key`` may be null).
+_NEVER_NULL = frozenset({("stream",), ("offset",), ("timestamp",), ("value",)})
+
+
+class PushedFilters:
+    """What filters on ``stream`` and ``offset`` leave to read: a set of labels and an offset range."""
+
+    def __init__(self) -> None:
+        self.labels: frozenset[str] | None = None
+        self.offsets = OffsetRange()
+
+    def take(self, item: Filter) -> bool:
+        """Narrow by ``item`` if it is one we apply exactly; False leaves it to Spark."""
+        column = getattr(item, "attribute", ())
+        if isinstance(item, IsNotNull):
+            return column in _NEVER_NULL
+        if column == ("stream",):
+            return self._take_stream(item)
+        if column == ("offset",):
+            return self._take_offset(item)
+        return False
+
+    def _take_stream(self, item: Filter) -> bool:
+        if isinstance(item, EqualTo) and isinstance(item.value, str):
+            return self._labels(frozenset([item.value]))
+        if isinstance(item, In) and all(isinstance(v, str) for v in item.value):
+            return self._labels(frozenset(item.value))
+        return False
+
+    def _take_offset(self, item: Filter) -> bool:
+        value = getattr(item, "value", None)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return False
+        bounds = {
+            EqualTo: (value, value + 1), GreaterThan: (value + 1, None), GreaterThanOrEqual: (value, None),
+            LessThan: (None, value), LessThanOrEqual: (None, value + 1),
+        }.get(type(item))
+        if bounds is None:
+            return False
+        low, high = bounds
+        self.offsets = self.offsets.intersect(max(low or 0, 0), self.offsets.end if high is None else high)
+        return True
+
+    def _labels(self, labels: frozenset[str]) -> bool:
+        self.labels = labels if self.labels is None else self.labels & labels
+        return True
+
+
+class StratalogReader(DataSourceReader):
+    """Batch reader: plans on the driver, reads on executors. Picklable (options and plan only)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.uri = required(options, "path")
+        self.streams = option(options, "streams")
+        self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
+        self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)
+        self.pushed = PushedFilters()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        return [f for f in filters if not self.pushed.take(f)]
+
+    def plan(self) -> list[ReadPartition]:
+        """The read plan (driver side)."""
+        store = open_store(self.uri)
+        try:
+            manifest = read_manifest(store)
+        finally:
+            store.close()
+        ids = filter_by_label(manifest, resolve_streams(manifest, self.streams), self.pushed.labels)
+        return plan_partitions(manifest, ids, self.pushed.offsets, self.rows_max, self.bytes_max)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [InputPartition(p) for p in self.plan()]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        value: Any = partition.value
+        assert isinstance(value, ReadPartition)
+        yield from read_partition(shared_store(self.uri), value)

@@ -1,0 +1,419 @@
+"""Writes through Spark: tasks stage objects, the driver commits them with dense offsets per stream.
+
+How a write goes:
+
+1. Each task groups its rows by stream, encodes them as batches with *task-relative* offsets (0, 1, ...
+   per stream) under provisional stream ids (the position of the stream's name in the object's sorted
+   name list), and puts object-format objects under ``spark-staging/<write id>/``. It returns a small
+   :class:`WriteMessage` naming its staged objects and how many records each holds per stream.
+2. The driver's ``commit`` opens the store's data directory (option ``data_dir``: the store of record is
+   the SQLite metadata there, and the manifest it publishes), creates streams that do not exist yet,
+   flushes, and gives each task a base offset per stream, in task order, from the stream's end. It then
+   *rebases* each staged object: batch headers get the real stream id and absolute offsets, and the
+   object is rebuilt (blocks, CRCs, index) under a fresh ``data/`` key. Record bytes are unchanged.
+   :meth:`StreamStore.commit_external_objects` registers all of them in one metadata transaction and
+   publishes the manifest, so readers see the whole write or none of it.
+3. ``abort`` (and ``commit`` once done) deletes everything under the write's staging prefix. A crash
+   between putting rebased objects and the metadata commit leaves ``data/`` objects no commit names;
+   the store deletes those when it next opens.
+
+Why rebase on the driver: offsets are dense and assigned at commit (a failed task must leave no hole),
+so a task cannot know them, and every batch header carries its absolute base offset. The cost is that
+the driver reads and rewrites each staged object once, so write throughput is bounded by the driver's
+object-store bandwidth; the CPU work is a header patch and a CRC per block.
+
+Streaming writes (``writeStream.format("stratalog")``) need option ``sinkId``: the commit of micro-batch
+``b`` stores ``b`` under ``spark.sink.<sinkId>`` in the same metadata transaction, and a commit for a
+batch id at or below the stored one writes nothing (a batch replayed after a driver crash).
+
+Writes need the store closed elsewhere: the driver holds the data directory while it commits.
+Columns: ``stream`` (string) and ``value`` (binary or string) are required; ``key`` (binary or string)
+and ``timestamp`` (timestamp; default: now) are optional; other columns (such as ``offset``) are ignored.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from stratalog.engine.batch import BATCH_HEADER, NewRecord, encode_batch, read_batch_info
+from stratalog.engine.config import StoreConfig
+from stratalog.engine.metadata import NewObject
+from stratalog.engine.objformat import (
+    FOOTER_BYTES,
+    BlockEntry,
+    ObjectBuilder,
+    StreamBatch,
+    check_block,
+    decode_footer,
+    decode_index,
+)
+from stratalog.engine.store import StreamStore, object_key
+from stratalog.objects.store import ObjectStore
+from stratalog.spark.reader import open_store, shared_store
+from stratalog.wal.config import WALConfig
+
+STAGING_PREFIX = "spark-staging/"
+SINK_MARKER_PREFIX = "spark.sink."
+#: A staged object is put once its batches reach this size; the driver rebases one object at a time,
+#: so this also bounds the driver's memory per object.
+STAGED_OBJECT_BYTES = 64 << 20
+#: Records of one stream are encoded into batches of about this size (the unit inside a data block).
+BATCH_BYTES_TARGET = 256 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class StagedStream:
+    name: str
+    #: Task-relative offset of the stream's first record in this object, and how many records it holds.
+    start: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StagedObject:
+    key: str
+    size_bytes: int
+    #: In provisional-id order: provisional id i is streams[i].
+    streams: tuple[StagedStream, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMessage(WriterCommitMessage):
+    """What one task staged: sent to the driver, so it stays small (one entry per object and stream)."""
+
+    partition: int
+    objects: tuple[StagedObject, ...]
+
+
+# Task side ---------------------------------------------------------------------------------------
+
+
+class StagingWriter:
+    """Encodes one task's rows into staged objects. Not thread-safe; one per task."""
+
+    def __init__(self, store: ObjectStore, prefix: str, object_bytes: int = STAGED_OBJECT_BYTES) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._object_bytes = object_bytes
+        self._next_relative: dict[str, int] = {}
+        self._pending: dict[str, list[StreamBatch]] = {}
+        self._pending_bytes = 0
+        self._staged: list[StagedObject] = []
+        self._seq = 0
+
+    def add(self, name: str, records: Sequence[NewRecord]) -> None:
+        """Append ``records`` of stream ``name`` (in order) to this task's staged data."""
+        start = 0
+        batches = self._pending.setdefault(name, [])
+        while start < len(records):
+            stop, size = start, 0
+            while stop < len(records) and (stop == start or size < BATCH_BYTES_TARGET):
+                rec = records[stop]
+                size += len(rec.value) + (len(rec.key) if rec.key is not None else 0) + 32
+                stop += 1
+            base = self._next_relative.get(name, 0)
+            data, max_ts = encode_batch(0, base, records[start:stop])
+            batches.append(StreamBatch(base, stop - start, max_ts, data))
+            self._next_relative[name] = base + stop - start
+            self._pending_bytes += len(data)
+            start = stop
+            if self._pending_bytes >= self._object_bytes:
+                self._put()
+                batches = self._pending.setdefault(name, [])
+
+    def finish(self) -> tuple[StagedObject, ...]:
+        """Put what is pending; return every staged object of this task."""
+        if self._pending_bytes:
+            self._put()
+        return tuple(self._staged)
+
+    def discard(self) -> None:
+        """Delete what this task staged (the task is failing)."""
+        for staged in self._staged:
+            self._store.delete(staged.key)
+
+    def _put(self) -> None:
+        names = sorted(n for n, b in self._pending.items() if b)
+        builder = ObjectBuilder()
+        streams = []
+        for provisional, name in enumerate(names):
+            batches = [_with_stream_id(b, provisional) for b in self._pending[name]]
+            builder.add_stream(provisional, batches)
+            streams.append(StagedStream(name, batches[0].base_offset, sum(b.count for b in batches)))
+        data = builder.finish()
+        key = f"{self._prefix}{uuid.uuid4().hex}-{self._seq}.slo"
+        self._seq += 1
+        self._store.put(key, data)
+        self._staged.append(StagedObject(key, len(data), tuple(streams)))
+        self._pending = {}
+        self._pending_bytes = 0
+
+
+def _with_stream_id(batch: StreamBatch, stream_id: int) -> StreamBatch:
+    return replace(batch, data=_patch_header(batch.data, 0, stream_id, batch.base_offset))
+
+
+def _patch_header(data: bytes, at: int, stream_id: int, base_offset: int) -> bytes:
+    """The batch at ``data[at:]`` with its stream id and base offset replaced (its record CRC is unchanged:
+    it covers only the records)."""
+    _, _, count, batch_bytes, max_ts, crc = BATCH_HEADER.unpack_from(data, at)
+    return BATCH_HEADER.pack(stream_id, base_offset, count, batch_bytes, max_ts, crc) + \
+        data[at + BATCH_HEADER.size:at + batch_bytes]
+
+
+def records_of(batch: pa.RecordBatch, now_ms: int) -> Iterator[tuple[str, list[NewRecord]]]:
+    """The rows of an Arrow batch as (stream name, records) runs, in row order."""
+    names = batch.column("stream").to_pylist()
+    values = _as_binary(batch.column("value")).to_pylist()
+    schema_names = batch.schema.names
+    keys = _as_binary(batch.column("key")).to_pylist() if "key" in schema_names else [None] * len(values)
+    if "timestamp" in schema_names:
+        stamps = pc.cast(batch.column("timestamp"), pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
+        stamps_ms = [now_ms if t is None else t // 1000 for t in stamps]
+    else:
+        stamps_ms = [now_ms] * len(values)
+    rows = zip(names, values, keys, stamps_ms, strict=True)
+    for name, run in itertools.groupby(rows, key=lambda r: r[0]):
+        if name is None:
+            raise ValueError("a row has no stream name: the stream column must not be null")
+        out = []
+        for _, value, key, ts in run:
+            if value is None:
+                raise ValueError(f"a row of stream {name!r} has a null value")
+            out.append(NewRecord(value, key, ts))
+        yield name, out
+
+
+def _as_binary(column: Any) -> Any:
+    return column.cast(pa.binary()) if pa.types.is_string(column.type) else column
+
+
+def write_task(store: ObjectStore, prefix: str, partition: int, batches: Iterator[pa.RecordBatch],
+               object_bytes: int = STAGED_OBJECT_BYTES) -> WriteMessage:
+    """Stage one task's rows; on failure delete what it staged before raising."""
+    writer = StagingWriter(store, f"{prefix}{partition:06d}-", object_bytes)
+    now_ms = int(time.time() * 1000)
+    try:
+        for batch in batches:
+            for name, records in records_of(batch, now_ms):
+                writer.add(name, records)
+        return WriteMessage(partition, writer.finish())
+    except BaseException:
+        writer.discard()
+        raise
+
+
+# Driver side -------------------------------------------------------------------------------------
+
+
+def assign_bases(messages: Sequence[WriteMessage], ends: dict[str, int]) -> dict[tuple[int, str], int]:
+    """The offset each task's records of each stream start at: tasks in partition order, each stream
+    continuing from ``ends[name]``. Keys are (partition, name); the value is what a task-relative offset
+    is shifted by."""
+    next_offset = dict(ends)
+    shifts: dict[tuple[int, str], int] = {}
+    for message in sorted(messages, key=lambda m: m.partition):
+        counts: dict[str, int] = {}
+        for staged in message.objects:
+            for s in staged.streams:
+                counts[s.name] = counts.get(s.name, 0) + s.count
+        for name, count in sorted(counts.items()):
+            shifts[(message.partition, name)] = next_offset[name]
+            next_offset[name] += count
+    return shifts
+
+
+def rebase_object(data: bytes, targets: Sequence[tuple[int, int]]) -> tuple[bytes, list[BlockEntry]]:
+    """Rebuild a staged object: provisional stream ``i`` becomes stream ``targets[i][0]``, its offsets
+    shifted by ``targets[i][1]``. Every block is CRC-checked on the way in; the new object gets fresh
+    block CRCs, index and footer."""
+    footer = decode_footer(data[-FOOTER_BYTES:], len(data))
+    entries = decode_index(data[footer.index_position:footer.index_position + footer.index_bytes], footer)
+    per_stream: dict[int, list[StreamBatch]] = {}
+    for entry in entries:
+        stream_id, shift = targets[entry.stream_id]
+        block = check_block(data[entry.position:entry.position + entry.size_bytes], entry)
+        at = 0
+        while at < len(block):
+            info = read_batch_info(block, at)
+            patched = _patch_header(block, at, stream_id, info.base_offset + shift)
+            per_stream.setdefault(stream_id, []).append(
+                StreamBatch(info.base_offset + shift, info.count, info.max_timestamp_ms, patched))
+            at += info.batch_bytes
+    builder = ObjectBuilder()
+    for stream_id in sorted(per_stream):
+        builder.add_stream(stream_id, per_stream[stream_id])
+    return builder.finish(), builder.entries
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    committed: bool
+    records: int
+    objects: int
+
+
+def commit_write(store: StreamStore, messages: Sequence[WriteMessage],
+                 marker: tuple[str, int] | None = None) -> CommitResult:
+    """Register staged objects with dense offsets (driver side); delete the staged copies.
+
+    With ``marker`` (key, value), a commit that already happened for that value writes nothing.
+    """
+    staged_keys = [o.key for m in messages for o in m.objects]
+    try:
+        if marker is not None and store.metadata.get_meta(marker[0], -1) >= marker[1]:
+            return CommitResult(False, 0, 0)
+        names = sorted({s.name for m in messages for o in m.objects for s in o.streams})
+        existing = {s.name for s in store.streams()}
+        for name in names:
+            if name not in existing:
+                store.create_stream(name)
+        store.flush()
+        ids = {name: store.open_stream(name).stream_id for name in names}
+        shifts = assign_bases(messages, {name: store.open_stream(name).end_offset for name in names})
+        objects = store.object_store
+        written: list[NewObject] = []
+        records = 0
+        for message in sorted(messages, key=lambda m: m.partition):
+            for staged in message.objects:
+                targets = [(ids[s.name], shifts[(message.partition, s.name)]) for s in staged.streams]
+                data, entries = rebase_object(objects.get(staged.key), targets)
+                object_id = store.metadata.allocate_object_id()
+                objects.put(object_key(object_id), data)
+                written.append(NewObject(object_id, object_key(object_id), len(data), entries))
+                records += sum(s.count for s in staged.streams)
+        committed = store.commit_external_objects(written, marker=marker) is not None
+        return CommitResult(committed, records if committed else 0, len(written) if committed else 0)
+    finally:
+        for key in staged_keys:
+            store.object_store.delete(key)
+
+
+def delete_staging(store: ObjectStore, prefix: str) -> int:
+    """Delete every staged object under ``prefix`` (an aborted write, or one that committed)."""
+    keys = [info.key for info in store.list(prefix)]
+    for key in keys:
+        store.delete(key)
+    return len(keys)
+
+
+def store_config_for(data_dir: Path) -> StoreConfig:
+    """A StoreConfig that opens an existing data directory: the WAL keeps the capacity it was made with,
+    and records must fit its ring four times over (a test store's WAL may be a few MiB)."""
+    base = StoreConfig()
+    wal_path = data_dir / "wal"
+    if not wal_path.exists():
+        return base
+    from stratalog.wal.inspect import open_read_only, read_headers
+
+    device = open_read_only(wal_path)
+    try:
+        capacity = read_headers(device).current.capacity_bytes
+    finally:
+        device.close()
+    record_bytes_max = base.wal.record_bytes_max
+    while record_bytes_max > 4096 and capacity - 8192 < 4 * (record_bytes_max + 8192):
+        record_bytes_max //= 2
+    block = record_bytes_max + 8192
+    wal = WALConfig(record_bytes_max=record_bytes_max, window_bytes_max=max(block, min(16 << 20, capacity // 4)),
+                    buffered_bytes_max=max(block, min(64 << 20, capacity // 2)))
+    return replace(base, wal_capacity_bytes=capacity, wal=wal)
+
+
+def open_data_dir(data_dir: str | os.PathLike[str], uri: str, config: StoreConfig | None = None) -> StreamStore:
+    """Open the store of record for a commit: ``data_dir`` with its objects at ``uri``."""
+    path = Path(data_dir)
+    return StreamStore.open(path, open_store(uri), config or store_config_for(path))
+
+
+# Spark writers -----------------------------------------------------------------------------------
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
+
+
+class _WriterBase:
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        from stratalog.spark.source import int_option, required
+
+        if overwrite:
+            raise ValueError("stratalog streams are append-only: use mode('append')")
+        names = set(schema.fieldNames())
+        if not {"stream", "value"} <= names:
+            raise ValueError(f"writing to stratalog needs columns 'stream' and 'value'; got {sorted(names)}")
+        self.uri = required(options, "path")
+        self.data_dir = required(options, "data_dir")
+        self.object_bytes = int_option(options, "objectBytes", STAGED_OBJECT_BYTES)
+        self.prefix = f"{STAGING_PREFIX}{uuid.uuid4().hex}/"
+
+    def _write(self, iterator: Iterator[pa.RecordBatch]) -> WriteMessage:
+        return write_task(shared_store(self.uri), self.prefix, _partition_id(), iterator, self.object_bytes)
+
+    def _commit(self, messages: Sequence[WriterCommitMessage | None],
+                marker: tuple[str, int] | None) -> CommitResult:
+        ours = [m for m in messages if isinstance(m, WriteMessage)]
+        store = open_data_dir(self.data_dir, self.uri)
+        try:
+            return commit_write(store, ours, marker)
+        finally:
+            delete_staging(store.object_store, self.prefix)
+            store.close()
+
+    def _abort(self) -> None:
+        store = open_store(self.uri)
+        try:
+            delete_staging(store, self.prefix)
+        finally:
+            store.close()
+
+
+class StratalogBatchWriter(_WriterBase, DataSourceArrowWriter):
+    """``df.write.format("stratalog")``: options ``path`` and ``data_dir``; ``objectBytes`` optional."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return self._write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._commit(messages, None)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._abort()
+
+
+class StratalogStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
+    """``df.writeStream.format("stratalog")``: as the batch writer, plus the required option ``sinkId``."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        from stratalog.spark.source import required
+
+        super().__init__(options, schema, overwrite)
+        self.sink_id = required(options, "sinkId")
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return self._write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        self._commit(messages, (SINK_MARKER_PREFIX + self.sink_id, batchId))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        self._abort()

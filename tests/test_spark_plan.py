@@ -1,0 +1,242 @@
+"""The Spark data source without a JVM: planning, decoding to Arrow, staging and rebasing, stream offsets."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringStartsWith
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from enginekit import MemoryStore, small_store_config
+from stratalog.engine.batch import NewRecord, encode_batch
+from stratalog.engine.manifest import BlockRef, Manifest, StreamInfo, read_manifest
+from stratalog.engine.objformat import BlockEntry
+from stratalog.engine.store import StreamStore
+from stratalog.spark.columns import ARROW_SCHEMA, SCHEMA_DDL, SPARK_SCHEMA
+from stratalog.spark.plan import (
+    OffsetRange,
+    ReadPartition,
+    UnknownStreamsError,
+    plan_fetches,
+    plan_partitions,
+    resolve_streams,
+)
+from stratalog.spark.reader import read_partition
+from stratalog.spark.source import PushedFilters, StratalogReader
+from stratalog.spark.stream import StratalogStreamReader, advance, decode_positions, encode_positions
+from stratalog.spark.write import (
+    StagingWriter,
+    WriteMessage,
+    assign_bases,
+    rebase_object,
+)
+
+
+def synthetic_manifest(rows_per_stream: dict[int, int], block_rows: int = 100, rows_ts: int = 0) -> Manifest:
+    """Streams whose blocks of ``block_rows`` rows each lie one after another in one object per stream."""
+    manifest = Manifest(seq=1)
+    position = 0
+    for stream_id, rows in rows_per_stream.items():
+        manifest.streams[stream_id] = StreamInfo(stream_id, f"s{stream_id}", 0, rows)
+        refs = []
+        for start in range(0, rows, block_rows):
+            end = min(start + block_rows, rows)
+            refs.append(BlockRef("data/shared.slo", BlockEntry(stream_id, start, end, position, 1000, end - start,
+                                                               rows_ts, 0)))
+            position += 1000
+        manifest.blocks[stream_id] = refs
+    return manifest
+
+
+def covered(parts: list[ReadPartition]) -> dict[int, list[tuple[int, int]]]:
+    out: dict[int, list[tuple[int, int]]] = {}
+    for part in parts:
+        for piece in part.slices:
+            out.setdefault(piece.stream_id, []).append((piece.start_offset, piece.end_offset))
+    return out
+
+
+def test_many_small_streams_pack_into_few_partitions() -> None:
+    manifest = synthetic_manifest({i: 10 for i in range(1, 1001)}, block_rows=10)
+    parts = plan_partitions(manifest, sorted(manifest.streams), rows_max=2000, bytes_max=1 << 40)
+    assert len(parts) == 5
+    assert [p.rows for p in parts] == [2000] * 5
+    assert covered(parts) == {i: [(0, 10)] for i in range(1, 1001)}
+
+
+def test_a_large_stream_splits_at_block_boundaries_within_the_row_bound() -> None:
+    manifest = synthetic_manifest({1: 10_000, 2: 50}, block_rows=100)
+    parts = plan_partitions(manifest, [1, 2], rows_max=1000, bytes_max=1 << 40)
+    assert all(p.rows <= 1000 for p in parts)
+    assert len(parts) == 11
+    spans = covered(parts)
+    assert spans[1] == [(i, i + 1000) for i in range(0, 10_000, 1000)]
+    assert spans[2] == [(0, 50)]
+
+
+def test_partitions_also_close_on_bytes() -> None:
+    manifest = synthetic_manifest({1: 1000}, block_rows=100)  # 10 blocks of 1000 bytes
+    parts = plan_partitions(manifest, [1], rows_max=1 << 40, bytes_max=3000)
+    assert [p.rows for p in parts] == [300, 300, 300, 100]
+
+
+def test_offset_window_clips_slices_to_exact_offsets() -> None:
+    manifest = synthetic_manifest({1: 1000, 2: 1000}, block_rows=100)
+    parts = plan_partitions(manifest, [1, 2], OffsetRange(150, 420))
+    assert covered(parts) == {1: [(150, 420)], 2: [(150, 420)]}
+    assert [r.entry.start_offset for r in parts[0].slices[0].blocks] == [100, 200, 300, 400]
+
+
+def test_empty_window_or_streams_plan_nothing() -> None:
+    manifest = synthetic_manifest({1: 100})
+    assert plan_partitions(manifest, [1], OffsetRange(500, 600)) == []
+    assert plan_partitions(manifest, []) == []
+
+
+def test_adjacent_blocks_are_fetched_with_one_get_up_to_the_bound() -> None:
+    manifest = synthetic_manifest({1: 30, 2: 30}, block_rows=10)  # six adjacent 1000-byte blocks
+    parts = plan_partitions(manifest, [1, 2])
+    fetches = plan_fetches(parts[0], fetch_bytes_max=4000)
+    assert [(f.start, f.end) for f in fetches] == [(0, 4000), (4000, 6000)]
+    assert [len(f.blocks) for f in fetches] == [4, 2]
+
+
+def test_streams_option_takes_names_and_ids_and_rejects_unknown() -> None:
+    manifest = synthetic_manifest({1: 10, 2: 10, 3: 10})
+    assert resolve_streams(manifest, None) == [1, 2, 3]
+    assert resolve_streams(manifest, "s3, 1") == [1, 3]
+    with pytest.raises(UnknownStreamsError, match="nope"):
+        resolve_streams(manifest, "s1,nope")
+
+
+def test_pushed_filters_keep_what_they_cannot_apply() -> None:
+    pushed = PushedFilters()
+    kept = [f for f in [EqualTo(("stream",), "a"), In(("stream",), ("a", "b")), GreaterThanOrEqual(("offset",), 5),
+                        LessThan(("offset",), 9), StringStartsWith(("stream",), "a"), EqualTo(("value",), b"x")]
+            if not pushed.take(f)]
+    assert kept == [StringStartsWith(("stream",), "a"), EqualTo(("value",), b"x")]
+    assert pushed.labels == frozenset({"a"})
+    assert pushed.offsets == OffsetRange(5, 9)
+
+
+def test_arrow_schema_is_what_spark_expects() -> None:
+    assert SPARK_SCHEMA.simpleString() == f"struct<{SCHEMA_DDL.replace(' ', ':').replace(',:', ',')}>"
+    assert to_arrow_schema(SPARK_SCHEMA, timezone="UTC") == ARROW_SCHEMA
+
+
+def test_partitions_and_readers_pickle() -> None:
+    manifest = synthetic_manifest({1: 500, 2: 5})
+    parts = plan_partitions(manifest, [1, 2], rows_max=200)
+    assert pickle.loads(pickle.dumps(parts)) == parts
+    assert len(pickle.dumps(parts[0])) < 2000
+    reader = StratalogReader({"path": "/x", "streams": "a"})
+    reader.pushed.take(EqualTo(("stream",), "a"))
+    again = pickle.loads(pickle.dumps(reader))
+    assert again.pushed.labels == frozenset({"a"}) and again.uri == "/x"
+    stream_reader = StratalogStreamReader({"path": "/x", "maxrowspertrigger": "7"})
+    assert pickle.loads(pickle.dumps(stream_reader)).rows_per_trigger == 7
+
+
+def fill_store(tmp_path: Path, objects: MemoryStore) -> StreamStore:
+    store = StreamStore.open(tmp_path / "d", objects, small_store_config())
+    for n in range(3):
+        s = store.create_stream(f"s{n}")
+        for i in range(0, 300, 30):
+            s.append([NewRecord(b"v%d-%d" % (n, j), key=None if j % 3 == 0 else b"k%d" % j, timestamp_ms=1000 + j)
+                      for j in range(i, i + 30)]).result()
+    store.flush()
+    return store
+
+
+def test_read_partition_yields_exactly_the_planned_records(tmp_path: Path) -> None:
+    objects = MemoryStore()
+    store = fill_store(tmp_path, objects)
+    try:
+        manifest = read_manifest(objects)
+        parts = plan_partitions(manifest, sorted(manifest.streams), OffsetRange(7, 250), rows_max=100)
+        table = pa.Table.from_batches([b for p in parts for b in read_partition(objects, p)], schema=ARROW_SCHEMA)
+        assert table.num_rows == 3 * 243
+        for n in range(3):
+            rows = table.filter(pa.compute.equal(table["stream"], f"s{n}")).to_pylist()
+            expected = store.open_stream(f"s{n}").fetch(7, 250, max_bytes=1 << 30)
+            assert [r["offset"] for r in rows] == [r.offset for r in expected]
+            assert [r["value"] for r in rows] == [r.value for r in expected]
+            assert [r["key"] for r in rows] == [r.key for r in expected]
+            assert [round(r["timestamp"].timestamp() * 1000) for r in rows] == [r.timestamp_ms for r in expected]
+    finally:
+        store.close()
+
+
+def test_staged_objects_rebase_to_real_streams_and_offsets() -> None:
+    objects = MemoryStore()
+    writer = StagingWriter(objects, "spark-staging/t/", object_bytes=1 << 20)
+    writer.add("b", [NewRecord(b"b%d" % i, timestamp_ms=i) for i in range(5)])
+    writer.add("a", [NewRecord(b"a%d" % i, key=b"k", timestamp_ms=i) for i in range(3)])
+    writer.add("b", [NewRecord(b"b-late", timestamp_ms=9)])
+    (staged,) = writer.finish()
+    assert [(s.name, s.start, s.count) for s in staged.streams] == [("a", 0, 3), ("b", 0, 6)]
+    data, entries = rebase_object(objects.get(staged.key), [(7, 100), (3, 40)])
+    assert [(e.stream_id, e.start_offset, e.end_offset) for e in entries] == [(3, 40, 46), (7, 100, 103)]
+    objects.put("data/x.slo", data)
+    manifest = Manifest(seq=1, streams={3: StreamInfo(3, "b", 40, 46), 7: StreamInfo(7, "a", 100, 103)},
+                        blocks={e.stream_id: [BlockRef("data/x.slo", e)] for e in entries})
+    (part,) = plan_partitions(manifest, [3, 7])
+    rows = pa.Table.from_batches(list(read_partition(objects, part))).to_pylist()
+    assert [(r["stream"], r["offset"], r["value"]) for r in rows] == [
+        *(("b", 40 + i, b"b%d" % i) for i in range(5)), ("b", 45, b"b-late"),
+        *(("a", 100 + i, b"a%d" % i) for i in range(3))]
+
+
+def test_failed_task_deletes_what_it_staged() -> None:
+    objects = MemoryStore()
+    writer = StagingWriter(objects, "spark-staging/t/", object_bytes=100)
+    writer.add("a", [NewRecord(b"x" * 200)])
+    assert list(objects.list("spark-staging/"))
+    writer.discard()
+    assert not list(objects.list("spark-staging/"))
+
+
+def test_tasks_get_dense_bases_in_partition_order() -> None:
+    from stratalog.spark.write import StagedObject, StagedStream
+
+    def message(partition: int, *counts: tuple[str, int]) -> WriteMessage:
+        return WriteMessage(partition, (StagedObject(f"k{partition}", 1, tuple(StagedStream(n, 0, c)
+                                                                               for n, c in counts)),))
+
+    shifts = assign_bases([message(2, ("a", 5)), message(0, ("a", 3), ("b", 1)), message(1, ("b", 4))],
+                          {"a": 10, "b": 0})
+    assert shifts == {(0, "a"): 10, (0, "b"): 0, (1, "b"): 1, (2, "a"): 13}
+
+
+def test_batches_encode_the_same_after_a_header_patch() -> None:
+    data, _ = encode_batch(0, 0, [b"x"])
+    from stratalog.engine.batch import check_batch
+    from stratalog.spark.write import _patch_header
+
+    info = check_batch(_patch_header(data, 0, 9, 77))
+    assert (info.stream_id, info.base_offset, info.count) == (9, 77, 1)
+
+
+def test_positions_round_trip_compactly() -> None:
+    positions = {i: i * 3 for i in range(1, 100_001)}
+    data = encode_positions(positions)
+    assert decode_positions(data) == positions
+    assert len(data) < 1_600_000 / 2
+
+
+def test_advance_respects_the_row_limit_and_rotates_the_cursor() -> None:
+    manifest = synthetic_manifest({1: 100, 2: 100, 3: 100})
+    first = advance(manifest, [1, 2, 3], {}, 0, 150)
+    assert first.positions == {1: 100, 2: 50} and first.rows == 150 and first.cursor == 3
+    second = advance(manifest, [1, 2, 3], first.positions, first.cursor, 150)
+    assert second.positions == {1: 100, 2: 100, 3: 100} and second.rows == 150
+    assert advance(manifest, [1, 2, 3], second.positions, second.cursor, 150).rows == 0
+
+
+def test_advance_stops_at_a_fixed_target() -> None:
+    manifest = synthetic_manifest({1: 100, 2: 100})
+    moved = advance(manifest, [1, 2], {}, 0, None, ends={1: 60})
+    assert moved.positions == {1: 60} and moved.rows == 60
