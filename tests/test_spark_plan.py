@@ -240,3 +240,26 @@ def test_advance_stops_at_a_fixed_target() -> None:
     manifest = synthetic_manifest({1: 100, 2: 100})
     moved = advance(manifest, [1, 2], {}, 0, None, ends={1: 60})
     assert moved.positions == {1: 60} and moved.rows == 60
+
+
+def test_compaction_takes_shared_objects_and_repeated_small_stream_objects() -> None:
+    from stratalog.spark.jobs import compaction_candidates, plan_compaction
+
+    def ref(key: str, stream_id: int, start: int, end: int, size: int = 100) -> BlockRef:
+        return BlockRef(key, BlockEntry(stream_id, start, end, 0, size, end - start, 0, 0))
+
+    blocks = {
+        1: [ref("shared-a", 1, 0, 10), ref("shared-b", 1, 10, 20), ref("own-1", 1, 20, 30, 10_000)],
+        2: [ref("shared-a", 2, 0, 5), ref("shared-b", 2, 5, 9)],
+        3: [ref("small-3a", 3, 0, 5), ref("small-3b", 3, 5, 9)],
+        4: [ref("small-4", 4, 0, 5)],  # one small object of its own: nothing to merge it with
+    }
+    keys = compaction_candidates(blocks, small_bytes_max=1000)
+    assert keys == {"shared-a", "shared-b", "small-3a", "small-3b"}
+    runs = plan_compaction(blocks, keys, object_bytes_max=150)
+    assert [[(r.key, r.entry.start_offset) for r in run] for run in runs] == [
+        [("shared-a", 0)], [("shared-b", 10)],        # 200 bytes would pass the bound
+        [("shared-a", 0)], [("shared-b", 5)],
+        [("small-3a", 0)], [("small-3b", 5)],
+    ]
+    assert len(plan_compaction(blocks, keys, object_bytes_max=1 << 20)) == 3

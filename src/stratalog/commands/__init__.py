@@ -6,12 +6,24 @@ import click
 
 
 def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) -> None:
-    from stratalog.commands import bench_catchup, bench_log, bench_wal, chaos_engine, chaos_wal, demo, inspect
+    from stratalog.commands import (
+        bench_catchup,
+        bench_log,
+        bench_spark,
+        bench_wal,
+        chaos_engine,
+        chaos_wal,
+        demo,
+        inspect,
+        pipeline,
+    )
 
     cli.add_command(demo.demo)
     cli.add_command(inspect.inspect)
+    cli.add_command(pipeline.pipeline)
     bench.add_command(bench_wal.wal, name="wal")
     bench.add_command(bench_log.log, name="log")
     bench.add_command(bench_catchup.catchup, name="catchup")
+    bench.add_command(bench_spark.spark, name="spark")
     chaos.add_command(chaos_wal.wal, name="wal")
     chaos.add_command(chaos_engine.engine, name="engine")

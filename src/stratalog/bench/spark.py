@@ -1,0 +1,115 @@
+"""``stratalog bench spark``: the data source against Spark's own Parquet, measured in the same run.
+
+One source DataFrame of N records (``stream``, ``key``, ``value`` of a fixed size, over S streams) is
+cached in Spark's memory, then, in order:
+
+1. write it to Parquet, and write it through the data source (``mode("append")`` into a fresh store);
+2. read both back with the same full scan (sum of value lengths and max offset, so Parquet must decode
+   every value too; a bare count would let Parquet answer from its footers);
+3. compact the store the write produced (its objects hold many streams each) and report MB/s.
+
+Targets from issue 5: reads >= 0.7x Parquet's rows/s, writes >= 0.5x Parquet's rows/s.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stratalog.engine.config import StoreConfig
+from stratalog.engine.store import StreamStore
+from stratalog.wal.config import WALConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+READ_RATIO_TARGET = 0.7
+WRITE_RATIO_TARGET = 0.5
+#: The bench store's WAL: writes through Spark bypass it, so it only needs to open.
+BENCH_WAL_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SparkBenchPlan:
+    records: int
+    streams: int
+    value_bytes: int
+    master: str
+
+
+def _timed(step: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = step()
+    return time.perf_counter() - started, result
+
+
+def bench_config() -> StoreConfig:
+    return StoreConfig(wal_capacity_bytes=BENCH_WAL_BYTES,
+                       wal=WALConfig(record_bytes_max=4 << 20, window_bytes_max=16 << 20,
+                                     buffered_bytes_max=16 << 20))
+
+
+def run_spark_bench(spark: SparkSession, plan: SparkBenchPlan, work_dir: Path,
+                    phase: Callable[[str], None]) -> dict[str, Any]:
+    """Run the three comparisons in ``work_dir``; return the figures as a JSON-ready document."""
+    from pyspark.sql import functions as f
+
+    from stratalog.spark import jobs
+
+    data_dir, parquet_dir = work_dir / "store", work_dir / "parquet"
+    uri = str(data_dir / "objects")
+    StreamStore.open(data_dir, None, bench_config()).close()
+    shutil.rmtree(parquet_dir, ignore_errors=True)
+
+    phase("generating the source rows")
+    pad = "x" * max(plan.value_bytes - 20, 0)
+    source = (spark.range(plan.records, numPartitions=max(spark.sparkContext.defaultParallelism, 1))
+              .select(f.concat(f.lit("s"), (f.col("id") % plan.streams).cast("string")).alias("stream"),
+                      f.col("id").cast("string").cast("binary").alias("key"),
+                      f.concat(f.lpad(f.col("id").cast("string"), 20, "0"), f.lit(pad)).cast("binary")
+                      .alias("value"))
+              .cache())
+    source.count()
+
+    phase("writing Parquet")
+    parquet_write_s, _ = _timed(lambda: source.write.mode("overwrite").parquet(str(parquet_dir)))
+    phase("writing through the data source")
+    write_s, _ = _timed(lambda: source.write.format("stratalog").option("path", uri)
+                        .option("data_dir", str(data_dir)).mode("append").save())
+
+    def scan(df: Any) -> tuple[int, int]:
+        row = df.select(f.sum(f.length("value")).alias("bytes"), f.count(f.lit(1)).alias("rows")).collect()[0]
+        return int(row["rows"]), int(row["bytes"])
+
+    phase("reading Parquet")
+    parquet_read_s, parquet_scan = _timed(lambda: scan(spark.read.parquet(str(parquet_dir))))
+    phase("reading through the data source")
+    read_s, source_scan = _timed(lambda: scan(spark.read.format("stratalog").option("path", uri).load()))
+    if parquet_scan != source_scan or source_scan[0] != plan.records:
+        raise RuntimeError(f"the two reads disagree: Parquet {parquet_scan}, stratalog {source_scan}")
+    source.unpersist()
+
+    phase("compacting")
+    report = jobs.compact(spark, data_dir, uri, config=bench_config())
+    data_bytes = source_scan[1]
+    return {
+        "plan": {"records": plan.records, "streams": plan.streams, "value_bytes": plan.value_bytes,
+                 "master": plan.master, "data_bytes": data_bytes},
+        "write": _ratio(plan.records, write_s, parquet_write_s, WRITE_RATIO_TARGET),
+        "read": _ratio(plan.records, read_s, parquet_read_s, READ_RATIO_TARGET),
+        "compact": {"objects_replaced": report.objects_replaced, "objects_written": report.objects_written,
+                    "bytes_written": report.bytes_written, "seconds": report.seconds,
+                    "mb_per_s": report.mb_per_s},
+    }
+
+
+def _ratio(records: int, seconds: float, parquet_seconds: float, target: float) -> dict[str, Any]:
+    rows_per_s, parquet_rows_per_s = records / seconds, records / parquet_seconds
+    ratio = rows_per_s / parquet_rows_per_s
+    return {"seconds": seconds, "rows_per_s": rows_per_s, "parquet_seconds": parquet_seconds,
+            "parquet_rows_per_s": parquet_rows_per_s, "ratio": ratio,
+            "target": {"name": "ratio", "bound": target, "at_least": True, "met": ratio >= target}}

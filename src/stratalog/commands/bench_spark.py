@@ -1,0 +1,65 @@
+"""`stratalog bench spark`: the command-line shell around :mod:`stratalog.bench.spark`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stratalog.bench.common import write_json
+from stratalog.commands.bench_log import bench_dir, make_console, print_machine, progress_bar, table, verdict
+
+RECORDS_DEFAULT = 2_000_000
+RECORDS_QUICK = 200_000
+PHASES = 6
+
+
+@click.command()
+@click.option("--records", type=click.IntRange(1), default=None,
+              help=f"Records written and read (default {RECORDS_DEFAULT:,}; --quick {RECORDS_QUICK:,}).")
+@click.option("--streams", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--value-bytes", type=click.IntRange(20), default=100, show_default=True)
+@click.option("--master", default="local[*]", show_default=True)
+@click.option("--quick", is_flag=True, help="A short run to check the set-up.")
+@click.option("--dir", "dir_path", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Work directory (default: a temporary one under the current directory).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def spark(records: int | None, streams: int, value_bytes: int, master: str, quick: bool, dir_path: Path | None,
+          json_path: Path | None) -> None:
+    """Read and write N records through the data source vs Spark's Parquet, and compaction MB/s."""
+    from stratalog.bench.spark import SparkBenchPlan, run_spark_bench
+    from stratalog.spark import local_session
+
+    console = make_console()
+    plan = SparkBenchPlan(records or (RECORDS_QUICK if quick else RECORDS_DEFAULT), streams, value_bytes, master)
+    with bench_dir(dir_path) as work:
+        machine = print_machine(console, work)
+        session = local_session(master, app_name="stratalog-bench")
+        session.sparkContext.setLogLevel("ERROR")
+        try:
+            with progress_bar(console, PHASES) as bar:
+                doc = run_spark_bench(session, plan, work, bar.phase)
+        finally:
+            session.stop()
+    doc["machine"] = machine
+    _report(console, doc)
+    if json_path is not None:
+        write_json(json_path, doc)
+        console.print(f"wrote {json_path}")
+
+
+def _report(console: Any, doc: dict[str, Any]) -> None:
+    p = doc["plan"]
+    out = table(f"Spark {p['master']}: {p['records']:,} records of {p['value_bytes']} B over {p['streams']:,} "
+                "streams; Parquet is Spark's own, in the same run", ("step", "seconds", "rows/s",
+                "Parquet s", "Parquet rows/s", "ratio", "target", "verdict"), left=("step", "target", "verdict"))
+    for name in ("write", "read"):
+        r = doc[name]
+        out.add_row(name, f"{r['seconds']:.2f}", f"{r['rows_per_s']:,.0f}", f"{r['parquet_seconds']:.2f}",
+                    f"{r['parquet_rows_per_s']:,.0f}", f"{r['ratio']:.2f}", f">= {r['target']['bound']:g}",
+                    verdict(r["target"]))
+    console.print(out)
+    c = doc["compact"]
+    console.print(f"compaction: {c['objects_replaced']} objects -> {c['objects_written']} per-stream objects, "
+                  f"{c['bytes_written'] / 1e6:.1f} MB in {c['seconds']:.2f} s = {c['mb_per_s']:.1f} MB/s")

@@ -1,0 +1,113 @@
+"""``stratalog pipeline compact|retention|export``: the store's bulk jobs on Spark (stratalog.spark.jobs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: The bar redraws on its own thread; a few times a second is plenty for jobs that run minutes.
+PROGRESS_REFRESH_PER_S = 4
+
+_master = click.option("--master", default="local[*]", show_default=True,
+                       help="Spark master: local[N] or a cluster URL (spark://host:7077).")
+_objects = click.option("--objects", "objects_uri", default=None, metavar="URI",
+                        help="The store's object storage, when not DATA_DIR/objects: a directory, "
+                             "file:///path or s3://bucket/prefix?endpoint=URL.")
+
+
+@click.group()
+def pipeline() -> None:
+    """Bulk jobs on Spark: compaction, retention, export. Each is safe to re-run after a crash."""
+
+
+@contextmanager
+def _session(master: str) -> Iterator[SparkSession]:
+    from stratalog.spark import local_session
+
+    spark = local_session(master, app_name="stratalog-pipeline")
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+@contextmanager
+def _bar(console: Console, what: str) -> Iterator[Callable[[int, int], None]]:
+    columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, refresh_per_second=PROGRESS_REFRESH_PER_S) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _uri(data_dir: Path, objects_uri: str | None) -> str:
+    return objects_uri or str(data_dir / "objects")
+
+
+@pipeline.command()
+@click.argument("data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@_objects
+@_master
+@click.option("--object-mib", default=64, show_default=True, type=click.IntRange(1, 4096),
+              help="Largest per-stream object compaction writes.")
+def compact(data_dir: Path, objects_uri: str | None, master: str, object_mib: int) -> None:
+    """Merge multi-stream objects into per-stream objects and swap them in atomically.
+
+    The store in DATA_DIR must not be open elsewhere. Replaced objects are deleted after the grace period
+    (by `stratalog pipeline retention`, or the store's own background pass).
+    """
+    from stratalog.spark.jobs import compact as run
+
+    console = Console()
+    with _session(master) as spark, _bar(console, "compacting: objects written") as progress:
+        report = run(spark, data_dir, _uri(data_dir, objects_uri), object_bytes_max=object_mib << 20,
+                     progress=progress)
+    console.print(f"replaced {report.objects_replaced} objects with {report.objects_written} per-stream objects "
+                  f"({report.bytes_written / 1e6:.1f} MB) in {report.seconds:.1f} s: {report.mb_per_s:.1f} MB/s")
+
+
+@pipeline.command()
+@click.argument("data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@_objects
+@_master
+def retention(data_dir: Path, objects_uri: str | None, master: str) -> None:
+    """Apply every stream's time and byte retention; delete objects unreferenced past the grace period."""
+    from stratalog.spark.jobs import retention as run
+
+    console = Console()
+    with _session(master) as spark, _bar(console, "retention: objects deleted") as progress:
+        report = run(spark, data_dir, _uri(data_dir, objects_uri), progress=progress)
+    console.print(f"trimmed {report.streams_trimmed} streams, deleted {report.objects_deleted} objects "
+                  f"in {report.seconds:.1f} s")
+
+
+@pipeline.command()
+@click.argument("objects_uri", metavar="OBJECTS")
+@click.argument("out")
+@click.option("--streams", default=None, help="Comma list of stream names or ids (default: all).")
+@_master
+def export(objects_uri: str, out: str, streams: str | None, master: str) -> None:
+    """Write streams from the store at OBJECTS to Parquet under OUT, partitioned by stream.
+
+    OBJECTS is the store's object storage (DATA_DIR/objects, file:///path or s3://...); the store may be
+    running. OUT is replaced as a whole.
+    """
+    from stratalog.spark.jobs import export as run
+
+    console = Console()
+    with _session(master) as spark, _bar(console, "exporting: rows") as progress:
+        report = run(spark, objects_uri, out, streams=streams, progress=progress)
+    console.print(f"exported {report.rows} rows to {out} in {report.seconds:.1f} s")

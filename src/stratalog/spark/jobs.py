@@ -1,0 +1,259 @@
+"""The store's bulk jobs on Spark: compaction, retention, export. Also ``stratalog pipeline ...``.
+
+Compaction and retention change the store of record, so the driver opens the store's data directory
+(nothing else may have it open); executors do the object I/O. Each job is safe to run again after a
+crash at any point:
+
+- ``compact``: objects written by a run that crashed before its commit are in ``data/`` but in no
+  commit; opening the store deletes them, and the new run plans again from the committed state. After
+  the commit (one atomic ``replace_objects``), the replaced objects are only *unreferenced*; they are
+  deleted once their grace period has passed (by ``retention``, or the store's own background pass).
+- ``retention``: trims are metadata commits; an object is forgotten in metadata only after its delete
+  succeeded, so a rerun deletes (again, harmlessly) what a crashed run may have deleted already.
+- ``export``: Spark's Parquet commit protocol replaces the output directory as a whole.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from stratalog.engine.batch import read_batch_info
+from stratalog.engine.config import StoreConfig
+from stratalog.engine.manifest import BlockRef, read_manifest
+from stratalog.engine.metadata import NewObject
+from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block
+from stratalog.engine.store import object_key
+from stratalog.spark.plan import FETCH_BYTES_MAX, ReadPartition, StreamSlice, plan_fetches
+from stratalog.spark.reader import shared_store
+from stratalog.spark.write import open_data_dir, store_config_for
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: A compacted per-stream object holds at most this much data (it may hold less: a stream's run of
+#: blocks also ends where its offsets stop being contiguous).
+COMPACTED_OBJECT_BYTES_MAX = 64 << 20
+#: Outputs written per Spark task in compaction; deletes per task in retention.
+OUTPUTS_PER_TASK = 32
+DELETES_PER_TASK = 256
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+#: Called with (units done, units in all) as a job progresses.
+Progress = Callable[[int, int], None]
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
+
+
+# Compaction --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionOutput:
+    """One per-stream object to write: its id and key, and the blocks (in offset order) it takes over."""
+
+    object_id: int
+    key: str
+    stream_id: int
+    blocks: tuple[BlockRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactReport:
+    objects_replaced: int
+    objects_written: int
+    bytes_written: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_written / 1e6 / self.seconds if self.seconds else 0.0
+
+
+def compaction_candidates(blocks_by_stream: dict[int, list[BlockRef]],
+                          small_bytes_max: int = COMPACTED_OBJECT_BYTES_MAX // 4) -> set[str]:
+    """Keys of the objects worth compacting: every object holding blocks of more than one stream, and
+    small per-stream objects (under ``small_bytes_max`` bytes) of a stream that has several of them
+    (earlier compactions of a slowly growing stream)."""
+    streams_of: dict[str, set[int]] = {}
+    size_of: dict[str, int] = {}
+    for stream_id, refs in blocks_by_stream.items():
+        for ref in refs:
+            streams_of.setdefault(ref.key, set()).add(stream_id)
+            size_of[ref.key] = size_of.get(ref.key, 0) + ref.entry.size_bytes
+    keys = {k for k, s in streams_of.items() if len(s) > 1}
+    small_of: dict[int, list[str]] = {}
+    for key, streams in streams_of.items():
+        if len(streams) == 1 and size_of[key] < small_bytes_max:
+            small_of.setdefault(next(iter(streams)), []).append(key)
+    for stream_id, small in small_of.items():
+        if len(small) > 1 or any(r.key in keys for r in blocks_by_stream[stream_id]):
+            keys.update(small)
+    return keys
+
+
+def plan_compaction(blocks_by_stream: dict[int, list[BlockRef]], keys: set[str],
+                    object_bytes_max: int = COMPACTED_OBJECT_BYTES_MAX) -> list[list[BlockRef]]:
+    """Group the blocks held by ``keys`` into per-stream runs: offsets contiguous, at most
+    ``object_bytes_max`` bytes each (a single larger block makes a run of its own)."""
+    runs: list[list[BlockRef]] = []
+    for stream_id in sorted(blocks_by_stream):
+        run: list[BlockRef] = []
+        size = 0
+        for ref in sorted((r for r in blocks_by_stream[stream_id] if r.key in keys),
+                          key=lambda r: r.entry.start_offset):
+            contiguous = run and run[-1].entry.end_offset == ref.entry.start_offset
+            if run and (not contiguous or size + ref.entry.size_bytes > object_bytes_max):
+                runs.append(run)
+                run, size = [], 0
+            run.append(ref)
+            size += ref.entry.size_bytes
+        if run:
+            runs.append(run)
+    return runs
+
+
+def write_compacted(uri: str, outputs: Iterable[CompactionOutput]) -> Iterator[NewObject]:
+    """Executor side: read each output's blocks and put them as one per-stream object."""
+    store = shared_store(uri)
+    for output in outputs:
+        piece = StreamSlice(output.stream_id, "", output.blocks[0].entry.start_offset,
+                            output.blocks[-1].entry.end_offset, output.blocks)
+        batches: list[StreamBatch] = []
+        for fetch in plan_fetches(ReadPartition((piece,)), FETCH_BYTES_MAX):
+            buf = store.get(fetch.key, fetch.start, fetch.end)
+            for _, ref in fetch.blocks:
+                at = ref.entry.position - fetch.start
+                block = check_block(buf[at:at + ref.entry.size_bytes], ref.entry)
+                pos = 0
+                while pos < len(block):
+                    info = read_batch_info(block, pos)
+                    batches.append(StreamBatch(info.base_offset, info.count, info.max_timestamp_ms,
+                                               block[pos:pos + info.batch_bytes]))
+                    pos += info.batch_bytes
+        builder = ObjectBuilder()
+        builder.add_stream(output.stream_id, batches)
+        data = builder.finish()
+        store.put(output.key, data)
+        yield NewObject(output.object_id, output.key, len(data), builder.entries)
+
+
+def compact(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *,
+            object_bytes_max: int = COMPACTED_OBJECT_BYTES_MAX, config: StoreConfig | None = None,
+            progress: Progress = _no_progress) -> CompactReport:
+    """Merge the store's multi-stream objects into per-stream objects and swap them in atomically."""
+    started = time.monotonic()
+    store = open_data_dir(data_dir, uri, config)
+    try:
+        store.flush()
+        manifest = read_manifest(store.object_store)  # the store published a snapshot when it opened
+        keys = compaction_candidates(manifest.blocks, object_bytes_max // 4)
+        runs = plan_compaction(manifest.blocks, keys, object_bytes_max)
+        if not runs:
+            return CompactReport(0, 0, 0, time.monotonic() - started)
+        outputs = []
+        for run in runs:
+            object_id = store.metadata.allocate_object_id()
+            outputs.append(CompactionOutput(object_id, object_key(object_id), run[0].entry.stream_id, tuple(run)))
+        written = _run_tasks(spark, outputs, OUTPUTS_PER_TASK, lambda part: write_compacted(uri, part), progress)
+        ids = {o.key: o.object_id for o in store.metadata.objects()}
+        store.replace_objects(sorted(ids[k] for k in keys), written)
+        return CompactReport(len(keys), len(written), sum(o.size_bytes for o in written),
+                             time.monotonic() - started)
+    finally:
+        store.close()
+
+
+# Retention ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    streams_trimmed: int
+    objects_deleted: int
+    seconds: float
+
+
+def delete_keys(uri: str, keys: Iterable[str]) -> Iterator[str]:
+    """Executor side: delete each key (an absent key is not an error) and pass it on once deleted."""
+    store = shared_store(uri)
+    for key in keys:
+        store.delete(key)
+        yield key
+
+
+def retention(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *, now_ms: int | None = None,
+              config: StoreConfig | None = None, progress: Progress = _no_progress) -> RetentionReport:
+    """Apply every stream's time and byte retention as of ``now_ms`` (default: now), then delete (on
+    executors) the objects that have been unreferenced for the grace period."""
+    started = time.monotonic()
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    config = config or store_config_for(Path(data_dir))
+    # The store's own pass would delete on the driver: give it a grace nothing reaches, and delete below.
+    store = open_data_dir(data_dir, uri, replace(config, object_grace_s=float(1 << 40)))
+    try:
+        before = {s.stream_id: s.start_offset for s in store.streams()}
+        store.apply_retention(now_ms)
+        trimmed = sum(1 for s in store.streams() if s.start_offset != before.get(s.stream_id))
+        # Grace is measured on the wall clock, like the unreferenced times metadata records; ``now_ms``
+        # only says which records retention counts as old.
+        wall_ms = int(time.time() * 1000)
+        gone = store.metadata.collect_unreferenced(wall_ms - int(config.object_grace_s * 1000))
+        ids = {o.key: o.object_id for o in gone}
+        deleted = _run_tasks(spark, sorted(ids), DELETES_PER_TASK, lambda part: delete_keys(uri, part), progress)
+        for key in deleted:
+            store.metadata.forget_object(ids[key])
+        return RetentionReport(trimmed, len(deleted), time.monotonic() - started)
+    finally:
+        store.close()
+
+
+# Export ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExportReport:
+    rows: int
+    seconds: float
+
+
+def export(spark: SparkSession, uri: str, out: str, *, streams: str | None = None,
+           progress: Progress = _no_progress) -> ExportReport:
+    """Write the chosen streams (all when None) to Parquet under ``out``, partitioned by stream."""
+    from stratalog.spark.source import StratalogReader
+
+    started = time.monotonic()
+    options = {"path": uri, **({"streams": streams} if streams else {})}
+    rows = sum(p.rows for p in StratalogReader(options).plan())
+    progress(0, rows)
+    df = spark.read.format("stratalog").options(**options).load()
+    df.write.mode("overwrite").partitionBy("stream").parquet(out)
+    progress(rows, rows)
+    return ExportReport(rows, time.monotonic() - started)
+
+
+# Running tasks -----------------------------------------------------------------------------------
+
+
+def _run_tasks(spark: SparkSession, items: Sequence[_T], per_task: int,
+               work: Callable[[list[_T]], Iterable[_R]], progress: Progress) -> list[_R]:
+    """Run ``work`` over ``items`` in Spark tasks of ``per_task`` items; collect results as tasks finish."""
+    total = len(items)
+    progress(0, total)
+    if not items:
+        return []
+    chunks = [list(items[i:i + per_task]) for i in range(0, total, per_task)]
+    rdd = spark.sparkContext.parallelize(chunks, len(chunks)).flatMap(work)
+    results: list[_R] = []
+    for result in rdd.toLocalIterator(prefetchPartitions=True):
+        results.append(result)
+        progress(len(results), total)
+    return results
