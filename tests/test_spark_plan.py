@@ -11,7 +11,7 @@ from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, St
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from enginekit import MemoryStore, small_store_config
-from stratalog.engine.batch import NewRecord, encode_batch
+from stratalog.engine.batch import BATCH_HEADER_BYTES, NewRecord, encode_batch
 from stratalog.engine.manifest import BlockRef, Manifest, StreamInfo, read_manifest
 from stratalog.engine.objformat import BlockEntry
 from stratalog.engine.store import StreamStore
@@ -263,3 +263,73 @@ def test_compaction_takes_shared_objects_and_repeated_small_stream_objects() -> 
         [("small-3a", 0)], [("small-3b", 5)],
     ]
     assert len(plan_compaction(blocks, keys, object_bytes_max=1 << 20)) == 3
+
+
+def test_vectorized_encoding_matches_the_engine_encoder_byte_for_byte() -> None:
+    from datetime import UTC, datetime
+
+    from stratalog.spark.write import encode_rows
+
+    stamps = [datetime.fromtimestamp(i, UTC) if i % 5 else None for i in range(1, 401)]
+    batch = pa.RecordBatch.from_pydict({
+        "stream": [("a", "b", "c")[i % 3] for i in range(400)],
+        "key": [None if i % 4 == 0 else b"k%d" % i for i in range(400)],
+        "value": [f"v{i}" * (i % 7) for i in range(400)],  # strings, some empty
+        "timestamp": pa.array(stamps, pa.timestamp("us", tz="UTC")),
+        "offset": list(range(400)),  # ignored
+    })
+    groups = dict(encode_rows(batch, now_ms=77, batch_bytes_target=600))
+    assert sorted(groups) == ["a", "b", "c"]
+    for n, name in enumerate(("a", "b", "c")):
+        rows = range(n, 400, 3)
+        records = [NewRecord((f"v{i}" * (i % 7)).encode(), None if i % 4 == 0 else b"k%d" % i,
+                             (i + 1) * 1000 if (i + 1) % 5 else 77) for i in rows]
+        encoded = groups[name]
+        assert len(encoded) > 1 and sum(b.count for b in encoded) == len(records)
+        at = 0
+        for b in encoded:
+            expected, max_ts = encode_batch(0, 0, records[at:at + b.count])
+            assert b.body == expected[BATCH_HEADER_BYTES:] and b.max_timestamp_ms == max_ts
+            assert b.crc == int.from_bytes(expected[BATCH_HEADER_BYTES - 4:BATCH_HEADER_BYTES], "little")
+            at += b.count
+
+
+def test_vectorized_encoding_refuses_null_streams_and_values() -> None:
+    from stratalog.spark.write import encode_rows
+
+    with pytest.raises(ValueError, match="stream"):
+        list(encode_rows(pa.RecordBatch.from_pydict({"stream": [None], "value": [b"x"]}), 0))
+    with pytest.raises(ValueError, match="null value"):
+        list(encode_rows(pa.RecordBatch.from_pydict({"stream": ["a"], "value": pa.array([None], pa.binary())}), 0))
+
+
+def test_a_plan_made_before_compaction_still_reads_after_the_old_objects_are_deleted(tmp_path: Path) -> None:
+    from stratalog.engine.store import object_key
+    from stratalog.spark.jobs import CompactionOutput, compaction_candidates, plan_compaction, write_compacted
+    from stratalog.spark.reader import _stores
+
+    objects = MemoryStore()
+    store = fill_store(tmp_path, objects)
+    store.flush()
+    manifest = read_manifest(objects)
+    stale = plan_partitions(manifest, sorted(manifest.streams), OffsetRange(5, 290), rows_max=100)
+    expected = pa.Table.from_batches([b for p in stale for b in read_partition(objects, p)]).to_pylist()
+    # Compact into per-stream objects, swap them in, and delete the old objects at once (no grace).
+    keys = compaction_candidates(manifest.blocks) | {r.key for refs in manifest.blocks.values() for r in refs}
+    outputs = []
+    for run in plan_compaction(manifest.blocks, keys):
+        object_id = store.metadata.allocate_object_id()
+        outputs.append(CompactionOutput(object_id, object_key(object_id), run[0].entry.stream_id, tuple(run)))
+    _stores["mem://test"] = objects
+    try:
+        written = list(write_compacted("mem://test", outputs))
+    finally:
+        del _stores["mem://test"]
+    ids = {o.key: o.object_id for o in store.metadata.objects()}
+    store.replace_objects(sorted(ids[k] for k in keys), written)
+    assert store.delete_unreferenced() == len(keys)
+    assert not keys & {info.key for info in objects.list("data/")}
+    again = pa.Table.from_batches([b for p in stale for b in read_partition(objects, p)]).to_pylist()
+    assert sorted(again, key=lambda r: (r["stream"], r["offset"])) == sorted(
+        expected, key=lambda r: (r["stream"], r["offset"]))
+    store.close()

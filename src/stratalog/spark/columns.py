@@ -7,6 +7,7 @@ the per-record Python work is a struct unpack and a few list appends.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,53 +37,54 @@ ARROW_SCHEMA = pa.schema([
 _RECORD_HEAD_BYTES = RECORD_HEAD.size
 
 
+#: Where a record's fields lie from its first byte: record_bytes u32, timestamp i64, key_bytes i32,
+#: value_bytes i32, header_count u16, then the key.
+_TS_AT, _KEY_BYTES_AT, _VALUE_BYTES_AT = 4, 12, 16
+_RECORD_BYTES = struct.Struct("<I")
+
+
 @dataclass(slots=True)
 class ColumnBuilder:
-    """Collects records of several streams out of fetched buffers, then builds one RecordBatch."""
+    """Collects records of several streams out of one fetched buffer, then builds one RecordBatch.
+
+    Per record, Python only follows the chain of lengths to the next record and notes where each one
+    starts; ``finish`` reads every field from those positions with numpy.
+    """
 
     labels: list[str] = field(default_factory=list)
     label_rows: list[int] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-    timestamps_ms: list[int] = field(default_factory=list)
-    key_starts: list[int] = field(default_factory=list)
-    key_lengths: list[int] = field(default_factory=list)
-    value_starts: list[int] = field(default_factory=list)
-    value_lengths: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    #: (first offset, count) of each run of records taken from one batch.
+    runs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        return len(self.offsets)
+        return len(self.positions)
 
     def add_block(self, buf: bytes, position: int, size_bytes: int, label: str, start: int, end: int) -> None:
         """Take the records with offsets in ``[start, end)`` from the block at ``buf[position:]``.
 
         The block's CRC must already be checked (it covers every batch header and record in it).
         """
-        before = len(self.offsets)
-        offsets, timestamps = self.offsets, self.timestamps_ms
-        key_starts, key_lengths = self.key_starts, self.key_lengths
-        value_starts, value_lengths = self.value_starts, self.value_lengths
-        unpack = RECORD_HEAD.unpack_from
+        before = len(self.positions)
+        unpack = _RECORD_BYTES.unpack_from
         at_batch = position
         block_end = position + size_bytes
         while at_batch < block_end:
             info = read_batch_info(buf, at_batch)
-            next_batch = at_batch + info.batch_bytes
             if info.end_offset > start and info.base_offset < end:
+                first = max(start - info.base_offset, 0)
+                stop = min(end - info.base_offset, info.count)
                 at = at_batch + BATCH_HEADER_BYTES
-                for offset in range(info.base_offset, info.end_offset):
-                    body_bytes, ts, key_bytes, value_bytes, _ = unpack(buf, at)
-                    if start <= offset < end:
-                        p = at + _RECORD_HEAD_BYTES
-                        offsets.append(offset)
-                        timestamps.append(ts)
-                        key_starts.append(p)
-                        key_lengths.append(key_bytes)
-                        value_starts.append(p + key_bytes if key_bytes > 0 else p)
-                        value_lengths.append(value_bytes)
-                    at += 4 + body_bytes
-            at_batch = next_batch
-        taken = len(self.offsets) - before
+                found: list[int] = []
+                note = found.append
+                for _ in range(stop):
+                    note(at)
+                    at += 4 + unpack(buf, at)[0]
+                self.positions.extend(found[first:] if first else found)
+                self.runs.append((info.base_offset + first, stop - first))
+            at_batch += info.batch_bytes
+        taken = len(self.positions) - before
         if taken:
             if self.labels and self.labels[-1] == label:
                 self.label_rows[-1] += taken
@@ -95,44 +97,54 @@ class ColumnBuilder:
         if not self.rows:
             return empty_batch()
         data = np.frombuffer(buf, dtype=np.uint8)
+        positions = np.asarray(self.positions, dtype=np.int64)
         stream = pa.array(self.labels, pa.string()).take(
             pa.array(np.repeat(np.arange(len(self.labels), dtype=np.int32), self.label_rows)))
-        timestamps_us = np.asarray(self.timestamps_ms, dtype=np.int64) * 1000
-        key_lengths = np.asarray(self.key_lengths, dtype=np.int64)
+        firsts = np.fromiter((r[0] for r in self.runs), dtype=np.int64, count=len(self.runs))
+        counts = np.fromiter((r[1] for r in self.runs), dtype=np.int64, count=len(self.runs))
+        run_starts = np.cumsum(counts) - counts
+        offsets = np.repeat(firsts - run_starts, counts) + np.arange(len(positions), dtype=np.int64)
+        timestamps_us = _field(data, positions + _TS_AT, "<i8") * 1000
+        key_lengths = _field(data, positions + _KEY_BYTES_AT, "<i4").astype(np.int64)
+        value_lengths = _field(data, positions + _VALUE_BYTES_AT, "<i4").astype(np.int64)
+        key_starts = positions + _RECORD_HEAD_BYTES
         key_valid = key_lengths >= 0
-        keys = _gather(data, np.asarray(self.key_starts, dtype=np.int64), np.maximum(key_lengths, 0), key_valid)
-        values = _gather(data, np.asarray(self.value_starts, dtype=np.int64),
-                         np.asarray(self.value_lengths, dtype=np.int64), None)
+        key_lengths = np.maximum(key_lengths, 0)
+        keys = _gather(data, key_starts, key_lengths, key_valid)
+        values = _gather(data, key_starts + key_lengths, value_lengths, None)
         return pa.RecordBatch.from_arrays(
-            [stream, pa.array(np.asarray(self.offsets, dtype=np.int64)),
-             pa.array(timestamps_us, pa.timestamp("us", tz="UTC")), keys, values],
+            [stream, pa.array(offsets), pa.array(timestamps_us, pa.timestamp("us", tz="UTC")), keys, values],
             schema=ARROW_SCHEMA,
         )
+
+
+def _field(data: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
+    """The little-endian integers of ``dtype`` starting at each byte position ``at`` (unaligned)."""
+    width = np.dtype(dtype).itemsize
+    return data[at[:, None] + np.arange(width)].copy().view(dtype).reshape(-1)
 
 
 def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
     """A binary array of ``data[starts[i]:starts[i] + lengths[i]]`` for each i (null where not ``valid``).
 
-    The pieces never overlap and come in buffer order, so one mask over the buffer selects them all.
+    The pieces never overlap and come in buffer order, so they and the gaps between them tile the
+    buffer: an Arrow view of that tiling (offsets 0, s0, e0, s1, e1, ...) over the buffer itself costs
+    no copy, and Arrow's ``take`` of every second element copies the pieces out in one pass.
     """
     count = len(starts)
-    offsets = np.zeros(count + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] > np.iinfo(np.int32).max:
-        raise ValueError("more than 2 GiB of keys or values in one Arrow batch; fetch smaller ranges")
-    # +1 where a piece starts, -1 where it ends: the running sum is 1 inside pieces, 0 between them.
-    # Starts are distinct, and so are ends, so each fancy-indexed update touches an index once.
-    marks = np.zeros(len(data) + 1, dtype=np.int8)
-    marks[starts] += 1
-    marks[starts + lengths] -= 1
-    gathered = data[np.cumsum(marks[:len(data)], dtype=np.int8) > 0]
-    validity = None
-    null_count = 0
-    if valid is not None and not valid.all():
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        null_count = int(count - valid.sum())
-    return pa.Array.from_buffers(pa.binary(), count, [validity, pa.py_buffer(offsets.astype(np.int32)),
-                                                      pa.py_buffer(gathered)], null_count=null_count)
+    if len(data) > np.iinfo(np.int32).max:
+        raise ValueError("a fetched range over 2 GiB does not fit Arrow's binary offsets; fetch less")
+    tiling = np.empty(2 * count + 1, dtype=np.int32)
+    tiling[0] = 0
+    tiling[1::2] = starts
+    tiling[2::2] = starts + lengths
+    view = pa.Array.from_buffers(pa.binary(), 2 * count, [None, pa.py_buffer(tiling), pa.py_buffer(data)])
+    picked = view.take(pa.array(np.arange(1, 2 * count, 2, dtype=np.int32)))
+    if valid is None or valid.all():
+        return picked
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.binary(), count, [validity, *picked.buffers()[1:]],
+                                 null_count=int(count - valid.sum()))
 
 
 def empty_batch() -> pa.RecordBatch:

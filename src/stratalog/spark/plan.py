@@ -170,23 +170,24 @@ class Fetch:
 
 
 def plan_fetches(partition: ReadPartition, fetch_bytes_max: int = FETCH_BYTES_MAX) -> list[Fetch]:
-    """Coalesce a partition's blocks into ranged gets: blocks that follow each other in one object are
-    read together up to ``fetch_bytes_max`` bytes (a single larger block is read alone)."""
+    """Coalesce a partition's blocks into ranged gets, in object and position order: blocks that follow
+    each other in one object are read together up to ``fetch_bytes_max`` bytes (a single larger block is
+    read alone). Rows then come out in that order, not stream by stream."""
+    wanted = sorted(((ref.key, ref.entry.position, index, ref) for index, piece in enumerate(partition.slices)
+                     for ref in piece.blocks), key=lambda w: (w[0], w[1]))
     fetches: list[Fetch] = []
     key, start, end = "", 0, 0
     group: list[tuple[int, BlockRef]] = []
-    for index, piece in enumerate(partition.slices):
-        for ref in piece.blocks:
-            entry = ref.entry
-            follows = group and ref.key == key and entry.position == end
-            if follows and entry.position + entry.size_bytes - start <= fetch_bytes_max:
-                group.append((index, ref))
-                end = entry.position + entry.size_bytes
-                continue
-            if group:
-                fetches.append(Fetch(key, start, end, tuple(group)))
-            key, start, end = ref.key, entry.position, entry.position + entry.size_bytes
-            group = [(index, ref)]
+    for ref_key, position, index, ref in wanted:
+        follows = group and ref_key == key and position == end
+        if follows and position + ref.entry.size_bytes - start <= fetch_bytes_max:
+            group.append((index, ref))
+            end = position + ref.entry.size_bytes
+            continue
+        if group:
+            fetches.append(Fetch(key, start, end, tuple(group)))
+        key, start, end = ref_key, position, position + ref.entry.size_bytes
+        group = [(index, ref)]
     if group:
         fetches.append(Fetch(key, start, end, tuple(group)))
     return fetches

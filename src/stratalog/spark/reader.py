@@ -20,6 +20,7 @@ from stratalog.objects.store import ObjectNotFoundError, ObjectStore
 from stratalog.spark.columns import ColumnBuilder
 from stratalog.spark.plan import (
     FETCH_BYTES_MAX,
+    Fetch,
     OffsetRange,
     ReadPartition,
     StreamSlice,
@@ -63,13 +64,13 @@ def read_partition(store: ObjectStore, partition: ReadPartition,
 
 
 def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int) -> Iterator[pa.RecordBatch]:
-    for fetch in plan_fetches(partition, fetch_bytes_max):
+    fetches = plan_fetches(partition, fetch_bytes_max)
+    for number, fetch in enumerate(fetches):
         try:
             buf = store.get(fetch.key, fetch.start, fetch.end)
         except ObjectNotFoundError:
-            # Everything before this get was yielded already: continue from its first block.
-            index, ref = fetch.blocks[0]
-            yield from _read_replanned(store, partition, index, ref.entry.start_offset, fetch_bytes_max)
+            # Everything fetched before this get was yielded already; read the rest from where it is now.
+            yield from _read_replanned(store, partition, fetches[number:], fetch_bytes_max)
             return
         builder = ColumnBuilder()
         for index, ref in fetch.blocks:
@@ -81,21 +82,36 @@ def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int) ->
         yield builder.finish(buf)
 
 
-def _read_replanned(store: ObjectStore, partition: ReadPartition, first_slice: int, from_offset: int,
+def _read_replanned(store: ObjectStore, partition: ReadPartition, remaining: list[Fetch],
                     fetch_bytes_max: int) -> Iterator[pa.RecordBatch]:
-    """Read slice ``first_slice`` from ``from_offset``, and the slices after it, planned from the newest
-    manifest."""
+    """Read the ranges the ``remaining`` fetches were to cover, planned again from the newest manifest."""
     manifest = read_manifest(store)
-    for index in range(first_slice, len(partition.slices)):
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for fetch in remaining:
+        for index, ref in fetch.blocks:
+            piece = partition.slices[index]
+            ranges.setdefault(index, []).append((max(piece.start_offset, ref.entry.start_offset),
+                                                 min(piece.end_offset, ref.entry.end_offset)))
+    for index in sorted(ranges):
         piece = partition.slices[index]
         if piece.stream_id not in manifest.streams:
             continue  # deleted since: nothing left to read
-        start = max(piece.start_offset, from_offset) if index == first_slice else piece.start_offset
-        again = plan_partitions(manifest, [piece.stream_id], OffsetRange(start, piece.end_offset),
-                                rows_max=1 << 62, bytes_max=1 << 62)
-        for fresh in again:
-            relabelled = ReadPartition(tuple(_relabel(s, piece.name) for s in fresh.slices))
-            yield from _read(store, relabelled, fetch_bytes_max)
+        for start, end in _merged(ranges[index]):
+            again = plan_partitions(manifest, [piece.stream_id], OffsetRange(start, end),
+                                    rows_max=1 << 62, bytes_max=1 << 62)
+            for fresh in again:
+                relabelled = ReadPartition(tuple(_relabel(s, piece.name) for s in fresh.slices))
+                yield from _read(store, relabelled, fetch_bytes_max)
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
 
 
 def _relabel(piece: StreamSlice, name: str) -> StreamSlice:

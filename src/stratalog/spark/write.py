@@ -33,15 +33,16 @@ and ``timestamp`` (timestamp; default: now) are optional; other columns (such as
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -51,7 +52,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from stratalog.engine.batch import BATCH_HEADER, NewRecord, encode_batch, read_batch_info
+from stratalog.engine.batch import BATCH_HEADER, RECORD_HEAD, NewRecord, encode_batch, read_batch_info
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata import NewObject
 from stratalog.engine.objformat import (
@@ -64,9 +65,11 @@ from stratalog.engine.objformat import (
     decode_index,
 )
 from stratalog.engine.store import StreamStore, object_key
+from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore
 from stratalog.spark.reader import open_store, shared_store
 from stratalog.wal.config import WALConfig
+from stratalog.wal.format import crc32c
 
 STAGING_PREFIX = "spark-staging/"
 SINK_MARKER_PREFIX = "spark.sink."
@@ -75,6 +78,10 @@ SINK_MARKER_PREFIX = "spark.sink."
 STAGED_OBJECT_BYTES = 64 << 20
 #: Records of one stream are encoded into batches of about this size (the unit inside a data block).
 BATCH_BYTES_TARGET = 256 << 10
+#: Staged objects the driver rebases at once (each holds one object in memory, twice).
+REBASE_THREADS = 4
+#: A task gathers this much of Spark's input before encoding it, so each stream gets few, large batches.
+ENCODE_BYTES_TARGET = 32 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +111,16 @@ class WriteMessage(WriterCommitMessage):
 # Task side ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """A batch's records, encoded, before its header: the header (stream id, offsets) is written last."""
+
+    count: int
+    max_timestamp_ms: int
+    body: bytes
+    crc: int
+
+
 class StagingWriter:
     """Encodes one task's rows into staged objects. Not thread-safe; one per task."""
 
@@ -112,7 +129,7 @@ class StagingWriter:
         self._prefix = prefix
         self._object_bytes = object_bytes
         self._next_relative: dict[str, int] = {}
-        self._pending: dict[str, list[StreamBatch]] = {}
+        self._pending: dict[str, list[tuple[int, EncodedBatch]]] = {}
         self._pending_bytes = 0
         self._staged: list[StagedObject] = []
         self._seq = 0
@@ -120,22 +137,26 @@ class StagingWriter:
     def add(self, name: str, records: Sequence[NewRecord]) -> None:
         """Append ``records`` of stream ``name`` (in order) to this task's staged data."""
         start = 0
-        batches = self._pending.setdefault(name, [])
         while start < len(records):
             stop, size = start, 0
             while stop < len(records) and (stop == start or size < BATCH_BYTES_TARGET):
                 rec = records[stop]
                 size += len(rec.value) + (len(rec.key) if rec.key is not None else 0) + 32
                 stop += 1
-            base = self._next_relative.get(name, 0)
-            data, max_ts = encode_batch(0, base, records[start:stop])
-            batches.append(StreamBatch(base, stop - start, max_ts, data))
-            self._next_relative[name] = base + stop - start
-            self._pending_bytes += len(data)
+            data, max_ts = encode_batch(0, 0, records[start:stop])
+            crc = BATCH_HEADER.unpack_from(data)[-1]
+            self.add_encoded(name, [EncodedBatch(stop - start, max_ts, data[BATCH_HEADER.size:], crc)])
             start = stop
+
+    def add_encoded(self, name: str, batches: Sequence[EncodedBatch]) -> None:
+        """Append already encoded batches of stream ``name`` (in order)."""
+        for batch in batches:
+            base = self._next_relative.get(name, 0)
+            self._pending.setdefault(name, []).append((base, batch))
+            self._next_relative[name] = base + batch.count
+            self._pending_bytes += BATCH_HEADER.size + len(batch.body)
             if self._pending_bytes >= self._object_bytes:
                 self._put()
-                batches = self._pending.setdefault(name, [])
 
     def finish(self) -> tuple[StagedObject, ...]:
         """Put what is pending; return every staged object of this task."""
@@ -153,7 +174,10 @@ class StagingWriter:
         builder = ObjectBuilder()
         streams = []
         for provisional, name in enumerate(names):
-            batches = [_with_stream_id(b, provisional) for b in self._pending[name]]
+            batches = [StreamBatch(base, b.count, b.max_timestamp_ms,
+                                   BATCH_HEADER.pack(provisional, base, b.count, BATCH_HEADER.size + len(b.body),
+                                                     b.max_timestamp_ms, b.crc) + b.body)
+                       for base, b in self._pending[name]]
             builder.add_stream(provisional, batches)
             streams.append(StagedStream(name, batches[0].base_offset, sum(b.count for b in batches)))
         data = builder.finish()
@@ -165,10 +189,6 @@ class StagingWriter:
         self._pending_bytes = 0
 
 
-def _with_stream_id(batch: StreamBatch, stream_id: int) -> StreamBatch:
-    return replace(batch, data=_patch_header(batch.data, 0, stream_id, batch.base_offset))
-
-
 def _patch_header(data: bytes, at: int, stream_id: int, base_offset: int) -> bytes:
     """The batch at ``data[at:]`` with its stream id and base offset replaced (its record CRC is unchanged:
     it covers only the records)."""
@@ -177,27 +197,79 @@ def _patch_header(data: bytes, at: int, stream_id: int, base_offset: int) -> byt
         data[at + BATCH_HEADER.size:at + batch_bytes]
 
 
-def records_of(batch: pa.RecordBatch, now_ms: int) -> Iterator[tuple[str, list[NewRecord]]]:
-    """The rows of an Arrow batch as (stream name, records) runs, in row order."""
-    names = batch.column("stream").to_pylist()
-    values = _as_binary(batch.column("value")).to_pylist()
+#: A record's fixed head in the batch format (engine/batch.py RECORD_HEAD), as a numpy record type.
+_RECORD_HEAD_DTYPE = np.dtype([("record_bytes", "<u4"), ("timestamp_ms", "<i8"), ("key_bytes", "<i4"),
+                               ("value_bytes", "<i4"), ("header_count", "<u2")])
+#: What record_bytes counts besides key and value: timestamp, key and value lengths, header count.
+_RECORD_FIXED_BYTES = _RECORD_HEAD_DTYPE.itemsize - 4
+invariant(_RECORD_HEAD_DTYPE.itemsize == RECORD_HEAD.size, "the numpy record head must match the format's")
+
+
+def encode_rows(batch: pa.RecordBatch, now_ms: int,
+                batch_bytes_target: int = BATCH_BYTES_TARGET) -> Iterator[tuple[str, list[EncodedBatch]]]:
+    """The rows of an Arrow batch as encoded batches per stream (row order kept within each stream).
+
+    Vectorized: rows are grouped by a stable sort on the stream, every record head is filled in by
+    numpy, and Arrow's ``take`` lays out head, key and value of each record one after another. Python
+    then works per batch (a slice and a CRC), not per record.
+    """
+    rows = batch.num_rows
+    if rows == 0:
+        return
+    names = batch.column("stream")
+    values = _as_binary(batch.column("value"))
+    if names.null_count:
+        raise ValueError("a row has no stream name: the stream column must not be null")
+    if values.null_count:
+        raise ValueError("a row has a null value: the value column must not be null")
     schema_names = batch.schema.names
-    keys = _as_binary(batch.column("key")).to_pylist() if "key" in schema_names else [None] * len(values)
+    keys = _as_binary(batch.column("key")) if "key" in schema_names else pa.nulls(rows, pa.binary())
     if "timestamp" in schema_names:
-        stamps = pc.cast(batch.column("timestamp"), pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
-        stamps_ms = [now_ms if t is None else t // 1000 for t in stamps]
+        micros = pc.cast(batch.column("timestamp"), pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        stamps_ms = pc.fill_null(micros, now_ms * 1000).to_numpy(zero_copy_only=False) // 1000
     else:
-        stamps_ms = [now_ms] * len(values)
-    rows = zip(names, values, keys, stamps_ms, strict=True)
-    for name, run in itertools.groupby(rows, key=lambda r: r[0]):
-        if name is None:
-            raise ValueError("a row has no stream name: the stream column must not be null")
-        out = []
-        for _, value, key, ts in run:
-            if value is None:
-                raise ValueError(f"a row of stream {name!r} has a null value")
-            out.append(NewRecord(value, key, ts))
+        stamps_ms = np.full(rows, now_ms, dtype=np.int64)
+    codes = names.dictionary_encode()
+    order = np.argsort(codes.indices.to_numpy(zero_copy_only=False), kind="stable")
+    sorted_codes = codes.indices.to_numpy(zero_copy_only=False)[order]
+    take = pa.array(order)
+    keys, values, stamps_ms = keys.take(take), values.take(take), stamps_ms[order]
+    key_bytes = pc.fill_null(pc.binary_length(keys), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    value_bytes = pc.binary_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+    heads = np.zeros(rows, dtype=_RECORD_HEAD_DTYPE)
+    heads["record_bytes"] = _RECORD_FIXED_BYTES + np.maximum(key_bytes, 0) + value_bytes
+    heads["timestamp_ms"] = stamps_ms
+    heads["key_bytes"] = key_bytes
+    heads["value_bytes"] = value_bytes
+    head_size = _RECORD_HEAD_DTYPE.itemsize
+    head_array = pa.Array.from_buffers(pa.large_binary(), rows, [
+        None, pa.py_buffer(np.arange(0, head_size * (rows + 1), head_size, dtype=np.int64)),
+        pa.py_buffer(heads.tobytes())])
+    parts = pa.concat_arrays([head_array, keys.cast(pa.large_binary()), values.cast(pa.large_binary())])
+    interleave = np.empty(3 * rows, dtype=np.int64)
+    for i in range(3):
+        interleave[i::3] = np.arange(rows, dtype=np.int64) + i * rows
+    laid_out = parts.take(pa.array(interleave))
+    starts = laid_out.buffers()[1]
+    first = int(np.frombuffer(starts, dtype=np.int64, count=1, offset=laid_out.offset * 8)[0])
+    encoded = memoryview(laid_out.buffers()[2])
+    record_ends = np.cumsum(4 + heads["record_bytes"].astype(np.int64)) + first
+    record_starts = record_ends - (4 + heads["record_bytes"].astype(np.int64))
+    group_ends = [*(np.flatnonzero(np.diff(sorted_codes)) + 1).tolist(), rows]
+    dictionary = codes.dictionary.to_pylist()
+    group_start = 0
+    for group_end in group_ends:
+        name = dictionary[int(sorted_codes[group_start])]
+        out: list[EncodedBatch] = []
+        at = group_start
+        while at < group_end:
+            cut = int(np.searchsorted(record_ends, record_starts[at] + batch_bytes_target, side="left")) + 1
+            cut = min(max(cut, at + 1), group_end)
+            body = bytes(encoded[record_starts[at]:record_ends[cut - 1]])
+            out.append(EncodedBatch(cut - at, int(stamps_ms[at:cut].max()), body, crc32c(body)))
+            at = cut
         yield name, out
+        group_start = group_end
 
 
 def _as_binary(column: Any) -> Any:
@@ -209,10 +281,26 @@ def write_task(store: ObjectStore, prefix: str, partition: int, batches: Iterato
     """Stage one task's rows; on failure delete what it staged before raising."""
     writer = StagingWriter(store, f"{prefix}{partition:06d}-", object_bytes)
     now_ms = int(time.time() * 1000)
+
+    def encode(held: list[pa.RecordBatch]) -> None:
+        combined = pa.Table.from_batches(held).combine_chunks().to_batches()
+        for batch in combined:
+            for name, encoded in encode_rows(batch, now_ms):
+                writer.add_encoded(name, encoded)
+
     try:
+        held: list[pa.RecordBatch] = []
+        held_bytes = 0
         for batch in batches:
-            for name, records in records_of(batch, now_ms):
-                writer.add(name, records)
+            # Spark hands over ~10,000 rows at a time; gathering more first makes batches of many
+            # records per stream even when rows of many streams are interleaved.
+            held.append(batch)
+            held_bytes += batch.nbytes
+            if held_bytes >= ENCODE_BYTES_TARGET:
+                encode(held)
+                held, held_bytes = [], 0
+        if held:
+            encode(held)
         return WriteMessage(partition, writer.finish())
     except BaseException:
         writer.discard()
@@ -288,16 +376,20 @@ def commit_write(store: StreamStore, messages: Sequence[WriteMessage],
         ids = {name: store.open_stream(name).stream_id for name in names}
         shifts = assign_bases(messages, {name: store.open_stream(name).end_offset for name in names})
         objects = store.object_store
-        written: list[NewObject] = []
-        records = 0
-        for message in sorted(messages, key=lambda m: m.partition):
-            for staged in message.objects:
-                targets = [(ids[s.name], shifts[(message.partition, s.name)]) for s in staged.streams]
-                data, entries = rebase_object(objects.get(staged.key), targets)
-                object_id = store.metadata.allocate_object_id()
-                objects.put(object_key(object_id), data)
-                written.append(NewObject(object_id, object_key(object_id), len(data), entries))
-                records += sum(s.count for s in staged.streams)
+        work = [(staged, [(ids[s.name], shifts[(message.partition, s.name)]) for s in staged.streams],
+                 store.metadata.allocate_object_id())
+                for message in sorted(messages, key=lambda m: m.partition) for staged in message.objects]
+
+        def rebase(item: tuple[StagedObject, list[tuple[int, int]], int]) -> NewObject:
+            staged, targets, object_id = item
+            data, entries = rebase_object(objects.get(staged.key), targets)
+            objects.put(object_key(object_id), data)
+            return NewObject(object_id, object_key(object_id), len(data), entries)
+
+        # Gets, puts and CRCs release the GIL: a few objects at once keep the disk or network busy.
+        with ThreadPoolExecutor(REBASE_THREADS, thread_name_prefix="stratalog-rebase") as pool:
+            written = list(pool.map(rebase, work))
+        records = sum(s.count for staged, _, _ in work for s in staged.streams)
         committed = store.commit_external_objects(written, marker=marker) is not None
         return CommitResult(committed, records if committed else 0, len(written) if committed else 0)
     finally:
