@@ -65,3 +65,21 @@ def test_refused_while_appends_wait_for_upload_or_when_not_at_the_end(tmp_path: 
         store.commit_external_objects([external_object(store, s.stream_id, 5, [b"x"])])
     assert s.end_offset == 1
     store.close()
+
+
+def test_create_streams_makes_many_in_one_commit_or_none(tmp_path: Path) -> None:
+    objects = MemoryStore()
+    store = StreamStore.open(tmp_path, objects, small_store_config())
+    store.create_stream("taken")
+    seq = store.metadata.commit_seq
+    made = store.create_streams([f"s{i}" for i in range(500)])
+    assert [s.name for s in made] == [f"s{i}" for i in range(500)]
+    assert store.metadata.commit_seq == seq + 1
+    assert read_manifest(objects).stream_by_name("s499") is not None
+    with pytest.raises(ValueError, match="taken"):
+        store.create_streams(["fresh", "taken"])
+    with pytest.raises(KeyError):
+        store.open_stream("fresh")
+    assert len(store.metadata.streams()) == 501
+    assert made[7].append([b"x"]).result() == 0
+    store.close()

@@ -173,6 +173,19 @@ class Metadata:
             stream_id = int(cur.lastrowid or 0)
         return self.stream(stream_id)
 
+    def create_streams(self, names: Sequence[str]) -> list[StreamMeta]:
+        """Create many named streams in one transaction (one commit sequence number for all)."""
+        now = int(time.time() * 1000)
+        with self._tx() as db:
+            ids = []
+            for name in names:
+                if db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone():
+                    raise ValueError(f"a stream named {name!r} exists already")
+                cur = db.execute("INSERT INTO streams (name, created_ms) VALUES (?, ?)", (name, now))
+                ids.append(int(cur.lastrowid or 0))
+            self._bump_seq(db)
+        return [self.stream(i) for i in ids]
+
     def stream(self, id_or_name: int | str) -> StreamMeta:
         column = "name" if isinstance(id_or_name, str) else "stream_id"
         with self._lock:

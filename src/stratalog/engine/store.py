@@ -232,6 +232,18 @@ class StreamStore:
         with self._lock:
             return Stream(self, self._add_state(sm))
 
+    def create_streams(self, names: Sequence[str]) -> list[Stream]:
+        """Many new, empty named streams in one commit and one manifest: what a bulk writer (Spark)
+        needs when a write brings thousands of new streams. All or none are created."""
+        self._check_open()
+        if not names:
+            return []
+        with self._commit_lock:
+            metas = self._meta.create_streams(names)
+            self._publish(metas)
+        with self._lock:
+            return [Stream(self, self._add_state(sm)) for sm in metas]
+
     def open_stream(self, id_or_name: int | str) -> Stream:
         with self._lock:
             stream_id = self._by_name.get(id_or_name) if isinstance(id_or_name, str) else id_or_name

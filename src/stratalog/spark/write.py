@@ -369,9 +369,7 @@ def commit_write(store: StreamStore, messages: Sequence[WriteMessage],
             return CommitResult(False, 0, 0)
         names = sorted({s.name for m in messages for o in m.objects for s in o.streams})
         existing = {s.name for s in store.streams()}
-        for name in names:
-            if name not in existing:
-                store.create_stream(name)
+        store.create_streams([name for name in names if name not in existing])
         store.flush()
         ids = {name: store.open_stream(name).stream_id for name in names}
         shifts = assign_bases(messages, {name: store.open_stream(name).end_offset for name in names})
