@@ -77,6 +77,12 @@ def test_a_large_stream_splits_at_block_boundaries_within_the_row_bound() -> Non
     assert spans[2] == [(0, 50)]
 
 
+def test_rows_are_spread_evenly_over_the_partitions_rows_max_implies() -> None:
+    manifest = synthetic_manifest({1: 1100}, block_rows=100)
+    parts = plan_partitions(manifest, [1], rows_max=1000, bytes_max=1 << 40)
+    assert [p.rows for p in parts] == [600, 500]  # not 1000 + 100: tasks of about equal length
+
+
 def test_partitions_also_close_on_bytes() -> None:
     manifest = synthetic_manifest({1: 1000}, block_rows=100)  # 10 blocks of 1000 bytes
     parts = plan_partitions(manifest, [1], rows_max=1 << 40, bytes_max=3000)

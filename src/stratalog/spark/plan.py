@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from stratalog.engine.manifest import BlockRef, Manifest
 
-#: Rows per task: about 1 M small records is a few seconds of decoding, long enough to amortize a task's
-#: start-up, short enough for a retry to be cheap.
-ROWS_PER_PARTITION = 1_000_000
+#: Rows per task at most: half a million small records is about a second of work, long enough to amortize
+#: a task's start-up, short enough for a retry to be cheap and for the last wave of tasks to be short.
+ROWS_PER_PARTITION = 500_000
 #: Bytes of blocks per task, for streams of large records where the row count says little.
 BYTES_PER_PARTITION = 128 << 20
 #: Adjacent blocks of one object are fetched with one ranged get up to this size.
@@ -114,20 +114,24 @@ def plan_partitions(manifest: Manifest, stream_ids: Sequence[int], offsets: Offs
 
     ``starts`` / ``ends`` narrow single streams further (a streaming micro-batch reads each stream from
     where the last one stopped). A partition closes before a block that would take it past ``rows_max``
-    rows or ``bytes_max`` bytes, so every partition but the last of a run is close to full, and a stream
-    that does not fit is continued in the next partition from the block boundary.
+    rows or ``bytes_max`` bytes, and a stream that does not fit is continued in the next partition from
+    the block boundary. A partition also closes once it holds an even share of all rows (the total over
+    the number of partitions ``rows_max`` implies), so tasks take about the same time.
     """
     if rows_max < 1 or bytes_max < 1:
         raise ValueError("rows_max and bytes_max must be positive")
+    windows = {i: _window(manifest, i, offsets, starts, ends) for i in stream_ids}
+    total_rows = sum(max(w.end - w.start, 0) for w in windows.values())
+    # As many partitions as rows_max asks for, but even: with rows_max 1 M, 1.1 M rows make two of about
+    # 550 k, not 1 M + 100 k. A partition closes once it reaches the even share, or before a block that
+    # would take it past rows_max.
+    rows_even = -(-total_rows // -(-total_rows // rows_max)) if total_rows else rows_max
     parts: list[ReadPartition] = []
     current: list[StreamSlice] = []
     rows = size = 0
     for stream_id in sorted(stream_ids):
         info = manifest.streams[stream_id]
-        window = offsets.intersect(info.start_offset, info.end_offset)
-        if starts is not None or ends is not None:
-            window = window.intersect((starts or {}).get(stream_id, 0),
-                                      (ends or {}).get(stream_id, OFFSET_END_MAX))
+        window = windows[stream_id]
         if window.empty:
             continue
         label = stream_label(stream_id, info.name)
@@ -137,7 +141,7 @@ def plan_partitions(manifest: Manifest, stream_ids: Sequence[int], offsets: Offs
             if entry.end_offset <= window.start or entry.start_offset >= window.end:
                 continue
             block_rows = min(entry.end_offset, window.end) - max(entry.start_offset, window.start)
-            if rows and (rows + block_rows > rows_max or size + entry.size_bytes > bytes_max):
+            if rows and (rows >= rows_even or rows + block_rows > rows_max or size + entry.size_bytes > bytes_max):
                 if run:
                     current.append(_slice(stream_id, label, run, window))
                     run = []
@@ -151,6 +155,15 @@ def plan_partitions(manifest: Manifest, stream_ids: Sequence[int], offsets: Offs
     if current:
         parts.append(ReadPartition(tuple(current)))
     return parts
+
+
+def _window(manifest: Manifest, stream_id: int, offsets: OffsetRange, starts: dict[int, int] | None,
+            ends: dict[int, int] | None) -> OffsetRange:
+    info = manifest.streams[stream_id]
+    window = offsets.intersect(info.start_offset, info.end_offset)
+    if starts is not None or ends is not None:
+        window = window.intersect((starts or {}).get(stream_id, 0), (ends or {}).get(stream_id, OFFSET_END_MAX))
+    return window
 
 
 def _slice(stream_id: int, label: str, run: list[BlockRef], window: OffsetRange) -> StreamSlice:

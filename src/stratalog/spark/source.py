@@ -8,7 +8,7 @@ Options (all strings, as Spark passes them):
 ``streams``
     Comma list of stream names or ids to read; every stream when absent.
 ``rowsPerPartition`` / ``bytesPerPartition``
-    Planning bounds of one read task (defaults: 1,000,000 rows, 128 MiB).
+    Planning bounds of one read task (defaults: 500,000 rows, 128 MiB).
 ``data_dir``, ``sinkId``, ``objectBytes``
     Writes only: see :mod:`stratalog.spark.write`.
 ``maxRowsPerTrigger``
