@@ -339,3 +339,22 @@ def test_a_plan_made_before_compaction_still_reads_after_the_old_objects_are_del
     assert sorted(again, key=lambda r: (r["stream"], r["offset"])) == sorted(
         expected, key=lambda r: (r["stream"], r["offset"]))
     store.close()
+
+
+def test_headers_column_matches_spark_and_the_engine(tmp_path: Path) -> None:
+    from stratalog.spark.columns import ARROW_SCHEMA_WITH_HEADERS, SPARK_SCHEMA_WITH_HEADERS
+
+    assert to_arrow_schema(SPARK_SCHEMA_WITH_HEADERS, timezone="UTC") == ARROW_SCHEMA_WITH_HEADERS
+    objects = MemoryStore()
+    store = StreamStore.open(tmp_path / "d", objects, small_store_config())
+    s = store.create_stream("h")
+    s.append([NewRecord(b"v%d" % i, headers=[("a", b"1"), ("b", None)] if i % 3 == 0 else ())
+              for i in range(40)]).result()
+    store.flush()
+    manifest = read_manifest(objects)
+    (part,) = plan_partitions(manifest, [s.stream_id], OffsetRange(2, 40))
+    rows = pa.Table.from_batches(list(read_partition(objects, part, headers=True))).to_pylist()
+    expected = s.fetch(2, max_bytes=1 << 30)
+    assert [[(h["key"], h["value"]) for h in r["headers"]] for r in rows] == [list(r.headers) for r in expected]
+    assert [r["value"] for r in rows] == [r.value for r in expected]
+    store.close()

@@ -192,3 +192,22 @@ def test_streaming_write_skips_a_replayed_batch(spark: Any, place: Place, tmp_pa
     assert store.metadata.get_meta(SINK_MARKER_PREFIX + "copy") == last
     assert store.open_stream("events").end_offset == 30
     store.close()
+
+
+def test_headers_read_and_write_back(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql.functions import lit
+
+    place = Place(tmp_path / "d", str(tmp_path / "objects"))
+    store = place.open()
+    s = store.create_stream("in")
+    s.append([NewRecord(b"v%d" % i, headers=[("trace", b"t%d" % i), ("none", None)] if i % 2 else ())
+              for i in range(10)]).result()
+    store.flush()
+    store.close()
+    df = reader(spark, place, includeHeaders="true")
+    assert [f.name for f in df.schema.fields][-1] == "headers"
+    df.withColumn("stream", lit("copy")).write.format("stratalog").option("path", place.uri) \
+        .option("data_dir", str(place.data_dir)).mode("append").save()
+    back = {r.offset: [(h.key, h.value) for h in r.headers]
+            for r in reader(spark, place, includeHeaders="true", streams="copy").collect()}
+    assert back == {i: [("trace", b"t%d" % i), ("none", None)] if i % 2 else [] for i in range(10)}

@@ -12,9 +12,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from stratalog.engine.batch import BATCH_HEADER_BYTES, RECORD_HEAD, read_batch_info
+from stratalog.engine.batch import _decode_headers as decode_headers  # the format's own header decoder
 
 #: The data source's schema, as Spark DDL and as a StructType (which needs no JVM to build).
 SCHEMA_DDL = "stream string, offset bigint, timestamp timestamp, key binary, value binary"
@@ -35,11 +44,25 @@ ARROW_SCHEMA = pa.schema([
     pa.field("value", pa.binary()),
 ])
 _RECORD_HEAD_BYTES = RECORD_HEAD.size
+#: With option ``includeHeaders``: each record's headers, in order (an empty array when it has none).
+HEADERS_DDL = "headers array<struct<key: string, value: binary>>"
+_HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+SPARK_SCHEMA_WITH_HEADERS = StructType([*SPARK_SCHEMA.fields, StructField(
+    "headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])))])
+ARROW_SCHEMA_WITH_HEADERS = ARROW_SCHEMA.append(pa.field("headers", pa.list_(pa.field("element", _HEADER_TYPE))))
+
+
+def spark_schema(headers: bool) -> StructType:
+    return SPARK_SCHEMA_WITH_HEADERS if headers else SPARK_SCHEMA
+
+
+def arrow_schema(headers: bool) -> pa.Schema:
+    return ARROW_SCHEMA_WITH_HEADERS if headers else ARROW_SCHEMA
 
 
 #: Where a record's fields lie from its first byte: record_bytes u32, timestamp i64, key_bytes i32,
 #: value_bytes i32, header_count u16, then the key.
-_TS_AT, _KEY_BYTES_AT, _VALUE_BYTES_AT = 4, 12, 16
+_TS_AT, _KEY_BYTES_AT, _VALUE_BYTES_AT, _HEADER_COUNT_AT = 4, 12, 16, 20
 _RECORD_BYTES = struct.Struct("<I")
 
 
@@ -92,10 +115,11 @@ class ColumnBuilder:
                 self.labels.append(label)
                 self.label_rows.append(taken)
 
-    def finish(self, buf: bytes) -> pa.RecordBatch:
-        """The collected rows as one RecordBatch over ``buf`` (the buffer every position refers to)."""
+    def finish(self, buf: bytes, headers: bool = False) -> pa.RecordBatch:
+        """The collected rows as one RecordBatch over ``buf`` (the buffer every position refers to),
+        with a ``headers`` column when ``headers``."""
         if not self.rows:
-            return empty_batch()
+            return empty_batch(headers)
         data = np.frombuffer(buf, dtype=np.uint8)
         positions = np.asarray(self.positions, dtype=np.int64)
         stream = pa.array(self.labels, pa.string()).take(
@@ -112,10 +136,11 @@ class ColumnBuilder:
         key_lengths = np.maximum(key_lengths, 0)
         keys = _gather(data, key_starts, key_lengths, key_valid)
         values = _gather(data, key_starts + key_lengths, value_lengths, None)
-        return pa.RecordBatch.from_arrays(
-            [stream, pa.array(offsets), pa.array(timestamps_us, pa.timestamp("us", tz="UTC")), keys, values],
-            schema=ARROW_SCHEMA,
-        )
+        columns = [stream, pa.array(offsets), pa.array(timestamps_us, pa.timestamp("us", tz="UTC")), keys, values]
+        if headers:
+            header_counts = _field(data, positions + _HEADER_COUNT_AT, "<u2")
+            columns.append(_headers(buf, key_starts + key_lengths + value_lengths, header_counts))
+        return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(headers))
 
 
 def _field(data: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
@@ -147,6 +172,23 @@ def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np
                                  null_count=int(count - valid.sum()))
 
 
-def empty_batch() -> pa.RecordBatch:
+def _headers(buf: bytes, starts: np.ndarray, counts: np.ndarray) -> pa.Array:
+    """The headers column: records with headers are few, so they are decoded one by one."""
+    list_offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=list_offsets[1:])
+    names: list[str] = []
+    values: list[bytes | None] = []
+    view = memoryview(buf)
+    for row in np.flatnonzero(counts).tolist():
+        decoded, _ = decode_headers(view, int(starts[row]), int(counts[row]))
+        for name, value in decoded:
+            names.append(name)
+            values.append(value)
+    entries = pa.StructArray.from_arrays([pa.array(names, pa.string()), pa.array(values, pa.binary())],
+                                         fields=list(_HEADER_TYPE))
+    return pa.ListArray.from_arrays(pa.array(list_offsets), entries, type=pa.list_(pa.field("element", _HEADER_TYPE)))
+
+
+def empty_batch(headers: bool = False) -> pa.RecordBatch:
     """A RecordBatch with no rows in the source's schema."""
-    return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_pylist([], schema=arrow_schema(headers))

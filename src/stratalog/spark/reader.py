@@ -56,21 +56,22 @@ def shared_store(uri: str) -> ObjectStore:
         return store
 
 
-def read_partition(store: ObjectStore, partition: ReadPartition,
-                   fetch_bytes_max: int = FETCH_BYTES_MAX) -> Iterator[pa.RecordBatch]:
+def read_partition(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int = FETCH_BYTES_MAX,
+                   headers: bool = False) -> Iterator[pa.RecordBatch]:
     """The records of ``partition``, one RecordBatch per ranged get (``fetch_bytes_max`` bytes at most,
-    unless one block is larger)."""
-    yield from _read(store, partition, fetch_bytes_max)
+    unless one block is larger); with a ``headers`` column when ``headers``."""
+    yield from _read(store, partition, fetch_bytes_max, headers)
 
 
-def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int) -> Iterator[pa.RecordBatch]:
+def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int,
+          headers: bool) -> Iterator[pa.RecordBatch]:
     fetches = plan_fetches(partition, fetch_bytes_max)
     for number, fetch in enumerate(fetches):
         try:
             buf = store.get(fetch.key, fetch.start, fetch.end)
         except ObjectNotFoundError:
             # Everything fetched before this get was yielded already; read the rest from where it is now.
-            yield from _read_replanned(store, partition, fetches[number:], fetch_bytes_max)
+            yield from _read_replanned(store, partition, fetches[number:], fetch_bytes_max, headers)
             return
         builder = ColumnBuilder()
         for index, ref in fetch.blocks:
@@ -79,11 +80,11 @@ def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int) ->
             at = entry.position - fetch.start
             check_block(buf[at:at + entry.size_bytes], entry)
             builder.add_block(buf, at, entry.size_bytes, piece.name, piece.start_offset, piece.end_offset)
-        yield builder.finish(buf)
+        yield builder.finish(buf, headers)
 
 
 def _read_replanned(store: ObjectStore, partition: ReadPartition, remaining: list[Fetch],
-                    fetch_bytes_max: int) -> Iterator[pa.RecordBatch]:
+                    fetch_bytes_max: int, headers: bool) -> Iterator[pa.RecordBatch]:
     """Read the ranges the ``remaining`` fetches were to cover, planned again from the newest manifest."""
     manifest = read_manifest(store)
     ranges: dict[int, list[tuple[int, int]]] = {}
@@ -101,7 +102,7 @@ def _read_replanned(store: ObjectStore, partition: ReadPartition, remaining: lis
                                     rows_max=1 << 62, bytes_max=1 << 62)
             for fresh in again:
                 relabelled = ReadPartition(tuple(_relabel(s, piece.name) for s in fresh.slices))
-                yield from _read(store, relabelled, fetch_bytes_max)
+                yield from _read(store, relabelled, fetch_bytes_max, headers)
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

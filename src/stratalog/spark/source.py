@@ -11,6 +11,9 @@ Options (all strings, as Spark passes them):
     Planning bounds of one read task (defaults: 500,000 rows, 128 MiB).
 ``data_dir``, ``sinkId``, ``objectBytes``
     Writes only: see :mod:`stratalog.spark.write`.
+``includeHeaders``
+    ``true`` adds a column ``headers array<struct<key: string, value: binary>>`` (each record's headers,
+    in order; empty when it has none). Off by default, as in Spark's Kafka source.
 ``maxRowsPerTrigger``
     Streaming reads only: see :mod:`stratalog.spark.stream`.
 
@@ -44,7 +47,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from stratalog.engine.manifest import read_manifest
-from stratalog.spark.columns import SPARK_SCHEMA
+from stratalog.spark.columns import spark_schema
 from stratalog.spark.plan import (
     BYTES_PER_PARTITION,
     ROWS_PER_PARTITION,
@@ -71,6 +74,13 @@ def required(options: dict[str, str], name: str) -> str:
     return value
 
 
+def include_headers(options: dict[str, str]) -> bool:
+    raw = (option(options, "includeHeaders") or "false").lower()
+    if raw not in ("true", "false"):
+        raise ValueError(f"option 'includeHeaders' must be true or false, not {raw!r}")
+    return raw == "true"
+
+
 def int_option(options: dict[str, str], name: str, default: int) -> int:
     raw = option(options, name)
     if raw is None:
@@ -92,7 +102,7 @@ class StratalogDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
-        return SPARK_SCHEMA
+        return spark_schema(include_headers(self._options()))
 
     def _options(self) -> dict[str, str]:
         return {str(k).lower(): str(v) for k, v in self.options.items()}
@@ -172,6 +182,7 @@ class StratalogReader(DataSourceReader):
         self.streams = option(options, "streams")
         self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
         self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)
+        self.headers = include_headers(options)
         self.pushed = PushedFilters()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
@@ -193,4 +204,4 @@ class StratalogReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         value: Any = partition.value
         assert isinstance(value, ReadPartition)
-        yield from read_partition(shared_store(self.uri), value)
+        yield from read_partition(shared_store(self.uri), value, headers=self.headers)

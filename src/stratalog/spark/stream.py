@@ -104,13 +104,14 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     """Micro-batch reader. Picklable: Spark ships it to executors for ``read``."""
 
     def __init__(self, options: dict[str, str]) -> None:
-        from stratalog.spark.source import int_option, option, required
+        from stratalog.spark.source import include_headers, int_option, option, required
 
         self.uri = required(options, "path")
         self.streams = option(options, "streams")
         self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
         self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)
         self.rows_per_trigger = int_option(options, "maxRowsPerTrigger", MAX_ROWS_PER_TRIGGER)
+        self.headers = include_headers(options)
         self.starting = (option(options, "startingOffsets") or "earliest").lower()
         if self.starting not in ("earliest", "latest"):
             raise ValueError(f"startingOffsets must be 'earliest' or 'latest', not {self.starting!r}")
@@ -206,4 +207,4 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         value = partition.value
         assert isinstance(value, ReadPartition)
-        yield from read_partition(shared_store(self.uri), value)
+        yield from read_partition(shared_store(self.uri), value, headers=self.headers)

@@ -27,8 +27,10 @@ Streaming writes (``writeStream.format("stratalog")``) need option ``sinkId``: t
 batch id at or below the stored one writes nothing (a batch replayed after a driver crash).
 
 Writes need the store closed elsewhere: the driver holds the data directory while it commits.
-Columns: ``stream`` (string) and ``value`` (binary or string) are required; ``key`` (binary or string)
-and ``timestamp`` (timestamp; default: now) are optional; other columns (such as ``offset``) are ignored.
+Columns: ``stream`` (string) and ``value`` (binary or string) are required; ``key`` (binary or string),
+``timestamp`` (timestamp; default: now) and ``headers`` (array of struct key string, value binary, as a
+read with ``includeHeaders`` gives) are optional; other columns (such as ``offset``) are ignored. Rows
+without headers are encoded column-wise; rows of a batch with a ``headers`` column one by one (slower).
 """
 
 from __future__ import annotations
@@ -272,6 +274,28 @@ def encode_rows(batch: pa.RecordBatch, now_ms: int,
         group_start = group_end
 
 
+def records_with_headers(batch: pa.RecordBatch, now_ms: int) -> Iterator[tuple[str, list[NewRecord]]]:
+    """Rows with a ``headers`` column (array of struct key, value), grouped by stream: encoded record by
+    record, the slow path kept for the rare writes that carry headers."""
+    names = batch.column("stream").to_pylist()
+    values = _as_binary(batch.column("value")).to_pylist()
+    schema_names = batch.schema.names
+    keys = _as_binary(batch.column("key")).to_pylist() if "key" in schema_names else [None] * len(values)
+    if "timestamp" in schema_names:
+        micros = pc.cast(batch.column("timestamp"), pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
+        stamps_ms = [now_ms if t is None else t // 1000 for t in micros]
+    else:
+        stamps_ms = [now_ms] * len(values)
+    headers = batch.column("headers").to_pylist()
+    groups: dict[str, list[NewRecord]] = {}
+    for name, value, key, ts, pairs in zip(names, values, keys, stamps_ms, headers, strict=True):
+        if name is None or value is None:
+            raise ValueError("the stream and value columns must not be null")
+        kept = tuple((p["key"], p["value"]) for p in pairs or ())
+        groups.setdefault(name, []).append(NewRecord(value, key, ts, kept))
+    yield from groups.items()
+
+
 def _as_binary(column: Any) -> Any:
     return column.cast(pa.binary()) if pa.types.is_string(column.type) else column
 
@@ -285,6 +309,10 @@ def write_task(store: ObjectStore, prefix: str, partition: int, batches: Iterato
     def encode(held: list[pa.RecordBatch]) -> None:
         combined = pa.Table.from_batches(held).combine_chunks().to_batches()
         for batch in combined:
+            if "headers" in batch.schema.names:
+                for name, records in records_with_headers(batch, now_ms):
+                    writer.add(name, records)
+                continue
             for name, encoded in encode_rows(batch, now_ms):
                 writer.add_encoded(name, encoded)
 
