@@ -137,3 +137,20 @@ def test_pipeline_command_compacts_and_reports(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"replaced {ROUNDS} objects with {STREAMS} per-stream objects" in done.stdout
     assert len(referenced_keys(uri)) == STREAMS
+
+
+def test_retention_can_clean_what_a_dead_write_staged(spark: Any, tmp_path: Path) -> None:
+    from stratalog.spark.write import STAGING_PREFIX, StagingWriter
+
+    uri = str(tmp_path / "objects")
+    small_objects_store(tmp_path / "d", uri)
+    writer = StagingWriter(open_store(uri), f"{STAGING_PREFIX}dead-write/", object_bytes=100)
+    for _ in range(3):  # staged, never committed: the driver died
+        writer.add("s0", [NewRecord(b"x" * 200)])
+    assert len(list(open_store(uri).list(STAGING_PREFIX))) == 3
+    kept = jobs.retention(spark, tmp_path / "d", uri, config=small_store_config())
+    assert kept.staged_objects_deleted == 0 and len(list(open_store(uri).list(STAGING_PREFIX))) == 3
+    cleaned = jobs.retention(spark, tmp_path / "d", uri, config=small_store_config(), clean_staging=True)
+    assert cleaned.staged_objects_deleted == 3 and cleaned.objects_deleted == 0
+    assert not list(open_store(uri).list(STAGING_PREFIX))
+    assert len(all_rows(spark, uri)) == STREAMS * ROUNDS * 25

@@ -83,15 +83,18 @@ def compact(data_dir: Path, objects_uri: str | None, master: str, object_mib: in
 @click.argument("data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @_objects
 @_master
-def retention(data_dir: Path, objects_uri: str | None, master: str) -> None:
+@click.option("--clean-staging", is_flag=True,
+              help="Also delete objects Spark writes staged and left (a driver that died mid-write). Only "
+                   "while no Spark write to this store runs.")
+def retention(data_dir: Path, objects_uri: str | None, master: str, clean_staging: bool) -> None:
     """Apply every stream's time and byte retention; delete objects unreferenced past the grace period."""
     from stratalog.spark.jobs import retention as run
 
     console = Console()
     with _session(master) as spark, _bar(console, "retention: objects deleted") as progress:
-        report = run(spark, data_dir, _uri(data_dir, objects_uri), progress=progress)
+        report = run(spark, data_dir, _uri(data_dir, objects_uri), clean_staging=clean_staging, progress=progress)
     console.print(f"trimmed {report.streams_trimmed} streams, deleted {report.objects_deleted} objects "
-                  f"in {report.seconds:.1f} s")
+                  f"and {report.staged_objects_deleted} staged objects in {report.seconds:.1f} s")
 
 
 @pipeline.command()

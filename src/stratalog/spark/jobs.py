@@ -30,7 +30,7 @@ from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block
 from stratalog.engine.store import object_key
 from stratalog.spark.plan import FETCH_BYTES_MAX, ReadPartition, StreamSlice, plan_fetches
 from stratalog.spark.reader import shared_store
-from stratalog.spark.write import open_data_dir, store_config_for
+from stratalog.spark.write import STAGING_PREFIX, open_data_dir, store_config_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -180,6 +180,7 @@ class RetentionReport:
     streams_trimmed: int
     objects_deleted: int
     seconds: float
+    staged_objects_deleted: int = 0
 
 
 def delete_keys(uri: str, keys: Iterable[str]) -> Iterator[str]:
@@ -191,9 +192,15 @@ def delete_keys(uri: str, keys: Iterable[str]) -> Iterator[str]:
 
 
 def retention(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *, now_ms: int | None = None,
-              config: StoreConfig | None = None, progress: Progress = _no_progress) -> RetentionReport:
+              config: StoreConfig | None = None, clean_staging: bool = False,
+              progress: Progress = _no_progress) -> RetentionReport:
     """Apply every stream's time and byte retention as of ``now_ms`` (default: now), then delete (on
-    executors) the objects that have been unreferenced for the grace period."""
+    executors) the objects that have been unreferenced for the grace period.
+
+    ``clean_staging`` also deletes every object Spark writes staged and never committed or aborted (a
+    driver that died mid-write leaves them). Use it only while no Spark write to this store runs: a
+    running write would lose its staged objects and fail (safely: it commits nothing).
+    """
     started = time.monotonic()
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     config = config or store_config_for(Path(data_dir))
@@ -208,10 +215,13 @@ def retention(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *
         wall_ms = int(time.time() * 1000)
         gone = store.metadata.collect_unreferenced(wall_ms - int(config.object_grace_s * 1000))
         ids = {o.key: o.object_id for o in gone}
-        deleted = _run_tasks(spark, sorted(ids), DELETES_PER_TASK, lambda part: delete_keys(uri, part), progress)
+        staged = [info.key for info in store.object_store.list(STAGING_PREFIX)] if clean_staging else []
+        deleted = _run_tasks(spark, sorted(ids) + staged, DELETES_PER_TASK, lambda part: delete_keys(uri, part),
+                             progress)
         for key in deleted:
-            store.metadata.forget_object(ids[key])
-        return RetentionReport(trimmed, len(deleted), time.monotonic() - started)
+            if key in ids:
+                store.metadata.forget_object(ids[key])
+        return RetentionReport(trimmed, len(deleted) - len(staged), time.monotonic() - started, len(staged))
     finally:
         store.close()
 
