@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -65,13 +66,45 @@ def test_offsets_only_grow_and_futures_complete_in_offset_order() -> None:
         if not futures or futures[-1] is not res.future:
             futures.append(res.future)
             res.future.add_done_callback(done)
-        if len(offsets) % 50 == 0:
+        if len(offsets) % 20 == 0:  # at most 25 live records: a 128 KiB ring holds them one per block
             futures[-1].result()
-            wal.trim(offsets[-40])
+            wal.trim(offsets[-5])
     wal.close()
     assert offsets == sorted(set(offsets))
     assert len(completed) == len(futures) > 10
     assert completed == sorted(completed), "a later block was acknowledged before an earlier one"
+
+
+def test_a_record_on_an_idle_device_is_written_without_waiting_for_the_linger() -> None:
+    wal, _ = new_wal(seal_when_idle=True, block_linger_s=30.0)
+    started = time.monotonic()
+    wal.append(b"alone").future.result(timeout=10)
+    assert time.monotonic() - started < 10, "the lone record waited for the 30 s linger"
+    wal.close()
+
+
+def test_without_seal_when_idle_a_lone_record_waits_for_the_linger() -> None:
+    wal, _ = new_wal(seal_when_idle=False, block_linger_s=0.3)
+    started = time.monotonic()
+    wal.append(b"alone").future.result(timeout=10)
+    assert time.monotonic() - started >= 0.25
+    wal.close()
+
+
+def test_records_gather_into_one_block_while_every_io_thread_is_busy() -> None:
+    wal, device = new_wal(seal_when_idle=True, block_linger_s=30.0, io_threads=2)
+    device.stall_syncs()
+    first = wal.append(b"a")  # each takes a free I/O thread at once, then waits in sync
+    second = wal.append(b"b")
+    assert first.future is not second.future
+    gathered = [wal.append(bytes([i]) * 10) for i in range(8)]
+    assert len({r.future for r in gathered}) == 1, "records sealed one by one while no thread was free"
+    assert gathered[0].future is not second.future
+    device.release_syncs()
+    # Sealed when a thread came free, long before the 30 s linger.
+    assert gathered[-1].future.result(timeout=10) >= gathered[-1].offset
+    assert first.future.result(timeout=1) < second.future.result(timeout=1)
+    wal.close()
 
 
 def test_future_result_is_the_durable_offset() -> None:

@@ -311,11 +311,11 @@ class WriteAheadLog:
                            crc32c(buf[pos:pos + RECORD_HEADER_CRC_COVERS_BYTES]))
             buf[pos + RECORD_HEADER_BYTES:pos + size] = data
             block.used = pos + size
-            if pos == 0:
+            if block.used >= self._config.block_bytes_soft_max or (pos == 0 and self._device_idle()):
+                self._seal(block)
+            elif pos == 0:
                 block.opened_at = time.monotonic()
                 self._sealer_wake.notify()
-            if block.used >= self._config.block_bytes_soft_max:
-                self._seal(block)
             return AppendResult(offset, block.future)
 
     def _roll(self, size: int) -> _Block:
@@ -392,6 +392,10 @@ class WriteAheadLog:
         self._unacked.append(block)
         self._dispatch()
 
+    def _device_idle(self) -> bool:
+        """Whether a block sealed now would be written at once (lock held)."""
+        return self._config.seal_when_idle and not self._pending and self._writing < self._config.io_threads
+
     def _dispatch(self) -> None:
         """Hand pending blocks to I/O threads while threads and the window allow (lock held)."""
         window_max = self._config.window_bytes_max
@@ -424,6 +428,9 @@ class WriteAheadLog:
                 block.written = True
                 self._writing -= 1
                 self._dispatch()
+                current = self._current
+                if current is not None and current.used and self._device_idle():
+                    self._seal(current)  # records that gathered while every thread was busy
                 ready = bool(self._unacked) and self._unacked[0].written
             if ready:
                 self._complete_in_order()
