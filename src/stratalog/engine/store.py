@@ -29,7 +29,7 @@ from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import ManifestPublisher
 from stratalog.engine.metadata import Metadata, NewObject, StreamMeta, UnknownStreamError
 from stratalog.engine.objformat import ObjectBuilder, StreamBatch
-from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError
+from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError
 from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore
 from stratalog.wal import WriteAheadLog
@@ -100,6 +100,10 @@ class RecoveryReport:
     batches_replayed: int = 0
     batches_already_in_objects: int = 0
     batches_not_contiguous: int = 0
+    #: Records in those batches: never acknowledged after a plain crash; lost if a WAL record was damaged.
+    records_not_contiguous: int = 0
+    #: WAL records whose body failed its CRC (bit rot, a torn write): what they held is gone.
+    wal_records_damaged: int = 0
     batches_of_unknown_streams: int = 0
     orphan_objects_deleted: int = 0
     seconds: float = 0.0
@@ -281,6 +285,11 @@ class StreamStore:
                         break
                     except OverCapacityError:
                         pass  # the ring is full until the uploader trims it: wait below
+                    except WALFailedError as e:
+                        if self._failure is None:
+                            self._failure = e
+                            self._cond.notify_all()
+                        raise StoreFailedError(f"the store stopped after an error: {e}") from e
                 deadline = deadline or time.monotonic() + config.append_wait_s_max
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -495,9 +504,13 @@ class StreamStore:
         """Upload everything appended so far, commit it, and trim the WAL behind it."""
         self._check_open()
         last = self._last_wal_future
-        if last is not None:
-            last.result()
-        self._upload(trim_wal=True)
+        try:
+            if last is not None:
+                last.result()
+            self._upload(trim_wal=True)
+        except WALFailedError as e:
+            self._fail(e)
+            raise StoreFailedError(f"the store stopped after an error: {e}") from e
 
     def _upload(self, *, trim_wal: bool, everything: bool = False) -> int:
         """Upload what the WAL holds durably; return the bytes uploaded. Serialized by ``_upload_lock``."""
@@ -641,6 +654,7 @@ class StreamStore:
         report = RecoveryReport()
         started = time.monotonic()
         last_wal_offset = -1
+        dropped: dict[int, tuple[int, int]] = {}  # stream -> offsets of batches that did not continue it
         for rec in self._wal.recover():
             report.wal_records += 1
             last_wal_offset = rec.offset
@@ -656,6 +670,9 @@ class StreamStore:
                     report.batches_already_in_objects += 1
                 else:
                     report.batches_not_contiguous += 1
+                    report.records_not_contiguous += info.count
+                    low, high = dropped.get(st.stream_id, (info.base_offset, 0))
+                    dropped[st.stream_id] = (min(low, info.base_offset), max(high, info.base_offset + info.count))
                 continue
             data = bytes(rec.data)
             entry = _Entry(info.base_offset, info.count, data, info.max_timestamp_ms, rec.offset, time.monotonic())
@@ -666,6 +683,8 @@ class StreamStore:
             report.batches_replayed += 1
             if self._cache_bytes >= self._config.log_cache_bytes_max:
                 self._upload(trim_wal=False, everything=True)
+        report.wal_records_damaged = self._wal.recovery_stats.bad_body_records
+        self._report_dropped(dropped, report.wal_records_damaged)
         self._upload(trim_wal=False, everything=True)
         if last_wal_offset > self._wal.trim_offset:
             self._wal.trim(last_wal_offset)
@@ -673,6 +692,20 @@ class StreamStore:
         self._publish([], snapshot=True)
         report.seconds = time.monotonic() - started
         return report
+
+    def _report_dropped(self, dropped: dict[int, tuple[int, int]], damaged: int) -> None:
+        """Say which offsets recovery left out. Batches past a hole were never acknowledged after a plain
+        crash (the WAL acknowledges in order); after a damaged record they may have been, so say it loudly."""
+        if not dropped and not damaged:
+            return
+        level = logging.ERROR if damaged else logging.INFO
+        if damaged:
+            log.error("recovery: %d WAL record(s) failed their CRC and were dropped; acknowledged records may "
+                      "be lost. Each stream below ends before its first missing batch", damaged)
+        for stream_id, (low, high) in sorted(dropped.items()):
+            st = self._streams[stream_id]
+            log.log(level, "recovery: stream %d ends at offset %d; batches at offsets %d..%d after a hole "
+                    "were dropped", stream_id, st.next_offset, low, high - 1)
 
     def _delete_orphans(self) -> int:
         """Delete objects an interrupted upload wrote but never committed, and the pieces of cut-off puts."""

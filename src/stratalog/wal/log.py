@@ -445,7 +445,12 @@ class WriteAheadLog:
         with self._sync_lock:
             if self._failure is not None:
                 raise self._failure
-            self._device.sync()
+            try:
+                self._device.sync()
+            except BaseException as e:
+                # Recorded before the lock is released, so no other thread's sync can succeed in between.
+                self._fail(e, "syncing the device")
+                raise
 
     def _complete_in_order(self) -> None:
         with self._complete_lock:
