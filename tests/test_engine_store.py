@@ -9,6 +9,7 @@ import pytest
 
 from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.engine.batch import NewRecord
+from stratalog.engine.blockcache import BlockCache
 from stratalog.engine.manifest import read_manifest
 from stratalog.engine.metadata import NewObject, UnknownStreamError
 from stratalog.engine.objformat import ObjectBuilder, StreamBatch
@@ -59,6 +60,67 @@ def test_flush_moves_data_to_objects_and_cold_reads_match(tmp_path: Path) -> Non
         assert [(r.offset, r.key, r.value, r.timestamp_ms, r.headers) for r in got] == [
             (i, b"k%d" % i, b"v%d" % i, 1000 + i, (("h", b"x"),)) for i in range(150, 155)]
         assert mem.gets > 0
+
+
+def test_sequential_cold_reads_read_ahead_within_the_block_cache_bound(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    cache_max = 5 << 19  # 2.5 MiB: two of the ~1 MiB data blocks and a bit
+    with open_store(tmp_path, mem, block_cache_bytes_max=cache_max) as store:
+        s = store.create_stream("s")
+        value = bytes(range(256)) * 256  # 64 KiB
+        for i in range(128):
+            s.append([i.to_bytes(4, "big") + value])
+            if i % 16 == 15:
+                store.flush()
+        data_bytes = sum(len(v) for k, v in mem.objects.items() if k.startswith(DATA_PREFIX))
+        got: list[int] = []
+        pos = 0
+        while pos < s.end_offset:
+            batch = s.fetch(pos, max_bytes=200 << 10)
+            got.extend(int.from_bytes(r.value[:4], "big") for r in batch)
+            assert all(r.value[4:] == value for r in batch)
+            assert store.stats()["block_cache_bytes"] <= cache_max
+            pos = batch[-1].offset + 1
+        assert got == list(range(128))
+        stats = store._blocks.stats
+        assert stats.readahead_blocks > 0, "a sequential reader got no readahead"
+        assert stats.fetched_bytes <= data_bytes * 1.1, "blocks fetched ahead were evicted before they were read"
+
+
+def test_blocks_read_to_the_end_are_evicted_first(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem) as store:
+        s = store.create_stream("s")
+        for i in range(4):
+            s.append([bytes([i]) * (200 << 10)])
+            store.flush()
+        rows = store.metadata.ranges(s.stream_id, 0, limit=4)
+        assert len(rows) == 4
+        cache = BlockCache(mem, bytes_max=sum(r.size_bytes for r in rows[:3]))
+        cache.get(rows[0])
+        cache.get(rows[1])
+        cache.release(rows[1])  # read to its end: goes before rows[0], although rows[0] is older
+        cache.get(rows[2])
+        cache.get(rows[3])
+        gets = mem.gets
+        cache.get(rows[0])
+        assert mem.gets == gets, "an unread block was evicted before a released one"
+        cache.get(rows[1])
+        assert mem.gets == gets + 1
+        cache.close()
+
+
+def test_a_quiet_store_uploads_after_upload_interval(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem, upload_interval_s=0.2) as store:
+        s = store.create_stream("s")
+        time.sleep(0.5)  # the uploader goes to sleep with nothing cached
+        s.append([b"lonely"]).result()
+        deadline = time.monotonic() + 10
+        while store.stats()["log_cache_bytes"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.stats()["log_cache_bytes"] == 0, "a quiet store kept its data out of objects"
+        assert any(k.startswith(DATA_PREFIX) for k in mem.objects)
 
 
 def test_fetch_respects_max_bytes_but_returns_at_least_one_record(tmp_path: Path) -> None:

@@ -140,7 +140,9 @@ def check_batch(buf: bytes | memoryview, pos: int = 0) -> BatchInfo:
     """The header of the batch at ``buf[pos:]``, after checking its CRC."""
     info = read_batch_info(buf, pos)
     crc = BATCH_HEADER.unpack_from(buf, pos)[-1]
-    if crc32c(buf[pos + BATCH_HEADER_BYTES:pos + info.batch_bytes]) != crc:
+    with memoryview(buf) as view:
+        ok = crc32c(view[pos + BATCH_HEADER_BYTES:pos + info.batch_bytes]) == crc
+    if not ok:
         raise CorruptBatchError(f"batch of stream {info.stream_id} at offset {info.base_offset}: bad CRC")
     return info
 

@@ -2,7 +2,8 @@
 
 Cold reads go through here. A block is fetched once even when several readers want it at the same time,
 checked against its CRC before anyone sees it, and kept in LRU order within ``bytes_max``. Sequential
-readers get readahead: the store asks for the next blocks before the reader does.
+readers get readahead: the store asks for the next blocks before the reader does, and releases
+each block it has read to the end, which then goes first when room is needed (freed after read).
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ class BlockCache:
                 self._inflight[key] = future
                 self.stats.readahead_blocks += 1
             self._pool.submit(self._load, key, row, future)
+
+    def release(self, row: RangeRow) -> None:
+        """A sequential reader has read this block to its end: evict it before blocks not yet read."""
+        with self._lock:
+            key = (row.key, row.position)
+            if key in self._lru:
+                self._lru.move_to_end(key, last=False)
 
     def _load(self, key: _Key, row: RangeRow, future: Future[bytes]) -> None:
         try:

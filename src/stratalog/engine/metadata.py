@@ -325,10 +325,14 @@ class Metadata:
         """Blocks of ``stream_id`` overlapping ``[start_offset, end_offset)``, in offset order."""
         end = end_offset if end_offset is not None else 1 << 62
         with self._lock:
+            # A stream's blocks tile its offsets without overlap, so the one holding start_offset has the
+            # largest start at or below it: seek there on the primary key instead of scanning from 0.
             rows = self._db.execute(
                 f"SELECT {_RANGE_COLUMNS} FROM ranges r JOIN objects o USING (object_id) "
-                "WHERE r.stream_id = ? AND r.end_offset > ? AND r.start_offset < ? "
-                "ORDER BY r.start_offset LIMIT ?", (stream_id, start_offset, end, limit)).fetchall()
+                "WHERE r.stream_id = ? AND r.start_offset >= COALESCE((SELECT MAX(start_offset) FROM ranges "
+                "WHERE stream_id = ? AND start_offset <= ?), 0) AND r.end_offset > ? AND r.start_offset < ? "
+                "ORDER BY r.start_offset LIMIT ?",
+                (stream_id, stream_id, start_offset, start_offset, end, limit)).fetchall()
         return [RangeRow(*r) for r in rows]
 
     def first_range_at_or_after_time(self, stream_id: int, timestamp_ms: int) -> RangeRow | None:

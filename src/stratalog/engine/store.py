@@ -23,12 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from stratalog.engine.batch import NewRecord, Record, check_batch, decode_records, encode_batch, record_timestamps
+from stratalog.engine.batch import (
+    BatchInfo,
+    NewRecord,
+    Record,
+    check_batch,
+    decode_records,
+    encode_batch,
+    read_batch_info,
+    record_timestamps,
+)
 from stratalog.engine.blockcache import BlockCache
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import ManifestPublisher
 from stratalog.engine.metadata import Metadata, NewObject, StreamMeta, UnknownStreamError
-from stratalog.engine.objformat import ObjectBuilder, StreamBatch
+from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError
 from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore
@@ -184,6 +193,10 @@ class StreamStore:
         # its own sequence number and manifests go out in commit order.
         self._commit_lock = threading.RLock()
         self._blocks = BlockCache(objects, config.block_cache_bytes_max, config.block_cache_io_threads)
+        # Readahead never asks for more than half the block cache, or blocks fetched ahead would evict
+        # each other before the reader gets to them.
+        self._readahead_blocks_max = max(1, min(config.readahead_blocks_max,
+                                                config.block_cache_bytes_max // (2 * DATA_BLOCK_BYTES_TARGET)))
         self._last_retention = time.monotonic()
         for sm in self._meta.streams():
             self._add_state(sm)
@@ -303,6 +316,8 @@ class StreamStore:
             entry = _Entry(st.next_offset, len(records), data, max_ts, res.offset, time.monotonic())
             st.next_offset += len(records)
             st.cache.append(entry)
+            if not self._cached:
+                self._cond.notify_all()  # the uploader sleeps without an upload deadline while nothing is cached
             self._cached[st.stream_id] = st
             self._cache_bytes += len(data)
             self._last_wal_future = res.future
@@ -340,14 +355,15 @@ class StreamStore:
                 return out
         pos = max(start, committed)
         for entry in tail:
-            if not self._take(entry.data, 0, pos, stop, out, budget):
+            # Log-cache batches were encoded here or CRC-checked when the WAL was replayed.
+            if not self._take(entry.data, 0, read_batch_info(entry.data), pos, stop, out, budget):
                 break
             pos = entry.end_offset
         return out
 
-    def _take(self, buf: bytes, at: int, start: int, stop: int, out: list[Record], budget: list[int]) -> bool:
-        """Decode the batch at ``buf[at:]`` into ``out``; False once ``stop`` or the byte budget is reached."""
-        info = check_batch(buf, at)
+    def _take(self, buf: bytes, at: int, info: BatchInfo, start: int, stop: int, out: list[Record],
+              budget: list[int]) -> bool:
+        """Decode the batch ``info`` at ``buf[at:]`` into ``out``; False once ``stop`` or the budget is reached."""
         for rec in decode_records(buf, at, info, start):
             if rec.offset >= stop or (budget[0] <= 0 and out):
                 return False
@@ -358,24 +374,27 @@ class StreamStore:
     def _fetch_cold(self, st: _StreamState, start: int, stop: int, out: list[Record], budget: list[int]) -> None:
         pos = start
         sequential = st.read_next == start
-        st.readahead_blocks = min(st.readahead_blocks * 2, self._config.readahead_blocks_max) if sequential else 1
+        st.readahead_blocks = min(st.readahead_blocks * 2, self._readahead_blocks_max) if sequential else 1
+        ahead = st.readahead_blocks if sequential else 0
         while pos < stop:
-            rows = self._meta.ranges(st.stream_id, pos, stop, limit=4)
+            # The block to read now and, for a sequential reader, the ones to fetch ahead: one query.
+            rows = self._meta.ranges(st.stream_id, pos, stop, limit=1 + ahead)
             if not rows:
                 break
-            for i, row in enumerate(rows):
-                if i == 0 and sequential:
-                    self._blocks.prefetch(self._meta.ranges(st.stream_id, row.end_offset, stop,
-                                                            limit=st.readahead_blocks))
-                block = self._blocks.get(row)
-                at = 0
-                while at < len(block):
-                    info = check_batch(block, at)
-                    if info.end_offset > pos and not self._take(block, at, pos, stop, out, budget):
-                        st.read_next = out[-1].offset + 1 if out else pos
-                        return
-                    at += info.batch_bytes
-                pos = row.end_offset
+            if ahead:
+                self._blocks.prefetch(rows[1:])
+            row = rows[0]
+            block = self._blocks.get(row)  # its CRC, which covers every batch in it, is checked
+            at = 0
+            while at < len(block):
+                info = read_batch_info(block, at)
+                if info.end_offset > pos and not self._take(block, at, info, pos, stop, out, budget):
+                    st.read_next = out[-1].offset + 1 if out else pos
+                    return
+                at += info.batch_bytes
+            pos = row.end_offset
+            if sequential:
+                self._blocks.release(row)  # read to its end: first to go when room is needed
         st.read_next = pos
 
     def _offset_for_timestamp(self, st: _StreamState, timestamp_ms: int) -> int | None:
@@ -388,7 +407,7 @@ class StreamStore:
             block = self._blocks.get(row)
             at = 0
             while at < len(block):
-                info = check_batch(block, at)
+                info = read_batch_info(block, at)
                 for offset, ts in record_timestamps(block, at, info):
                     if ts >= timestamp_ms and offset >= low:
                         return offset
