@@ -87,6 +87,26 @@ def test_sequential_cold_reads_read_ahead_within_the_block_cache_bound(tmp_path:
         assert stats.fetched_bytes <= data_bytes * 1.1, "blocks fetched ahead were evicted before they were read"
 
 
+def test_cold_reads_are_held_to_cold_read_bytes_per_s_max(tmp_path: Path) -> None:
+    mem = MemoryStore()
+    with open_store(tmp_path, mem, cold_read_bytes_per_s_max=4 << 20) as store:
+        s = store.create_stream("s")
+        for _ in range(16):
+            s.append([b"x" * (128 << 10)])
+        store.flush()
+        s.fetch(0, max_bytes=1)  # the first fetch is never held: it starts the clock
+        started = time.monotonic()
+        pos, fetches = 1, 0
+        while pos < s.end_offset:
+            pos = s.fetch(pos, max_bytes=256 << 10)[-1].offset + 1
+            fetches += 1
+        # 15 x 128 KiB at 4 MiB/s: at least 0.47 s however fast the reads themselves are.
+        assert fetches >= 7
+        assert time.monotonic() - started >= 15 * (128 << 10) / (4 << 20) * 0.9
+    with pytest.raises(ValueError, match="cold_read_bytes_per_s_max"):
+        small_store_config(cold_read_bytes_per_s_max=0).validate()
+
+
 def test_blocks_read_to_the_end_are_evicted_first(tmp_path: Path) -> None:
     mem = MemoryStore()
     with open_store(tmp_path, mem) as store:

@@ -106,10 +106,13 @@ class CatchupBenchPlan:
     #: True: drop the local store's object files from the page cache before each read phase (reads go
     #: to the disk); False: leave them there (reads cost CPU only, which isolates CPU from disk effects).
     drop_page_cache: bool = True
+    #: StoreConfig.cold_read_bytes_per_s_max for the catch-up phases (None: unlimited).
+    cold_read_bytes_per_s_max: int | None = None
 
     def store_config(self) -> StoreConfig:
         base = StoreConfig()
-        return replace(base, wal=replace(base.wal, fsync=self.fsync))
+        return replace(base, wal=replace(base.wal, fsync=self.fsync),
+                       cold_read_bytes_per_s_max=self.cold_read_bytes_per_s_max)
 
 
 # The backlog -----------------------------------------------------------------------------------------
@@ -565,5 +568,6 @@ def _settings(plan: CatchupBenchPlan) -> dict[str, Any]:
         "block_cache_bytes_max": config.block_cache_bytes_max,
         "block_cache_io_threads": config.block_cache_io_threads,
         "readahead_blocks_max": config.readahead_blocks_max,
+        "cold_read_bytes_per_s_max": config.cold_read_bytes_per_s_max,
         "dir": str(plan.dir_path),
     }

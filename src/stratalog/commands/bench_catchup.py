@@ -58,9 +58,11 @@ def _print_idle_windows(console: Console, doc: dict[str, Any]) -> None:
 
 def _read_table(doc: dict[str, Any]) -> Table:
     read, raw = doc["catchup_read"], doc["raw_ranged_get"]
-    out = table(f"Catch-up read of a cold backlog ({read['block_bytes'] / MIB_BYTES:,.0f} MiB of blocks) vs "
-                f"the object store's raw {raw['get_bytes'] >> 20} MiB ranged gets of the same bytes; object "
-                f"store: {doc['object_store'].split('?')[0]}, page cache: {doc['page_cache']}",
+    limit = doc["settings"]["cold_read_bytes_per_s_max"]
+    held = "no limit" if limit is None else f"held to {limit / MIB_BYTES:,.0f} MiB/s"
+    out = table(f"Catch-up read of a cold backlog ({read['block_bytes'] / MIB_BYTES:,.0f} MiB of blocks, cold "
+                f"reads {held}) vs the object store's raw {raw['get_bytes'] >> 20} MiB ranged gets of the same "
+                f"bytes; object store: {doc['object_store'].split('?')[0]}, page cache: {doc['page_cache']}",
                 ("reader", "fsync", "seconds", "MiB/s", "payload MiB/s", "fetches / gets"),
                 left=("reader", "fsync"))
     out.add_row("consumer: fetch(max_bytes=1 MiB), while producing", doc["fsync"], f"{read['seconds']:.2f}",
@@ -125,6 +127,9 @@ def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> No
 @click.option("--reference-threads", type=click.IntRange(2, 64), default=StoreConfig().block_cache_io_threads,
               show_default=True, help="Threads of the parallel raw-get reference (the block cache's I/O "
                                       "threads by default).")
+@click.option("--cold-read-mib-per-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Hold cold reads to this rate (StoreConfig.cold_read_bytes_per_s_max) [default: no limit]: "
+                   "trades catch-up speed for produce latency.")
 @click.option("--dir", "dir_path", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the store goes [default: a temporary directory under the current directory].")
 @click.option("--quick", is_flag=True, help=f"A {BACKLOG_MIB_QUICK} MiB backlog and a {SECONDS_QUICK:g} s idle "
@@ -133,7 +138,7 @@ def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> No
               help="Also write the figures as JSON here.")
 def catchup(backlog_mib: int | None, rate: float, producers: int, seconds: float | None,
             object_store: str | None, fsync: str, page_cache: str, reference_threads: int,
-            dir_path: Path | None, quick: bool, json_path: Path | None) -> None:
+            cold_read_mib_per_s: float | None, dir_path: Path | None, quick: bool, json_path: Path | None) -> None:
     """Produce latency while a consumer catches up on a cold backlog, and the catch-up read rate.
 
     Builds a backlog of 4 KiB records in objects, reopens the store (empty block cache), then runs
@@ -154,6 +159,7 @@ def catchup(backlog_mib: int | None, rate: float, producers: int, seconds: float
             fsync=FsyncPolicy(fsync),
             reference_threads=reference_threads,
             drop_page_cache=page_cache == "drop",
+            cold_read_bytes_per_s_max=None if cold_read_mib_per_s is None else int(cold_read_mib_per_s * MIB_BYTES),
         )
         print_machine(console, target_dir)
         if object_store:

@@ -25,6 +25,10 @@ class StoreConfig:
     block_cache_bytes_max: int = 128 << 20
     readahead_blocks_max: int = 8
     block_cache_io_threads: int = 4
+    #: Bytes per second that cold reads (from objects) may return, all readers together; None: no limit.
+    #: A catch-up reader takes CPU the producers need (on 2 vCPUs their p99 doubled at 200 MiB/s and
+    #: rose 4-9x unlimited: BENCHMARKS.md); a limit trades catch-up speed for produce latency.
+    cold_read_bytes_per_s_max: int | None = None
     #: How long an append waits for room (log cache or WAL) before raising BackpressureError.
     append_wait_s_max: float = 30.0
     #: Uploads retry a failed object-store or metadata step this many times, backing off, before the
@@ -43,6 +47,8 @@ class StoreConfig:
             raise ValueError("upload_bytes_threshold must not exceed log_cache_bytes_max")
         if self.log_cache_bytes_max < self.wal.record_bytes_max:
             raise ValueError("log_cache_bytes_max must hold the largest batch (wal.record_bytes_max)")
+        if self.cold_read_bytes_per_s_max is not None and self.cold_read_bytes_per_s_max <= 0:
+            raise ValueError("cold_read_bytes_per_s_max must be positive (or None for no limit)")
         if self.upload_attempts_max < 1:
             raise ValueError("upload_attempts_max must be >= 1")
         self.wal.validate(self.wal_capacity_bytes - 8192)

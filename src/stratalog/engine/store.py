@@ -103,6 +103,26 @@ class _StreamState:
     readahead_blocks: int = 1
 
 
+class _Pacer:
+    """Holds callers to a byte rate. ``take`` is called after reading ``nbytes``: it books them on a shared
+    clock that advances ``nbytes / rate`` per call (from no earlier than the time they took to read) and
+    sleeps until it, so a reader slower than the rate never waits and a faster one is held to it."""
+
+    def __init__(self, bytes_per_s: int) -> None:
+        self._seconds_per_byte = 1.0 / bytes_per_s
+        self._lock = threading.Lock()
+        self._booked_until = 0.0
+
+    def take(self, nbytes: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            cost_s = nbytes * self._seconds_per_byte
+            self._booked_until = max(self._booked_until, now - cost_s) + cost_s
+            wait_s = self._booked_until - now
+        if wait_s > 0:
+            time.sleep(wait_s)
+
+
 @dataclass(slots=True)
 class RecoveryReport:
     wal_records: int = 0
@@ -193,6 +213,8 @@ class StreamStore:
         # its own sequence number and manifests go out in commit order.
         self._commit_lock = threading.RLock()
         self._blocks = BlockCache(objects, config.block_cache_bytes_max, config.block_cache_io_threads)
+        limit = config.cold_read_bytes_per_s_max
+        self._cold_pacer = _Pacer(limit) if limit is not None else None
         # Readahead never asks for more than half the block cache, or blocks fetched ahead would evict
         # each other before the reader gets to them.
         self._readahead_blocks_max = max(1, min(config.readahead_blocks_max,
@@ -351,6 +373,8 @@ class StreamStore:
         budget = [max_bytes]
         if start < committed and start < stop:
             self._fetch_cold(st, start, min(stop, committed), out, budget)
+            if self._cold_pacer is not None:
+                self._cold_pacer.take(max_bytes - budget[0])
             if budget[0] <= 0:
                 return out
         pos = max(start, committed)
