@@ -181,14 +181,15 @@ def decode_records(buf: bytes | memoryview, pos: int, info: BatchInfo,
         p += value_bytes
         headers: tuple[tuple[str, bytes | None], ...] = ()
         if header_count:
-            headers, p = _decode_headers(view, p, header_count)
+            headers, p = decode_headers(view, p, header_count)
         if p != next_at or next_at > end:
             raise CorruptBatchError(f"record {offset}: its parts do not add up to its length")
         yield Record(offset, ts, key, value, headers)
         at = next_at
 
 
-def _decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+def decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    """``count`` record headers encoded at ``view[p:]`` and the position after them (see object.md)."""
     out = []
     for _ in range(count):
         (name_bytes,) = _HEADER_NAME.unpack_from(view, p)

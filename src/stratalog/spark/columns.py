@@ -22,8 +22,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from stratalog.engine.batch import BATCH_HEADER_BYTES, RECORD_HEAD, read_batch_info
-from stratalog.engine.batch import _decode_headers as decode_headers  # the format's own header decoder
+from stratalog.engine.batch import BATCH_HEADER_BYTES, RECORD_HEAD, decode_headers, read_batch_info
 
 #: The data source's schema, as Spark DDL and as a StructType (which needs no JVM to build).
 SCHEMA_DDL = "stream string, offset bigint, timestamp timestamp, key binary, value binary"
