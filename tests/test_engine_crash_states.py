@@ -471,6 +471,16 @@ class Scenario:
             check_state(state, self.known, self.tally, self.dirs, self.config)
 
 
+def assert_contract_kept(tally: Tally) -> None:
+    assert tally.acknowledged_lost == 0
+    assert tally.duplicates == 0
+    assert tally.gaps == 0
+    assert tally.corrupt_returned == 0
+    assert tally.start_out_of_bounds == 0
+    assert tally.orphans_left == 0
+    assert tally.ranges_without_object == 0
+
+
 @pytest.mark.slow
 def test_crash_states_of_the_engine_lose_nothing_acknowledged(tmp_path: Path) -> None:
     tally = Tally()
@@ -486,13 +496,7 @@ def test_crash_states_of_the_engine_lose_nothing_acknowledged(tmp_path: Path) ->
     assert tally.orphans_deleted > 0, "no state left an orphan object: the cleanup is not exercised"
     assert tally.batches_already_in_objects > 0, "no state crashed between a commit and its WAL trim"
     assert tally.stream_trims > 20
-    assert tally.acknowledged_lost == 0
-    assert tally.duplicates == 0
-    assert tally.gaps == 0
-    assert tally.corrupt_returned == 0
-    assert tally.start_out_of_bounds == 0
-    assert tally.orphans_left == 0
-    assert tally.ranges_without_object == 0
+    assert_contract_kept(tally)
 
 
 # Faults while running ---------------------------------------------------------------------------------
@@ -500,16 +504,6 @@ def test_crash_states_of_the_engine_lose_nothing_acknowledged(tmp_path: Path) ->
 EIO_SEEDS = 40
 #: Appends tried after the fault is armed; the fault lands within its first few WAL writes or syncs.
 APPENDS_AFTER_FAULT_MAX = 200
-
-
-def assert_contract_kept(tally: Tally) -> None:
-    assert tally.acknowledged_lost == 0
-    assert tally.duplicates == 0
-    assert tally.gaps == 0
-    assert tally.corrupt_returned == 0
-    assert tally.start_out_of_bounds == 0
-    assert tally.orphans_left == 0
-    assert tally.ranges_without_object == 0
 
 
 def start_scenario(seed: int, tally: Tally, dirs: Dirs, streams: int = 3,

@@ -218,22 +218,7 @@ class Metadata:
         """Register uploaded objects and move each stream's committed end past their blocks."""
         now = int(time.time() * 1000)
         with self._tx() as db:
-            for obj in objects:
-                db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
-                           (obj.object_id, obj.key, obj.size_bytes, now))
-                for b in obj.blocks:
-                    end = db.execute("SELECT committed_end_offset FROM streams WHERE stream_id = ?",
-                                     (b.stream_id,)).fetchone()
-                    if end is None or end[0] != b.start_offset:
-                        raise ValueError(
-                            f"stream {b.stream_id}: block at {b.start_offset} does not follow the committed "
-                            f"end {None if end is None else end[0]}"
-                        )
-                    db.execute("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                               (b.stream_id, b.start_offset, b.end_offset, obj.object_id, b.position,
-                                b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
-                    db.execute("UPDATE streams SET committed_end_offset = ?, committed_bytes = committed_bytes"
-                               " + ? WHERE stream_id = ?", (b.end_offset, b.size_bytes, b.stream_id))
+            _append_objects(db, objects, now)
             return self._bump_seq(db)
 
     def replace_objects(self, old_object_ids: Sequence[int], new_objects: Sequence[NewObject]) -> int:
@@ -279,23 +264,7 @@ class Metadata:
                     return None
                 db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                            (marker_key, marker_value))
-            # The same steps as commit_objects, inside this transaction.
-            for obj in objects:
-                db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
-                           (obj.object_id, obj.key, obj.size_bytes, now))
-                for b in obj.blocks:
-                    end = db.execute("SELECT committed_end_offset FROM streams WHERE stream_id = ?",
-                                     (b.stream_id,)).fetchone()
-                    if end is None or end[0] != b.start_offset:
-                        raise ValueError(
-                            f"stream {b.stream_id}: block at {b.start_offset} does not follow the committed "
-                            f"end {None if end is None else end[0]}"
-                        )
-                    db.execute("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                               (b.stream_id, b.start_offset, b.end_offset, obj.object_id, b.position,
-                                b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
-                    db.execute("UPDATE streams SET committed_end_offset = ?, committed_bytes = committed_bytes"
-                               " + ? WHERE stream_id = ?", (b.end_offset, b.size_bytes, b.stream_id))
+            _append_objects(db, objects, now)
             return self._bump_seq(db)
 
     def objects(self) -> list[ObjectMeta]:
@@ -368,6 +337,26 @@ class Metadata:
             rows = self._db.execute("SELECT end_offset, max_timestamp_ms, size_bytes FROM ranges "
                                     "WHERE stream_id = ? ORDER BY start_offset", (stream_id,)).fetchall()
         return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
+def _append_objects(db: sqlite3.Connection, objects: Sequence[NewObject], now_ms: int) -> None:
+    """Register objects whose blocks extend their streams, each block starting at its stream's committed end."""
+    for obj in objects:
+        db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
+                   (obj.object_id, obj.key, obj.size_bytes, now_ms))
+        for b in obj.blocks:
+            end = db.execute("SELECT committed_end_offset FROM streams WHERE stream_id = ?",
+                             (b.stream_id,)).fetchone()
+            if end is None or end[0] != b.start_offset:
+                raise ValueError(
+                    f"stream {b.stream_id}: block at {b.start_offset} does not follow the committed "
+                    f"end {None if end is None else end[0]}"
+                )
+            db.execute("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (b.stream_id, b.start_offset, b.end_offset, obj.object_id, b.position,
+                        b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
+            db.execute("UPDATE streams SET committed_end_offset = ?, committed_bytes = committed_bytes"
+                       " + ? WHERE stream_id = ?", (b.end_offset, b.size_bytes, b.stream_id))
 
 
 def _coverage(rows: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
