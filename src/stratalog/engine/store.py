@@ -10,13 +10,14 @@ metadata says is already in objects, and deletes objects that no commit refers t
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import functools
 import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from stratalog.engine.batch import (
 from stratalog.engine.blockcache import BlockCache
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import ManifestPublisher
-from stratalog.engine.metadata import Metadata, NewObject, StreamMeta, UnknownStreamError
+from stratalog.engine.metadata import Metadata, NewObject, RangeRow, StreamMeta, UnknownStreamError
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError
 from stratalog.io.device import Device
@@ -121,6 +122,43 @@ class _Pacer:
             wait_s = self._booked_until - now
         if wait_s > 0:
             time.sleep(wait_s)
+
+
+class _RangeRowCache:
+    """The next blocks of streams being read cold, so a sequential reader asks the metadata once per
+    ``rows_per_query`` blocks rather than once per block. Bounded in streams; emptied when objects are
+    replaced (compaction), since rows may then name objects on their way out."""
+
+    def __init__(self, meta: Metadata, streams_max: int = 4096, rows_per_query: int = 32) -> None:
+        self._meta = meta
+        self._streams_max = streams_max
+        self._rows_per_query = rows_per_query
+        self._lock = threading.Lock()
+        self._rows: OrderedDict[int, list[RangeRow]] = OrderedDict()
+        self._epoch = 0
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._epoch += 1
+            self._rows.clear()
+
+    def rows(self, stream_id: int, pos: int, want: int) -> list[RangeRow]:
+        """Up to ``want`` blocks of ``stream_id`` in offset order, the first holding offset ``pos``."""
+        with self._lock:
+            rows = self._rows.get(stream_id)
+            epoch = self._epoch
+        if rows:
+            i = bisect.bisect_right(rows, pos, key=lambda r: r.end_offset)  # first block ending past pos
+            if len(rows) - i >= want and rows[i].start_offset <= pos:
+                return rows[i:i + want]
+        fresh = self._meta.ranges(stream_id, pos, limit=max(want, self._rows_per_query))
+        with self._lock:
+            if epoch == self._epoch:
+                self._rows[stream_id] = fresh
+                self._rows.move_to_end(stream_id)
+                while len(self._rows) > self._streams_max:
+                    self._rows.popitem(last=False)
+        return fresh[:want]
 
 
 @dataclass(slots=True)
@@ -213,6 +251,7 @@ class StreamStore:
         # its own sequence number and manifests go out in commit order.
         self._commit_lock = threading.RLock()
         self._blocks = BlockCache(objects, config.block_cache_bytes_max, config.block_cache_io_threads)
+        self._cold_rows = _RangeRowCache(self._meta)
         limit = config.cold_read_bytes_per_s_max
         self._cold_pacer = _Pacer(limit) if limit is not None else None
         # Readahead never asks for more than half the block cache, or blocks fetched ahead would evict
@@ -388,12 +427,16 @@ class StreamStore:
     def _take(self, buf: bytes, at: int, info: BatchInfo, start: int, stop: int, out: list[Record],
               budget: list[int]) -> bool:
         """Decode the batch ``info`` at ``buf[at:]`` into ``out``; False once ``stop`` or the budget is reached."""
-        for rec in decode_records(buf, at, info, start):
-            if rec.offset >= stop or (budget[0] <= 0 and out):
-                return False
-            out.append(rec)
-            budget[0] -= len(rec.value) + (len(rec.key) if rec.key else 0)
-        return budget[0] > 0
+        left = budget[0]
+        try:
+            for rec in decode_records(buf, at, info, start):
+                if rec.offset >= stop or (left <= 0 and out):
+                    return False
+                out.append(rec)
+                left -= len(rec.value) + (len(rec.key) if rec.key else 0)
+            return left > 0
+        finally:
+            budget[0] = left
 
     def _fetch_cold(self, st: _StreamState, start: int, stop: int, out: list[Record], budget: list[int]) -> None:
         pos = start
@@ -401,8 +444,8 @@ class StreamStore:
         st.readahead_blocks = min(st.readahead_blocks * 2, self._readahead_blocks_max) if sequential else 1
         ahead = st.readahead_blocks if sequential else 0
         while pos < stop:
-            # The block to read now and, for a sequential reader, the ones to fetch ahead: one query.
-            rows = self._meta.ranges(st.stream_id, pos, stop, limit=1 + ahead)
+            # The block to read now and, for a sequential reader, the ones to fetch ahead.
+            rows = self._cold_rows.rows(st.stream_id, pos, 1 + ahead)
             if not rows:
                 break
             if ahead:
@@ -497,6 +540,7 @@ class StreamStore:
         """Compaction's primitive: swap objects in metadata atomically; old ones go after the grace period."""
         with self._commit_lock:
             seq = self._meta.replace_objects(old_object_ids, new_objects)
+            self._cold_rows.invalidate()
             self._publish([], snapshot=True)
         return seq
 
