@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import pickle
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringStartsWith
+from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, StringStartsWith
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from enginekit import MemoryStore, small_store_config
@@ -126,6 +127,31 @@ def test_pushed_filters_keep_what_they_cannot_apply() -> None:
     assert kept == [StringStartsWith(("stream",), "a"), EqualTo(("value",), b"x")]
     assert pushed.labels == frozenset({"a"})
     assert pushed.offsets == OffsetRange(5, 9)
+
+
+def test_a_time_bound_skips_blocks_whose_newest_record_is_older() -> None:
+    manifest = synthetic_manifest({1: 500})
+    newest = [10, 50, 20, 60, 70]  # max timestamp of each 100-row block
+    manifest.blocks[1] = [BlockRef(r.key, BlockEntry(1, r.entry.start_offset, r.entry.end_offset, r.entry.position,
+                                                     r.entry.size_bytes, r.entry.record_count, ts, 0))
+                          for r, ts in zip(manifest.blocks[1], newest, strict=True)]
+    parts = plan_partitions(manifest, [1], time_from_ms=40)
+    assert covered(parts) == {1: [(100, 200), (300, 500)]}  # one slice per run of kept blocks
+    assert covered(plan_partitions(manifest, [1], time_from_ms=71)) == {}
+    assert covered(plan_partitions(manifest, [1])) == {1: [(0, 500)]}
+
+
+def test_timestamp_filters_give_a_bound_and_stay_with_spark() -> None:
+    at = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    at_ms = 1_704_067_200_000
+    pushed = PushedFilters()
+    assert not pushed.take(GreaterThanOrEqual(("timestamp",), at))
+    assert pushed.time_from_ms == at_ms
+    assert not pushed.take(GreaterThan(("timestamp",), at + datetime.timedelta(milliseconds=5)))
+    assert pushed.time_from_ms == at_ms + 5  # the tighter of the two
+    assert not pushed.take(LessThan(("timestamp",), at + datetime.timedelta(days=1)))
+    assert not pushed.take(GreaterThan(("timestamp",), datetime.datetime(2030, 1, 1)))  # naive: ignored
+    assert pushed.time_from_ms == at_ms + 5
 
 
 def test_arrow_schema_is_what_spark_expects() -> None:

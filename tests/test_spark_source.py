@@ -91,6 +91,23 @@ def test_filters_on_stream_and_offset_narrow_the_read(spark: Any, place: Place) 
     assert reader(spark, place, streams="s1").count() == 400
 
 
+def test_a_timestamp_filter_skips_older_blocks_and_returns_exactly_the_newer_rows(spark: Any,
+                                                                                      tmp_path: Path) -> None:
+    place = Place(tmp_path / "d", str(tmp_path / "objects"))
+    store = place.open()
+    s = store.create_stream("t")
+    base_ms = 1_700_000_000_000
+    for block in range(4):  # four blocks, each 100 records a second newer than the last
+        s.append([NewRecord(b"v", timestamp_ms=base_ms + 1000 * block + j) for j in range(100)]).result()
+        store.flush()
+    store.close()
+    df = reader(spark, place, rowsPerPartition="100")
+    assert df.rdd.getNumPartitions() == 4
+    newer = df.where(f"timestamp >= timestamp_millis({base_ms + 2050})")
+    assert newer.rdd.getNumPartitions() == 2, "blocks older than the bound were planned"
+    assert sorted(r.offset for r in newer.collect()) == list(range(250, 400))
+
+
 def test_batch_write_appends_with_dense_offsets(spark: Any, place: Place) -> None:
     store = place.open()
     fill(store, streams=1, records=100)

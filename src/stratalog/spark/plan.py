@@ -109,8 +109,11 @@ def filter_by_label(manifest: Manifest, stream_ids: Iterable[int], labels: froze
 def plan_partitions(manifest: Manifest, stream_ids: Sequence[int], offsets: OffsetRange = OffsetRange(),
                     rows_max: int = ROWS_PER_PARTITION, bytes_max: int = BYTES_PER_PARTITION,
                     ends: dict[int, int] | None = None, starts: dict[int, int] | None = None,
-                    ) -> list[ReadPartition]:
+                    time_from_ms: int | None = None) -> list[ReadPartition]:
     """Pack the committed data of ``stream_ids`` within ``offsets`` into partitions of bounded size.
+
+    ``time_from_ms`` leaves out blocks whose newest record is older (a pushed-down ``timestamp >=``
+    filter, which Spark still applies to the rows of the blocks kept).
 
     ``starts`` / ``ends`` narrow single streams further (a streaming micro-batch reads each stream from
     where the last one stopped). A partition closes before a block that would take it past ``rows_max``
@@ -139,6 +142,11 @@ def plan_partitions(manifest: Manifest, stream_ids: Sequence[int], offsets: Offs
         for ref in manifest.blocks.get(stream_id, ()):
             entry = ref.entry
             if entry.end_offset <= window.start or entry.start_offset >= window.end:
+                continue
+            if time_from_ms is not None and entry.max_timestamp_ms < time_from_ms:
+                if run:  # a slice covers contiguous blocks: close it before the gap
+                    current.append(_slice(stream_id, label, run, window))
+                    run = []
                 continue
             block_rows = min(entry.end_offset, window.end) - max(entry.start_offset, window.start)
             if rows and (rows >= rows_even or rows + block_rows > rows_max or size + entry.size_bytes > bytes_max):

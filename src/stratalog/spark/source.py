@@ -20,10 +20,13 @@ Options (all strings, as Spark passes them):
 The driver reads the manifest once and plans partitions (:mod:`stratalog.spark.plan`); each task reads
 its blocks from the object store directly (:mod:`stratalog.spark.reader`). Filters ``stream = x``,
 ``stream IN (...)`` and comparisons of ``offset`` with a constant are pushed down and applied exactly.
+``timestamp >=`` / ``>`` / ``=`` a constant skips blocks whose newest record is older; Spark still
+filters the rows of the blocks read (a stream's timestamps need not grow with its offsets).
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -126,6 +129,7 @@ class StratalogDataSource(DataSource):
         return StratalogStreamWriter(self._options(), schema, overwrite)
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 #: Columns the source never leaves null (only ``key`` may be null).
 _NEVER_NULL = frozenset({("stream",), ("offset",), ("timestamp",), ("value",)})
 
@@ -136,6 +140,8 @@ class PushedFilters:
     def __init__(self) -> None:
         self.labels: frozenset[str] | None = None
         self.offsets = OffsetRange()
+        #: Blocks whose newest record is older than this (ms since the epoch) hold no wanted row.
+        self.time_from_ms: int | None = None
 
     def take(self, item: Filter) -> bool:
         """Narrow by ``item`` if it is one we apply exactly; False leaves it to Spark."""
@@ -146,7 +152,19 @@ class PushedFilters:
             return self._take_stream(item)
         if column == ("offset",):
             return self._take_offset(item)
+        if column == ("timestamp",):
+            self._note_time(item)
         return False
+
+    def _note_time(self, item: Filter) -> None:
+        """Keep a lower bound on ``timestamp`` to skip blocks; the filter itself stays with Spark."""
+        value = getattr(item, "value", None)
+        if not isinstance(item, (GreaterThan, GreaterThanOrEqual, EqualTo)):
+            return
+        if not isinstance(value, datetime.datetime) or value.tzinfo is None:
+            return  # Spark passes timestamps as aware datetimes; anything else is not ours to guess
+        from_ms = (value - _EPOCH) // datetime.timedelta(milliseconds=1)
+        self.time_from_ms = from_ms if self.time_from_ms is None else max(self.time_from_ms, from_ms)
 
     def _take_stream(self, item: Filter) -> bool:
         if isinstance(item, EqualTo) and isinstance(item.value, str):
@@ -196,7 +214,8 @@ class StratalogReader(DataSourceReader):
         finally:
             store.close()
         ids = filter_by_label(manifest, resolve_streams(manifest, self.streams), self.pushed.labels)
-        return plan_partitions(manifest, ids, self.pushed.offsets, self.rows_max, self.bytes_max)
+        return plan_partitions(manifest, ids, self.pushed.offsets, self.rows_max, self.bytes_max,
+                               time_from_ms=self.pushed.time_from_ms)
 
     def partitions(self) -> Sequence[InputPartition]:
         return [InputPartition(p) for p in self.plan()]
