@@ -314,6 +314,31 @@ def test_manifest_lets_a_store_less_reader_find_every_committed_block(tmp_path: 
         assert [r.entry.start_offset for r in read_manifest(mem).blocks[a.stream_id]] == [2]
 
 
+def test_reopening_continues_the_manifest_chain_and_snapshots_only_when_it_is_short(tmp_path: Path) -> None:
+    mem = MemoryStore()
+
+    def snapshots() -> list[str]:
+        return sorted(k for k in mem.objects if k.endswith(".snapshot.json"))
+
+    with open_store(tmp_path, mem) as store:
+        s = store.create_stream("s")
+        s.append([b"a"]).result()
+        store.flush()
+    first = snapshots()
+    assert len(first) == 1  # the new store's
+    with open_store(tmp_path, mem) as store:
+        assert snapshots() == first, "a clean reopen wrote a snapshot"
+        store.open_stream("s").append([b"b"]).result()
+        store.flush()
+    assert read_manifest(mem).streams[s.stream_id].end_offset == 2  # the delta chains to the old snapshot
+    # A crash between a commit and its manifest: the newest manifest is missing.
+    newest = max(k for k in mem.objects if k.startswith("manifest/"))
+    del mem.objects[newest]
+    with open_store(tmp_path, mem):
+        assert len(snapshots()) == 2
+    assert read_manifest(mem).streams[s.stream_id].end_offset == 2
+
+
 def test_replace_objects_swaps_atomically_and_old_readers_finish(tmp_path: Path) -> None:
     mem = MemoryStore()
     with open_store(tmp_path, mem, object_grace_s=3600.0) as store:

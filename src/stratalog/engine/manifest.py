@@ -2,9 +2,10 @@
 
 Spark executors (and any other reader without the store's SQLite) find every committed object and range
 here. Each metadata commit publishes a small *delta*; every ``manifest_snapshot_every`` commits, and at
-each open, a full *snapshot*. Each delta names the manifest published just before it (``prev``), so a
-reader follows an unbroken chain from the newest snapshot and stops at the first missing link: what it
-sees is always a state the store really committed, never a mix.
+an open that finds the published chain short of the last commit, a full *snapshot*. Each delta names
+the manifest published just before it (``prev``), so a reader follows an unbroken chain from the newest
+snapshot and stops at the first missing link: what it sees is always a state the store really
+committed, never a mix.
 
 Keys: ``manifest/<seq:020d>.snapshot.json`` and ``manifest/<seq:020d>.delta.json``. JSON documents::
 
@@ -78,6 +79,18 @@ class ManifestPublisher:
         self._store = store
         self._lock = threading.Lock()
         self._last_seq: int | None = None
+
+    def resume(self, seq: int) -> bool:
+        """Continue the chain an earlier process published, if its newest manifest is for commit ``seq``
+        (so it is whole: a failed publication is always followed by a snapshot). False: the chain does
+        not reach ``seq`` (a crash between a commit and its manifest, or a new store), so the next
+        publication must be a snapshot."""
+        seqs = [_seq_of(info.key) for info in self._store.list(MANIFEST_PREFIX)]
+        if not seqs or max(seqs) != seq:
+            return False
+        with self._lock:
+            self._last_seq = seq
+        return True
 
     def delta(self, seq: int, streams: Sequence[StreamMeta], objects: Sequence[NewObject],
               removed_keys: Sequence[str] = ()) -> None:

@@ -246,7 +246,9 @@ class StreamStore:
         self._failure: BaseException | None = None
         self._last_wal_future: Future[int] | None = None
         self._manifest = ManifestPublisher(objects)
-        self._manifest_stale = False
+        # A snapshot at open only when the published chain does not reach the last commit: a store with
+        # a million streams would otherwise write its whole manifest at every open.
+        self._manifest_stale = not self._manifest.resume(self._meta.commit_seq)
         # Held from a metadata commit through its manifest's publication, so each commit publishes under
         # its own sequence number and manifests go out in commit order.
         self._commit_lock = threading.RLock()
@@ -776,7 +778,8 @@ class StreamStore:
         if last_wal_offset > self._wal.trim_offset:
             self._wal.trim(last_wal_offset)
         report.orphan_objects_deleted = self._delete_orphans()
-        self._publish([], snapshot=True)
+        if self._manifest_stale:
+            self._publish([], snapshot=True)
         report.seconds = time.monotonic() - started
         return report
 
