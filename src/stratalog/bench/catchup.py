@@ -307,10 +307,13 @@ class CatchupRead:
     fetches: int = 0
     started_s: float = 0.0
     done_s: float = 0.0
+    #: CPU time of the consumer's own thread (fetch calls and counting; not the block cache's threads).
+    cpu_s: float = 0.0
     error: BaseException | None = None
 
     def run(self, stream: Stream) -> None:
         try:
+            cpu_start_s = time.thread_time()
             self.started_s = time.perf_counter()
             position = 0
             while position < self.end_offset:
@@ -323,6 +326,7 @@ class CatchupRead:
                 self.payload_bytes += sum(len(r.value) for r in records)
                 position = records[-1].offset + 1
             self.done_s = time.perf_counter()
+            self.cpu_s = time.thread_time() - cpu_start_s
         except BaseException as e:
             self.error = e
 
@@ -461,6 +465,8 @@ def _read_figures(read: CatchupRead, backlog: dict[str, Any]) -> dict[str, Any]:
         "fetches": read.fetches, "fetch_max_bytes": FETCH_BYTES, "seconds": seconds,
         "mib_per_s": backlog["block_bytes"] / MIB_BYTES / seconds,
         "payload_mib_per_s": read.payload_bytes / MIB_BYTES / seconds,
+        "consumer_cpu_s": read.cpu_s,
+        "consumer_cpu_ms_per_mib": read.cpu_s * 1000 / (backlog["block_bytes"] / MIB_BYTES),
     }
 
 

@@ -63,17 +63,19 @@ def _read_table(doc: dict[str, Any]) -> Table:
     out = table(f"Catch-up read of a cold backlog ({read['block_bytes'] / MIB_BYTES:,.0f} MiB of blocks, cold "
                 f"reads {held}) vs the object store's raw {raw['get_bytes'] >> 20} MiB ranged gets of the same "
                 f"bytes; object store: {doc['object_store'].split('?')[0]}, page cache: {doc['page_cache']}",
-                ("reader", "fsync", "seconds", "MiB/s", "payload MiB/s", "fetches / gets"),
+                ("reader", "fsync", "seconds", "MiB/s", "payload MiB/s", "consumer CPU ms/MiB", "fetches / gets"),
                 left=("reader", "fsync"))
     out.add_row("consumer: fetch(max_bytes=1 MiB), while producing", doc["fsync"], f"{read['seconds']:.2f}",
-                f"{read['mib_per_s']:,.1f}", f"{read['payload_mib_per_s']:,.1f}", f"{read['fetches']:,}")
+                f"{read['mib_per_s']:,.1f}", f"{read['payload_mib_per_s']:,.1f}",
+                f"{read['consumer_cpu_ms_per_mib']:.2f}", f"{read['fetches']:,}")
     alone = doc["catchup_read_alone"]
     out.add_row("consumer, no producers (phase C, for diagnosis)", doc["fsync"], f"{alone['seconds']:.2f}",
-                f"{alone['mib_per_s']:,.1f}", f"{alone['payload_mib_per_s']:,.1f}", f"{alone['fetches']:,}")
+                f"{alone['mib_per_s']:,.1f}", f"{alone['payload_mib_per_s']:,.1f}",
+                f"{alone['consumer_cpu_ms_per_mib']:.2f}", f"{alone['fetches']:,}")
     for name in ("sequential", "parallel"):
         r = raw[name]
         out.add_row(f"raw gets, {name} ({r['threads']} thread{'s' if r['threads'] > 1 else ''})", "-",
-                    f"{r['seconds']:.2f}", f"{r['mib_per_s']:,.1f}", "-", f"{r['gets']:,}")
+                    f"{r['seconds']:.2f}", f"{r['mib_per_s']:,.1f}", "-", "-", f"{r['gets']:,}")
     return out
 
 
