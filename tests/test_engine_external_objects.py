@@ -80,6 +80,10 @@ def test_create_streams_makes_many_in_one_commit_or_none(tmp_path: Path) -> None
         store.create_streams(["fresh", "taken"])
     with pytest.raises(KeyError):
         store.open_stream("fresh")
+    with pytest.raises(ValueError, match="'dup' is given twice"):
+        store.create_streams(["dup", "other", "dup"])
     assert len(store.metadata.streams()) == 501
+    assert [store.metadata.stream(s.stream_id).name for s in made[:3]] == ["s0", "s1", "s2"]
+    assert store.open_stream("s499").stream_id == made[-1].stream_id == made[0].stream_id + 499
     assert made[7].append([b"x"]).result() == 0
     store.close()

@@ -175,16 +175,27 @@ class Metadata:
 
     def create_streams(self, names: Sequence[str]) -> list[StreamMeta]:
         """Create many named streams in one transaction (one commit sequence number for all)."""
+        names = list(names)
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ValueError(f"stream name {name!r} is given twice")
+            seen.add(name)
         now = int(time.time() * 1000)
-        with self._tx() as db:
-            ids = []
-            for name in names:
-                if db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone():
-                    raise ValueError(f"a stream named {name!r} exists already")
-                cur = db.execute("INSERT INTO streams (name, created_ms) VALUES (?, ?)", (name, now))
-                ids.append(int(cur.lastrowid or 0))
-            self._bump_seq(db)
-        return [self.stream(i) for i in ids]
+        try:
+            with self._tx() as db:
+                # Ids as SQLite would give them one by one (largest + 1), in one statement: a million
+                # streams are created in seconds, not minutes.
+                first = int(db.execute("SELECT COALESCE(MAX(stream_id), 0) + 1 FROM streams").fetchone()[0])
+                db.executemany("INSERT INTO streams (stream_id, name, created_ms) VALUES (?, ?, ?)",
+                               ((first + i, name, now) for i, name in enumerate(names)))
+                self._bump_seq(db)
+        except sqlite3.IntegrityError:
+            with self._lock:  # rolled back: the names found now are the ones that existed before
+                taken = next(n for n in names
+                             if self._db.execute("SELECT 1 FROM streams WHERE name = ?", (n,)).fetchone())
+            raise ValueError(f"a stream named {taken!r} exists already") from None
+        return [StreamMeta(first + i, name, 0, 0, 0, now, None, None) for i, name in enumerate(names)]
 
     def stream(self, id_or_name: int | str) -> StreamMeta:
         column = "name" if isinstance(id_or_name, str) else "stream_id"
