@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -98,26 +98,33 @@ class _StreamState:
     committed_end: int           # offsets below are in objects
     next_offset: int             # offset the next append gets
     durable_end: int             # offsets below are acknowledged: what readers may see
-    #: Batches in the LogCache, oldest first. An empty tuple while there are none: an empty deque costs
-    #: 760 bytes, which a million idle streams would pay for nothing.
-    cache: deque[_Entry] | tuple[()] = ()
+    #: Batches in the LogCache, oldest first (offsets and WAL offsets both ascending). Appenders add at
+    #: the end and only the uploader removes from the front, so the uploader may read a prefix without
+    #: the store lock. An empty tuple while there are none, so idle streams hold no list.
+    cache: list[_Entry] | tuple[()] = ()
     #: Readahead: where a sequential reader will fetch next, and how many blocks to read ahead.
     read_next: int = -1
     readahead_blocks: int = 1
 
     def push(self, entry: _Entry) -> None:
         cache = self.cache
-        if not isinstance(cache, deque):
-            cache = self.cache = deque()
+        if not isinstance(cache, list):
+            cache = self.cache = []
         cache.append(entry)
 
     def drop_oldest(self, count: int) -> None:
         cache = self.cache
-        assert isinstance(cache, deque)
-        for _ in range(count):
-            cache.popleft()
+        assert isinstance(cache, list)
+        del cache[:count]
         if not cache:
             self.cache = ()
+
+    def cached_between(self, start: int, stop: int) -> list[_Entry]:
+        """Log-cache batches holding offsets in ``[start, stop)`` (store lock held; no scan of the rest)."""
+        cache = self.cache
+        first = bisect.bisect_right(cache, start, key=lambda e: e.end_offset)
+        last = bisect.bisect_left(cache, stop, lo=first, key=lambda e: e.base_offset)
+        return list(cache[first:last])
 
 
 class _Pacer:
@@ -255,6 +262,8 @@ class StreamStore:
         self._streams: dict[int, _StreamState] = {}
         self._by_name: dict[str, int] = {}
         self._cached: dict[int, _StreamState] = {}  # streams with LogCache entries
+        #: When the oldest LogCache entry came in, about (for upload_interval_s; None when empty).
+        self._cache_oldest: float | None = None
         self._cache_bytes = 0
         self._upload_wanted = False
         self._closing = False
@@ -396,6 +405,7 @@ class StreamStore:
             st.next_offset += len(records)
             st.push(entry)
             if not self._cached:
+                self._cache_oldest = entry.appended_at
                 self._cond.notify_all()  # the uploader sleeps without an upload deadline while nothing is cached
             self._cached[st.stream_id] = st
             self._cache_bytes += len(data)
@@ -425,7 +435,7 @@ class StreamStore:
                 raise OffsetOutOfRangeError(
                     f"stream {st.stream_id}: offset {start} is outside [{low}, {visible_end}]")
             stop = visible_end if end is None else min(end, visible_end)
-            tail = [e for e in st.cache if e.end_offset > max(start, committed) and e.base_offset < stop]
+            tail = st.cached_between(max(start, committed), stop)
         out: list[Record] = []
         budget = [max_bytes]
         if start < committed and start < stop:
@@ -486,7 +496,7 @@ class StreamStore:
         self._check_not_closed()
         with self._lock:
             low, committed = st.start_offset, st.committed_end
-            tail = [e for e in st.cache if e.end_offset <= st.durable_end]
+            tail = st.cached_between(committed, st.durable_end)
         row = self._meta.first_range_at_or_after_time(st.stream_id, timestamp_ms) if low < committed else None
         if row is not None:
             block = self._blocks.get(row)
@@ -622,15 +632,16 @@ class StreamStore:
         with self._upload_lock:
             with self._lock:
                 durable = (1 << 63) if everything else self._wal.durable_offset
-                taken: list[tuple[_StreamState, list[_Entry]]] = []
-                for st in sorted(self._cached.values(), key=lambda s: s.stream_id):
-                    entries = []
-                    for e in st.cache:
-                        if e.wal_offset >= durable:
-                            break
-                        entries.append(e)
-                    if entries:
-                        taken.append((st, entries))
+                cached = list(self._cached.values())
+                taken_at = time.monotonic()
+            # Without the lock: appends only add batches at the ends of the lists, with WAL offsets past
+            # ``durable``, and only this thread removes any.
+            taken: list[tuple[_StreamState, list[_Entry]]] = []
+            for st in sorted(cached, key=lambda s: s.stream_id):
+                cache = st.cache
+                count = bisect.bisect_left(cache, durable, key=lambda e: e.wal_offset)
+                if count:
+                    taken.append((st, list(cache[:count])))
             if not taken:
                 return 0
             objects = self._write_objects(taken)
@@ -645,6 +656,8 @@ class StreamStore:
                     if not st.cache:
                         self._cached.pop(st.stream_id, None)
                 self._cache_bytes -= uploaded
+                # What is left came in about when this upload began (or was not yet durable then).
+                self._cache_oldest = taken_at if self._cached else None
                 self._cond.notify_all()
             if trim_wal:
                 last_wal = max(entries[-1].wal_offset for _, entries in taken)
@@ -723,7 +736,7 @@ class StreamStore:
         while True:
             with self._cond:
                 while not self._closing:
-                    oldest = min((s.cache[0].appended_at for s in self._cached.values() if s.cache), default=None)
+                    oldest = self._cache_oldest if self._cached else None
                     now = time.monotonic()
                     if (self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold
                             or (oldest is not None and now - oldest >= config.upload_interval_s)
@@ -780,6 +793,8 @@ class StreamStore:
                 continue
             data = bytes(rec.data)
             entry = _Entry(info.base_offset, info.count, data, info.max_timestamp_ms, rec.offset, time.monotonic())
+            if not self._cached:
+                self._cache_oldest = entry.appended_at
             st.push(entry)
             st.next_offset = st.durable_end = entry.end_offset
             self._cached[st.stream_id] = st
