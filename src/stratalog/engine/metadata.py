@@ -108,6 +108,8 @@ class NewObject:
     blocks: Sequence[BlockEntry]
 
 
+#: Values bound in one ``IN (...)`` list (SQLite's default limit on bound parameters is far above).
+_IN_LIST_MAX = 500
 _STREAM_COLUMNS = ("stream_id, name, start_offset, committed_end_offset, committed_bytes, created_ms, "
                    "retention_ms, retention_bytes")
 _RANGE_COLUMNS = ("r.stream_id, r.start_offset, r.end_offset, r.object_id, o.key, r.position, r.size_bytes, "
@@ -205,6 +207,17 @@ class Metadata:
         if row is None:
             raise UnknownStreamError(f"no stream {id_or_name!r}")
         return StreamMeta(*row)
+
+    def streams_by_id(self, stream_ids: Sequence[int]) -> list[StreamMeta]:
+        """The streams of ``stream_ids`` that exist, in id order (a few queries for any number)."""
+        ids = sorted(set(stream_ids))
+        rows = []
+        with self._lock:
+            for i in range(0, len(ids), _IN_LIST_MAX):
+                chunk = ids[i:i + _IN_LIST_MAX]
+                rows += self._db.execute(f"SELECT {_STREAM_COLUMNS} FROM streams WHERE stream_id IN "
+                                         f"({','.join('?' * len(chunk))}) ORDER BY stream_id", chunk).fetchall()
+        return [StreamMeta(*r) for r in rows]
 
     def streams(self) -> list[StreamMeta]:
         with self._lock:
@@ -351,23 +364,30 @@ class Metadata:
 
 
 def _append_objects(db: sqlite3.Connection, objects: Sequence[NewObject], now_ms: int) -> None:
-    """Register objects whose blocks extend their streams, each block starting at its stream's committed end."""
-    for obj in objects:
-        db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
-                   (obj.object_id, obj.key, obj.size_bytes, now_ms))
-        for b in obj.blocks:
-            end = db.execute("SELECT committed_end_offset FROM streams WHERE stream_id = ?",
-                             (b.stream_id,)).fetchone()
-            if end is None or end[0] != b.start_offset:
-                raise ValueError(
-                    f"stream {b.stream_id}: block at {b.start_offset} does not follow the committed "
-                    f"end {None if end is None else end[0]}"
-                )
-            db.execute("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (b.stream_id, b.start_offset, b.end_offset, obj.object_id, b.position,
-                        b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
-            db.execute("UPDATE streams SET committed_end_offset = ?, committed_bytes = committed_bytes"
-                       " + ? WHERE stream_id = ?", (b.end_offset, b.size_bytes, b.stream_id))
+    """Register objects whose blocks extend their streams, each block starting at its stream's committed end
+    (or at the end of the block before it in ``objects``). A few statements for any number of blocks."""
+    blocks = [(obj.object_id, b) for obj in objects for b in obj.blocks]
+    touched = sorted({b.stream_id for _, b in blocks})
+    ends: dict[int, int] = {}
+    for i in range(0, len(touched), _IN_LIST_MAX):
+        chunk = touched[i:i + _IN_LIST_MAX]
+        ends.update(db.execute("SELECT stream_id, committed_end_offset FROM streams WHERE stream_id IN "
+                               f"({','.join('?' * len(chunk))})", chunk).fetchall())
+    added: dict[int, int] = {}
+    for _, b in blocks:
+        end = ends.get(b.stream_id)
+        if end != b.start_offset:
+            raise ValueError(f"stream {b.stream_id}: block at {b.start_offset} does not follow the committed "
+                             f"end {end}")
+        ends[b.stream_id] = b.end_offset
+        added[b.stream_id] = added.get(b.stream_id, 0) + b.size_bytes
+    db.executemany("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
+                   [(obj.object_id, obj.key, obj.size_bytes, now_ms) for obj in objects])
+    db.executemany("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   [(b.stream_id, b.start_offset, b.end_offset, object_id, b.position, b.size_bytes,
+                     b.record_count, b.max_timestamp_ms, b.crc) for object_id, b in blocks])
+    db.executemany("UPDATE streams SET committed_end_offset = ?, committed_bytes = committed_bytes + ? "
+                   "WHERE stream_id = ?", [(ends[sid], size, sid) for sid, size in added.items()])
 
 
 def _coverage(rows: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

@@ -696,7 +696,7 @@ class StreamStore:
         for st, _ in taken:
             if st.start_offset > st.committed_end:
                 self._meta.trim_stream(st.stream_id, st.start_offset)
-        self._publish([self._meta.stream(st.stream_id) for st, _ in taken], objects)
+        self._publish(self._meta.streams_by_id([st.stream_id for st, _ in taken]), objects)
 
     def _publish(self, streams: Sequence[StreamMeta], objects: Sequence[NewObject] = (),
                  snapshot: bool = False) -> None:
