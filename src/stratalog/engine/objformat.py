@@ -91,14 +91,17 @@ class ObjectBuilder:
         return added
 
     def _close_block(self, stream_id: int, block: list[StreamBatch]) -> BlockEntry:
-        for prev, nxt in itertools.pairwise(block):
-            if prev.base_offset + prev.count != nxt.base_offset:
-                raise ValueError(f"stream {stream_id}: batches are not contiguous at {nxt.base_offset}")
-        data = b"".join(b.data for b in block)
-        entry = BlockEntry(
-            stream_id, block[0].base_offset, block[-1].base_offset + block[-1].count, self._position,
-            len(data), sum(b.count for b in block), max(b.max_timestamp_ms for b in block), crc32c(data),
-        )
+        if len(block) == 1:  # common with many small streams: no joins or generators
+            only = block[0]
+            data, count, max_ts = only.data, only.count, only.max_timestamp_ms
+        else:
+            for prev, nxt in itertools.pairwise(block):
+                if prev.base_offset + prev.count != nxt.base_offset:
+                    raise ValueError(f"stream {stream_id}: batches are not contiguous at {nxt.base_offset}")
+            data = b"".join(b.data for b in block)
+            count, max_ts = sum(b.count for b in block), max(b.max_timestamp_ms for b in block)
+        entry = BlockEntry(stream_id, block[0].base_offset, block[-1].base_offset + block[-1].count,
+                           self._position, len(data), count, max_ts, crc32c(data))
         self._parts.append(data)
         self._entries.append(entry)
         self._position += len(data)
