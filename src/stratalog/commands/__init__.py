@@ -10,6 +10,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
         bench_catchup,
         bench_log,
         bench_spark,
+        bench_streams,
         bench_wal,
         chaos_engine,
         chaos_wal,
@@ -25,5 +26,6 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     bench.add_command(bench_log.log, name="log")
     bench.add_command(bench_catchup.catchup, name="catchup")
     bench.add_command(bench_spark.spark, name="spark")
+    bench.add_command(bench_streams.streams, name="streams")
     chaos.add_command(chaos_wal.wal, name="wal")
     chaos.add_command(chaos_engine.engine, name="engine")
