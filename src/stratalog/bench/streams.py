@@ -97,10 +97,13 @@ def read_sample(store: StreamStore, names: list[str]) -> int:
 
 def reopen_in_child(data_dir: Path) -> dict[str, Any]:
     """Open the store in a fresh interpreter: its time, and its RSS before and after the open."""
-    code = ("import json, sys, time; from stratalog.bench.streams import rss_bytes; "
+    code = ("import gc, json, sys, time; from stratalog.bench.streams import rss_bytes; "
             "from stratalog.engine.store import StreamStore; before = rss_bytes(); t = time.perf_counter(); "
-            "s = StreamStore.open(sys.argv[1]); took = time.perf_counter() - t; after = rss_bytes(); s.close(); "
-            "print(json.dumps({'reopen_s': took, 'rss_before': before, 'rss_after': after}))")
+            "s = StreamStore.open(sys.argv[1]); took = time.perf_counter() - t; after = rss_bytes(); "
+            "t = time.perf_counter(); gc.collect(); gc_s = time.perf_counter() - t; tracked = len(gc.get_objects()); "
+            "gc.freeze(); t = time.perf_counter(); gc.collect(); frozen_s = time.perf_counter() - t; s.close(); "
+            "print(json.dumps({'reopen_s': took, 'rss_before': before, 'rss_after': after, 'gc_full_s': gc_s, "
+            "'gc_tracked_objects': tracked, 'gc_full_after_freeze_s': frozen_s}))")
     done = subprocess.run([sys.executable, "-c", code, str(data_dir)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"reopening the store in a child process failed: {done.stderr.strip()[-2000:]}")
@@ -147,6 +150,10 @@ def run_streams_bench(dir_path: Path, streams: int, progress: Progress) -> dict[
         # that only opens the store: the steady cost of a stream.
         "rss_bytes_per_stream": {"created": (rss_created - rss_start) / streams,
                                  "reopened": (reopened["rss_after"] - reopened["rss_before"]) / streams},
+        # A full garbage collection walks every tracked object, so every stream's state: the pause it
+        # costs with the store open, and after gc.freeze() (the state moved out of the collector's way).
+        "gc": {"full_collection_ms": reopened["gc_full_s"] * 1000, "tracked_objects": reopened["gc_tracked_objects"],
+               "full_collection_after_freeze_ms": reopened["gc_full_after_freeze_s"] * 1000},
         "disk_bytes": on_disk,
         "disk_bytes_per_stream_without_wal": (on_disk - wal_bytes) / streams,
         "reference": {"sqlite_insert_s": reference_s, "create_over_sqlite": steps["create_s"] / reference_s},

@@ -54,6 +54,10 @@ def streams(streams: int | None, dir_path: Path | None, quick: bool, json_path: 
     console.print(f"memory: {per['reopened']:,.0f} B per stream in a process that opened the store "
                   f"({(rss['reopen_child_after'] - rss['reopen_child_before']) / MIB_BYTES:,.0f} MiB in all); "
                   f"{per['created']:,.0f} B per stream grown while creating them here")
+    gc = doc["gc"]
+    console.print(f"garbage collection: a full collection took {gc['full_collection_ms']:,.0f} ms with the store "
+                  f"open ({gc['tracked_objects']:,} tracked objects), {gc['full_collection_after_freeze_ms']:,.1f} "
+                  "ms after gc.freeze()")
     console.print(f"disk: {doc['disk_bytes'] / MIB_BYTES:,.0f} MiB in all, "
                   f"{doc['disk_bytes_per_stream_without_wal']:,.0f} B per stream besides the preallocated WAL; "
                   f"create_streams took {doc['reference']['create_over_sqlite']:.1f}x the plain SQLite insert")
