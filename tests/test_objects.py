@@ -241,6 +241,27 @@ def test_local_put_syncs_the_file_and_every_directory_it_changed(
     assert len(synced) == 4  # root (for new/), new/ (for dirs/), the file, dirs/ (for the rename)
 
 
+def test_local_put_syncs_large_objects_piece_by_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalDirStore(tmp_path / "root", sync_every_bytes=1000)
+    pieces: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def recording_fdatasync(fd: int) -> None:
+        pieces.append(os.fstat(fd).st_size)  # how much of the file is out when each piece is synced
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(local_module.os, "fdatasync", recording_fdatasync)
+    data = bytes(range(256)) * 14  # 3,584 bytes: three whole pieces, then the last and the final fsync
+    store.put("big", data)
+    assert pieces == [1000, 2000, 3000]
+    assert store.get("big") == data
+    pieces.clear()
+    store.put("small", b"x" * 1000)
+    assert pieces == []  # one piece: the final fsync alone
+    with pytest.raises(ValueError, match="sync_every_bytes"):
+        LocalDirStore(tmp_path / "other", sync_every_bytes=0)
+
+
 def test_local_failed_sync_stores_nothing_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path / "root")
     store.put("kept", b"old")

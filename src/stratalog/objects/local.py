@@ -60,6 +60,13 @@ def check_range(start: int, end: int | None) -> None:
         raise ValueError(f"range end ({end}) must be >= its start ({start})")
 
 
+#: A put writes and syncs this much at a time. One fsync of a whole object queues all of it at the disk
+#: at once, and a WAL write on the same disk waits behind it; synced piecewise, it waits for one piece.
+#: Appends of 4 KiB at 2,000/s across uploads of about 40 MiB, three paired 12 s rounds (BENCHMARKS.md):
+#: p99 10.1 -> 3.9 ms, p99.9 39.8 -> 20.2 ms; 256 KiB pieces were no better than 1 MiB.
+SYNC_EVERY_BYTES = 1 << 20
+
+
 def _fsync_dir(path: Path) -> None:
     """Make a directory's entries (a rename, a new file or subdirectory) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -83,7 +90,10 @@ def _advice(exc: OSError) -> str:
 class LocalDirStore:
     """An :class:`~stratalog.objects.store.ObjectStore` on a local directory, one file per key."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, sync_every_bytes: int | None = SYNC_EVERY_BYTES) -> None:
+        if sync_every_bytes is not None and sync_every_bytes <= 0:
+            raise ValueError("sync_every_bytes must be positive (or None: one fsync per put)")
+        self.sync_every_bytes = sync_every_bytes
         self.root = Path(root).absolute()
         if self.root.exists() and not self.root.is_dir():
             raise ObjectStoreError(f"object store root {self.root} exists but is not a directory: point the "
@@ -115,9 +125,12 @@ class LocalDirStore:
         try:
             try:
                 written = 0
+                step = self.sync_every_bytes or len(view)
                 while written < len(view):
                     # os.write may write less than asked (signals, 2 GiB per call): loop until all is out.
-                    written += os.write(fd, view[written:])
+                    written += os.write(fd, view[written:written + step])
+                    if written < len(view):
+                        os.fdatasync(fd)  # a little at a time: see SYNC_EVERY_BYTES
                 os.fsync(fd)
             finally:
                 os.close(fd)
