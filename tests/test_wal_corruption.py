@@ -26,6 +26,7 @@ from walkit import (
     put_block,
     put_pad,
     recover_image,
+    reopen,
 )
 
 BODIES_A = [b"alpha" * 10, b"beta" * 20, b"gamma" * 30]
@@ -77,6 +78,25 @@ def test_bad_body_crc_skips_only_that_record() -> None:
     # The header is intact (its own CRC holds), so the scan steps over the body and keeps record 3.
     assert got == list(zip([a[0], a[2], *b, *c], [BODIES_A[0], BODIES_A[2], *BODIES_B, *BODIES_C],
                            strict=True))
+
+
+def test_a_torn_record_after_the_last_valid_one_is_erased_before_its_offsets_are_reused() -> None:
+    """A crash leaves a record whose header landed and whose body did not. The next writer starts at the
+    page after the last valid record, inside that record's span: unless its header is erased first, the
+    scan after a second crash trusts it, jumps over the new records and loses acknowledged data."""
+    image = blank_image()
+    bodies = [b"r1" * 100, b"r2" * 100, b"torn" * 2000]  # the third spans two more pages
+    offsets = put_block(image, 0, bodies)
+    image[physical(offsets[2]) + RECORD_HEADER_BYTES + 5] ^= 0x01
+    records, wal = reopen(image)
+    assert [r.offset for r in records] == offsets[:2]
+    assert wal.recovery_stats.stale_bytes_erased >= len(bodies[2])
+    appended = [wal.append(b"new%d" % i * 50) for i in range(5)]
+    for res in appended:
+        res.future.result(timeout=5)
+    again = recover_image(wal.device.durable_image())  # type: ignore[attr-defined]
+    wal.close()
+    assert [r.offset for r in again] == [*offsets[:2], *(res.offset for res in appended)]
 
 
 def test_truncated_tail_ends_the_log_cleanly() -> None:

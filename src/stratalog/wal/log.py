@@ -263,11 +263,37 @@ class WriteAheadLog:
             read_bytes=self._config.recovery_read_bytes,
             stats=stats,
         )
+        if stats.stale_end:
+            self._erase(stats.valid_end, stats.stale_end)
         # Make what recovery saw durable before writing past it: after a kill -9 the records may sit
         # unsynced in the page cache, and new acknowledged records must never follow a hole.
         self._device.sync()
         self._write_header(ShutdownType.UNCLEAN)
         self._start_writer(stats.next_offset)
+
+    def _erase(self, start: int, end: int) -> None:
+        """Zero logical ``[start, end)`` on the device (made durable by the sync that follows).
+
+        Recovery calls this for torn records past the last valid one: the new writer reuses their
+        offsets, and a header left in place would make a later scan skip over the new records.
+        """
+        position = start
+        while position < end:
+            page = position - position % ALIGN_BYTES
+            physical = HEADERS_BYTES + page % self._ring_bytes
+            room = self._ring_bytes - page % self._ring_bytes  # never write across the ring's end
+            length = min(align_up(end) - page, room, 1 << 20)
+            buf = aligned_buffer(length)
+            try:
+                with memoryview(buf) as view:
+                    if position > page:  # keep the bytes before ``start`` in its first page
+                        self._device.pread_into(view[:ALIGN_BYTES], physical)
+                        view[position - page:ALIGN_BYTES] = bytes(ALIGN_BYTES - (position - page))
+                    self._device.pwrite(view, physical)
+            finally:
+                buf.close()
+            self.recovery_stats.stale_bytes_erased += page + length - position
+            position = page + length
 
     def _start_writer(self, next_offset: int) -> None:
         self._next_offset = next_offset

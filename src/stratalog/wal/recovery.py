@@ -57,6 +57,13 @@ class RecoveryStats:
     bytes_read: int = 0
     #: Where the writer continues: aligned end of the last valid record (never at or below the trim).
     next_offset: int = 0
+    #: End of the last valid record, and the farthest end claimed by a torn record after it (0: none).
+    #: Those torn records are left from blocks in flight at the crash; the writer erases
+    #: ``[valid_end, stale_end)`` before it reuses their offsets, or a later scan would trust their
+    #: headers and jump over the new records written there.
+    valid_end: int = 0
+    stale_end: int = 0
+    stale_bytes_erased: int = 0
     finished: bool = False
 
 
@@ -164,6 +171,7 @@ def scan(
                     else:
                         stats.bad_body_records += 1
                         pos += total
+                        stats.stale_end = max(stats.stale_end, pos)
                     continue
                 if magic == PAD_MAGIC and total == room:
                     pos += room
@@ -175,4 +183,6 @@ def scan(
     finally:
         reader.close()
     stats.next_offset = align_up(max(last_end, trim_offset + 1))
+    stats.valid_end = max(last_end, trim_offset + 1)
+    stats.stale_end = min(stats.stale_end, limit) if stats.stale_end > stats.valid_end else 0
     stats.finished = True
