@@ -156,6 +156,12 @@ class Metadata:
             row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else int(row[0])
 
+    def set_meta(self, key: str, value: int) -> None:
+        """Set one meta value; durable when it returns."""
+        with self._tx() as db:
+            db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                       (key, value))
+
     @property
     def commit_seq(self) -> int:
         return self.get_meta("commit_seq")

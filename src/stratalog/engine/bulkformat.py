@@ -1,0 +1,259 @@
+"""The bulk formats: one WAL record carrying many streams' messages, and one object holding many streams'
+runs with a dense index. Spec: docs/formats/queues.md.
+
+::
+
+    bulk_record = header runs names ends data       -- the body of one WAL record (the WAL CRCs it)
+    header      = magic:u32 version:u16 flags:u16 run_count:u32 message_count:u32 name_count:u32
+                  stream_count:u32 data_bytes:u64
+    runs        = stream_id:u32[run_count] base_offset:u32[run_count] count:u32[run_count]
+                                                    -- ascending stream_id, each stream at most once
+    names       = (stream_id:u32 name_bytes:u16 utf8)*  -- streams this record creates
+    ends        = u32[message_count]                 -- end of each message in data, runs in order
+    data        = the messages, back to back
+
+    run_object  = run* names index footer
+    run         = crc32c:u32 ends:u32[count] data    -- one stream's messages in offset order; ends are
+                                                        relative to the run's data; crc covers ends+data
+    names       = (stream_id:u32 name_bytes:u16 utf8)*  -- streams first_stream .. stream_count-1
+    index       = end_offset:u32[stream_count] position:u32[stream_count + 1]
+    footer      = names_position:u64 names_bytes:u32 first_stream:u32 stream_count:u32 message_count:u64
+                  index_crc32c:u32 version:u16 flags:u16 magic:u32 footer_crc32c:u32
+
+All little-endian. Stream ids here are dense (0, 1, 2, ...), so the index is a pair of arrays indexed by
+stream id, not one entry per stream: 8 bytes per stream per object, read into memory as two NumPy
+arrays. ``end_offset[s]`` is stream s's end after this object; its run is ``position[s] ..
+position[s + 1]`` (empty when s has no messages here) and holds offsets from the end in the previous
+object (0 in the first) up to ``end_offset[s]``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from stratalog.errors import StratalogError
+from stratalog.wal.format import crc32c
+
+BULK_MAGIC = 0x42514C53  # "SLQB"
+OBJECT_MAGIC = 0x4F514C53  # "SLQO"
+FORMAT_VERSION = 1
+BULK_HEADER = struct.Struct("<IHHIIIIQ")
+NAME_HEAD = struct.Struct("<IH")
+RUN_CRC = struct.Struct("<I")
+OBJECT_FOOTER = struct.Struct("<QIIIQIHHII")
+OBJECT_FOOTER_BYTES = OBJECT_FOOTER.size
+FOOTER_CRC_COVERS_BYTES = OBJECT_FOOTER_BYTES - 4
+#: Offsets and positions are u32: a stream holds at most this many messages, an object this many bytes.
+STREAM_MESSAGES_MAX = (1 << 32) - 1
+OBJECT_BYTES_MAX = (1 << 32) - 1
+#: Names are length-prefixed with a u16; 255 characters of UTF-8 take at most 1020 bytes.
+NAME_BYTES_MAX = 0xFFFF
+
+U32 = np.dtype("<u4")
+I64 = np.dtype(np.int64)
+
+Ids = npt.NDArray[np.int64]
+U32s = npt.NDArray[np.uint32]
+
+
+class CorruptBulkError(StratalogError):
+    """A bulk record or run object failed its CRC or its parts do not add up."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkRecord:
+    """A decoded bulk record. ``ends`` and ``data`` view the record's bytes (no copy)."""
+
+    stream_ids: Ids
+    base_offsets: Ids
+    counts: Ids
+    names: list[tuple[int, str]]
+    stream_count: int
+    ends: U32s
+    data: memoryview
+
+
+def encode_names(names: Sequence[tuple[int, str]]) -> bytes:
+    parts: list[bytes] = []
+    for stream_id, name in names:
+        raw = name.encode()
+        if len(raw) > NAME_BYTES_MAX:
+            raise ValueError(f"name of stream {stream_id} is {len(raw)} UTF-8 bytes; at most {NAME_BYTES_MAX}")
+        parts.append(NAME_HEAD.pack(stream_id, len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def decode_names(buf: bytes | memoryview, pos: int, count: int) -> tuple[list[tuple[int, str]], int]:
+    """``count`` names from ``buf[pos:]``; returns them and the position after them."""
+    view = memoryview(buf)
+    out: list[tuple[int, str]] = []
+    unpack = NAME_HEAD.unpack_from
+    for _ in range(count):
+        if pos + NAME_HEAD.size > len(view):
+            raise CorruptBulkError("a name runs past the end of its section")
+        stream_id, size = unpack(view, pos)
+        pos += NAME_HEAD.size
+        if pos + size > len(view):
+            raise CorruptBulkError("a name runs past the end of its section")
+        out.append((stream_id, bytes(view[pos:pos + size]).decode()))
+        pos += size
+    return out, pos
+
+
+def encode_bulk(stream_ids: Ids, base_offsets: Ids, counts: Ids, names: Sequence[tuple[int, str]],
+                stream_count: int, ends: npt.NDArray[np.integer], data: bytes | memoryview) -> list[bytes | memoryview]:
+    """The parts of one bulk record (join them, or hand them to a writer that gathers)."""
+    head = BULK_HEADER.pack(BULK_MAGIC, FORMAT_VERSION, 0, len(stream_ids), len(ends), len(names), stream_count,
+                            len(data))
+    return [head, stream_ids.astype(U32).tobytes(), base_offsets.astype(U32).tobytes(),
+            counts.astype(U32).tobytes(), encode_names(names), ends.astype(U32).tobytes(), data]
+
+
+def decode_bulk(body: bytes | memoryview) -> BulkRecord:
+    """Decode a bulk record (the WAL already checked its CRC); raise CorruptBulkError if it does not add up."""
+    view = memoryview(body)
+    if len(view) < BULK_HEADER.size:
+        raise CorruptBulkError("bulk record shorter than its header")
+    magic, version, _, run_count, message_count, name_count, stream_count, data_bytes = BULK_HEADER.unpack_from(view)
+    if magic != BULK_MAGIC or version != FORMAT_VERSION:
+        raise CorruptBulkError(f"not a bulk record (magic {magic:#x}, version {version})")
+    pos = BULK_HEADER.size
+    runs_bytes = 12 * run_count
+    if pos + runs_bytes > len(view):
+        raise CorruptBulkError("bulk record runs past its end")
+    runs = np.frombuffer(view, U32, 3 * run_count, pos).astype(I64).reshape(3, run_count)
+    pos += runs_bytes
+    names, pos = decode_names(view, pos, name_count)
+    if pos + 4 * message_count + data_bytes != len(view):
+        raise CorruptBulkError("bulk record: ends and data do not add up to its length")
+    ends = np.frombuffer(view, U32, message_count, pos)
+    pos += 4 * message_count
+    if int(runs[2].sum()) != message_count or (message_count and int(ends[-1]) != data_bytes):
+        raise CorruptBulkError("bulk record: run counts or message ends do not match")
+    return BulkRecord(runs[0], runs[1], runs[2], names, stream_count, ends, view[pos:])
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectFooter:
+    names_position: int
+    names_bytes: int
+    first_stream: int
+    stream_count: int
+    message_count: int
+    index_crc: int
+
+    @property
+    def index_position(self) -> int:
+        return self.names_position + self.names_bytes
+
+    @property
+    def index_bytes(self) -> int:
+        return 8 * self.stream_count + 4
+
+
+def encode_footer(names_position: int, names_bytes: int, first_stream: int, stream_count: int,
+                  message_count: int, index_crc: int) -> bytes:
+    head = OBJECT_FOOTER.pack(names_position, names_bytes, first_stream, stream_count, message_count, index_crc,
+                              FORMAT_VERSION, 0, OBJECT_MAGIC, 0)[:FOOTER_CRC_COVERS_BYTES]
+    return head + RUN_CRC.pack(crc32c(head))
+
+
+def decode_footer(raw: bytes, object_bytes: int) -> ObjectFooter:
+    if len(raw) != OBJECT_FOOTER_BYTES:
+        raise CorruptBulkError(f"run object footer is {len(raw)} bytes, not {OBJECT_FOOTER_BYTES}")
+    names_pos, names_bytes, first, count, messages, index_crc, version, _, magic, crc = OBJECT_FOOTER.unpack(raw)
+    if magic != OBJECT_MAGIC or crc != crc32c(raw[:FOOTER_CRC_COVERS_BYTES]):
+        raise CorruptBulkError("run object footer: bad magic or CRC (not a run object, or damaged)")
+    if version != FORMAT_VERSION:
+        raise CorruptBulkError(f"run object version {version}; this stratalog reads {FORMAT_VERSION}")
+    footer = ObjectFooter(names_pos, names_bytes, first, count, messages, index_crc)
+    if footer.index_position + footer.index_bytes + OBJECT_FOOTER_BYTES != object_bytes or first > count:
+        raise CorruptBulkError("run object footer: sections do not add up to the object's size")
+    return footer
+
+
+def decode_index(raw: bytes, footer: ObjectFooter) -> tuple[list[tuple[int, str]], U32s, U32s]:
+    """Names, end offsets and run positions from the bytes ``names_position .. index end``."""
+    if len(raw) != footer.names_bytes + footer.index_bytes or crc32c(raw) != footer.index_crc:
+        raise CorruptBulkError("run object index: bad CRC or length")
+    names, pos = decode_names(raw, 0, footer.stream_count - footer.first_stream)
+    if pos != footer.names_bytes:
+        raise CorruptBulkError("run object names do not fill their section")
+    n = footer.stream_count
+    ends = np.frombuffer(raw, U32, n, pos).copy()
+    positions = np.frombuffer(raw, U32, n + 1, pos + 4 * n).copy()
+    if n and (np.any(np.diff(positions.astype(I64)) < 0) or int(positions[-1]) != footer.names_position):
+        raise CorruptBulkError("run object index: run positions are not in order")
+    return names, ends, positions
+
+
+def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],
+                 stream_ids: Ids, counts: Ids, msg_ends: npt.NDArray[np.integer],
+                 data: memoryview) -> tuple[bytes, U32s, U32s]:
+    """Lay out one run object.
+
+    ``stream_ids`` (ascending, distinct) and ``counts``: the streams present and how many messages each
+    brings; ``msg_ends``: end of each message in ``data`` (streams in order, offsets in order). Returns the
+    object's bytes and its index arrays (end offsets, run positions).
+    """
+    ends = np.zeros(stream_count, U32)
+    ends[:len(prev_ends)] = prev_ends
+    ends[stream_ids] += counts.astype(U32)
+    first_msg = np.zeros(len(counts) + 1, I64)
+    np.cumsum(counts, out=first_msg[1:])
+    all_ends = np.zeros(len(msg_ends) + 1, I64)
+    all_ends[1:] = msg_ends
+    data_start = all_ends[first_msg]
+    rel = (all_ends[1:] - np.repeat(data_start[:-1], counts)).astype(U32)
+    rel_bytes = memoryview(rel.tobytes())
+    run_bytes = 4 + 4 * counts + np.diff(data_start)
+    sizes = np.zeros(stream_count, I64)
+    sizes[stream_ids] = run_bytes
+    positions64 = np.zeros(stream_count + 1, I64)
+    np.cumsum(sizes, out=positions64[1:])
+    names_raw = encode_names(names)
+    index_raw = names_raw + ends.tobytes() + positions64.astype(U32).tobytes()
+    total = int(positions64[-1]) + len(index_raw) + OBJECT_FOOTER_BYTES
+    if total > OBJECT_BYTES_MAX:
+        raise ValueError(f"a run object of {total} bytes exceeds {OBJECT_BYTES_MAX}: upload smaller batches")
+    out = bytearray(total)
+    at = 0
+    pack_into = RUN_CRC.pack_into
+    m = first_msg.tolist()
+    d = data_start.tolist()
+    for i in range(len(counts)):
+        e = rel_bytes[4 * m[i]:4 * m[i + 1]]
+        body = data[d[i]:d[i + 1]]
+        pack_into(out, at, crc32c(body, crc32c(e)))
+        at += 4
+        out[at:at + len(e)] = e
+        at += len(e)
+        out[at:at + len(body)] = body
+        at += len(body)
+    out[at:at + len(index_raw)] = index_raw
+    at += len(index_raw)
+    out[at:] = encode_footer(at - len(index_raw), len(names_raw), first_stream, stream_count, len(msg_ends),
+                             crc32c(index_raw))
+    return bytes(out), ends, positions64.astype(U32)
+
+
+def decode_run(raw: bytes, count: int, where: str) -> list[bytes]:
+    """The ``count`` messages of one run, after checking its CRC."""
+    ends_at = 4 + 4 * count
+    if len(raw) < ends_at:
+        raise CorruptBulkError(f"{where}: run shorter than its {count} message ends")
+    (crc,) = RUN_CRC.unpack_from(raw)
+    view = memoryview(raw)
+    if crc32c(view[ends_at:], crc32c(view[4:ends_at])) != crc:
+        raise CorruptBulkError(f"{where}: run failed its CRC; the object is damaged")
+    ends = np.frombuffer(raw, U32, count, 4).tolist()
+    if count and ends[-1] != len(raw) - ends_at:
+        raise CorruptBulkError(f"{where}: message ends do not match the run's length")
+    data = raw[ends_at:]
+    return [data[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]

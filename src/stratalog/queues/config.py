@@ -1,0 +1,70 @@
+"""Every bound of the queue store, named, with the reason for its default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stratalog.wal.config import WALConfig
+
+#: Longest queue name, in characters (at most 1020 bytes of UTF-8: fits the formats' u16 length).
+QUEUE_NAME_CHARS_MAX = 255
+#: Longest consumer group name, in characters.
+GROUP_NAME_CHARS_MAX = 255
+
+
+def _queue_wal() -> WALConfig:
+    # Bulk records of up to 16 MiB: each carries one writer pass (a few ms of puts). The window and the
+    # write buffer must hold a few of the largest blocks.
+    return WALConfig(record_bytes_max=16 << 20, window_bytes_max=64 << 20, buffered_bytes_max=128 << 20)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    #: Largest message. 64 KiB: queues here carry small messages (the seed's are ~58 bytes); a bound
+    #: keeps one bulk record, and the buffer of puts not yet written, within known sizes.
+    message_bytes_max: int = 64 << 10
+    #: Puts not yet handed to the WAL. The writer wakes once this many wait (or after ``linger_s``) ...
+    pending_messages_wake: int = 65536
+    #: ... and put waits (up to ``put_wait_s_max``) once this many wait, or once messages above 1 KiB and
+    #: bulk puts hold ``pending_bytes_max``: the writer is behind. 1 M small messages: ~150 MB.
+    pending_messages_max: int = 1 << 20
+    pending_bytes_max: int = 64 << 20
+    linger_s: float = 0.05
+    put_wait_s_max: float = 30.0
+    #: A bulk record is closed at about this many bytes of messages (the WAL's record bound less room
+    #: for the message ends and runs that go with them).
+    record_bytes_target: int = 8 << 20
+    #: The WAL ring: only data not yet in objects lives there.
+    wal_capacity_bytes: int = 2 << 30
+    wal: WALConfig = field(default_factory=_queue_wal)
+    #: Messages in the WAL but not yet in objects, held in memory. When full, the writer waits for uploads.
+    log_cache_bytes_max: int = 1 << 30
+    #: Upload once this much waits: one object per upload, so this sets objects' size and with it the
+    #: number of index entries per queue (8 bytes per queue per object) ...
+    upload_bytes_threshold: int = 384 << 20
+    #: ... or once no put came for this long (a finished producer's tail goes to objects soon) ...
+    upload_idle_s: float = 0.5
+    #: ... or once the oldest waiting data is this old.
+    upload_interval_s: float = 10.0
+    #: Decoded runs kept for readers: random index checks hit it, sequential readers read a whole run
+    #: (all of a queue's messages in one object) at once and then take the rest from here.
+    read_cache_bytes_max: int = 256 << 20
+    #: Object uploads retry a failed step this many times, backing off, before the store stops.
+    upload_attempts_max: int = 5
+    upload_backoff_s: float = 0.2
+
+    def validate(self) -> None:
+        if not 1 <= self.message_bytes_max <= self.record_bytes_target:
+            raise ValueError("message_bytes_max must be within 1 .. record_bytes_target")
+        if self.record_bytes_target * 3 // 2 > self.wal.record_bytes_max:
+            raise ValueError("wal.record_bytes_max must hold a bulk record of record_bytes_target bytes and "
+                             "its message ends")
+        if not 1 <= self.pending_messages_wake <= self.pending_messages_max:
+            raise ValueError("pending_messages_wake must be within 1 .. pending_messages_max")
+        if self.upload_bytes_threshold > self.log_cache_bytes_max:
+            raise ValueError("upload_bytes_threshold must not exceed log_cache_bytes_max")
+        if self.log_cache_bytes_max >= self.wal_capacity_bytes:
+            raise ValueError("the WAL must be larger than the log cache: it holds everything not yet uploaded")
+        if self.upload_attempts_max < 1:
+            raise ValueError("upload_attempts_max must be >= 1")
+        self.wal.validate(self.wal_capacity_bytes - 8192)

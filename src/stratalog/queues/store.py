@@ -1,0 +1,867 @@
+"""QueueStore: a million small queues as streams of the engine's bulk path.
+
+Write path: ``put`` appends the name and the message to two lists under a lock and returns. A writer
+thread takes the lists every few milliseconds, resolves names to dense stream ids (new names get the
+next id), groups the messages by stream and assigns offsets in bulk with NumPy, and appends one bulk
+record to the WAL (docs/formats/queues.md). The record stays in memory (the log cache) until an upload
+merges many records into one run object: each queue's messages contiguous, a dense index of 8 bytes per
+queue. ``flush`` hands what is pending to the WAL and waits until it is durable.
+
+Read path: offsets below a queue's uploaded end come from objects (a binary search over the objects by
+the queue's end offset in each, then one ranged read of the queue's run, kept in a bounded cache); the
+rest from the log cache. Recovery reads each object's index (never its data), then replays the WAL
+from its trim point.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stratalog.engine.bulkformat import (
+    I64,
+    OBJECT_FOOTER_BYTES,
+    STREAM_MESSAGES_MAX,
+    U32,
+    BulkRecord,
+    CorruptBulkError,
+    Ids,
+    U32s,
+    build_object,
+    decode_bulk,
+    decode_footer,
+    decode_index,
+    decode_run,
+    encode_bulk,
+)
+from stratalog.engine.metadata import Metadata, NewObject
+from stratalog.engine.store import StoreClosedError, StoreFailedError, _lock_dir
+from stratalog.errors import OverCapacityError, StratalogError
+from stratalog.invariant import invariant
+from stratalog.objects.store import ObjectStore
+from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
+from stratalog.wal import WriteAheadLog
+
+log = logging.getLogger("stratalog.queues")
+
+QUEUE_PREFIX = "queues/"
+#: Messages up to this size take put's fast path (no lock) and count as one pending message each;
+#: larger ones are also counted by their bytes, so pending_bytes_max bounds what big messages can hold.
+SMALL_MESSAGE_BYTES_MAX = 1024
+_BULK = object()
+_COMMIT_KEY = "queue-commit:{}:{}:{}"
+_T = TypeVar("_T")
+
+
+class QueueError(StratalogError):
+    """A queue operation was refused."""
+
+
+class InvalidQueueNameError(QueueError, ValueError):
+    """A queue (or group) name is not a str of 1 to QUEUE_NAME_CHARS_MAX characters encodable as UTF-8."""
+
+
+class MessageTooLargeError(QueueError, ValueError):
+    """A message is larger than ``message_bytes_max``."""
+
+
+class PutBackpressureError(QueueError):
+    """Puts outran the writer and the uploads for ``put_wait_s_max``."""
+
+
+def queue_object_key(object_id: int) -> str:
+    return f"{QUEUE_PREFIX}{object_id:016x}.slq"
+
+
+def check_name(name: object, what: str = "queue") -> str:
+    if type(name) is not str or not 0 < len(name) <= QUEUE_NAME_CHARS_MAX:
+        raise InvalidQueueNameError(f"a {what} name must be a str of 1 to {QUEUE_NAME_CHARS_MAX} characters, "
+                                    f"got {name!r:.80}")
+    if not name.isascii():
+        try:
+            name.encode()
+        except UnicodeEncodeError as e:
+            raise InvalidQueueNameError(f"{what} name {name!r:.80} is not valid Unicode (lone surrogate)") from e
+    return name
+
+
+@dataclass(slots=True)
+class _Record:
+    """One bulk record in the log cache: messages in the WAL, not yet in an object."""
+
+    wal_offset: int
+    future: Future[int]
+    stream_ids: Ids          # ascending, distinct
+    base_offsets: Ids
+    counts: Ids
+    first_msg: Ids           # run i's messages are first_msg[i] .. first_msg[i + 1]
+    messages: Any            # pyarrow BinaryArray, runs in order
+    names: list[tuple[int, str]]
+    stream_count: int        # streams known once this record was made
+    cache_bytes: int
+    written_at: float
+
+
+@dataclass(slots=True)
+class _Object:
+    """One uploaded run object: its key and its dense index (see engine/bulkformat.py)."""
+
+    seq: int
+    key: str
+    ends: U32s
+    positions: U32s
+    reader: Any              # LocalObjectReader, or None: ranged gets through the ObjectStore
+
+    def end(self, stream_id: int) -> int:
+        return int(self.ends[stream_id]) if stream_id < len(self.ends) else 0
+
+
+class _Ends:
+    """The end offsets of one stream over the objects, as a sequence for ``bisect``."""
+
+    __slots__ = ("_objects", "_stream_id")
+
+    def __init__(self, objects: tuple[_Object, ...], stream_id: int) -> None:
+        self._objects = objects
+        self._stream_id = stream_id
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def __getitem__(self, k: int) -> int:
+        return self._objects[k].end(self._stream_id)
+
+
+@dataclass(slots=True)
+class QueueRecoveryReport:
+    objects: int = 0
+    index_bytes: int = 0
+    wal_records: int = 0
+    records_in_objects: int = 0
+    records_replayed: int = 0
+    messages_replayed: int = 0
+    #: Records after the first one that does not follow on (a hole the WAL skipped): never acknowledged.
+    records_dropped: int = 0
+    orphan_objects_deleted: int = 0
+    seconds: float = 0.0
+
+
+class QueueStore:
+    """Durable named queues, created on first put, offsets dense from 0. Thread-safe."""
+
+    def __init__(self, data_dir: Path, objects: ObjectStore, config: QueueConfig) -> None:
+        config.validate()
+        self._dir = data_dir
+        self._config = config
+        self._objects = objects
+        self._lock_fd = _lock_dir(data_dir)
+        self._meta = Metadata(data_dir / "meta.sqlite")
+        # Puts: (name, message) pairs appended to one list; a put_many is one (_BULK, (names, array)) item.
+        # Small messages count against pending_messages_max; large ones and bulk puts also by their bytes.
+        self._buf: list[tuple[Any, Any]] = []
+        self._wake_count = config.pending_messages_wake
+        self._put_cond = threading.Condition(threading.Lock())
+        self._large_bytes = 0
+        self._wake = threading.Event()
+        # The writer's state; _writer_lock serializes drains (the writer thread, flush, get).
+        self._writer_lock = threading.Lock()
+        self._ids: dict[str, int] = {}
+        self._stream_count = 0
+        self._next = np.zeros(1024, I64)
+        self._new_names: list[tuple[int, str]] = []
+        self._last_future: Future[int] | None = None
+        self._last_write = time.monotonic()
+        # What readers see: uploaded objects and the log cache, swapped as one tuple.
+        self._view_lock = threading.Condition(threading.Lock())
+        self._view: tuple[tuple[_Object, ...], tuple[_Record, ...]] = ((), ())
+        self._cache_bytes = 0
+        self._upload_lock = threading.Lock()
+        self._upload_wanted = False
+        self._read_lock = threading.Lock()
+        self._runs: dict[tuple[int, int], list[bytes]] = {}
+        self._runs_bytes = 0
+        self._read_next = np.zeros(1024, I64)
+        self._closing = False
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._wal = WriteAheadLog.open(data_dir / "wal", capacity_bytes=config.wal_capacity_bytes, create=True,
+                                       config=config.wal)
+        self.recovery = self._recover()
+        self._writer = threading.Thread(target=self._writer_loop, name="stratalog-queue-writer", daemon=True)
+        self._uploader = threading.Thread(target=self._uploader_loop, name="stratalog-queue-uploader",
+                                          daemon=True)
+        self._writer.start()
+        self._uploader.start()
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
+             config: QueueConfig | None = None) -> QueueStore:
+        """Open (or create) the queue store in ``data_dir``; ``object_store`` as for StreamStore.open."""
+        path = Path(data_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        if object_store is None or isinstance(object_store, str):
+            from stratalog.objects.uri import open_object_store
+
+            objects = open_object_store(object_store, path)
+        else:
+            objects = object_store
+        return cls(path, objects, config or QueueConfig())
+
+    # Put -------------------------------------------------------------------------------------------
+
+    def put(self, queue_name: str, message: bytes) -> None:
+        """Add ``message`` to the end of ``queue_name`` (created on first put). Returns at once; the
+        message is durable after the next :meth:`flush` returns."""
+        if type(message) is not bytes or len(message) > SMALL_MESSAGE_BYTES_MAX:
+            self._put_large(queue_name, message)
+            return
+        if type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX \
+                or not queue_name.isascii():
+            check_name(queue_name)
+        # No lock: list.append is atomic under the GIL, and the writer only ever removes a prefix.
+        buf = self._buf
+        buf.append((queue_name, message))
+        if len(buf) >= self._wake_count:
+            self._backpressure()
+
+    def _put_large(self, queue_name: str, message: object) -> None:
+        """A message that is not small bytes: checked, and its bytes counted against pending_bytes_max."""
+        if type(message) is not bytes:
+            message = _as_bytes(message)
+        assert isinstance(message, bytes)
+        if len(message) > self._config.message_bytes_max:
+            raise MessageTooLargeError(f"message of {len(message)} bytes exceeds message_bytes_max="
+                                       f"{self._config.message_bytes_max}")
+        check_name(queue_name)
+        with self._put_cond:
+            self._large_bytes += len(message)
+            self._buf.append((queue_name, message))
+        self._backpressure()
+
+    def put_many(self, queue_names: Sequence[str] | Any, messages: Sequence[bytes] | Any) -> None:
+        """Put ``messages[i]`` on ``queue_names[i]`` for every i, in order. Names: a sequence of str or an
+        Arrow string array; messages: a sequence of bytes, an Arrow binary array, or a 2-D uint8 NumPy
+        array (one message per row). All are checked before any is put."""
+        names = _names_list(queue_names)
+        batch = _binary_array(messages)
+        if len(names) != len(batch):
+            raise ValueError(f"{len(names)} queue names for {len(batch)} messages")
+        if not names:
+            return
+        if batch.null_count:
+            raise TypeError("messages must not be null")
+        lengths = pc.binary_length(batch)
+        longest = pc.max(lengths).as_py() or 0
+        if longest > self._config.message_bytes_max:
+            raise MessageTooLargeError(f"a message of {longest} bytes exceeds message_bytes_max="
+                                       f"{self._config.message_bytes_max}")
+        if not all(map(_plain_name, names)):
+            for name in names:
+                check_name(name)
+        total = int(pc.sum(lengths).as_py() or 0)
+        with self._put_cond:
+            self._large_bytes += total
+            self._buf.append((_BULK, (names, batch)))
+        self._backpressure()
+
+    def _backpressure(self) -> None:
+        """Wake the writer; wait while the puts not yet written are at their bound."""
+        self._check_open()
+        if not self._wake.is_set():
+            self._wake.set()
+        config = self._config
+        if len(self._buf) < config.pending_messages_max and self._large_bytes < config.pending_bytes_max:
+            return
+        deadline = time.monotonic() + config.put_wait_s_max
+        with self._put_cond:
+            while len(self._buf) >= config.pending_messages_max or self._large_bytes >= config.pending_bytes_max:
+                self._check_open()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PutBackpressureError(f"puts waited {config.put_wait_s_max} s for the writer: "
+                                               "the disk or the uploads are too slow")
+                self._put_cond.wait(min(remaining, 0.1))
+
+    def flush(self) -> None:
+        """Return once every put made before this call is durable (survives kill -9 and power loss)."""
+        self._check_open()
+        self._drain()
+        last = self._last_future
+        if last is not None:
+            error = last.exception()
+            if error is not None:
+                raise StoreFailedError(f"the queue store's WAL failed: {error}") from error
+
+    # Write -----------------------------------------------------------------------------------------
+
+    def _writer_loop(self) -> None:
+        while True:
+            self._wake.wait(self._config.linger_s)
+            self._wake.clear()
+            if self._closing:
+                return
+            try:
+                self._drain()
+            except BaseException as e:
+                self._fail(e)
+                return
+
+    def _drain(self) -> None:
+        """Hand every pending put to the WAL (as bulk records) and to the log cache."""
+        with self._writer_lock:
+            buf = self._buf
+            taken = len(buf)
+            if not taken:
+                return
+            items = buf[:taken]
+            del buf[:taken]  # appends that came meanwhile stay
+            with self._put_cond:
+                self._large_bytes = 0
+                self._put_cond.notify_all()
+            self._check_open()
+            names: list[str] = []
+            arrays = []
+            singles: list[bytes] = []
+            for name, message in items:
+                if name is _BULK:
+                    if singles:
+                        arrays.append(pa.array(singles, type=pa.binary()))
+                        singles = []
+                    names.extend(message[0])
+                    arrays.append(message[1])
+                else:
+                    names.append(name)
+                    singles.append(message)
+            if singles:
+                arrays.append(pa.array(singles, type=pa.binary()))
+            batch = arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+            ids = self._resolve(names)
+            self._write(ids, batch)
+
+    def _resolve(self, names: list[str]) -> Ids:
+        ids = self._ids
+        try:
+            return np.fromiter(map(ids.__getitem__, names), I64, len(names))
+        except KeyError:
+            pass
+        for name in names:
+            if name not in ids:
+                ids[name] = self._stream_count
+                self._new_names.append((self._stream_count, name))
+                self._stream_count += 1
+        self._grow(self._stream_count)
+        return np.fromiter(map(ids.__getitem__, names), I64, len(names))
+
+    def _grow(self, stream_count: int) -> None:
+        if stream_count > len(self._next):
+            size = max(stream_count, 2 * len(self._next))
+            grown = np.zeros(size, I64)
+            grown[:len(self._next)] = self._next
+            self._next = grown
+            read_next = np.zeros(size, I64)
+            read_next[:len(self._read_next)] = self._read_next
+            self._read_next = read_next
+
+    def _write(self, ids: Ids, batch: Any) -> None:
+        """Split into records of about record_bytes_target; write each."""
+        lengths = np.asarray(pc.binary_length(batch), I64)
+        cumulative = np.cumsum(lengths)
+        total = int(cumulative[-1]) if len(cumulative) else 0
+        target = self._config.record_bytes_target
+        start = 0
+        while start < len(ids):
+            stop = len(ids)
+            if total > target:
+                already = int(cumulative[start - 1]) if start else 0
+                stop = max(start + 1, int(np.searchsorted(cumulative, already + target, side="right")))
+            self._write_record(ids[start:stop], batch.slice(start, stop - start))
+            start = stop
+
+    def _write_record(self, ids: Ids, batch: Any) -> None:
+        order = np.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        first = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+        stream_ids = sorted_ids[first]
+        counts = np.diff(np.append(first, len(sorted_ids)))
+        base = self._next[stream_ids]
+        if len(base) and int((base + counts).max()) > STREAM_MESSAGES_MAX:
+            raise QueueError(f"a queue would exceed {STREAM_MESSAGES_MAX} messages")
+        taken = batch.take(pa.array(order))
+        offsets = np.frombuffer(taken.buffers()[1], np.int32, len(taken) + 1, taken.offset * 4)
+        data = memoryview(taken.buffers()[2] or b"")[int(offsets[0]):int(offsets[-1])]
+        ends = offsets[1:] - offsets[0]
+        names, self._new_names = self._new_names, []
+        body = b"".join(encode_bulk(stream_ids, base, counts, names, self._stream_count, ends, data))
+        cache_bytes = len(body)
+        self._wait_for_cache_room(cache_bytes)
+        result = self._append_wal(body)
+        self._next[stream_ids] = base + counts
+        first_msg = np.zeros(len(counts) + 1, I64)
+        np.cumsum(counts, out=first_msg[1:])
+        record = _Record(result.offset, result.future, stream_ids, base, counts, first_msg, taken, names,
+                         self._stream_count, cache_bytes, time.monotonic())
+        with self._view_lock:
+            objects, records = self._view
+            self._view = (objects, (*records, record))
+            self._cache_bytes += cache_bytes
+        self._last_future = result.future
+        self._last_write = record.written_at
+
+    def _wait_for_cache_room(self, size: int) -> None:
+        deadline = time.monotonic() + self._config.put_wait_s_max
+        with self._view_lock:
+            while self._cache_bytes and self._cache_bytes + size > self._config.log_cache_bytes_max:
+                self._check_open()
+                if time.monotonic() > deadline:
+                    raise PutBackpressureError(f"the log cache stayed full for {self._config.put_wait_s_max} s: "
+                                               "uploads are too slow or failing")
+                self._upload_wanted = True
+                self._view_lock.notify_all()
+                self._view_lock.wait(0.1)
+
+    def _append_wal(self, body: bytes) -> Any:
+        deadline = time.monotonic() + self._config.put_wait_s_max
+        while True:
+            try:
+                return self._wal.append(body)
+            except OverCapacityError:
+                if time.monotonic() > deadline:
+                    raise
+            with self._view_lock:
+                self._upload_wanted = True
+                self._view_lock.notify_all()
+                self._view_lock.wait(0.1)
+
+    # Read ------------------------------------------------------------------------------------------
+
+    def get(self, queue_name: str, offset: int, num: int) -> list[bytes]:
+        """Messages ``offset .. offset + num - 1`` of ``queue_name`` that exist, in order. Sees every put
+        made before it (durable or not: a message not yet flushed may be gone after a crash)."""
+        if offset < 0 or num < 0:
+            raise ValueError(f"offset and num must be >= 0, got {offset}, {num}")
+        self._check_not_closed()
+        if self._buf:
+            self._drain()
+        stream_id = self._ids.get(queue_name)
+        if stream_id is None or num == 0:
+            if stream_id is None and type(queue_name) is not str:
+                check_name(queue_name)
+            return []
+        objects, records = self._view
+        out: list[bytes] = []
+        stop = offset + num
+        pos = offset
+        committed = objects[-1].end(stream_id) if objects else 0
+        sequential = int(self._read_next[stream_id]) == offset
+        if pos < committed:
+            k = bisect.bisect_right(_Ends(objects, stream_id), pos)
+            while pos < min(stop, committed):
+                obj = objects[k]
+                start = objects[k - 1].end(stream_id) if k else 0
+                end = obj.end(stream_id)
+                k += 1
+                if end == start:
+                    continue
+                run = self._run(obj, stream_id, end - start)
+                take = run[pos - start:stop - start]
+                out.extend(take)
+                pos += len(take)
+                if sequential and pos == end and k < len(objects):
+                    self._read_ahead(objects[k], stream_id)
+        if pos < stop:
+            for rec in records:
+                i = int(np.searchsorted(rec.stream_ids, stream_id))
+                if i == len(rec.stream_ids) or rec.stream_ids[i] != stream_id:
+                    continue
+                base = int(rec.base_offsets[i])
+                count = int(rec.counts[i])
+                if base + count <= pos:
+                    continue
+                first = int(rec.first_msg[i]) + pos - base
+                n = min(stop - pos, base + count - pos)
+                out.extend(rec.messages.slice(first, n).to_pylist())
+                pos += n
+                if pos >= stop:
+                    break
+        self._read_next[stream_id] = pos
+        return out
+
+    def _run(self, obj: _Object, stream_id: int, count: int) -> list[bytes]:
+        key = (obj.seq, stream_id)
+        run = self._runs.get(key)
+        if run is not None:
+            return run
+        a, b = int(obj.positions[stream_id]), int(obj.positions[stream_id + 1])
+        raw = obj.reader.read(a, b) if obj.reader is not None else self._objects.get(obj.key, a, b)
+        run = decode_run(raw, count, f"queue object {obj.key}, stream {stream_id}")
+        with self._read_lock:
+            self._runs[key] = run
+            self._runs_bytes += len(raw) + 64 * count
+            while self._runs_bytes > self._config.read_cache_bytes_max and self._runs:
+                old_key = next(iter(self._runs))
+                old = self._runs.pop(old_key)
+                self._runs_bytes -= sum(map(len, old)) + 68 * len(old) + 4
+        return run
+
+    def _read_ahead(self, obj: _Object, stream_id: int) -> None:
+        if obj.reader is not None and stream_id < len(obj.ends):
+            obj.reader.will_need(int(obj.positions[stream_id]), int(obj.positions[stream_id + 1]))
+
+    # Consumer positions ----------------------------------------------------------------------------
+
+    def commit(self, group: str, queue_name: str, offset: int) -> None:
+        """Record that ``group`` consumed ``queue_name`` up to ``offset``; durable when it returns."""
+        check_name(group, "group")
+        check_name(queue_name)
+        if type(offset) is not int or offset < 0:
+            raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+        self._check_open()
+        invariant(len(group) <= GROUP_NAME_CHARS_MAX)
+        self._meta.set_meta(_COMMIT_KEY.format(len(group), group, queue_name), offset)
+
+    def committed(self, group: str, queue_name: str) -> int | None:
+        """The offset ``group`` last committed on ``queue_name``, or None."""
+        check_name(group, "group")
+        check_name(queue_name)
+        self._check_not_closed()
+        value = self._meta.get_meta(_COMMIT_KEY.format(len(group), group, queue_name), -1)
+        return None if value < 0 else value
+
+    # Upload ----------------------------------------------------------------------------------------
+
+    def _uploader_loop(self) -> None:
+        config = self._config
+        while True:
+            with self._view_lock:
+                while not self._closing:
+                    records = self._view[1]
+                    now = time.monotonic()
+                    if records and (self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold
+                                    or now - self._last_write >= config.upload_idle_s
+                                    or now - records[0].written_at >= config.upload_interval_s):
+                        break
+                    self._view_lock.wait(min(config.upload_idle_s, 0.1))
+                if self._closing:
+                    return
+                self._upload_wanted = False
+            try:
+                self._upload()
+            except BaseException as e:
+                self._fail(e)
+                return
+
+    def _upload(self, *, everything: bool = False) -> int:
+        """Merge the durable records of the log cache into one object; return the messages uploaded."""
+        with self._upload_lock:
+            objects, records = self._view
+            taken: list[_Record] = []
+            for rec in records:
+                if not everything and not rec.future.done():
+                    break
+                if rec.future.done() and rec.future.exception() is not None:
+                    raise StoreFailedError(f"a WAL write failed: {rec.future.exception()}")
+                taken.append(rec)
+            if not taken:
+                return 0
+            obj = self._write_object(objects, taken)
+            with self._view_lock:
+                objects, records = self._view
+                invariant(records[:len(taken)] == tuple(taken), "uploads take a prefix of the log cache")
+                self._view = ((*objects, obj), records[len(taken):])
+                self._cache_bytes -= sum(r.cache_bytes for r in taken)
+                self._view_lock.notify_all()
+            last = taken[-1].wal_offset
+            if last > self._wal.trim_offset and not everything:
+                self._wal.trim(last)
+            return int(sum(int(r.counts.sum()) for r in taken))
+
+    def _write_object(self, objects: tuple[_Object, ...], taken: list[_Record]) -> _Object:
+        prev_ends = objects[-1].ends if objects else np.zeros(0, U32)
+        stream_ids = np.concatenate([r.stream_ids for r in taken])
+        counts = np.concatenate([r.counts for r in taken])
+        bases = np.concatenate([r.base_offsets for r in taken])
+        shift = np.cumsum([0] + [len(r.messages) for r in taken[:-1]])
+        first_msg = np.concatenate([r.first_msg[:-1] + s for r, s in zip(taken, shift, strict=True)])
+        order = np.argsort(stream_ids, kind="stable")
+        s_ids, s_counts, s_first = stream_ids[order], counts[order], first_msg[order]
+        total = int(s_counts.sum())
+        run_starts = np.zeros(len(s_counts), I64)
+        np.cumsum(s_counts[:-1], out=run_starts[1:])
+        perm = np.repeat(s_first - run_starts, s_counts) + np.arange(total, dtype=I64)
+        merged = pa.concat_arrays([r.messages for r in taken]).take(pa.array(perm))
+        groups = np.flatnonzero(np.concatenate(([True], s_ids[1:] != s_ids[:-1])))
+        unique = s_ids[groups]
+        per_stream = np.add.reduceat(s_counts, groups) if len(groups) else s_counts
+        stream_count = taken[-1].stream_count
+        prev = np.zeros(stream_count, I64)
+        prev[:len(prev_ends)] = prev_ends
+        before = prev[unique]
+        invariant(bool(np.all(bases[order][groups] == before)), "a queue's runs must follow its uploaded end")
+        offsets = np.frombuffer(merged.buffers()[1], np.int32, len(merged) + 1, merged.offset * 4)
+        data = memoryview(merged.buffers()[2] or b"")
+        names = [n for r in taken for n in r.names]
+        first_stream = len(prev_ends)
+        invariant([i for i, _ in names] == list(range(first_stream, stream_count)), "names cover new streams")
+        raw, ends, positions = build_object(prev_ends, stream_count, first_stream, names, unique, per_stream,
+                                            offsets[1:] - offsets[0], data[int(offsets[0]):])
+        object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
+        key = queue_object_key(object_id)
+        self._with_retries(f"writing object {key}", lambda: self._objects.put(key, raw))
+        self._with_retries("committing the upload",
+                           lambda: self._meta.commit_objects([NewObject(object_id, key, len(raw), [])]))
+        return _Object(len(objects), key, ends, positions, self._open_reader(key))
+
+    def _open_reader(self, key: str) -> Any:
+        opener = getattr(self._objects, "open_reader", None)
+        return opener(key) if callable(opener) else None
+
+    def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
+        delay = self._config.upload_backoff_s
+        for attempt in range(1, self._config.upload_attempts_max + 1):
+            try:
+                return step()
+            except StratalogError as e:
+                if attempt == self._config.upload_attempts_max:
+                    raise
+                log.warning("%s failed (attempt %d of %d): %s", what, attempt, self._config.upload_attempts_max, e)
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    # Recovery --------------------------------------------------------------------------------------
+
+    def _recover(self) -> QueueRecoveryReport:
+        report = QueueRecoveryReport()
+        started = time.monotonic()
+        objects = self._load_objects(report)
+        if objects:
+            ends = objects[-1].ends
+            self._stream_count = len(ends)
+            self._grow(self._stream_count)
+            self._next[:len(ends)] = ends
+        self._view = (tuple(objects), ())
+        last_wal_offset = -1
+        stopped = False
+        for rec in self._wal.recover():
+            report.wal_records += 1
+            last_wal_offset = rec.offset
+            if stopped:
+                report.records_dropped += 1
+                continue
+            bulk = decode_bulk(rec.data)
+            verdict = self._follows_on(bulk)
+            if verdict == "in objects":
+                report.records_in_objects += 1
+                continue
+            if verdict == "hole":
+                stopped = True
+                report.records_dropped += 1
+                continue
+            self._replay(bulk, rec.offset)
+            report.records_replayed += 1
+            report.messages_replayed += len(bulk.ends)
+            if self._cache_bytes >= self._config.upload_bytes_threshold:
+                self._upload(everything=True)
+        self._upload(everything=True)
+        if last_wal_offset > self._wal.trim_offset:
+            self._wal.trim(last_wal_offset)
+        report.orphan_objects_deleted = self._delete_orphans()
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _load_objects(self, report: QueueRecoveryReport) -> list[_Object]:
+        loaded: list[_Object] = []
+        for meta in self._meta.objects():
+            if not meta.key.startswith(QUEUE_PREFIX):
+                continue
+            size = meta.size_bytes
+            footer = decode_footer(self._objects.get(meta.key, size - OBJECT_FOOTER_BYTES, size), size)
+            raw = self._objects.get(meta.key, footer.names_position, size - OBJECT_FOOTER_BYTES)
+            names, ends, positions = decode_index(raw, footer)
+            if footer.first_stream != self._stream_count:
+                raise CorruptBulkError(f"queue object {meta.key} names streams from {footer.first_stream}; "
+                                       f"{self._stream_count} are known")
+            for stream_id, name in names:
+                self._ids[name] = stream_id
+            self._stream_count = footer.stream_count
+            loaded.append(_Object(len(loaded), meta.key, ends, positions, self._open_reader(meta.key)))
+            report.objects += 1
+            report.index_bytes += ends.nbytes + positions.nbytes
+        return loaded
+
+    def _follows_on(self, bulk: BulkRecord) -> str:
+        """"in objects", "follows" (replay it) or "hole" (this record does not continue the queues)."""
+        ids = bulk.stream_ids
+        if len(ids) and int(ids.max()) >= bulk.stream_count:
+            return "hole"
+        known = ids < len(self._next)
+        nxt = np.where(known, self._next[np.where(known, ids, 0)], 0)
+        if len(ids) and bool(np.all(known)) and bool(np.all(bulk.base_offsets + bulk.counts <= nxt)):
+            return "in objects"
+        new = [i for i, _ in bulk.names]
+        if new and new != list(range(self._stream_count, self._stream_count + len(new))):
+            return "hole"
+        if bulk.stream_count != self._stream_count + len(new):
+            return "hole"
+        self._grow(bulk.stream_count)
+        if not bool(np.all(bulk.base_offsets == self._next[ids])):
+            return "hole"
+        return "follows"
+
+    def _replay(self, bulk: BulkRecord, wal_offset: int) -> None:
+        for stream_id, name in bulk.names:
+            self._ids[name] = stream_id
+        self._stream_count = bulk.stream_count
+        ids = bulk.stream_ids
+        self._next[ids] = bulk.base_offsets + bulk.counts
+        offsets = np.zeros(len(bulk.ends) + 1, np.int32)
+        offsets[1:] = bulk.ends
+        messages = pa.BinaryArray.from_buffers(pa.binary(), len(bulk.ends),
+                                               [None, pa.py_buffer(offsets), pa.py_buffer(bytes(bulk.data))])
+        first_msg = np.zeros(len(ids) + 1, I64)
+        np.cumsum(bulk.counts, out=first_msg[1:])
+        done: Future[int] = Future()
+        done.set_result(wal_offset)
+        record = _Record(wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg, messages, bulk.names,
+                         bulk.stream_count, len(bulk.data) + 4 * len(bulk.ends), time.monotonic())
+        objects, records = self._view
+        self._view = (objects, (*records, record))
+        self._cache_bytes += record.cache_bytes
+
+    def _delete_orphans(self) -> int:
+        """Delete objects an interrupted upload wrote but never committed."""
+        for cleanup in ("remove_temp_files", "abort_incomplete_uploads"):
+            method = getattr(self._objects, cleanup, None)
+            if callable(method):
+                method()
+        known = {o.key for o in self._meta.objects()}
+        orphans = [info.key for info in self._objects.list(QUEUE_PREFIX) if info.key not in known]
+        for key in orphans:
+            self._objects.delete(key)
+        return len(orphans)
+
+    # Lifecycle -------------------------------------------------------------------------------------
+
+    def _fail(self, error: BaseException) -> None:
+        log.error("the queue store stopped: %s", error)
+        self._failure = self._failure or error
+        with self._put_cond:
+            self._put_cond.notify_all()
+        with self._view_lock:
+            self._view_lock.notify_all()
+
+    def _check_not_closed(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the queue store is closed")
+
+    def _check_open(self) -> None:
+        if self._failure is not None:
+            raise StoreFailedError(f"the queue store stopped after an error: {self._failure}") from self._failure
+        if self._closing or self._closed:
+            raise StoreClosedError("the queue store is closed")
+
+    def close(self) -> None:
+        """Make every put durable, upload, trim the WAL, and release everything."""
+        if self._closed or self._closing:
+            return
+        try:
+            if self._failure is None:
+                self.flush()
+        finally:
+            self._closing = True
+            self._wake.set()
+            with self._view_lock:
+                self._view_lock.notify_all()
+            self._writer.join()
+            self._uploader.join()
+            try:
+                if self._failure is None and not self._wal.failure:
+                    self._upload()
+            finally:
+                self._closed = True
+                self._wal.close()
+                for obj in self._view[0]:
+                    if obj.reader is not None:
+                        obj.reader.close()
+                self._meta.close()
+                self._objects.close()
+                os.close(self._lock_fd)
+
+    def __enter__(self) -> QueueStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, int]:
+        """Queues, messages, and the bytes of each in-memory structure."""
+        objects, records = self._view
+        ids = self._ids
+        return {
+            "queues": self._stream_count,
+            "messages": int(self._next[:self._stream_count].sum()),
+            "objects": len(objects),
+            "index_bytes": sum(o.ends.nbytes + o.positions.nbytes for o in objects),
+            "queue_state_bytes": self._next.nbytes + self._read_next.nbytes,
+            "name_dict_bytes": sys.getsizeof(ids) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in ids.items()),
+            "log_cache_bytes": self._cache_bytes,
+            "log_cache_records": len(records),
+            "read_cache_bytes": self._runs_bytes,
+        }
+
+
+def _plain_name(name: object) -> bool:
+    return type(name) is str and 0 < len(name) <= QUEUE_NAME_CHARS_MAX and name.isascii()
+
+
+def _as_bytes(message: object) -> bytes:
+    if isinstance(message, bytearray | memoryview):
+        return bytes(message)
+    raise TypeError(f"a message must be bytes, got {type(message).__name__}")
+
+
+def _names_list(names: Sequence[str] | Any) -> list[str]:
+    if isinstance(names, pa.Array | pa.ChunkedArray):
+        return list(names.to_pylist())
+    if isinstance(names, np.ndarray):
+        return [str(n) for n in names.tolist()]
+    return list(names)
+
+
+def _binary_array(messages: Sequence[bytes] | Any) -> Any:
+    """Messages as one Arrow binary array (no copy for Arrow input)."""
+    if isinstance(messages, pa.ChunkedArray):
+        messages = messages.combine_chunks()
+    if isinstance(messages, pa.Array):
+        if pa.types.is_large_binary(messages.type) or pa.types.is_fixed_size_binary(messages.type) \
+                or pa.types.is_binary_view(messages.type):
+            return messages.cast(pa.binary())
+        if not pa.types.is_binary(messages.type):
+            raise TypeError(f"messages must be a binary Arrow array, got {messages.type}")
+        return messages
+    if isinstance(messages, np.ndarray):
+        if messages.dtype != np.uint8 or messages.ndim != 2:
+            raise TypeError("a NumPy message buffer must be a 2-D uint8 array, one message per row")
+        rows, width = messages.shape
+        offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int32)
+        return pa.BinaryArray.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets),
+                                                              pa.py_buffer(np.ascontiguousarray(messages))])
+    items = list(messages)
+    for m in items:
+        if type(m) is not bytes:
+            raise TypeError(f"a message must be bytes, got {type(m).__name__}")
+    return pa.array(items, type=pa.binary())
+
