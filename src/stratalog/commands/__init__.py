@@ -9,6 +9,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     from stratalog.commands import (
         bench_catchup,
         bench_log,
+        bench_queues,
         bench_spark,
         bench_streams,
         bench_wal,
@@ -27,5 +28,6 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     bench.add_command(bench_catchup.catchup, name="catchup")
     bench.add_command(bench_spark.spark, name="spark")
     bench.add_command(bench_streams.streams, name="streams")
+    bench.add_command(bench_queues.queues, name="queues")
     chaos.add_command(chaos_wal.wal, name="wal")
     chaos.add_command(chaos_engine.engine, name="engine")

@@ -30,6 +30,7 @@ object (0 in the first) up to ``end_offset[s]``.
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -243,17 +244,20 @@ def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: S
     return bytes(out), ends, positions64.astype(U32)
 
 
-def decode_run(raw: bytes, count: int, where: str) -> list[bytes]:
-    """The ``count`` messages of one run, after checking its CRC."""
+def decode_run(raw: bytes, count: int, key: str, stream_id: int) -> list[bytes]:
+    """The ``count`` messages of one run (stream ``stream_id`` in object ``key``), after checking its CRC."""
     ends_at = 4 + 4 * count
-    if len(raw) < ends_at:
-        raise CorruptBulkError(f"{where}: run shorter than its {count} message ends")
-    (crc,) = RUN_CRC.unpack_from(raw)
     view = memoryview(raw)
-    if crc32c(view[ends_at:], crc32c(view[4:ends_at])) != crc:
-        raise CorruptBulkError(f"{where}: run failed its CRC; the object is damaged")
-    ends = np.frombuffer(raw, U32, count, 4).tolist()
+    if len(raw) < ends_at or crc32c(view[ends_at:], crc32c(view[4:ends_at])) != RUN_CRC.unpack_from(raw)[0]:
+        raise CorruptBulkError(f"run of stream {stream_id} in object {key}: short or failed its CRC; "
+                               "the object is damaged")
+    ends = view[4:ends_at].cast("I").tolist()  # little-endian on disk; checked at import
     if count and ends[-1] != len(raw) - ends_at:
-        raise CorruptBulkError(f"{where}: message ends do not match the run's length")
+        raise CorruptBulkError(f"run of stream {stream_id} in object {key}: message ends do not match its length")
     data = raw[ends_at:]
     return [data[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+# Runs are decoded by casting their ends to native u32: the formats are little-endian, and so must be the host.
+if sys.byteorder != "little":
+    raise ImportError("stratalog's bulk formats are read natively and need a little-endian host")

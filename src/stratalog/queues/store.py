@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,7 +36,6 @@ from stratalog.engine.bulkformat import (
     I64,
     OBJECT_FOOTER_BYTES,
     STREAM_MESSAGES_MAX,
-    U32,
     BulkRecord,
     CorruptBulkError,
     Ids,
@@ -53,6 +53,7 @@ from stratalog.errors import OverCapacityError, StratalogError
 from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
+from stratalog.queues.index import RunIndex, TailIndex
 from stratalog.wal import WriteAheadLog
 
 log = logging.getLogger("stratalog.queues")
@@ -62,6 +63,9 @@ QUEUE_PREFIX = "queues/"
 #: larger ones are also counted by their bytes, so pending_bytes_max bounds what big messages can hold.
 SMALL_MESSAGE_BYTES_MAX = 1024
 _BULK = object()
+#: A read of the log cache rebuilds the tail index at most this often; records written since the last
+#: build are searched one by one.
+TAIL_REBUILD_S = 0.05
 _COMMIT_KEY = "queue-commit:{}:{}:{}"
 _T = TypeVar("_T")
 
@@ -98,10 +102,11 @@ def check_name(name: object, what: str = "queue") -> str:
     return name
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Record:
     """One bulk record in the log cache: messages in the WAL, not yet in an object."""
 
+    seq: int
     wal_offset: int
     future: Future[int]
     stream_ids: Ids          # ascending, distinct
@@ -115,34 +120,16 @@ class _Record:
     written_at: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Object:
-    """One uploaded run object: its key and its dense index (see engine/bulkformat.py)."""
+    """One uploaded run object; where its runs lie is in the RunIndex, column ``seq``."""
 
     seq: int
     key: str
-    ends: U32s
-    positions: U32s
     reader: Any              # LocalObjectReader, or None: ranged gets through the ObjectStore
 
-    def end(self, stream_id: int) -> int:
-        return int(self.ends[stream_id]) if stream_id < len(self.ends) else 0
 
-
-class _Ends:
-    """The end offsets of one stream over the objects, as a sequence for ``bisect``."""
-
-    __slots__ = ("_objects", "_stream_id")
-
-    def __init__(self, objects: tuple[_Object, ...], stream_id: int) -> None:
-        self._objects = objects
-        self._stream_id = stream_id
-
-    def __len__(self) -> int:
-        return len(self._objects)
-
-    def __getitem__(self, k: int) -> int:
-        return self._objects[k].end(self._stream_id)
+_View = tuple[tuple[_Object, ...], tuple[_Record, ...], RunIndex]
 
 
 @dataclass(slots=True)
@@ -186,12 +173,14 @@ class QueueStore:
         self._last_write = time.monotonic()
         # What readers see: uploaded objects and the log cache, swapped as one tuple.
         self._view_lock = threading.Condition(threading.Lock())
-        self._view: tuple[tuple[_Object, ...], tuple[_Record, ...]] = ((), ())
+        self._view: _View = ((), (), RunIndex.empty())
+        self._tail = TailIndex.build(())
+        self._record_seq = 0
         self._cache_bytes = 0
         self._upload_lock = threading.Lock()
         self._upload_wanted = False
         self._read_lock = threading.Lock()
-        self._runs: dict[tuple[int, int], list[bytes]] = {}
+        self._runs: OrderedDict[tuple[int, int], tuple[list[bytes], int]] = OrderedDict()
         self._runs_bytes = 0
         self._read_next = np.zeros(1024, I64)
         self._closing = False
@@ -411,11 +400,12 @@ class QueueStore:
         self._next[stream_ids] = base + counts
         first_msg = np.zeros(len(counts) + 1, I64)
         np.cumsum(counts, out=first_msg[1:])
-        record = _Record(result.offset, result.future, stream_ids, base, counts, first_msg, taken, names,
-                         self._stream_count, cache_bytes, time.monotonic())
+        self._record_seq += 1
+        record = _Record(self._record_seq, result.offset, result.future, stream_ids, base, counts, first_msg, taken,
+                         names, self._stream_count, cache_bytes, time.monotonic())
         with self._view_lock:
-            objects, records = self._view
-            self._view = (objects, (*records, record))
+            objects, records, index = self._view
+            self._view = (objects, (*records, record), index)
             self._cache_bytes += cache_bytes
         self._last_future = result.future
         self._last_write = record.written_at
@@ -460,65 +450,76 @@ class QueueStore:
             if stream_id is None and type(queue_name) is not str:
                 check_name(queue_name)
             return []
-        objects, records = self._view
+        objects, records, index = self._view
         out: list[bytes] = []
         stop = offset + num
         pos = offset
-        committed = objects[-1].end(stream_id) if objects else 0
         sequential = int(self._read_next[stream_id]) == offset
-        if pos < committed:
-            k = bisect.bisect_right(_Ends(objects, stream_id), pos)
-            while pos < min(stop, committed):
-                obj = objects[k]
-                start = objects[k - 1].end(stream_id) if k else 0
-                end = obj.end(stream_id)
-                k += 1
-                if end == start:
-                    continue
-                run = self._run(obj, stream_id, end - start)
-                take = run[pos - start:stop - start]
-                out.extend(take)
-                pos += len(take)
-                if sequential and pos == end and k < len(objects):
-                    self._read_ahead(objects[k], stream_id)
-        if pos < stop:
-            for rec in records:
-                i = int(np.searchsorted(rec.stream_ids, stream_id))
-                if i == len(rec.stream_ids) or rec.stream_ids[i] != stream_id:
-                    continue
-                base = int(rec.base_offsets[i])
-                count = int(rec.counts[i])
-                if base + count <= pos:
-                    continue
-                first = int(rec.first_msg[i]) + pos - base
-                n = min(stop - pos, base + count - pos)
-                out.extend(rec.messages.slice(first, n).to_pylist())
-                pos += n
-                if pos >= stop:
-                    break
-        self._read_next[stream_id] = pos
+        if index.objects:
+            ends = index.row(stream_id)
+            if pos < ends[-1]:
+                k = bisect.bisect_right(ends, pos)
+                while pos < stop and k < len(ends):
+                    start = ends[k - 1] if k else 0
+                    end = ends[k]
+                    if end > start:
+                        run = self._run(objects[k], index, stream_id, end - start)
+                        take = run[pos - start:stop - start]
+                        out.extend(take)
+                        pos += len(take)
+                        if sequential and pos == end and k + 1 < len(ends):
+                            self._read_ahead(objects[k + 1], index, stream_id)
+                    k += 1
+        if pos < stop and records:
+            self._get_tail(records, stream_id, pos, stop, out)
+        self._read_next[stream_id] = offset + len(out)
         return out
 
-    def _run(self, obj: _Object, stream_id: int, count: int) -> list[bytes]:
+    def _get_tail(self, records: tuple[_Record, ...], stream_id: int, pos: int, stop: int, out: list[bytes]) -> None:
+        """Messages ``pos .. stop`` of a stream from the log cache, through the tail index."""
+        tail = self._tail
+        if tail.last_seq != records[-1].seq and time.monotonic() - tail.built_at >= TAIL_REBUILD_S:
+            tail = self._tail = TailIndex.build(records)
+        runs = tail.runs(stream_id)
+        # Records written since the tail index was built: looked up one by one.
+        for rec in records:
+            if rec.seq > tail.last_seq:
+                i = int(np.searchsorted(rec.stream_ids, stream_id))
+                if i < len(rec.stream_ids) and rec.stream_ids[i] == stream_id:
+                    runs.append((rec, i))
+        for rec, i in runs:
+            base = int(rec.base_offsets[i])
+            count = int(rec.counts[i])
+            if base + count <= pos:
+                continue
+            first = int(rec.first_msg[i]) + pos - base
+            n = min(stop - pos, base + count - pos)
+            out.extend(rec.messages.slice(first, n).to_pylist())
+            pos += n
+            if pos >= stop:
+                return
+
+    def _run(self, obj: _Object, index: RunIndex, stream_id: int, count: int) -> list[bytes]:
         key = (obj.seq, stream_id)
-        run = self._runs.get(key)
-        if run is not None:
-            return run
-        a, b = int(obj.positions[stream_id]), int(obj.positions[stream_id + 1])
+        cached = self._runs.get(key)
+        if cached is not None:
+            return cached[0]
+        a, b = index.run_bytes(stream_id, obj.seq)
         raw = obj.reader.read(a, b) if obj.reader is not None else self._objects.get(obj.key, a, b)
-        run = decode_run(raw, count, f"queue object {obj.key}, stream {stream_id}")
+        run = decode_run(raw, count, obj.key, stream_id)
+        size = len(raw) + 64 * count
         with self._read_lock:
-            self._runs[key] = run
-            self._runs_bytes += len(raw) + 64 * count
+            self._runs[key] = (run, size)
+            self._runs_bytes += size
             while self._runs_bytes > self._config.read_cache_bytes_max and self._runs:
-                old_key = next(iter(self._runs))
-                old = self._runs.pop(old_key)
-                self._runs_bytes -= sum(map(len, old)) + 68 * len(old) + 4
+                # Oldest first, as the seed's cycle cache: no bookkeeping on a hit.
+                _, (_, old_size) = self._runs.popitem(last=False)
+                self._runs_bytes -= old_size
         return run
 
-    def _read_ahead(self, obj: _Object, stream_id: int) -> None:
-        if obj.reader is not None and stream_id < len(obj.ends):
-            obj.reader.will_need(int(obj.positions[stream_id]), int(obj.positions[stream_id + 1]))
+    def _read_ahead(self, obj: _Object, index: RunIndex, stream_id: int) -> None:
+        if obj.reader is not None:
+            obj.reader.will_need(*index.run_bytes(stream_id, obj.seq))
 
     # Consumer positions ----------------------------------------------------------------------------
 
@@ -566,7 +567,7 @@ class QueueStore:
     def _upload(self, *, everything: bool = False) -> int:
         """Merge the durable records of the log cache into one object; return the messages uploaded."""
         with self._upload_lock:
-            objects, records = self._view
+            objects, records, index = self._view
             taken: list[_Record] = []
             for rec in records:
                 if not everything and not rec.future.done():
@@ -576,11 +577,11 @@ class QueueStore:
                 taken.append(rec)
             if not taken:
                 return 0
-            obj = self._write_object(objects, taken)
+            obj, ends, positions = self._write_object(objects, index, taken)
             with self._view_lock:
-                objects, records = self._view
+                objects, records, index = self._view
                 invariant(records[:len(taken)] == tuple(taken), "uploads take a prefix of the log cache")
-                self._view = ((*objects, obj), records[len(taken):])
+                self._view = ((*objects, obj), records[len(taken):], index.with_object(ends, positions))
                 self._cache_bytes -= sum(r.cache_bytes for r in taken)
                 self._view_lock.notify_all()
             last = taken[-1].wal_offset
@@ -588,8 +589,9 @@ class QueueStore:
                 self._wal.trim(last)
             return int(sum(int(r.counts.sum()) for r in taken))
 
-    def _write_object(self, objects: tuple[_Object, ...], taken: list[_Record]) -> _Object:
-        prev_ends = objects[-1].ends if objects else np.zeros(0, U32)
+    def _write_object(self, objects: tuple[_Object, ...], index: RunIndex,
+                      taken: list[_Record]) -> tuple[_Object, U32s, U32s]:
+        prev_ends = index.last_ends()
         stream_ids = np.concatenate([r.stream_ids for r in taken])
         counts = np.concatenate([r.counts for r in taken])
         bases = np.concatenate([r.base_offsets for r in taken])
@@ -622,7 +624,7 @@ class QueueStore:
         self._with_retries(f"writing object {key}", lambda: self._objects.put(key, raw))
         self._with_retries("committing the upload",
                            lambda: self._meta.commit_objects([NewObject(object_id, key, len(raw), [])]))
-        return _Object(len(objects), key, ends, positions, self._open_reader(key))
+        return _Object(len(objects), key, self._open_reader(key)), ends, positions
 
     def _open_reader(self, key: str) -> Any:
         opener = getattr(self._objects, "open_reader", None)
@@ -646,13 +648,11 @@ class QueueStore:
     def _recover(self) -> QueueRecoveryReport:
         report = QueueRecoveryReport()
         started = time.monotonic()
-        objects = self._load_objects(report)
-        if objects:
-            ends = objects[-1].ends
-            self._stream_count = len(ends)
-            self._grow(self._stream_count)
-            self._next[:len(ends)] = ends
-        self._view = (tuple(objects), ())
+        objects, index = self._load_objects(report)
+        ends = index.last_ends()
+        self._grow(len(ends))
+        self._next[:len(ends)] = ends
+        self._view = (tuple(objects), (), index)
         last_wal_offset = -1
         stopped = False
         for rec in self._wal.recover():
@@ -682,8 +682,9 @@ class QueueStore:
         report.seconds = time.monotonic() - started
         return report
 
-    def _load_objects(self, report: QueueRecoveryReport) -> list[_Object]:
+    def _load_objects(self, report: QueueRecoveryReport) -> tuple[list[_Object], RunIndex]:
         loaded: list[_Object] = []
+        index = RunIndex.empty()
         for meta in self._meta.objects():
             if not meta.key.startswith(QUEUE_PREFIX):
                 continue
@@ -697,10 +698,11 @@ class QueueStore:
             for stream_id, name in names:
                 self._ids[name] = stream_id
             self._stream_count = footer.stream_count
-            loaded.append(_Object(len(loaded), meta.key, ends, positions, self._open_reader(meta.key)))
+            loaded.append(_Object(len(loaded), meta.key, self._open_reader(meta.key)))
+            index = index.with_object(ends, positions)
             report.objects += 1
             report.index_bytes += ends.nbytes + positions.nbytes
-        return loaded
+        return loaded, index
 
     def _follows_on(self, bulk: BulkRecord) -> str:
         """"in objects", "follows" (replay it) or "hole" (this record does not continue the queues)."""
@@ -735,10 +737,11 @@ class QueueStore:
         np.cumsum(bulk.counts, out=first_msg[1:])
         done: Future[int] = Future()
         done.set_result(wal_offset)
-        record = _Record(wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg, messages, bulk.names,
-                         bulk.stream_count, len(bulk.data) + 4 * len(bulk.ends), time.monotonic())
-        objects, records = self._view
-        self._view = (objects, (*records, record))
+        self._record_seq += 1
+        record = _Record(self._record_seq, wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg, messages,
+                         bulk.names, bulk.stream_count, len(bulk.data) + 4 * len(bulk.ends), time.monotonic())
+        objects, records, index = self._view
+        self._view = (objects, (*records, record), index)
         self._cache_bytes += record.cache_bytes
 
     def _delete_orphans(self) -> int:
@@ -808,13 +811,14 @@ class QueueStore:
 
     def stats(self) -> dict[str, int]:
         """Queues, messages, and the bytes of each in-memory structure."""
-        objects, records = self._view
+        objects, records, index = self._view
         ids = self._ids
         return {
             "queues": self._stream_count,
             "messages": int(self._next[:self._stream_count].sum()),
             "objects": len(objects),
-            "index_bytes": sum(o.ends.nbytes + o.positions.nbytes for o in objects),
+            "index_bytes": index.nbytes,
+            "index_bytes_used": index.used_bytes,
             "queue_state_bytes": self._next.nbytes + self._read_next.nbytes,
             "name_dict_bytes": sys.getsizeof(ids) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in ids.items()),
             "log_cache_bytes": self._cache_bytes,
@@ -857,8 +861,9 @@ def _binary_array(messages: Sequence[bytes] | Any) -> Any:
             raise TypeError("a NumPy message buffer must be a 2-D uint8 array, one message per row")
         rows, width = messages.shape
         offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int32)
+        # A copy: the caller may reuse its buffer as soon as put_many returns.
         return pa.BinaryArray.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets),
-                                                              pa.py_buffer(np.ascontiguousarray(messages))])
+                                                              pa.py_buffer(messages.tobytes())])
     items = list(messages)
     for m in items:
         if type(m) is not bytes:

@@ -1,0 +1,310 @@
+"""The million-queue race (seed 001), scaled by flags, on stratalog and on peers.
+
+Three phases per system, each in its own process (so peak RSS is the system's own):
+
+- send: ``threads`` producers, each owning every ``threads``-th queue, send round after round (one
+  message to each of its queues per round) with ``put`` (or ``put_many`` of ``batch`` messages), then
+  call ``flush``: the phase ends when everything is durable.
+- index check: every queue once, in random order, ``get(queue, random offset, 10)``, checking the first
+  message and the count.
+- consume: 20% of the queues read from offset 0 to the end with ``get(queue, offset, consume_batch)``,
+  every message compared with what was sent.
+
+Message (queue q, round r): r as 4 little-endian bytes, then q as 4 bytes, then filler up to
+``message_bytes``: every message is distinct and checkable without keeping it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import random
+import resource
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+#: The index check reads this many messages per get, as the seed does.
+INDEX_CHECK_NUM = 10
+#: Share of queues the consume phase reads in full, as in the seed.
+CONSUME_SHARE = 0.2
+PHASES = ("send", "index_check", "consume")
+SYSTEMS = ("stratalog", "rocksdict", "lmdb", "sqlite3", "nats")
+#: Seconds between progress reports from a system's process.
+PROGRESS_EVERY_S = 0.5
+
+
+class QueueSystem(Protocol):
+    """What the bench drives: QueueStore's API (peers adapt to it)."""
+
+    def put(self, queue_name: str, message: bytes) -> None: ...
+
+    def put_many(self, queue_names: Any, messages: Any) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def get(self, queue_name: str, offset: int, num: int) -> list[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBenchPlan:
+    queues: int
+    messages: int
+    message_bytes: int
+    threads: int
+    batch: int               # 0: put per message; else put_many of this many
+    consume_batch: int
+    dir_path: Path
+    seed: int = 1
+
+    @property
+    def rounds(self) -> int:
+        return max(1, self.messages // self.queues)
+
+    @property
+    def total_messages(self) -> int:
+        return self.rounds * self.queues
+
+
+def queue_names(queues: int) -> list[str]:
+    return [f"queue-{q}" for q in range(queues)]
+
+
+def message_tails(queues: int, message_bytes: int) -> list[bytes]:
+    """What follows the round number in each queue's messages."""
+    filler = bytes(range(256)) * (message_bytes // 256 + 1)
+    return [(q.to_bytes(4, "little") + filler)[:message_bytes - 4] for q in range(queues)]
+
+
+def expected(tails: list[bytes], q: int, r: int) -> bytes:
+    return r.to_bytes(4, "little") + tails[q]
+
+
+def open_system(name: str, data_dir: Path, plan: QueueBenchPlan) -> QueueSystem:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if name == "stratalog":
+        from stratalog.queues import QueueStore
+
+        return QueueStore.open(data_dir)
+    from stratalog.bench import queue_peers
+
+    peer: QueueSystem = queue_peers.open_peer(name, data_dir, plan.queues)
+    return peer
+
+
+def _threads(count: int, target: Callable[[int], None]) -> None:
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            target(t)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,), name=f"bench-{t}") for t in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+
+
+def _send(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: list[bytes],
+          progress: Any) -> None:
+    t_count = plan.threads
+
+    def producer(t: int) -> None:
+        mine = list(range(t, plan.queues, t_count))
+        my_names = [names[q] for q in mine]
+        my_tails = [tails[q] for q in mine]
+        put = system.put
+        if plan.batch:
+            block = np.frombuffer(b"".join(b"\0\0\0\0" + tail for tail in my_tails), np.uint8)
+            block = block.reshape(len(mine), plan.message_bytes).copy()
+            for r in range(plan.rounds):
+                block[:, :4] = np.frombuffer(r.to_bytes(4, "little"), np.uint8)
+                for i in range(0, len(mine), plan.batch):
+                    system.put_many(my_names[i:i + plan.batch], block[i:i + plan.batch])
+                progress[0] += len(mine)
+        else:
+            for r in range(plan.rounds):
+                rb = r.to_bytes(4, "little")
+                for name, tail in zip(my_names, my_tails, strict=True):
+                    put(name, rb + tail)
+                progress[0] += len(mine)
+        system.flush()
+
+    _threads(t_count, producer)
+
+
+def _index_check(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: list[bytes],
+                 progress: Any) -> int:
+    order = list(range(plan.queues))
+    random.Random(plan.seed).shuffle(order)
+    bad = [0]
+
+    def checker(t: int) -> None:
+        rng = random.Random(plan.seed + t)
+        rounds = plan.rounds
+        get = system.get
+        done = 0
+        for q in order[t::plan.threads]:
+            off = rng.randrange(rounds)
+            got = get(names[q], off, INDEX_CHECK_NUM)
+            if len(got) != min(INDEX_CHECK_NUM, rounds - off) or got[0] != expected(tails, q, off):
+                bad[0] += 1
+            done += 1
+            if done % 1024 == 0:
+                progress[1] += 1024
+        progress[1] += done % 1024
+
+    _threads(plan.threads, checker)
+    return bad[0]
+
+
+def _consume(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: list[bytes],
+             progress: Any) -> tuple[int, int]:
+    chosen = sorted(random.Random(plan.seed + 1).sample(range(plan.queues), max(1, int(plan.queues * CONSUME_SHARE))))
+    bad = [0]
+    read = [0]
+
+    def consumer(t: int) -> None:
+        get = system.get
+        rounds = plan.rounds
+        for q in chosen[t::plan.threads]:
+            off = 0
+            name = names[q]
+            tail = tails[q]
+            while True:
+                got = get(name, off, plan.consume_batch)
+                if not got:
+                    break
+                for i, message in enumerate(got, off):
+                    if message != i.to_bytes(4, "little") + tail:
+                        bad[0] += 1
+                off += len(got)
+                progress[2] += len(got)
+            read[0] += off
+            if off != rounds:
+                bad[0] += 1
+
+    _threads(plan.threads, consumer)
+    return read[0], bad[0]
+
+
+def _disk_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(root, f)).st_blocks * 512
+    return total
+
+
+def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]:
+    """One system through the three phases; runs in its own process."""
+    names = queue_names(plan.queues)
+    tails = message_tails(plan.queues, plan.message_bytes)
+    data_dir = plan.dir_path / name
+    shutil.rmtree(data_dir, ignore_errors=True)
+    system = open_system(name, data_dir, plan)
+    phases: dict[str, dict[str, float]] = {}
+    try:
+        started = time.perf_counter()
+        _send(system, plan, names, tails, progress)
+        send_s = time.perf_counter() - started
+        phases["send"] = {"seconds": send_s, "per_s": plan.total_messages / send_s}
+        stats_after_send = _stats(system)
+        started = time.perf_counter()
+        index_bad = _index_check(system, plan, names, tails, progress)
+        seconds = time.perf_counter() - started
+        phases["index_check"] = {"seconds": seconds, "per_s": plan.queues / seconds, "gets": plan.queues,
+                                 "bad": index_bad}
+        started = time.perf_counter()
+        consumed, consume_bad = _consume(system, plan, names, tails, progress)
+        seconds = time.perf_counter() - started
+        phases["consume"] = {"seconds": seconds, "per_s": consumed / seconds, "messages": consumed,
+                             "bad": consume_bad}
+        stats = _stats(system)
+    finally:
+        system.close()
+    doc: dict[str, Any] = {
+        "name": name, "mode": "put_many" if plan.batch else "put", "phases": phases,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "disk_bytes": _disk_bytes(data_dir), "ok": index_bad == 0 and consume_bad == 0,
+    }
+    if stats:
+        doc["stats_after_send"] = stats_after_send
+        doc["stats"] = stats
+    if name == "stratalog":
+        doc["recovery"] = _reopen(data_dir)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return doc
+
+
+def _stats(system: QueueSystem) -> dict[str, int]:
+    stats = getattr(system, "stats", None)
+    return dict(stats()) if callable(stats) else {}
+
+
+def _reopen(data_dir: Path) -> dict[str, Any]:
+    """Open the store again (after a clean close) and time it: the index of every object is read."""
+    from stratalog.queues import QueueStore
+
+    started = time.perf_counter()
+    store = QueueStore.open(data_dir)
+    seconds = time.perf_counter() - started
+    report = asdict(store.recovery)
+    store.close()
+    return {"open_seconds": seconds, **report}
+
+
+def _child(name: str, plan: QueueBenchPlan, progress: Any, results: Any) -> None:
+    try:
+        results.put(run_system(name, plan, progress))
+    except BaseException as e:
+        results.put({"name": name, "error": f"{type(e).__name__}: {e}"})
+        raise
+
+
+def run_in_process(name: str, plan: QueueBenchPlan, on_progress: Callable[[list[int]], None]) -> dict[str, Any]:
+    """Run one system in a fresh process; report progress counters (sent, checked, consumed) meanwhile."""
+    ctx = mp.get_context("spawn")
+    progress = ctx.Array("q", 3, lock=False)
+    results = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(name, plan, progress, results), name=f"bench-{name}")
+    proc.start()
+    result: dict[str, Any] | None = None
+    while result is None:
+        try:
+            result = results.get(timeout=PROGRESS_EVERY_S)
+        except Exception:
+            if not proc.is_alive() and results.empty():
+                result = {"name": name, "error": f"the {name} process died (exit code {proc.exitcode})"}
+        on_progress(list(progress))
+    proc.join()
+    return result
+
+
+def ratios(systems: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """stratalog's rate over the fastest peer's, per phase."""
+    ours = next((s for s in systems if s["name"] == "stratalog" and "phases" in s), None)
+    peers = [s for s in systems if s["name"] != "stratalog" and "phases" in s]
+    out: dict[str, dict[str, float]] = {}
+    if ours is None or not peers:
+        return out
+    for phase in PHASES:
+        best = max(peers, key=lambda s: s["phases"][phase]["per_s"])
+        out[phase] = {"fastest_peer": best["name"], "ratio": ours["phases"][phase]["per_s"]
+                      / best["phases"][phase]["per_s"]}
+    return out

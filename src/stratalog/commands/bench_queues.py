@@ -1,0 +1,139 @@
+"""`stratalog bench queues`: the command-line shell around :mod:`stratalog.bench.queues`."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from stratalog.bench.common import MIB_BYTES, write_json
+from stratalog.commands.bench_log import bench_dir, make_console, print_machine, table
+
+QUEUES_DEFAULT = 1_000_000
+MESSAGES_DEFAULT = 100_000_000
+QUEUES_QUICK = 10_000
+MESSAGES_QUICK = 200_000
+TARGETS_PER_S = {"send put": 1_100_000, "send put_many": 3_000_000, "index_check": 100_000, "consume": 3_000_000}
+PEER_RATIO_TARGET = 3.0
+
+
+def _progress(console: Console, plan: Any, names: list[str]) -> tuple[Progress, dict[tuple[str, str], TaskID]]:
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+    progress = Progress(*columns, console=console, transient=True, refresh_per_second=2)
+    totals = {"send": plan.total_messages, "index_check": plan.queues, "consume": 0}
+    tasks = {}
+    for name in names:
+        for phase in ("send", "index_check", "consume"):
+            total = totals[phase] or plan.rounds * max(1, int(plan.queues * 0.2))
+            tasks[(name, phase)] = progress.add_task(f"{name}: {phase}", total=total)
+    return progress, tasks
+
+
+def _results_table(doc: dict[str, Any]) -> Any:
+    out = table(f"Million queues: {doc['queues']:,} queues, {doc['messages']:,} messages of {doc['message_bytes']} B, "
+                f"{doc['threads']} threads, flush (sync) at the end of send",
+                ("system", "mode", "send s", "send msg/s", "index s", "index get/s", "consume s", "consume msg/s",
+                 "peak RSS MiB", "disk MiB", "ok"), left=("system", "mode"))
+    for s in doc["systems"]:
+        if "phases" not in s:
+            out.add_row(s["name"], "-", *["-"] * 8, f"[red]{s.get('error', 'failed')}[/]")
+            continue
+        p = s["phases"]
+        out.add_row(s["name"], s["mode"], f"{p['send']['seconds']:.1f}", f"{p['send']['per_s']:,.0f}",
+                    f"{p['index_check']['seconds']:.1f}", f"{p['index_check']['per_s']:,.0f}",
+                    f"{p['consume']['seconds']:.1f}", f"{p['consume']['per_s']:,.0f}",
+                    f"{s['peak_rss_bytes'] / MIB_BYTES:,.0f}", f"{s['disk_bytes'] / MIB_BYTES:,.0f}",
+                    "yes" if s["ok"] else "[red]NO[/]")
+    return out
+
+
+def _ratios_table(doc: dict[str, Any]) -> Any:
+    out = table("stratalog over the fastest peer (target >= 3x)", ("phase", "fastest peer", "ratio", ""),
+                left=("phase", "fastest peer"))
+    for phase, r in doc["ratios"].items():
+        out.add_row(phase, r["fastest_peer"], f"{r['ratio']:.2f}x",
+                    "[green]met[/]" if r["ratio"] >= PEER_RATIO_TARGET else "[red]missed[/]")
+    return out
+
+
+@click.command(name="queues")
+@click.option("--queues", type=click.IntRange(min=1), default=None,
+              help=f"Queues [default: {QUEUES_DEFAULT:,}; --quick: {QUEUES_QUICK:,}].")
+@click.option("--messages", type=click.IntRange(min=1), default=None,
+              help=f"Messages in all, rounded down to whole rounds [default: {MESSAGES_DEFAULT:,}; "
+                   f"--quick: {MESSAGES_QUICK:,}].")
+@click.option("--message-bytes", type=click.IntRange(min=8, max=1024), default=58, show_default=True)
+@click.option("--threads", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="Producer, checker and consumer threads.")
+@click.option("--batch", type=click.IntRange(min=0), default=0, show_default=True,
+              help="0: put per message; N: put_many of N messages.")
+@click.option("--consume-batch", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Messages per get in the consume phase.")
+@click.option("--peers", is_flag=True, help="Also run rocksdict, lmdb, sqlite3 and NATS JetStream.")
+@click.option("--only", default=None, help="Comma-separated systems to run (stratalog,rocksdict,lmdb,sqlite3,nats).")
+@click.option("--dir", "dir_path", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the stores go [default: a temporary directory under the current directory].")
+@click.option("--quick", is_flag=True, help=f"{QUEUES_QUICK:,} queues, {MESSAGES_QUICK:,} messages.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the figures as JSON here.")
+def queues(queues: int | None, messages: int | None, message_bytes: int, threads: int, batch: int,
+           consume_batch: int, peers: bool, only: str | None, dir_path: Path | None, quick: bool,
+           json_path: Path | None) -> None:
+    """The million-queue race (seed 001): send, index check, consume; optionally on peers too.
+
+    Each system runs in its own process. send: threads put round after round to their own queues, then
+    flush (the phase ends when all is durable). index check: get(q, random offset, 10) on every queue.
+    consume: 20% of the queues read in full, every message checked.
+    """
+    from stratalog.bench.queues import SYSTEMS, QueueBenchPlan, ratios, run_in_process
+
+    console = make_console()
+    names = ["stratalog", *(SYSTEMS[1:] if peers else ())]
+    if only:
+        names = [n.strip() for n in only.split(",") if n.strip()]
+        unknown = set(names) - set(SYSTEMS)
+        if unknown:
+            raise click.BadParameter(f"unknown systems: {', '.join(sorted(unknown))}", param_hint="--only")
+    with bench_dir(dir_path) as target_dir:
+        plan = QueueBenchPlan(
+            queues=queues or (QUEUES_QUICK if quick else QUEUES_DEFAULT),
+            messages=messages or (MESSAGES_QUICK if quick else MESSAGES_DEFAULT),
+            message_bytes=message_bytes, threads=threads, batch=batch, consume_batch=consume_batch,
+            dir_path=target_dir)
+        machine = print_machine(console, target_dir)
+        results = []
+        progress, tasks = _progress(console, plan, names)
+        with progress:
+            for name in names:
+                def show(counts: list[int], name: str = name) -> None:
+                    for phase, count in zip(("send", "index_check", "consume"), counts, strict=True):
+                        progress.update(tasks[(name, phase)], completed=count)
+
+                results.append(run_in_process(name, plan, show))
+    doc: dict[str, Any] = {
+        "bench": "queues", "queues": plan.queues, "messages": plan.total_messages, "message_bytes": message_bytes,
+        "threads": threads, "batch": batch, "consume_batch": consume_batch,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine,
+        "systems": results, "ratios": ratios(results),
+    }
+    console.print(_results_table(doc))
+    if doc["ratios"]:
+        console.print(_ratios_table(doc))
+    for s in results:
+        if s["name"] == "stratalog" and "stats" in s:
+            st = s["stats"]
+            q = max(1, st["queues"])
+            console.print(f"stratalog memory: index {st['index_bytes'] / q:.1f} B/queue "
+                          f"({st['index_bytes'] / max(1, st['messages']):.2f} B/message, {st['objects']} objects), "
+                          f"queue state {st['queue_state_bytes'] / q:.1f} B/queue, name dict "
+                          f"{st['name_dict_bytes'] / q:.1f} B/queue")
+            r = s["recovery"]
+            console.print(f"reopen: {r['open_seconds']:.2f} s ({r['objects']} object indexes read, "
+                          f"{r['index_bytes'] / MIB_BYTES:,.1f} MiB; no data read)")
+    if json_path is not None:
+        write_json(json_path, doc)
+        console.print(f"figures written to {json_path}")

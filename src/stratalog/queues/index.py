@@ -1,0 +1,122 @@
+"""The in-memory index of the queue store: compact arrays, no Python object per message, run or block.
+
+``RunIndex``: where each queue's runs lie in the uploaded objects, as two u32 matrices indexed
+``[stream, object]``: ``ends[s, k]`` is stream s's end offset after object k, and its run in object k
+spans bytes ``positions[s, k] .. positions[s + 1, k]``. A queue's row is contiguous, so one random
+lookup touches one or two cache lines whatever the number of objects: 8 bytes per queue per object.
+
+``TailIndex``: the same question for the log cache (records not yet uploaded), built on demand by
+sorting every cached run by stream: a CSR array over streams, 12 bytes per cached run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from stratalog.engine.bulkformat import U32, U32s
+
+#: Columns (objects) are added in chunks of at least this many, rows (streams) grown by a quarter:
+#: a reallocation copies the matrices, so it must be rare, and spare room costs 8 bytes per cell.
+COLUMNS_GROWTH_MIN = 8
+ROWS_GROWTH = 1.25
+
+
+@dataclass(frozen=True, slots=True)
+class RunIndex:
+    ends: U32s               # [rows, capacity]
+    positions: U32s          # [rows + 1, capacity]
+    objects: int             # columns in use
+    stream_counts: tuple[int, ...]   # streams each object covers
+
+    @classmethod
+    def empty(cls) -> RunIndex:
+        return cls(np.zeros((0, 0), U32), np.zeros((1, 0), U32), 0, ())
+
+    @property
+    def rows(self) -> int:
+        return int(self.ends.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ends.nbytes + self.positions.nbytes)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes the objects' indexes need: 8 per stream per object."""
+        return sum(8 * n + 4 for n in self.stream_counts)
+
+    def with_object(self, ends: U32s, positions: U32s) -> RunIndex:
+        """This index plus one object. Writes the new column in place when there is room: readers of
+        this index never read past its ``objects`` columns."""
+        streams = len(ends)
+        k = self.objects
+        matrix_e, matrix_p = self.ends, self.positions
+        rows_needed = max(streams, self.rows)
+        if rows_needed > self.rows or k >= matrix_e.shape[1]:
+            rows = self.rows if rows_needed <= self.rows else max(rows_needed, int(self.rows * ROWS_GROWTH))
+            columns = matrix_e.shape[1] if k < matrix_e.shape[1] else max(COLUMNS_GROWTH_MIN, 2 * k)
+            matrix_e = np.zeros((rows, columns), U32)
+            matrix_e[:self.rows, :k] = self.ends[:, :k]
+            matrix_p = np.zeros((rows + 1, columns), U32)
+            matrix_p[:self.rows + 1, :k] = self.positions[:, :k]
+        matrix_e[:streams, k] = ends
+        matrix_e[streams:, k] = 0
+        matrix_p[:streams + 1, k] = positions
+        matrix_p[streams + 1:, k] = positions[-1]
+        return RunIndex(matrix_e, matrix_p, k + 1, (*self.stream_counts, streams))
+
+    def last_ends(self) -> U32s:
+        """Every stream's end after the last object (a copy)."""
+        if not self.objects:
+            return np.zeros(0, U32)
+        return np.ascontiguousarray(self.ends[:self.stream_counts[-1], self.objects - 1])
+
+    def row(self, stream_id: int) -> list[int]:
+        """Stream ``stream_id``'s end offset after each object."""
+        if stream_id >= self.rows:
+            return [0] * self.objects
+        return list(self.ends[stream_id, :self.objects].tolist())
+
+    def run_bytes(self, stream_id: int, k: int) -> tuple[int, int]:
+        a, b = self.positions[stream_id:stream_id + 2, k].tolist()
+        return int(a), int(b)
+
+
+@dataclass(frozen=True, slots=True)
+class TailIndex:
+    """Every run of some cached records, grouped by stream (records in order within a stream)."""
+
+    records: tuple[Any, ...]
+    last_seq: int
+    starts: npt.NDArray[np.int64]     # runs of stream s: starts[s] .. starts[s + 1]
+    run_record: npt.NDArray[np.int32]
+    run_slot: npt.NDArray[np.int32]
+    built_at: float
+
+    @classmethod
+    def build(cls, records: Sequence[Any]) -> TailIndex:
+        if not records:
+            return cls((), -1, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32),
+                       time.monotonic())
+        ids = np.concatenate([r.stream_ids for r in records])
+        lengths = [len(r.stream_ids) for r in records]
+        run_record = np.repeat(np.arange(len(records), dtype=np.int32), lengths)
+        run_slot = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
+        order = np.argsort(ids, kind="stable")
+        streams = max(r.stream_count for r in records)
+        starts = np.searchsorted(ids[order], np.arange(streams + 1), side="left").astype(np.int64)
+        return cls(tuple(records), records[-1].seq, starts, run_record[order], run_slot[order], time.monotonic())
+
+    def runs(self, stream_id: int) -> list[tuple[Any, int]]:
+        """``(record, slot)`` of each run of ``stream_id``, oldest first."""
+        if stream_id + 1 >= len(self.starts):
+            return []
+        a, b = self.starts[stream_id:stream_id + 2].tolist()
+        return [(self.records[r], s) for r, s in zip(self.run_record[a:b].tolist(), self.run_slot[a:b].tolist(),
+                                                      strict=True)]
