@@ -160,6 +160,7 @@ class QueueStore:
         # Small messages count against pending_messages_max; large ones and bulk puts also by their bytes.
         self._buf: list[tuple[Any, Any]] = []
         self._wake_count = config.pending_messages_wake
+        self._small_max = min(SMALL_MESSAGE_BYTES_MAX, config.message_bytes_max)
         self._put_cond = threading.Condition(threading.Lock())
         self._large_bytes = 0
         self._wake = threading.Event()
@@ -214,7 +215,7 @@ class QueueStore:
     def put(self, queue_name: str, message: bytes) -> None:
         """Add ``message`` to the end of ``queue_name`` (created on first put). Returns at once; the
         message is durable after the next :meth:`flush` returns."""
-        if type(message) is not bytes or len(message) > SMALL_MESSAGE_BYTES_MAX:
+        if type(message) is not bytes or len(message) > self._small_max:
             self._put_large(queue_name, message)
             return
         if type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX \

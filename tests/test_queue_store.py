@@ -1,0 +1,226 @@
+"""QueueStore at small scale: the API, its errors, the seed's three phases with a restart in the middle,
+consumer positions, corruption, and the bench command."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+import stratalog
+from queuekit import small_queue_config
+from stratalog.commands.bench_queues import queues as bench_queues_command
+from stratalog.engine.bulkformat import CorruptBulkError
+from stratalog.objects.uri import LOCAL_DIR_NAME
+from stratalog.queues import (
+    QUEUE_NAME_CHARS_MAX,
+    InvalidQueueNameError,
+    MessageTooLargeError,
+    QueueStore,
+)
+from stratalog.queues.store import QUEUE_PREFIX
+
+
+def _open(path: Path, **overrides: object) -> QueueStore:
+    return QueueStore.open(path, config=small_queue_config(**overrides))
+
+
+def _msg(q: int, r: int) -> bytes:
+    return f"{q}/{r}/".encode() + bytes(40)
+
+
+def test_the_package_exports_queue_store() -> None:
+    assert stratalog.QueueStore is QueueStore
+
+
+def test_queues_are_created_on_first_put_with_dense_offsets(tmp_path: Path) -> None:
+    with _open(tmp_path) as qs:
+        for i in range(5):
+            qs.put("a", b"a%d" % i)
+        qs.put("b", b"b0")
+
+        assert qs.get("a", 0, 10) == [b"a0", b"a1", b"a2", b"a3", b"a4"]
+        assert qs.get("a", 3, 1) == [b"a3"]
+        assert qs.get("a", 5, 10) == []
+        assert qs.get("b", 0, 10) == [b"b0"]
+        assert qs.get("never", 0, 10) == []
+        assert qs.get("a", 2, 0) == []
+
+
+def test_put_many_takes_sequences_arrow_and_numpy(tmp_path: Path) -> None:
+    with _open(tmp_path) as qs:
+        qs.put_many(["x", "y", "x"], [b"1", b"2", b"3"])
+        qs.put_many(pa.array(["y", "x"]), pa.array([b"4", b"5"], type=pa.binary()))
+        rows = np.frombuffer(b"abcdef", np.uint8).reshape(2, 3).copy()
+        qs.put_many(["x", "y"], rows)
+        rows[:] = 0  # put_many copied the buffer
+
+        assert qs.get("x", 0, 10) == [b"1", b"3", b"5", b"abc"]
+        assert qs.get("y", 0, 10) == [b"2", b"4", b"def"]
+
+
+@pytest.mark.parametrize("name", ["", "n" * (QUEUE_NAME_CHARS_MAX + 1), "bad\udc80", 17, None, b"bytes"])
+def test_a_bad_name_raises_and_loses_nothing_else(tmp_path: Path, name: object) -> None:
+    with _open(tmp_path) as qs:
+        qs.put("ok", b"1")
+        with pytest.raises(InvalidQueueNameError):
+            qs.put(name, b"x")  # type: ignore[arg-type]
+        with pytest.raises(InvalidQueueNameError):
+            qs.put_many(["ok", name], [b"2", b"3"])
+        qs.put("ok", b"4")
+        qs.flush()
+
+        assert qs.get("ok", 0, 10) == [b"1", b"4"]
+
+
+def test_names_at_the_bound_and_beyond_ascii_work(tmp_path: Path) -> None:
+    long_name = "é" * QUEUE_NAME_CHARS_MAX
+    with _open(tmp_path) as qs:
+        qs.put(long_name, b"1")
+        qs.put("キュー", b"2")
+    with _open(tmp_path) as qs:
+        assert qs.get(long_name, 0, 1) == [b"1"]
+        assert qs.get("キュー", 0, 1) == [b"2"]
+
+
+def test_an_oversize_message_raises_and_loses_nothing_else(tmp_path: Path) -> None:
+    with _open(tmp_path, message_bytes_max=100) as qs:
+        qs.put("q", b"1")
+        with pytest.raises(MessageTooLargeError):
+            qs.put("q", bytes(101))
+        with pytest.raises(MessageTooLargeError):
+            qs.put_many(["q", "q"], [b"2", bytes(101)])
+        with pytest.raises(TypeError):
+            qs.put("q", "not bytes")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="names for"):
+            qs.put_many(["q"], [b"2", b"3"])
+        qs.put("q", bytes(100))
+
+        assert qs.get("q", 0, 10) == [b"1", bytes(100)]
+
+
+def test_three_phases_with_a_restart_in_the_middle(tmp_path: Path) -> None:
+    queues, rounds, threads = 3000, 12, 4
+    names = [f"queue-{q}" for q in range(queues)]
+
+    def send(qs: QueueStore, first_round: int, last_round: int) -> None:
+        def producer(t: int) -> None:
+            mine = range(t, queues, threads)
+            for r in range(first_round, last_round):
+                if r % 3 == 2:
+                    qs.put_many([names[q] for q in mine], [_msg(q, r) for q in mine])
+                else:
+                    for q in mine:
+                        qs.put(names[q], _msg(q, r))
+            qs.flush()
+
+        workers = [threading.Thread(target=producer, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    qs = _open(tmp_path)
+    send(qs, 0, rounds // 2)
+    qs.close()
+    qs = _open(tmp_path)
+    assert qs.recovery.objects >= 1, "the first half should be in objects"
+    send(qs, rounds // 2, rounds)
+    stats = qs.stats()
+    assert stats["queues"] == queues and stats["messages"] == queues * rounds
+
+    rng = random.Random(4)
+    for q in rng.sample(range(queues), queues):  # index check: every queue, random offsets
+        off = rng.randrange(rounds)
+        got = qs.get(names[q], off, 10)
+        assert got == [_msg(q, r) for r in range(off, min(off + 10, rounds))]
+    for q in rng.sample(range(queues), queues // 5):  # consume 20% in full
+        off, seen = 0, []
+        while batch := qs.get(names[q], off, 7):
+            seen.extend(batch)
+            off += len(batch)
+        assert seen == [_msg(q, r) for r in range(rounds)]
+    qs.close()
+
+
+def test_reads_see_puts_before_flush_and_after_upload(tmp_path: Path) -> None:
+    with _open(tmp_path, upload_idle_s=3600.0, upload_interval_s=3600.0) as qs:
+        for r in range(50):
+            qs.put_many([f"q{q}" for q in range(200)], [_msg(q, r) for q in range(200)])
+        qs.flush()
+        deadline = time.monotonic() + 10
+        while qs.stats()["objects"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert qs.stats()["objects"] >= 1, "the byte threshold should have started uploads"
+        qs.put_many([f"q{q}" for q in range(200)], [_msg(q, 50) for q in range(200)])
+        qs.put("q7", _msg(7, 51))
+        qs.flush()
+        assert qs.stats()["log_cache_records"] >= 1, "the tail should still be in the log cache"
+        assert qs.get("q7", 0, 100) == [_msg(7, r) for r in range(52)]
+        assert qs.get("q199", 45, 100) == [_msg(199, r) for r in range(45, 51)]
+
+
+def test_committed_positions_are_durable(tmp_path: Path) -> None:
+    with _open(tmp_path) as qs:
+        qs.put("q", b"1")
+        assert qs.committed("billing", "q") is None
+        qs.commit("billing", "q", 1)
+        qs.commit("audit", "q", 0)
+        with pytest.raises(ValueError):
+            qs.commit("billing", "q", -1)
+        with pytest.raises(InvalidQueueNameError):
+            qs.commit("", "q", 1)
+    with _open(tmp_path) as qs:
+        assert qs.committed("billing", "q") == 1
+        assert qs.committed("audit", "q") == 0
+        assert qs.committed("billing", "other") is None
+
+
+def test_a_damaged_run_is_detected_never_returned(tmp_path: Path) -> None:
+    with _open(tmp_path) as qs:
+        for r in range(20):
+            qs.put_many([f"q{q}" for q in range(50)], [_msg(q, r) for q in range(50)])
+    objects = sorted((tmp_path / LOCAL_DIR_NAME / QUEUE_PREFIX).glob("*.slq"))
+    assert objects
+    raw = bytearray(objects[0].read_bytes())
+    at = raw.find(b"17/3/")
+    assert at > 0
+    raw[at] ^= 0xFF
+    objects[0].write_bytes(bytes(raw))
+    with _open(tmp_path) as qs:
+        assert qs.get("q16", 0, 20) == [_msg(16, r) for r in range(20)]
+        with pytest.raises(CorruptBulkError, match="CRC"):
+            qs.get("q17", 0, 20)
+
+
+def test_a_damaged_index_stops_the_open(tmp_path: Path) -> None:
+    with _open(tmp_path) as qs:
+        qs.put_many([f"q{q}" for q in range(50)], [_msg(q, 0) for q in range(50)])
+    obj = next((tmp_path / LOCAL_DIR_NAME / QUEUE_PREFIX).glob("*.slq"))
+    raw = bytearray(obj.read_bytes())
+    raw[-40] ^= 1  # inside the index
+    obj.write_bytes(bytes(raw))
+    with pytest.raises(CorruptBulkError):
+        _open(tmp_path)
+
+
+def test_bench_command_quick_run_writes_the_json_shape(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(bench_queues_command, ["--queues", "2000", "--messages", "20000", "--threads", "2",
+                                                       "--only", "stratalog", "--dir", str(tmp_path / "b"),
+                                                       "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["bench"] == "queues" and doc["queues"] == 2000 and doc["messages"] == 20000
+    (system,) = doc["systems"]
+    assert system["name"] == "stratalog" and system["mode"] == "put" and system["ok"]
+    for phase in ("send", "index_check", "consume"):
+        assert system["phases"][phase]["per_s"] > 0
+    assert system["peak_rss_bytes"] > 0 and system["disk_bytes"] > 0
