@@ -75,6 +75,6 @@ class QueueMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-QueueMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None,
+QueueMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 TestQueueMachine = QueueMachine.TestCase

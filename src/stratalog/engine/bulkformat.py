@@ -196,7 +196,7 @@ def decode_index(raw: bytes, footer: ObjectFooter) -> tuple[list[tuple[int, str]
 
 def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],
                  stream_ids: Ids, counts: Ids, msg_ends: npt.NDArray[np.integer],
-                 data: memoryview) -> tuple[bytes, U32s, U32s]:
+                 data: memoryview) -> tuple[bytearray, U32s, U32s]:
     """Lay out one run object.
 
     ``stream_ids`` (ascending, distinct) and ``counts``: the streams present and how many messages each
@@ -241,7 +241,7 @@ def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: S
     at += len(index_raw)
     out[at:] = encode_footer(at - len(index_raw), len(names_raw), first_stream, stream_count, len(msg_ends),
                              crc32c(index_raw))
-    return bytes(out), ends, positions64.astype(U32)
+    return out, ends, positions64.astype(U32)
 
 
 def decode_run(raw: bytes, count: int, key: str, stream_id: int) -> list[bytes]:

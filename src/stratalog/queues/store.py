@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from stratalog.engine.bulkformat import (
     I64,
+    NAME_HEAD,
     OBJECT_FOOTER_BYTES,
     STREAM_MESSAGES_MAX,
     BulkRecord,
@@ -66,6 +67,7 @@ _BULK = object()
 #: A read of the log cache rebuilds the tail index at most this often; records written since the last
 #: build are searched one by one.
 TAIL_REBUILD_S = 0.05
+_EMPTY_BATCH = pa.array([], type=pa.binary())
 _COMMIT_KEY = "queue-commit:{}:{}:{}"
 _T = TypeVar("_T")
 
@@ -366,24 +368,32 @@ class QueueStore:
             self._read_next = read_next
 
     def _write(self, ids: Ids, batch: Any) -> None:
-        """Split into records of about record_bytes_target; write each."""
+        """Split into records of about record_bytes_target; write each. New queues' names go first, in
+        records of their own when there are many (a million new queues bring ~20 MB of names)."""
+        target = self._config.record_bytes_target
+        names, self._new_names = self._new_names, []
+        while names:
+            sizes = np.cumsum([NAME_HEAD.size + len(name.encode()) for _, name in names])
+            take = max(1, int(np.searchsorted(sizes, target, side="right")))
+            chunk, names = names[:take], names[take:]
+            self._write_record(np.zeros(0, I64), _EMPTY_BATCH, chunk, chunk[-1][0] + 1)
         lengths = np.asarray(pc.binary_length(batch), I64)
         cumulative = np.cumsum(lengths)
         total = int(cumulative[-1]) if len(cumulative) else 0
-        target = self._config.record_bytes_target
         start = 0
         while start < len(ids):
             stop = len(ids)
             if total > target:
                 already = int(cumulative[start - 1]) if start else 0
                 stop = max(start + 1, int(np.searchsorted(cumulative, already + target, side="right")))
-            self._write_record(ids[start:stop], batch.slice(start, stop - start))
+            self._write_record(ids[start:stop], batch.slice(start, stop - start), [], self._stream_count)
             start = stop
 
-    def _write_record(self, ids: Ids, batch: Any) -> None:
+    def _write_record(self, ids: Ids, batch: Any, names: list[tuple[int, str]], stream_count: int) -> None:
         order = np.argsort(ids, kind="stable")
         sorted_ids = ids[order]
-        first = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+        first = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1]))) if len(ids) \
+            else np.zeros(0, I64)
         stream_ids = sorted_ids[first]
         counts = np.diff(np.append(first, len(sorted_ids)))
         base = self._next[stream_ids]
@@ -393,8 +403,7 @@ class QueueStore:
         offsets = np.frombuffer(taken.buffers()[1], np.int32, len(taken) + 1, taken.offset * 4)
         data = memoryview(taken.buffers()[2] or b"")[int(offsets[0]):int(offsets[-1])]
         ends = offsets[1:] - offsets[0]
-        names, self._new_names = self._new_names, []
-        body = b"".join(encode_bulk(stream_ids, base, counts, names, self._stream_count, ends, data))
+        body = b"".join(encode_bulk(stream_ids, base, counts, names, stream_count, ends, data))
         cache_bytes = len(body)
         self._wait_for_cache_room(cache_bytes)
         result = self._append_wal(body)
@@ -403,7 +412,7 @@ class QueueStore:
         np.cumsum(counts, out=first_msg[1:])
         self._record_seq += 1
         record = _Record(self._record_seq, result.offset, result.future, stream_ids, base, counts, first_msg, taken,
-                         names, self._stream_count, cache_bytes, time.monotonic())
+                         names, stream_count, cache_bytes, time.monotonic())
         with self._view_lock:
             objects, records, index = self._view
             self._view = (objects, (*records, record), index)
@@ -605,7 +614,7 @@ class QueueStore:
         np.cumsum(s_counts[:-1], out=run_starts[1:])
         perm = np.repeat(s_first - run_starts, s_counts) + np.arange(total, dtype=I64)
         merged = pa.concat_arrays([r.messages for r in taken]).take(pa.array(perm))
-        groups = np.flatnonzero(np.concatenate(([True], s_ids[1:] != s_ids[:-1])))
+        groups = np.flatnonzero(np.concatenate(([True], s_ids[1:] != s_ids[:-1]))) if total else np.zeros(0, I64)
         unique = s_ids[groups]
         per_stream = np.add.reduceat(s_counts, groups) if len(groups) else s_counts
         stream_count = taken[-1].stream_count
