@@ -34,14 +34,15 @@ class QueueConfig:
     #: A bulk record is closed at about this many bytes of messages (the WAL's record bound less room
     #: for the message ends and runs that go with them).
     record_bytes_target: int = 8 << 20
-    #: The WAL ring: only data not yet in objects lives there.
-    wal_capacity_bytes: int = 2 << 30
+    #: The WAL ring: only data not yet in objects lives there (twice the log cache: framing and padding).
+    wal_capacity_bytes: int = 1 << 30
     wal: WALConfig = field(default_factory=_queue_wal)
     #: Messages in the WAL but not yet in objects, held in memory. When full, the writer waits for uploads.
-    log_cache_bytes_max: int = 1 << 30
+    log_cache_bytes_max: int = 512 << 20
     #: Upload once this much waits: one object per upload, so this sets objects' size and with it the
-    #: number of index entries per queue (8 bytes per queue per object) ...
-    upload_bytes_threshold: int = 384 << 20
+    #: number of index entries per queue (8 bytes per queue per object). 256 MiB keeps an upload's working
+    #: set (the records, the merged copy, the object) near 1 GiB with the log cache ...
+    upload_bytes_threshold: int = 256 << 20
     #: ... or once no put came for this long (a finished producer's tail goes to objects soon) ...
     upload_idle_s: float = 0.5
     #: ... or once the oldest waiting data is this old.

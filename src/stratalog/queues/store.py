@@ -16,6 +16,9 @@ from its trim point.
 from __future__ import annotations
 
 import bisect
+import ctypes
+import ctypes.util
+import functools
 import logging
 import os
 import sys
@@ -613,7 +616,9 @@ class QueueStore:
         run_starts = np.zeros(len(s_counts), I64)
         np.cumsum(s_counts[:-1], out=run_starts[1:])
         perm = np.repeat(s_first - run_starts, s_counts) + np.arange(total, dtype=I64)
-        merged = pa.concat_arrays([r.messages for r in taken]).take(pa.array(perm))
+        # take on a chunked array gathers straight from the records: no concatenated copy first.
+        merged = pa.chunked_array([r.messages for r in taken], type=pa.binary()).take(pa.array(perm))
+        merged = merged.combine_chunks() if merged.num_chunks != 1 else merged.chunk(0)
         groups = np.flatnonzero(np.concatenate(([True], s_ids[1:] != s_ids[:-1]))) if total else np.zeros(0, I64)
         unique = s_ids[groups]
         per_stream = np.add.reduceat(s_counts, groups) if len(groups) else s_counts
@@ -629,11 +634,15 @@ class QueueStore:
         invariant([i for i, _ in names] == list(range(first_stream, stream_count)), "names cover new streams")
         raw, ends, positions = build_object(prev_ends, stream_count, first_stream, names, unique, per_stream,
                                             offsets[1:] - offsets[0], data[int(offsets[0]):])
+        del merged, data, offsets, perm
         object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
         key = queue_object_key(object_id)
-        self._with_retries(f"writing object {key}", lambda: self._objects.put(key, raw))
+        self._with_retries(f"writing object {key}", functools.partial(self._objects.put, key, raw))
+        size = len(raw)
+        del raw
         self._with_retries("committing the upload",
-                           lambda: self._meta.commit_objects([NewObject(object_id, key, len(raw), [])]))
+                           lambda: self._meta.commit_objects([NewObject(object_id, key, size, [])]))
+        _return_freed_memory()
         return _Object(len(objects), key, self._open_reader(key)), ends, positions
 
     def _open_reader(self, key: str) -> Any:
@@ -822,7 +831,7 @@ class QueueStore:
     def stats(self) -> dict[str, int]:
         """Queues, messages, and the bytes of each in-memory structure."""
         objects, records, index = self._view
-        ids = self._ids
+        ids = self._ids.copy()  # one C call: the writer may add names meanwhile
         return {
             "queues": self._stream_count,
             "messages": int(self._next[:self._stream_count].sum()),
@@ -835,6 +844,26 @@ class QueueStore:
             "log_cache_records": len(records),
             "read_cache_bytes": self._runs_bytes,
         }
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+        return trim
+    except (OSError, AttributeError):
+        return None  # not glibc
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def _return_freed_memory() -> None:
+    """Hand memory freed by an upload back to the OS. glibc keeps freed heap memory for reuse, and an
+    upload frees hundreds of MB in pieces that would otherwise stay resident (measured: ~500 MB at a
+    million queues)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _plain_name(name: object) -> bool:
