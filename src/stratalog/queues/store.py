@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import operator
 import os
 import sys
 import threading
@@ -168,6 +169,7 @@ class QueueStore:
         self._small_max = min(SMALL_MESSAGE_BYTES_MAX, config.message_bytes_max)
         self._put_cond = threading.Condition(threading.Lock())
         self._large_bytes = 0
+        self._bulk_pending = 0
         self._wake = threading.Event()
         # The writer's state; _writer_lock serializes drains (the writer thread, flush, get).
         self._writer_lock = threading.Lock()
@@ -269,6 +271,7 @@ class QueueStore:
         total = int(pc.sum(lengths).as_py() or 0)
         with self._put_cond:
             self._large_bytes += total
+            self._bulk_pending += 1
             self._buf.append((_BULK, (names, batch)))
         self._backpressure()
 
@@ -317,32 +320,25 @@ class QueueStore:
     def _drain(self) -> None:
         """Hand every pending put to the WAL (as bulk records) and to the log cache."""
         with self._writer_lock:
-            buf = self._buf
-            taken = len(buf)
-            if not taken:
-                return
-            items = buf[:taken]
-            del buf[:taken]  # appends that came meanwhile stay
             with self._put_cond:
+                # Lock-free puts may append meanwhile; they land after the prefix taken here. Large and
+                # bulk puts append under this lock, so the counts reset here are exactly what is taken.
+                buf = self._buf
+                taken = len(buf)
+                items = buf[:taken]
+                del buf[:taken]
+                bulk_items = self._bulk_pending
+                self._bulk_pending = 0
                 self._large_bytes = 0
                 self._put_cond.notify_all()
+            if not taken:
+                return
             self._check_open()
-            names: list[str] = []
-            arrays = []
-            singles: list[bytes] = []
-            for name, message in items:
-                if name is _BULK:
-                    if singles:
-                        arrays.append(pa.array(singles, type=pa.binary()))
-                        singles = []
-                    names.extend(message[0])
-                    arrays.append(message[1])
-                else:
-                    names.append(name)
-                    singles.append(message)
-            if singles:
-                arrays.append(pa.array(singles, type=pa.binary()))
-            batch = arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+            if not bulk_items:
+                names: list[str] = list(map(_first, items))
+                batch = pa.array(list(map(_second, items)), type=pa.binary())
+            else:
+                names, batch = _unzip_mixed(items)
             ids = self._resolve(names)
             self._write(ids, batch)
 
@@ -864,6 +860,30 @@ def _return_freed_memory() -> None:
     million queues)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
+
+
+def _unzip_mixed(items: list[tuple[Any, Any]]) -> tuple[list[str], Any]:
+    """Names and one Arrow array of messages from pending items, some of them bulk puts."""
+    names: list[str] = []
+    arrays = []
+    singles: list[bytes] = []
+    for name, message in items:
+        if name is _BULK:
+            if singles:
+                arrays.append(pa.array(singles, type=pa.binary()))
+                singles = []
+            names.extend(message[0])
+            arrays.append(message[1])
+        else:
+            names.append(name)
+            singles.append(message)
+    if singles:
+        arrays.append(pa.array(singles, type=pa.binary()))
+    return names, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
 
 def _plain_name(name: object) -> bool:
