@@ -248,7 +248,7 @@ def decode_run(raw: bytes, count: int, key: str, stream_id: int) -> list[bytes]:
     """The ``count`` messages of one run (stream ``stream_id`` in object ``key``), after checking its CRC."""
     ends_at = 4 + 4 * count
     view = memoryview(raw)
-    if len(raw) < ends_at or crc32c(view[ends_at:], crc32c(view[4:ends_at])) != RUN_CRC.unpack_from(raw)[0]:
+    if len(raw) < ends_at or crc32c(view[4:]) != RUN_CRC.unpack_from(raw)[0]:
         raise CorruptBulkError(f"run of stream {stream_id} in object {key}: short or failed its CRC; "
                                "the object is damaged")
     ends = view[4:ends_at].cast("I").tolist()  # little-endian on disk; checked at import

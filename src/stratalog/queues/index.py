@@ -83,9 +83,10 @@ class RunIndex:
             return [0] * self.objects
         return list(self.ends[stream_id, :self.objects].tolist())
 
-    def run_bytes(self, stream_id: int, k: int) -> tuple[int, int]:
-        a, b = self.positions[stream_id:stream_id + 2, k].tolist()
-        return int(a), int(b)
+    def positions_rows(self, stream_id: int) -> tuple[list[int], list[int]]:
+        """Where stream ``stream_id``'s run starts and stops in each object."""
+        starts, stops = self.positions[stream_id:stream_id + 2, :self.objects].tolist()
+        return starts, stops
 
 
 @dataclass(frozen=True, slots=True)

@@ -468,16 +468,25 @@ class QueueStore:
             ends = index.row(stream_id)
             if pos < ends[-1]:
                 k = bisect.bisect_right(ends, pos)
+                starts, stops = index.positions_rows(stream_id)
                 while pos < stop and k < len(ends):
                     start = ends[k - 1] if k else 0
                     end = ends[k]
                     if end > start:
-                        run = self._run(objects[k], index, stream_id, end - start)
+                        obj = objects[k]
+                        cached = self._runs.get((k, stream_id))
+                        if cached is not None:
+                            run = cached[0]
+                        else:
+                            run = self._read_run(obj, stream_id, starts[k], stops[k], end - start)
+                            # Keep it only if this get leaves part of it for the next one.
+                            if stop < end:
+                                self._cache_run((k, stream_id), run, stops[k] - starts[k])
                         take = run[pos - start:stop - start]
                         out.extend(take)
                         pos += len(take)
-                        if sequential and pos == end and k + 1 < len(ends):
-                            self._read_ahead(objects[k + 1], index, stream_id)
+                        if sequential and pos == end and k + 1 < len(ends) and objects[k + 1].reader is not None:
+                            objects[k + 1].reader.will_need(starts[k + 1], stops[k + 1])
                     k += 1
         if pos < stop and records:
             self._get_tail(records, stream_id, pos, stop, out)
@@ -508,15 +517,12 @@ class QueueStore:
             if pos >= stop:
                 return
 
-    def _run(self, obj: _Object, index: RunIndex, stream_id: int, count: int) -> list[bytes]:
-        key = (obj.seq, stream_id)
-        cached = self._runs.get(key)
-        if cached is not None:
-            return cached[0]
-        a, b = index.run_bytes(stream_id, obj.seq)
+    def _read_run(self, obj: _Object, stream_id: int, a: int, b: int, count: int) -> list[bytes]:
         raw = obj.reader.read(a, b) if obj.reader is not None else self._objects.get(obj.key, a, b)
-        run = decode_run(raw, count, obj.key, stream_id)
-        size = len(raw) + 64 * count
+        return decode_run(raw, count, obj.key, stream_id)
+
+    def _cache_run(self, key: tuple[int, int], run: list[bytes], run_bytes: int) -> None:
+        size = run_bytes + 64 * len(run)
         with self._read_lock:
             self._runs[key] = (run, size)
             self._runs_bytes += size
@@ -524,11 +530,6 @@ class QueueStore:
                 # Oldest first, as the seed's cycle cache: no bookkeeping on a hit.
                 _, (_, old_size) = self._runs.popitem(last=False)
                 self._runs_bytes -= old_size
-        return run
-
-    def _read_ahead(self, obj: _Object, index: RunIndex, stream_id: int) -> None:
-        if obj.reader is not None:
-            obj.reader.will_need(*index.run_bytes(stream_id, obj.seq))
 
     # Consumer positions ----------------------------------------------------------------------------
 
