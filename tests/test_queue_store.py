@@ -224,3 +224,6 @@ def test_bench_command_quick_run_writes_the_json_shape(tmp_path: Path) -> None:
     for phase in ("send", "index_check", "consume"):
         assert system["phases"][phase]["per_s"] > 0
     assert system["peak_rss_bytes"] > 0 and system["disk_bytes"] > 0
+    recovery = system["recovery"]  # after kill -9 of a child that flushed one more message per queue
+    assert recovery["flushed_round_missing_in_sampled_queues"] == 0
+    assert recovery["messages_replayed"] == 2000 and recovery["open_after_kill9_seconds"] > 0

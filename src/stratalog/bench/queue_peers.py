@@ -208,8 +208,6 @@ class NatsPeer:
     STREAM = "queues"
 
     def __init__(self, data_dir: Path) -> None:
-        import nats
-
         self._port = _free_port()
         self._server = subprocess.Popen(
             [nats_server_path(), "-js", "-a", "127.0.0.1", "-p", str(self._port), "-sd", str(data_dir)],
@@ -217,6 +215,15 @@ class NatsPeer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="nats-loop", daemon=True)
         self._thread.start()
+        try:
+            self._connect()
+        except BaseException:
+            self._stop_server()
+            raise
+
+    def _connect(self) -> None:
+        import nats
+
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -227,6 +234,7 @@ class NatsPeer:
                     raise
                 time.sleep(0.1)
         self._js = self._nc.jetstream()
+        deadline = time.monotonic() + 10
         while True:
             try:  # JetStream answers a little after the server accepts connections
                 self._run(self._js.add_stream(name=self.STREAM, subjects=["q.>"], storage="file", allow_direct=True))
@@ -300,10 +308,13 @@ class NatsPeer:
         try:
             self._run(self._nc.close())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._server.terminate()
-            self._server.wait(10)
+            self._stop_server()
+
+    def _stop_server(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._server.terminate()
+        self._server.wait(10)
 
 
 def open_peer(name: str, data_dir: Path, queues: int) -> Any:

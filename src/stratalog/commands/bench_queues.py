@@ -132,8 +132,12 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
                           f"queue state {st['queue_state_bytes'] / q:.1f} B/queue, name dict "
                           f"{st['name_dict_bytes'] / q:.1f} B/queue")
             r = s["recovery"]
-            console.print(f"reopen: {r['open_seconds']:.2f} s ({r['objects']} object indexes read, "
-                          f"{r['index_bytes'] / MIB_BYTES:,.1f} MiB; no data read)")
+            console.print(f"open after a clean close: {r['clean_open_seconds']:.2f} s; open after kill -9 with one "
+                          f"more flushed message per queue in the WAL: {r['open_after_kill9_seconds']:.2f} s "
+                          f"({r['objects']} object indexes, {r['index_bytes'] / MIB_BYTES:,.1f} MiB, read; "
+                          f"{r['records_replayed']} WAL records, {r['messages_replayed']:,} messages replayed; "
+                          f"no data read); flushed messages missing in sampled queues: "
+                          f"{r['flushed_round_missing_in_sampled_queues']}")
     if json_path is not None:
         write_json(json_path, doc)
         console.print(f"figures written to {json_path}")
