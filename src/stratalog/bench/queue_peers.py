@@ -23,6 +23,8 @@ from typing import Any
 
 #: Messages a peer adapter buffers per thread before writing them as one batch.
 PEER_BATCH = 8192
+#: Flush gives up once JetStream's message count stops growing for this long.
+NATS_STALL_S_MAX = 30.0
 #: LMDB reserves its map up front; 64 GiB of address space covers any run here.
 LMDB_MAP_BYTES = 64 << 30
 
@@ -291,7 +293,13 @@ class NatsPeer:
         async def wait() -> None:
             async with self._publish_lock:
                 await self._nc.flush()
-            while (await self._js.stream_info(self.STREAM)).state.messages < target:
+            stored, since = -1, time.monotonic()
+            while (now := (await self._js.stream_info(self.STREAM)).state.messages) < target:
+                if now != stored:
+                    stored, since = now, time.monotonic()
+                elif time.monotonic() - since > NATS_STALL_S_MAX:
+                    raise RuntimeError(f"JetStream stored {now} of {target} messages and stopped: publishes were "
+                                       "dropped (core publish has no acknowledgement)")
                 await asyncio.sleep(0.05)
 
         self._run(wait())
