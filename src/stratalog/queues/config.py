@@ -26,8 +26,9 @@ class QueueConfig:
     #: Puts not yet handed to the WAL. The writer wakes once this many wait (or after ``linger_s``) ...
     pending_messages_wake: int = 65536
     #: ... and put waits (up to ``put_wait_s_max``) once this many wait, or once messages above 1 KiB and
-    #: bulk puts hold ``pending_bytes_max``: the writer is behind. 1 M small messages: ~150 MB.
-    pending_messages_max: int = 1 << 20
+    #: bulk puts hold ``pending_bytes_max``: the writer is behind. 256 Ki small messages: ~40 MB, and the
+    #: writer's copies of them as much again (1 Mi put a million-queue run at 3.8 GiB peak RSS).
+    pending_messages_max: int = 1 << 18
     pending_bytes_max: int = 64 << 20
     linger_s: float = 0.05
     put_wait_s_max: float = 30.0
@@ -49,7 +50,7 @@ class QueueConfig:
     upload_interval_s: float = 10.0
     #: Decoded runs kept for readers: random index checks hit it, sequential readers read a whole run
     #: (all of a queue's messages in one object) at once and then take the rest from here.
-    read_cache_bytes_max: int = 256 << 20
+    read_cache_bytes_max: int = 128 << 20
     #: Object uploads retry a failed step this many times, backing off, before the store stops.
     upload_attempts_max: int = 5
     upload_backoff_s: float = 0.2
