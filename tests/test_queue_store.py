@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -227,3 +228,24 @@ def test_bench_command_quick_run_writes_the_json_shape(tmp_path: Path) -> None:
     recovery = system["recovery"]  # after kill -9 of a child that flushed one more message per queue
     assert recovery["flushed_round_missing_in_sampled_queues"] == 0
     assert recovery["messages_replayed"] == 2000 and recovery["open_after_kill9_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_bench_peers_run_the_same_workload_and_nats_is_stopped(tmp_path: Path) -> None:
+    """Every peer (RocksDB, LMDB, SQLite, and a NATS JetStream server the bench starts on 127.0.0.1) runs
+    the three phases on the same queues, every message read back is checked, and no server is left."""
+    out = tmp_path / "peers.json"
+    result = CliRunner().invoke(bench_queues_command, ["--queues", "200", "--messages", "4000", "--threads", "2",
+                                                       "--peers", "--dir", str(tmp_path / "b"),
+                                                       "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    systems = {s["name"]: s for s in doc["systems"]}
+    assert set(systems) == {"stratalog", "rocksdict", "lmdb", "sqlite3", "nats"}
+    for name, system in systems.items():
+        assert system["ok"], name
+        assert system["phases"]["index_check"]["bad"] == 0 and system["phases"]["consume"]["bad"] == 0, name
+        assert system["phases"]["consume"]["messages"] == 800, name  # 20% of the queues, read in full
+    assert set(doc["ratios"]) >= {"send", "index_check", "consume"}
+    leftover = subprocess.run(["pgrep", "-f", f"nats-server.*{tmp_path}"], capture_output=True, check=False)
+    assert leftover.returncode == 1, "the bench left a nats-server running"
