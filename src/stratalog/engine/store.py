@@ -39,6 +39,7 @@ from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import ManifestPublisher
 from stratalog.engine.metadata import Metadata, NewObject, RangeRow, StreamMeta, UnknownStreamError
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch
+from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError
 from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore
@@ -719,17 +720,8 @@ class StreamStore:
             log.warning("publishing manifest %d failed; the next one will be a snapshot: %s", seq, e)
 
     def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
-        delay = self._config.upload_backoff_s
-        for attempt in range(1, self._config.upload_attempts_max + 1):
-            try:
-                return step()
-            except StratalogError as e:
-                if attempt == self._config.upload_attempts_max:
-                    raise
-                log.warning("%s failed (attempt %d of %d): %s", what, attempt, self._config.upload_attempts_max, e)
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
+        return with_retries(what, step, attempts=self._config.upload_attempts_max,
+                            backoff_s=self._config.upload_backoff_s, log=log)
 
     def _uploader_loop(self) -> None:
         config = self._config
@@ -829,17 +821,7 @@ class StreamStore:
 
     def _delete_orphans(self) -> int:
         """Delete objects an interrupted upload wrote but never committed, and the pieces of cut-off puts."""
-        # Not part of the ObjectStore protocol: each store has its own kind of leftover (temp files in a
-        # directory, incomplete multipart uploads in S3). One store per data directory makes them ours.
-        for cleanup in ("remove_temp_files", "abort_incomplete_uploads"):
-            method = getattr(self._objects, cleanup, None)
-            if callable(method):
-                method()
-        known = {o.key for o in self._meta.objects()}
-        orphans = [info.key for info in self._objects.list(DATA_PREFIX) if info.key not in known]
-        for key in orphans:
-            self._objects.delete(key)
-        return len(orphans)
+        return delete_orphans(self._objects, self._meta, DATA_PREFIX)
 
     # Lifecycle -------------------------------------------------------------------------------------
 

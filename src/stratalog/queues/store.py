@@ -54,6 +54,7 @@ from stratalog.engine.bulkformat import (
 )
 from stratalog.engine.metadata import Metadata, NewObject
 from stratalog.engine.store import StoreClosedError, StoreFailedError, _lock_dir
+from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, StratalogError
 from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore
@@ -647,17 +648,8 @@ class QueueStore:
         return opener(key) if callable(opener) else None
 
     def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
-        delay = self._config.upload_backoff_s
-        for attempt in range(1, self._config.upload_attempts_max + 1):
-            try:
-                return step()
-            except StratalogError as e:
-                if attempt == self._config.upload_attempts_max:
-                    raise
-                log.warning("%s failed (attempt %d of %d): %s", what, attempt, self._config.upload_attempts_max, e)
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
+        return with_retries(what, step, attempts=self._config.upload_attempts_max,
+                            backoff_s=self._config.upload_backoff_s, log=log)
 
     # Recovery --------------------------------------------------------------------------------------
 
@@ -761,16 +753,8 @@ class QueueStore:
         self._cache_bytes += record.cache_bytes
 
     def _delete_orphans(self) -> int:
-        """Delete objects an interrupted upload wrote but never committed."""
-        for cleanup in ("remove_temp_files", "abort_incomplete_uploads"):
-            method = getattr(self._objects, cleanup, None)
-            if callable(method):
-                method()
-        known = {o.key for o in self._meta.objects()}
-        orphans = [info.key for info in self._objects.list(QUEUE_PREFIX) if info.key not in known]
-        for key in orphans:
-            self._objects.delete(key)
-        return len(orphans)
+        """Delete objects an interrupted upload wrote but never committed, and the pieces of cut-off puts."""
+        return delete_orphans(self._objects, self._meta, QUEUE_PREFIX)
 
     # Lifecycle -------------------------------------------------------------------------------------
 
