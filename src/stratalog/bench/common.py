@@ -4,6 +4,7 @@ plain-disk references each component is measured against.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import mmap
@@ -126,6 +127,19 @@ def _cpu_busy_and_steal_s() -> tuple[float, float]:
     user, nice, system, steal = fields[0], fields[1], fields[2], fields[7]
     ticks_per_s = os.sysconf("SC_CLK_TCK")
     return (user + nice + system) / ticks_per_s, steal / ticks_per_s
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes allocated on disk for ``path``: a file, or every file under a directory (a preallocated file
+    counts in full; files deleted while it walks are skipped)."""
+    if path.is_file():
+        return path.stat().st_blocks * 512
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+    return total
 
 
 def _disk_written_bytes(disk_device: str) -> int:

@@ -16,9 +16,7 @@ Message (queue q, round r): r as 4 little-endian bytes, then q as 4 bytes, then 
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
-import os
 import random
 import resource
 import shutil
@@ -33,6 +31,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from stratalog.bench.common import disk_bytes
 
 #: The index check reads this many messages per get, as the seed does.
 INDEX_CHECK_NUM = 10
@@ -205,15 +205,6 @@ def _consume(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails:
     return read[0], bad[0]
 
 
-def _disk_bytes(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.stat(os.path.join(root, f)).st_blocks * 512
-    return total
-
-
 def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]:
     """One system through the three phases; runs in its own process."""
     names = queue_names(plan.queues)
@@ -244,7 +235,7 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
     doc: dict[str, Any] = {
         "name": name, "mode": "put_many" if plan.batch else "put", "phases": phases,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "disk_bytes": _disk_bytes(data_dir), "ok": index_bad == 0 and consume_bad == 0,
+        "disk_bytes": disk_bytes(data_dir), "ok": index_bad == 0 and consume_bad == 0,
     }
     if stats:
         doc["stats_after_send"] = stats_after_send

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
-from stratalog.bench.common import machine_info
+from stratalog.bench.common import disk_bytes, machine_info
 from stratalog.engine.store import StreamStore
 
 #: Appends in flight while touching every stream.
@@ -41,15 +41,6 @@ def rss_bytes() -> int:
     """The process's resident set now (not the peak): from /proc/self/statm."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def disk_bytes(path: Path) -> int:
-    """Bytes allocated on disk for ``path``, a file or everything under a directory (a preallocated
-    file counts in full)."""
-    if path.is_file():
-        return path.stat().st_blocks * 512
-    return sum(os.stat(os.path.join(root, name)).st_blocks * 512
-               for root, _, names in os.walk(path) for name in names)
 
 
 def timed(step: Callable[[], Any]) -> tuple[float, Any]:

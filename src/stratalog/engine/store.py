@@ -255,7 +255,7 @@ class StreamStore:
         self._dir = data_dir
         self._config = config
         self._objects = objects
-        self._lock_fd = _lock_dir(data_dir)
+        self._lock_fd = lock_data_dir(data_dir)
         self._meta = Metadata(data_dir / "meta.sqlite")
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -308,14 +308,7 @@ class StreamStore:
         """
         config = config or StoreConfig()
         config.validate()
-        path = Path(data_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        if object_store is None or isinstance(object_store, str):
-            from stratalog.objects.uri import open_object_store
-
-            objects = open_object_store(object_store, path)
-        else:
-            objects = object_store
+        path, objects = prepare_data_dir(data_dir, object_store)
         return cls(path, objects, config, wal_device)
 
     def _add_state(self, sm: StreamMeta) -> _StreamState:
@@ -388,9 +381,7 @@ class StreamStore:
                     except OverCapacityError:
                         pass  # the ring is full until the uploader trims it: wait below
                     except WALFailedError as e:
-                        if self._failure is None:
-                            self._failure = e
-                            self._cond.notify_all()
+                        self._stop_locked(e)  # the WAL logged it
                         raise StoreFailedError(f"the store stopped after an error: {e}") from e
                 deadline = deadline or time.monotonic() + config.append_wait_s_max
                 remaining = deadline - time.monotonic()
@@ -753,9 +744,13 @@ class StreamStore:
     def _fail(self, error: BaseException) -> None:
         log.error("the store stopped: %s", error)
         with self._cond:
-            if self._failure is None:
-                self._failure = error
-            self._cond.notify_all()
+            self._stop_locked(error)
+
+    def _stop_locked(self, error: BaseException) -> None:
+        """Record the first failure and wake every waiter (store lock held)."""
+        if self._failure is None:
+            self._failure = error
+        self._cond.notify_all()
 
     # Recovery --------------------------------------------------------------------------------------
 
@@ -877,7 +872,21 @@ class StreamStore:
         yield from self._meta.streams()
 
 
-def _lock_dir(data_dir: Path) -> int:
+def prepare_data_dir(data_dir: str | os.PathLike[str],
+                     object_store: str | ObjectStore | None) -> tuple[Path, ObjectStore]:
+    """Create ``data_dir`` if needed and open its object store: ``None`` (a local directory under it), a
+    URI, or an ObjectStore as it is."""
+    path = Path(data_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    if object_store is None or isinstance(object_store, str):
+        from stratalog.objects.uri import open_object_store
+
+        return path, open_object_store(object_store, path)
+    return path, object_store
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Hold ``data_dir``'s lock file for this process (one store per directory); StoreLockedError if taken."""
     fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -53,7 +53,7 @@ from stratalog.engine.bulkformat import (
     encode_bulk,
 )
 from stratalog.engine.metadata import Metadata, NewObject
-from stratalog.engine.store import StoreClosedError, StoreFailedError, _lock_dir
+from stratalog.engine.store import StoreClosedError, StoreFailedError, lock_data_dir, prepare_data_dir
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, StratalogError
 from stratalog.invariant import invariant
@@ -161,7 +161,7 @@ class QueueStore:
         self._dir = data_dir
         self._config = config
         self._objects = objects
-        self._lock_fd = _lock_dir(data_dir)
+        self._lock_fd = lock_data_dir(data_dir)
         self._meta = Metadata(data_dir / "meta.sqlite")
         # Puts: (name, message) pairs appended to one list; a put_many is one (_BULK, (names, array)) item.
         # Small messages count against pending_messages_max; large ones and bulk puts also by their bytes.
@@ -208,14 +208,7 @@ class QueueStore:
     def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
              config: QueueConfig | None = None) -> QueueStore:
         """Open (or create) the queue store in ``data_dir``; ``object_store`` as for StreamStore.open."""
-        path = Path(data_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        if object_store is None or isinstance(object_store, str):
-            from stratalog.objects.uri import open_object_store
-
-            objects = open_object_store(object_store, path)
-        else:
-            objects = object_store
+        path, objects = prepare_data_dir(data_dir, object_store)
         return cls(path, objects, config or QueueConfig())
 
     # Put -------------------------------------------------------------------------------------------
