@@ -20,6 +20,7 @@ def small_queue_config(**overrides: Any) -> QueueConfig:
         "upload_idle_s": 0.05,
         "linger_s": 0.002,
         "read_cache_bytes_max": 256 << 10,
+        "compact_retire_s": 0.05,
     }
     base.update(overrides)
     return QueueConfig(**base)

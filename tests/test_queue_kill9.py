@@ -32,6 +32,7 @@ def test_every_flushed_message_survives_kill9_dense_and_in_order(tmp_path: Path)
     kept: dict[int, list[bytes]] = {q: [] for q in range(QUEUES)}
     flushed_total = 0
     replays = 0
+    merged = 0
     for iteration in range(ITERATIONS):
         args = [str(data_dir), "--iteration", str(iteration), "--queues", str(QUEUES)]
         with start_child("stratalog.chaos.queue_child", args, name="queue", beside=data_dir,
@@ -45,6 +46,7 @@ def test_every_flushed_message_survives_kill9_dense_and_in_order(tmp_path: Path)
         assert isinstance(config, QueueConfig)
         with QueueStore.open(data_dir, config=config) as store:
             replays += store.recovery.records_replayed > 0
+            merged += store.recovery.merged_objects > 0
             for q in range(QUEUES):
                 got = store.get(queue_name(q), 0, 1 << 20)
                 before = kept[q]
@@ -57,3 +59,4 @@ def test_every_flushed_message_survives_kill9_dense_and_in_order(tmp_path: Path)
     # The checks mean something only if the children got flushes done before most kills.
     assert flushed_total >= 10 * ITERATIONS, flushed_total
     assert replays > 0, "some kills should leave a WAL tail to replay"
+    assert merged > 0, "some kills should come after merges of objects"

@@ -16,7 +16,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStoreError
@@ -114,8 +114,12 @@ class LocalDirStore:
     # ObjectStore protocol ---------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self.put_parts(key, (data,))
+
+    def put_parts(self, key: str, parts: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Like :meth:`put`, for an object made of ``parts`` written as they come: a large object
+        need not be in memory at once. All or nothing, durable on return."""
         path = self._path(key)
-        view = memoryview(data).cast("B")
         self._make_parents(key, path.parent)
         temp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
         try:
@@ -125,19 +129,29 @@ class LocalDirStore:
                                    f"{_advice(exc)}") from exc
         try:
             try:
-                written = 0
-                step = self.sync_every_bytes or len(view)
-                while written < len(view):
-                    # os.write may write less than asked (signals, 2 GiB per call): loop until all is out.
-                    written += os.write(fd, view[written:written + step])
-                    if written < len(view):
-                        os.fdatasync(fd)  # a little at a time: see SYNC_EVERY_BYTES
+                unsynced = 0
+                for part in parts:
+                    view = memoryview(part).cast("B")
+                    written = 0
+                    while written < len(view):
+                        if self.sync_every_bytes is not None and unsynced >= self.sync_every_bytes:
+                            os.fdatasync(fd)  # a little at a time: see SYNC_EVERY_BYTES
+                            unsynced = 0
+                        step = len(view) - written
+                        if self.sync_every_bytes is not None:
+                            step = min(step, self.sync_every_bytes - unsynced)
+                        # os.write may write less than asked (signals, 2 GiB per call): loop until all is out.
+                        done = os.write(fd, view[written:written + step])
+                        written += done
+                        unsynced += done
                 os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(temp, path)
-        except OSError as exc:
+        except BaseException as exc:
             temp.unlink(missing_ok=True)
+            if not isinstance(exc, OSError):
+                raise  # a part failed to be made (the caller's error): nothing was stored
             if isinstance(exc, IsADirectoryError):
                 raise ObjectStoreError(f"cannot store key {key!r}: {path} is a directory (keys exist under "
                                        f"'{key}/'), and a local store cannot hold both") from exc

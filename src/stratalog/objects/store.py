@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,3 +61,14 @@ class ObjectStore(Protocol):
     def close(self) -> None:
         """Release connections; the store is not used after this."""
         ...
+
+
+def put_parts(store: ObjectStore, key: str, parts: Iterable[bytes | bytearray | memoryview]) -> None:
+    """Store an object made of ``parts``, as :meth:`ObjectStore.put` does. A store that can write parts
+    as they come (``put_parts``: the local directory store) never holds the whole object; any other gets
+    the parts joined."""
+    method = getattr(store, "put_parts", None)
+    if callable(method):
+        method(key, parts)
+    else:
+        store.put(key, b"".join(parts))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stratalog.engine.bulkformat import OBJECT_BYTES_MAX
 from stratalog.wal.config import WALConfig
 
 #: Longest queue name, in characters (at most 1020 bytes of UTF-8: fits the formats' u16 length).
@@ -54,6 +55,17 @@ class QueueConfig:
     #: Object uploads retry a failed step this many times, backing off, before the store stops.
     upload_attempts_max: int = 5
     upload_backoff_s: float = 0.2
+    #: Compaction merges this many consecutive objects of one size tier into one (0: never), so a queue's
+    #: messages sit in a few runs rather than one per upload: at a million queues an upload leaves ~3
+    #: messages per queue. Tier t holds objects of upload_bytes_threshold * fanout^t / 2 up to the next.
+    #: Each tier rewrites the data once more.
+    compact_fanout: int = 4
+    #: ... as long as the merged object stays within this (run positions are u32: at most 4 GiB).
+    compact_object_bytes_max: int = 2 << 30
+    #: A merge reads about this much of its sources at a time; its working memory is about 3x this.
+    compact_slice_bytes: int = 32 << 20
+    #: Merged-away objects stay readable this long (a get in flight may hold one), then are deleted.
+    compact_retire_s: float = 10.0
 
     def validate(self) -> None:
         if not 1 <= self.message_bytes_max <= self.record_bytes_target:
@@ -69,4 +81,10 @@ class QueueConfig:
             raise ValueError("the WAL must be larger than the log cache: it holds everything not yet uploaded")
         if self.upload_attempts_max < 1:
             raise ValueError("upload_attempts_max must be >= 1")
+        if self.compact_fanout == 1 or self.compact_fanout < 0:
+            raise ValueError("compact_fanout must be 0 (no compaction) or at least 2")
+        if not self.upload_bytes_threshold <= self.compact_object_bytes_max <= OBJECT_BYTES_MAX:
+            raise ValueError(f"compact_object_bytes_max must be within upload_bytes_threshold .. {OBJECT_BYTES_MAX}")
+        if self.compact_slice_bytes < 1 or self.compact_retire_s < 0:
+            raise ValueError("compact_slice_bytes must be >= 1 and compact_retire_s >= 0")
         self.wal.validate(self.wal_capacity_bytes - 8192)

@@ -20,13 +20,14 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import math
 import operator
 import os
 import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from stratalog.engine.bulkformat import (
     NAME_HEAD,
     OBJECT_FOOTER_BYTES,
     STREAM_MESSAGES_MAX,
+    U32,
     BulkRecord,
     CorruptBulkError,
     Ids,
@@ -57,7 +59,8 @@ from stratalog.engine.store import StoreClosedError, StoreFailedError, lock_data
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, StratalogError
 from stratalog.invariant import invariant
-from stratalog.objects.store import ObjectStore
+from stratalog.objects.store import ObjectStore, put_parts
+from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
 from stratalog.queues.index import RunIndex, TailIndex
 from stratalog.wal import WriteAheadLog
@@ -93,8 +96,23 @@ class PutBackpressureError(QueueError):
     """Puts outran the writer and the uploads for ``put_wait_s_max``."""
 
 
-def queue_object_key(object_id: int) -> str:
-    return f"{QUEUE_PREFIX}{object_id:016x}.slq"
+def queue_object_key(object_id: int, first_id: int | None = None) -> str:
+    """An uploaded object's key; a merged object's also names the first object it replaces, which is its
+    place in the order of objects (the order recovery reads them in)."""
+    if first_id is None:
+        return f"{QUEUE_PREFIX}{object_id:016x}.slq"
+    return f"{QUEUE_PREFIX}{first_id:016x}-{object_id:016x}.slq"
+
+
+def object_order(key: str, object_id: int) -> tuple[int, int]:
+    """Where an object stands among the queue objects: uploads in id order, a merged object in the place
+    of the first object it replaced."""
+    name = key[len(QUEUE_PREFIX):].split(".", 1)[0]
+    first = name.split("-", 1)[0]
+    try:
+        return int(first, 16), object_id
+    except ValueError:
+        raise CorruptBulkError(f"queue object key {key!r} does not name its place") from None
 
 
 def check_name(name: object, what: str = "queue") -> str:
@@ -129,11 +147,16 @@ class _Record:
 
 @dataclass(slots=True, eq=False)
 class _Object:
-    """One uploaded run object; where its runs lie is in the RunIndex, column ``seq``."""
+    """One run object (an upload, or a merge of several); where its runs lie is in the RunIndex, in the
+    column of its place in the view's objects."""
 
-    seq: int
+    object_id: int
     key: str
     reader: Any              # LocalObjectReader, or None: ranged gets through the ObjectStore
+    size_bytes: int
+
+    def read(self, store: ObjectStore, start: int, end: int) -> bytes:
+        return self.reader.read(start, end) if self.reader is not None else store.get(self.key, start, end)
 
 
 _View = tuple[tuple[_Object, ...], tuple[_Record, ...], RunIndex]
@@ -150,6 +173,10 @@ class QueueRecoveryReport:
     #: Records after the first one that does not follow on (a hole the WAL skipped): never acknowledged.
     records_dropped: int = 0
     orphan_objects_deleted: int = 0
+    #: Objects a merge replaced whose deletion a crash or a close cut off.
+    merged_away_deleted: int = 0
+    #: Objects that are merges of several uploads.
+    merged_objects: int = 0
     seconds: float = 0.0
 
 
@@ -195,14 +222,23 @@ class QueueStore:
         self._closing = False
         self._closed = False
         self._failure: BaseException | None = None
+        # Compaction: merged-away objects wait here (monotonic time retired, object) until no get can hold them.
+        self._compact_wake = threading.Event()
+        self._retired: list[tuple[float, _Object]] = []
+        self.compactions = 0
+        self.compacted_bytes = 0
+        self.compaction_error: BaseException | None = None
         self._wal = WriteAheadLog.open(data_dir / "wal", capacity_bytes=config.wal_capacity_bytes, create=True,
                                        config=config.wal)
         self.recovery = self._recover()
         self._writer = threading.Thread(target=self._writer_loop, name="stratalog-queue-writer", daemon=True)
         self._uploader = threading.Thread(target=self._uploader_loop, name="stratalog-queue-uploader",
                                           daemon=True)
+        self._compactor = threading.Thread(target=self._compactor_loop, name="stratalog-queue-compactor",
+                                           daemon=True)
         self._writer.start()
         self._uploader.start()
+        self._compactor.start()
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
@@ -468,14 +504,14 @@ class QueueStore:
                     end = ends[k]
                     if end > start:
                         obj = objects[k]
-                        cached = self._runs.get((k, stream_id))
+                        cached = self._runs.get((obj.object_id, stream_id))
                         if cached is not None:
                             run = cached[0]
                         else:
                             run = self._read_run(obj, stream_id, starts[k], stops[k], end - start)
                             # Keep it only if this get leaves part of it for the next one.
                             if stop < end:
-                                self._cache_run((k, stream_id), run, stops[k] - starts[k])
+                                self._cache_run((obj.object_id, stream_id), run, stops[k] - starts[k])
                         take = run[pos - start:stop - start]
                         out.extend(take)
                         pos += len(take)
@@ -512,8 +548,7 @@ class QueueStore:
                 return
 
     def _read_run(self, obj: _Object, stream_id: int, a: int, b: int, count: int) -> list[bytes]:
-        raw = obj.reader.read(a, b) if obj.reader is not None else self._objects.get(obj.key, a, b)
-        return decode_run(raw, count, obj.key, stream_id)
+        return decode_run(obj.read(self._objects, a, b), count, obj.key, stream_id)
 
     def _cache_run(self, key: tuple[int, int], run: list[bytes], run_bytes: int) -> None:
         size = run_bytes + 64 * len(run)
@@ -588,6 +623,7 @@ class QueueStore:
                 self._view = ((*objects, obj), records[len(taken):], index.with_object(ends, positions))
                 self._cache_bytes -= sum(r.cache_bytes for r in taken)
                 self._view_lock.notify_all()
+            self._compact_wake.set()
             last = taken[-1].wal_offset
             if last > self._wal.trim_offset and not everything:
                 self._wal.trim(last)
@@ -634,7 +670,7 @@ class QueueStore:
         self._with_retries("committing the upload",
                            lambda: self._meta.commit_objects([NewObject(object_id, key, size, [])]))
         _return_freed_memory()
-        return _Object(len(objects), key, self._open_reader(key)), ends, positions
+        return _Object(object_id, key, self._open_reader(key), size), ends, positions
 
     def _open_reader(self, key: str) -> Any:
         opener = getattr(self._objects, "open_reader", None)
@@ -643,6 +679,97 @@ class QueueStore:
     def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
         return with_retries(what, step, attempts=self._config.upload_attempts_max,
                             backoff_s=self._config.upload_backoff_s, log=log)
+
+    # Compaction ------------------------------------------------------------------------------------
+
+    def _compactor_loop(self) -> None:
+        while True:
+            self._compact_wake.wait(1.0)
+            self._compact_wake.clear()
+            if self._closing:
+                return
+            try:
+                self._retire_due()
+                while self.compaction_error is None and not self._closing and self._compact_once():
+                    self._retire_due()
+            except _CompactionCancelledError:
+                return
+            except BaseException as e:
+                # The objects stay as they are and reads go on; only merging stops (until the next open).
+                log.error("queue compaction stopped: %s", e)
+                self.compaction_error = e
+
+    def _plan_compaction(self, objects: tuple[_Object, ...]) -> tuple[int, int] | None:
+        """The oldest ``compact_fanout`` consecutive objects of one size tier that fit one object."""
+        config = self._config
+        fanout = config.compact_fanout
+        if not fanout or self.compaction_error is not None:
+            return None
+        sizes = [o.size_bytes for o in objects]
+        tiers = [_tier(size, config.upload_bytes_threshold, fanout) for size in sizes]
+        for first in range(len(objects) - fanout + 1):
+            stop = first + fanout
+            if len(set(tiers[first:stop])) == 1 and sum(sizes[first:stop]) <= config.compact_object_bytes_max:
+                return first, stop
+        return None
+
+    def _compact_once(self) -> bool:
+        """Merge the objects the plan picks into one; False when there is nothing to merge."""
+        objects, _, index = self._view
+        plan = self._plan_compaction(objects)
+        if plan is None:
+            return False
+        first, stop = plan
+        replaced = objects[first:stop]
+        prev_ends = index.ends[:index.stream_counts[first - 1], first - 1].copy() if first else np.zeros(0, U32)
+        sources = [MergeSource.open(o.key, functools.partial(o.read, self._objects), o.size_bytes) for o in replaced]
+        object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
+        key = queue_object_key(object_id, object_order(replaced[0].key, replaced[0].object_id)[0])
+        result = MergeResult()
+
+        def write() -> None:
+            nonlocal result
+            result = MergeResult()
+            put_parts(self._objects, key, self._unless_closing(
+                merge_objects(sources, prev_ends, self._config.compact_slice_bytes, result)))
+
+        started = time.monotonic()
+        self._with_retries(f"writing merged object {key}", write)
+        self._with_retries("committing the merge", lambda: self._meta.replace_objects(
+            [o.object_id for o in replaced], [NewObject(object_id, key, result.size_bytes, [])]))
+        merged = _Object(object_id, key, self._open_reader(key), result.size_bytes)
+        with self._view_lock:
+            objects, records, index = self._view
+            invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
+            self._view = ((*objects[:first], merged, *objects[stop:]), records,
+                          index.with_merged(first, stop, result.ends, result.positions))
+            now = time.monotonic()
+            self._retired.extend((now, o) for o in replaced)
+        self.compactions += 1
+        self.compacted_bytes += result.size_bytes
+        log.info("merged %d queue objects (%d MiB) into %s in %.1f s", len(replaced), result.size_bytes >> 20, key,
+                 time.monotonic() - started)
+        _return_freed_memory()
+        return True
+
+    def _unless_closing(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
+        for part in parts:
+            if self._closing:
+                raise _CompactionCancelledError
+            yield part
+
+    def _retire_due(self, *, everything: bool = False) -> None:
+        """Close and delete merged-away objects once no get can still be reading them."""
+        cutoff = math.inf if everything else time.monotonic() - self._config.compact_retire_s
+        with self._view_lock:
+            due = [o for t, o in self._retired if t <= cutoff]
+            self._retired = [(t, o) for t, o in self._retired if t > cutoff]
+        for obj in due:
+            if obj.reader is not None:
+                obj.reader.close()
+            self._with_retries(f"deleting merged-away object {obj.key}",
+                               functools.partial(self._objects.delete, obj.key))
+            self._meta.forget_object(obj.object_id)
 
     # Recovery --------------------------------------------------------------------------------------
 
@@ -679,16 +806,16 @@ class QueueStore:
         self._upload(everything=True)
         if last_wal_offset > self._wal.trim_offset:
             self._wal.trim(last_wal_offset)
-        report.orphan_objects_deleted = self._delete_orphans()
+        self._delete_orphans(report)
+        report.merged_objects = sum("-" in o.key for o in self._view[0])
         report.seconds = time.monotonic() - started
         return report
 
     def _load_objects(self, report: QueueRecoveryReport) -> tuple[list[_Object], RunIndex]:
         loaded: list[_Object] = []
         index = RunIndex.empty()
-        for meta in self._meta.objects():
-            if not meta.key.startswith(QUEUE_PREFIX):
-                continue
+        live = [m for m in self._meta.objects() if m.key.startswith(QUEUE_PREFIX) and m.unreferenced_ms is None]
+        for meta in sorted(live, key=lambda m: object_order(m.key, m.object_id)):
             size = meta.size_bytes
             footer = decode_footer(self._objects.get(meta.key, size - OBJECT_FOOTER_BYTES, size), size)
             raw = self._objects.get(meta.key, footer.names_position, size - OBJECT_FOOTER_BYTES)
@@ -699,7 +826,7 @@ class QueueStore:
             for stream_id, name in names:
                 self._ids[name] = stream_id
             self._stream_count = footer.stream_count
-            loaded.append(_Object(len(loaded), meta.key, self._open_reader(meta.key)))
+            loaded.append(_Object(meta.object_id, meta.key, self._open_reader(meta.key), size))
             index = index.with_object(ends, positions)
             report.objects += 1
             report.index_bytes += ends.nbytes + positions.nbytes
@@ -745,9 +872,15 @@ class QueueStore:
         self._view = (objects, (*records, record), index)
         self._cache_bytes += record.cache_bytes
 
-    def _delete_orphans(self) -> int:
-        """Delete objects an interrupted upload wrote but never committed, and the pieces of cut-off puts."""
-        return delete_orphans(self._objects, self._meta, QUEUE_PREFIX)
+    def _delete_orphans(self, report: QueueRecoveryReport) -> None:
+        """Delete objects an interrupted upload or merge wrote but never committed, the pieces of cut-off
+        puts, and objects a merge replaced (nothing reads them before the open returns)."""
+        for meta in self._meta.collect_unreferenced(int(time.time() * 1000) + 1):
+            if meta.key.startswith(QUEUE_PREFIX):
+                self._objects.delete(meta.key)
+                self._meta.forget_object(meta.object_id)
+                report.merged_away_deleted += 1
+        report.orphan_objects_deleted = delete_orphans(self._objects, self._meta, QUEUE_PREFIX)
 
     # Lifecycle -------------------------------------------------------------------------------------
 
@@ -781,11 +914,14 @@ class QueueStore:
             self._wake.set()
             with self._view_lock:
                 self._view_lock.notify_all()
+            self._compact_wake.set()
             self._writer.join()
             self._uploader.join()
+            self._compactor.join()
             try:
                 if self._failure is None and not self._wal.failure:
                     self._upload()
+                self._retire_due(everything=True)
             finally:
                 self._closed = True
                 self._wal.close()
@@ -817,7 +953,23 @@ class QueueStore:
             "log_cache_bytes": self._cache_bytes,
             "log_cache_records": len(records),
             "read_cache_bytes": self._runs_bytes,
+            "compactions": self.compactions,
+            "compacted_bytes": self.compacted_bytes,
         }
+
+
+class _CompactionCancelledError(Exception):
+    """The store is closing: a merge in progress stops (its object is never committed)."""
+
+
+def _tier(size_bytes: int, upload_bytes: int, fanout: int) -> int:
+    """Size tier of an object: 0 below fanout / 2 uploads, then one more per factor of fanout."""
+    tier = 0
+    bound = upload_bytes * fanout // 2
+    while size_bytes >= bound:
+        tier += 1
+        bound *= fanout
+    return tier
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:

@@ -1,0 +1,238 @@
+"""Compaction of run objects: several consecutive objects become one, each queue's runs joined into one.
+
+At a million queues an upload of 256 MiB leaves about three messages per queue, so a queue's messages are
+spread over one run per upload: a read of ten messages touches three or four objects and a consumer of a
+hundred messages thirty. Merging ``fanout`` consecutive objects of one size tier into one object (then
+``fanout`` of those, up to ``compact_object_bytes_max``) keeps the runs per queue near
+``fanout * log_fanout(data / upload)``, at the cost of rewriting the data once per tier.
+
+The merged object is an ordinary run object (docs/formats/queues.md): its runs hold, for each stream, the
+messages of every source in order, its index the last source's end offsets, its names every source's
+names. It is laid out a slice of streams at a time (about ``slice_bytes`` of sources), so the memory it
+takes does not grow with the objects: per slice one ranged read of each source, the sources' runs are
+checked against their CRCs, two Arrow ``take`` calls gather the new runs, and a CRC per new run is written
+in front of it. Nothing of a source is carried over unchecked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from stratalog.engine.bulkformat import (
+    I64,
+    OBJECT_BYTES_MAX,
+    OBJECT_FOOTER_BYTES,
+    U32,
+    CorruptBulkError,
+    U32s,
+    decode_footer,
+    encode_footer,
+)
+from stratalog.wal.format import crc32c
+
+#: A read of bytes ``start .. end`` of one object.
+RangeReader = Callable[[int, int], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class MergeSource:
+    """One object to merge: how to read it, and its decoded index section."""
+
+    key: str
+    read: RangeReader
+    first_stream: int
+    names_raw: bytes    # the names section: streams first_stream .. stream_count - 1
+    ends: U32s          # end offset of each stream after this object (its stream_count of them)
+    positions: U32s     # run positions, stream_count + 1
+    message_count: int
+
+    @classmethod
+    def open(cls, key: str, read: RangeReader, size_bytes: int) -> MergeSource:
+        """Read the footer and the index section of object ``key`` (never its runs). The names are kept
+        as they are: the merged object carries them unchanged."""
+        footer = decode_footer(read(size_bytes - OBJECT_FOOTER_BYTES, size_bytes), size_bytes)
+        raw = read(footer.names_position, size_bytes - OBJECT_FOOTER_BYTES)
+        if len(raw) != footer.names_bytes + footer.index_bytes or crc32c(raw) != footer.index_crc:
+            raise CorruptBulkError(f"run object {key}: its index failed its CRC or is short")
+        n = footer.stream_count
+        ends = np.frombuffer(raw, U32, n, footer.names_bytes).copy()
+        positions = np.frombuffer(raw, U32, n + 1, footer.names_bytes + 4 * n).copy()
+        return cls(key, read, footer.first_stream, raw[:footer.names_bytes], ends, positions, footer.message_count)
+
+
+@dataclass(slots=True)
+class MergeResult:
+    """What :func:`merge_objects` made, complete once its parts are consumed."""
+
+    size_bytes: int = 0
+    ends: U32s = field(default_factory=lambda: np.zeros(0, U32))
+    positions: U32s = field(default_factory=lambda: np.zeros(1, U32))
+    runs_checked: int = 0
+    runs_written: int = 0
+
+
+def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: int,
+                  result: MergeResult) -> Iterator[bytes | bytearray]:
+    """The bytes of one run object holding ``sources`` (consecutive objects, oldest first) merged, in
+    parts of about ``slice_bytes`` of sources each; ``result`` is filled as the parts go.
+
+    ``prev_ends`` are the streams' ends before the first source (what the object before it ends at).
+    Raises CorruptBulkError when a source's run fails its CRC or its index does not follow on.
+    """
+    if len(sources) < 2:
+        raise ValueError("a merge takes at least two objects")
+    last = sources[-1]
+    stream_count = len(last.ends)
+    first_stream = sources[0].first_stream
+    if len(prev_ends) != first_stream:
+        raise CorruptBulkError(f"object {sources[0].key} names streams from {first_stream}, but "
+                               f"{len(prev_ends)} streams come before it")
+    ends_rows = np.zeros((len(sources) + 1, stream_count), I64)
+    ends_rows[0, :len(prev_ends)] = prev_ends
+    positions = np.zeros((len(sources), stream_count + 1), I64)
+    for j, src in enumerate(sources):
+        n = len(src.ends)
+        if j and src.first_stream != len(sources[j - 1].ends):
+            raise CorruptBulkError(f"object {src.key} names streams from {src.first_stream}: it does not follow on")
+        ends_rows[j + 1, :n] = src.ends
+        ends_rows[j + 1, n:] = ends_rows[j, n:]
+        positions[j, :n + 1] = src.positions
+        positions[j, n + 1:] = src.positions[-1]
+    counts = np.diff(ends_rows, axis=0)                  # [source, stream]
+    if np.any(counts < 0):
+        raise CorruptBulkError(f"objects {sources[0].key} .. {last.key}: a stream's end offset goes back")
+    run_bytes = np.diff(positions, axis=1)               # [source, stream]
+    header_bytes = np.where(counts > 0, 4 + 4 * counts, 0)
+    data_bytes = run_bytes - header_bytes
+    if np.any(data_bytes < 0) or np.any((counts == 0) & (run_bytes != 0)):
+        raise CorruptBulkError(f"objects {sources[0].key} .. {last.key}: run sizes do not match their counts")
+    out_counts = counts.sum(axis=0)
+    out_run_bytes = np.where(out_counts > 0, 4 + 4 * out_counts, 0) + data_bytes.sum(axis=0)
+    out_positions = np.zeros(stream_count + 1, I64)
+    np.cumsum(out_run_bytes, out=out_positions[1:])
+    names_raw = b"".join(src.names_raw for src in sources)
+    index_raw = names_raw + ends_rows[-1].astype(U32).tobytes() + out_positions.astype(U32).tobytes()
+    total = int(out_positions[-1]) + len(index_raw) + OBJECT_FOOTER_BYTES
+    if total > OBJECT_BYTES_MAX:
+        raise ValueError(f"a merged object of {total} bytes exceeds {OBJECT_BYTES_MAX}: merge fewer objects")
+
+    # Slices of streams holding about slice_bytes of sources each.
+    source_bytes = positions.sum(axis=0)
+    bounds = np.unique(np.searchsorted(source_bytes, np.arange(0, int(source_bytes[-1]), max(1, slice_bytes)),
+                                       side="left").clip(0, stream_count))
+    bounds = np.unique(np.concatenate((bounds, [0, stream_count])))
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        part = _merge_slice(sources, lo, hi, counts[:, lo:hi], positions[:, lo:hi + 1], header_bytes[:, lo:hi],
+                            data_bytes[:, lo:hi], result)
+        if len(part) != int(out_positions[hi] - out_positions[lo]):
+            raise AssertionError("a merged slice is not the size its index says")
+        yield part
+    yield index_raw + encode_footer(int(out_positions[-1]), len(names_raw), first_stream, stream_count,
+                                    sum(s.message_count for s in sources), crc32c(index_raw))
+    result.size_bytes = total
+    result.ends = ends_rows[-1].astype(U32)
+    result.positions = out_positions.astype(U32)
+
+
+def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.ndarray, positions: np.ndarray,
+                 header_bytes: np.ndarray, data_bytes: np.ndarray, result: MergeResult) -> bytearray:
+    """The merged runs of streams ``lo .. hi``."""
+    m = hi - lo
+    chunks = []
+    for j, src in enumerate(sources):
+        start, stop = int(positions[j, 0]), int(positions[j, -1])
+        raw = src.read(start, stop) if stop > start else b""
+        if len(raw) != stop - start:
+            raise CorruptBulkError(f"object {src.key} is shorter than its index says")
+        rel = positions[j] - start
+        _check_runs(src.key, raw, rel, counts[j], lo)
+        result.runs_checked += int(np.count_nonzero(counts[j]))
+        # Element 2s: stream s's CRC and message ends; element 2s + 1: its messages.
+        offsets = np.empty(2 * m + 1, np.int64)
+        offsets[0::2] = rel
+        offsets[1::2] = rel[:-1] + header_bytes[j]
+        chunks.append(pa.Array.from_buffers(pa.large_binary(), 2 * m, [None, pa.py_buffer(offsets),
+                                                                        pa.py_buffer(raw)]))
+    sources_array = pa.chunked_array(chunks, type=pa.large_binary())
+    j_count = len(sources)
+    chunk_base = 2 * m * np.arange(j_count, dtype=np.int64)
+    stream = np.arange(m, dtype=np.int64)
+
+    # Message ends of every (stream, source) run, streams first, shifted past the data of the sources
+    # before it in that stream.
+    headers = sources_array.take(pa.array((chunk_base[None, :] + 2 * stream[:, None]).ravel()))
+    headers = headers.combine_chunks() if headers.num_chunks != 1 else headers.chunk(0)
+    header_offsets = np.frombuffer(headers.buffers()[1], np.int64, len(headers) + 1, 8 * headers.offset)
+    words = np.frombuffer(headers.buffers()[2] or b"", U32, int(header_offsets[-1] - header_offsets[0]) // 4,
+                          int(header_offsets[0]))
+    c = counts.T.ravel()                                  # [stream, source] order
+    present = c > 0
+    piece_words = np.where(present, 1 + c, 0)
+    piece_start = np.zeros(len(c), np.int64)
+    np.cumsum(piece_words[:-1], out=piece_start[1:])
+    keep = np.ones(len(words), bool)
+    keep[piece_start[present]] = False                    # each run's CRC
+    msg_ends = words[keep].astype(np.int64)
+    d = data_bytes.T.ravel()
+    if np.any(msg_ends[(piece_start + piece_words - 1)[present] - np.cumsum(present)[present]] != d[present]):
+        raise CorruptBulkError(f"objects {sources[0].key} .. {sources[-1].key}: a run's message ends do not "
+                               "match its length")
+    shift = (np.cumsum(data_bytes, axis=0) - data_bytes).T.ravel()
+    msg_ends += np.repeat(shift, c)
+
+    # Each new run: a CRC slot and its message ends (one element), then each source's messages.
+    out_counts = counts.sum(axis=0)
+    live = out_counts > 0
+    slots = np.where(live, 1 + out_counts, 0)
+    slot_start = np.zeros(m, np.int64)
+    np.cumsum(slots[:-1], out=slot_start[1:])
+    head_words = np.zeros(int(slots.sum()), U32)
+    fill = np.ones(len(head_words), bool)
+    fill[slot_start[live]] = False
+    head_words[fill] = msg_ends.astype(U32)
+    head_offsets = np.zeros(m + 1, np.int64)
+    np.cumsum(4 * slots, out=head_offsets[1:])
+    heads = pa.Array.from_buffers(pa.large_binary(), m, [None, pa.py_buffer(head_offsets),
+                                                         pa.py_buffer(head_words.tobytes())])
+    pieces = pa.chunked_array([heads, *chunks], type=pa.large_binary())
+    order = np.empty((m, j_count + 1), np.int64)
+    order[:, 0] = stream
+    order[:, 1:] = m + chunk_base[None, :] + 2 * stream[:, None] + 1
+    merged = pieces.take(pa.array(order.ravel()))
+    merged = merged.combine_chunks() if merged.num_chunks != 1 else merged.chunk(0)
+    merged_offsets = np.frombuffer(merged.buffers()[1], np.int64, len(merged) + 1, 8 * merged.offset)
+    out = bytearray(memoryview(merged.buffers()[2] or b"")[int(merged_offsets[0]):int(merged_offsets[-1])])
+    del merged, pieces, heads, headers, sources_array, chunks
+    run_bytes = np.where(live, 4 * slots, 0) + data_bytes.sum(axis=0)
+    run_start = np.zeros(m + 1, np.int64)
+    np.cumsum(run_bytes, out=run_start[1:])
+    starts = run_start[:-1][live]
+    crcs = _crcs(memoryview(out), starts + 4, run_start[1:][live])
+    np.frombuffer(out, np.uint8)[starts[:, None] + np.arange(4)] = crcs.astype(U32).view(np.uint8).reshape(-1, 4)
+    result.runs_written += int(np.count_nonzero(live))
+    return out
+
+
+def _check_runs(key: str, raw: bytes, rel: np.ndarray, counts: np.ndarray, first: int) -> None:
+    """Check every non-empty run of one source slice against its CRC."""
+    starts = rel[:-1][counts > 0]
+    stops = rel[1:][counts > 0]
+    if not len(starts):
+        return
+    stored = np.frombuffer(raw, np.uint8)[starts[:, None] + np.arange(4)].copy().view(U32).ravel()
+    computed = _crcs(memoryview(raw), starts + 4, stops)
+    bad = np.flatnonzero(computed != stored)
+    if len(bad):
+        stream = first + int(np.flatnonzero(counts > 0)[bad[0]])
+        raise CorruptBulkError(f"run of stream {stream} in object {key} failed its CRC: the object is damaged")
+
+
+def _crcs(view: memoryview, starts: np.ndarray, stops: np.ndarray) -> npt.NDArray[np.uint32]:
+    """CRC32C of ``view[starts[i]:stops[i]]`` for every i, iterated in C (no Python frame per slice)."""
+    pieces = map(view.__getitem__, map(slice, starts.tolist(), stops.tolist()))
+    return np.fromiter(map(crc32c, pieces), np.uint32, len(starts))

@@ -1,0 +1,255 @@
+"""Merging run objects (stratalog.queues.compaction): the merged object reads back as the sources did."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from queuekit import small_queue_config
+from stratalog.engine.bulkformat import (
+    I64,
+    U32,
+    CorruptBulkError,
+    build_object,
+    decode_footer,
+    decode_index,
+    decode_run,
+)
+from stratalog.errors import StratalogError
+from stratalog.objects.uri import LOCAL_DIR_NAME
+from stratalog.queues import QueueStore
+from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects
+from stratalog.queues.store import QUEUE_PREFIX
+
+
+def _objects(rng: random.Random, rounds: int, streams_per_round: list[int]) -> tuple[list[bytes], list[list[bytes]]]:
+    """Run objects of ``rounds`` uploads; each upload adds streams and random messages to some of them."""
+    objects: list[bytes] = []
+    model: list[list[bytes]] = []
+    prev_ends = np.zeros(0, U32)
+    for r in range(rounds):
+        first = len(model)
+        model.extend([] for _ in range(streams_per_round[r]))
+        names = [(i, f"q{i}") for i in range(first, len(model))]
+        present = sorted(rng.sample(range(len(model)), k=max(1, len(model) // 2)))
+        counts = [rng.randint(1, 5) for _ in present]
+        messages = []
+        for stream, count in zip(present, counts, strict=True):
+            for _ in range(count):
+                m = rng.randbytes(rng.randint(0, 40))
+                model[stream].append(m)
+                messages.append(m)
+        data = b"".join(messages)
+        msg_ends = np.cumsum([len(m) for m in messages]).astype(I64)
+        raw, prev_ends, _ = build_object(prev_ends, len(model), first, names, np.array(present, I64),
+                                         np.array(counts, I64), msg_ends, memoryview(data))
+        objects.append(bytes(raw))
+    return objects, model
+
+
+def _source(key: str, raw: bytes) -> MergeSource:
+    return MergeSource.open(key, lambda a, b: raw[a:b], len(raw))
+
+
+def _read_all(raw: bytes, streams: int, prev: np.ndarray) -> list[list[bytes]]:
+    footer = decode_footer(raw[-44:], len(raw))
+    _, ends, positions = decode_index(raw[footer.names_position:len(raw) - 44], footer)
+    out = []
+    for s in range(streams):
+        if s >= len(ends):
+            out.append([])
+            continue
+        before = int(prev[s]) if s < len(prev) else 0
+        after = int(ends[s])
+        a, b = int(positions[s]), int(positions[s + 1])
+        out.append(decode_run(raw[a:b], after - before, "merged", s) if after > before else [])
+    return out
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 64, 1 << 20])
+def test_merge_joins_each_streams_runs(slice_bytes: int) -> None:
+    rng = random.Random(slice_bytes)
+    objects, model = _objects(rng, 5, [7, 3, 0, 5, 2])
+    # Merge objects 1..4 (the first stays): prev_ends is object 0's ends.
+    first = _source("o0", objects[0])
+    sources = [_source(f"o{i}", objects[i]) for i in range(1, 5)]
+    result = MergeResult()
+    merged = b"".join(merge_objects(sources, first.ends, slice_bytes, result))
+    assert result.size_bytes == len(merged)
+    footer = decode_footer(merged[-44:], len(merged))
+    names, ends, positions = decode_index(merged[footer.names_position:len(merged) - 44], footer)
+    assert footer.first_stream == 7 and footer.stream_count == len(model)
+    assert names == [(i, f"q{i}") for i in range(7, len(model))]
+    assert ends.tolist() == [len(m) for m in model]
+    assert np.array_equal(result.ends, ends) and np.array_equal(result.positions, positions)
+    assert footer.message_count == sum(s.message_count for s in sources)
+    in_first = _read_all(objects[0], len(model), np.zeros(0, U32))
+    rest = _read_all(merged, len(model), first.ends)
+    for s in range(len(model)):
+        assert in_first[s] + rest[s] == model[s]
+    assert result.runs_written == sum(1 for s in range(len(model)) if rest[s])
+
+
+def test_merge_from_the_first_object() -> None:
+    objects, model = _objects(random.Random(3), 3, [4, 4, 4])
+    result = MergeResult()
+    merged = b"".join(merge_objects([_source(f"o{i}", o) for i, o in enumerate(objects)], np.zeros(0, U32), 1 << 20,
+                                    result))
+    assert _read_all(merged, len(model), np.zeros(0, U32)) == model
+
+
+def test_a_damaged_source_run_stops_the_merge() -> None:
+    objects, _ = _objects(random.Random(4), 2, [6, 2])
+    damaged = bytearray(objects[1])
+    footer = decode_footer(bytes(damaged[-44:]), len(damaged))
+    damaged[footer.names_position // 2] ^= 0x10  # inside some run's bytes
+    sources = [_source("o0", objects[0]), _source("o1", bytes(damaged))]
+    with pytest.raises(CorruptBulkError, match="object o1"):
+        b"".join(merge_objects(sources, np.zeros(0, U32), 1 << 20, MergeResult()))
+
+
+def test_sources_must_follow_on() -> None:
+    objects, _ = _objects(random.Random(5), 3, [3, 3, 3])
+    sources = [_source("o0", objects[0]), _source("o2", objects[2])]
+    with pytest.raises(CorruptBulkError, match="does not follow on"):
+        b"".join(merge_objects(sources, np.zeros(0, U32), 1 << 20, MergeResult()))
+
+
+# The store: merges happen while queues are written and read, survive a reopen, and a failed merge loses nothing.
+
+
+def _wait(predicate: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _fill(qs: QueueStore, model: dict[str, list[bytes]], rng: random.Random, rounds: int, queues: int) -> None:
+    for r in range(rounds):
+        for q in rng.sample(range(queues), k=queues // 2):
+            name = f"q{q}"
+            message = f"{q}/{r}/".encode() + rng.randbytes(rng.randint(0, 300))
+            model.setdefault(name, []).append(message)
+            qs.put(name, message)
+        qs.flush()
+        _wait(lambda: qs.stats()["log_cache_records"] == 0)  # uploaded: one object per round
+
+
+def _check(qs: QueueStore, model: dict[str, list[bytes]], rng: random.Random) -> None:
+    for name, messages in model.items():
+        assert qs.get(name, 0, len(messages) + 5) == messages
+        at = rng.randrange(len(messages))
+        assert qs.get(name, at, 3) == messages[at:at + 3]
+
+
+def _files(path: Path) -> list[str]:
+    return sorted(p.name for p in (path / LOCAL_DIR_NAME / QUEUE_PREFIX).glob("*.slq"))
+
+
+def test_the_store_merges_objects_and_reads_the_same(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    model: dict[str, list[bytes]] = {}
+    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        _fill(qs, model, rng, 12, 300)
+        _wait(lambda: qs.stats()["compactions"] >= 6 and not qs._retired)
+        stats = qs.stats()
+        # 12 uploads of one tier, merged two by two, then the merged ones two by two: at most one object per tier.
+        assert stats["objects"] <= 4, stats
+        assert qs.compaction_error is None
+        _check(qs, model, rng)
+        assert len(_files(tmp_path)) == stats["objects"]
+        assert any("-" in name for name in _files(tmp_path))
+    with QueueStore.open(tmp_path, config=config) as qs:
+        assert qs.recovery.objects == stats["objects"]
+        _check(qs, model, rng)
+        _fill(qs, model, rng, 3, 300)
+        _check(qs, model, rng)
+
+
+def test_gets_during_merges_see_every_message(tmp_path: Path) -> None:
+    rng = random.Random(12)
+    model: dict[str, list[bytes]] = {}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    with QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=2, upload_idle_s=0.01)) as qs:
+        _fill(qs, model, rng, 2, 200)
+        snapshot = {name: list(messages) for name, messages in model.items()}
+
+        def reader() -> None:
+            r = random.Random(1)
+            try:
+                while not stop.is_set():
+                    name = r.choice(sorted(snapshot))
+                    got = qs.get(name, 0, len(snapshot[name]))
+                    assert got == snapshot[name], name
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader) for _ in range(3)]
+        for t in threads:
+            t.start()
+        _fill(qs, model, rng, 10, 200)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert qs.stats()["compactions"] >= 3
+
+
+def test_a_merge_that_fails_to_commit_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(13)
+    model: dict[str, list[bytes]] = {}
+    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01, upload_attempts_max=1)
+
+    def refuse(*args: object) -> int:
+        raise MetadataCommitError("the disk is full")
+
+    with QueueStore.open(tmp_path, config=config) as qs:
+        monkeypatch.setattr(qs._meta, "replace_objects", refuse)
+        _fill(qs, model, rng, 4, 100)
+        _wait(lambda: qs.compaction_error is not None)
+        assert qs.stats()["compactions"] == 0
+        # The merged object was written but never committed: an orphan, next to the four uploads.
+        assert len(_files(tmp_path)) == 5
+        _check(qs, model, rng)
+        _fill(qs, model, rng, 1, 100)  # writing goes on
+        _check(qs, model, rng)
+    monkeypatch.undo()
+    with QueueStore.open(tmp_path, config=config) as qs:
+        assert qs.recovery.orphan_objects_deleted == 1
+        _check(qs, model, rng)
+
+
+class MetadataCommitError(StratalogError):
+    pass
+
+
+def test_a_merge_stops_at_a_damaged_run_and_reads_report_it(tmp_path: Path) -> None:
+    rng = random.Random(14)
+    model: dict[str, list[bytes]] = {}
+    config = small_queue_config(compact_fanout=3, upload_idle_s=0.01)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        _fill(qs, model, rng, 2, 100)
+        first = tmp_path / LOCAL_DIR_NAME / QUEUE_PREFIX / _files(tmp_path)[0]
+        raw = bytearray(first.read_bytes())
+        raw[100] ^= 0x01  # a run of one of the first queues
+        first.write_bytes(raw)
+        _fill(qs, model, rng, 1, 100)
+        _wait(lambda: qs.compaction_error is not None)
+        assert isinstance(qs.compaction_error, CorruptBulkError)
+        assert qs.stats()["compactions"] == 0
+        failed = 0
+        for name, messages in model.items():
+            try:
+                assert qs.get(name, 0, len(messages)) == messages
+            except CorruptBulkError:
+                failed += 1
+        assert failed == 1
