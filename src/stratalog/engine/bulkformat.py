@@ -244,18 +244,30 @@ def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: S
     return out, ends, positions64.astype(U32)
 
 
-def decode_run(raw: bytes, count: int, key: str, stream_id: int) -> list[bytes]:
-    """The ``count`` messages of one run (stream ``stream_id`` in object ``key``), after checking its CRC."""
+def check_run(raw: bytes, count: int, key: str, stream_id: int) -> list[int]:
+    """Check one run (stream ``stream_id`` in object ``key``, ``count`` messages) against its CRC and
+    framing; return its message ends (relative to the run's data, as stored)."""
     ends_at = 4 + 4 * count
     view = memoryview(raw)
     if len(raw) < ends_at or crc32c(view[4:]) != RUN_CRC.unpack_from(raw)[0]:
         raise CorruptBulkError(f"run of stream {stream_id} in object {key}: short or failed its CRC; "
                                "the object is damaged")
-    ends = view[4:ends_at].cast("I").tolist()  # little-endian on disk; checked at import
+    ends: list[int] = view[4:ends_at].cast("I").tolist()  # little-endian on disk; checked at import
     if count and ends[-1] != len(raw) - ends_at:
         raise CorruptBulkError(f"run of stream {stream_id} in object {key}: message ends do not match its length")
-    data = raw[ends_at:]
-    return [data[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    return ends
+
+
+def run_messages(raw: bytes, ends: list[int], first: int, stop: int) -> list[bytes]:
+    """Messages ``first .. stop - 1`` of a run checked by :func:`check_run` (only those are copied)."""
+    base = 4 + 4 * len(ends)
+    bounds = [base + e for e in ends[first - 1:stop]] if first else [base, *(base + e for e in ends[:stop])]
+    return list(map(raw.__getitem__, map(slice, bounds[:-1], bounds[1:])))
+
+
+def decode_run(raw: bytes, count: int, key: str, stream_id: int) -> list[bytes]:
+    """The ``count`` messages of one run (stream ``stream_id`` in object ``key``), after checking its CRC."""
+    return run_messages(raw, check_run(raw, count, key, stream_id), 0, count)
 
 
 # Runs are decoded by casting their ends to native u32: the formats are little-endian, and so must be the host.

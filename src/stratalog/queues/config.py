@@ -49,8 +49,8 @@ class QueueConfig:
     upload_idle_s: float = 0.5
     #: ... or once the oldest waiting data is this old.
     upload_interval_s: float = 10.0
-    #: Decoded runs kept for readers: random index checks hit it, sequential readers read a whole run
-    #: (all of a queue's messages in one object) at once and then take the rest from here.
+    #: Checked runs kept for sequential readers: a consumer reads a whole run (all of a queue's messages
+    #: in one object) once and takes its next gets from here. Random reads are not kept.
     read_cache_bytes_max: int = 128 << 20
     #: Object uploads retry a failed step this many times, backing off, before the store stops.
     upload_attempts_max: int = 5

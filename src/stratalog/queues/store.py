@@ -48,11 +48,12 @@ from stratalog.engine.bulkformat import (
     Ids,
     U32s,
     build_object,
+    check_run,
     decode_bulk,
     decode_footer,
     decode_index,
-    decode_run,
     encode_bulk,
+    run_messages,
 )
 from stratalog.engine.metadata import Metadata, NewObject
 from stratalog.engine.store import StoreClosedError, StoreFailedError, lock_data_dir, prepare_data_dir
@@ -216,7 +217,8 @@ class QueueStore:
         self._upload_lock = threading.Lock()
         self._upload_wanted = False
         self._read_lock = threading.Lock()
-        self._runs: OrderedDict[tuple[int, int], tuple[list[bytes], int]] = OrderedDict()
+        # Checked runs kept for readers: (object id, stream id) -> (run bytes, message ends, bytes held).
+        self._runs: OrderedDict[tuple[int, int], tuple[bytes, list[int], int]] = OrderedDict()
         self._runs_bytes = 0
         self._read_next = np.zeros(1024, I64)
         self._closing = False
@@ -506,15 +508,17 @@ class QueueStore:
                         obj = objects[k]
                         cached = self._runs.get((obj.object_id, stream_id))
                         if cached is not None:
-                            run = cached[0]
+                            raw, run_ends = cached[0], cached[1]
                         else:
-                            run = self._read_run(obj, stream_id, starts[k], stops[k], end - start)
-                            # Keep it only if this get leaves part of it for the next one.
-                            if stop < end:
-                                self._cache_run((obj.object_id, stream_id), run, stops[k] - starts[k])
-                        take = run[pos - start:stop - start]
-                        out.extend(take)
-                        pos += len(take)
+                            raw = obj.read(self._objects, starts[k], stops[k])
+                            run_ends = check_run(raw, end - start, obj.key, stream_id)
+                            # Keep it only for a sequential reader this get leaves part of it to: a random
+                            # reader (an index check) rarely comes back to the same run.
+                            if sequential and stop < end:
+                                self._cache_run((obj.object_id, stream_id), raw, run_ends)
+                        upto = min(stop, end)
+                        out.extend(run_messages(raw, run_ends, pos - start, upto - start))
+                        pos = upto
                         if sequential and pos == end and k + 1 < len(ends) and objects[k + 1].reader is not None:
                             objects[k + 1].reader.will_need(starts[k + 1], stops[k + 1])
                     k += 1
@@ -547,17 +551,14 @@ class QueueStore:
             if pos >= stop:
                 return
 
-    def _read_run(self, obj: _Object, stream_id: int, a: int, b: int, count: int) -> list[bytes]:
-        return decode_run(obj.read(self._objects, a, b), count, obj.key, stream_id)
-
-    def _cache_run(self, key: tuple[int, int], run: list[bytes], run_bytes: int) -> None:
-        size = run_bytes + 64 * len(run)
+    def _cache_run(self, key: tuple[int, int], raw: bytes, ends: list[int]) -> None:
+        size = len(raw) + 40 * len(ends) + 100
         with self._read_lock:
-            self._runs[key] = (run, size)
+            self._runs[key] = (raw, ends, size)
             self._runs_bytes += size
             while self._runs_bytes > self._config.read_cache_bytes_max and self._runs:
                 # Oldest first, as the seed's cycle cache: no bookkeeping on a hit.
-                _, (_, old_size) = self._runs.popitem(last=False)
+                _, (_, _, old_size) = self._runs.popitem(last=False)
                 self._runs_bytes -= old_size
 
     # Consumer positions ----------------------------------------------------------------------------
