@@ -691,7 +691,12 @@ class QueueStore:
                 return
             try:
                 self._retire_due()
-                while self.compaction_error is None and not self._closing and self._compact_once():
+                while self.compaction_error is None and not self._closing:
+                    # One at a time with uploads: their working sets (each a few hundred MiB at a million
+                    # queues) never add up, so peak memory stays what uploads alone take.
+                    with self._upload_lock:
+                        if not self._compact_once():
+                            break
                     self._retire_due()
             except _CompactionCancelledError:
                 return
