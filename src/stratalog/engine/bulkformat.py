@@ -33,9 +33,12 @@ import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from stratalog.errors import StratalogError
 from stratalog.wal.format import crc32c
@@ -194,54 +197,101 @@ def decode_index(raw: bytes, footer: ObjectFooter) -> tuple[list[tuple[int, str]
     return names, ends, positions
 
 
-def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],
-                 stream_ids: Ids, counts: Ids, msg_ends: npt.NDArray[np.integer],
-                 data: memoryview) -> tuple[bytearray, U32s, U32s]:
-    """Lay out one run object.
+@dataclass(frozen=True, slots=True)
+class ObjectParts:
+    """A run object laid out as parts to store one after the other (no joined copy)."""
+
+    parts: list[Any]         # buffer-like: the runs, then the names, index and footer
+    size_bytes: int
+    ends: U32s
+    positions: U32s
+
+
+def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],
+                   stream_ids: Ids, counts: Ids, messages: Any, order: Ids) -> ObjectParts:
+    """Lay out one run object from Arrow binary ``messages`` (an array or a chunked array).
 
     ``stream_ids`` (ascending, distinct) and ``counts``: the streams present and how many messages each
-    brings; ``msg_ends``: end of each message in ``data`` (streams in order, offsets in order). Returns the
-    object's bytes and its index arrays (end offsets, run positions).
+    brings; ``order``: indices into ``messages`` of every message, streams in order, offsets in order.
+    One Arrow ``take`` places each run's CRC slot and message ends before its messages; the CRCs are
+    then computed over the laid-out runs (a C call each, no Python frame) and written into their slots.
     """
     ends = np.zeros(stream_count, U32)
     ends[:len(prev_ends)] = prev_ends
     ends[stream_ids] += counts.astype(U32)
-    first_msg = np.zeros(len(counts) + 1, I64)
-    np.cumsum(counts, out=first_msg[1:])
-    all_ends = np.zeros(len(msg_ends) + 1, I64)
-    all_ends[1:] = msg_ends
-    data_start = all_ends[first_msg]
-    rel = (all_ends[1:] - np.repeat(data_start[:-1], counts)).astype(U32)
-    rel_bytes = memoryview(rel.tobytes())
+    runs = len(counts)
+    total = int(counts.sum())
+    if runs and int(counts.min()) < 1:
+        raise ValueError("every stream present brings at least one message")
+    lengths = pc.binary_length(messages)
+    if isinstance(lengths, pa.ChunkedArray):
+        lengths = lengths.combine_chunks() if lengths.num_chunks else pa.array([], pa.int32())
+    msg_lengths = np.asarray(lengths, I64)[order] if total else np.zeros(0, I64)
+    run_first = np.zeros(runs + 1, I64)
+    np.cumsum(counts, out=run_first[1:])
+    all_ends = np.zeros(total + 1, I64)
+    np.cumsum(msg_lengths, out=all_ends[1:])
+    data_start = all_ends[run_first]
+    run_of = np.repeat(np.arange(runs, dtype=I64), counts)
+    # Each run's head (a CRC slot, then its message ends relative to its data) as one element.
+    slot = run_first[:-1] + np.arange(runs, dtype=I64)
+    head_words = np.zeros(runs + total, U32)
+    is_end = np.ones(runs + total, bool)
+    is_end[slot] = False
+    head_words[is_end] = (all_ends[1:] - data_start[run_of]).astype(U32)
+    head_offsets = (4 * (run_first + np.arange(runs + 1, dtype=I64))).astype(np.int32)
+    heads = pa.Array.from_buffers(pa.binary(), runs, [None, pa.py_buffer(head_offsets),
+                                                      pa.py_buffer(head_words)])
+    chunks = messages.chunks if isinstance(messages, pa.ChunkedArray) else [messages]
+    pieces = pa.chunked_array([heads, *chunks], type=pa.binary())
+    take = np.empty(runs + total, I64)
+    take[slot] = np.arange(runs, dtype=I64)
+    take[is_end] = runs + order
+    laid = pieces.take(pa.array(take)) if runs else pa.array([], pa.binary())
+    laid = laid.combine_chunks() if isinstance(laid, pa.ChunkedArray) else laid
+    laid_offsets = np.frombuffer(laid.buffers()[1], np.int32, len(laid) + 1, 4 * laid.offset)
+    buffer = laid.buffers()[2]
+    lo, hi = (int(laid_offsets[0]), int(laid_offsets[-1])) if runs else (0, 0)
     run_bytes = 4 + 4 * counts + np.diff(data_start)
+    run_start = np.zeros(runs + 1, I64)
+    np.cumsum(run_bytes, out=run_start[1:])
+    body = np.frombuffer(buffer, np.uint8, hi - lo, lo) if runs else np.zeros(0, np.uint8)
+    if runs:
+        crcs = run_crcs(body.data, run_start[:-1] + 4, run_start[1:])
+        body[run_start[:-1, None] + np.arange(4)] = crcs.view(np.uint8).reshape(-1, 4)
     sizes = np.zeros(stream_count, I64)
     sizes[stream_ids] = run_bytes
     positions64 = np.zeros(stream_count + 1, I64)
     np.cumsum(sizes, out=positions64[1:])
     names_raw = encode_names(names)
     index_raw = names_raw + ends.tobytes() + positions64.astype(U32).tobytes()
-    total = int(positions64[-1]) + len(index_raw) + OBJECT_FOOTER_BYTES
-    if total > OBJECT_BYTES_MAX:
-        raise ValueError(f"a run object of {total} bytes exceeds {OBJECT_BYTES_MAX}: upload smaller batches")
-    out = bytearray(total)
-    at = 0
-    pack_into = RUN_CRC.pack_into
-    m = first_msg.tolist()
-    d = data_start.tolist()
-    for i in range(len(counts)):
-        e = rel_bytes[4 * m[i]:4 * m[i + 1]]
-        body = data[d[i]:d[i + 1]]
-        pack_into(out, at, crc32c(body, crc32c(e)))
-        at += 4
-        out[at:at + len(e)] = e
-        at += len(e)
-        out[at:at + len(body)] = body
-        at += len(body)
-    out[at:at + len(index_raw)] = index_raw
-    at += len(index_raw)
-    out[at:] = encode_footer(at - len(index_raw), len(names_raw), first_stream, stream_count, len(msg_ends),
-                             crc32c(index_raw))
-    return out, ends, positions64.astype(U32)
+    runs_bytes = int(positions64[-1])
+    size = runs_bytes + len(index_raw) + OBJECT_FOOTER_BYTES
+    if size > OBJECT_BYTES_MAX:
+        raise ValueError(f"a run object of {size} bytes exceeds {OBJECT_BYTES_MAX}: upload smaller batches")
+    tail = index_raw + encode_footer(runs_bytes, len(names_raw), first_stream, stream_count, total,
+                                     crc32c(index_raw))
+    return ObjectParts([body.data, tail], size, ends, positions64.astype(U32))
+
+
+def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],
+                 stream_ids: Ids, counts: Ids, msg_ends: npt.NDArray[np.integer],
+                 data: memoryview) -> tuple[bytearray, U32s, U32s]:
+    """One run object as bytes: ``msg_ends`` are the ends of the messages in ``data`` (streams in order,
+    offsets in order). Returns the object and its index arrays (end offsets, run positions)."""
+    offsets = np.zeros(len(msg_ends) + 1, np.int32)
+    offsets[1:] = msg_ends
+    messages = pa.Array.from_buffers(pa.binary(), len(msg_ends), [None, pa.py_buffer(offsets),
+                                                                   pa.py_buffer(data)])
+    laid = lay_out_object(prev_ends, stream_count, first_stream, names, stream_ids, counts, messages,
+                          np.arange(len(msg_ends), dtype=I64))
+    return bytearray(b"".join(laid.parts)), laid.ends, laid.positions
+
+
+def run_crcs(view: memoryview, starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64]) -> npt.NDArray[np.uint32]:
+    """CRC32C of ``view[starts[i]:stops[i]]`` for every i, iterated in C (no Python frame per slice)."""
+    pieces = map(view.__getitem__, map(slice, starts.tolist(), stops.tolist()))
+    return np.fromiter(map(crc32c, pieces), np.uint32, len(starts))
 
 
 def check_run(raw: bytes, count: int, key: str, stream_id: int) -> list[int]:

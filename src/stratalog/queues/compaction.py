@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from stratalog.engine.bulkformat import (
@@ -32,6 +31,7 @@ from stratalog.engine.bulkformat import (
     U32s,
     decode_footer,
     encode_footer,
+    run_crcs,
 )
 from stratalog.wal.format import crc32c
 
@@ -212,7 +212,7 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     run_start = np.zeros(m + 1, np.int64)
     np.cumsum(run_bytes, out=run_start[1:])
     starts = run_start[:-1][live]
-    crcs = _crcs(memoryview(out), starts + 4, run_start[1:][live])
+    crcs = run_crcs(memoryview(out), starts + 4, run_start[1:][live])
     np.frombuffer(out, np.uint8)[starts[:, None] + np.arange(4)] = crcs.astype(U32).view(np.uint8).reshape(-1, 4)
     result.runs_written += int(np.count_nonzero(live))
     return out
@@ -225,14 +225,9 @@ def _check_runs(key: str, raw: bytes, rel: np.ndarray, counts: np.ndarray, first
     if not len(starts):
         return
     stored = np.frombuffer(raw, np.uint8)[starts[:, None] + np.arange(4)].copy().view(U32).ravel()
-    computed = _crcs(memoryview(raw), starts + 4, stops)
+    computed = run_crcs(memoryview(raw), starts + 4, stops)
     bad = np.flatnonzero(computed != stored)
     if len(bad):
         stream = first + int(np.flatnonzero(counts > 0)[bad[0]])
         raise CorruptBulkError(f"run of stream {stream} in object {key} failed its CRC: the object is damaged")
 
-
-def _crcs(view: memoryview, starts: np.ndarray, stops: np.ndarray) -> npt.NDArray[np.uint32]:
-    """CRC32C of ``view[starts[i]:stops[i]]`` for every i, iterated in C (no Python frame per slice)."""
-    pieces = map(view.__getitem__, map(slice, starts.tolist(), stops.tolist()))
-    return np.fromiter(map(crc32c, pieces), np.uint32, len(starts))

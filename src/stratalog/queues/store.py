@@ -47,12 +47,12 @@ from stratalog.engine.bulkformat import (
     CorruptBulkError,
     Ids,
     U32s,
-    build_object,
     check_run,
     decode_bulk,
     decode_footer,
     decode_index,
     encode_bulk,
+    lay_out_object,
     run_messages,
 )
 from stratalog.engine.metadata import Metadata, NewObject
@@ -644,9 +644,6 @@ class QueueStore:
         run_starts = np.zeros(len(s_counts), I64)
         np.cumsum(s_counts[:-1], out=run_starts[1:])
         perm = np.repeat(s_first - run_starts, s_counts) + np.arange(total, dtype=I64)
-        # take on a chunked array gathers straight from the records: no concatenated copy first.
-        merged = pa.chunked_array([r.messages for r in taken], type=pa.binary()).take(pa.array(perm))
-        merged = merged.combine_chunks() if merged.num_chunks != 1 else merged.chunk(0)
         groups = np.flatnonzero(np.concatenate(([True], s_ids[1:] != s_ids[:-1]))) if total else np.zeros(0, I64)
         unique = s_ids[groups]
         per_stream = np.add.reduceat(s_counts, groups) if len(groups) else s_counts
@@ -655,19 +652,19 @@ class QueueStore:
         prev[:len(prev_ends)] = prev_ends
         before = prev[unique]
         invariant(bool(np.all(bases[order][groups] == before)), "a queue's runs must follow its uploaded end")
-        offsets = np.frombuffer(merged.buffers()[1], np.int32, len(merged) + 1, merged.offset * 4)
-        data = memoryview(merged.buffers()[2] or b"")
         names = [n for r in taken for n in r.names]
         first_stream = len(prev_ends)
         invariant([i for i, _ in names] == list(range(first_stream, stream_count)), "names cover new streams")
-        raw, ends, positions = build_object(prev_ends, stream_count, first_stream, names, unique, per_stream,
-                                            offsets[1:] - offsets[0], data[int(offsets[0]):])
-        del merged, data, offsets, perm
+        # One take gathers straight from the records into the object's runs: no merged copy first.
+        laid = lay_out_object(prev_ends, stream_count, first_stream, names, unique, per_stream,
+                              pa.chunked_array([r.messages for r in taken], type=pa.binary()), perm)
+        del perm
         object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
         key = queue_object_key(object_id)
-        self._with_retries(f"writing object {key}", functools.partial(self._objects.put, key, raw))
-        size = len(raw)
-        del raw
+        self._with_retries(f"writing object {key}", functools.partial(put_parts, self._objects, key, laid.parts))
+        size = laid.size_bytes
+        ends, positions = laid.ends, laid.positions
+        del laid
         self._with_retries("committing the upload",
                            lambda: self._meta.commit_objects([NewObject(object_id, key, size, [])]))
         _return_freed_memory()
