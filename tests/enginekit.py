@@ -44,6 +44,13 @@ class MemoryStore:
         with self._lock:
             self.objects.pop(key, None)
 
+    def rename(self, src: str, dst: str) -> None:
+        with self._lock:
+            try:
+                self.objects[dst] = self.objects.pop(src)
+            except KeyError:
+                raise ObjectNotFoundError(src) from None
+
     def close(self) -> None:
         pass
 

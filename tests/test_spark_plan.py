@@ -1,4 +1,4 @@
-"""The Spark data source without a JVM: planning, decoding to Arrow, staging and rebasing, stream offsets."""
+"""The Spark data source without a JVM: planning, decoding to Arrow, staging, stream offsets."""
 
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from stratalog.spark.write import (
     StagingWriter,
     WriteMessage,
     assign_bases,
-    rebase_object,
 )
 
 
@@ -202,26 +201,6 @@ def test_read_partition_yields_exactly_the_planned_records(tmp_path: Path) -> No
         store.close()
 
 
-def test_staged_objects_rebase_to_real_streams_and_offsets() -> None:
-    objects = MemoryStore()
-    writer = StagingWriter(objects, "spark-staging/t/", object_bytes=1 << 20)
-    writer.add("b", [NewRecord(b"b%d" % i, timestamp_ms=i) for i in range(5)])
-    writer.add("a", [NewRecord(b"a%d" % i, key=b"k", timestamp_ms=i) for i in range(3)])
-    writer.add("b", [NewRecord(b"b-late", timestamp_ms=9)])
-    (staged,) = writer.finish()
-    assert [(s.name, s.start, s.count) for s in staged.streams] == [("a", 0, 3), ("b", 0, 6)]
-    data, entries = rebase_object(objects.get(staged.key), [(7, 100), (3, 40)])
-    assert [(e.stream_id, e.start_offset, e.end_offset) for e in entries] == [(3, 40, 46), (7, 100, 103)]
-    objects.put("data/x.slo", data)
-    manifest = Manifest(seq=1, streams={3: StreamInfo(3, "b", 40, 46), 7: StreamInfo(7, "a", 100, 103)},
-                        blocks={e.stream_id: [BlockRef("data/x.slo", e)] for e in entries})
-    (part,) = plan_partitions(manifest, [3, 7])
-    rows = pa.Table.from_batches(list(read_partition(objects, part))).to_pylist()
-    assert [(r["stream"], r["offset"], r["value"]) for r in rows] == [
-        *(("b", 40 + i, b"b%d" % i) for i in range(5)), ("b", 45, b"b-late"),
-        *(("a", 100 + i, b"a%d" % i) for i in range(3))]
-
-
 def test_failed_task_deletes_what_it_staged() -> None:
     objects = MemoryStore()
     writer = StagingWriter(objects, "spark-staging/t/", object_bytes=100)
@@ -243,13 +222,13 @@ def test_tasks_get_dense_bases_in_partition_order() -> None:
     assert shifts == {(0, "a"): 10, (0, "b"): 0, (1, "b"): 1, (2, "a"): 13}
 
 
-def test_batches_encode_the_same_after_a_header_patch() -> None:
+def test_batches_encode_the_same_after_a_new_placement() -> None:
     data, _ = encode_batch(0, 0, [b"x"])
-    from stratalog.engine.batch import check_batch
-    from stratalog.spark.write import _patch_header
+    from stratalog.engine.batch import check_batch, with_placement
 
-    info = check_batch(_patch_header(data, 0, 9, 77))
+    info = check_batch(with_placement(data, 0, 9, 77))
     assert (info.stream_id, info.base_offset, info.count) == (9, 77, 1)
+    assert with_placement(data, 0, 0, 0) == data
 
 
 def test_positions_round_trip_compactly() -> None:

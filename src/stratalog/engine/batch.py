@@ -137,6 +137,16 @@ def read_batch_info(buf: bytes | memoryview, pos: int = 0) -> BatchInfo:
     return BatchInfo(stream_id, base, count, batch_bytes, max_ts)
 
 
+def with_placement(buf: bytes | memoryview, pos: int, stream_id: int, base_offset: int) -> bytes:
+    """The batch at ``buf[pos:]`` with ``stream_id`` and ``base_offset`` in its header. Its records and
+    their CRC are unchanged (the CRC covers only the records)."""
+    old_stream_id, old_base, count, batch_bytes, max_ts, crc = BATCH_HEADER.unpack_from(buf, pos)
+    if (old_stream_id, old_base) == (stream_id, base_offset):
+        return bytes(buf[pos:pos + batch_bytes])
+    return BATCH_HEADER.pack(stream_id, base_offset, count, batch_bytes, max_ts, crc) + \
+        bytes(buf[pos + BATCH_HEADER_BYTES:pos + batch_bytes])
+
+
 def check_batch(buf: bytes | memoryview, pos: int = 0) -> BatchInfo:
     """The header of the batch at ``buf[pos:]``, after checking its CRC."""
     info = read_batch_info(buf, pos)

@@ -11,20 +11,37 @@
                  flags:u16 magic:u32 footer_crc32c:u32   -- crc32c of the 28 bytes before it
 
 All little-endian. A reader needs only ranged gets: the footer (last 32 bytes), the index, then blocks.
+
+Where a block belongs (its stream and the offset of its first record) is what its *placement* says: the
+store's metadata row or manifest entry for the block, or, for an object read on its own, its index entry.
+Batch headers inside a block are not consulted for it: an object a Spark task staged
+(``FLAG_PROVISIONAL``) carries provisional stream ids and task-relative offsets in its index and headers,
+and the commit registers its bytes unchanged with the real ones in metadata. :func:`placed_batches` walks
+a block that way.
 """
 
 from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from stratalog.engine.batch import BatchInfo, read_batch_info
 from stratalog.errors import StratalogError
 from stratalog.wal.format import crc32c
 
 OBJECT_MAGIC = 0x424F4C53  # "SLOB"
-OBJECT_FORMAT_VERSION = 1
+#: The newest version this code writes and reads. Version 2 gives ``flags`` a meaning; an object with no
+#: flag set is written as version 1, byte for byte as before, so every reader can still read it.
+OBJECT_FORMAT_VERSION = 2
+#: Versions a reader accepts.
+OBJECT_FORMAT_VERSIONS = frozenset({1, 2})
+#: Footer flag (version 2): the stream ids and offsets in this object's index and batch headers are
+#: provisional (a Spark task wrote it before the commit assigned them). The store's metadata and
+#: manifest hold the real ones for each block; they are authoritative for every object.
+FLAG_PROVISIONAL = 0x0001
+FLAGS_KNOWN = FLAG_PROVISIONAL
 INDEX_ENTRY = struct.Struct("<QQQQIIqI")
 FOOTER = struct.Struct("<QIIIHHII")
 FOOTER_BYTES = FOOTER.size
@@ -65,7 +82,10 @@ class StreamBatch:
 class ObjectBuilder:
     """Lays out one object in memory. Streams must be added in ascending id order."""
 
-    def __init__(self, block_bytes_target: int = DATA_BLOCK_BYTES_TARGET) -> None:
+    def __init__(self, block_bytes_target: int = DATA_BLOCK_BYTES_TARGET, *, flags: int = 0) -> None:
+        if flags & ~FLAGS_KNOWN:
+            raise ValueError(f"unknown object flags {flags:#x}")
+        self._flags = flags
         self._parts: list[bytes] = []
         self._entries: list[BlockEntry] = []
         self._position = 0
@@ -118,8 +138,9 @@ class ObjectBuilder:
     def finish(self) -> bytes:
         """The whole object: blocks, index, footer."""
         index = encode_index(self._entries)
+        version = OBJECT_FORMAT_VERSION if self._flags else 1
         footer_head = FOOTER.pack(self._position, len(index), crc32c(index), len(self._entries),
-                                  OBJECT_FORMAT_VERSION, 0, OBJECT_MAGIC, 0)[:FOOTER_CRC_COVERS_BYTES]
+                                  version, self._flags, OBJECT_MAGIC, 0)[:FOOTER_CRC_COVERS_BYTES]
         footer = footer_head + crc32c(footer_head).to_bytes(4, "little")
         return b"".join([*self._parts, index, footer])
 
@@ -138,19 +159,29 @@ class Footer:
     index_bytes: int
     index_crc: int
     entry_count: int
+    version: int = 1
+    flags: int = 0
+
+    @property
+    def provisional(self) -> bool:
+        """The index and batch headers hold provisional stream ids and offsets (see FLAG_PROVISIONAL)."""
+        return bool(self.flags & FLAG_PROVISIONAL)
 
 
 def decode_footer(raw: bytes, object_bytes: int) -> Footer:
     if len(raw) != FOOTER_BYTES:
         raise CorruptObjectError(f"object footer is {len(raw)} bytes, not {FOOTER_BYTES}")
-    pos, index_bytes, index_crc, count, version, _, magic, crc = FOOTER.unpack(raw)
+    pos, index_bytes, index_crc, count, version, flags, magic, crc = FOOTER.unpack(raw)
     if magic != OBJECT_MAGIC or crc != crc32c(raw[:FOOTER_CRC_COVERS_BYTES]):
         raise CorruptObjectError("object footer: bad magic or CRC (not a stratalog object, or damaged)")
-    if version != OBJECT_FORMAT_VERSION:
-        raise CorruptObjectError(f"object format version {version}; this stratalog reads {OBJECT_FORMAT_VERSION}")
+    if version not in OBJECT_FORMAT_VERSIONS:
+        raise CorruptObjectError(f"object format version {version}; this stratalog reads versions "
+                                 f"{', '.join(map(str, sorted(OBJECT_FORMAT_VERSIONS)))}")
+    if flags & ~FLAGS_KNOWN or (version == 1 and flags):
+        raise CorruptObjectError(f"object footer: flags {flags:#x} unknown to version {version}")
     if pos + index_bytes + FOOTER_BYTES != object_bytes or index_bytes != count * INDEX_ENTRY.size:
         raise CorruptObjectError("object footer: index position and sizes do not add up")
-    return Footer(pos, index_bytes, index_crc, count)
+    return Footer(pos, index_bytes, index_crc, count, version, flags)
 
 
 def decode_index(raw: bytes, footer: Footer) -> list[BlockEntry]:
@@ -167,3 +198,24 @@ def check_block(data: bytes, entry: BlockEntry) -> bytes:
             "the object is damaged"
         )
     return data
+
+
+def placed_batches(block: bytes | memoryview, entry: BlockEntry) -> Iterator[tuple[int, BatchInfo]]:
+    """``(position, info)`` of each batch of a CRC-checked block, placed where ``entry`` says.
+
+    ``info.stream_id`` is ``entry.stream_id`` and ``info.base_offset`` counts on from
+    ``entry.start_offset`` (records of a block are dense and in order); the ids and offsets in the batch
+    headers are ignored, as they are provisional in a staged object. Raises CorruptObjectError when the
+    block's batches do not hold exactly ``entry``'s records (checked once the walk reaches the end).
+    """
+    at, base, size = 0, entry.start_offset, len(block)
+    stream_id = entry.stream_id
+    while at < size:
+        header = read_batch_info(block, at)
+        yield at, BatchInfo(stream_id, base, header.count, header.batch_bytes, header.max_timestamp_ms)
+        base += header.count
+        at += header.batch_bytes
+    if base != entry.end_offset:
+        raise CorruptObjectError(f"data block of stream {stream_id} at {entry.start_offset}: its batches hold "
+                                 f"{base - entry.start_offset} records, its entry says "
+                                 f"{entry.end_offset - entry.start_offset}")

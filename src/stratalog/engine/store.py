@@ -38,7 +38,7 @@ from stratalog.engine.blockcache import BlockCache
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import ManifestPublisher
 from stratalog.engine.metadata import Metadata, NewObject, RangeRow, StreamMeta, UnknownStreamError
-from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch
+from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch, placed_batches
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError
 from stratalog.io.device import Device
@@ -472,13 +472,11 @@ class StreamStore:
                 self._blocks.prefetch(rows[1:])
             row = rows[0]
             block = self._blocks.get(row)  # its CRC, which covers every batch in it, is checked
-            at = 0
-            while at < len(block):
-                info = read_batch_info(block, at)
+            # Offsets come from the block's row, not the batch headers (provisional in a Spark write's object).
+            for at, info in placed_batches(block, row.entry()):
                 if info.end_offset > pos and not self._take(block, at, info, pos, stop, out, budget):
                     st.read_next = out[-1].offset + 1 if out else pos
                     return
-                at += info.batch_bytes
             pos = row.end_offset
             if sequential:
                 self._blocks.release(row)  # read to its end: first to go when room is needed
@@ -492,13 +490,10 @@ class StreamStore:
         row = self._meta.first_range_at_or_after_time(st.stream_id, timestamp_ms) if low < committed else None
         if row is not None:
             block = self._blocks.get(row)
-            at = 0
-            while at < len(block):
-                info = read_batch_info(block, at)
+            for at, info in placed_batches(block, row.entry()):
                 for offset, ts in record_timestamps(block, at, info):
                     if ts >= timestamp_ms and offset >= low:
                         return offset
-                at += info.batch_bytes
         for entry in tail:
             if entry.max_timestamp_ms >= timestamp_ms:
                 info = check_batch(entry.data)

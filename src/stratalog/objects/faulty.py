@@ -4,7 +4,8 @@ Faults, on chosen calls or with a probability per call:
 
 - ``fail_before``: the request never reached the store; an error is raised and nothing changed.
 - ``fail_after``: the store did the work, then the answer was lost; an error is raised although the put
-  landed (or the delete happened). The caller cannot tell this from ``fail_before``, which is the point.
+  landed (or the delete or rename happened). The caller cannot tell this from ``fail_before``, which is
+  the point.
 - ``delay``: the call is slow (a bounded sleep, then it goes on), as when a request times out and is
   retried; a caller with a deadline sees its timeout fire.
 - ``interrupt_put``: an upload cut off part way; nothing lands and an error is raised.
@@ -26,8 +27,8 @@ from typing import Literal
 
 from stratalog.objects.store import ObjectInfo, ObjectStore, ObjectStoreError
 
-CallKind = Literal["put", "get", "size", "list", "delete"]
-CALL_KINDS: frozenset[CallKind] = frozenset({"put", "get", "size", "list", "delete"})
+CallKind = Literal["put", "get", "size", "list", "delete", "rename"]
+CALL_KINDS: frozenset[CallKind] = frozenset({"put", "get", "size", "list", "delete", "rename"})
 #: Longest injected delay: past any sane client timeout, short enough to keep a test run bounded.
 DELAY_S_MAX = 10.0
 
@@ -145,6 +146,11 @@ class FaultyStore:
         number, faults = self._before("delete")
         self.inner.delete(key)
         self._after("delete", number, faults, key)
+
+    def rename(self, src: str, dst: str) -> None:
+        number, faults = self._before("rename")
+        self.inner.rename(src, dst)
+        self._after("rename", number, faults, f"{src} -> {dst}")
 
     def close(self) -> None:
         self.inner.close()

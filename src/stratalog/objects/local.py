@@ -246,6 +246,32 @@ class LocalDirStore:
             raise ObjectStoreError(f"delete of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
         # Empty parent directories stay: removing them would race with a put creating a file in them.
 
+    def rename(self, src: str, dst: str) -> None:
+        """``os.replace`` of the key's file: atomic (a reader sees the whole object under one key or the
+        other), then both directories are synced so the move survives a power cut."""
+        src_path, dst_path = self._path(src), self._path(dst)
+        if src_path == dst_path:
+            self.size(src)  # nothing to move, but an absent object must still say so
+            return
+        self._make_parents(dst, dst_path.parent)
+        try:
+            if not stat.S_ISREG(os.stat(src_path).st_mode):
+                raise ObjectNotFoundError(f"no object {src!r} in {self.root} ({src_path} is not a file)")
+            os.replace(src_path, dst_path)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise ObjectNotFoundError(f"no object {src!r} in {self.root}") from exc
+        except OSError as exc:
+            raise ObjectStoreError(f"rename of key {src!r} to {dst!r} failed, nothing moved: {exc}; "
+                                   f"{_advice(exc)}") from exc
+        try:
+            # Without these the move may be undone (or, across directories, half done) by a power cut.
+            _fsync_dir(dst_path.parent)
+            if src_path.parent != dst_path.parent:
+                _fsync_dir(src_path.parent)
+        except OSError as exc:
+            raise ObjectStoreError(f"rename of key {src!r} to {dst!r}: a directory could not be synced, so the "
+                                   f"move may not survive a power cut: {exc}; {_advice(exc)}") from exc
+
     def close(self) -> None:
         """Nothing to release: every call opens and closes its own files."""
 

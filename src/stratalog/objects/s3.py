@@ -32,7 +32,7 @@ from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStore
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef, CopySourceTypeDef
 
 MiB = 1 << 20
 #: S3's smallest part (all but the last) and largest part, and most parts in one upload.
@@ -42,6 +42,10 @@ PARTS_MAX = 10_000
 #: S3's largest single PutObject, and largest object.
 PUT_BYTES_MAX = 5 << 30
 OBJECT_BYTES_MAX = 5 << 40
+#: S3's largest single CopyObject; larger objects are copied as parts (UploadPartCopy) of at least
+#: COPY_PART_BYTES (few parts: each is a server-side copy, so large parts cost no memory here).
+COPY_BYTES_MAX = 5 << 30
+COPY_PART_BYTES = 512 * MiB
 #: S3's most keys in one ListObjectsV2 page.
 LIST_PAGE_KEYS_MAX = 1000
 DEFAULT_REGION = "us-east-1"
@@ -251,6 +255,25 @@ class S3Store:
         except BotoCoreError as exc:
             raise self._error(exc, "delete", full_key) from exc
 
+    def rename(self, src: str, dst: str) -> None:
+        """A server-side copy (CopyObject, or UploadPartCopy parts past ``COPY_BYTES_MAX``), then a delete of
+        ``src``: no byte passes through this process. S3 has no atomic rename, so a failure between the
+        copy and the delete leaves both keys; ``dst`` is never partial (a copy lands whole or not at all)."""
+        src_full, dst_full = self._full_key(src), self._full_key(dst)
+        if src_full == dst_full:
+            self._head(src_full)
+            return
+        size_bytes = self._head(src_full)
+        source: CopySourceTypeDef = {"Bucket": self.bucket, "Key": src_full}
+        if size_bytes <= COPY_BYTES_MAX:
+            try:
+                self._client.copy_object(Bucket=self.bucket, Key=dst_full, CopySource=source)
+            except (ClientError, BotoCoreError) as exc:
+                raise self._error(exc, f"copy of s3://{self.bucket}/{src_full} to", dst_full) from exc
+        else:
+            self._copy_multipart(source, dst_full, size_bytes)
+        self.delete(src)
+
     def close(self) -> None:
         """Close the client's pooled HTTP connections."""
         self._client.close()
@@ -317,6 +340,37 @@ class S3Store:
             if not isinstance(exc, (ClientError, BotoCoreError)):
                 raise
             error = self._error(exc, "multipart put", full_key)
+            if abort_error is not None:
+                error = ObjectStoreError(
+                    f"{error}; aborting upload {upload_id} failed too ({abort_error}): "
+                    "S3Store.abort_incomplete_uploads() removes its parts"
+                )
+            raise error from exc
+
+    def _copy_multipart(self, source: CopySourceTypeDef, full_key: str, size_bytes: int) -> None:
+        """Copy an object too large for one CopyObject, as parts copied by the server."""
+        part_bytes = part_bytes_for(size_bytes, max(self.config.multipart_part_bytes, COPY_PART_BYTES))
+        try:
+            upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=full_key)["UploadId"]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "start multipart copy to", full_key) from exc
+        try:
+            parts: list[CompletedPartTypeDef] = []
+            for number, start in enumerate(range(0, size_bytes, part_bytes), start=1):
+                last = min(start + part_bytes, size_bytes) - 1
+                response = self._client.upload_part_copy(
+                    Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number, CopySource=source,
+                    CopySourceRange=f"bytes={start}-{last}",
+                )
+                parts.append({"ETag": response["CopyPartResult"]["ETag"], "PartNumber": number})
+            self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts},
+            )
+        except BaseException as exc:
+            abort_error = self._abort_upload(full_key, upload_id)
+            if not isinstance(exc, (ClientError, BotoCoreError)):
+                raise
+            error = self._error(exc, "multipart copy to", full_key)
             if abort_error is not None:
                 error = ObjectStoreError(
                     f"{error}; aborting upload {upload_id} failed too ({abort_error}): "

@@ -58,6 +58,17 @@ class ObjectStore(Protocol):
         """Remove the object; deleting an absent key is not an error."""
         ...
 
+    def rename(self, src: str, dst: str) -> None:
+        """Move the object at ``src`` to ``dst`` (replacing any object there) without sending its bytes
+        through the caller. Durable on return: ``dst`` holds the bytes ``src`` held and ``src`` is gone.
+        ObjectNotFoundError if ``src`` is absent.
+
+        A reader never sees part of ``dst``. Whether both keys can exist for a moment depends on the
+        store: a local directory renames atomically; S3 copies server-side, then deletes ``src``, so a
+        failure between the two leaves both (retrying then raises ObjectNotFoundError for ``src``).
+        """
+        ...
+
     def close(self) -> None:
         """Release connections; the store is not used after this."""
         ...

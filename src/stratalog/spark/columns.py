@@ -22,7 +22,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from stratalog.engine.batch import BATCH_HEADER_BYTES, RECORD_HEAD, decode_headers, read_batch_info
+from stratalog.engine.batch import BATCH_HEADER_BYTES, RECORD_HEAD, BatchInfo, decode_headers, read_batch_info
+from stratalog.engine.objformat import BlockEntry, CorruptObjectError
 
 #: The data source's schema, as Spark DDL and as a StructType (which needs no JVM to build).
 SCHEMA_DDL = "stream string, offset bigint, timestamp timestamp, key binary, value binary"
@@ -83,17 +84,22 @@ class ColumnBuilder:
     def rows(self) -> int:
         return len(self.positions)
 
-    def add_block(self, buf: bytes, position: int, size_bytes: int, label: str, start: int, end: int) -> None:
-        """Take the records with offsets in ``[start, end)`` from the block at ``buf[position:]``.
+    def add_block(self, buf: bytes, position: int, entry: BlockEntry, label: str, start: int, end: int) -> None:
+        """Take the records with offsets in ``[start, end)`` from the block ``entry`` at ``buf[position:]``.
 
-        The block's CRC must already be checked (it covers every batch header and record in it).
+        The block's CRC must already be checked (it covers every batch header and record in it). Offsets
+        count from ``entry.start_offset`` (the manifest's word), not from the batch headers, which are
+        provisional in an object a Spark write committed.
         """
         before = len(self.positions)
         unpack = _RECORD_BYTES.unpack_from
         at_batch = position
-        block_end = position + size_bytes
+        block_end = position + entry.size_bytes
+        base = entry.start_offset
         while at_batch < block_end:
-            info = read_batch_info(buf, at_batch)
+            header = read_batch_info(buf, at_batch)
+            info = BatchInfo(entry.stream_id, base, header.count, header.batch_bytes, header.max_timestamp_ms)
+            base += header.count
             if info.end_offset > start and info.base_offset < end:
                 first = max(start - info.base_offset, 0)
                 stop = min(end - info.base_offset, info.count)
@@ -106,6 +112,10 @@ class ColumnBuilder:
                 self.positions.extend(found[first:] if first else found)
                 self.runs.append((info.base_offset + first, stop - first))
             at_batch += info.batch_bytes
+        if base != entry.end_offset:
+            raise CorruptObjectError(f"data block of stream {entry.stream_id} at {entry.start_offset}: its batches "
+                                     f"hold {base - entry.start_offset} records, the manifest says "
+                                     f"{entry.end_offset - entry.start_offset}")
         taken = len(self.positions) - before
         if taken:
             if self.labels and self.labels[-1] == label:

@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from stratalog.engine.batch import read_batch_info
+from stratalog.engine.batch import with_placement
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import BlockRef, read_manifest
 from stratalog.engine.metadata import NewObject
-from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block
+from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block, placed_batches
 from stratalog.engine.store import object_key
 from stratalog.spark.plan import FETCH_BYTES_MAX, ReadPartition, StreamSlice, plan_fetches
 from stratalog.spark.reader import shared_store
@@ -133,12 +133,11 @@ def write_compacted(uri: str, outputs: Iterable[CompactionOutput]) -> Iterator[N
             for _, ref in fetch.blocks:
                 at = ref.entry.position - fetch.start
                 block = check_block(buf[at:at + ref.entry.size_bytes], ref.entry)
-                pos = 0
-                while pos < len(block):
-                    info = read_batch_info(block, pos)
+                # Placed by the manifest's entry; headers get the real stream id and offsets (a block a
+                # Spark write committed has provisional ones), so the new object is not provisional.
+                for pos, info in placed_batches(block, ref.entry):
                     batches.append(StreamBatch(info.base_offset, info.count, info.max_timestamp_ms,
-                                               block[pos:pos + info.batch_bytes]))
-                    pos += info.batch_bytes
+                                               with_placement(block, pos, info.stream_id, info.base_offset)))
         builder = ObjectBuilder()
         builder.add_stream(output.stream_id, batches)
         data = builder.finish()

@@ -79,7 +79,7 @@ def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int,
             entry = ref.entry
             at = entry.position - fetch.start
             check_block(buf[at:at + entry.size_bytes], entry)
-            builder.add_block(buf, at, entry.size_bytes, piece.name, piece.start_offset, piece.end_offset)
+            builder.add_block(buf, at, entry, piece.name, piece.start_offset, piece.end_offset)
         yield builder.finish(buf, headers)
 
 

@@ -35,7 +35,9 @@ without headers are encoded column-wise; rows of a batch with a ``headers`` colu
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -54,34 +56,38 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from stratalog.engine.batch import BATCH_HEADER, RECORD_HEAD, NewRecord, encode_batch, read_batch_info
+from stratalog.engine.batch import BATCH_HEADER, RECORD_HEAD, NewRecord, encode_batch
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata import NewObject
 from stratalog.engine.objformat import (
+    FLAG_PROVISIONAL,
     FOOTER_BYTES,
     BlockEntry,
+    CorruptObjectError,
     ObjectBuilder,
     StreamBatch,
-    check_block,
     decode_footer,
     decode_index,
 )
 from stratalog.engine.store import StreamStore, object_key
+from stratalog.errors import StratalogError
 from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore
 from stratalog.spark.reader import open_store, shared_store
 from stratalog.wal.config import WALConfig
 from stratalog.wal.format import crc32c
 
+log = logging.getLogger("stratalog.spark")
+
 STAGING_PREFIX = "spark-staging/"
 SINK_MARKER_PREFIX = "spark.sink."
-#: A staged object is put once its batches reach this size; the driver rebases one object at a time,
-#: so this also bounds the driver's memory per object.
+#: A staged object is put once its batches reach this size (a task holds one in memory while it builds it).
 STAGED_OBJECT_BYTES = 64 << 20
 #: Records of one stream are encoded into batches of about this size (the unit inside a data block).
 BATCH_BYTES_TARGET = 256 << 10
-#: Staged objects the driver rebases at once (each holds one object in memory, twice).
-REBASE_THREADS = 4
+#: Staged objects whose index the driver reads, or that it moves, at once (each call holds a footer or
+#: an index in memory at most; on S3 each is a round trip, so several in flight hide the latency).
+COMMIT_THREADS = 8
 #: A task gathers this much of Spark's input before encoding it, so each stream gets few, large batches.
 ENCODE_BYTES_TARGET = 32 << 20
 
@@ -173,7 +179,7 @@ class StagingWriter:
 
     def _put(self) -> None:
         names = sorted(n for n, b in self._pending.items() if b)
-        builder = ObjectBuilder()
+        builder = ObjectBuilder(flags=FLAG_PROVISIONAL)
         streams = []
         for provisional, name in enumerate(names):
             batches = [StreamBatch(base, b.count, b.max_timestamp_ms,
@@ -189,14 +195,6 @@ class StagingWriter:
         self._staged.append(StagedObject(key, len(data), tuple(streams)))
         self._pending = {}
         self._pending_bytes = 0
-
-
-def _patch_header(data: bytes, at: int, stream_id: int, base_offset: int) -> bytes:
-    """The batch at ``data[at:]`` with its stream id and base offset replaced (its record CRC is unchanged:
-    it covers only the records)."""
-    _, _, count, batch_bytes, max_ts, crc = BATCH_HEADER.unpack_from(data, at)
-    return BATCH_HEADER.pack(stream_id, base_offset, count, batch_bytes, max_ts, crc) + \
-        data[at + BATCH_HEADER.size:at + batch_bytes]
 
 
 #: A record's fixed head in the batch format (engine/batch.py RECORD_HEAD), as a numpy record type.
@@ -355,27 +353,43 @@ def assign_bases(messages: Sequence[WriteMessage], ends: dict[str, int]) -> dict
     return shifts
 
 
-def rebase_object(data: bytes, targets: Sequence[tuple[int, int]]) -> tuple[bytes, list[BlockEntry]]:
-    """Rebuild a staged object: provisional stream ``i`` becomes stream ``targets[i][0]``, its offsets
-    shifted by ``targets[i][1]``. Every block is CRC-checked on the way in; the new object gets fresh
-    block CRCs, index and footer."""
-    footer = decode_footer(data[-FOOTER_BYTES:], len(data))
-    entries = decode_index(data[footer.index_position:footer.index_position + footer.index_bytes], footer)
-    per_stream: dict[int, list[StreamBatch]] = {}
-    for entry in entries:
-        stream_id, shift = targets[entry.stream_id]
-        block = check_block(data[entry.position:entry.position + entry.size_bytes], entry)
-        at = 0
-        while at < len(block):
-            info = read_batch_info(block, at)
-            patched = _patch_header(block, at, stream_id, info.base_offset + shift)
-            per_stream.setdefault(stream_id, []).append(
-                StreamBatch(info.base_offset + shift, info.count, info.max_timestamp_ms, patched))
-            at += info.batch_bytes
-    builder = ObjectBuilder()
-    for stream_id in sorted(per_stream):
-        builder.add_stream(stream_id, per_stream[stream_id])
-    return builder.finish(), builder.entries
+def read_staged_index(store: ObjectStore, staged: StagedObject) -> list[BlockEntry]:
+    """A staged object's index as it wrote it (provisional ids, task-relative offsets): two ranged gets,
+    the footer then the index, and no data block."""
+    size = staged.size_bytes
+    footer = decode_footer(store.get(staged.key, size - FOOTER_BYTES, size), size)
+    if not footer.provisional:
+        raise CorruptObjectError(f"{staged.key} is not a staged object (its footer lacks the provisional flag)")
+    return decode_index(store.get(staged.key, footer.index_position, footer.index_position + footer.index_bytes),
+                        footer)
+
+
+def place_entries(staged: StagedObject, entries: Sequence[BlockEntry],
+                  targets: Sequence[tuple[int, int]]) -> list[BlockEntry]:
+    """The index entries of a staged object as metadata registers them: provisional stream ``i`` becomes
+    stream ``targets[i][0]`` with its offsets shifted by ``targets[i][1]``; position, size, counts, time and
+    CRC stay as the task wrote them (the bytes do not move within the object). Raises CorruptObjectError
+    when the index does not hold exactly the records the task reported for each stream."""
+    held: dict[int, tuple[int, int]] = {}
+    placed = []
+    for e in entries:
+        if e.stream_id >= len(targets):
+            raise CorruptObjectError(f"{staged.key}: index names provisional stream {e.stream_id}; the task "
+                                     f"staged {len(targets)} streams")
+        first, end = held.get(e.stream_id, (e.start_offset, e.start_offset))
+        if e.start_offset != end or e.end_offset - e.start_offset != e.record_count:
+            raise CorruptObjectError(f"{staged.key}: blocks of provisional stream {e.stream_id} are not contiguous "
+                                     f"at {e.start_offset}")
+        held[e.stream_id] = (first, e.end_offset)
+        stream_id, shift = targets[e.stream_id]
+        placed.append(replace(e, stream_id=stream_id, start_offset=e.start_offset + shift,
+                              end_offset=e.end_offset + shift))
+    reported = {i: (s.start, s.start + s.count) for i, s in enumerate(staged.streams)}
+    if held != reported:
+        raise CorruptObjectError(f"{staged.key}: its index holds offsets {held} per provisional stream; the task "
+                                 f"reported {reported}")
+    placed.sort(key=lambda e: (e.stream_id, e.start_offset))
+    return placed
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,11 +401,14 @@ class CommitResult:
 
 def commit_write(store: StreamStore, messages: Sequence[WriteMessage],
                  marker: tuple[str, int] | None = None) -> CommitResult:
-    """Register staged objects with dense offsets (driver side); delete the staged copies.
+    """Register staged objects with dense offsets (driver side), moving each under ``data/`` unchanged.
 
-    With ``marker`` (key, value), a commit that already happened for that value writes nothing.
+    With ``marker`` (key, value), a commit that already happened for that value writes nothing. Whatever
+    happens, no staged object is left, and no moved object stays unless the commit registered it.
     """
     staged_keys = [o.key for m in messages for o in m.objects]
+    moved_keys: list[str] = []
+    committed = False
     try:
         if marker is not None and store.metadata.get_meta(marker[0], -1) >= marker[1]:
             return CommitResult(False, 0, 0)
@@ -405,22 +422,44 @@ def commit_write(store: StreamStore, messages: Sequence[WriteMessage],
         work = [(staged, [(ids[s.name], shifts[(message.partition, s.name)]) for s in staged.streams],
                  store.metadata.allocate_object_id())
                 for message in sorted(messages, key=lambda m: m.partition) for staged in message.objects]
+        moved_keys = [object_key(object_id) for _, _, object_id in work]
 
-        def rebase(item: tuple[StagedObject, list[tuple[int, int]], int]) -> NewObject:
+        def place(item: tuple[StagedObject, list[tuple[int, int]], int]) -> NewObject:
             staged, targets, object_id = item
-            data, entries = rebase_object(objects.get(staged.key), targets)
-            objects.put(object_key(object_id), data)
-            return NewObject(object_id, object_key(object_id), len(data), entries)
+            entries = place_entries(staged, read_staged_index(objects, staged), targets)
+            return NewObject(object_id, object_key(object_id), staged.size_bytes, entries)
 
-        # Gets, puts and CRCs release the GIL: a few objects at once keep the disk or network busy.
-        with ThreadPoolExecutor(REBASE_THREADS, thread_name_prefix="stratalog-rebase") as pool:
-            written = list(pool.map(rebase, work))
+        def move(item: tuple[StagedObject, list[tuple[int, int]], int]) -> None:
+            objects.rename(item[0].key, object_key(item[2]))
+
+        # Index gets and renames (server-side copies on S3) wait on the store: a few at once hide the latency.
+        with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="stratalog-commit") as pool:
+            placed = list(pool.map(place, work))  # every index checked before anything moves
+            list(pool.map(move, work))
         records = sum(s.count for staged, _, _ in work for s in staged.streams)
-        committed = store.commit_external_objects(written, marker=marker) is not None
-        return CommitResult(committed, records if committed else 0, len(written) if committed else 0)
+        committed = store.commit_external_objects(placed, marker=marker) is not None
+        return CommitResult(committed, records if committed else 0, len(placed) if committed else 0)
     finally:
+        if not committed:
+            _delete_unregistered(store, moved_keys)
         for key in staged_keys:
-            store.object_store.delete(key)
+            store.object_store.delete(key)  # gone already if it moved
+
+
+def _delete_unregistered(store: StreamStore, keys: Sequence[str]) -> None:
+    """Delete the objects at ``keys`` that no commit registered (the commit failed, or a replayed batch was
+    skipped). If metadata cannot say, they stay: the store deletes unregistered ``data/`` objects when it
+    next opens."""
+    if not keys:
+        return
+    try:
+        known = {o.key for o in store.metadata.objects()}
+        for key in keys:
+            if key not in known:
+                store.object_store.delete(key)
+    except (StratalogError, sqlite3.Error) as e:
+        log.warning("could not delete the objects a failed Spark commit moved; the store deletes them when it "
+                    "next opens: %s", e)
 
 
 def delete_staging(store: ObjectStore, prefix: str) -> int:
