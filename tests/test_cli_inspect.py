@@ -44,3 +44,26 @@ def test_inspect_shows_streams_objects_ranges_wal_and_object(tmp_path: Path) -> 
 
 def files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_inspect_shows_a_spark_written_object_with_its_real_placement(tmp_path: Path) -> None:
+    from stratalog.engine.batch import NewRecord
+    from stratalog.spark.write import StagingWriter, WriteMessage, commit_write
+
+    store = StreamStore.open(tmp_path, config=small_store_config())
+    store.create_stream("first")  # so the written stream's real id differs from its provisional one (0)
+    writer = StagingWriter(store.object_store, "spark-staging/w/000000-")
+    writer.add("orders", [NewRecord(b"x" * 10) for _ in range(7)])
+    (staged,) = writer.finish()
+    staged_view = run(str(tmp_path), "--object", staged.key, "--verify")
+    assert "provisional object" in staged_view and "no metadata names this object" in staged_view
+    commit_write(store, [WriteMessage(0, (staged,))])
+    orders = store.open_stream("orders").stream_id
+    key = store.metadata.ranges(orders, 0)[0].key
+    store.close()
+    out = run(str(tmp_path), "--object", key, "--verify")
+    assert "format version 2" in out and "provisional object" in out and "ok" in out
+    row = next(line for line in out.splitlines() if "ok" in line)
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert (cells[0], cells[1], cells[2]) == ("0", "0", "7"), "the index as the task wrote it"
+    assert (cells[7], cells[8], cells[9]) == (str(orders), "0", "7"), "the placement metadata gives it"

@@ -14,6 +14,9 @@ from stratalog.engine.objformat import (
     decode_footer,
     decode_index,
 )
+from stratalog.wal.format import crc32c
+
+FLAG_PROVISIONAL = 1
 
 BATCH_HEX = (
     "0700000000000000" "0000000000000000" "01000000" "3d000000" "e803000000000000" "3fdbeb0e"
@@ -23,6 +26,13 @@ INDEX_AND_FOOTER_HEX = (
     "0700000000000000" "0000000000000000" "0100000000000000" "0000000000000000" "3d000000" "01000000"
     "e803000000000000" "7f3f8ebb"
     "3d00000000000000" "34000000" "274eff2c" "01000000" "0100" "0000" "534c4f42" "fcfa9b65"
+)
+
+
+PROVISIONAL_INDEX_AND_FOOTER_HEX = (
+    "0000000000000000" "0000000000000000" "0100000000000000" "0000000000000000" "3d000000" "01000000"
+    "e803000000000000" "79a55bca"
+    "3d00000000000000" "34000000" "c88df7f2" "01000000" "0200" "0100" "534c4f42" "42e1f440"
 )
 
 
@@ -48,6 +58,27 @@ def test_object_golden_bytes_and_round_trip() -> None:
     info = check_batch(block)
     assert [(r.offset, r.key, r.value, r.timestamp_ms) for r in decode_records(block, 0, info)] == [
         (0, b"k", b"hi", 1000)]
+
+
+def test_provisional_object_golden_bytes() -> None:
+    batch, ts = encode_batch(0, 0, [NewRecord(b"hi", key=b"k", timestamp_ms=1000)], now_ms=1000)
+    builder = ObjectBuilder(flags=FLAG_PROVISIONAL)
+    builder.add_stream(0, [StreamBatch(0, 1, ts, batch)])
+    obj = builder.finish()
+    assert obj[len(batch):].hex() == PROVISIONAL_INDEX_AND_FOOTER_HEX
+    footer = decode_footer(obj[-FOOTER_BYTES:], len(obj))
+    assert footer.provisional and (footer.version, footer.flags) == (2, FLAG_PROVISIONAL)
+    assert not decode_footer(example()[1][-FOOTER_BYTES:], len(example()[1])).provisional
+
+
+def test_unknown_versions_and_flags_are_refused() -> None:
+    _, obj = example()
+    for version, flags, message in ((3, 0, "version 3"), (1, 1, "flags"), (2, 2, "flags")):
+        head = bytearray(obj[-FOOTER_BYTES:-4])
+        head[20:24] = version.to_bytes(2, "little") + flags.to_bytes(2, "little")
+        footer = bytes(head) + crc32c(bytes(head)).to_bytes(4, "little")
+        with pytest.raises(CorruptObjectError, match=message):
+            decode_footer(footer, len(obj))
 
 
 def test_every_byte_of_a_batch_record_is_covered() -> None:

@@ -212,6 +212,19 @@ def test_large_object_round_trips_and_reads_across_part_boundaries(store: Object
 # The local directory -------------------------------------------------------------------------------
 
 
+def test_rename_moves_the_object_and_replaces_the_destination(store: ObjectStore) -> None:
+    store.put("staging/w/a", payload(3000))
+    store.put("data/old", b"replaced")
+    store.rename("staging/w/a", "data/old")
+    assert store.get("data/old") == payload(3000)
+    assert keys_of(store.list()) == ["data/old"]
+    store.rename("data/old", "data/new/deeper")
+    assert keys_of(store.list()) == ["data/new/deeper"] and store.size("data/new/deeper") == 3000
+    with pytest.raises(ObjectNotFoundError):
+        store.rename("data/old", "data/other")
+    assert keys_of(store.list()) == ["data/new/deeper"]
+
+
 def temp_files(root: Path) -> list[Path]:
     return [path for path in root.rglob("*") if path.name.startswith(TEMP_PREFIX)]
 
@@ -239,6 +252,31 @@ def test_local_put_syncs_the_file_and_every_directory_it_changed(
     synced.clear()
     store.put("new/dirs/key", b"1")
     assert len(synced) == 4  # root (for new/), new/ (for dirs/), the file, dirs/ (for the rename)
+
+
+def test_local_rename_is_one_os_rename_and_syncs_both_directories(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalDirStore(tmp_path / "root")
+    store.put("staging/a", b"1")
+    store.put("data/existing", b"0")
+    synced: list[int] = []
+    renamed: list[tuple[Any, Any]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    def recording_replace(src: Any, dst: Any) -> None:
+        renamed.append((src, dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(local_module.os, "fsync", recording_fsync)
+    monkeypatch.setattr(local_module.os, "replace", recording_replace)
+    store.rename("staging/a", "data/b")
+    assert renamed == [(tmp_path / "root" / "staging" / "a", tmp_path / "root" / "data" / "b")]
+    assert len(synced) == 2  # data/ (the new entry), then staging/ (the removed one)
+    assert (tmp_path / "root" / "data" / "b").read_bytes() == b"1"
 
 
 def test_local_put_syncs_large_objects_piece_by_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,6 +385,25 @@ def test_s3_put_above_the_threshold_goes_up_in_parts(s3: S3Store) -> None:
     s3.put("large", payload(11 * MiB))
     assert (len(puts), len(parts)) == (1, 3)
     assert s3.get("large") == payload(11 * MiB)
+
+
+def test_s3_rename_copies_on_the_server_in_parts_past_the_copy_limit(s3: S3Store,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    copies, part_copies = count_calls(s3, "CopyObject"), count_calls(s3, "UploadPartCopy")
+    puts, gets = count_calls(s3, "PutObject"), count_calls(s3, "GetObject")
+    s3.put("staging/small", payload(1000))
+    s3.put("staging/large", payload(11 * MiB))
+    puts.clear()
+    s3.rename("staging/small", "data/small")
+    assert (len(copies), len(part_copies)) == (1, 0)
+    monkeypatch.setattr(s3_module, "COPY_BYTES_MAX", 5 * MiB)
+    monkeypatch.setattr(s3_module, "COPY_PART_BYTES", 5 * MiB)
+    s3.rename("staging/large", "data/large")
+    assert (len(copies), len(part_copies)) == (1, 3)
+    assert not puts and not gets, "a rename sent the object's bytes through the client"
+    assert keys_of(s3.list()) == ["data/large", "data/small"]
+    assert s3.get("data/large") == payload(11 * MiB) and s3.get("data/small") == payload(1000)
+    assert open_uploads(s3) == []
 
 
 def test_s3_failed_multipart_put_is_aborted_and_leaves_nothing(
@@ -488,6 +545,17 @@ def test_faulty_fail_after_raises_although_the_call_took_effect(tmp_path: Path) 
         store.inner.get("k")
 
 
+def test_faulty_rename_fails_before_or_after_it_took_effect(tmp_path: Path) -> None:
+    store, _ = faulty(tmp_path, ObjectFaultPlan(fail_before={"rename": {1}}, fail_after={"rename": {2}}))
+    store.put("a", b"1")
+    with pytest.raises(InjectedFaultError, match="before"):
+        store.rename("a", "b")
+    assert keys_of(store.inner.list()) == ["a"]
+    with pytest.raises(InjectedFaultError, match="took effect"):
+        store.rename("a", "b")
+    assert keys_of(store.inner.list()) == ["b"]
+
+
 def test_faulty_interrupted_put_lands_nothing(tmp_path: Path) -> None:
     store, _ = faulty(tmp_path, ObjectFaultPlan(interrupt_puts={2, 3}))
     store.put("k", b"old")
@@ -518,8 +586,9 @@ def test_faulty_counts_calls_by_kind(tmp_path: Path) -> None:
     store.get("a")
     store.size("a")
     list(store.list())
+    store.rename("b", "c")
     store.delete("a")
-    assert store.calls == {"put": 2, "get": 2, "size": 1, "list": 1, "delete": 1}
+    assert store.calls == {"put": 2, "get": 2, "size": 1, "list": 1, "delete": 1, "rename": 1}
 
 
 def test_faulty_chance_faults_replay_from_the_seed(tmp_path: Path) -> None:

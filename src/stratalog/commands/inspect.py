@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stratalog.engine.batch import CorruptBatchError, read_batch_info
-from stratalog.engine.metadata import Metadata
+from stratalog.engine.metadata import Metadata, RangeRow
 from stratalog.engine.objformat import FOOTER_BYTES, check_block, decode_footer, decode_index
 from stratalog.objects.store import ObjectStore
 from stratalog.wal.inspect import open_read_only, read_headers, read_records
@@ -40,7 +40,15 @@ def inspect(data_dir: Path, object_store_uri: str | None, stream_ref: str | None
     if object_key is not None:
         from stratalog.objects.uri import open_object_store
 
-        _dump_object(console, open_object_store(object_store_uri, data_dir), object_key, verify, limit)
+        meta_path = data_dir / "meta.sqlite"
+        placed = None
+        if meta_path.exists():
+            meta = Metadata(meta_path, read_only=True)
+            try:
+                placed = {row.position: row for row in meta.ranges_of_object(object_key)}
+            finally:
+                meta.close()
+        _dump_object(console, open_object_store(object_store_uri, data_dir), object_key, verify, limit, placed)
         return
     meta_path = data_dir / "meta.sqlite"
     if not meta_path.exists():
@@ -125,12 +133,21 @@ def _dump_wal(console: Console, path: Path, limit: int) -> None:
         device.close()
 
 
-def _dump_object(console: Console, store: ObjectStore, key: str, verify: bool, limit: int) -> None:
+def _dump_object(console: Console, store: ObjectStore, key: str, verify: bool, limit: int,
+                 placed: dict[int, RangeRow] | None) -> None:
+    """The object's footer and index. A provisional object (a Spark write's) holds provisional stream ids
+    and task-relative offsets; ``placed`` (metadata's rows for this key, by position) gives the real ones."""
     size = store.size(key)
     footer = decode_footer(store.get(key, size - FOOTER_BYTES, size), size)
     entries = decode_index(store.get(key, footer.index_position, footer.index_position + footer.index_bytes), footer)
-    table = Table(title=f"{key}: {size:,} bytes, {len(entries)} blocks")
-    for col in ("stream", "start", "end", "records", "position", "bytes", "crc", *(("check",) if verify else ())):
+    title = f"{key}: {size:,} bytes, {len(entries)} blocks, format version {footer.version}"
+    show_placement = footer.provisional and bool(placed)
+    table = Table(title=title)
+    columns = ("stream", "start", "end", "records", "position", "bytes", "crc")
+    if footer.provisional:
+        columns = ("provisional stream", "task start", "task end", *columns[3:],
+                   *(("stream", "start", "end") if show_placement else ()))
+    for col in (*columns, *(("check",) if verify else ())):
         table.add_column(col, justify="right")
     bad = 0
     for i, e in enumerate(entries):
@@ -142,9 +159,21 @@ def _dump_object(console: Console, store: ObjectStore, key: str, verify: bool, l
             except Exception as exc:
                 bad += 1
                 check = (f"BAD: {exc}",)
+        placement: tuple[str, ...] = ()
+        if show_placement:
+            assert placed is not None
+            row = placed.get(e.position)
+            placement = ("-", "-", "-") if row is None else (str(row.stream_id), f"{row.start_offset:,}",
+                                                             f"{row.end_offset:,}")
         if i < limit:
             table.add_row(str(e.stream_id), f"{e.start_offset:,}", f"{e.end_offset:,}", f"{e.record_count:,}",
-                          f"{e.position:,}", f"{e.size_bytes:,}", f"{e.crc:08x}", *check)
+                          f"{e.position:,}", f"{e.size_bytes:,}", f"{e.crc:08x}", *placement, *check)
     console.print(table)
+    if footer.provisional:
+        where = ("the last three columns are where the store's metadata places each block (authoritative)"
+                 if show_placement else "the store's metadata or manifest says where each block belongs "
+                 "(no metadata names this object: it is staged, or not yet committed)")
+        console.print(f"provisional object (a Spark write's): stream ids and offsets in its index and batch "
+                      f"headers are the task's own; {where}")
     if verify and bad:
         raise click.ClickException(f"{bad} of {len(entries)} blocks failed their check")

@@ -334,6 +334,14 @@ class Metadata:
                 (stream_id, stream_id, start_offset, start_offset, end, limit)).fetchall()
         return [RangeRow(*r) for r in rows]
 
+    def ranges_of_object(self, key: str) -> list[RangeRow]:
+        """The blocks metadata places in the object at ``key``, by position (for inspection)."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_RANGE_COLUMNS} FROM ranges r JOIN objects o USING (object_id) WHERE o.key = ? "
+                "ORDER BY r.position", (key,)).fetchall()
+        return [RangeRow(*r) for r in rows]
+
     def first_range_at_or_after_time(self, stream_id: int, timestamp_ms: int) -> RangeRow | None:
         with self._lock:
             row = self._db.execute(

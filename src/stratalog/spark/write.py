@@ -1,26 +1,41 @@
-"""Writes through Spark: tasks stage objects, the driver commits them with dense offsets per stream.
+"""Writes through Spark: tasks stage objects, the driver registers them where they are, with dense offsets.
 
 How a write goes:
 
 1. Each task groups its rows by stream, encodes them as batches with *task-relative* offsets (0, 1, ...
    per stream) under provisional stream ids (the position of the stream's name in the object's sorted
-   name list), and puts object-format objects under ``spark-staging/<write id>/``. It returns a small
-   :class:`WriteMessage` naming its staged objects and how many records each holds per stream.
+   name list), and puts object-format objects flagged *provisional* under ``spark-staging/<write id>/``.
+   It returns a small :class:`WriteMessage` naming its staged objects and how many records each holds
+   per stream.
 2. The driver's ``commit`` opens the store's data directory (option ``data_dir``: the store of record is
    the SQLite metadata there, and the manifest it publishes), creates streams that do not exist yet,
-   flushes, and gives each task a base offset per stream, in task order, from the stream's end. It then
-   *rebases* each staged object: batch headers get the real stream id and absolute offsets, and the
-   object is rebuilt (blocks, CRCs, index) under a fresh ``data/`` key. Record bytes are unchanged.
-   :meth:`StreamStore.commit_external_objects` registers all of them in one metadata transaction and
-   publishes the manifest, so readers see the whole write or none of it.
-3. ``abort`` (and ``commit`` once done) deletes everything under the write's staging prefix. A crash
-   between putting rebased objects and the metadata commit leaves ``data/`` objects no commit names;
-   the store deletes those when it next opens.
+   flushes, and gives each task a base offset per stream, in task order, from the stream's end. For each
+   staged object it reads the footer and index only (two ranged gets), and makes the index entries
+   metadata will hold: real stream id, offsets shifted by the task's base; position, size, record count,
+   time and CRC as the task wrote them. It then *moves* each object to a fresh ``data/<id>.slo`` key
+   (:meth:`ObjectStore.rename`) and :meth:`StreamStore.commit_external_objects` registers all of them in
+   one metadata transaction and publishes the manifest once, so readers see the whole write or none of it.
+3. ``abort`` (and ``commit`` once done) deletes everything under the write's staging prefix. A commit
+   that fails, or that finds its streaming batch already committed, deletes the objects it moved. A crash
+   between moving and the metadata commit leaves ``data/`` objects no commit names; the store deletes
+   those when it next opens, as it does for an interrupted upload.
 
-Why rebase on the driver: offsets are dense and assigned at commit (a failed task must leave no hole),
-so a task cannot know them, and every batch header carries its absolute base offset. The cost is that
-the driver reads and rewrites each staged object once, so write throughput is bounded by the driver's
-object-store bandwidth; the CPU work is a header patch and a CRC per block.
+Why the bytes are not rewritten: offsets are dense and assigned at commit (a failed task must leave no
+hole), so a task cannot know them. Readers never take a block's stream id or offsets from its batch
+headers: the block's range row or manifest entry places it (record *i* of a block starting at offset *a*
+is offset *a + i*), and its CRC, checked before anything in it is returned, covers the batches as the
+task wrote them. So the provisional ids stay inside the object, the footer says so, and metadata is
+authoritative (docs/formats/object.md). The commit's cost is a few small gets and one rename per staged
+object, whatever the data size; nothing flows through the driver.
+
+Why rename and not registering the staged key in place: ``data/`` stays the one prefix that holds
+committed objects, with keys from the durable object-id counter that are never reused, so the store's
+orphan cleanup (everything under ``data/`` that no commit names) covers a crashed commit unchanged, and
+``abort``, ``retention --clean-staging`` and a failed commit may delete everything under
+``spark-staging/`` without asking metadata what it still needs. On a local directory the move is an atomic
+``os.replace``; on S3 a server-side copy then a delete (no byte through the driver either, but the copy
+runs at the server's speed): if the delete is lost, the staged copy is deleted with the rest of the
+staging prefix.
 
 Streaming writes (``writeStream.format("stratalog")``) need option ``sinkId``: the commit of micro-batch
 ``b`` stores ``b`` under ``spark.sink.<sinkId>`` in the same metadata transaction, and a commit for a
