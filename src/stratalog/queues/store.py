@@ -519,7 +519,9 @@ class QueueStore:
                         upto = min(stop, end)
                         out.extend(run_messages(raw, run_ends, pos - start, upto - start))
                         pos = upto
-                        if sequential and pos == end and k + 1 < len(ends) and objects[k + 1].reader is not None:
+                        # This get ends where the run does: the reader's next get wants the next run.
+                        if sequential and pos == end == stop and k + 1 < len(ends) \
+                                and objects[k + 1].reader is not None:
                             objects[k + 1].reader.will_need(starts[k + 1], stops[k + 1])
                     k += 1
         if pos < stop and records:
