@@ -131,6 +131,11 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
                           f"({st['index_bytes'] / max(1, st['messages']):.2f} B/message, {st['objects']} objects), "
                           f"queue state {st['queue_state_bytes'] / q:.1f} B/queue, name dict "
                           f"{st['name_dict_bytes'] / q:.1f} B/queue")
+            if "compactions" in st:
+                sent = s.get("stats_after_send", {})
+                console.print(f"stratalog merges: {st['compactions']} ({st['compacted_bytes'] / 2**30:.1f} GiB "
+                              f"written), {sent.get('compactions', 0)} of them during send; objects after send "
+                              f"{sent.get('objects', 0)}, at the end {st['objects']}")
             r = s["recovery"]
             console.print(f"open after a clean close: {r['clean_open_seconds']:.2f} s; open after kill -9 with one "
                           f"more flushed message per queue in the WAL: {r['open_after_kill9_seconds']:.2f} s "
