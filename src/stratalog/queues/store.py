@@ -64,6 +64,7 @@ from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
 from stratalog.queues.index import RunIndex, TailIndex
+from stratalog.queues.manifest import QueueObjectRef, last_manifest_seq, publish_manifest
 from stratalog.wal import WriteAheadLog
 
 log = logging.getLogger("stratalog.queues")
@@ -230,6 +231,8 @@ class QueueStore:
         self.compactions = 0
         self.compacted_bytes = 0
         self.compaction_error: BaseException | None = None
+        # The queue manifest readers without this process use (Spark); published under _upload_lock.
+        self._manifest_seq = last_manifest_seq(objects)
         self._wal = WriteAheadLog.open(data_dir / "wal", capacity_bytes=config.wal_capacity_bytes, create=True,
                                        config=config.wal)
         self.recovery = self._recover()
@@ -626,6 +629,7 @@ class QueueStore:
                 self._view = ((*objects, obj), records[len(taken):], index.with_object(ends, positions))
                 self._cache_bytes -= sum(r.cache_bytes for r in taken)
                 self._view_lock.notify_all()
+            self._publish_manifest()
             self._compact_wake.set()
             last = taken[-1].wal_offset
             if last > self._wal.trim_offset and not everything:
@@ -671,6 +675,18 @@ class QueueStore:
                            lambda: self._meta.commit_objects([NewObject(object_id, key, size, [])]))
         _return_freed_memory()
         return _Object(object_id, key, self._open_reader(key), size), ends, positions
+
+    def _publish_manifest(self) -> None:
+        """Publish the live objects as the queue manifest. Called under ``_upload_lock`` (uploads and
+        merges, the only changes to the objects, hold it) after the view changed, so manifests go out in
+        the order of the changes. A few dozen keys per publish: cheap next to the upload it follows."""
+        objects, _, index = self._view
+        self._manifest_seq += 1
+        seq = self._manifest_seq
+        stream_count = index.stream_counts[-1] if index.stream_counts else 0
+        refs = [QueueObjectRef(o.key, o.size_bytes) for o in objects]
+        self._with_retries("publishing the queue manifest",
+                           lambda: publish_manifest(self._objects, seq, stream_count, refs))
 
     def _open_reader(self, key: str) -> Any:
         opener = getattr(self._objects, "open_reader", None)
@@ -750,6 +766,8 @@ class QueueStore:
                           index.with_merged(first, stop, result.ends, result.positions))
             now = time.monotonic()
             self._retired.extend((now, o) for o in replaced)
+        # Readers planned on the previous manifest may still get the replaced objects for compact_retire_s.
+        self._publish_manifest()
         self.compactions += 1
         self.compacted_bytes += result.size_bytes
         log.info("merged %d queue objects (%d MiB) into %s in %.1f s", len(replaced), result.size_bytes >> 20, key,
@@ -811,6 +829,8 @@ class QueueStore:
         self._upload(everything=True)
         if last_wal_offset > self._wal.trim_offset:
             self._wal.trim(last_wal_offset)
+        # Before deleting merged-away objects: a manifest published before a crash may still name them.
+        self._publish_manifest()
         self._delete_orphans(report)
         report.merged_objects = sum("-" in o.key for o in self._view[0])
         report.seconds = time.monotonic() - started
