@@ -143,8 +143,8 @@ class ColumnBuilder:
         key_starts = positions + _RECORD_HEAD_BYTES
         key_valid = key_lengths >= 0
         key_lengths = np.maximum(key_lengths, 0)
-        keys = _gather(data, key_starts, key_lengths, key_valid)
-        values = _gather(data, key_starts + key_lengths, value_lengths, None)
+        keys = gather_binary(data, key_starts, key_lengths, key_valid)
+        values = gather_binary(data, key_starts + key_lengths, value_lengths, None)
         columns = [stream, pa.array(offsets), pa.array(timestamps_us, pa.timestamp("us", tz="UTC")), keys, values]
         if headers:
             header_counts = _field(data, positions + _HEADER_COUNT_AT, "<u2")
@@ -158,7 +158,7 @@ def _field(data: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
     return data[at[:, None] + np.arange(width)].copy().view(dtype).reshape(-1)
 
 
-def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+def gather_binary(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
     """A binary array of ``data[starts[i]:starts[i] + lengths[i]]`` for each i (null where not ``valid``).
 
     The pieces never overlap and come in buffer order, so they and the gaps between them tile the

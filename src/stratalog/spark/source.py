@@ -60,6 +60,7 @@ from stratalog.spark.plan import (
     plan_partitions,
     resolve_streams,
 )
+from stratalog.spark.queues import QueuePartition, plan_queue_read, read_queue_partition
 from stratalog.spark.reader import open_store, read_partition, shared_store
 
 FORMAT_NAME = "stratalog"
@@ -113,31 +114,41 @@ class StratalogDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         return StratalogReader(self._options())
 
+    def _no_queues(self, what: str) -> None:
+        if option(self._options(), "queues") is not None:
+            raise ValueError(f"option 'queues' is for batch reads only, not {what}")
+
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from stratalog.spark.stream import StratalogStreamReader
 
+        self._no_queues("streaming reads")
         return StratalogStreamReader(self._options())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from stratalog.spark.write import StratalogBatchWriter
 
+        self._no_queues("writes")
         return StratalogBatchWriter(self._options(), schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from stratalog.spark.write import StratalogStreamWriter
 
+        self._no_queues("writes")
         return StratalogStreamWriter(self._options(), schema, overwrite)
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 #: Columns the source never leaves null (only ``key`` may be null).
 _NEVER_NULL = frozenset({("stream",), ("offset",), ("timestamp",), ("value",)})
+#: ... and in a queue read (``timestamp`` and ``key`` are always null there).
+_NEVER_NULL_QUEUES = frozenset({("stream",), ("offset",), ("value",)})
 
 
 class PushedFilters:
     """What filters on ``stream`` and ``offset`` leave to read: a set of labels and an offset range."""
 
-    def __init__(self) -> None:
+    def __init__(self, queues: bool = False) -> None:
+        self.never_null = _NEVER_NULL_QUEUES if queues else _NEVER_NULL
         self.labels: frozenset[str] | None = None
         self.offsets = OffsetRange()
         #: Blocks whose newest record is older than this (ms since the epoch) hold no wanted row.
@@ -147,7 +158,7 @@ class PushedFilters:
         """Narrow by ``item`` if it is one we apply exactly; False leaves it to Spark."""
         column = getattr(item, "attribute", ())
         if isinstance(item, IsNotNull):
-            return column in _NEVER_NULL
+            return column in self.never_null
         if column == ("stream",):
             return self._take_stream(item)
         if column == ("offset",):
@@ -198,18 +209,25 @@ class StratalogReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.uri = required(options, "path")
         self.streams = option(options, "streams")
+        self.queues = option(options, "queues")
         self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
         self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)
         self.headers = include_headers(options)
-        self.pushed = PushedFilters()
+        if self.queues is not None and (self.streams is not None or self.headers):
+            raise ValueError("option 'queues' reads a queue store: it does not go with 'streams' or "
+                             "'includeHeaders'")
+        self.pushed = PushedFilters(queues=self.queues is not None)
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         return [f for f in filters if not self.pushed.take(f)]
 
-    def plan(self) -> list[ReadPartition]:
+    def plan(self) -> list[ReadPartition] | list[QueuePartition]:
         """The read plan (driver side)."""
         store = open_store(self.uri)
         try:
+            if self.queues is not None:
+                return plan_queue_read(store, self.queues, self.pushed.labels, self.pushed.offsets, self.rows_max,
+                                       self.bytes_max)
             manifest = read_manifest(store)
         finally:
             store.close()
@@ -222,5 +240,8 @@ class StratalogReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         value: Any = partition.value
+        if isinstance(value, QueuePartition):
+            yield from read_queue_partition(shared_store(self.uri), value)
+            return
         assert isinstance(value, ReadPartition)
         yield from read_partition(shared_store(self.uri), value, headers=self.headers)

@@ -1,0 +1,117 @@
+"""The queue manifest (stratalog.queues.manifest): its bytes, and when the queue store publishes it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from queuekit import small_queue_config
+from stratalog.engine.bulkformat import CorruptBulkError
+from stratalog.objects.local import LocalDirStore
+from stratalog.objects.uri import LOCAL_DIR_NAME
+from stratalog.queues import QueueStore
+from stratalog.queues.manifest import (
+    QUEUE_MANIFEST_KEY,
+    QueueManifest,
+    QueueManifestError,
+    QueueObjectRef,
+    decode_manifest,
+    encode_manifest,
+    read_queue_manifest,
+)
+from stratalog.queues.store import QUEUE_PREFIX
+
+#: The worked example of docs/formats/queues.md, "Queue manifest".
+GOLDEN = QueueManifest(7, 3, (QueueObjectRef("queues/0000000000000001-0000000000000005.slq", 1000),
+                              QueueObjectRef("queues/0000000000000006.slq", 300)))
+GOLDEN_HEX = (
+    "534c514d" "0100" "0000" "0700000000000000" "03000000" "02000000"
+    "e803000000000000" "2c00" + b"queues/0000000000000001-0000000000000005.slq".hex()
+    + "2c01000000000000" "1b00" + b"queues/0000000000000006.slq".hex()
+    + "7402977c"
+)
+
+
+def test_manifest_encodes_to_the_documented_bytes() -> None:
+    assert encode_manifest(GOLDEN).hex() == GOLDEN_HEX
+    assert decode_manifest(bytes.fromhex(GOLDEN_HEX)) == GOLDEN
+
+
+def test_empty_manifest_round_trips() -> None:
+    empty = QueueManifest(1, 0, ())
+    assert decode_manifest(encode_manifest(empty)) == empty
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "extend"])
+def test_damaged_manifest_is_refused(damage: str) -> None:
+    raw = bytearray(encode_manifest(GOLDEN))
+    if damage == "flip":
+        raw[30] ^= 0x01
+    elif damage == "truncate":
+        del raw[10:]
+    else:
+        raw[-4:-4] = b"x"
+    with pytest.raises(CorruptBulkError):
+        decode_manifest(bytes(raw))
+
+
+def test_a_store_without_manifest_says_so(tmp_path: Path) -> None:
+    with pytest.raises(QueueManifestError, match="queue store's object storage"):
+        read_queue_manifest(LocalDirStore(tmp_path))
+
+
+def _wait(predicate: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _live_keys(tmp_path: Path) -> list[str]:
+    root = tmp_path / LOCAL_DIR_NAME
+    return sorted(str(p.relative_to(root)) for p in (root / QUEUE_PREFIX).glob("*.slq"))
+
+
+def _manifest(tmp_path: Path) -> QueueManifest:
+    return read_queue_manifest(LocalDirStore(tmp_path / LOCAL_DIR_NAME))
+
+
+def test_manifest_follows_uploads_merges_and_reopen(tmp_path: Path) -> None:
+    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        qs.put_many([f"q{i}" for i in range(50)], [b"m" * 100] * 50)
+        qs.flush()
+        _wait(lambda: _manifest(tmp_path).stream_count == 50)  # published just after the upload's commit
+        first = _manifest(tmp_path)
+        assert len(first.objects) == 1
+        for round_ in range(1, 6):
+            qs.put_many([f"q{i}" for i in range(50 + round_)], [b"n" * 3000] * (50 + round_))
+            qs.flush()
+            _wait(lambda: qs.stats()["log_cache_records"] == 0)
+        # The manifest follows each change of the view (and merged-away objects go after a grace period).
+        _wait(lambda: qs.stats()["compactions"] >= 2 and not qs._retired
+              and [o.key for o in _manifest(tmp_path).objects] == [o.key for o in qs._view[0]]
+              and len(_live_keys(tmp_path)) == len(qs._view[0]))
+        merged = _manifest(tmp_path)
+        assert merged.seq > first.seq
+        assert merged.stream_count == 55
+        assert any("-" in o.key for o in merged.objects)
+        assert sorted(o.key for o in merged.objects) == _live_keys(tmp_path)
+        sizes = {o.key: o.size_bytes for o in merged.objects}
+        assert all((tmp_path / LOCAL_DIR_NAME / k).stat().st_size == size for k, size in sizes.items())
+    closed = _manifest(tmp_path)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        reopened = _manifest(tmp_path)
+        # Orphan cleanup at open must leave the manifest (it lies outside queues/), and open publishes anew.
+        assert reopened.seq > closed.seq
+        assert [o.key for o in reopened.objects] == [o.key for o in qs._view[0]]
+        assert reopened.stream_count == 55
+    assert (tmp_path / LOCAL_DIR_NAME / QUEUE_MANIFEST_KEY).exists()
+
+
+def test_first_open_publishes_an_empty_manifest(tmp_path: Path) -> None:
+    with QueueStore.open(tmp_path, config=small_queue_config()):
+        assert _manifest(tmp_path) == QueueManifest(1, 0, ())
