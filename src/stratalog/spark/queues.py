@@ -103,12 +103,40 @@ class QueuePartition:
     def unpack(self) -> tuple[npt.NDArray[np.int64], pa.StringArray]:
         """The ``[_PACKED_ROWS, streams]`` array and the names."""
         raw = zlib.decompress(self.packed)
-        table = np.frombuffer(raw, U32, _PACKED_ROWS * self.streams).astype(I64).reshape(_PACKED_ROWS, self.streams)
+        words = _PACKED_ROWS * self.streams
+        planes = np.frombuffer(raw, np.uint8, 4 * words).reshape(4, words)
+        coded = np.ascontiguousarray(planes.T).view(U32).reshape(_PACKED_ROWS, self.streams).astype(I64)
+        table = _undelta(coded)
         name_offsets = np.zeros(self.streams + 1, np.int32)
         name_offsets[1:] = table[_NAME_ENDS]
         names = pa.Array.from_buffers(pa.string(), self.streams, [
-            None, pa.py_buffer(name_offsets), pa.py_buffer(raw[4 * _PACKED_ROWS * self.streams:])])
+            None, pa.py_buffer(name_offsets), pa.py_buffer(raw[4 * words:])])
         return table, names
+
+
+# Packed rows are stored as differences that stay small (ids and run positions grow, wanted offsets sit
+# near the run's first offset), and the u32s as four byte planes: zlib then packs a million queues'
+# numbers into a few bytes each, where plain u32s took 32.
+
+
+def _delta(table: Array) -> Array:
+    coded = table.copy()
+    for row in (_IDS, _RUN_STARTS, _NAME_ENDS):
+        coded[row, 1:] = np.diff(table[row])
+    coded[_RUN_STOPS] = table[_RUN_STOPS] - table[_RUN_STARTS]
+    coded[_WANT_STARTS] = table[_WANT_STARTS] - table[_FIRSTS]
+    coded[_WANT_ENDS] = table[_WANT_ENDS] - table[_WANT_STARTS]
+    return coded
+
+
+def _undelta(coded: Array) -> Array:
+    table = coded.copy()
+    for row in (_IDS, _RUN_STARTS, _NAME_ENDS):
+        np.cumsum(coded[row], out=table[row])
+    table[_RUN_STOPS] = table[_RUN_STARTS] + coded[_RUN_STOPS]
+    table[_WANT_STARTS] = table[_FIRSTS] + coded[_WANT_STARTS]
+    table[_WANT_ENDS] = table[_WANT_STARTS] + coded[_WANT_ENDS]
+    return table
 
 
 def _pack(manifest_seq: int, key: str, table: Array, names: pa.StringArray) -> QueuePartition:
@@ -123,7 +151,8 @@ def _pack(manifest_seq: int, key: str, table: Array, names: pa.StringArray) -> Q
     rows = int((table[_WANT_ENDS] - table[_WANT_STARTS]).sum())
     start = int(table[_RUN_STARTS].min()) if count else 0
     end = int(table[_RUN_STOPS].max()) if count else 0
-    packed = zlib.compress(full.astype(U32).tobytes() + name_bytes, 1)
+    planes = np.ascontiguousarray(_delta(full).astype(U32).reshape(-1).view(np.uint8).reshape(-1, 4).T)
+    packed = zlib.compress(planes.tobytes() + name_bytes, 1)
     return QueuePartition(manifest_seq, key, start, end, count, rows, packed)
 
 
@@ -322,11 +351,12 @@ def _bad_run(key: str, table: Array, names: pa.StringArray, column: int, what: s
 
 def _read_moved(store: ObjectStore, partition: QueuePartition, attempts: int) -> Iterator[pa.RecordBatch]:
     """Read the partition's offsets from where the newest manifest has them (its object was merged away)."""
-    layout = read_layout(store)
-    if attempts <= 1 or layout.manifest.seq == partition.manifest_seq:
+    newest = read_queue_manifest(store).seq
+    if attempts <= 1 or newest == partition.manifest_seq:
         raise QueueReadError(f"queue object {partition.key} of queue manifest {partition.manifest_seq} is gone "
-                             f"(the newest manifest is {layout.manifest.seq}): merged away and deleted after its "
-                             "grace period, or deleted outside the store; re-run the read")
+                             f"(the newest manifest is {newest}): merged away and deleted after its grace "
+                             "period, or deleted outside the store; re-run the read")
+    layout = read_layout(store)
     table, names = partition.unpack()
     ids = table[_IDS]
     moved: list[QueuePartition] = []
