@@ -101,16 +101,19 @@ def retention(data_dir: Path, objects_uri: str | None, master: str, clean_stagin
 @click.argument("objects_uri", metavar="OBJECTS")
 @click.argument("out")
 @click.option("--streams", default=None, help="Comma list of stream names or ids (default: all).")
+@click.option("--queues", default=None,
+              help="Export a queue store's queues instead: '*' for all, or a comma list of queue names.")
 @_master
-def export(objects_uri: str, out: str, streams: str | None, master: str) -> None:
+def export(objects_uri: str, out: str, streams: str | None, queues: str | None, master: str) -> None:
     """Write streams from the store at OBJECTS to Parquet under OUT, partitioned by stream.
 
     OBJECTS is the store's object storage (DATA_DIR/objects, file:///path or s3://...); the store may be
-    running. OUT is replaced as a whole.
+    running. OUT is replaced as a whole. With --queues, OBJECTS is a queue store's object storage and each
+    queue is written as a stream (null timestamp and key).
     """
     from stratalog.spark.jobs import export as run
 
     console = Console()
     with _session(master) as spark, _bar(console, "exporting: rows") as progress:
-        report = run(spark, objects_uri, out, streams=streams, progress=progress)
+        report = run(spark, objects_uri, out, streams=streams, queues=queues, progress=progress)
     console.print(f"exported {report.rows} rows to {out} in {report.seconds:.1f} s")

@@ -234,13 +234,16 @@ class ExportReport:
     seconds: float
 
 
-def export(spark: SparkSession, uri: str, out: str, *, streams: str | None = None,
+def export(spark: SparkSession, uri: str, out: str, *, streams: str | None = None, queues: str | None = None,
            progress: Progress = _no_progress) -> ExportReport:
-    """Write the chosen streams (all when None) to Parquet under ``out``, partitioned by stream."""
+    """Write the chosen streams (all when None) to Parquet under ``out``, partitioned by stream; with
+    ``queues`` (``*`` or a comma list of names), the chosen queues of a queue store instead."""
     from stratalog.spark.source import StratalogReader
 
+    if streams is not None and queues is not None:
+        raise ValueError("export streams or queues, not both")
     started = time.monotonic()
-    options = {"path": uri, **({"streams": streams} if streams else {})}
+    options = {"path": uri, **({"streams": streams} if streams else {}), **({"queues": queues} if queues else {})}
     rows = sum(p.rows for p in StratalogReader(options).plan())
     progress(0, rows)
     df = spark.read.format("stratalog").options(**options).load()

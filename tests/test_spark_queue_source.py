@@ -1,0 +1,93 @@
+"""Queue reads and exports through the stratalog data source in the local[2] Spark session."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from queuekit import small_queue_config
+from stratalog.objects.uri import LOCAL_DIR_NAME
+from stratalog.queues import QueueStore
+from stratalog.spark import jobs
+
+pytestmark = pytest.mark.slow
+QUEUES = 3000
+ROUNDS = 7
+Model = dict[str, list[bytes]]
+
+
+@pytest.fixture(scope="module")
+def merged_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Model]:
+    """A queue store of QUEUES queues written in ROUNDS uploads, then merged; its object URI and contents."""
+    path = tmp_path_factory.mktemp("queue-store")
+    model: Model = {}
+    config = small_queue_config(compact_fanout=3, upload_idle_s=0.01)
+    with QueueStore.open(path, config=config) as qs:
+        for r in range(ROUNDS):
+            names = [f"q{i:05d}" for i in range(QUEUES * (r + 1) // ROUNDS) if (i * 7 + r) % 4]
+            messages = [b"%s/%d/%s" % (n.encode(), r, b"y" * (i % 23)) for i, n in enumerate(names)]
+            qs.put_many(names, messages)
+            for n, m in zip(names, messages, strict=True):
+                model.setdefault(n, []).append(m)
+            qs.flush()
+            deadline = time.monotonic() + 20
+            while qs.stats()["log_cache_records"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        deadline = time.monotonic() + 20
+        while qs.compactions < 2 or qs._retired:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert qs.stats()["objects"] == 3  # two merges of three uploads each, and the last upload
+    return str(path / LOCAL_DIR_NAME), model
+
+
+def _queues(spark: Any, uri: str, queues: str = "*", **options: str) -> Any:
+    r = spark.read.format("stratalog").option("path", uri).option("queues", queues)
+    for name, value in options.items():
+        r = r.option(name, value)
+    return r.load()
+
+
+def _expected(model: Model, names: set[str] | None = None) -> list[tuple[str, int, bytes]]:
+    return sorted((n, o, m) for n, ms in model.items() if names is None or n in names for o, m in enumerate(ms))
+
+
+def test_spark_reads_every_queue_message_of_merged_objects(spark: Any, merged_store: tuple[str, Model]) -> None:
+    uri, model = merged_store
+    df = _queues(spark, uri, rowsPerPartition="2000")
+    assert df.schema.simpleString() == \
+        "struct<stream:string,offset:bigint,timestamp:timestamp,key:binary,value:binary>"
+    assert 2 < df.rdd.getNumPartitions() < QUEUES // 10
+    rows = df.collect()
+    assert sorted((r.stream, r.offset, bytes(r.value)) for r in rows) == _expected(model)
+    assert all(r.timestamp is None and r.key is None for r in rows)
+
+
+def test_spark_filters_queues_by_name(spark: Any, merged_store: tuple[str, Model]) -> None:
+    from pyspark.sql.functions import col
+
+    uri, model = merged_store
+    df = _queues(spark, uri).filter(col("stream").isin("q00001", "q02998") & (col("offset") >= 1))
+    got = sorted((r.stream, r.offset, bytes(r.value)) for r in df.collect())
+    assert got == [row for row in _expected(model, {"q00001", "q02998"}) if row[1] >= 1]
+    listed = _queues(spark, uri, "q00005,q00006").groupBy("stream").count().collect()
+    assert {r.stream: r["count"] for r in listed} == {n: len(model[n]) for n in ("q00005", "q00006")}
+    assert _queues(spark, uri).filter(col("timestamp").isNotNull()).count() == 0
+
+
+def test_export_writes_queues_to_parquet_partitioned_by_queue(spark: Any, merged_store: tuple[str, Model],
+                                                              tmp_path: Path) -> None:
+    uri, model = merged_store
+    out = tmp_path / "export"
+    report = jobs.export(spark, uri, str(out), queues="q00010,q00011,q00013")
+    wanted = {"q00010", "q00011", "q00013"}
+    assert report.rows == len(_expected(model, wanted))
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(f"stream={n}" for n in wanted)
+    exported = sorted((r.stream, r.offset, bytes(r.value)) for r in spark.read.parquet(str(out)).collect())
+    assert exported == _expected(model, wanted)
+    with pytest.raises(ValueError, match="not both"):
+        jobs.export(spark, uri, str(out), streams="a", queues="*")
