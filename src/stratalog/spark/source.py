@@ -7,6 +7,13 @@ Options (all strings, as Spark passes them):
     ``file:///abs/path``, or ``s3://bucket/prefix?endpoint=URL&region=NAME``. Required.
 ``streams``
     Comma list of stream names or ids to read; every stream when absent.
+``queues``
+    Batch reads of a queue store instead (``path`` is then the queue store's object storage,
+    ``<data_dir>/objects`` for an embedded ``QueueStore``): ``*`` for every queue, or a comma list of
+    queue names. The columns are the same: ``stream`` is the queue's name, ``offset`` its offset;
+    ``timestamp`` and ``key`` are null (queue messages have neither). Planning reads the queue manifest and
+    each run object's index, and makes tasks of object slices (:mod:`stratalog.spark.queues`). Not with
+    ``streams`` or ``includeHeaders``, nor for streaming reads or writes.
 ``rowsPerPartition`` / ``bytesPerPartition``
     Planning bounds of one read task (defaults: 500,000 rows, 128 MiB).
 ``data_dir``, ``sinkId``, ``objectBytes``
@@ -21,7 +28,8 @@ The driver reads the manifest once and plans partitions (:mod:`stratalog.spark.p
 its blocks from the object store directly (:mod:`stratalog.spark.reader`). Filters ``stream = x``,
 ``stream IN (...)`` and comparisons of ``offset`` with a constant are pushed down and applied exactly.
 ``timestamp >=`` / ``>`` / ``=`` a constant skips blocks whose newest record is older; Spark still
-filters the rows of the blocks read (a stream's timestamps need not grow with its offsets).
+filters the rows of the blocks read (a stream's timestamps need not grow with its offsets). Queue reads
+push down the ``stream`` and ``offset`` filters the same way (a run is read whole and its rows cut).
 """
 
 from __future__ import annotations
