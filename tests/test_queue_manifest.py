@@ -86,7 +86,7 @@ def test_manifest_follows_uploads_merges_and_reopen(tmp_path: Path) -> None:
         qs.flush()
         _wait(lambda: _manifest(tmp_path).stream_count == 50)  # published just after the upload's commit
         first = _manifest(tmp_path)
-        assert len(first.objects) == 1
+        assert len(first.objects) >= 1
         for round_ in range(1, 6):
             qs.put_many([f"q{i}" for i in range(50 + round_)], [b"n" * 3000] * (50 + round_))
             qs.flush()

@@ -26,23 +26,32 @@ def merged_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Model]:
     model: Model = {}
     config = small_queue_config(compact_fanout=3, upload_idle_s=0.01)
     with QueueStore.open(path, config=config) as qs:
-        for r in range(ROUNDS):
-            names = [f"q{i:05d}" for i in range(QUEUES * (r + 1) // ROUNDS) if (i * 7 + r) % 4]
-            messages = [b"%s/%d/%s" % (n.encode(), r, b"y" * (i % 23)) for i, n in enumerate(names)]
-            qs.put_many(names, messages)
-            for n, m in zip(names, messages, strict=True):
-                model.setdefault(n, []).append(m)
-            qs.flush()
-            deadline = time.monotonic() + 20
-            while qs.stats()["log_cache_records"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+        for r in range(ROUNDS - 1):
+            _put_round(qs, model, r)
         deadline = time.monotonic() + 20
         while qs.compactions < 2 or qs._retired:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        assert qs.stats()["objects"] == 3  # two merges of three uploads each, and the last upload
+    # One more upload that no merge takes: the read spans merged objects and a later upload.
+    with QueueStore.open(path, config=small_queue_config(compact_fanout=0, upload_idle_s=0.01)) as qs:
+        _put_round(qs, model, ROUNDS - 1)
+        keys = [o.key for o in qs._view[0]]
+        assert len(keys) >= 2 and "-" in keys[0], keys
     return str(path / LOCAL_DIR_NAME), model
+
+
+def _put_round(qs: QueueStore, model: Model, r: int) -> None:
+    """Round ``r``: more queues each round, three in four of them get a message; one upload."""
+    names = [f"q{i:05d}" for i in range(QUEUES * (r + 1) // ROUNDS) if (i * 7 + r) % 4]
+    messages = [b"%s/%d/%s" % (n.encode(), r, b"y" * (i % 23)) for i, n in enumerate(names)]
+    qs.put_many(names, messages)
+    for n, m in zip(names, messages, strict=True):
+        model.setdefault(n, []).append(m)
+    qs.flush()
+    deadline = time.monotonic() + 20
+    while qs.stats()["log_cache_records"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
 
 
 def _queues(spark: Any, uri: str, queues: str = "*", **options: str) -> Any:
