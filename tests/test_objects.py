@@ -21,7 +21,7 @@ from stratalog.objects import s3 as s3_module
 from stratalog.objects.faulty import DELAY_S_MAX, Fault, FaultyStore, InjectedFaultError, ObjectFaultPlan
 from stratalog.objects.local import TEMP_PREFIX, LocalDirStore
 from stratalog.objects.s3 import PARTS_MAX, S3Config, S3Store, part_bytes_for
-from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStore, ObjectStoreError
+from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStore, ObjectStoreError, put_parts
 from stratalog.objects.uri import open_object_store, redact
 
 MiB = 1 << 20
@@ -298,6 +298,61 @@ def test_local_put_syncs_large_objects_piece_by_piece(tmp_path: Path, monkeypatc
     assert pieces == []  # one piece: the final fsync alone
     with pytest.raises(ValueError, match="sync_every_bytes"):
         LocalDirStore(tmp_path / "other", sync_every_bytes=0)
+
+
+def test_local_put_parts_writes_parts_as_they_come_and_syncs_by_piece(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalDirStore(tmp_path / "root", sync_every_bytes=1000)
+    pieces: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def recording_fdatasync(fd: int) -> None:
+        pieces.append(os.fstat(fd).st_size)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(local_module.os, "fdatasync", recording_fdatasync)
+    parts = [b"a" * 700, memoryview(b"b" * 900), bytearray(b"c" * 1500)]
+    put_parts(store, "joined", iter(parts))
+    assert store.get("joined") == b"a" * 700 + b"b" * 900 + b"c" * 1500
+    assert pieces == [1000, 2000, 3000]  # pieces cut across parts, as for one put of the same bytes
+
+
+def test_local_put_parts_that_fail_midway_store_nothing(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "root")
+
+    def parts() -> Iterator[bytes]:
+        yield b"first part"
+        raise RuntimeError("the producer of the parts failed")
+
+    with pytest.raises(RuntimeError, match="producer"):
+        put_parts(store, "half", parts())
+    assert not list(store.list()) and not list((tmp_path / "root").iterdir())  # no object, no temp file left
+
+
+def test_put_parts_joins_the_parts_for_a_store_without_it(tmp_path: Path) -> None:
+    inner = LocalDirStore(tmp_path / "root")
+    faulty = FaultyStore(inner, plan=ObjectFaultPlan())
+    assert not hasattr(faulty, "put_parts")
+    put_parts(faulty, "k", [b"ab", b"cd"])
+    assert inner.get("k") == b"abcd"
+
+
+def test_local_reader_reads_the_same_bytes_sequentially_and_at_random(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "root")
+    data = secrets.token_bytes(100_000)
+    store.put("obj", data)
+    reader = store.open_reader("obj")
+    store.put("obj", b"replaced")  # a reader keeps the object it opened, through both descriptors
+    try:
+        rng = random.Random(3)
+        for _ in range(50):
+            a = rng.randrange(len(data))
+            b = rng.randrange(a, len(data) + 1)
+            assert reader.read(a, b) == data[a:b] == reader.read(a, b, random_access=True)
+        with pytest.raises(ObjectStoreError, match="ends before"):
+            reader.read(len(data) - 5, len(data) + 5, random_access=True)
+    finally:
+        reader.close()
 
 
 def test_local_failed_sync_stores_nothing_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
@@ -319,50 +319,39 @@ class S3Store:
 
     def _put_multipart(self, full_key: str, view: memoryview) -> None:
         part_bytes = part_bytes_for(len(view), self.config.multipart_part_bytes)
-        try:
-            upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=full_key)["UploadId"]
-        except (ClientError, BotoCoreError) as exc:
-            raise self._error(exc, "start multipart upload of", full_key) from exc
-        try:
-            parts: list[CompletedPartTypeDef] = []
-            for number, start in enumerate(range(0, len(view), part_bytes), start=1):
-                body = bytes(view[start:start + part_bytes])
-                response = self._client.upload_part(
-                    Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=body,
-                    ContentMD5=_content_md5(body),
-                )
-                parts.append({"ETag": response["ETag"], "PartNumber": number})
-            self._client.complete_multipart_upload(
-                Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts},
-            )
-        except BaseException as exc:
-            abort_error = self._abort_upload(full_key, upload_id)
-            if not isinstance(exc, (ClientError, BotoCoreError)):
-                raise
-            error = self._error(exc, "multipart put", full_key)
-            if abort_error is not None:
-                error = ObjectStoreError(
-                    f"{error}; aborting upload {upload_id} failed too ({abort_error}): "
-                    "S3Store.abort_incomplete_uploads() removes its parts"
-                )
-            raise error from exc
+
+        def upload(upload_id: str, number: int, start: int) -> str:
+            body = bytes(view[start:start + part_bytes])
+            return self._client.upload_part(Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number,
+                                            Body=body, ContentMD5=_content_md5(body))["ETag"]
+
+        self._multipart(full_key, "multipart put", range(0, len(view), part_bytes), upload)
 
     def _copy_multipart(self, source: CopySourceTypeDef, full_key: str, size_bytes: int) -> None:
         """Copy an object too large for one CopyObject, as parts copied by the server."""
         part_bytes = part_bytes_for(size_bytes, max(self.config.multipart_part_bytes, COPY_PART_BYTES))
+
+        def copy(upload_id: str, number: int, start: int) -> str:
+            last = min(start + part_bytes, size_bytes) - 1
+            return self._client.upload_part_copy(
+                Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number, CopySource=source,
+                CopySourceRange=f"bytes={start}-{last}",
+            )["CopyPartResult"]["ETag"]
+
+        self._multipart(full_key, "multipart copy to", range(0, size_bytes, part_bytes), copy)
+
+    def _multipart(self, full_key: str, what: str, starts: range, send_part: Callable[[str, int, int], str]) -> None:
+        """One multipart upload: ``send_part(upload_id, number, start)`` for each part start, returning
+        the part's ETag; then complete it. On any error the upload is aborted (its parts deleted)."""
         try:
             upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=full_key)["UploadId"]
         except (ClientError, BotoCoreError) as exc:
-            raise self._error(exc, "start multipart copy to", full_key) from exc
+            raise self._error(exc, f"start {what}", full_key) from exc
         try:
-            parts: list[CompletedPartTypeDef] = []
-            for number, start in enumerate(range(0, size_bytes, part_bytes), start=1):
-                last = min(start + part_bytes, size_bytes) - 1
-                response = self._client.upload_part_copy(
-                    Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number, CopySource=source,
-                    CopySourceRange=f"bytes={start}-{last}",
-                )
-                parts.append({"ETag": response["CopyPartResult"]["ETag"], "PartNumber": number})
+            parts: list[CompletedPartTypeDef] = [
+                {"ETag": send_part(upload_id, number, start), "PartNumber": number}
+                for number, start in enumerate(starts, start=1)
+            ]
             self._client.complete_multipart_upload(
                 Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts},
             )
@@ -370,7 +359,7 @@ class S3Store:
             abort_error = self._abort_upload(full_key, upload_id)
             if not isinstance(exc, (ClientError, BotoCoreError)):
                 raise
-            error = self._error(exc, "multipart copy to", full_key)
+            error = self._error(exc, what, full_key)
             if abort_error is not None:
                 error = ObjectStoreError(
                     f"{error}; aborting upload {upload_id} failed too ({abort_error}): "
