@@ -348,21 +348,31 @@ class LocalDirStore:
 class LocalObjectReader:
     """One object held open: ranged reads by ``pread`` and readahead hints to the kernel.
 
-    Puts replace an object's file by rename, so a reader keeps seeing the bytes it opened.
+    Puts replace an object's file by rename, so a reader keeps seeing the bytes it opened. The object is
+    open twice: reads that continue where the last one stopped go through the first descriptor, whose
+    kernel readahead helps them; scattered small reads (``random_access``) through a second one marked
+    ``POSIX_FADV_RANDOM``, so a read of a few hundred bytes does not make the disk read tens of KiB around
+    it (readahead state belongs to each open file, so the two patterns do not disturb each other).
     """
 
     def __init__(self, key: str, path: Path, fd: int) -> None:
         self._key = key
         self._path = path
         self._fd = fd
+        self._random_fd = fd
+        with contextlib.suppress(OSError):
+            # The same file, whatever has been renamed over its path since it was opened.
+            self._random_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+            os.posix_fadvise(self._random_fd, 0, 0, os.POSIX_FADV_RANDOM)
 
-    def read(self, start: int, end: int) -> bytes:
+    def read(self, start: int, end: int, *, random_access: bool = False) -> bytes:
         """Bytes ``start .. end`` of the object; raises ObjectStoreError if the object is shorter."""
         check_range(start, end)
+        fd = self._random_fd if random_access else self._fd
         try:
-            data = os.pread(self._fd, end - start, start)
+            data = os.pread(fd, end - start, start)
             while len(data) < end - start:
-                chunk = os.pread(self._fd, end - start - len(data), start + len(data))
+                chunk = os.pread(fd, end - start - len(data), start + len(data))
                 if not chunk:
                     raise ObjectStoreError(f"object {self._key!r} ({self._path}) ends before byte {end}: "
                                            "something other than this store changed it")
@@ -378,4 +388,6 @@ class LocalObjectReader:
             os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
+        if self._random_fd != self._fd:
+            os.close(self._random_fd)
         os.close(self._fd)

@@ -157,8 +157,11 @@ class _Object:
     reader: Any              # LocalObjectReader, or None: ranged gets through the ObjectStore
     size_bytes: int
 
-    def read(self, store: ObjectStore, start: int, end: int) -> bytes:
-        return self.reader.read(start, end) if self.reader is not None else store.get(self.key, start, end)
+    def read(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> bytes:
+        if self.reader is None:
+            return store.get(self.key, start, end)
+        data: bytes = self.reader.read(start, end, random_access=random_access)
+        return data
 
 
 _View = tuple[tuple[_Object, ...], tuple[_Record, ...], RunIndex]
@@ -513,7 +516,7 @@ class QueueStore:
                         if cached is not None:
                             raw, run_ends = cached[0], cached[1]
                         else:
-                            raw = obj.read(self._objects, starts[k], stops[k])
+                            raw = obj.read(self._objects, starts[k], stops[k], not sequential)
                             run_ends = check_run(raw, end - start, obj.key, stream_id)
                             # Keep it only for a sequential reader this get leaves part of it to: a random
                             # reader (an index check) rarely comes back to the same run.
