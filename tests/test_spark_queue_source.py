@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
+from conftest import SeaweedS3
 from queuekit import small_queue_config
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
@@ -100,3 +103,28 @@ def test_export_writes_queues_to_parquet_partitioned_by_queue(spark: Any, merged
     assert exported == _expected(model, wanted)
     with pytest.raises(ValueError, match="not both"):
         jobs.export(spark, uri, str(out), streams="a", queues="*")
+
+
+def test_spark_reads_queues_from_an_s3_store(spark: Any, seaweedfs: SeaweedS3, tmp_path: Path) -> None:
+    query = urlencode({"endpoint": seaweedfs.endpoint_url, "region": seaweedfs.region,
+                       "access_key": seaweedfs.access_key, "secret_key": seaweedfs.secret_key})
+    uri = f"s3://{seaweedfs.bucket}/queues-{secrets.token_hex(6)}?{query}"
+    model: Model = {}
+    with QueueStore.open(tmp_path / "q", uri, config=small_queue_config(compact_fanout=2, upload_idle_s=0.01)) as qs:
+        for r in range(4):
+            names = [f"s3q{i:04d}" for i in range(400) if (i + r) % 3]
+            messages = [b"%s/%d" % (n.encode(), r) for n in names]
+            qs.put_many(names, messages)
+            for n, m in zip(names, messages, strict=True):
+                model.setdefault(n, []).append(m)
+            qs.flush()
+            deadline = time.monotonic() + 20
+            while qs.stats()["log_cache_records"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        deadline = time.monotonic() + 20
+        while qs.compactions < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    rows = _queues(spark, uri, rowsPerPartition="300").collect()
+    assert sorted((r.stream, r.offset, bytes(r.value)) for r in rows) == _expected(model)
