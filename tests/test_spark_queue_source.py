@@ -46,7 +46,11 @@ def merged_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Model]:
 def _put_round(qs: QueueStore, model: Model, r: int) -> None:
     """Round ``r``: more queues each round, three in four of them get a message; one upload."""
     names = [f"q{i:05d}" for i in range(QUEUES * (r + 1) // ROUNDS) if (i * 7 + r) % 4]
-    messages = [b"%s/%d/%s" % (n.encode(), r, b"y" * (i % 23)) for i, n in enumerate(names)]
+    _upload(qs, model, names, [b"%s/%d/%s" % (n.encode(), r, b"y" * (i % 23)) for i, n in enumerate(names)])
+
+
+def _upload(qs: QueueStore, model: Model, names: list[str], messages: list[bytes]) -> None:
+    """Put ``messages`` on ``names``, flush, and wait until they are uploaded."""
     qs.put_many(names, messages)
     for n, m in zip(names, messages, strict=True):
         model.setdefault(n, []).append(m)
@@ -113,15 +117,7 @@ def test_spark_reads_queues_from_an_s3_store(spark: Any, seaweedfs: SeaweedS3, t
     with QueueStore.open(tmp_path / "q", uri, config=small_queue_config(compact_fanout=2, upload_idle_s=0.01)) as qs:
         for r in range(4):
             names = [f"s3q{i:04d}" for i in range(400) if (i + r) % 3]
-            messages = [b"%s/%d" % (n.encode(), r) for n in names]
-            qs.put_many(names, messages)
-            for n, m in zip(names, messages, strict=True):
-                model.setdefault(n, []).append(m)
-            qs.flush()
-            deadline = time.monotonic() + 20
-            while qs.stats()["log_cache_records"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            _upload(qs, model, names, [b"%s/%d" % (n.encode(), r) for n in names])
         deadline = time.monotonic() + 20
         while qs.compactions < 1:
             assert time.monotonic() < deadline
