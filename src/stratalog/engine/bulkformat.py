@@ -257,8 +257,7 @@ def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names:
     np.cumsum(run_bytes, out=run_start[1:])
     body = np.frombuffer(buffer, np.uint8, hi - lo, lo) if runs else np.zeros(0, np.uint8)
     if runs:
-        crcs = run_crcs(body.data, run_start[:-1] + 4, run_start[1:])
-        body[run_start[:-1, None] + np.arange(4)] = crcs.view(np.uint8).reshape(-1, 4)
+        seal_runs(body, run_start[:-1], run_start[1:])
     sizes = np.zeros(stream_count, I64)
     sizes[stream_ids] = run_bytes
     positions64 = np.zeros(stream_count + 1, I64)
@@ -292,6 +291,25 @@ def run_crcs(view: memoryview, starts: npt.NDArray[np.int64], stops: npt.NDArray
     """CRC32C of ``view[starts[i]:stops[i]]`` for every i, iterated in C (no Python frame per slice)."""
     pieces = map(view.__getitem__, map(slice, starts.tolist(), stops.tolist()))
     return np.fromiter(map(crc32c, pieces), np.uint32, len(starts))
+
+
+def u32_at(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The little-endian u32 at each byte position ``at`` of ``data`` (unaligned)."""
+    words: npt.NDArray[np.int64] = data[at[:, None] + np.arange(4)].copy().view(U32).reshape(-1).astype(I64)
+    return words
+
+
+def failed_runs(buf: bytes | bytearray, starts: npt.NDArray[np.int64],
+                stops: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Which of the runs ``buf[starts[i]:stops[i]]`` fail their CRC (the run's first 4 bytes)."""
+    stored = u32_at(np.frombuffer(buf, np.uint8), starts)
+    return np.flatnonzero(run_crcs(memoryview(buf), starts + 4, stops) != stored)
+
+
+def seal_runs(body: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64]) -> None:
+    """Write each run's CRC (of ``body[starts[i] + 4:stops[i]]``) into its first 4 bytes."""
+    crcs = run_crcs(body.data, starts + 4, stops)
+    body[starts[:, None] + np.arange(4)] = crcs.view(np.uint8).reshape(-1, 4)
 
 
 def check_run(raw: bytes, count: int, key: str, stream_id: int) -> list[int]:

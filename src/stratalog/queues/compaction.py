@@ -31,7 +31,8 @@ from stratalog.engine.bulkformat import (
     U32s,
     decode_footer,
     encode_footer,
-    run_crcs,
+    failed_runs,
+    seal_runs,
 )
 from stratalog.wal.format import crc32c
 
@@ -123,9 +124,8 @@ def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: 
 
     # Slices of streams holding about slice_bytes of sources each.
     source_bytes = positions.sum(axis=0)
-    bounds = np.unique(np.searchsorted(source_bytes, np.arange(0, int(source_bytes[-1]), max(1, slice_bytes)),
-                                       side="left").clip(0, stream_count))
-    bounds = np.unique(np.concatenate((bounds, [0, stream_count])))
+    cuts = np.searchsorted(source_bytes, np.arange(0, int(source_bytes[-1]), max(1, slice_bytes)), side="left")
+    bounds = np.unique(np.concatenate((cuts.clip(0, stream_count), [0, stream_count])))
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         part = _merge_slice(sources, lo, hi, counts[:, lo:hi], positions[:, lo:hi + 1], header_bytes[:, lo:hi],
                             data_bytes[:, lo:hi], result)
@@ -211,22 +211,14 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     run_bytes = np.where(live, 4 * slots, 0) + data_bytes.sum(axis=0)
     run_start = np.zeros(m + 1, np.int64)
     np.cumsum(run_bytes, out=run_start[1:])
-    starts = run_start[:-1][live]
-    crcs = run_crcs(memoryview(out), starts + 4, run_start[1:][live])
-    np.frombuffer(out, np.uint8)[starts[:, None] + np.arange(4)] = crcs.astype(U32).view(np.uint8).reshape(-1, 4)
+    seal_runs(np.frombuffer(out, np.uint8), run_start[:-1][live], run_start[1:][live])
     result.runs_written += int(np.count_nonzero(live))
     return out
 
 
 def _check_runs(key: str, raw: bytes, rel: np.ndarray, counts: np.ndarray, first: int) -> None:
     """Check every non-empty run of one source slice against its CRC."""
-    starts = rel[:-1][counts > 0]
-    stops = rel[1:][counts > 0]
-    if not len(starts):
-        return
-    stored = np.frombuffer(raw, np.uint8)[starts[:, None] + np.arange(4)].copy().view(U32).ravel()
-    computed = run_crcs(memoryview(raw), starts + 4, stops)
-    bad = np.flatnonzero(computed != stored)
+    bad = failed_runs(raw, rel[:-1][counts > 0], rel[1:][counts > 0])
     if len(bad):
         stream = first + int(np.flatnonzero(counts > 0)[bad[0]])
         raise CorruptBulkError(f"run of stream {stream} in object {key} failed its CRC: the object is damaged")

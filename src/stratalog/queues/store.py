@@ -727,7 +727,7 @@ class QueueStore:
         """The oldest ``compact_fanout`` consecutive objects of one size tier that fit one object."""
         config = self._config
         fanout = config.compact_fanout
-        if not fanout or self.compaction_error is not None:
+        if not fanout:
             return None
         sizes = [o.size_bytes for o in objects]
         tiers = [_tier(size, config.upload_bytes_threshold, fanout) for size in sizes]

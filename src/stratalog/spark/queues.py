@@ -42,7 +42,8 @@ from stratalog.engine.bulkformat import (
     U32s,
     decode_footer,
     decode_index,
-    run_crcs,
+    failed_runs,
+    u32_at,
 )
 from stratalog.errors import StratalogError
 from stratalog.objects.store import ObjectNotFoundError, ObjectStore
@@ -310,15 +311,14 @@ def messages_batch(buf: bytes, base: int, key: str, table: Array, names: pa.Stri
     heads = run_starts + 4 + 4 * counts
     if np.any(heads > run_stops):
         _bad_run(key, table, names, int(np.flatnonzero(heads > run_stops)[0]), "is shorter than its message ends")
-    stored = _u32_at(data, run_starts)
-    bad = np.flatnonzero(run_crcs(memoryview(buf), run_starts + 4, run_stops) != stored)
+    bad = failed_runs(buf, run_starts, run_stops)
     if len(bad):
         _bad_run(key, table, names, int(bad[0]), "failed its CRC")
     total = int(counts.sum())
     run_of = np.repeat(np.arange(len(counts), dtype=I64), counts)
     first_of_run = np.cumsum(counts) - counts
     rank = np.arange(total, dtype=I64) - first_of_run[run_of]
-    ends = _u32_at(data, run_starts[run_of] + 4 + 4 * rank)
+    ends = u32_at(data, run_starts[run_of] + 4 + 4 * rank)
     begins = np.where(rank > 0, np.concatenate(([0], ends[:-1])), 0)
     if np.any(ends < begins) or np.any(ends[first_of_run + counts - 1] != run_stops - heads):
         at = np.flatnonzero(ends[first_of_run + counts - 1] != run_stops - heads)
@@ -335,12 +335,6 @@ def messages_batch(buf: bytes, base: int, key: str, table: Array, names: pa.Stri
     columns = [stream, pa.array(offsets, pa.int64()), pa.nulls(rows, ARROW_SCHEMA.field("timestamp").type),
                pa.nulls(rows, pa.binary()), values]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-
-
-def _u32_at(data: npt.NDArray[np.uint8], at: Array) -> Array:
-    """The little-endian u32 at each byte position ``at`` (unaligned)."""
-    words: Array = data[at[:, None] + np.arange(4)].copy().view(U32).reshape(-1).astype(I64)
-    return words
 
 
 def _bad_run(key: str, table: Array, names: pa.StringArray, column: int, what: str) -> NoReturn:
