@@ -249,3 +249,23 @@ def test_bench_peers_run_the_same_workload_and_nats_is_stopped(tmp_path: Path) -
     assert set(doc["ratios"]) >= {"send", "index_check", "consume"}
     leftover = subprocess.run(["pgrep", "-f", f"nats-server.*{tmp_path}"], capture_output=True, check=False)
     assert leftover.returncode == 1, "the bench left a nats-server running"
+
+
+def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratalog.objects.local import LocalObjectReader
+
+    for r in range(3):   # a close uploads what is left: one object per session, each holding one round
+        with _open(tmp_path, compact_fanout=0) as qs:
+            qs.put_many([f"q{q}" for q in range(10)], [_msg(q, r) for q in range(10)])
+    hinted: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(LocalObjectReader, "will_need",
+                        lambda self, start, end: hinted.append((self._key, start, end)))
+    with _open(tmp_path, compact_fanout=0) as qs:
+        objects, _, index = qs._view
+        assert len(objects) == 3
+        starts, stops = index.positions_rows(3)
+        assert qs.get("q3", 1, 1) == [_msg(3, 1)]
+        assert hinted == [], "a get inside one run reads ahead nothing"
+        assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]
+        assert hinted == [(objects[k].key, starts[k], stops[k]) for k in (1, 2)]

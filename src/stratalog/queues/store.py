@@ -507,6 +507,11 @@ class QueueStore:
             if pos < ends[-1]:
                 k = bisect.bisect_right(ends, pos)
                 starts, stops = index.positions_rows(stream_id)
+                # A get that spans runs in several objects: start reading the later ones now, so the
+                # disk serves them together rather than one after another.
+                last = bisect.bisect_right(ends, stop - 1)
+                if last > k:
+                    self._hint_runs(objects, stream_id, starts, stops, k + 1, min(last, len(ends) - 1))
                 while pos < stop and k < len(ends):
                     start = ends[k - 1] if k else 0
                     end = ends[k]
@@ -534,6 +539,14 @@ class QueueStore:
             self._get_tail(records, stream_id, pos, stop, out)
         self._read_next[stream_id] = offset + len(out)
         return out
+
+    def _hint_runs(self, objects: tuple[_Object, ...], stream_id: int, starts: list[int], stops: list[int],
+                   first: int, last: int) -> None:
+        """Ask the kernel to read runs ``first .. last`` of a stream ahead (those not cached here)."""
+        for j in range(first, last + 1):
+            reader = objects[j].reader
+            if stops[j] > starts[j] and reader is not None and (objects[j].object_id, stream_id) not in self._runs:
+                reader.will_need(starts[j], stops[j])
 
     def _get_tail(self, records: tuple[_Record, ...], stream_id: int, pos: int, stop: int, out: list[bytes]) -> None:
         """Messages ``pos .. stop`` of a stream from the log cache, through the tail index."""
