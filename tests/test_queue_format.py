@@ -8,13 +8,17 @@ import pytest
 
 from stratalog.engine.bulkformat import (
     OBJECT_FOOTER_BYTES,
+    PAGE_BYTES,
     CorruptBulkError,
     build_object,
+    check_pages,
     decode_bulk,
     decode_footer,
     decode_index,
     decode_run,
     encode_bulk,
+    page_crcs,
+    page_span,
 )
 from stratalog.wal.format import crc32c
 
@@ -24,7 +28,7 @@ def _example() -> bytearray:
     data = memoryview(b"xyzw")
     raw, ends, positions = build_object(np.zeros(0, np.uint32), 2, 0, [(0, "a"), (1, "b")],
                                         np.array([0, 1]), np.array([2, 1]), np.array([1, 3, 4]), data)
-    assert ends.tolist() == [2, 1] and positions.tolist() == [0, 15, 24]
+    assert ends.tolist() == [2, 1] and positions.tolist() == [0, 11, 16]
     return raw
 
 
@@ -34,37 +38,72 @@ def test_run_object_golden_bytes() -> None:
     run_a = bytes.fromhex("01000000 03000000 78797a")
     run_b = bytes.fromhex("01000000 77")
     names = bytes.fromhex("00000000 0100") + b"a" + bytes.fromhex("01000000 0100") + b"b"
-    index = bytes.fromhex("02000000 01000000 00000000 0f000000 18000000")
-    assert raw[0:4] == crc32c(run_a).to_bytes(4, "little") and raw[4:15] == run_a
-    assert raw[15:19] == crc32c(run_b).to_bytes(4, "little") and raw[19:24] == run_b
-    assert raw[24:38] == names
-    assert raw[38:58] == index
-    assert len(raw) == 58 + OBJECT_FOOTER_BYTES
-    footer = decode_footer(bytes(raw[58:]), len(raw))
+    index = bytes.fromhex("02000000 01000000 00000000 0b000000 10000000")
+    assert raw[0:11] == run_a and raw[11:16] == run_b
+    assert raw[16:30] == names
+    assert raw[30:50] == index
+    assert raw[50:54] == crc32c(run_a + run_b).to_bytes(4, "little")    # the one page of runs
+    assert len(raw) == 54 + OBJECT_FOOTER_BYTES
+    footer = decode_footer(bytes(raw[54:]), len(raw))
     assert (footer.names_position, footer.names_bytes, footer.first_stream, footer.stream_count,
-            footer.message_count) == (24, 14, 0, 2, 3)
+            footer.message_count) == (16, 14, 0, 2, 3)
+    assert raw[-12:-8] == bytes.fromhex("0200 0000")    # version 2, flags 0
 
 
 def test_run_object_round_trip() -> None:
     raw = bytes(_example())
     footer = decode_footer(raw[-OBJECT_FOOTER_BYTES:], len(raw))
-    names, ends, positions = decode_index(raw[footer.names_position:-OBJECT_FOOTER_BYTES], footer)
+    names, ends, positions, pages = decode_index(raw[footer.names_position:-OBJECT_FOOTER_BYTES], footer)
     assert names == [(0, "a"), (1, "b")]
+    check_pages(raw[0:16], 0, pages, "k")
     assert decode_run(raw[positions[0]:positions[1]], int(ends[0]), "k", 0) == [b"x", b"yz"]
     assert decode_run(raw[positions[1]:positions[2]], int(ends[1]), "k", 1) == [b"w"]
 
 
-@pytest.mark.parametrize("at", [0, 5, 9, 14])
-def test_a_flipped_bit_in_a_run_fails_its_crc(at: int) -> None:
+@pytest.mark.parametrize("at", [0, 5, 9, 12, 15])
+def test_a_flipped_bit_in_a_run_fails_its_page_crc(at: int) -> None:
     raw = _example()
+    footer = decode_footer(bytes(raw[-OBJECT_FOOTER_BYTES:]), len(raw))
+    pages = decode_index(bytes(raw[footer.names_position:-OBJECT_FOOTER_BYTES]), footer)[3]
     raw[at] ^= 0x10
-    with pytest.raises(CorruptBulkError):
-        decode_run(bytes(raw[0:15]), 2, "k", 0)
+    with pytest.raises(CorruptBulkError, match=r"page 0 .* failed its CRC"):
+        check_pages(bytes(raw[0:16]), 0, pages, "k")
+
+
+def test_runs_are_checked_page_by_page() -> None:
+    # Three pages of runs: a read of the pages around bytes 5000 .. 9000 checks pages 1 and 2 only.
+    runs = bytes(range(256)) * 40
+    crcs = page_crcs(runs)
+    assert len(crcs) == 3 and int(crcs[2]) == crc32c(runs[2 * PAGE_BYTES:])
+    lo, hi = page_span(5000, 9000, len(runs))
+    assert (lo, hi) == (PAGE_BYTES, len(runs))
+    check_pages(runs[lo:hi], lo, crcs, "k")
+    damaged = bytearray(runs)
+    damaged[100] ^= 1
+    check_pages(bytes(damaged[lo:hi]), lo, crcs, "k")    # the damage is in page 0, not read
+    with pytest.raises(CorruptBulkError, match="page 0"):
+        check_pages(bytes(damaged), 0, crcs, "k")
+    with pytest.raises(CorruptBulkError, match="not within its pages"):
+        check_pages(runs[lo + 1:hi], lo + 1, crcs, "k")
+    big = bytes(range(256)) * 16 * 10    # ten pages: checked in one vectorized pass
+    damaged = bytearray(big)
+    damaged[7 * PAGE_BYTES + 3] ^= 1
+    with pytest.raises(CorruptBulkError, match="page 7"):
+        check_pages(bytes(damaged), 0, page_crcs(big), "k")
+
+
+def test_a_run_whose_message_ends_do_not_frame_it_is_refused() -> None:
+    raw = _example()
+    raw[4] = 2    # run a's last end says 2 bytes of data; it has 3
+    with pytest.raises(CorruptBulkError, match="message ends"):
+        decode_run(bytes(raw[0:11]), 2, "k", 0)
+    with pytest.raises(CorruptBulkError, match="shorter"):
+        decode_run(bytes(raw[0:6]), 2, "k", 0)
 
 
 def test_a_flipped_bit_in_the_index_or_footer_is_detected() -> None:
     raw = _example()
-    raw[40] ^= 1
+    raw[40] ^= 1     # in the index section
     footer = decode_footer(bytes(raw[-OBJECT_FOOTER_BYTES:]), len(raw))
     with pytest.raises(CorruptBulkError, match="index"):
         decode_index(bytes(raw[footer.names_position:-OBJECT_FOOTER_BYTES]), footer)

@@ -9,9 +9,9 @@ hundred messages thirty. Merging ``fanout`` consecutive objects of one size tier
 The merged object is an ordinary run object (docs/formats/queues.md): its runs hold, for each stream, the
 messages of every source in order, its index the last source's end offsets, its names every source's
 names. It is laid out a slice of streams at a time (about ``slice_bytes`` of sources), so the memory it
-takes does not grow with the objects: per slice one ranged read of each source, the sources' runs are
-checked against their CRCs, two Arrow ``take`` calls gather the new runs, and a CRC per new run is written
-in front of it. Nothing of a source is carried over unchecked.
+takes does not grow with the objects: per slice one ranged read of each source's pages, every page checked
+against its CRC, two Arrow ``take`` calls gather the new runs, and the new pages' CRCs are computed as
+the slices go out. Nothing of a source is carried over unchecked.
 """
 
 from __future__ import annotations
@@ -26,13 +26,16 @@ from stratalog.engine.bulkformat import (
     I64,
     OBJECT_BYTES_MAX,
     OBJECT_FOOTER_BYTES,
+    PAGE_BYTES,
     U32,
     CorruptBulkError,
     U32s,
+    check_pages,
     decode_footer,
     encode_footer,
-    failed_runs,
-    seal_runs,
+    page_count,
+    page_crcs,
+    page_span,
 )
 from stratalog.wal.format import crc32c
 
@@ -51,6 +54,7 @@ class MergeSource:
     ends: U32s          # end offset of each stream after this object (its stream_count of them)
     positions: U32s     # run positions, stream_count + 1
     message_count: int
+    pages: U32s         # the CRC of each page of its runs
 
     @classmethod
     def open(cls, key: str, read: RangeReader, size_bytes: int) -> MergeSource:
@@ -63,7 +67,9 @@ class MergeSource:
         n = footer.stream_count
         ends = np.frombuffer(raw, U32, n, footer.names_bytes).copy()
         positions = np.frombuffer(raw, U32, n + 1, footer.names_bytes + 4 * n).copy()
-        return cls(key, read, footer.first_stream, raw[:footer.names_bytes], ends, positions, footer.message_count)
+        pages = np.frombuffer(raw, U32, page_count(footer.names_position), footer.names_bytes + 8 * n + 4).copy()
+        return cls(key, read, footer.first_stream, raw[:footer.names_bytes], ends, positions, footer.message_count,
+                   pages)
 
 
 @dataclass(slots=True)
@@ -73,7 +79,8 @@ class MergeResult:
     size_bytes: int = 0
     ends: U32s = field(default_factory=lambda: np.zeros(0, U32))
     positions: U32s = field(default_factory=lambda: np.zeros(1, U32))
-    runs_checked: int = 0
+    pages: U32s = field(default_factory=lambda: np.zeros(0, U32))
+    pages_checked: int = 0
     runs_written: int = 0
 
 
@@ -83,7 +90,7 @@ def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: 
     parts of about ``slice_bytes`` of sources each; ``result`` is filled as the parts go.
 
     ``prev_ends`` are the streams' ends before the first source (what the object before it ends at).
-    Raises CorruptBulkError when a source's run fails its CRC or its index does not follow on.
+    Raises CorruptBulkError when a source's page fails its CRC or its index does not follow on.
     """
     if len(sources) < 2:
         raise ValueError("a merge takes at least two objects")
@@ -108,17 +115,17 @@ def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: 
     if np.any(counts < 0):
         raise CorruptBulkError(f"objects {sources[0].key} .. {last.key}: a stream's end offset goes back")
     run_bytes = np.diff(positions, axis=1)               # [source, stream]
-    header_bytes = np.where(counts > 0, 4 + 4 * counts, 0)
+    header_bytes = 4 * counts
     data_bytes = run_bytes - header_bytes
     if np.any(data_bytes < 0) or np.any((counts == 0) & (run_bytes != 0)):
         raise CorruptBulkError(f"objects {sources[0].key} .. {last.key}: run sizes do not match their counts")
-    out_counts = counts.sum(axis=0)
-    out_run_bytes = np.where(out_counts > 0, 4 + 4 * out_counts, 0) + data_bytes.sum(axis=0)
+    out_run_bytes = 4 * counts.sum(axis=0) + data_bytes.sum(axis=0)
     out_positions = np.zeros(stream_count + 1, I64)
     np.cumsum(out_run_bytes, out=out_positions[1:])
+    runs_bytes = int(out_positions[-1])
     names_raw = b"".join(src.names_raw for src in sources)
     index_raw = names_raw + ends_rows[-1].astype(U32).tobytes() + out_positions.astype(U32).tobytes()
-    total = int(out_positions[-1]) + len(index_raw) + OBJECT_FOOTER_BYTES
+    total = runs_bytes + len(index_raw) + 4 * page_count(runs_bytes) + OBJECT_FOOTER_BYTES
     if total > OBJECT_BYTES_MAX:
         raise ValueError(f"a merged object of {total} bytes exceeds {OBJECT_BYTES_MAX}: merge fewer objects")
 
@@ -126,17 +133,49 @@ def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: 
     source_bytes = positions.sum(axis=0)
     cuts = np.searchsorted(source_bytes, np.arange(0, int(source_bytes[-1]), max(1, slice_bytes)), side="left")
     bounds = np.unique(np.concatenate((cuts.clip(0, stream_count), [0, stream_count])))
+    pages = _PageCrcs()
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         part = _merge_slice(sources, lo, hi, counts[:, lo:hi], positions[:, lo:hi + 1], header_bytes[:, lo:hi],
                             data_bytes[:, lo:hi], result)
         if len(part) != int(out_positions[hi] - out_positions[lo]):
             raise AssertionError("a merged slice is not the size its index says")
+        pages.add(part)
         yield part
-    yield index_raw + encode_footer(int(out_positions[-1]), len(names_raw), first_stream, stream_count,
+    crcs = pages.finish()
+    index_raw += crcs.tobytes()
+    yield index_raw + encode_footer(runs_bytes, len(names_raw), first_stream, stream_count,
                                     sum(s.message_count for s in sources), crc32c(index_raw))
     result.size_bytes = total
     result.ends = ends_rows[-1].astype(U32)
     result.positions = out_positions.astype(U32)
+    result.pages = crcs
+
+
+class _PageCrcs:
+    """The page CRCs of bytes that arrive in parts of any size."""
+
+    def __init__(self) -> None:
+        self._crcs: list[U32s] = []
+        self._carry = b""    # the start of a page the next part completes
+
+    def add(self, part: bytes | bytearray) -> None:
+        view = memoryview(part)
+        if self._carry:
+            need = PAGE_BYTES - len(self._carry)
+            if len(view) < need:
+                self._carry += bytes(view)
+                return
+            self._crcs.append(np.array([crc32c(self._carry + bytes(view[:need]))], U32))
+            view = view[need:]
+        whole = len(view) - len(view) % PAGE_BYTES
+        self._crcs.append(page_crcs(view[:whole]))
+        self._carry = bytes(view[whole:])
+
+    def finish(self) -> U32s:
+        if self._carry:
+            self._crcs.append(np.array([crc32c(self._carry)], U32))
+            self._carry = b""
+        return np.concatenate(self._crcs) if self._crcs else np.zeros(0, U32)
 
 
 def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.ndarray, positions: np.ndarray,
@@ -146,13 +185,15 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     chunks = []
     for j, src in enumerate(sources):
         start, stop = int(positions[j, 0]), int(positions[j, -1])
-        raw = src.read(start, stop) if stop > start else b""
-        if len(raw) != stop - start:
+        first, end = page_span(start, stop, int(src.positions[-1])) if stop > start else (start, start)
+        raw = src.read(first, end) if end > first else b""
+        if len(raw) != end - first:
             raise CorruptBulkError(f"object {src.key} is shorter than its index says")
-        rel = positions[j] - start
-        _check_runs(src.key, raw, rel, counts[j], lo)
-        result.runs_checked += int(np.count_nonzero(counts[j]))
-        # Element 2s: stream s's CRC and message ends; element 2s + 1: its messages.
+        if raw:
+            check_pages(raw, first, src.pages, src.key)
+            result.pages_checked += page_count(len(raw))
+        rel = positions[j] - first
+        # Element 2s: stream s's message ends; element 2s + 1: its messages.
         offsets = np.empty(2 * m + 1, np.int64)
         offsets[0::2] = rel
         offsets[1::2] = rel[:-1] + header_bytes[j]
@@ -172,33 +213,20 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
                           int(header_offsets[0]))
     c = counts.T.ravel()                                  # [stream, source] order
     present = c > 0
-    piece_words = np.where(present, 1 + c, 0)
-    piece_start = np.zeros(len(c), np.int64)
-    np.cumsum(piece_words[:-1], out=piece_start[1:])
-    keep = np.ones(len(words), bool)
-    keep[piece_start[present]] = False                    # each run's CRC
-    msg_ends = words[keep].astype(np.int64)
+    msg_ends = words.astype(np.int64)
     d = data_bytes.T.ravel()
-    if np.any(msg_ends[(piece_start + piece_words - 1)[present] - np.cumsum(present)[present]] != d[present]):
+    if np.any(msg_ends[(np.cumsum(c) - 1)[present]] != d[present]):
         raise CorruptBulkError(f"objects {sources[0].key} .. {sources[-1].key}: a run's message ends do not "
                                "match its length")
     shift = (np.cumsum(data_bytes, axis=0) - data_bytes).T.ravel()
     msg_ends += np.repeat(shift, c)
 
-    # Each new run: a CRC slot and its message ends (one element), then each source's messages.
+    # Each new run: its message ends (one element), then each source's messages.
     out_counts = counts.sum(axis=0)
-    live = out_counts > 0
-    slots = np.where(live, 1 + out_counts, 0)
-    slot_start = np.zeros(m, np.int64)
-    np.cumsum(slots[:-1], out=slot_start[1:])
-    head_words = np.zeros(int(slots.sum()), U32)
-    fill = np.ones(len(head_words), bool)
-    fill[slot_start[live]] = False
-    head_words[fill] = msg_ends.astype(U32)
     head_offsets = np.zeros(m + 1, np.int64)
-    np.cumsum(4 * slots, out=head_offsets[1:])
+    np.cumsum(4 * out_counts, out=head_offsets[1:])
     heads = pa.Array.from_buffers(pa.large_binary(), m, [None, pa.py_buffer(head_offsets),
-                                                         pa.py_buffer(head_words.tobytes())])
+                                                         pa.py_buffer(msg_ends.astype(U32).tobytes())])
     pieces = pa.chunked_array([heads, *chunks], type=pa.large_binary())
     order = np.empty((m, j_count + 1), np.int64)
     order[:, 0] = stream
@@ -208,18 +236,6 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     merged_offsets = np.frombuffer(merged.buffers()[1], np.int64, len(merged) + 1, 8 * merged.offset)
     out = bytearray(memoryview(merged.buffers()[2] or b"")[int(merged_offsets[0]):int(merged_offsets[-1])])
     del merged, pieces, heads, headers, sources_array, chunks
-    run_bytes = np.where(live, 4 * slots, 0) + data_bytes.sum(axis=0)
-    run_start = np.zeros(m + 1, np.int64)
-    np.cumsum(run_bytes, out=run_start[1:])
-    seal_runs(np.frombuffer(out, np.uint8), run_start[:-1][live], run_start[1:][live])
-    result.runs_written += int(np.count_nonzero(live))
+    result.runs_written += int(np.count_nonzero(out_counts))
     return out
-
-
-def _check_runs(key: str, raw: bytes, rel: np.ndarray, counts: np.ndarray, first: int) -> None:
-    """Check every non-empty run of one source slice against its CRC."""
-    bad = failed_runs(raw, rel[:-1][counts > 0], rel[1:][counts > 0])
-    if len(bad):
-        stream = first + int(np.flatnonzero(counts > 0)[bad[0]])
-        raise CorruptBulkError(f"run of stream {stream} in object {key} failed its CRC: the object is damaged")
 

@@ -47,12 +47,14 @@ from stratalog.engine.bulkformat import (
     CorruptBulkError,
     Ids,
     U32s,
-    check_run,
+    check_pages,
     decode_bulk,
     decode_footer,
     decode_index,
     encode_bulk,
+    frame_run,
     lay_out_object,
+    page_span,
     run_messages,
 )
 from stratalog.engine.metadata import Metadata, NewObject
@@ -156,12 +158,23 @@ class _Object:
     key: str
     reader: Any              # LocalObjectReader, or None: ranged gets through the ObjectStore
     size_bytes: int
+    pages: U32s              # the CRC of each page of its runs
+    runs_bytes: int
 
     def read(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> bytes:
         if self.reader is None:
             return store.get(self.key, start, end)
         data: bytes = self.reader.read(start, end, random_access=random_access)
         return data
+
+    def read_runs(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> bytes:
+        """Bytes ``start .. end`` of the runs, read as the whole pages that hold them and checked."""
+        lo, hi = page_span(start, end, self.runs_bytes)
+        pages = self.read(store, lo, hi, random_access)
+        if len(pages) != hi - lo:
+            raise CorruptBulkError(f"object {self.key} is shorter than its index says")
+        check_pages(pages, lo, self.pages, self.key)
+        return pages[start - lo:end - lo] if hi - lo != end - start else pages
 
 
 _View = tuple[tuple[_Object, ...], tuple[_Record, ...], RunIndex]
@@ -521,8 +534,8 @@ class QueueStore:
                         if cached is not None:
                             raw, run_ends = cached[0], cached[1]
                         else:
-                            raw = obj.read(self._objects, starts[k], stops[k], not sequential)
-                            run_ends = check_run(raw, end - start, obj.key, stream_id)
+                            raw = obj.read_runs(self._objects, starts[k], stops[k], not sequential)
+                            run_ends = frame_run(raw, end - start, obj.key, stream_id)
                             # Keep it only for a sequential reader this get leaves part of it to: a random
                             # reader (an index check) rarely comes back to the same run.
                             if sequential and stop < end:
@@ -685,12 +698,12 @@ class QueueStore:
         key = queue_object_key(object_id)
         self._with_retries(f"writing object {key}", functools.partial(put_parts, self._objects, key, laid.parts))
         size = laid.size_bytes
-        ends, positions = laid.ends, laid.positions
+        ends, positions, pages = laid.ends, laid.positions, laid.pages
         del laid
         self._with_retries("committing the upload",
                            lambda: self._meta.commit_objects([NewObject(object_id, key, size, [])]))
         _return_freed_memory()
-        return _Object(object_id, key, self._open_reader(key), size), ends, positions
+        return _Object(object_id, key, self._open_reader(key), size, pages, int(positions[-1])), ends, positions
 
     def _publish_manifest(self) -> None:
         """Publish the live objects as the queue manifest. Called under ``_upload_lock`` (uploads and
@@ -774,7 +787,8 @@ class QueueStore:
         self._with_retries(f"writing merged object {key}", write)
         self._with_retries("committing the merge", lambda: self._meta.replace_objects(
             [o.object_id for o in replaced], [NewObject(object_id, key, result.size_bytes, [])]))
-        merged = _Object(object_id, key, self._open_reader(key), result.size_bytes)
+        merged = _Object(object_id, key, self._open_reader(key), result.size_bytes, result.pages,
+                         int(result.positions[-1]))
         with self._view_lock:
             objects, records, index = self._view
             invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
@@ -860,17 +874,18 @@ class QueueStore:
             size = meta.size_bytes
             footer = decode_footer(self._objects.get(meta.key, size - OBJECT_FOOTER_BYTES, size), size)
             raw = self._objects.get(meta.key, footer.names_position, size - OBJECT_FOOTER_BYTES)
-            names, ends, positions = decode_index(raw, footer)
+            names, ends, positions, pages = decode_index(raw, footer)
             if footer.first_stream != self._stream_count:
                 raise CorruptBulkError(f"queue object {meta.key} names streams from {footer.first_stream}; "
                                        f"{self._stream_count} are known")
             for stream_id, name in names:
                 self._ids[name] = stream_id
             self._stream_count = footer.stream_count
-            loaded.append(_Object(meta.object_id, meta.key, self._open_reader(meta.key), size))
+            loaded.append(_Object(meta.object_id, meta.key, self._open_reader(meta.key), size, pages,
+                                  footer.names_position))
             index = index.with_object(ends, positions)
             report.objects += 1
-            report.index_bytes += ends.nbytes + positions.nbytes
+            report.index_bytes += ends.nbytes + positions.nbytes + pages.nbytes
         return loaded, index
 
     def _follows_on(self, bulk: BulkRecord) -> str:
@@ -989,6 +1004,7 @@ class QueueStore:
             "objects": len(objects),
             "index_bytes": index.nbytes,
             "index_bytes_used": index.used_bytes,
+            "page_crc_bytes": sum(o.pages.nbytes for o in objects),
             "queue_state_bytes": self._next.nbytes + self._read_next.nbytes,
             "name_dict_bytes": sys.getsizeof(ids) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in ids.items()),
             "log_cache_bytes": self._cache_bytes,

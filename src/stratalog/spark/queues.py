@@ -12,9 +12,9 @@ A :class:`QueuePartition` carries its streams as packed arrays (ids, first offse
 positions, wanted offsets) and their names as UTF-8 bytes, compressed together: about 10 bytes a stream
 once pickled for names like ``q000123``, not a Python object per queue.
 
-Reading (task): one ranged get of the partition's bytes, every run checked against its CRC and framing
-before any row leaves, then one RecordBatch built with NumPy gathers and one Arrow ``take``. Queue
-messages have no timestamp and no key: both columns are null.
+Reading (task): one ranged get of the pages holding the partition's runs, every page checked against its
+CRC (the plan carries them) and every run's framing before any row leaves, then one RecordBatch built with
+NumPy gathers and one Arrow ``take``. Queue messages have no timestamp and no key: both columns are null.
 
 Objects a merge replaced are deleted ``compact_retire_s`` (10 s by default) after the merge. A read
 planned on an older manifest may find its object gone: the task then reads the queue manifest again and
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import numpy as np
@@ -37,12 +37,15 @@ import pyarrow as pa
 from stratalog.engine.bulkformat import (
     I64,
     OBJECT_FOOTER_BYTES,
+    PAGE_BYTES,
     U32,
     CorruptBulkError,
     U32s,
     decode_footer,
     decode_index,
-    failed_runs,
+    page_count,
+    page_crcs,
+    page_span,
     u32_at,
 )
 from stratalog.errors import StratalogError
@@ -76,6 +79,7 @@ class ObjectLayout:
     size_bytes: int
     ends: U32s
     positions: U32s
+    pages: U32s = field(default_factory=lambda: np.zeros(0, U32))    # the CRC of each page of its runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,8 @@ class QueuePartition:
     streams: int
     rows: int
     packed: bytes
+    runs_bytes: int = 0      # the object's runs end here: its last page may be short
+    pages: bytes = b""       # the CRCs of the pages holding start .. end (u32 each)
 
     def unpack(self) -> tuple[npt.NDArray[np.int64], pa.StringArray]:
         """The ``[_PACKED_ROWS, streams]`` array and the names."""
@@ -140,7 +146,7 @@ def _undelta(coded: Array) -> Array:
     return table
 
 
-def _pack(manifest_seq: int, key: str, table: Array, names: pa.StringArray) -> QueuePartition:
+def _pack(manifest_seq: int, obj: ObjectLayout, table: Array, names: pa.StringArray) -> QueuePartition:
     """A partition of the streams in ``table`` (rows up to ``_WANT_ENDS``), named by ``names``."""
     count = table.shape[1]
     offsets = np.frombuffer(names.buffers()[1], np.int32, count + 1, names.offset)
@@ -154,7 +160,10 @@ def _pack(manifest_seq: int, key: str, table: Array, names: pa.StringArray) -> Q
     end = int(table[_RUN_STOPS].max()) if count else 0
     planes = np.ascontiguousarray(_delta(full).astype(U32).reshape(-1).view(np.uint8).reshape(-1, 4).T)
     packed = zlib.compress(planes.tobytes() + name_bytes, 1)
-    return QueuePartition(manifest_seq, key, start, end, count, rows, packed)
+    runs_bytes = int(obj.positions[-1]) if len(obj.positions) else 0
+    lo, hi = page_span(start, end, runs_bytes)
+    pages = obj.pages[lo // PAGE_BYTES:page_count(hi)].tobytes() if end > start else b""
+    return QueuePartition(manifest_seq, obj.key, start, end, count, rows, packed, runs_bytes, pages)
 
 
 # Planning ------------------------------------------------------------------------------------------
@@ -180,13 +189,13 @@ def _layout_of(store: ObjectStore, manifest: QueueManifest) -> QueueLayout:
     for ref in manifest.objects:
         size = ref.size_bytes
         footer = decode_footer(store.get(ref.key, size - OBJECT_FOOTER_BYTES, size), size)
-        named, ends, positions = decode_index(store.get(ref.key, footer.names_position,
-                                                        size - OBJECT_FOOTER_BYTES), footer)
+        named, ends, positions, pages = decode_index(store.get(ref.key, footer.names_position,
+                                                               size - OBJECT_FOOTER_BYTES), footer)
         if footer.first_stream != len(names):
             raise CorruptBulkError(f"queue object {ref.key} names streams from {footer.first_stream}; "
                                    f"{len(names)} come before it")
         names.extend(name for _, name in named)
-        objects.append(ObjectLayout(ref.key, size, ends, positions))
+        objects.append(ObjectLayout(ref.key, size, ends, positions, pages))
     if len(names) != manifest.stream_count:
         raise CorruptBulkError(f"queue manifest {manifest.seq} counts {manifest.stream_count} streams; its "
                                f"objects name {len(names)}")
@@ -231,7 +240,7 @@ def plan_queue_partitions(layout: QueueLayout, selected: npt.NDArray[np.bool_], 
         prev = obj.ends.astype(I64)
         for lo, hi in _cuts(table, rows_max, bytes_max):
             piece = table[:, lo:hi]
-            parts.append(_pack(layout.manifest.seq, obj.key, piece, layout.names.take(pa.array(piece[_IDS]))))
+            parts.append(_pack(layout.manifest.seq, obj, piece, layout.names.take(pa.array(piece[_IDS]))))
     return parts
 
 
@@ -289,36 +298,39 @@ def read_queue_partition(store: ObjectStore, partition: QueuePartition) -> Itera
 def _read(store: ObjectStore, partition: QueuePartition, attempts: int) -> Iterator[pa.RecordBatch]:
     if not partition.streams:
         return
+    lo, hi = page_span(partition.start, partition.end, partition.runs_bytes)
     try:
-        buf = store.get(partition.key, partition.start, partition.end)
+        buf = store.get(partition.key, lo, hi)
     except ObjectNotFoundError:
         yield from _read_moved(store, partition, attempts)
         return
     table, names = partition.unpack()
-    if len(buf) != partition.end - partition.start:
+    if len(buf) != hi - lo:
         raise QueueReadError(f"queue object {partition.key} is shorter than queue manifest "
                              f"{partition.manifest_seq} says: it was changed outside the store; re-run the read")
-    yield messages_batch(buf, partition.start, partition.key, table, names)
+    bad = np.flatnonzero(page_crcs(buf) != np.frombuffer(partition.pages, U32))
+    if len(bad):
+        raise CorruptBulkError(f"queue object {partition.key}: page {lo // PAGE_BYTES + int(bad[0])} failed its CRC: "
+                               "the object is damaged, or was changed outside the store since the read was planned "
+                               "(re-run it)")
+    yield messages_batch(buf, lo, partition.key, table, names)
 
 
 def messages_batch(buf: bytes, base: int, key: str, table: Array, names: pa.StringArray) -> pa.RecordBatch:
     """The wanted messages of the runs in ``table`` (positions in object ``key``; ``buf`` holds its bytes
-    from ``base``), each run checked against its CRC and framing first."""
+    from ``base``, its pages checked), each run's framing checked first."""
     data = np.frombuffer(buf, np.uint8)
     run_starts = table[_RUN_STARTS] - base
     run_stops = table[_RUN_STOPS] - base
     counts = table[_COUNTS]
-    heads = run_starts + 4 + 4 * counts
+    heads = run_starts + 4 * counts
     if np.any(heads > run_stops):
         _bad_run(key, table, names, int(np.flatnonzero(heads > run_stops)[0]), "is shorter than its message ends")
-    bad = failed_runs(buf, run_starts, run_stops)
-    if len(bad):
-        _bad_run(key, table, names, int(bad[0]), "failed its CRC")
     total = int(counts.sum())
     run_of = np.repeat(np.arange(len(counts), dtype=I64), counts)
     first_of_run = np.cumsum(counts) - counts
     rank = np.arange(total, dtype=I64) - first_of_run[run_of]
-    ends = u32_at(data, run_starts[run_of] + 4 + 4 * rank)
+    ends = u32_at(data, run_starts[run_of] + 4 * rank)
     begins = np.where(rank > 0, np.concatenate(([0], ends[:-1])), 0)
     if np.any(ends < begins) or np.any(ends[first_of_run + counts - 1] != run_stops - heads):
         at = np.flatnonzero(ends[first_of_run + counts - 1] != run_stops - heads)
@@ -378,7 +390,7 @@ def _read_moved(store: ObjectStore, partition: QueuePartition, attempts: int) ->
         sub[_RUN_STOPS] = positions[ids[cols] + 1]
         sub[_WANT_STARTS] = want_starts[cols]
         sub[_WANT_ENDS] = want_ends[cols]
-        moved.append(_pack(layout.manifest.seq, obj.key, sub, names.take(pa.array(cols))))
+        moved.append(_pack(layout.manifest.seq, obj, sub, names.take(pa.array(cols))))
     found = sum(p.rows for p in moved)
     if found != partition.rows:
         raise QueueReadError(f"queue manifest {layout.manifest.seq} holds {found} of the {partition.rows} "
