@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 import stratalog
 from queuekit import small_queue_config
+from stratalog.bench.queues import QueueBenchPlan, run_system
 from stratalog.commands.bench_queues import queues as bench_queues_command
 from stratalog.engine.bulkformat import CorruptBulkError
 from stratalog.objects.uri import LOCAL_DIR_NAME
@@ -24,6 +25,7 @@ from stratalog.queues import (
     QUEUE_NAME_CHARS_MAX,
     InvalidQueueNameError,
     MessageTooLargeError,
+    QueueConfig,
     QueueStore,
 )
 from stratalog.queues.store import QUEUE_PREFIX
@@ -220,6 +222,7 @@ def test_bench_command_quick_run_writes_the_json_shape(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(bench_queues_command, ["--queues", "2000", "--messages", "20000", "--threads", "2",
                                                        "--only", "stratalog", "--dir", str(tmp_path / "b"),
+                                                       "--reference-read-s", "1", "--reference-write-mib", "8",
                                                        "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
@@ -232,6 +235,39 @@ def test_bench_command_quick_run_writes_the_json_shape(tmp_path: Path) -> None:
     recovery = system["recovery"]  # after kill -9 of a child that flushed one more message per queue
     assert recovery["flushed_round_missing_in_sampled_queues"] == 0
     assert recovery["messages_replayed"] == 2000 and recovery["open_after_kill9_seconds"] > 0
+    assert "against this disk" in result.output
+    reads, writes = system["reference"]["random_read_4k"], system["reference"]["seq_write"]
+    assert writes["bytes"] == 8 << 20 and writes["seconds"] > 0
+    assert system["ratios_to_disk"]["send"] == pytest.approx(system["phases"]["send"]["per_s"]
+                                                             / writes["messages_per_s"])
+    # At this scale the data may all be in the log cache still: then the read reference says so.
+    assert ("index_check" in system["ratios_to_disk"]) == (reads["files"] > 0)
+    assert reads["files"] > 0 or reads["skipped"]
+
+
+def test_bench_sets_stratalogs_phases_against_the_disk_in_the_same_run(tmp_path: Path) -> None:
+    """A log cache smaller than the data makes the store upload while it sends, so the read reference has
+    objects to read; each ratio is the phase's rate over the reference's."""
+    config = QueueConfig(upload_bytes_threshold=256 << 10, log_cache_bytes_max=1 << 20,
+                         pending_messages_wake=2048, linger_s=0.002)
+    plan = QueueBenchPlan(queues=2000, messages=40000, message_bytes=58, threads=2, batch=0, consume_batch=100,
+                          dir_path=tmp_path, reference_read_s_max=1.0, reference_write_bytes=8 << 20,
+                          store_config=config)
+    doc = run_system("stratalog", plan, [0, 0, 0])
+    assert doc["ok"] and not (tmp_path / "stratalog").exists()
+    phases, reference, ratios = doc["phases"], doc["reference"], doc["ratios_to_disk"]
+    reads, writes = reference["random_read_4k"], reference["seq_write"]
+    assert reads["threads"] == 2 and reads["files"] > 0 and reads["file_bytes"] > 0
+    assert 0 < reads["reads"] <= plan.queues and reads["seconds"] > 0
+    assert reads["per_s"] == pytest.approx(reads["reads"] / reads["seconds"])
+    assert reads["bytes_per_s"] == pytest.approx(reads["per_s"] * reads["block_bytes"])
+    assert writes["bytes"] == 8 << 20 and writes["seconds"] > 0 and writes["direct"] in (True, False)
+    assert writes["mib_per_s"] == pytest.approx(writes["bytes"] / writes["seconds"] / (1 << 20))
+    assert writes["messages_per_s"] == pytest.approx(writes["bytes"] / writes["seconds"] / plan.message_bytes)
+    assert ratios["index_check"] == pytest.approx(phases["index_check"]["per_s"] / reads["per_s"])
+    assert ratios["consume"] == pytest.approx(phases["consume"]["per_s"] * plan.message_bytes
+                                              / (reads["per_s"] * reads["block_bytes"]))
+    assert ratios["send"] == pytest.approx(phases["send"]["per_s"] / writes["messages_per_s"])
 
 
 @pytest.mark.slow
@@ -241,6 +277,7 @@ def test_bench_peers_run_the_same_workload_and_nats_is_stopped(tmp_path: Path) -
     out = tmp_path / "peers.json"
     result = CliRunner().invoke(bench_queues_command, ["--queues", "200", "--messages", "4000", "--threads", "2",
                                                        "--peers", "--dir", str(tmp_path / "b"),
+                                                       "--reference-read-s", "1", "--reference-write-mib", "8",
                                                        "--json", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())

@@ -10,6 +10,11 @@ Three phases per system, each in its own process (so peak RSS is the system's ow
 - consume: 20% of the queues read from offset 0 to the end with ``get(queue, offset, consume_batch)``,
   every message compared with what was sent.
 
+For stratalog alone, two plain-disk references on the same files in the same run (see
+:mod:`stratalog.bench.disk_reference`): random 4 KiB reads of the store's objects right after consume, with the
+store still open, and a sequential write in its directory after close; ``ratios_to_disk`` sets the phases
+against them.
+
 Message (queue q, round r): r as 4 little-endian bytes, then q as 4 bytes, then filler up to
 ``message_bytes``: every message is distinct and checkable without keeping it.
 """
@@ -28,11 +33,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from stratalog.bench import disk_reference
 from stratalog.bench.common import disk_bytes
+
+if TYPE_CHECKING:
+    from stratalog.queues import QueueConfig
 
 #: The index check reads this many messages per get, as the seed does.
 INDEX_CHECK_NUM = 10
@@ -68,6 +77,13 @@ class QueueBenchPlan:
     consume_batch: int
     dir_path: Path
     seed: int = 1
+    #: Bounds of stratalog's disk references (tests pass small ones).
+    reference_read_s_max: float = disk_reference.READ_S_MAX
+    reference_write_bytes: int = disk_reference.WRITE_BYTES
+    #: stratalog's configuration; None: the defaults, under which a small run's data is still in the log
+    #: cache when the read phases end (it uploads 256 MiB at a time), leaving the read reference no objects.
+    #: Tests pass small bounds so their run uploads objects while it sends.
+    store_config: QueueConfig | None = None
 
     @property
     def rounds(self) -> int:
@@ -97,7 +113,7 @@ def open_system(name: str, data_dir: Path, plan: QueueBenchPlan) -> QueueSystem:
     if name == "stratalog":
         from stratalog.queues import QueueStore
 
-        return QueueStore.open(data_dir)
+        return QueueStore.open(data_dir, config=plan.store_config)
     from stratalog.bench import queue_peers
 
     peer: QueueSystem = queue_peers.open_peer(name, data_dir, plan.queues)
@@ -213,6 +229,7 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
     shutil.rmtree(data_dir, ignore_errors=True)
     system = open_system(name, data_dir, plan)
     phases: dict[str, dict[str, float]] = {}
+    reference: dict[str, dict[str, Any]] = {}
     try:
         started = time.perf_counter()
         _send(system, plan, names, tails, progress)
@@ -230,6 +247,8 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
         phases["consume"] = {"seconds": seconds, "per_s": consumed / seconds, "messages": consumed,
                              "bad": consume_bad}
         stats = _stats(system)
+        if name == "stratalog":
+            reference["random_read_4k"] = _random_read_reference(data_dir, plan)
     finally:
         system.close()
     doc: dict[str, Any] = {
@@ -242,8 +261,63 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
         doc["stats"] = stats
     if name == "stratalog":
         doc["recovery"] = _crash_and_recover(data_dir, plan)
+        reference["seq_write"] = _seq_write_reference(data_dir, plan)
+        doc["reference"] = reference
+        doc["ratios_to_disk"] = ratios_to_disk(phases, reference, plan.message_bytes)
     shutil.rmtree(data_dir, ignore_errors=True)
     return doc
+
+
+def _random_read_reference(data_dir: Path, plan: QueueBenchPlan) -> dict[str, Any]:
+    """Random 4 KiB reads of every object file the store holds now, with the plan's threads, for at most
+    as many reads as the index check made gets or ``plan.reference_read_s_max``. A merged-away object still
+    waiting to be deleted counts too. No objects (a small run still all in the log cache): skipped, and
+    said so, since the read phases then read no disk at all."""
+    from stratalog.objects.uri import LOCAL_DIR_NAME
+    from stratalog.queues.store import QUEUE_PREFIX
+
+    paths = sorted((data_dir / LOCAL_DIR_NAME / QUEUE_PREFIX).glob("*.slq"))
+    if not paths:
+        return {"threads": plan.threads, "files": 0,
+                "skipped": "no objects yet: the read phases were served from the log cache"}
+    try:
+        reads = disk_reference.random_reads(paths, plan.threads, plan.queues, plan.reference_read_s_max, plan.seed)
+    except OSError as e:
+        return {"threads": plan.threads, "error": f"{type(e).__name__}: {e}"}
+    return reads.summary()
+
+
+def _seq_write_reference(data_dir: Path, plan: QueueBenchPlan) -> dict[str, Any]:
+    """1 MiB O_DIRECT writes of ``plan.reference_write_bytes`` to a new file in the store's directory, with
+    the messages per second the disk could take at that rate. A failure (a full disk) is reported, not
+    raised: it must not lose the phases' figures."""
+    try:
+        written = disk_reference.sequential_write(data_dir, plan.reference_write_bytes)
+    except OSError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {**written.summary(), "messages_per_s": written.bytes_per_s / plan.message_bytes}
+
+
+def ratios_to_disk(phases: dict[str, dict[str, float]], reference: dict[str, dict[str, Any]],
+                   message_bytes: int) -> dict[str, float]:
+    """Each phase's rate over the disk's, from the references taken in the same run:
+
+    - index_check: gets/s over random 4 KiB reads/s (1: a get costs what one random read does);
+    - consume: message bytes/s over random-read bytes/s (reads/s x 4 KiB): the bytes a consumer gets for
+      each byte the disk returns to random reads;
+    - send: messages/s over the messages/s the sequential write could take (its bytes/s over
+      message_bytes, bare messages; the store writes more: framing, the WAL and then objects).
+
+    A ratio is left out when its reference is (skipped, or failed)."""
+    out: dict[str, float] = {}
+    reads = reference.get("random_read_4k", {})
+    if reads.get("per_s"):
+        out["index_check"] = phases["index_check"]["per_s"] / reads["per_s"]
+        out["consume"] = phases["consume"]["per_s"] * message_bytes / reads["bytes_per_s"]
+    writes = reference.get("seq_write", {})
+    if writes.get("messages_per_s"):
+        out["send"] = phases["send"]["per_s"] / writes["messages_per_s"]
+    return out
 
 
 def _stats(system: QueueSystem) -> dict[str, int]:

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from stratalog.bench import disk_reference
 from stratalog.bench.common import MIB_BYTES, write_json
 from stratalog.commands.bench_log import bench_dir, make_console, print_machine, table
 
@@ -60,6 +61,40 @@ def _ratios_table(doc: dict[str, Any]) -> Any:
     return out
 
 
+def _times(ratio: float) -> str:
+    """12.3x, 1.5x, 0.31x, 0.0041x: two significant digits below 1, where send's ratio often falls."""
+    return f"{ratio:,.1f}x" if ratio >= 1 else f"{ratio:.2g}x"
+
+
+def _disk_table(system: dict[str, Any], message_bytes: int) -> Any:
+    """stratalog's phases beside the disk references taken in the same run (ratios as in ratios_to_disk)."""
+    out = table("stratalog against this disk, same run", ("phase", "phase rate", "disk reference", "reference rate",
+                                                          "ratio"), left=("phase", "disk reference"))
+    phases, ratios = system["phases"], system["ratios_to_disk"]
+    reads, writes = system["reference"]["random_read_4k"], system["reference"]["seq_write"]
+    if ratios.get("index_check"):
+        label = (f"random 4 KiB reads, {reads['threads']} threads: {reads['reads']:,} in {reads['seconds']:.1f} s "
+                 f"over {reads['files']} objects ({reads['file_bytes'] / MIB_BYTES:,.0f} MiB)")
+        out.add_row("index check", f"{phases['index_check']['per_s']:,.0f} get/s", label,
+                    f"{reads['per_s']:,.0f} reads/s", _times(ratios["index_check"]))
+        out.add_row("consume", f"{phases['consume']['per_s'] * message_bytes / MIB_BYTES:,.1f} MiB/s of messages",
+                    "the same reads, in bytes", f"{reads['bytes_per_s'] / MIB_BYTES:,.1f} MiB/s",
+                    _times(ratios["consume"]))
+    else:
+        why = reads.get("skipped") or reads.get("error") or "no reads"
+        out.add_row("index check, consume", "-", f"random 4 KiB reads: {why}", "-", "-")
+    if ratios.get("send"):
+        how = "O_DIRECT" if writes["direct"] else "buffered (O_DIRECT refused)"
+        label = (f"sequential 1 MiB {how} writes + fdatasync: {writes['bytes'] / MIB_BYTES:,.0f} MiB in "
+                 f"{writes['seconds']:.1f} s")
+        out.add_row("send", f"{phases['send']['per_s']:,.0f} msg/s", label,
+                    f"{writes['mib_per_s']:,.0f} MiB/s = {writes['messages_per_s']:,.0f} msg/s",
+                    _times(ratios["send"]))
+    else:
+        out.add_row("send", "-", f"sequential writes: {writes.get('error', 'no writes')}", "-", "-")
+    return out
+
+
 @click.command(name="queues")
 @click.option("--queues", type=click.IntRange(min=1), default=None,
               help=f"Queues [default: {QUEUES_DEFAULT:,}; --quick: {QUEUES_QUICK:,}].")
@@ -78,16 +113,26 @@ def _ratios_table(doc: dict[str, Any]) -> Any:
 @click.option("--dir", "dir_path", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the stores go [default: a temporary directory under the current directory].")
 @click.option("--quick", is_flag=True, help=f"{QUEUES_QUICK:,} queues, {MESSAGES_QUICK:,} messages.")
+@click.option("--reference-read-s", type=click.FloatRange(min=0, min_open=True), default=disk_reference.READ_S_MAX,
+              show_default=True, help="stratalog's random-read reference stops after this long (or after as "
+                                      "many reads as the index check made gets).")
+@click.option("--reference-write-mib", type=click.IntRange(min=1), default=disk_reference.WRITE_BYTES // MIB_BYTES,
+              show_default=True, help="MiB stratalog's sequential-write reference writes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures as JSON here.")
 def queues(queues: int | None, messages: int | None, message_bytes: int, threads: int, batch: int,
            consume_batch: int, peers: bool, only: str | None, dir_path: Path | None, quick: bool,
-           json_path: Path | None) -> None:
+           reference_read_s: float, reference_write_mib: int, json_path: Path | None) -> None:
     """The million-queue race (seed 001): send, index check, consume; optionally on peers too.
 
     Each system runs in its own process. send: threads put round after round to their own queues, then
     flush (the phase ends when all is durable). index check: get(q, random offset, 10) on every queue.
     consume: 20% of the queues read in full, every message checked.
+
+    stratalog's read phases are bound by the disk, so the disk is measured beside them in the same run:
+    random 4 KiB reads of the store's objects right after consume (same threads, same page cache), and
+    1 MiB O_DIRECT writes plus fdatasync to a new file in its directory after close. The JSON's
+    "reference" and "ratios_to_disk" hold them; a table sets each phase against them.
     """
     from stratalog.bench.queues import SYSTEMS, QueueBenchPlan, ratios, run_in_process
 
@@ -103,7 +148,8 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
             queues=queues or (QUEUES_QUICK if quick else QUEUES_DEFAULT),
             messages=messages or (MESSAGES_QUICK if quick else MESSAGES_DEFAULT),
             message_bytes=message_bytes, threads=threads, batch=batch, consume_batch=consume_batch,
-            dir_path=target_dir)
+            dir_path=target_dir, reference_read_s_max=reference_read_s,
+            reference_write_bytes=reference_write_mib * MIB_BYTES)
         machine = print_machine(console, target_dir)
         results = []
         progress, tasks = _progress(console, plan, names)
@@ -124,6 +170,8 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
     if doc["ratios"]:
         console.print(_ratios_table(doc))
     for s in results:
+        if s["name"] == "stratalog" and "reference" in s:
+            console.print(_disk_table(s, message_bytes))
         if s["name"] == "stratalog" and "stats" in s:
             st = s["stats"]
             q = max(1, st["queues"])
