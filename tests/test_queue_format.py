@@ -115,6 +115,15 @@ def test_a_flipped_bit_in_the_index_or_footer_is_detected() -> None:
         decode_footer(bytes(_example()[-OBJECT_FOOTER_BYTES:]), 1000)
 
 
+
+def test_a_version_1_object_is_refused_with_its_version_named() -> None:
+    raw = _example()
+    footer = bytearray(raw[-OBJECT_FOOTER_BYTES:])
+    footer[-12:-10] = (1).to_bytes(2, "little")
+    footer[-4:] = crc32c(bytes(footer[:-4])).to_bytes(4, "little")
+    with pytest.raises(CorruptBulkError, match="version 1; this stratalog reads version 2"):
+        decode_footer(bytes(footer), len(raw))
+
 def test_bulk_record_round_trip_and_bad_lengths() -> None:
     body = b"".join(encode_bulk(np.array([3, 9]), np.array([10, 0]), np.array([2, 1]), [(9, "new")], 10,
                                 np.array([1, 3, 4]), b"xyzw"))
