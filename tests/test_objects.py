@@ -742,3 +742,25 @@ def test_uri_errors_never_show_the_secret(tmp_path: Path) -> None:
         open_object_store("s3://id:hunter2@bucket", tmp_path)
     assert "hunter2" not in str(caught.value)
     assert redact("s3://b?access_key=a&secret_key=s&region=r") == "s3://b?access_key=a&secret_key=***&region=r"
+
+
+def test_local_put_parts_takes_a_piece_size_for_one_put(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalDirStore(tmp_path / "root", sync_every_bytes=1000)
+    pieces: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def recording_fdatasync(fd: int) -> None:
+        pieces.append(os.fstat(fd).st_size)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(local_module.os, "fdatasync", recording_fdatasync)
+    put_parts(store, "big", [b"a" * 2500, b"b" * 2500], sync_every_bytes=2000)
+    assert pieces == [2000, 4000] and store.get("big") == b"a" * 2500 + b"b" * 2500
+    pieces.clear()
+    put_parts(store, "default", [b"a" * 2500])
+    assert pieces == [1000, 2000]  # the store's own piece size
+    with pytest.raises(ValueError, match="sync_every_bytes"):
+        store.put_parts("bad", [b"x"], sync_every_bytes=0)
+    faulty = FaultyStore(LocalDirStore(tmp_path / "other"), plan=ObjectFaultPlan())
+    put_parts(faulty, "k", [b"ab", b"cd"], sync_every_bytes=2000)  # a store without put_parts: joined
+    assert faulty.get("k") == b"abcd"

@@ -310,3 +310,31 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
         assert hinted == [], "a get inside one run reads ahead nothing"
         assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]
         assert hinted == [(objects[k].key, starts[k], stops[k]) for k in (1, 2)]
+
+
+def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratalog.queues import store as store_module
+
+    steps: list[int | None] = []
+    real_put_parts = store_module.put_parts
+
+    def recording_put_parts(store: object, key: str, parts: object, *, sync_every_bytes: int | None = None) -> None:
+        steps.append(sync_every_bytes)
+        real_put_parts(store, key, parts, sync_every_bytes=sync_every_bytes)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "put_parts", recording_put_parts)
+    with _open(tmp_path, upload_sync_bytes=12345, compact_fanout=2) as qs:
+        for r in range(2):
+            qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])
+            qs.flush()
+            deadline = time.monotonic() + 10
+            while qs.stats()["objects"] + qs.stats()["compactions"] <= r and time.monotonic() < deadline:
+                time.sleep(0.01)
+        deadline = time.monotonic() + 10
+        while qs.stats()["compactions"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert qs.stats()["compactions"] == 1
+    assert len(steps) >= 3 and set(steps) == {12345}    # two uploads and a merge
+    with pytest.raises(ValueError, match="upload_sync_bytes"):
+        QueueStore.open(tmp_path / "bad", config=small_queue_config(upload_sync_bytes=0))

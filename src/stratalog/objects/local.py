@@ -116,9 +116,14 @@ class LocalDirStore:
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         self.put_parts(key, (data,))
 
-    def put_parts(self, key: str, parts: Iterable[bytes | bytearray | memoryview]) -> None:
+    def put_parts(self, key: str, parts: Iterable[bytes | bytearray | memoryview], *,
+                  sync_every_bytes: int | None = None) -> None:
         """Like :meth:`put`, for an object made of ``parts`` written as they come: a large object
-        need not be in memory at once. All or nothing, durable on return."""
+        need not be in memory at once. All or nothing, durable on return. ``sync_every_bytes``: this
+        put's piece size, instead of the store's (a bulk writer that favours throughput passes more)."""
+        step_bytes = self.sync_every_bytes if sync_every_bytes is None else sync_every_bytes
+        if step_bytes is not None and step_bytes <= 0:
+            raise ValueError("sync_every_bytes must be positive")
         path = self._path(key)
         self._make_parents(key, path.parent)
         temp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
@@ -134,12 +139,12 @@ class LocalDirStore:
                     view = memoryview(part).cast("B")
                     written = 0
                     while written < len(view):
-                        if self.sync_every_bytes is not None and unsynced >= self.sync_every_bytes:
+                        if step_bytes is not None and unsynced >= step_bytes:
                             os.fdatasync(fd)  # a little at a time: see SYNC_EVERY_BYTES
                             unsynced = 0
                         step = len(view) - written
-                        if self.sync_every_bytes is not None:
-                            step = min(step, self.sync_every_bytes - unsynced)
+                        if step_bytes is not None:
+                            step = min(step, step_bytes - unsynced)
                         # os.write may write less than asked (signals, 2 GiB per call): loop until all is out.
                         done = os.write(fd, view[written:written + step])
                         written += done

@@ -74,12 +74,16 @@ class ObjectStore(Protocol):
         ...
 
 
-def put_parts(store: ObjectStore, key: str, parts: Iterable[bytes | bytearray | memoryview]) -> None:
+def put_parts(store: ObjectStore, key: str, parts: Iterable[bytes | bytearray | memoryview], *,
+              sync_every_bytes: int | None = None) -> None:
     """Store an object made of ``parts``, as :meth:`ObjectStore.put` does. A store that can write parts
     as they come (``put_parts``: the local directory store) never holds the whole object; any other gets
-    the parts joined."""
+    the parts joined. ``sync_every_bytes``: the local store's piece size for this put (None: its own)."""
     method = getattr(store, "put_parts", None)
     if callable(method):
-        method(key, parts)
+        if sync_every_bytes is None:
+            method(key, parts)
+        else:
+            method(key, parts, sync_every_bytes=sync_every_bytes)
     else:
         store.put(key, b"".join(parts))

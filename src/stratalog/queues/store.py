@@ -696,7 +696,9 @@ class QueueStore:
         del perm
         object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
         key = queue_object_key(object_id)
-        self._with_retries(f"writing object {key}", functools.partial(put_parts, self._objects, key, laid.parts))
+        write = functools.partial(put_parts, self._objects, key, laid.parts,
+                                  sync_every_bytes=self._config.upload_sync_bytes)
+        self._with_retries(f"writing object {key}", write)
         size = laid.size_bytes
         ends, positions, pages = laid.ends, laid.positions, laid.pages
         del laid
@@ -781,7 +783,8 @@ class QueueStore:
             nonlocal result
             result = MergeResult()
             put_parts(self._objects, key, self._unless_closing(
-                merge_objects(sources, prev_ends, self._config.compact_slice_bytes, result)))
+                merge_objects(sources, prev_ends, self._config.compact_slice_bytes, result)),
+                sync_every_bytes=self._config.upload_sync_bytes)
 
         started = time.monotonic()
         self._with_retries(f"writing merged object {key}", write)
