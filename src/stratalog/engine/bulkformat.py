@@ -32,6 +32,7 @@ computes one CRC per 4 KiB rather than one per run (a million runs per object at
 
 from __future__ import annotations
 
+import operator
 import struct
 import sys
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ OBJECT_VERSION = 2
 PAGE_BYTES = 4096
 BULK_HEADER = struct.Struct("<IHHIIIIQ")
 NAME_HEAD = struct.Struct("<IH")
+_NAME_HEAD_DTYPE = np.dtype([("stream_id", "<u4"), ("name_bytes", "<u2")])    # NAME_HEAD as a packed record
 CRC = struct.Struct("<I")
 OBJECT_FOOTER = struct.Struct("<QIIIQIHHII")
 OBJECT_FOOTER_BYTES = OBJECT_FOOTER.size
@@ -90,14 +92,29 @@ class BulkRecord:
 
 
 def encode_names(names: Sequence[tuple[int, str]]) -> bytes:
-    parts: list[bytes] = []
-    for stream_id, name in names:
-        raw = name.encode()
-        if len(raw) > NAME_BYTES_MAX:
-            raise ValueError(f"name of stream {stream_id} is {len(raw)} UTF-8 bytes; at most {NAME_BYTES_MAX}")
-        parts.append(NAME_HEAD.pack(stream_id, len(raw)))
-        parts.append(raw)
-    return b"".join(parts)
+    """The names section of ``(stream_id, name)`` pairs: each name's head (id, UTF-8 length) then its bytes,
+    laid out by one Arrow ``take`` (a million new queues bring a million names at once)."""
+    if not names:
+        return b""
+    count = len(names)
+    ids = np.fromiter(map(operator.itemgetter(0), names), I64, count)
+    encoded = pa.array(list(map(operator.itemgetter(1), names)), pa.string())
+    lengths = np.asarray(pc.binary_length(encoded), I64)
+    if int(lengths.max()) > NAME_BYTES_MAX:
+        at = int(np.argmax(lengths))
+        raise ValueError(f"name of stream {ids[at]} is {lengths[at]} UTF-8 bytes; at most {NAME_BYTES_MAX}")
+    heads = np.empty(count, _NAME_HEAD_DTYPE)
+    heads["stream_id"] = ids
+    heads["name_bytes"] = lengths
+    head_array = pa.Array.from_buffers(pa.binary(), count, [
+        None, pa.py_buffer(np.arange(0, NAME_HEAD.size * (count + 1), NAME_HEAD.size, dtype=np.int32)),
+        pa.py_buffer(heads.tobytes())])
+    order = np.empty(2 * count, I64)
+    order[0::2] = np.arange(count)
+    order[1::2] = np.arange(count, 2 * count)
+    laid = pa.chunked_array([head_array, encoded.cast(pa.binary())]).take(pa.array(order)).combine_chunks()
+    offsets = np.frombuffer(laid.buffers()[1], np.int32, 2 * count + 1, laid.offset)
+    return bytes(memoryview(laid.buffers()[2])[int(offsets[0]):int(offsets[-1])])
 
 
 def decode_names(buf: bytes | memoryview, pos: int, count: int) -> tuple[list[tuple[int, str]], int]:

@@ -19,6 +19,7 @@ import bisect
 import ctypes
 import ctypes.util
 import functools
+import itertools
 import logging
 import math
 import operator
@@ -399,11 +400,12 @@ class QueueStore:
             return np.fromiter(map(ids.__getitem__, names), I64, len(names))
         except KeyError:
             pass
-        for name in names:
-            if name not in ids:
-                ids[name] = self._stream_count
-                self._new_names.append((self._stream_count, name))
-                self._stream_count += 1
+        # New names in the order of their first put, each once; every step a C loop.
+        new = list(dict.fromkeys(itertools.filterfalse(ids.__contains__, names)))
+        first = self._stream_count
+        ids.update(zip(new, range(first, first + len(new)), strict=True))
+        self._new_names.extend(zip(range(first, first + len(new)), new, strict=True))
+        self._stream_count = first + len(new)
         self._grow(self._stream_count)
         return np.fromiter(map(ids.__getitem__, names), I64, len(names))
 
@@ -422,11 +424,16 @@ class QueueStore:
         records of their own when there are many (a million new queues bring ~20 MB of names)."""
         target = self._config.record_bytes_target
         names, self._new_names = self._new_names, []
-        while names:
-            sizes = np.cumsum([NAME_HEAD.size + len(name.encode()) for _, name in names])
-            take = max(1, int(np.searchsorted(sizes, target, side="right")))
-            chunk, names = names[:take], names[take:]
-            self._write_record(np.zeros(0, I64), _EMPTY_BATCH, chunk, chunk[-1][0] + 1)
+        if names:
+            utf8 = pa.array(list(map(_second, names)), pa.string())
+            sizes = np.cumsum(NAME_HEAD.size + np.asarray(pc.binary_length(utf8), I64))
+            start = 0
+            while start < len(names):
+                done = int(sizes[start - 1]) if start else 0
+                stop = max(start + 1, int(np.searchsorted(sizes, done + target, side="right")))
+                chunk = names[start:stop]
+                self._write_record(np.zeros(0, I64), _EMPTY_BATCH, chunk, chunk[-1][0] + 1)
+                start = stop
         lengths = np.asarray(pc.binary_length(batch), I64)
         cumulative = np.cumsum(lengths)
         total = int(cumulative[-1]) if len(cumulative) else 0
@@ -687,9 +694,9 @@ class QueueStore:
         prev[:len(prev_ends)] = prev_ends
         before = prev[unique]
         invariant(bool(np.all(bases[order][groups] == before)), "a queue's runs must follow its uploaded end")
-        names = [n for r in taken for n in r.names]
+        names = list(itertools.chain.from_iterable(r.names for r in taken))
         first_stream = len(prev_ends)
-        invariant([i for i, _ in names] == list(range(first_stream, stream_count)), "names cover new streams")
+        invariant(list(map(_first, names)) == list(range(first_stream, stream_count)), "names cover new streams")
         # One take gathers straight from the records into the object's runs: no merged copy first.
         laid = lay_out_object(prev_ends, stream_count, first_stream, names, unique, per_stream,
                               pa.chunked_array([r.messages for r in taken], type=pa.binary()), perm)
