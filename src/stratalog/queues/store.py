@@ -209,7 +209,8 @@ class QueueStore:
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
         self._meta = Metadata(data_dir / "meta.sqlite")
-        # Puts: (name, message) pairs appended to one list; a put_many is one (_BULK, (names, array)) item.
+        # Puts: (name, message) pairs appended to one list; a put_many is one (_BULK, (names, ids, array))
+        # item, ids -1 where the queue was not known at the put.
         # Small messages count against pending_messages_max; large ones and bulk puts also by their bytes.
         self._buf: list[tuple[Any, Any]] = []
         self._wake_count = config.pending_messages_wake
@@ -320,11 +321,15 @@ class QueueStore:
         if not all(map(_plain_name, names)):
             for name in names:
                 check_name(name)
+        # The ids of known queues, looked up while the caller's names are still in the CPU's cache (the
+        # writer would find them cold: at a million queues that is a cache miss per name); -1: not known
+        # yet, the writer resolves (or creates) those. A known queue's id never changes.
+        known = np.fromiter(map(self._ids.get, names, itertools.repeat(-1)), I64, len(names))
         total = int(pc.sum(lengths).as_py() or 0)
         with self._put_cond:
             self._large_bytes += total
             self._bulk_pending += 1
-            self._buf.append((_BULK, (names, batch)))
+            self._buf.append((_BULK, (names, known, batch)))
         self._backpressure()
 
     def _backpressure(self) -> None:
@@ -387,11 +392,10 @@ class QueueStore:
                 return
             self._check_open()
             if not bulk_items:
-                names: list[str] = list(map(_first, items))
+                ids = self._resolve(list(map(_first, items)))
                 batch = pa.array(list(map(_second, items)), type=pa.binary())
             else:
-                names, batch = _unzip_mixed(items)
-            ids = self._resolve(names)
+                ids, batch = self._unzip_mixed(items)
             self._write(ids, batch)
 
     def _resolve(self, names: list[str]) -> Ids:
@@ -408,6 +412,34 @@ class QueueStore:
         self._stream_count = first + len(new)
         self._grow(self._stream_count)
         return np.fromiter(map(ids.__getitem__, names), I64, len(names))
+
+    def _unzip_mixed(self, items: list[tuple[Any, Any]]) -> tuple[Ids, Any]:
+        """Ids and one Arrow array of messages from pending items, some of them bulk puts. Ids are
+        resolved in the order of the items, so new queues get theirs in the order of their first put."""
+        id_parts: list[Ids] = []
+        arrays = []
+        names: list[str] = []
+        singles: list[bytes] = []
+        for name, message in items:
+            if name is _BULK:
+                if singles:
+                    id_parts.append(self._resolve(names))
+                    arrays.append(pa.array(singles, type=pa.binary()))
+                    names, singles = [], []
+                bulk_names, known, batch = message
+                missing = np.flatnonzero(known < 0)
+                if len(missing):
+                    known[missing] = self._resolve(list(map(bulk_names.__getitem__, missing.tolist())))
+                id_parts.append(known)
+                arrays.append(batch)
+            else:
+                names.append(name)
+                singles.append(message)
+        if singles:
+            id_parts.append(self._resolve(names))
+            arrays.append(pa.array(singles, type=pa.binary()))
+        ids = id_parts[0] if len(id_parts) == 1 else np.concatenate(id_parts)
+        return ids, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
     def _grow(self, stream_count: int) -> None:
         if stream_count > len(self._next):
@@ -1061,26 +1093,6 @@ def _return_freed_memory() -> None:
 
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
-
-
-def _unzip_mixed(items: list[tuple[Any, Any]]) -> tuple[list[str], Any]:
-    """Names and one Arrow array of messages from pending items, some of them bulk puts."""
-    names: list[str] = []
-    arrays = []
-    singles: list[bytes] = []
-    for name, message in items:
-        if name is _BULK:
-            if singles:
-                arrays.append(pa.array(singles, type=pa.binary()))
-                singles = []
-            names.extend(message[0])
-            arrays.append(message[1])
-        else:
-            names.append(name)
-            singles.append(message)
-    if singles:
-        arrays.append(pa.array(singles, type=pa.binary()))
-    return names, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
 
 def _plain_name(name: object) -> bool:
