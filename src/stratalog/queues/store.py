@@ -209,10 +209,10 @@ class QueueStore:
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
         self._meta = Metadata(data_dir / "meta.sqlite")
-        # Puts: (name, message) pairs appended to one list; a put_many is one (_BULK, (names, ids, array))
-        # item, ids -1 where the queue was not known at the put.
+        # Puts: (name, message, id) appended to one list, id -1 where the queue was not known at the put;
+        # a put_many is one (_BULK, (names, ids, array), -1) item.
         # Small messages count against pending_messages_max; large ones and bulk puts also by their bytes.
-        self._buf: list[tuple[Any, Any]] = []
+        self._buf: list[tuple[Any, Any, int]] = []
         self._wake_count = config.pending_messages_wake
         self._small_max = min(SMALL_MESSAGE_BYTES_MAX, config.message_bytes_max)
         self._put_cond = threading.Condition(threading.Lock())
@@ -281,9 +281,10 @@ class QueueStore:
         if type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX \
                 or not queue_name.isascii():
             check_name(queue_name)
-        # No lock: list.append is atomic under the GIL, and the writer only ever removes a prefix.
+        # No lock: list.append is atomic under the GIL, and the writer only ever removes a prefix. The
+        # queue's id (-1: not known yet) is looked up here, where the name is warm in the CPU's cache.
         buf = self._buf
-        buf.append((queue_name, message))
+        buf.append((queue_name, message, self._ids.get(queue_name, -1)))
         if len(buf) >= self._wake_count:
             self._backpressure()
 
@@ -298,7 +299,7 @@ class QueueStore:
         check_name(queue_name)
         with self._put_cond:
             self._large_bytes += len(message)
-            self._buf.append((queue_name, message))
+            self._buf.append((queue_name, message, -1))
         self._backpressure()
 
     def put_many(self, queue_names: Sequence[str] | Any, messages: Sequence[bytes] | Any) -> None:
@@ -329,7 +330,7 @@ class QueueStore:
         with self._put_cond:
             self._large_bytes += total
             self._bulk_pending += 1
-            self._buf.append((_BULK, (names, known, batch)))
+            self._buf.append((_BULK, (names, known, batch), -1))
         self._backpressure()
 
     def _backpressure(self) -> None:
@@ -392,7 +393,7 @@ class QueueStore:
                 return
             self._check_open()
             if not bulk_items:
-                ids = self._resolve(list(map(_first, items)))
+                ids = self._complete(np.fromiter(map(_third, items), I64, taken), items, _first)
                 batch = pa.array(list(map(_second, items)), type=pa.binary())
             else:
                 ids, batch = self._unzip_mixed(items)
@@ -413,33 +414,38 @@ class QueueStore:
         self._grow(self._stream_count)
         return np.fromiter(map(ids.__getitem__, names), I64, len(names))
 
-    def _unzip_mixed(self, items: list[tuple[Any, Any]]) -> tuple[Ids, Any]:
+    def _unzip_mixed(self, items: list[tuple[Any, Any, int]]) -> tuple[Ids, Any]:
         """Ids and one Arrow array of messages from pending items, some of them bulk puts. Ids are
-        resolved in the order of the items, so new queues get theirs in the order of their first put."""
+        completed in the order of the items, so new queues get theirs in the order of their first put."""
         id_parts: list[Ids] = []
         arrays = []
-        names: list[str] = []
-        singles: list[bytes] = []
-        for name, message in items:
-            if name is _BULK:
+        singles: list[tuple[Any, Any, int]] = []
+        for item in items:
+            if item[0] is _BULK:
                 if singles:
-                    id_parts.append(self._resolve(names))
-                    arrays.append(pa.array(singles, type=pa.binary()))
-                    names, singles = [], []
-                bulk_names, known, batch = message
-                missing = np.flatnonzero(known < 0)
-                if len(missing):
-                    known[missing] = self._resolve(list(map(bulk_names.__getitem__, missing.tolist())))
-                id_parts.append(known)
+                    id_parts.append(self._complete(np.fromiter(map(_third, singles), I64, len(singles)), singles,
+                                                   _first))
+                    arrays.append(pa.array(list(map(_second, singles)), type=pa.binary()))
+                    singles = []
+                bulk_names, known, batch = item[1]
+                id_parts.append(self._complete(known, bulk_names))
                 arrays.append(batch)
             else:
-                names.append(name)
-                singles.append(message)
+                singles.append(item)
         if singles:
-            id_parts.append(self._resolve(names))
-            arrays.append(pa.array(singles, type=pa.binary()))
+            id_parts.append(self._complete(np.fromiter(map(_third, singles), I64, len(singles)), singles, _first))
+            arrays.append(pa.array(list(map(_second, singles)), type=pa.binary()))
         ids = id_parts[0] if len(id_parts) == 1 else np.concatenate(id_parts)
         return ids, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+    def _complete(self, ids: Ids, source: Sequence[Any], name_of: Callable[[Any], str] | None = None) -> Ids:
+        """``ids`` with each -1 (a queue not known when it was put) resolved from ``source[i]`` (its name,
+        or ``name_of`` of it), creating the queues that are new."""
+        missing = np.flatnonzero(ids < 0)
+        if len(missing):
+            picked = map(source.__getitem__, missing.tolist())
+            ids[missing] = self._resolve(list(picked if name_of is None else map(name_of, picked)))
+        return ids
 
     def _grow(self, stream_count: int) -> None:
         if stream_count > len(self._next):
@@ -1093,6 +1099,7 @@ def _return_freed_memory() -> None:
 
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
+_third = operator.itemgetter(2)
 
 
 def _plain_name(name: object) -> bool:
