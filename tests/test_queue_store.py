@@ -268,6 +268,13 @@ def test_bench_sets_stratalogs_phases_against_the_disk_in_the_same_run(tmp_path:
     assert ratios["consume"] == pytest.approx(phases["consume"]["per_s"] * plan.message_bytes
                                               / (reads["per_s"] * reads["block_bytes"]))
     assert ratios["send"] == pytest.approx(phases["send"]["per_s"] / writes["messages_per_s"])
+    # The gets' own object reads: whole 4 KiB pages, at least one read per get that reached an object.
+    for phase in ("index_check", "consume"):
+        p = phases[phase]
+        assert p["object_reads"] > 0 and p["object_read_bytes"] >= 4096 * p["object_reads"] * 0.5
+        assert p["object_reads_per_s"] == pytest.approx(p["object_reads"] / p["seconds"])
+        assert ratios[f"{phase}_reads"] == pytest.approx(p["object_reads_per_s"] / reads["per_s"])
+    assert doc["stats"]["object_reads"] == phases["index_check"]["object_reads"] + phases["consume"]["object_reads"]
 
 
 @pytest.mark.slow

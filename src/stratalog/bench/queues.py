@@ -241,12 +241,15 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
         seconds = time.perf_counter() - started
         phases["index_check"] = {"seconds": seconds, "per_s": plan.queues / seconds, "gets": plan.queues,
                                  "bad": index_bad}
+        stats_after_index = _stats(system)
+        _add_object_reads(phases["index_check"], stats_after_send, stats_after_index)
         started = time.perf_counter()
         consumed, consume_bad = _consume(system, plan, names, tails, progress)
         seconds = time.perf_counter() - started
         phases["consume"] = {"seconds": seconds, "per_s": consumed / seconds, "messages": consumed,
                              "bad": consume_bad}
         stats = _stats(system)
+        _add_object_reads(phases["consume"], stats_after_index, stats)
         if name == "stratalog":
             reference["random_read_4k"] = _random_read_reference(data_dir, plan)
     finally:
@@ -306,7 +309,10 @@ def ratios_to_disk(phases: dict[str, dict[str, float]], reference: dict[str, dic
     - consume: message bytes/s over random-read bytes/s (reads/s x 4 KiB): the bytes a consumer gets for
       each byte the disk returns to random reads;
     - send: messages/s over the messages/s the sequential write could take (its bytes/s over
-      message_bytes, bare messages; the store writes more: framing, the WAL and then objects).
+      message_bytes, bare messages; the store writes more: framing, the WAL and then objects);
+    - index_check_reads, consume_reads: the object reads the phase's gets made per second over random
+      reads/s (1: the phase keeps the disk as busy with reads as the reference did; each get's read is of
+      the whole 4 KiB pages its run lies in, one or more).
 
     A ratio is left out when its reference is (skipped, or failed)."""
     out: dict[str, float] = {}
@@ -314,10 +320,21 @@ def ratios_to_disk(phases: dict[str, dict[str, float]], reference: dict[str, dic
     if reads.get("per_s"):
         out["index_check"] = phases["index_check"]["per_s"] / reads["per_s"]
         out["consume"] = phases["consume"]["per_s"] * message_bytes / reads["bytes_per_s"]
+        for phase in ("index_check", "consume"):
+            if "object_reads_per_s" in phases[phase]:
+                out[f"{phase}_reads"] = phases[phase]["object_reads_per_s"] / reads["per_s"]
     writes = reference.get("seq_write", {})
     if writes.get("messages_per_s"):
         out["send"] = phases["send"]["per_s"] / writes["messages_per_s"]
     return out
+
+
+def _add_object_reads(phase: dict[str, float], before: dict[str, int], after: dict[str, int]) -> None:
+    """The object reads the phase's gets made (a system that counts them: stratalog), and their rate."""
+    if "object_reads" in after:
+        phase["object_reads"] = after["object_reads"] - before["object_reads"]
+        phase["object_read_bytes"] = after["object_read_bytes"] - before["object_read_bytes"]
+        phase["object_reads_per_s"] = phase["object_reads"] / phase["seconds"]
 
 
 def _stats(system: QueueSystem) -> dict[str, int]:

@@ -66,7 +66,7 @@ def _times(ratio: float) -> str:
     return f"{ratio:,.1f}x" if ratio >= 1 else f"{ratio:.2g}x"
 
 
-def _disk_table(system: dict[str, Any], message_bytes: int) -> Any:
+def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
     """stratalog's phases beside the disk references taken in the same run (ratios as in ratios_to_disk)."""
     out = table("stratalog against this disk, same run", ("phase", "phase rate", "disk reference", "reference rate",
                                                           "ratio"), left=("phase", "disk reference"))
@@ -80,6 +80,14 @@ def _disk_table(system: dict[str, Any], message_bytes: int) -> Any:
         out.add_row("consume", f"{phases['consume']['per_s'] * message_bytes / MIB_BYTES:,.1f} MiB/s of messages",
                     "the same reads, in bytes", f"{reads['bytes_per_s'] / MIB_BYTES:,.1f} MiB/s",
                     _times(ratios["consume"]))
+        for phase, per, count in (("index_check", "get", phases["index_check"]["gets"]),
+                                  ("consume", "queue", phases["consume"]["messages"] / rounds)):
+            if f"{phase}_reads" in ratios:
+                p = phases[phase]
+                made = (f"{p['object_reads_per_s']:,.0f} reads/s ({p['object_reads'] / max(1, count):.2f} per {per}, "
+                        f"{p['object_read_bytes'] / max(1, p['object_reads']) / 1024:.1f} KiB each)")
+                out.add_row(f"{phase.replace('_', ' ')}: its object reads", made, "random 4 KiB reads, as above",
+                            f"{reads['per_s']:,.0f} reads/s", _times(ratios[f"{phase}_reads"]))
     else:
         why = reads.get("skipped") or reads.get("error") or "no reads"
         out.add_row("index check, consume", "-", f"random 4 KiB reads: {why}", "-", "-")
@@ -171,7 +179,7 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
         console.print(_ratios_table(doc))
     for s in results:
         if s["name"] == "stratalog" and "reference" in s:
-            console.print(_disk_table(s, message_bytes))
+            console.print(_disk_table(s, message_bytes, max(1, plan.total_messages // plan.queues)))
         if s["name"] == "stratalog" and "stats" in s:
             st = s["stats"]
             q = max(1, st["queues"])

@@ -168,14 +168,15 @@ class _Object:
         data: bytes = self.reader.read(start, end, random_access=random_access)
         return data
 
-    def read_runs(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> bytes:
-        """Bytes ``start .. end`` of the runs, read as the whole pages that hold them and checked."""
+    def read_runs(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> tuple[bytes, int]:
+        """Bytes ``start .. end`` of the runs, read as the whole pages that hold them and checked; and the
+        bytes read."""
         lo, hi = page_span(start, end, self.runs_bytes)
         pages = self.read(store, lo, hi, random_access)
         if len(pages) != hi - lo:
             raise CorruptBulkError(f"object {self.key} is shorter than its index says")
         check_pages(pages, lo, self.pages, self.key)
-        return pages[start - lo:end - lo] if hi - lo != end - start else pages
+        return pages[start - lo:end - lo] if hi - lo != end - start else pages, hi - lo
 
 
 _View = tuple[tuple[_Object, ...], tuple[_Record, ...], RunIndex]
@@ -239,6 +240,8 @@ class QueueStore:
         # Checked runs kept for readers: (object id, stream id) -> (run bytes, message ends, bytes held).
         self._runs: OrderedDict[tuple[int, int], tuple[bytes, list[int], int]] = OrderedDict()
         self._runs_bytes = 0
+        self._object_reads = 0          # reads of objects by gets, and the bytes (whole pages) they read
+        self._object_read_bytes = 0
         self._read_next = np.zeros(1024, I64)
         self._closing = False
         self._closed = False
@@ -579,7 +582,10 @@ class QueueStore:
                         if cached is not None:
                             raw, run_ends = cached[0], cached[1]
                         else:
-                            raw = obj.read_runs(self._objects, starts[k], stops[k], not sequential)
+                            raw, read_bytes = obj.read_runs(self._objects, starts[k], stops[k], not sequential)
+                            with self._read_lock:
+                                self._object_reads += 1
+                                self._object_read_bytes += read_bytes
                             run_ends = frame_run(raw, end - start, obj.key, stream_id)
                             # Keep it only for a sequential reader this get leaves part of it to: a random
                             # reader (an index check) rarely comes back to the same run.
@@ -1058,6 +1064,8 @@ class QueueStore:
             "log_cache_bytes": self._cache_bytes,
             "log_cache_records": len(records),
             "read_cache_bytes": self._runs_bytes,
+            "object_reads": self._object_reads,
+            "object_read_bytes": self._object_read_bytes,
             "compactions": self.compactions,
             "compacted_bytes": self.compacted_bytes,
         }
