@@ -279,16 +279,21 @@ def test_local_rename_is_one_os_rename_and_syncs_both_directories(
     assert (tmp_path / "root" / "data" / "b").read_bytes() == b"1"
 
 
-def test_local_put_syncs_large_objects_piece_by_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = LocalDirStore(tmp_path / "root", sync_every_bytes=1000)
+def _record_syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The local store's fdatasync calls, as how much of the file is out when each piece is synced."""
     pieces: list[int] = []
     real_fdatasync = os.fdatasync
 
     def recording_fdatasync(fd: int) -> None:
-        pieces.append(os.fstat(fd).st_size)  # how much of the file is out when each piece is synced
+        pieces.append(os.fstat(fd).st_size)
         real_fdatasync(fd)
 
     monkeypatch.setattr(local_module.os, "fdatasync", recording_fdatasync)
+    return pieces
+
+def test_local_put_syncs_large_objects_piece_by_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalDirStore(tmp_path / "root", sync_every_bytes=1000)
+    pieces = _record_syncs(monkeypatch)
     data = bytes(range(256)) * 14  # 3,584 bytes: three whole pieces, then the last and the final fsync
     store.put("big", data)
     assert pieces == [1000, 2000, 3000]
@@ -303,14 +308,7 @@ def test_local_put_syncs_large_objects_piece_by_piece(tmp_path: Path, monkeypatc
 def test_local_put_parts_writes_parts_as_they_come_and_syncs_by_piece(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path / "root", sync_every_bytes=1000)
-    pieces: list[int] = []
-    real_fdatasync = os.fdatasync
-
-    def recording_fdatasync(fd: int) -> None:
-        pieces.append(os.fstat(fd).st_size)
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(local_module.os, "fdatasync", recording_fdatasync)
+    pieces = _record_syncs(monkeypatch)
     parts = [b"a" * 700, memoryview(b"b" * 900), bytearray(b"c" * 1500)]
     put_parts(store, "joined", iter(parts))
     assert store.get("joined") == b"a" * 700 + b"b" * 900 + b"c" * 1500
@@ -746,14 +744,7 @@ def test_uri_errors_never_show_the_secret(tmp_path: Path) -> None:
 
 def test_local_put_parts_takes_a_piece_size_for_one_put(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path / "root", sync_every_bytes=1000)
-    pieces: list[int] = []
-    real_fdatasync = os.fdatasync
-
-    def recording_fdatasync(fd: int) -> None:
-        pieces.append(os.fstat(fd).st_size)
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(local_module.os, "fdatasync", recording_fdatasync)
+    pieces = _record_syncs(monkeypatch)
     put_parts(store, "big", [b"a" * 2500, b"b" * 2500], sync_every_bytes=2000)
     assert pieces == [2000, 4000] and store.get("big") == b"a" * 2500 + b"b" * 2500
     pieces.clear()

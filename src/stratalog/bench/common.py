@@ -13,6 +13,7 @@ import platform
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,24 @@ REFERENCE_READ_BYTES = 4 << 20
 #: it is reported anyway, with the sample count beside it.
 LATENCY_PERCENTILES = (("p50", 50.0), ("p99", 99.0), ("p999", 99.9))
 
+
+def run_threads(count: int, target: Callable[[int], None], name: str = "bench") -> None:
+    """Run ``target(t)`` for t in 0 .. count - 1 on threads of their own; re-raise the first error."""
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            target(t)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,), name=f"{name}-{t}") for t in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 def size_label(size_bytes: int) -> str:
     """1024 -> "1 KiB", 1048576 -> "1 MiB", 1000 -> "1000 B"."""

@@ -13,14 +13,14 @@ import bisect
 import errno
 import os
 import random
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from stratalog.bench.common import run_threads
 from stratalog.io.device import aligned_buffer
 
 #: Size and alignment of each reference read: a page, the smallest read the page cache and the disk do.
@@ -121,7 +121,7 @@ def random_reads(paths: Sequence[Path], threads: int, reads_max: int, seconds_ma
                 done += 1
             counts[t] = done
 
-        _run_threads(threads, reader)
+        run_threads(threads, reader, "bench-disk-reference")
         seconds = time.perf_counter() - started_s
     finally:
         for fd in fds:
@@ -164,21 +164,3 @@ def _write_blocks(path: Path, buf: Any, blocks: int, *, direct: bool) -> Sequent
     finally:
         os.close(fd)
     return SequentialWrite(blocks * WRITE_BLOCK_BYTES, seconds, direct)
-
-
-def _run_threads(count: int, target: Callable[[int], None]) -> None:
-    errors: list[BaseException] = []
-
-    def run(t: int) -> None:
-        try:
-            target(t)
-        except BaseException as e:
-            errors.append(e)
-
-    workers = [threading.Thread(target=run, args=(t,), name=f"bench-disk-reference-{t}") for t in range(count)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    if errors:
-        raise errors[0]

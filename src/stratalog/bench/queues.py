@@ -28,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from stratalog.bench import disk_reference
-from stratalog.bench.common import disk_bytes
+from stratalog.bench.common import disk_bytes, run_threads
 
 if TYPE_CHECKING:
     from stratalog.queues import QueueConfig
@@ -120,24 +119,6 @@ def open_system(name: str, data_dir: Path, plan: QueueBenchPlan) -> QueueSystem:
     return peer
 
 
-def _threads(count: int, target: Callable[[int], None]) -> None:
-    errors: list[BaseException] = []
-
-    def run(t: int) -> None:
-        try:
-            target(t)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(t,), name=f"bench-{t}") for t in range(count)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
-
-
 def _send(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: list[bytes],
           progress: Any) -> None:
     t_count = plan.threads
@@ -163,7 +144,7 @@ def _send(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: li
                 progress[0] += len(mine)
         system.flush()
 
-    _threads(t_count, producer)
+    run_threads(t_count, producer)
 
 
 def _index_check(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: list[bytes],
@@ -187,7 +168,7 @@ def _index_check(system: QueueSystem, plan: QueueBenchPlan, names: list[str], ta
                 progress[1] += 1024
         progress[1] += done % 1024
 
-    _threads(plan.threads, checker)
+    run_threads(plan.threads, checker)
     return bad[0]
 
 
@@ -217,7 +198,7 @@ def _consume(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails:
             if off != rounds:
                 bad[0] += 1
 
-    _threads(plan.threads, consumer)
+    run_threads(plan.threads, consumer)
     return read[0], bad[0]
 
 
