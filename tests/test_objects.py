@@ -353,6 +353,30 @@ def test_local_reader_reads_the_same_bytes_sequentially_and_at_random(tmp_path: 
         reader.close()
 
 
+def test_local_reader_hints_read_ahead_through_libc_keeping_the_gil(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    assert local_module._fadvise_keeping_gil is not None    # Linux: libc's posix_fadvise through ctypes.PyDLL
+    store = LocalDirStore(tmp_path / "root")
+    data = secrets.token_bytes(3 * 4096)
+    store.put("obj", data)
+    reader = store.open_reader("obj")
+    calls: list[tuple[int, int, int, int]] = []
+    real = local_module._fadvise_keeping_gil
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> int:
+        calls.append((fd, offset, length, advice))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(local_module, "_fadvise_keeping_gil", recording)
+    try:
+        reader.will_need(4096, 3 * 4096)
+        assert len(calls) == 1 and calls[0][1:] == (4096, 2 * 4096, os.POSIX_FADV_WILLNEED)
+        assert real(calls[0][0], 4096, 4096, os.POSIX_FADV_WILLNEED) == 0
+        assert reader.read(4096, 3 * 4096) == data[4096:]
+    finally:
+        reader.close()
+    assert real(calls[0][0], 0, 4096, os.POSIX_FADV_WILLNEED) == errno.EBADF   # an error number, not a raise
+
 def test_local_failed_sync_stores_nothing_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path / "root")
     store.put("kept", b"old")
