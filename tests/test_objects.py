@@ -377,6 +377,36 @@ def test_local_reader_hints_read_ahead_through_libc_keeping_the_gil(tmp_path: Pa
         reader.close()
     assert real(calls[0][0], 0, 4096, os.POSIX_FADV_WILLNEED) == errno.EBADF   # an error number, not a raise
 
+def test_local_reader_takes_small_cached_reads_without_the_gil_hand_off(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert local_module._preadv2_keeping_gil is not None    # Linux: libc's preadv2 through ctypes.PyDLL
+    store = LocalDirStore(tmp_path / "root")
+    data = secrets.token_bytes(200_000)
+    store.put("obj", data)
+    reader = store.open_reader("obj")
+    try:
+        assert reader.read(0, len(data)) == data     # large: os.pread; and now all of it is in the page cache
+        fd = reader._fd
+        assert local_module._pread_cached(fd, 5000, 1000) == data[1000:6000]
+        assert local_module._pread_cached(fd, 100, len(data) - 50) is None    # short: left to os.pread
+        taken: list[tuple[int, int]] = []
+        real = local_module._pread_cached
+
+        def recording(fd: int, size: int, offset: int) -> bytes | None:
+            taken.append((offset, size))
+            return real(fd, size, offset)
+
+        monkeypatch.setattr(local_module, "_pread_cached", recording)
+        assert reader.read(100, 4196, random_access=True) == data[100:4196]
+        assert reader.read(0, 100_000) == data[:100_000]    # above CACHED_READ_BYTES_MAX: not tried
+        assert taken == [(100, 4096)]
+        monkeypatch.setattr(local_module, "_pread_cached", lambda fd, size, offset: None)    # not cached
+        assert reader.read(7, 9000) == data[7:9000]
+        with pytest.raises(ObjectStoreError, match="ends before"):
+            reader.read(len(data) - 5, len(data) + 5)
+    finally:
+        reader.close()
+
 def test_local_failed_sync_stores_nothing_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path / "root")
     store.put("kept", b"old")

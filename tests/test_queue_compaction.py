@@ -184,9 +184,9 @@ def test_the_store_merges_objects_and_reads_the_same(tmp_path: Path) -> None:
     config = small_queue_config(compact_fanout=2, upload_idle_s=0.01)
     with QueueStore.open(tmp_path, config=config) as qs:
         _fill(qs, model, rng, 12, 300)
-        # Settled: nothing left to merge, nothing waiting to be deleted (an idle upload may split a round,
-        # so there can be more than 12 uploads and more than 6 merges).
-        _wait(lambda: qs.stats()["compactions"] >= 6 and not qs._retired
+        # Settled: nothing left to upload or merge, nothing waiting to be deleted (an idle upload may split
+        # a round, so there can be more than 12 uploads and more than 6 merges).
+        _wait(lambda: qs.stats()["compactions"] >= 6 and not qs._retired and not qs._view[1]
               and qs._plan_compaction(qs._view[0]) is None)
         stats = qs.stats()
         # 12 uploads of one tier, merged two by two, then the merged ones two by two: at most one object per tier.
