@@ -215,13 +215,22 @@ def decode_index(raw: bytes, footer: ObjectFooter) -> tuple[list[tuple[int, str]
     names, pos = decode_names(raw, 0, footer.stream_count - footer.first_stream)
     if pos != footer.names_bytes:
         raise CorruptBulkError("run object names do not fill their section")
-    n = footer.stream_count
-    ends = np.frombuffer(raw, U32, n, pos).copy()
-    positions = np.frombuffer(raw, U32, n + 1, pos + 4 * n).copy()
-    if n and (np.any(np.diff(positions.astype(I64)) < 0) or int(positions[-1]) != footer.names_position):
+    ends, positions, pages = index_arrays(raw, footer)
+    if footer.stream_count and (np.any(np.diff(positions.astype(I64)) < 0)
+                                or int(positions[-1]) != footer.names_position):
         raise CorruptBulkError("run object index: run positions are not in order")
-    pages = np.frombuffer(raw, U32, page_count(footer.names_position), pos + 8 * n + 4).copy()
     return names, ends, positions, pages
+
+
+def index_arrays(raw: bytes, footer: ObjectFooter) -> tuple[U32s, U32s, U32s]:
+    """End offsets, run positions and page CRCs (copies) from the bytes ``names_position .. index end``,
+    whose length and CRC the caller checked."""
+    n = footer.stream_count
+    at = footer.names_bytes
+    ends = np.frombuffer(raw, U32, n, at).copy()
+    positions = np.frombuffer(raw, U32, n + 1, at + 4 * n).copy()
+    pages = np.frombuffer(raw, U32, page_count(footer.names_position), at + 8 * n + 4).copy()
+    return ends, positions, pages
 
 
 def page_count(runs_bytes: int) -> int:

@@ -353,43 +353,33 @@ class LocalDirStore:
                                        f"{_advice(exc)}") from exc
 
 
-def _load_fadvise_keeping_gil() -> Callable[[int, int, int, int], int] | None:
-    """libc's posix_fadvise through ctypes.PyDLL, which calls it without releasing the GIL; None where
-    it cannot be loaded (then os.posix_fadvise). It returns an error number and never raises."""
+def _libc_keeping_gil(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
+    """libc's function ``name`` through ctypes.PyDLL, which calls it without releasing the GIL (for calls
+    that do not wait on the disk); None where it cannot be loaded. It returns what libc returns (an error
+    number or -1) and never raises."""
     try:
-        function = ctypes.PyDLL(ctypes.util.find_library("c")).posix_fadvise
+        function = getattr(ctypes.PyDLL(ctypes.util.find_library("c")), name)
     except (OSError, AttributeError, TypeError):
         return None
-    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int)
-    function.restype = ctypes.c_int
-    fadvise: Callable[[int, int, int, int], int] = function
-    return fadvise
-
-
-_fadvise_keeping_gil = _load_fadvise_keeping_gil() if hasattr(os, "POSIX_FADV_WILLNEED") else None
-
-#: Reads up to this size first try the page cache without giving up the GIL (see _pread_cached).
-CACHED_READ_BYTES_MAX = 64 << 10
+    function.argtypes = argtypes
+    function.restype = restype
+    return function
 
 
 class _IoVec(ctypes.Structure):
     _fields_ = (("base", ctypes.c_void_p), ("length", ctypes.c_size_t))
 
 
-def _load_preadv2_keeping_gil() -> Any:
-    """libc's preadv2 through ctypes.PyDLL (called without releasing the GIL); None where missing."""
-    if not hasattr(os, "RWF_NOWAIT"):
-        return None
-    try:
-        function = ctypes.PyDLL(ctypes.util.find_library("c")).preadv2
-    except (OSError, AttributeError, TypeError):
-        return None
-    function.argtypes = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_int, ctypes.c_int64, ctypes.c_int)
-    function.restype = ctypes.c_ssize_t
-    return function
-
-
-_preadv2_keeping_gil = _load_preadv2_keeping_gil()
+#: posix_fadvise (returns an error number); None: os.posix_fadvise.
+_fadvise_keeping_gil: Callable[[int, int, int, int], int] | None = _libc_keeping_gil(
+    "posix_fadvise", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int),
+    ctypes.c_int) if hasattr(os, "POSIX_FADV_WILLNEED") else None
+#: preadv2 (returns bytes read, or -1); None: every read through os.pread.
+_preadv2_keeping_gil = _libc_keeping_gil(
+    "preadv2", (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_int, ctypes.c_int64, ctypes.c_int),
+    ctypes.c_ssize_t) if hasattr(os, "RWF_NOWAIT") else None
+#: Reads up to this size first try the page cache without giving up the GIL (see _pread_cached).
+CACHED_READ_BYTES_MAX = 64 << 10
 
 
 def _pread_cached(fd: int, size: int, offset: int) -> bytes | None:

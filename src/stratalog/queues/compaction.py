@@ -33,6 +33,7 @@ from stratalog.engine.bulkformat import (
     check_pages,
     decode_footer,
     encode_footer,
+    index_arrays,
     page_count,
     page_crcs,
     page_span,
@@ -64,10 +65,7 @@ class MergeSource:
         raw = read(footer.names_position, size_bytes - OBJECT_FOOTER_BYTES)
         if len(raw) != footer.names_bytes + footer.index_bytes or crc32c(raw) != footer.index_crc:
             raise CorruptBulkError(f"run object {key}: its index failed its CRC or is short")
-        n = footer.stream_count
-        ends = np.frombuffer(raw, U32, n, footer.names_bytes).copy()
-        positions = np.frombuffer(raw, U32, n + 1, footer.names_bytes + 4 * n).copy()
-        pages = np.frombuffer(raw, U32, page_count(footer.names_position), footer.names_bytes + 8 * n + 4).copy()
+        ends, positions, pages = index_arrays(raw, footer)
         return cls(key, read, footer.first_stream, raw[:footer.names_bytes], ends, positions, footer.message_count,
                    pages)
 

@@ -395,11 +395,7 @@ class QueueStore:
             if not taken:
                 return
             self._check_open()
-            if not bulk_items:
-                ids = self._complete(np.fromiter(map(_third, items), I64, taken), items, _first)
-                batch = pa.array(list(map(_second, items)), type=pa.binary())
-            else:
-                ids, batch = self._unzip_mixed(items)
+            ids, batch = self._unzip_mixed(items) if bulk_items else self._singles(items)
             self._write(ids, batch)
 
     def _resolve(self, names: list[str]) -> Ids:
@@ -423,23 +419,30 @@ class QueueStore:
         id_parts: list[Ids] = []
         arrays = []
         singles: list[tuple[Any, Any, int]] = []
+
+        def take_singles() -> None:
+            if singles:
+                single_ids, single_messages = self._singles(singles)
+                id_parts.append(single_ids)
+                arrays.append(single_messages)
+                singles.clear()
+
         for item in items:
             if item[0] is _BULK:
-                if singles:
-                    id_parts.append(self._complete(np.fromiter(map(_third, singles), I64, len(singles)), singles,
-                                                   _first))
-                    arrays.append(pa.array(list(map(_second, singles)), type=pa.binary()))
-                    singles = []
+                take_singles()
                 bulk_names, known, batch = item[1]
                 id_parts.append(self._complete(known, bulk_names))
                 arrays.append(batch)
             else:
                 singles.append(item)
-        if singles:
-            id_parts.append(self._complete(np.fromiter(map(_third, singles), I64, len(singles)), singles, _first))
-            arrays.append(pa.array(list(map(_second, singles)), type=pa.binary()))
+        take_singles()
         ids = id_parts[0] if len(id_parts) == 1 else np.concatenate(id_parts)
         return ids, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+    def _singles(self, items: list[tuple[Any, Any, int]]) -> tuple[Ids, Any]:
+        """Ids and one Arrow array of messages from single puts (no bulk among them)."""
+        ids = self._complete(np.fromiter(map(_third, items), I64, len(items)), items, _first)
+        return ids, pa.array(list(map(_second, items)), type=pa.binary())
 
     def _complete(self, ids: Ids, source: Sequence[Any], name_of: Callable[[Any], str] | None = None) -> Ids:
         """``ids`` with each -1 (a queue not known when it was put) resolved from ``source[i]`` (its name,
