@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -27,7 +28,7 @@ from stratalog.engine.bulkformat import (
 from stratalog.errors import StratalogError
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
-from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects
+from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects, merge_piece, plan_merge
 from stratalog.queues.store import QUEUE_PREFIX
 
 
@@ -121,6 +122,46 @@ def test_merged_page_crcs_cover_every_page_whatever_the_slices(slice_bytes: int)
     # Each slice reads the pages its runs lie in: a page two slices share is read (and checked) by both.
     assert result.pages_checked == pages if slice_bytes > len(merged) else result.pages_checked >= pages
 
+@pytest.mark.parametrize("piece_bytes", [300, 1000, 1 << 20])
+def test_a_merge_cut_into_pieces_reads_back_as_one(piece_bytes: int) -> None:
+    rng = random.Random(piece_bytes)
+    objects, model = _objects(rng, 4, [9, 4, 6, 3])
+    first = _source("o0", objects[0])
+    sources = [_source(f"o{i}", objects[i]) for i in range(1, 4)]
+    piece_bytes_max = piece_bytes + 8 * len(model) + 48 + len(b"".join(s.names_raw for s in sources))
+    plan = plan_merge(sources, first.ends, piece_bytes_max)
+    pieces = []
+    for p in range(len(plan.pieces)):
+        result = MergeResult()
+        raw = b"".join(merge_piece(plan, p, 64, result))
+        assert result.size_bytes == len(raw) <= piece_bytes_max
+        pieces.append((raw, result))
+    # The pieces cover the streams in order, each a run object of every stream.
+    assert plan.pieces[0][0] == 0 and plan.pieces[-1][1] == len(model)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(plan.pieces))
+    assert len(plan.pieces) == 1 if piece_bytes == 1 << 20 else len(plan.pieces) > 1
+    prev = first.ends
+    got = _read_all(objects[0], len(model), np.zeros(0, U32))
+    messages = 0
+    for p, (raw, result) in enumerate(pieces):
+        footer = decode_footer(raw[-44:], len(raw))
+        names, ends, positions, pages = decode_index(raw[footer.names_position:len(raw) - 44], footer)
+        assert footer.stream_count == len(model)
+        assert footer.first_stream == (9 if p == 0 else len(model))
+        assert names == ([(i, f"q{i}") for i in range(9, len(model))] if p == 0 else [])
+        assert np.array_equal(result.ends, ends) and np.array_equal(result.positions, positions)
+        lo, hi = plan.pieces[p]
+        runs = _read_all(raw, len(model), prev)
+        for s in range(len(model)):
+            assert not runs[s] or lo <= s < hi
+            got[s] += runs[s]
+        messages += footer.message_count
+        prev = ends
+    assert got == model
+    assert prev.tolist() == [len(m) for m in model]
+    assert messages == sum(s.message_count for s in sources)
+
+
 def test_merge_from_the_first_object() -> None:
     objects, model = _objects(random.Random(3), 3, [4, 4, 4])
     result = MergeResult()
@@ -199,6 +240,31 @@ def test_the_store_merges_objects_and_reads_the_same(tmp_path: Path) -> None:
         assert qs.recovery.objects == stats["objects"]
         _check(qs, model, rng)
         _fill(qs, model, rng, 3, 300)
+        _check(qs, model, rng)
+
+
+def test_merges_cut_into_pieces_read_the_same_and_survive_a_reopen(tmp_path: Path) -> None:
+    rng = random.Random(15)
+    model: dict[str, list[bytes]] = {}
+    # Pieces smaller than two rounds' uploads: every merge makes two or more pieces, and the next merge
+    # takes those pieces as one unit of its tier.
+    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01, upload_bytes_threshold=16 << 10,
+                                compact_object_bytes_max=48 << 10)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        _fill(qs, model, rng, 8, 400)
+        _wait(lambda: qs.stats()["compactions"] >= 3 and not qs._retired and not qs._view[1]
+              and qs._plan_compaction(qs._view[0]) is None)
+        assert qs.compaction_error is None
+        objects = qs._view[0]
+        places = [o.key.split("/")[-1].split("-")[0] for o in objects]
+        assert len(set(places)) < len(places), "some merge made several pieces"
+        assert all(o.size_bytes <= 48 << 10 for o in objects if "-" in o.key)
+        _check(qs, model, rng)
+        stats = qs.stats()
+    with QueueStore.open(tmp_path, config=config) as qs:
+        assert qs.recovery.objects == stats["objects"]
+        _check(qs, model, rng)
+        _fill(qs, model, rng, 2, 400)
         _check(qs, model, rng)
 
 

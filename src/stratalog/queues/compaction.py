@@ -2,24 +2,28 @@
 
 At a million queues an upload of 256 MiB leaves about three messages per queue, so a queue's messages are
 spread over one run per upload: a read of ten messages touches three or four objects and a consumer of a
-hundred messages thirty. Merging ``fanout`` consecutive objects of one size tier into one object (then
-``fanout`` of those, up to ``compact_object_bytes_max``) keeps the runs per queue near
-``fanout * log_fanout(data / upload)``, at the cost of rewriting the data once per tier.
+hundred messages thirty. Merging ``fanout`` consecutive objects of one size tier into one (then ``fanout``
+of those, and so on) keeps the runs per queue near ``fanout * log_fanout(data / upload)``, at the cost of
+rewriting the data once per tier.
 
-The merged object is an ordinary run object (docs/formats/queues.md): its runs hold, for each stream, the
-messages of every source in order, its index the last source's end offsets, its names every source's
-names. It is laid out a slice of streams at a time (about ``slice_bytes`` of sources), so the memory it
-takes does not grow with the objects: per slice one ranged read of each source's pages, every page checked
-against its CRC, two Arrow ``take`` calls gather the new runs, and the new pages' CRCs are computed as
-the slices go out. Nothing of a source is carried over unchecked.
+A merge's runs hold, for each stream, the messages of every source in order. Run positions are u32, so a
+merge larger than an object may be is cut by stream range into pieces (:class:`MergePlan`), each an
+ordinary run object (docs/formats/queues.md) in which the streams outside its range have empty runs: a
+queue's messages from the merged sources still lie in one run. Each piece is laid out a slice of streams
+at a time (about ``slice_bytes`` of sources), so the memory a merge takes does not grow with the objects:
+per slice one ranged read of each source's pages, every page checked against its CRC, two Arrow ``take``
+calls gather the new runs, and the new pages' CRCs are computed as the slices go out. Nothing of a source
+is carried over unchecked.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from stratalog.engine.bulkformat import (
@@ -82,71 +86,141 @@ class MergeResult:
     runs_written: int = 0
 
 
-def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: int,
-                  result: MergeResult) -> Iterator[bytes | bytearray]:
-    """The bytes of one run object holding ``sources`` (consecutive objects, oldest first) merged, in
-    parts of about ``slice_bytes`` of sources each; ``result`` is filled as the parts go.
+@dataclass(frozen=True, slots=True)
+class MergePlan:
+    """How ``sources`` merge: the joined runs of every stream, cut into pieces by stream range.
 
-    ``prev_ends`` are the streams' ends before the first source (what the object before it ends at).
-    Raises CorruptBulkError when a source's page fails its CRC or its index does not follow on.
-    """
+    Piece p holds the runs of streams ``pieces[p][0] .. pieces[p][1] - 1`` and is an ordinary run object of
+    every stream (the others have empty runs): its end offsets are the merged ones for the streams up to
+    its range's end and the ends before the merge for the rest, so the pieces, read in order, are what one
+    merged object would be. Piece 0 carries every source's names; the others name no new stream. Only
+    per-stream totals are held here (a few bytes per stream); a slice's per-source arrays are made when the
+    slice is merged."""
+
+    sources: tuple[MergeSource, ...]
+    prev_ends: U32s          # every stream's end before the first source (0 for streams it names)
+    ends: U32s               # every stream's end after the last source
+    positions: npt.NDArray[np.int64]   # where each merged run would start in one object of all the pieces
+    pieces: tuple[tuple[int, int], ...]
+    names_raw: bytes
+
+    @property
+    def stream_count(self) -> int:
+        return len(self.ends)
+
+
+def plan_merge(sources: Sequence[MergeSource], prev_ends: U32s, piece_bytes_max: int) -> MergePlan:
+    """The merge of ``sources`` (consecutive objects, oldest first), in pieces of at most ``piece_bytes_max``
+    bytes (a single stream's run too large for that gets a piece of its own). ``prev_ends`` are the
+    streams' ends before the first source. Raises CorruptBulkError when the sources do not follow on."""
     if len(sources) < 2:
         raise ValueError("a merge takes at least two objects")
-    last = sources[-1]
-    stream_count = len(last.ends)
     first_stream = sources[0].first_stream
     if len(prev_ends) != first_stream:
         raise CorruptBulkError(f"object {sources[0].key} names streams from {first_stream}, but "
                                f"{len(prev_ends)} streams come before it")
-    ends_rows = np.zeros((len(sources) + 1, stream_count), I64)
-    ends_rows[0, :len(prev_ends)] = prev_ends
-    positions = np.zeros((len(sources), stream_count + 1), I64)
-    for j, src in enumerate(sources):
-        n = len(src.ends)
-        if j and src.first_stream != len(sources[j - 1].ends):
+    for prior, src in itertools.pairwise(sources):
+        if src.first_stream != len(prior.ends):
             raise CorruptBulkError(f"object {src.key} names streams from {src.first_stream}: it does not follow on")
-        ends_rows[j + 1, :n] = src.ends
-        ends_rows[j + 1, n:] = ends_rows[j, n:]
-        positions[j, :n + 1] = src.positions
-        positions[j, n + 1:] = src.positions[-1]
-    counts = np.diff(ends_rows, axis=0)                  # [source, stream]
-    if np.any(counts < 0):
-        raise CorruptBulkError(f"objects {sources[0].key} .. {last.key}: a stream's end offset goes back")
-    run_bytes = np.diff(positions, axis=1)               # [source, stream]
-    header_bytes = 4 * counts
-    data_bytes = run_bytes - header_bytes
-    if np.any(data_bytes < 0) or np.any((counts == 0) & (run_bytes != 0)):
-        raise CorruptBulkError(f"objects {sources[0].key} .. {last.key}: run sizes do not match their counts")
-    out_run_bytes = 4 * counts.sum(axis=0) + data_bytes.sum(axis=0)
-    out_positions = np.zeros(stream_count + 1, I64)
-    np.cumsum(out_run_bytes, out=out_positions[1:])
-    runs_bytes = int(out_positions[-1])
+    stream_count = len(sources[-1].ends)
+    # Merged run sizes: the sum over sources of each stream's run (streams a source does not know: none).
+    run_bytes = np.zeros(stream_count, I64)
+    for src in sources:
+        at = src.positions.astype(I64)
+        run_bytes[:len(src.ends)] += at[1:] - at[:-1]
+    positions = np.zeros(stream_count + 1, I64)
+    np.cumsum(run_bytes, out=positions[1:])
+    del run_bytes
+    before = np.zeros(stream_count, U32)
+    before[:len(prev_ends)] = prev_ends
     names_raw = b"".join(src.names_raw for src in sources)
-    index_raw = names_raw + ends_rows[-1].astype(U32).tobytes() + out_positions.astype(U32).tobytes()
+    # A piece's bytes besides its runs: names (piece 0), the index, a CRC per page of runs, the footer.
+    fixed_bytes = len(names_raw) + 8 * stream_count + 4 + OBJECT_FOOTER_BYTES
+    runs_bytes_max = (piece_bytes_max - fixed_bytes) * PAGE_BYTES // (PAGE_BYTES + 4)
+    if runs_bytes_max < 1:
+        raise ValueError(f"pieces of {piece_bytes_max} bytes cannot hold the index of {stream_count} streams")
+    pieces: list[tuple[int, int]] = []
+    lo = 0
+    while lo < stream_count or not pieces:
+        hi = int(np.searchsorted(positions, positions[lo] + runs_bytes_max, side="right")) - 1
+        hi = min(stream_count, max(hi, lo + 1))
+        pieces.append((lo, hi))
+        lo = hi
+    return MergePlan(tuple(sources), before, sources[-1].ends, positions, tuple(pieces), names_raw)
+
+
+def merge_piece(plan: MergePlan, piece: int, slice_bytes: int, result: MergeResult) -> Iterator[bytes | bytearray]:
+    """The bytes of piece ``piece`` of ``plan``, in parts of about ``slice_bytes`` of sources each;
+    ``result`` is filled as the parts go. Raises CorruptBulkError when a source's page fails its CRC or its
+    index does not add up."""
+    lo, hi = plan.pieces[piece]
+    n = plan.stream_count
+    sources = plan.sources
+    ends = np.where(np.arange(n) < hi, plan.ends, plan.prev_ends).astype(U32)
+    out_positions = np.clip(plan.positions - plan.positions[lo], 0, int(plan.positions[hi] - plan.positions[lo]))
+    runs_bytes = int(out_positions[-1])
+    names_raw = plan.names_raw if piece == 0 else b""
+    first_stream = sources[0].first_stream if piece == 0 else n
+    index_raw = names_raw + ends.tobytes() + out_positions.astype(U32).tobytes()
     total = runs_bytes + len(index_raw) + 4 * page_count(runs_bytes) + OBJECT_FOOTER_BYTES
     if total > OBJECT_BYTES_MAX:
-        raise ValueError(f"a merged object of {total} bytes exceeds {OBJECT_BYTES_MAX}: merge fewer objects")
-
-    # Slices of streams holding about slice_bytes of sources each.
-    source_bytes = positions.sum(axis=0)
-    cuts = np.searchsorted(source_bytes, np.arange(0, int(source_bytes[-1]), max(1, slice_bytes)), side="left")
-    bounds = np.unique(np.concatenate((cuts.clip(0, stream_count), [0, stream_count])))
+        raise ValueError(f"a merged object of {total} bytes exceeds {OBJECT_BYTES_MAX}: merge in smaller pieces")
+    # Slices of streams holding about slice_bytes of sources each (the merged runs are the sources' bytes).
+    cuts = np.searchsorted(plan.positions[lo:hi + 1], plan.positions[lo] + np.arange(0, max(1, runs_bytes),
+                                                                                    max(1, slice_bytes)))
+    bounds = np.unique(np.concatenate((lo + cuts.clip(0, hi - lo), [lo, hi])))
     pages = _PageCrcs()
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        part = _merge_slice(sources, lo, hi, counts[:, lo:hi], positions[:, lo:hi + 1], header_bytes[:, lo:hi],
-                            data_bytes[:, lo:hi], result)
-        if len(part) != int(out_positions[hi] - out_positions[lo]):
+    message_count = 0
+    for a, b in itertools.pairwise(bounds.tolist()):
+        counts, positions, header_bytes, data_bytes = _slice_arrays(plan, a, b)
+        message_count += int(counts.sum())
+        part = _merge_slice(sources, a, b, counts, positions, header_bytes, data_bytes, result)
+        if len(part) != int(out_positions[b] - out_positions[a]):
             raise AssertionError("a merged slice is not the size its index says")
         pages.add(part)
         yield part
     crcs = pages.finish()
     index_raw += crcs.tobytes()
-    yield index_raw + encode_footer(runs_bytes, len(names_raw), first_stream, stream_count,
-                                    sum(s.message_count for s in sources), crc32c(index_raw))
+    yield index_raw + encode_footer(runs_bytes, len(names_raw), first_stream, n, message_count, crc32c(index_raw))
     result.size_bytes = total
-    result.ends = ends_rows[-1].astype(U32)
+    result.ends = ends
     result.positions = out_positions.astype(U32)
     result.pages = crcs
+
+
+def _slice_arrays(plan: MergePlan, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For streams ``lo .. hi - 1``: each source's message count, run positions (``hi - lo + 1`` each),
+    message-end bytes and data bytes, ``[source, stream]``; checked against each other."""
+    sources = plan.sources
+    m = hi - lo
+    ends_rows = np.empty((len(sources) + 1, m), I64)
+    ends_rows[0] = plan.prev_ends[lo:hi]
+    positions = np.empty((len(sources), m + 1), I64)
+    for j, src in enumerate(sources):
+        known = max(0, min(len(src.ends), hi) - lo)      # streams of the slice this source knows
+        ends_rows[j + 1, :known] = src.ends[lo:lo + known]
+        ends_rows[j + 1, known:] = ends_rows[j, known:]
+        positions[j, :known + 1] = src.positions[lo:lo + known + 1] if known else src.positions[min(lo, len(src.ends))]
+        positions[j, known + 1:] = positions[j, known]
+    counts = np.diff(ends_rows, axis=0)
+    run_bytes = np.diff(positions, axis=1)
+    header_bytes = 4 * counts
+    data_bytes = run_bytes - header_bytes
+    if np.any(counts < 0):
+        raise CorruptBulkError(f"objects {sources[0].key} .. {sources[-1].key}: a stream's end offset goes back")
+    if np.any(data_bytes < 0) or np.any((counts == 0) & (run_bytes != 0)):
+        raise CorruptBulkError(f"objects {sources[0].key} .. {sources[-1].key}: run sizes do not match their counts")
+    return counts, positions, header_bytes, data_bytes
+
+
+def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: int,
+                  result: MergeResult) -> Iterator[bytes | bytearray]:
+    """The bytes of one run object holding ``sources`` merged (a plan of one piece)."""
+    plan = plan_merge(sources, prev_ends, OBJECT_BYTES_MAX)
+    if len(plan.pieces) != 1:
+        raise ValueError(f"a merged object of {int(plan.positions[-1])} bytes of runs exceeds {OBJECT_BYTES_MAX}: "
+                         "merge fewer objects")
+    return merge_piece(plan, 0, slice_bytes, result)
 
 
 class _PageCrcs:

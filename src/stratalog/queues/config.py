@@ -64,8 +64,12 @@ class QueueConfig:
     #: messages per queue. Tier t holds objects of upload_bytes_threshold * fanout^t / 2 up to the next.
     #: Each tier rewrites the data once more.
     compact_fanout: int = 4
-    #: ... as long as the merged object stays within this (run positions are u32: at most 4 GiB).
+    #: A merge's runs are cut by stream range into objects of at most this many bytes (run positions are
+    #: u32: at most 4 GiB) ...
     compact_object_bytes_max: int = 2 << 30
+    #: ... and a merge takes at most this many bytes of objects: each tier rewrites the data once more, and
+    #: a merge of 16 GiB already takes minutes.
+    compact_merge_bytes_max: int = 16 << 30
     #: A merge reads about this much of its sources at a time; its working memory is about 3x this.
     compact_slice_bytes: int = 32 << 20
     #: Merged-away objects stay readable this long (a get in flight may hold one), then are deleted.
@@ -91,6 +95,8 @@ class QueueConfig:
             raise ValueError("compact_fanout must be 0 (no compaction) or at least 2")
         if not self.upload_bytes_threshold <= self.compact_object_bytes_max <= OBJECT_BYTES_MAX:
             raise ValueError(f"compact_object_bytes_max must be within upload_bytes_threshold .. {OBJECT_BYTES_MAX}")
+        if self.compact_merge_bytes_max < self.upload_bytes_threshold:
+            raise ValueError("compact_merge_bytes_max must be at least upload_bytes_threshold")
         if self.compact_slice_bytes < 1 or self.compact_retire_s < 0:
             raise ValueError("compact_slice_bytes must be >= 1 and compact_retire_s >= 0")
         self.wal.validate(self.wal_capacity_bytes - 8192)

@@ -71,21 +71,24 @@ class RunIndex:
         matrix_p[streams + 1:, k] = positions[-1]
         return RunIndex(matrix_e, matrix_p, k + 1, (*self.stream_counts, streams))
 
-    def with_merged(self, first: int, stop: int, ends: U32s, positions: U32s) -> RunIndex:
-        """This index with objects ``first .. stop - 1`` replaced by one object that merges them. New
-        matrices (readers of this index keep theirs), with spare room for a few more objects."""
-        count = self.objects - (stop - first) + 1
-        columns = max(COLUMNS_GROWTH_MIN, count + COLUMNS_GROWTH_MIN)
-        matrix_e = np.zeros((self.rows, columns), U32)
-        matrix_p = np.zeros((self.rows + 1, columns), U32)
+    def with_merged(self, first: int, stop: int, columns: Sequence[tuple[U32s, U32s]]) -> RunIndex:
+        """This index with objects ``first .. stop - 1`` replaced by the objects that merge them (their
+        ``(ends, positions)`` in order). New matrices (readers of this index keep theirs), with spare room
+        for a few more objects."""
+        count = self.objects - (stop - first) + len(columns)
+        columns_max = max(COLUMNS_GROWTH_MIN, count + COLUMNS_GROWTH_MIN)
+        matrix_e = np.zeros((self.rows, columns_max), U32)
+        matrix_p = np.zeros((self.rows + 1, columns_max), U32)
+        after = first + len(columns)
         for matrix, old in ((matrix_e, self.ends), (matrix_p, self.positions)):
             matrix[:, :first] = old[:, :first]
-            matrix[:, first + 1:count] = old[:, stop:self.objects]
-        streams = len(ends)
-        matrix_e[:streams, first] = ends
-        matrix_p[:streams + 1, first] = positions
-        matrix_p[streams + 1:, first] = positions[-1]
-        counts = (*self.stream_counts[:first], streams, *self.stream_counts[stop:])
+            matrix[:, after:count] = old[:, stop:self.objects]
+        for k, (ends, positions) in enumerate(columns, first):
+            streams = len(ends)
+            matrix_e[:streams, k] = ends
+            matrix_p[:streams + 1, k] = positions
+            matrix_p[streams + 1:, k] = positions[-1]
+        counts = (*self.stream_counts[:first], *(len(ends) for ends, _ in columns), *self.stream_counts[stop:])
         return RunIndex(matrix_e, matrix_p, count, counts)
 
     def last_ends(self) -> U32s:

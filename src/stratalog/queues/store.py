@@ -64,7 +64,7 @@ from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, StratalogError
 from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore, put_parts
-from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects
+from stratalog.queues.compaction import MergeResult, MergeSource, merge_piece, plan_merge
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
 from stratalog.queues.index import RunIndex, TailIndex
 from stratalog.queues.manifest import QueueObjectRef, last_manifest_seq, publish_manifest
@@ -791,12 +791,7 @@ class QueueStore:
                 return
             try:
                 self._retire_due()
-                while self.compaction_error is None and not self._closing:
-                    # One at a time with uploads: their working sets (each a few hundred MiB at a million
-                    # queues) never add up, so peak memory stays what uploads alone take.
-                    with self._upload_lock:
-                        if not self._compact_once():
-                            break
+                while self.compaction_error is None and not self._closing and self._compact_once():
                     self._retire_due()
             except _CompactionCancelledError:
                 return
@@ -806,21 +801,36 @@ class QueueStore:
                 self.compaction_error = e
 
     def _plan_compaction(self, objects: tuple[_Object, ...]) -> tuple[int, int] | None:
-        """The oldest ``compact_fanout`` consecutive objects of one size tier that fit one object."""
+        """Objects ``first .. stop - 1``: the oldest ``compact_fanout`` consecutive merge units of one size
+        tier within ``compact_merge_bytes_max``. A unit is an upload, or the pieces one merge made (they
+        share its place), sized by their sum."""
         config = self._config
         fanout = config.compact_fanout
         if not fanout:
             return None
-        sizes = [o.size_bytes for o in objects]
-        tiers = [_tier(size, config.upload_bytes_threshold, fanout) for size in sizes]
-        for first in range(len(objects) - fanout + 1):
-            stop = first + fanout
-            if len(set(tiers[first:stop])) == 1 and sum(sizes[first:stop]) <= config.compact_object_bytes_max:
-                return first, stop
+        units: list[tuple[int, int]] = []     # (first object, bytes)
+        place = -1
+        for k, obj in enumerate(objects):
+            obj_place = object_order(obj.key, obj.object_id)[0]
+            if obj_place != place:
+                units.append((k, 0))
+                place = obj_place
+            units[-1] = (units[-1][0], units[-1][1] + obj.size_bytes)
+        tiers = [_tier(size, config.upload_bytes_threshold, fanout) for _, size in units]
+        for u in range(len(units) - fanout + 1):
+            chosen = units[u:u + fanout]
+            if len(set(tiers[u:u + fanout])) == 1 and sum(size for _, size in chosen) <= config.compact_merge_bytes_max:
+                stop = units[u + fanout][0] if u + fanout < len(units) else len(objects)
+                return chosen[0][0], stop
         return None
 
     def _compact_once(self) -> bool:
-        """Merge the objects the plan picks into one; False when there is nothing to merge."""
+        """Merge the objects the plan picks; False when there is nothing to merge.
+
+        The merged runs are cut by stream range into pieces of at most ``compact_object_bytes_max`` bytes
+        (run positions are u32), each an object of its own. Each slice of the merge is made under the
+        upload lock, so an upload waits for one slice at most and the two working sets never add up; the
+        pieces are written outside it and committed under it, in one metadata transaction."""
         objects, _, index = self._view
         plan = self._plan_compaction(objects)
         if plan is None:
@@ -829,43 +839,54 @@ class QueueStore:
         replaced = objects[first:stop]
         prev_ends = index.ends[:index.stream_counts[first - 1], first - 1].copy() if first else np.zeros(0, U32)
         sources = [MergeSource.open(o.key, functools.partial(o.read, self._objects), o.size_bytes) for o in replaced]
-        object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
-        key = queue_object_key(object_id, object_order(replaced[0].key, replaced[0].object_id)[0])
-        result = MergeResult()
-
-        def write() -> None:
-            nonlocal result
-            result = MergeResult()
-            put_parts(self._objects, key, self._unless_closing(
-                merge_objects(sources, prev_ends, self._config.compact_slice_bytes, result)),
-                sync_every_bytes=self._config.upload_sync_bytes)
-
+        merge = plan_merge(sources, prev_ends, self._config.compact_object_bytes_max)
+        place = object_order(replaced[0].key, replaced[0].object_id)[0]
         started = time.monotonic()
-        self._with_retries(f"writing merged object {key}", write)
-        self._with_retries("committing the merge", lambda: self._meta.replace_objects(
-            [o.object_id for o in replaced], [NewObject(object_id, key, result.size_bytes, [])]))
-        merged = _Object(object_id, key, self._open_reader(key), result.size_bytes, result.pages,
-                         int(result.positions[-1]))
-        with self._view_lock:
-            objects, records, index = self._view
-            invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
-            self._view = ((*objects[:first], merged, *objects[stop:]), records,
-                          index.with_merged(first, stop, result.ends, result.positions))
-            now = time.monotonic()
-            self._retired.extend((now, o) for o in replaced)
-        # Readers planned on the previous manifest may still get the replaced objects for compact_retire_s.
-        self._publish_manifest()
+        pieces: list[tuple[int, str, MergeResult]] = []
+        for p in range(len(merge.pieces)):
+            object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
+            key = queue_object_key(object_id, place)
+            result = MergeResult()
+
+            def write(piece: int = p, key: str = key) -> None:
+                nonlocal result
+                result = MergeResult()
+                put_parts(self._objects, key, self._merge_slices(
+                    merge_piece(merge, piece, self._config.compact_slice_bytes, result)),
+                    sync_every_bytes=self._config.upload_sync_bytes)
+
+            self._with_retries(f"writing merged object {key}", write)
+            pieces.append((object_id, key, result))
+        merged = tuple(_Object(object_id, key, self._open_reader(key), r.size_bytes, r.pages, int(r.positions[-1]))
+                       for object_id, key, r in pieces)
+        with self._upload_lock:
+            self._with_retries("committing the merge", lambda: self._meta.replace_objects(
+                [o.object_id for o in replaced], [NewObject(i, key, r.size_bytes, []) for i, key, r in pieces]))
+            with self._view_lock:
+                objects, records, index = self._view
+                invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
+                self._view = ((*objects[:first], *merged, *objects[stop:]), records,
+                              index.with_merged(first, stop, [(r.ends, r.positions) for _, _, r in pieces]))
+                now = time.monotonic()
+                self._retired.extend((now, o) for o in replaced)
+            # Readers planned on the previous manifest may still get the replaced objects for compact_retire_s.
+            self._publish_manifest()
         self.compactions += 1
-        self.compacted_bytes += result.size_bytes
-        log.info("merged %d queue objects (%d MiB) into %s in %.1f s", len(replaced), result.size_bytes >> 20, key,
-                 time.monotonic() - started)
+        self.compacted_bytes += sum(r.size_bytes for _, _, r in pieces)
+        log.info("merged %d queue objects (%d MiB) into %d in %.1f s", len(replaced),
+                 sum(r.size_bytes for _, _, r in pieces) >> 20, len(pieces), time.monotonic() - started)
         _return_freed_memory()
         return True
 
-    def _unless_closing(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
-        for part in parts:
+    def _merge_slices(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
+        """A merge's parts, each made under the upload lock; stops when the store closes."""
+        while True:
             if self._closing:
                 raise _CompactionCancelledError
+            with self._upload_lock:
+                part = next(parts, None)
+            if part is None:
+                return
             yield part
 
     def _retire_due(self, *, everything: bool = False) -> None:
