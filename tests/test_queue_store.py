@@ -345,3 +345,55 @@ def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_pat
     assert len(steps) >= 3 and set(steps) == {12345}    # two uploads and a merge
     with pytest.raises(ValueError, match="upload_sync_bytes"):
         QueueStore.open(tmp_path / "bad", config=small_queue_config(upload_sync_bytes=0))
+
+
+class _ListQueues:
+    """A queue system of lists, for checking the bench's own checks."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, list[bytes]] = {}
+
+    def put(self, queue_name: str, message: bytes) -> None:
+        self.queues.setdefault(queue_name, []).append(message)
+
+    def put_many(self, queue_names: list[str], messages: list[bytes]) -> None:
+        for name, message in zip(queue_names, messages, strict=True):
+            self.put(name, message)
+
+    def flush(self) -> None:
+        pass
+
+    def get(self, queue_name: str, offset: int, num: int) -> list[bytes]:
+        return self.queues.get(queue_name, [])[offset:offset + num]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("damage", ["none", "byte", "split", "short"])
+def test_bench_consume_checks_every_message(tmp_path: Path, damage: str) -> None:
+    """The consume phase compares each get's messages in bulk: a changed byte, two messages with their
+    boundary moved, or a missing last message all count as bad."""
+    from stratalog.bench.queues import _consume, expected, expected_messages, message_tails, queue_names
+
+    plan = QueueBenchPlan(queues=50, messages=1000, message_bytes=20, threads=2, batch=0, consume_batch=7,
+                          dir_path=tmp_path)
+    names, tails = queue_names(plan.queues), message_tails(plan.queues, plan.message_bytes)
+    assert expected_messages(tails[3], plan.rounds, 20) == b"".join(expected(tails, 3, r) for r in range(plan.rounds))
+    system = _ListQueues()
+    for r in range(plan.rounds):
+        for q in range(plan.queues):
+            system.put(names[q], expected(tails, q, r))
+    messages = [m for name in names for m in system.queues[name]]
+    assert len(messages) == plan.total_messages
+    for name in names:  # whichever queues the phase picks, each of them is damaged the same way
+        queue = system.queues[name]
+        if damage == "byte":
+            queue[9] = queue[9][:5] + bytes([queue[9][5] ^ 1]) + queue[9][6:]
+        elif damage == "split":
+            queue[9], queue[10] = queue[9] + queue[10][:1], queue[10][1:]
+        elif damage == "short":
+            queue.pop()
+    read, bad = _consume(system, plan, names, tails, [0, 0, 0])
+    assert read == (10 * plan.rounds if damage != "short" else 10 * (plan.rounds - 1))
+    assert bad == (0 if damage == "none" else 10)
