@@ -150,6 +150,7 @@ def test_a_merge_cut_into_pieces_reads_back_as_one(piece_bytes: int) -> None:
         assert footer.first_stream == (9 if p == 0 else len(model))
         assert names == ([(i, f"q{i}") for i in range(9, len(model))] if p == 0 else [])
         assert np.array_equal(result.ends, ends) and np.array_equal(result.positions, positions)
+        assert np.array_equal(pages, page_crcs(raw[:footer.names_position])) and np.array_equal(result.pages, pages)
         lo, hi = plan.pieces[p]
         runs = _read_all(raw, len(model), prev)
         for s in range(len(model)):
