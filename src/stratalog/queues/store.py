@@ -791,7 +791,14 @@ class QueueStore:
                 return
             try:
                 self._retire_due()
-                while self.compaction_error is None and not self._closing and self._compact_once():
+                while self.compaction_error is None and not self._closing:
+                    # One at a time with uploads: their working sets (each a few hundred MiB at a million
+                    # queues) never add up, and producers wait for a merge that has fallen behind. Merges
+                    # beside uploads were measured: beside busy producers a merge gets the GIL a few
+                    # milliseconds at a time and falls behind (24 objects after 100 M puts instead of 7).
+                    with self._upload_lock:
+                        if not self._compact_once():
+                            break
                     self._retire_due()
             except _CompactionCancelledError:
                 return
@@ -825,12 +832,10 @@ class QueueStore:
         return None
 
     def _compact_once(self) -> bool:
-        """Merge the objects the plan picks; False when there is nothing to merge.
+        """Merge the objects the plan picks (under the upload lock); False when there is nothing to merge.
 
         The merged runs are cut by stream range into pieces of at most ``compact_object_bytes_max`` bytes
-        (run positions are u32), each an object of its own. Each slice of the merge is made under the
-        upload lock, so an upload waits for one slice at most and the two working sets never add up; the
-        pieces are written outside it and committed under it, in one metadata transaction."""
+        (run positions are u32), each an object of its own, committed in one metadata transaction."""
         objects, _, index = self._view
         plan = self._plan_compaction(objects)
         if plan is None:
@@ -851,7 +856,7 @@ class QueueStore:
             def write(piece: int = p, key: str = key) -> None:
                 nonlocal result
                 result = MergeResult()
-                put_parts(self._objects, key, self._merge_slices(
+                put_parts(self._objects, key, self._unless_closing(
                     merge_piece(merge, piece, self._config.compact_slice_bytes, result)),
                     sync_every_bytes=self._config.upload_sync_bytes)
 
@@ -859,18 +864,17 @@ class QueueStore:
             pieces.append((object_id, key, result))
         merged = tuple(_Object(object_id, key, self._open_reader(key), r.size_bytes, r.pages, int(r.positions[-1]))
                        for object_id, key, r in pieces)
-        with self._upload_lock:
-            self._with_retries("committing the merge", lambda: self._meta.replace_objects(
-                [o.object_id for o in replaced], [NewObject(i, key, r.size_bytes, []) for i, key, r in pieces]))
-            with self._view_lock:
-                objects, records, index = self._view
-                invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
-                self._view = ((*objects[:first], *merged, *objects[stop:]), records,
-                              index.with_merged(first, stop, [(r.ends, r.positions) for _, _, r in pieces]))
-                now = time.monotonic()
-                self._retired.extend((now, o) for o in replaced)
-            # Readers planned on the previous manifest may still get the replaced objects for compact_retire_s.
-            self._publish_manifest()
+        self._with_retries("committing the merge", lambda: self._meta.replace_objects(
+            [o.object_id for o in replaced], [NewObject(i, key, r.size_bytes, []) for i, key, r in pieces]))
+        with self._view_lock:
+            objects, records, index = self._view
+            invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
+            self._view = ((*objects[:first], *merged, *objects[stop:]), records,
+                          index.with_merged(first, stop, [(r.ends, r.positions) for _, _, r in pieces]))
+            now = time.monotonic()
+            self._retired.extend((now, o) for o in replaced)
+        # Readers planned on the previous manifest may still get the replaced objects for compact_retire_s.
+        self._publish_manifest()
         self.compactions += 1
         self.compacted_bytes += sum(r.size_bytes for _, _, r in pieces)
         log.info("merged %d queue objects (%d MiB) into %d in %.1f s", len(replaced),
@@ -878,15 +882,10 @@ class QueueStore:
         _return_freed_memory()
         return True
 
-    def _merge_slices(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
-        """A merge's parts, each made under the upload lock; stops when the store closes."""
-        while True:
+    def _unless_closing(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
+        for part in parts:
             if self._closing:
                 raise _CompactionCancelledError
-            with self._upload_lock:
-                part = next(parts, None)
-            if part is None:
-                return
             yield part
 
     def _retire_due(self, *, everything: bool = False) -> None:
