@@ -301,6 +301,7 @@ def test_bench_peers_run_the_same_workload_and_nats_is_stopped(tmp_path: Path) -
 
 def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratalog.objects import local
     from stratalog.objects.local import LocalObjectReader
 
     for r in range(3):   # a close uploads what is left: one object per session, each holding one round
@@ -312,8 +313,13 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
     with _open(tmp_path, compact_fanout=0) as qs:
         objects, _, index = qs._view
         assert len(objects) == 3
-        starts, stops = index.positions_rows(3)
-        assert qs.get("q3", 1, 1) == [_msg(3, 1)]
+        _, starts, stops = index.lookup(3)
+        # Everything is in the page cache (just written): no read waits for the disk, so none hints.
+        assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]
+        assert hinted == [], "reads served by the page cache hint nothing"
+        # The page cache misses from here on: the first read that waits for the disk hints the later runs.
+        monkeypatch.setattr(local, "_pread_cached", lambda fd, size, offset: None)
+        assert qs.get("q4", 1, 1) == [_msg(4, 1)]
         assert hinted == [], "a get inside one run reads ahead nothing"
         assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]
         assert hinted == [(objects[k].key, starts[k], stops[k]) for k in (1, 2)]

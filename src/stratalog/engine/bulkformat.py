@@ -253,7 +253,7 @@ def check_pages(raw: Any, at: int, crcs: U32s, key: str) -> None:
     """Check ``raw``, bytes ``at ..`` of object ``key``'s runs (``at`` on a page; the end on one or at the
     runs' end), against the object's page CRCs ``crcs``; raise CorruptBulkError naming the first bad page."""
     first = at // PAGE_BYTES
-    if at % PAGE_BYTES or first + page_count(len(raw)) > len(crcs):
+    if at % PAGE_BYTES or first - (-len(raw) // PAGE_BYTES) > len(crcs):
         raise CorruptBulkError(f"object {key}: a read of bytes {at} .. {at + len(raw)} is not within its pages")
     if len(raw) <= PAGE_BYTES:    # one page: most gets
         if crc32c(raw) != crcs.item(first):
@@ -374,29 +374,35 @@ def u32_at(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArra
     return words
 
 
-def frame_run(raw: bytes, count: int, key: str, stream_id: int) -> list[int]:
-    """The message ends of one run (stream ``stream_id`` in object ``key``, ``count`` messages) whose pages
-    were checked, after checking that they frame it."""
+def frame_run(raw: bytes, count: int, key: str, stream_id: int) -> None:
+    """Check that one run whose pages were checked (stream ``stream_id`` in object ``key``, ``count``
+    messages) is framed by its message ends."""
     ends_at = 4 * count
     if len(raw) < ends_at:
         raise CorruptBulkError(f"run of stream {stream_id} in object {key}: shorter than its message ends; "
                                "the object is damaged")
-    ends: list[int] = memoryview(raw)[:ends_at].cast("I").tolist()  # little-endian on disk; checked at import
-    if count and ends[-1] != len(raw) - ends_at:
+    if count and int.from_bytes(raw[ends_at - 4:ends_at], "little") != len(raw) - ends_at:
         raise CorruptBulkError(f"run of stream {stream_id} in object {key}: message ends do not match its length")
-    return ends
 
 
-def run_messages(raw: bytes, ends: list[int], first: int, stop: int) -> list[bytes]:
-    """Messages ``first .. stop - 1`` of a run framed by :func:`frame_run` (only those are copied)."""
-    base = 4 * len(ends)
-    bounds = [base + e for e in ends[first - 1:stop]] if first else [base, *(base + e for e in ends[:stop])]
-    return list(map(raw.__getitem__, map(slice, bounds[:-1], bounds[1:])))
+def run_messages(raw: bytes, count: int, first: int, stop: int) -> list[bytes]:
+    """Messages ``first .. stop - 1`` of a run of ``count`` messages checked by :func:`frame_run` (only
+    those are copied). A plain loop over the ends: for ten messages or a hundred, twice as fast as
+    building the slices with map."""
+    at = 4 * count
+    ends = memoryview(raw)[:at].cast("I")   # little-endian on disk; checked at import
+    lo = at + ends[first - 1] if first else at
+    out = []
+    for end in ends[first:stop]:
+        out.append(raw[lo:at + end])
+        lo = at + end
+    return out
 
 
 def decode_run(raw: bytes, count: int, key: str, stream_id: int) -> list[bytes]:
     """The ``count`` messages of one run (stream ``stream_id`` in object ``key``; its pages checked)."""
-    return run_messages(raw, frame_run(raw, count, key, stream_id), 0, count)
+    frame_run(raw, count, key, stream_id)
+    return run_messages(raw, count, 0, count)
 
 
 # Runs are decoded by casting their ends to native u32: the formats are little-endian, and so must be the host.

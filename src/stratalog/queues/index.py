@@ -97,16 +97,14 @@ class RunIndex:
             return np.zeros(0, U32)
         return np.ascontiguousarray(self.ends[:self.stream_counts[-1], self.objects - 1])
 
-    def row(self, stream_id: int) -> list[int]:
-        """Stream ``stream_id``'s end offset after each object."""
+    def lookup(self, stream_id: int) -> tuple[list[int], list[int], list[int]]:
+        """Stream ``stream_id``'s end offset after each object, and where its run starts and stops in each."""
+        k = self.objects
         if stream_id >= self.rows:
-            return [0] * self.objects
-        return list(self.ends[stream_id, :self.objects].tolist())
-
-    def positions_rows(self, stream_id: int) -> tuple[list[int], list[int]]:
-        """Where stream ``stream_id``'s run starts and stops in each object."""
-        starts, stops = self.positions[stream_id:stream_id + 2, :self.objects].tolist()
-        return starts, stops
+            position = self.positions[-1, :k].tolist()
+            return [0] * k, position, position
+        starts, stops = self.positions[stream_id:stream_id + 2, :k].tolist()
+        return self.ends[stream_id, :k].tolist(), starts, stops
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from stratalog.engine.bulkformat import (
     I64,
     NAME_HEAD,
     OBJECT_FOOTER_BYTES,
+    PAGE_BYTES,
     STREAM_MESSAGES_MAX,
     U32,
     BulkRecord,
@@ -55,7 +56,6 @@ from stratalog.engine.bulkformat import (
     encode_bulk,
     frame_run,
     lay_out_object,
-    page_span,
     run_messages,
 )
 from stratalog.engine.metadata import Metadata, NewObject
@@ -168,11 +168,15 @@ class _Object:
         data: bytes = self.reader.read(start, end, random_access=random_access)
         return data
 
-    def read_runs(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> tuple[bytes, int]:
+    def read_runs(self, store: ObjectStore, start: int, end: int, random_access: bool = False,
+                  on_miss: Callable[[], object] | None = None) -> tuple[bytes, int]:
         """Bytes ``start .. end`` of the runs, read as the whole pages that hold them and checked; and the
-        bytes read."""
-        lo, hi = page_span(start, end, self.runs_bytes)
-        pages = self.read(store, lo, hi, random_access)
+        bytes read. ``on_miss``: called before the read waits for the disk (local objects)."""
+        lo = start - start % PAGE_BYTES   # page_span, written out: a get's hot path
+        hi = min(-(-end // PAGE_BYTES) * PAGE_BYTES, self.runs_bytes)
+        reader = self.reader
+        pages: bytes = store.get(self.key, lo, hi) if reader is None else reader.read(
+            lo, hi, random_access=random_access, on_miss=on_miss)
         if len(pages) != hi - lo:
             raise CorruptBulkError(f"object {self.key} is shorter than its index says")
         check_pages(pages, lo, self.pages, self.key)
@@ -237,8 +241,8 @@ class QueueStore:
         self._upload_lock = threading.Lock()
         self._upload_wanted = False
         self._read_lock = threading.Lock()
-        # Checked runs kept for readers: (object id, stream id) -> (run bytes, message ends, bytes held).
-        self._runs: OrderedDict[tuple[int, int], tuple[bytes, list[int], int]] = OrderedDict()
+        # Checked runs kept for readers: (object id, stream id) -> (run bytes, message count, bytes held).
+        self._runs: OrderedDict[tuple[int, int], tuple[bytes, int, int]] = OrderedDict()
         self._runs_bytes = 0
         self._object_reads = 0          # reads of objects by gets, and the bytes (whole pages) they read
         self._object_read_bytes = 0
@@ -407,10 +411,10 @@ class QueueStore:
         # New names in the order of their first put, each once; every step a C loop.
         new = list(dict.fromkeys(itertools.filterfalse(ids.__contains__, names)))
         first = self._stream_count
+        self._grow(first + len(new))   # before the ids: a get that finds an id indexes the per-queue arrays
         ids.update(zip(new, range(first, first + len(new)), strict=True))
         self._new_names.extend(zip(range(first, first + len(new)), new, strict=True))
         self._stream_count = first + len(new)
-        self._grow(self._stream_count)
         return np.fromiter(map(ids.__getitem__, names), I64, len(names))
 
     def _unzip_mixed(self, items: list[tuple[Any, Any, int]]) -> tuple[Ids, Any]:
@@ -553,7 +557,8 @@ class QueueStore:
         made before it (durable or not: a message not yet flushed may be gone after a crash)."""
         if offset < 0 or num < 0:
             raise ValueError(f"offset and num must be >= 0, got {offset}, {num}")
-        self._check_not_closed()
+        if self._closed:
+            self._check_not_closed()
         if self._buf:
             self._drain()
         stream_id = self._ids.get(queue_name)
@@ -565,43 +570,48 @@ class QueueStore:
         out: list[bytes] = []
         stop = offset + num
         pos = offset
-        sequential = int(self._read_next[stream_id]) == offset
+        sequential = self._read_next.item(stream_id) == offset
         if index.objects:
-            ends = index.row(stream_id)
+            ends, starts, stops = index.lookup(stream_id)
             if pos < ends[-1]:
                 k = bisect.bisect_right(ends, pos)
-                starts, stops = index.positions_rows(stream_id)
-                # A get that spans runs in several objects: start reading the later ones now, so the
-                # disk serves them together rather than one after another.
-                last = bisect.bisect_right(ends, stop - 1)
-                if last > k:
-                    self._hint_runs(objects, stream_id, starts, stops, k + 1, min(last, len(ends) - 1))
+                # A get that spans runs in several objects: if its first read must wait for the disk,
+                # start reading the later ones too, so the disk serves them together rather than one
+                # after another. (Runs in the page cache need no hint: it would cost a system call.)
+                last = min(bisect.bisect_right(ends, stop - 1), len(ends) - 1)
+                on_miss = functools.partial(self._hint_runs, objects, stream_id, starts, stops, k + 1, last) \
+                    if last > k else None
+                reads = read_bytes = 0
                 while pos < stop and k < len(ends):
                     start = ends[k - 1] if k else 0
                     end = ends[k]
                     if end > start:
                         obj = objects[k]
-                        cached = self._runs.get((obj.object_id, stream_id))
+                        cached = self._runs.get((obj.object_id, stream_id)) if self._runs else None
                         if cached is not None:
-                            raw, run_ends = cached[0], cached[1]
+                            raw = cached[0]
                         else:
-                            raw, read_bytes = obj.read_runs(self._objects, starts[k], stops[k], not sequential)
-                            with self._read_lock:
-                                self._object_reads += 1
-                                self._object_read_bytes += read_bytes
-                            run_ends = frame_run(raw, end - start, obj.key, stream_id)
+                            raw, size = obj.read_runs(self._objects, starts[k], stops[k], not sequential, on_miss)
+                            on_miss = None
+                            reads += 1
+                            read_bytes += size
+                            frame_run(raw, end - start, obj.key, stream_id)
                             # Keep it only for a sequential reader this get leaves part of it to: a random
                             # reader (an index check) rarely comes back to the same run.
                             if sequential and stop < end:
-                                self._cache_run((obj.object_id, stream_id), raw, run_ends)
+                                self._cache_run((obj.object_id, stream_id), raw, end - start)
                         upto = min(stop, end)
-                        out.extend(run_messages(raw, run_ends, pos - start, upto - start))
+                        out += run_messages(raw, end - start, pos - start, upto - start)
                         pos = upto
                         # This get ends where the run does: the reader's next get wants the next run.
                         if sequential and pos == end == stop and k + 1 < len(ends) \
                                 and objects[k + 1].reader is not None:
                             objects[k + 1].reader.will_need(starts[k + 1], stops[k + 1])
                     k += 1
+                if reads:
+                    with self._read_lock:
+                        self._object_reads += reads
+                        self._object_read_bytes += read_bytes
         if pos < stop and records:
             self._get_tail(records, stream_id, pos, stop, out)
         self._read_next[stream_id] = offset + len(out)
@@ -639,10 +649,10 @@ class QueueStore:
             if pos >= stop:
                 return
 
-    def _cache_run(self, key: tuple[int, int], raw: bytes, ends: list[int]) -> None:
-        size = len(raw) + 40 * len(ends) + 100
+    def _cache_run(self, key: tuple[int, int], raw: bytes, count: int) -> None:
+        size = len(raw) + 100
         with self._read_lock:
-            self._runs[key] = (raw, ends, size)
+            self._runs[key] = (raw, count, size)
             self._runs_bytes += size
             while self._runs_bytes > self._config.read_cache_bytes_max and self._runs:
                 # Oldest first, as the seed's cycle cache: no bookkeeping on a hit.
