@@ -69,7 +69,7 @@ def test_put_many_takes_sequences_arrow_and_numpy(tmp_path: Path) -> None:
         assert qs.get("y", 0, 10) == [b"2", b"4", b"def"]
 
 
-@pytest.mark.parametrize("name", ["", "n" * (QUEUE_NAME_CHARS_MAX + 1), "bad\udc80", 17, None, b"bytes"])
+@pytest.mark.parametrize("name", ["", "n" * (QUEUE_NAME_CHARS_MAX + 1), "bad\udc80", 17, None, b"bytes", ["ok"]])
 def test_a_bad_name_raises_and_loses_nothing_else(tmp_path: Path, name: object) -> None:
     with _open(tmp_path) as qs:
         qs.put("ok", b"1")

@@ -285,13 +285,18 @@ class QueueStore:
         if type(message) is not bytes or len(message) > self._small_max:
             self._put_large(queue_name, message)
             return
-        if type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX \
-                or not queue_name.isascii():
+        # The queue's id (-1: not known yet) is looked up here, where the name is warm in the CPU's cache.
+        # Only names not known yet are checked: a known one was checked when its queue was made.
+        try:
+            stream_id = self._ids.get(queue_name, -1)
+        except TypeError:   # unhashable: not a name
+            stream_id = -1
+        if stream_id < 0 and (type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX
+                              or not queue_name.isascii()):
             check_name(queue_name)
-        # No lock: list.append is atomic under the GIL, and the writer only ever removes a prefix. The
-        # queue's id (-1: not known yet) is looked up here, where the name is warm in the CPU's cache.
+        # No lock: list.append is atomic under the GIL, and the writer only ever removes a prefix.
         buf = self._buf
-        buf.append((queue_name, message, self._ids.get(queue_name, -1)))
+        buf.append((queue_name, message, stream_id))
         if len(buf) >= self._wake_count:
             self._backpressure()
 
