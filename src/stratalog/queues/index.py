@@ -11,6 +11,7 @@ sorting every cached run by stream: a CSR array over streams, 12 bytes per cache
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,33 +110,39 @@ class RunIndex:
 
 @dataclass(frozen=True, slots=True)
 class TailIndex:
-    """Every run of some cached records, grouped by stream (records in order within a stream)."""
+    """Every run of some cached records, grouped by stream (records in order within a stream), with the
+    end offset of each run so a read starts at the run that holds its first offset."""
 
     records: tuple[Any, ...]
     last_seq: int
     starts: npt.NDArray[np.int64]     # runs of stream s: starts[s] .. starts[s + 1]
     run_record: npt.NDArray[np.int32]
     run_slot: npt.NDArray[np.int32]
+    run_end: npt.NDArray[np.int64]    # the stream's end offset after the run
     built_at: float
 
     @classmethod
     def build(cls, records: Sequence[Any]) -> TailIndex:
         if not records:
             return cls((), -1, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32),
-                       time.monotonic())
+                       np.zeros(0, np.int64), time.monotonic())
         ids = np.concatenate([r.stream_ids for r in records])
         lengths = [len(r.stream_ids) for r in records]
         run_record = np.repeat(np.arange(len(records), dtype=np.int32), lengths)
         run_slot = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
+        run_end = np.concatenate([r.base_offsets + r.counts for r in records])
         order = np.argsort(ids, kind="stable")
         streams = max(r.stream_count for r in records)
         starts = np.searchsorted(ids[order], np.arange(streams + 1), side="left").astype(np.int64)
-        return cls(tuple(records), records[-1].seq, starts, run_record[order], run_slot[order], time.monotonic())
+        return cls(tuple(records), records[-1].seq, starts, run_record[order], run_slot[order], run_end[order],
+                   time.monotonic())
 
-    def runs(self, stream_id: int) -> list[tuple[Any, int]]:
-        """``(record, slot)`` of each run of ``stream_id``, oldest first."""
+    def runs(self, stream_id: int, offset: int = 0) -> list[tuple[Any, int]]:
+        """``(record, slot)`` of each run of ``stream_id`` that ends after ``offset``, oldest first."""
         if stream_id + 1 >= len(self.starts):
             return []
-        a, b = self.starts[stream_id:stream_id + 2].tolist()
-        return [(self.records[r], s) for r, s in zip(self.run_record[a:b].tolist(), self.run_slot[a:b].tolist(),
-                                                      strict=True)]
+        a, b = self.starts.item(stream_id), self.starts.item(stream_id + 1)
+        if offset:   # a stream has a few runs here: bisect on a list beats NumPy's call overhead
+            a += bisect.bisect_right(self.run_end[a:b].tolist(), offset)
+        return list(zip(map(self.records.__getitem__, self.run_record[a:b].tolist()), self.run_slot[a:b].tolist(),
+                        strict=True))

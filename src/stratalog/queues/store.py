@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -143,7 +144,10 @@ class _Record:
     base_offsets: Ids
     counts: Ids
     first_msg: Ids           # run i's messages are first_msg[i] .. first_msg[i + 1]
-    messages: Any            # pyarrow BinaryArray, runs in order
+    messages: Any            # pyarrow BinaryArray, runs in order: a view of body's messages
+    body: bytes              # the WAL record; message m is body[data_at + message_at[m]:data_at + message_at[m + 1]]
+    data_at: int
+    message_at: memoryview   # int32, one more than the messages
     names: list[tuple[int, str]]
     stream_count: int        # streams known once this record was made
     cache_bytes: int
@@ -512,8 +516,9 @@ class QueueStore:
         taken = batch.take(pa.array(order))
         offsets = np.frombuffer(taken.buffers()[1], np.int32, len(taken) + 1, taken.offset * 4)
         data = memoryview(taken.buffers()[2] or b"")[int(offsets[0]):int(offsets[-1])]
-        ends = offsets[1:] - offsets[0]
-        body = b"".join(encode_bulk(stream_ids, base, counts, names, stream_count, ends, data))
+        message_at = offsets - offsets[0]
+        body = b"".join(encode_bulk(stream_ids, base, counts, names, stream_count, message_at[1:], data))
+        del taken, data   # the log cache keeps the messages in body
         cache_bytes = len(body)
         self._wait_for_cache_room(cache_bytes)
         result = self._append_wal(body)
@@ -521,8 +526,10 @@ class QueueStore:
         first_msg = np.zeros(len(counts) + 1, I64)
         np.cumsum(counts, out=first_msg[1:])
         self._record_seq += 1
-        record = _Record(self._record_seq, result.offset, result.future, stream_ids, base, counts, first_msg, taken,
-                         names, stream_count, cache_bytes, time.monotonic())
+        data_at = len(body) - int(message_at[-1])
+        record = _Record(self._record_seq, result.offset, result.future, stream_ids, base, counts, first_msg,
+                         _messages_in(body, data_at, message_at), body, data_at, message_at.data, names,
+                         stream_count, cache_bytes, time.monotonic())
         with self._view_lock:
             objects, records, index = self._view
             self._view = (objects, (*records, record), index)
@@ -635,21 +642,28 @@ class QueueStore:
         tail = self._tail
         if tail.last_seq != records[-1].seq and time.monotonic() - tail.built_at >= TAIL_REBUILD_S:
             tail = self._tail = TailIndex.build(records)
-        runs = tail.runs(stream_id)
-        # Records written since the tail index was built: looked up one by one.
-        for rec in records:
-            if rec.seq > tail.last_seq:
-                i = int(np.searchsorted(rec.stream_ids, stream_id))
-                if i < len(rec.stream_ids) and rec.stream_ids[i] == stream_id:
-                    runs.append((rec, i))
+        runs = tail.runs(stream_id, pos)
+        # Records written since the tail index was built (the last ones): looked up one by one.
+        newer = len(records)
+        while newer and records[newer - 1].seq > tail.last_seq:
+            newer -= 1
+        for rec in records[newer:]:
+            i = int(np.searchsorted(rec.stream_ids, stream_id))
+            if i < len(rec.stream_ids) and rec.stream_ids.item(i) == stream_id:
+                runs.append((rec, i))
         for rec, i in runs:
-            base = int(rec.base_offsets[i])
-            count = int(rec.counts[i])
+            base = rec.base_offsets.item(i)
+            count = rec.counts.item(i)
             if base + count <= pos:
                 continue
-            first = int(rec.first_msg[i]) + pos - base
+            first = rec.first_msg.item(i) + pos - base
             n = min(stop - pos, base + count - pos)
-            out.extend(rec.messages.slice(first, n).to_pylist())
+            body, data_at, message_at = rec.body, rec.data_at, rec.message_at
+            lo = data_at + message_at[first]
+            for m in range(first + 1, first + n + 1):
+                hi = data_at + message_at[m]
+                out.append(body[lo:hi])
+                lo = hi
             pos += n
             if pos >= stop:
                 return
@@ -934,7 +948,8 @@ class QueueStore:
             if stopped:
                 report.records_dropped += 1
                 continue
-            bulk = decode_bulk(rec.data)
+            body = bytes(rec.data)
+            bulk = decode_bulk(body)
             verdict = self._follows_on(bulk)
             if verdict == "in objects":
                 report.records_in_objects += 1
@@ -943,7 +958,7 @@ class QueueStore:
                 stopped = True
                 report.records_dropped += 1
                 continue
-            self._replay(bulk, rec.offset)
+            self._replay(bulk, body, rec.offset)
             report.records_replayed += 1
             report.messages_replayed += len(bulk.ends)
             if self._cache_bytes >= self._config.upload_bytes_threshold:
@@ -999,23 +1014,23 @@ class QueueStore:
             return "hole"
         return "follows"
 
-    def _replay(self, bulk: BulkRecord, wal_offset: int) -> None:
+    def _replay(self, bulk: BulkRecord, body: bytes, wal_offset: int) -> None:
         for stream_id, name in bulk.names:
             self._ids[name] = stream_id
         self._stream_count = bulk.stream_count
         ids = bulk.stream_ids
         self._next[ids] = bulk.base_offsets + bulk.counts
-        offsets = np.zeros(len(bulk.ends) + 1, np.int32)
-        offsets[1:] = bulk.ends
-        messages = pa.BinaryArray.from_buffers(pa.binary(), len(bulk.ends),
-                                               [None, pa.py_buffer(offsets), pa.py_buffer(bytes(bulk.data))])
+        message_at = np.zeros(len(bulk.ends) + 1, np.int32)
+        message_at[1:] = bulk.ends
+        data_at = len(body) - len(bulk.data)
         first_msg = np.zeros(len(ids) + 1, I64)
         np.cumsum(bulk.counts, out=first_msg[1:])
         done: Future[int] = Future()
         done.set_result(wal_offset)
         self._record_seq += 1
-        record = _Record(self._record_seq, wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg, messages,
-                         bulk.names, bulk.stream_count, len(bulk.data) + 4 * len(bulk.ends), time.monotonic())
+        record = _Record(self._record_seq, wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg,
+                         _messages_in(body, data_at, message_at), body, data_at, message_at.data, bulk.names,
+                         bulk.stream_count, len(body), time.monotonic())
         objects, records, index = self._view
         self._view = (objects, (*records, record), index)
         self._cache_bytes += record.cache_bytes
@@ -1146,6 +1161,12 @@ def _return_freed_memory() -> None:
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
 _third = operator.itemgetter(2)
+
+
+def _messages_in(body: bytes, data_at: int, message_at: npt.NDArray[np.int32]) -> Any:
+    """An Arrow binary array of the messages in ``body`` (no copy)."""
+    return pa.BinaryArray.from_buffers(pa.binary(), len(message_at) - 1,
+                                       [None, pa.py_buffer(message_at), pa.py_buffer(body).slice(data_at)])
 
 
 def _plain_name(name: object) -> bool:
