@@ -12,6 +12,7 @@ sorting every cached run by stream: a CSR array over streams, 12 bytes per cache
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,24 +119,31 @@ class TailIndex:
     starts: npt.NDArray[np.int64]     # runs of stream s: starts[s] .. starts[s + 1]
     run_record: npt.NDArray[np.int32]
     run_slot: npt.NDArray[np.int32]
-    run_end: npt.NDArray[np.int64]    # the stream's end offset after the run
+    run_end: U32s                     # the stream's end offset after the run
     built_at: float
+
+    @classmethod
+    def empty(cls) -> TailIndex:
+        """An index of no records, due for a rebuild at the next read of the log cache."""
+        return cls((), -1, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, U32),
+                   -math.inf)
 
     @classmethod
     def build(cls, records: Sequence[Any]) -> TailIndex:
         if not records:
-            return cls((), -1, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32),
-                       np.zeros(0, np.int64), time.monotonic())
-        ids = np.concatenate([r.stream_ids for r in records])
+            return cls.empty()
+        # 32-bit columns (stream ids and offsets fit): a full log cache at a million queues holds millions
+        # of runs, and each column, its sorted copy and the sort order exist at once while building.
+        ids = np.concatenate([r.stream_ids.astype(np.int32) for r in records])
         lengths = [len(r.stream_ids) for r in records]
-        run_record = np.repeat(np.arange(len(records), dtype=np.int32), lengths)
-        run_slot = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
-        run_end = np.concatenate([r.base_offsets + r.counts for r in records])
         order = np.argsort(ids, kind="stable")
         streams = max(r.stream_count for r in records)
-        starts = np.searchsorted(ids[order], np.arange(streams + 1), side="left").astype(np.int64)
-        return cls(tuple(records), records[-1].seq, starts, run_record[order], run_slot[order], run_end[order],
-                   time.monotonic())
+        starts = np.searchsorted(ids[order], np.arange(streams + 1, dtype=np.int32), side="left").astype(np.int64)
+        del ids
+        run_record = np.repeat(np.arange(len(records), dtype=np.int32), lengths)[order]
+        run_slot = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])[order]
+        run_end = np.concatenate([(r.base_offsets + r.counts).astype(U32) for r in records])[order]
+        return cls(tuple(records), records[-1].seq, starts, run_record, run_slot, run_end, time.monotonic())
 
     def runs(self, stream_id: int, offset: int = 0) -> list[tuple[Any, int]]:
         """``(record, slot)`` of each run of ``stream_id`` that ends after ``offset``, oldest first."""

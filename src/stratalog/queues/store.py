@@ -239,7 +239,8 @@ class QueueStore:
         # What readers see: uploaded objects and the log cache, swapped as one tuple.
         self._view_lock = threading.Condition(threading.Lock())
         self._view: _View = ((), (), RunIndex.empty())
-        self._tail = TailIndex.build(())
+        self._tail = TailIndex.empty()
+        self._tail_lock = threading.Lock()
         self._record_seq = 0
         self._cache_bytes = 0
         self._upload_lock = threading.Lock()
@@ -640,8 +641,14 @@ class QueueStore:
     def _get_tail(self, records: tuple[_Record, ...], stream_id: int, pos: int, stop: int, out: list[bytes]) -> None:
         """Messages ``pos .. stop`` of a stream from the log cache, through the tail index."""
         tail = self._tail
-        if tail.last_seq != records[-1].seq and time.monotonic() - tail.built_at >= TAIL_REBUILD_S:
-            tail = self._tail = TailIndex.build(records)
+        # One reader rebuilds it at a time (a build of a full log cache at a million queues takes a few
+        # hundred MB for a moment); the others meanwhile look up the newer records one by one.
+        stale = tail.last_seq != records[-1].seq or tail.records[0] is not records[0]
+        if stale and time.monotonic() - tail.built_at >= TAIL_REBUILD_S and self._tail_lock.acquire(blocking=False):
+            try:
+                tail = self._tail = TailIndex.build(records)
+            finally:
+                self._tail_lock.release()
         runs = tail.runs(stream_id, pos)
         # Records written since the tail index was built (the last ones): looked up one by one.
         newer = len(records)
@@ -740,6 +747,8 @@ class QueueStore:
                 invariant(records[:len(taken)] == tuple(taken), "uploads take a prefix of the log cache")
                 self._view = ((*objects, obj), records[len(taken):], index.with_object(ends, positions))
                 self._cache_bytes -= sum(r.cache_bytes for r in taken)
+                # The tail index holds the uploaded records (their messages): let them go.
+                self._tail = TailIndex.empty()
                 self._view_lock.notify_all()
             self._publish_manifest()
             self._compact_wake.set()
