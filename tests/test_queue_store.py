@@ -170,6 +170,39 @@ def test_reads_see_puts_before_flush_and_after_upload(tmp_path: Path) -> None:
         assert qs.get("q199", 45, 100) == [_msg(199, r) for r in range(45, 51)]
 
 
+def test_log_cache_reads_start_at_their_offset_and_an_upload_lets_the_records_go(tmp_path: Path) -> None:
+    """Gets from the log cache at any offset, from several reader threads; once the records are uploaded
+    the log cache's index no longer holds them (nor their messages)."""
+    with _open(tmp_path, upload_idle_s=3600.0, upload_interval_s=3600.0, upload_bytes_threshold=4 << 20) as qs:
+        for r in range(30):
+            qs.put_many([f"q{q}" for q in range(100)], [_msg(q, r) for q in range(100)])
+            qs.flush()   # a record or more per round: a queue has runs in many records
+        assert qs.stats()["objects"] == 0 and qs.stats()["log_cache_records"] >= 30
+        errors: list[BaseException] = []
+
+        def reader(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                for _ in range(300):
+                    q, off, num = rng.randrange(100), rng.randrange(35), rng.randrange(1, 12)
+                    assert qs.get(f"q{q}", off, num) == [_msg(q, r) for r in range(off, min(off + num, 30))]
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert qs._tail.records, "the reads built the log cache's index"
+        uploaded = qs._tail.records
+        qs._upload(everything=True)
+        assert qs.stats()["log_cache_records"] == 0
+        assert not set(map(id, qs._tail.records)) & set(map(id, uploaded))
+        assert qs.get("q3", 28, 5) == [_msg(3, 28), _msg(3, 29)]
+
+
 def test_committed_positions_are_durable(tmp_path: Path) -> None:
     with _open(tmp_path) as qs:
         qs.put("q", b"1")
