@@ -900,10 +900,10 @@ class QueueStore:
 
             self._with_retries(f"writing merged object {key}", write)
             pieces.append((object_id, key, result))
-        merged = tuple(_Object(object_id, key, self._open_reader(key), r.size_bytes, r.pages, int(r.positions[-1]))
-                       for object_id, key, r in pieces)
         self._with_retries("committing the merge", lambda: self._meta.replace_objects(
             [o.object_id for o in replaced], [NewObject(i, key, r.size_bytes, []) for i, key, r in pieces]))
+        merged = tuple(_Object(object_id, key, self._open_reader(key), r.size_bytes, r.pages, int(r.positions[-1]))
+                       for object_id, key, r in pieces)
         with self._view_lock:
             objects, records, index = self._view
             invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
