@@ -269,6 +269,16 @@ def test_merges_cut_into_pieces_read_the_same_and_survive_a_reopen(tmp_path: Pat
         _check(qs, model, rng)
 
 
+def test_merge_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="compact_merge_bytes_max"):
+        small_queue_config(compact_merge_bytes_max=1024).validate()
+    with pytest.raises(ValueError, match="compact_object_bytes_max"):
+        small_queue_config(compact_object_bytes_max=1024).validate()
+    objects, _ = _objects(random.Random(6), 2, [50, 1])
+    with pytest.raises(ValueError, match="cannot hold the index"):
+        plan_merge([_source("o0", objects[0]), _source("o1", objects[1])], np.zeros(0, U32), 100)
+
+
 def test_gets_during_merges_see_every_message(tmp_path: Path) -> None:
     rng = random.Random(12)
     model: dict[str, list[bytes]] = {}
