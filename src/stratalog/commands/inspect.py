@@ -5,12 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from stratalog.engine.batch import CorruptBatchError, read_batch_info
+from stratalog.engine.bulkformat import OBJECT_FOOTER_BYTES as RUN_FOOTER_BYTES
+from stratalog.engine.bulkformat import OBJECT_VERSION as RUN_OBJECT_VERSION
+from stratalog.engine.bulkformat import PAGE_BYTES as RUN_PAGE_BYTES
+from stratalog.engine.bulkformat import CorruptBulkError, page_crcs
+from stratalog.engine.bulkformat import decode_footer as decode_run_footer
+from stratalog.engine.bulkformat import decode_index as decode_run_index
 from stratalog.engine.metadata import Metadata, RangeRow
-from stratalog.engine.objformat import FOOTER_BYTES, check_block, decode_footer, decode_index
+from stratalog.engine.objformat import FOOTER_BYTES, CorruptObjectError, check_block, decode_footer, decode_index
 from stratalog.objects.store import ObjectStore
 from stratalog.wal.inspect import open_read_only, read_headers, read_records
 from stratalog.wal.recovery import RecoveryStats
@@ -24,8 +31,9 @@ from stratalog.wal.recovery import RecoveryStats
 @click.option("--wal", "dump_wal", is_flag=True,
               help="Dump the WAL's header slots and the records recovery would return.")
 @click.option("--object", "object_key", default=None, metavar="KEY",
-              help="Dump one object's footer and index; with --verify, check every block's CRC.")
-@click.option("--verify", is_flag=True, help="With --object: read every block and check its CRC.")
+              help="Dump one object's footer and index (a stream object, or a queue store's run object); with "
+                   "--verify, check every block's (or page's) CRC.")
+@click.option("--verify", is_flag=True, help="With --object: read every block (or page of runs) and check its CRC.")
 @click.option("--limit", default=50, show_default=True, help="At most this many rows per table.")
 def inspect(data_dir: Path, object_store_uri: str | None, stream_ref: str | None, dump_wal: bool,
             object_key: str | None, verify: bool, limit: int) -> None:
@@ -136,9 +144,18 @@ def _dump_wal(console: Console, path: Path, limit: int) -> None:
 def _dump_object(console: Console, store: ObjectStore, key: str, verify: bool, limit: int,
                  placed: dict[int, RangeRow] | None) -> None:
     """The object's footer and index. A provisional object (a Spark write's) holds provisional stream ids
-    and task-relative offsets; ``placed`` (metadata's rows for this key, by position) gives the real ones."""
+    and task-relative offsets; ``placed`` (metadata's rows for this key, by position) gives the real ones.
+    A queue store's run object is shown by :func:`_dump_run_object`."""
     size = store.size(key)
-    footer = decode_footer(store.get(key, size - FOOTER_BYTES, size), size)
+    try:
+        footer = decode_footer(store.get(key, size - FOOTER_BYTES, size), size)
+    except CorruptObjectError as stream_error:
+        try:
+            _dump_run_object(console, store, key, size, verify, limit)
+        except CorruptBulkError as queue_error:
+            raise click.ClickException(f"{key} is neither a stream object ({stream_error}) nor a queue run object "
+                                       f"({queue_error}): not a stratalog object, or damaged") from queue_error
+        return
     entries = decode_index(store.get(key, footer.index_position, footer.index_position + footer.index_bytes), footer)
     title = f"{key}: {size:,} bytes, {len(entries)} blocks, format version {footer.version}"
     show_placement = footer.provisional and bool(placed)
@@ -177,3 +194,41 @@ def _dump_object(console: Console, store: ObjectStore, key: str, verify: bool, l
                       f"headers are the task's own; {where}")
     if verify and bad:
         raise click.ClickException(f"{bad} of {len(entries)} blocks failed their check")
+
+
+#: A --verify of a run object reads its runs this many bytes (whole pages) at a time.
+VERIFY_READ_BYTES = 16 << 20
+
+
+def _dump_run_object(console: Console, store: ObjectStore, key: str, size: int, verify: bool, limit: int) -> None:
+    """A queue store's run object (docs/formats/queues.md): its footer, and each stream's run (a merge's
+    piece has runs for its queue range only); with ``verify``, every page of runs against its CRC."""
+    footer = decode_run_footer(store.get(key, size - RUN_FOOTER_BYTES, size), size)
+    names, ends, positions, pages = decode_run_index(
+        store.get(key, footer.names_position, size - RUN_FOOTER_BYTES), footer)
+    runs = np.flatnonzero(np.diff(positions.astype(np.int64)) > 0)
+    named_here = (f"names streams {footer.first_stream:,} .. {footer.stream_count - 1:,}"
+                  if footer.first_stream < footer.stream_count else "names no new stream")
+    console.print(f"{key}: {size:,} bytes, queue run object, format version {RUN_OBJECT_VERSION}: {named_here}, "
+                  f"{footer.stream_count:,} streams in its index, {len(runs):,} runs, {footer.message_count:,} "
+                  f"messages, {footer.names_position:,} bytes of runs in {len(pages):,} pages")
+    table = Table(title=f"runs (the first {min(limit, len(runs)):,})")
+    for col in ("stream", "name", "end offset after", "position", "bytes"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    named = dict(names)
+    for s in runs[:limit].tolist():
+        table.add_row(str(s), named.get(s, ""), f"{int(ends[s]):,}", f"{int(positions[s]):,}",
+                      f"{int(positions[s + 1] - positions[s]):,}")
+    console.print(table)
+    if not verify:
+        return
+    bad: list[int] = []
+    for at in range(0, footer.names_position, VERIFY_READ_BYTES):
+        chunk = store.get(key, at, min(at + VERIFY_READ_BYTES, footer.names_position))
+        first = at // RUN_PAGE_BYTES
+        crcs = page_crcs(chunk)
+        bad.extend(first + int(i) for i in np.flatnonzero(crcs != pages[first:first + len(crcs)]))
+    if bad:
+        raise click.ClickException(f"{len(bad)} of {len(pages)} pages failed their CRC (the first: page {bad[0]}, "
+                                   f"bytes {bad[0] * RUN_PAGE_BYTES:,} ..): the runs in them are unreadable")
+    console.print(f"ok: the index and all {len(pages):,} pages match their CRCs")
