@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -144,14 +143,18 @@ class _Record:
     base_offsets: Ids
     counts: Ids
     first_msg: Ids           # run i's messages are first_msg[i] .. first_msg[i + 1]
-    messages: Any            # pyarrow BinaryArray, runs in order: a view of body's messages
     body: bytes              # the WAL record; message m is body[data_at + message_at[m]:data_at + message_at[m + 1]]
-    data_at: int
+    data_at: int             # (messages in the order of their runs)
     message_at: memoryview   # int32, one more than the messages
     names: list[tuple[int, str]]
     stream_count: int        # streams known once this record was made
     cache_bytes: int
     written_at: float
+
+    def messages(self) -> Any:
+        """The messages as an Arrow binary array (a view of the body, no copy), runs in order."""
+        offsets, data = pa.py_buffer(self.message_at), pa.py_buffer(self.body).slice(self.data_at)
+        return pa.BinaryArray.from_buffers(pa.binary(), len(self.message_at) - 1, [None, offsets, data])
 
 
 @dataclass(slots=True, eq=False)
@@ -529,7 +532,7 @@ class QueueStore:
         self._record_seq += 1
         data_at = len(body) - int(message_at[-1])
         record = _Record(self._record_seq, result.offset, result.future, stream_ids, base, counts, first_msg,
-                         _messages_in(body, data_at, message_at), body, data_at, message_at.data, names,
+                         body, data_at, message_at.data, names,
                          stream_count, cache_bytes, time.monotonic())
         with self._view_lock:
             objects, records, index = self._view
@@ -763,7 +766,7 @@ class QueueStore:
         stream_ids = np.concatenate([r.stream_ids for r in taken])
         counts = np.concatenate([r.counts for r in taken])
         bases = np.concatenate([r.base_offsets for r in taken])
-        shift = np.cumsum([0] + [len(r.messages) for r in taken[:-1]])
+        shift = np.cumsum([0] + [len(r.message_at) - 1 for r in taken[:-1]])
         first_msg = np.concatenate([r.first_msg[:-1] + s for r, s in zip(taken, shift, strict=True)])
         order = np.argsort(stream_ids, kind="stable")
         s_ids, s_counts, s_first = stream_ids[order], counts[order], first_msg[order]
@@ -784,7 +787,7 @@ class QueueStore:
         invariant(list(map(_first, names)) == list(range(first_stream, stream_count)), "names cover new streams")
         # One take gathers straight from the records into the object's runs: no merged copy first.
         laid = lay_out_object(prev_ends, stream_count, first_stream, names, unique, per_stream,
-                              pa.chunked_array([r.messages for r in taken], type=pa.binary()), perm)
+                              pa.chunked_array([r.messages() for r in taken], type=pa.binary()), perm)
         del perm
         object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
         key = queue_object_key(object_id)
@@ -1038,7 +1041,7 @@ class QueueStore:
         done.set_result(wal_offset)
         self._record_seq += 1
         record = _Record(self._record_seq, wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg,
-                         _messages_in(body, data_at, message_at), body, data_at, message_at.data, bulk.names,
+                         body, data_at, message_at.data, bulk.names,
                          bulk.stream_count, len(body), time.monotonic())
         objects, records, index = self._view
         self._view = (objects, (*records, record), index)
@@ -1170,12 +1173,6 @@ def _return_freed_memory() -> None:
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
 _third = operator.itemgetter(2)
-
-
-def _messages_in(body: bytes, data_at: int, message_at: npt.NDArray[np.int32]) -> Any:
-    """An Arrow binary array of the messages in ``body`` (no copy)."""
-    return pa.BinaryArray.from_buffers(pa.binary(), len(message_at) - 1,
-                                       [None, pa.py_buffer(message_at), pa.py_buffer(body).slice(data_at)])
 
 
 def _plain_name(name: object) -> bool:
