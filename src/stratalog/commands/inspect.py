@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 import numpy as np
 from rich.console import Console
+from rich.progress import track
 from rich.table import Table
 
 from stratalog.engine.batch import CorruptBatchError, read_batch_info
@@ -223,7 +224,8 @@ def _dump_run_object(console: Console, store: ObjectStore, key: str, size: int, 
     if not verify:
         return
     bad: list[int] = []
-    for at in range(0, footer.names_position, VERIFY_READ_BYTES):
+    for at in track(range(0, footer.names_position, VERIFY_READ_BYTES), description="checking pages",
+                    console=console, transient=True):
         chunk = store.get(key, at, min(at + VERIFY_READ_BYTES, footer.names_position))
         first = at // RUN_PAGE_BYTES
         crcs = page_crcs(chunk)
