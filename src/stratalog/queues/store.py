@@ -652,6 +652,10 @@ class QueueStore:
                 tail = self._tail = TailIndex.build(records)
             finally:
                 self._tail_lock.release()
+        if tail.records and tail.records[0].seq > records[0].seq:
+            # Built from a later view than this get's (an upload took records this get may still need from
+            # the log cache): not usable here; every record is looked up one by one instead.
+            tail = TailIndex.empty()
         runs = tail.runs(stream_id, pos)
         # Records written since the tail index was built (the last ones): looked up one by one.
         newer = len(records)
@@ -666,6 +670,7 @@ class QueueStore:
             count = rec.counts.item(i)
             if base + count <= pos:
                 continue
+            invariant(base <= pos, "the log cache's runs of a stream follow on from where its reader is")
             first = rec.first_msg.item(i) + pos - base
             n = min(stop - pos, base + count - pos)
             body, data_at, message_at = rec.body, rec.data_at, rec.message_at
