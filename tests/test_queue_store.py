@@ -222,6 +222,55 @@ def test_a_get_with_an_older_view_than_the_tail_index_reads_every_record(tmp_pat
         assert out == [_msg(5, r) for r in range(6)]
 
 
+def test_readers_beside_a_writer_uploads_and_merges_get_exactly_what_was_put(tmp_path: Path) -> None:
+    """Four reader threads get random ranges of what has been put so far while a writer puts round after
+    round and small bounds make uploads, tail-index rebuilds and merges happen every few milliseconds:
+    every message read is the one put at that offset of that queue."""
+    queues = 40
+    written = [0] * queues    # rounds put to every queue (each round fully put before it counts)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    checked = [0]
+    with _open(tmp_path, upload_bytes_threshold=8 << 10, upload_idle_s=0.005, compact_fanout=2,
+               compact_object_bytes_max=256 << 10) as qs:
+
+        def reader(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                while not stop.is_set():
+                    q = rng.randrange(queues)
+                    rounds = written[q]
+                    if not rounds:
+                        continue
+                    off = rng.randrange(rounds)
+                    got = qs.get(f"q{q}", off, rng.randrange(1, 30))
+                    assert got[:rounds - off] == [_msg(q, r) for r in range(off, min(off + len(got), rounds))], q
+                    checked[0] += 1
+                    time.sleep(0.0002)   # leave the GIL to the writer, the uploader and the compactor too
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 3.0
+        r = 0
+        while time.monotonic() < deadline and not errors:
+            for q in range(queues):
+                qs.put(f"q{q}", _msg(q, r))
+            r += 1
+            written[:] = [r] * queues
+            if r % 5 == 0:
+                qs.flush()
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert checked[0] > 1000 and r > 100, (checked[0], r)
+        assert qs.stats()["compactions"] >= 1, (qs.stats(), qs.compaction_error)
+        assert all(qs.get(f"q{q}", 0, r + 1) == [_msg(q, i) for i in range(r)] for q in range(queues))
+
+
 def test_committed_positions_are_durable(tmp_path: Path) -> None:
     with _open(tmp_path) as qs:
         qs.put("q", b"1")
