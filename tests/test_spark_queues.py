@@ -45,10 +45,13 @@ def _wait(predicate: Callable[[], bool], seconds: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def _fill(path: Path, queues: int, rounds: int, fanout: int = 0) -> Model:
-    """A queue store with one object per round (more queues each round); returns what each queue holds."""
+def _fill(path: Path, queues: int, rounds: int, fanout: int = 0, piece_bytes_max: int | None = None) -> Model:
+    """A queue store with one object per round (more queues each round); returns what each queue holds.
+    With ``piece_bytes_max``, merges cut into pieces that small, and the store waits for them to settle."""
     model: Model = {}
-    config = small_queue_config(compact_fanout=fanout, upload_idle_s=0.01)
+    pieces = {} if piece_bytes_max is None else {"compact_object_bytes_max": piece_bytes_max,
+                                                 "upload_bytes_threshold": 16 << 10}
+    config = small_queue_config(compact_fanout=fanout, upload_idle_s=0.01, **pieces)
     with QueueStore.open(path, config=config) as qs:
         for r in range(rounds):
             count = queues * (r + 1) // rounds
@@ -59,6 +62,8 @@ def _fill(path: Path, queues: int, rounds: int, fanout: int = 0) -> Model:
                 model.setdefault(n, []).append(m)
             qs.flush()
             _wait(lambda: qs.stats()["log_cache_records"] == 0)
+        if piece_bytes_max is not None:
+            _wait(lambda: not qs._retired and qs._plan_compaction(qs._view[0]) is None)
     return model
 
 
@@ -106,6 +111,17 @@ def test_partitions_cover_every_message_exactly_once(filled: tuple[Path, Model])
     assert len(parts) > 8  # several slices of each object, never one per queue
     assert len(parts) < sum(len(ms) for ms in model.values()) // 20
     rows = _read_all(store, parts)
+    assert len(rows) == len(set(rows))
+    assert sorted(rows) == _expected(model)
+
+
+def test_a_store_whose_merges_made_pieces_reads_every_message_once(tmp_path: Path) -> None:
+    model = _fill(tmp_path, 3000, 4, fanout=2, piece_bytes_max=48 << 10)
+    store = _objects(tmp_path)
+    layout = read_layout(store)
+    places = [ref.key.split("/")[-1].split("-")[0] for ref in layout.objects]
+    assert len(set(places)) < len(places), "some merge made several pieces"
+    rows = _read_all(store, plan_queue_partitions(layout, select_streams(layout, "*", None), bytes_max=8 << 10))
     assert len(rows) == len(set(rows))
     assert sorted(rows) == _expected(model)
 
