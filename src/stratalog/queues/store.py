@@ -260,6 +260,7 @@ class QueueStore:
         self._failure: BaseException | None = None
         # Compaction: merged-away objects wait here (monotonic time retired, object) until no get can hold them.
         self._compact_wake = threading.Event()
+        self._uploads = 0               # uploads done (under _view_lock): merges let one go when due
         self._retired: list[tuple[float, _Object]] = []
         self.compactions = 0
         self.compacted_bytes = 0
@@ -715,16 +716,22 @@ class QueueStore:
 
     # Upload ----------------------------------------------------------------------------------------
 
+    def _upload_due(self) -> bool:
+        """Whether the log cache should go to an object now: enough of it, a pause in the puts, its oldest
+        record old enough, or a writer waiting for room."""
+        config = self._config
+        records = self._view[1]
+        now = time.monotonic()
+        return bool(records) and (self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold
+                                  or now - self._last_write >= config.upload_idle_s
+                                  or now - records[0].written_at >= config.upload_interval_s)
+
     def _uploader_loop(self) -> None:
         config = self._config
         while True:
             with self._view_lock:
                 while not self._closing:
-                    records = self._view[1]
-                    now = time.monotonic()
-                    if records and (self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold
-                                    or now - self._last_write >= config.upload_idle_s
-                                    or now - records[0].written_at >= config.upload_interval_s):
+                    if self._upload_due():
                         break
                     self._view_lock.wait(min(config.upload_idle_s, 0.1))
                 if self._closing:
@@ -757,6 +764,7 @@ class QueueStore:
                 self._cache_bytes -= sum(r.cache_bytes for r in taken)
                 # The tail index holds the uploaded records (their messages): let them go.
                 self._tail = TailIndex.empty()
+                self._uploads += 1
                 self._view_lock.notify_all()
             self._publish_manifest()
             self._compact_wake.set()
@@ -842,6 +850,7 @@ class QueueStore:
                     # queues) never add up, and producers wait for a merge that has fallen behind. Merges
                     # beside uploads were measured: beside busy producers a merge gets the GIL a few
                     # milliseconds at a time and falls behind (24 objects after 100 M puts instead of 7).
+                    self._let_uploads_go_first()
                     with self._upload_lock:
                         if not self._compact_once():
                             break
@@ -852,6 +861,16 @@ class QueueStore:
                 # The objects stay as they are and reads go on; only merging stops (until the next open).
                 log.error("queue compaction stopped: %s", e)
                 self.compaction_error = e
+
+    def _let_uploads_go_first(self) -> None:
+        """Wait while an upload is due, until one is done: uploads and merges take turns. The upload lock is
+        not fair: a compactor taking it again right after a merge kept a waiting uploader out for a whole
+        read phase (368 MiB left in the log cache, every get of it through the log cache's index); and
+        waiting for no upload to be due at all starved merges beside a busy writer."""
+        with self._view_lock:
+            uploads = self._uploads
+            while self._upload_due() and self._uploads == uploads and not self._closing and self._failure is None:
+                self._view_lock.wait(0.1)
 
     def _plan_compaction(self, objects: tuple[_Object, ...]) -> tuple[int, int] | None:
         """Objects ``first .. stop - 1``: the oldest ``compact_fanout`` consecutive merge units of one size
