@@ -279,6 +279,29 @@ def test_merge_bounds_are_checked() -> None:
         plan_merge([_source("o0", objects[0]), _source("o1", objects[1])], np.zeros(0, U32), 100)
 
 
+def test_a_merge_waits_for_a_due_upload_to_go_first(tmp_path: Path) -> None:
+    """Uploads and merges take turns: with an upload due, the compactor starts no merge until one upload
+    is done (it used to take the upload lock again at once and keep the uploader out)."""
+    config = small_queue_config(compact_fanout=2, upload_idle_s=3600.0, upload_interval_s=3600.0,
+                                upload_bytes_threshold=64 << 10)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        qs.put("q", b"m")
+        qs.flush()
+        assert not qs._upload_due()
+        qs._let_uploads_go_first()   # nothing due: no wait
+        returned = threading.Event()
+        with qs._upload_lock:        # the uploader blocks on it, as behind a merge
+            qs.put_many(["q"] * 100, [bytes(1000)] * 100)
+            qs.flush()
+            assert qs._upload_due()  # the log cache is past upload_bytes_threshold
+            waiter = threading.Thread(target=lambda: (qs._let_uploads_go_first(), returned.set()))
+            waiter.start()
+            assert not returned.wait(0.3), "a merge must not start while an upload is due"
+        assert returned.wait(5), "once the upload is done the merge goes"
+        waiter.join()
+        assert qs.stats()["objects"] >= 1 and qs.get("q", 0, 2) == [b"m", bytes(1000)]
+
+
 def test_gets_during_merges_see_every_message(tmp_path: Path) -> None:
     rng = random.Random(12)
     model: dict[str, list[bytes]] = {}
