@@ -253,7 +253,7 @@ def check_pages(raw: Any, at: int, crcs: U32s, key: str) -> None:
     """Check ``raw``, bytes ``at ..`` of object ``key``'s runs (``at`` on a page; the end on one or at the
     runs' end), against the object's page CRCs ``crcs``; raise CorruptBulkError naming the first bad page."""
     first = at // PAGE_BYTES
-    if at % PAGE_BYTES or first - (-len(raw) // PAGE_BYTES) > len(crcs):
+    if at % PAGE_BYTES or first + page_count(len(raw)) > len(crcs):
         raise CorruptBulkError(f"object {key}: a read of bytes {at} .. {at + len(raw)} is not within its pages")
     if len(raw) <= PAGE_BYTES:    # one page: most gets
         if crc32c(raw) != crcs.item(first):

@@ -42,7 +42,6 @@ from stratalog.engine.bulkformat import (
     I64,
     NAME_HEAD,
     OBJECT_FOOTER_BYTES,
-    PAGE_BYTES,
     STREAM_MESSAGES_MAX,
     U32,
     BulkRecord,
@@ -56,6 +55,7 @@ from stratalog.engine.bulkformat import (
     encode_bulk,
     frame_run,
     lay_out_object,
+    page_span,
     run_messages,
 )
 from stratalog.engine.metadata import Metadata, NewObject
@@ -179,8 +179,7 @@ class _Object:
                   on_miss: Callable[[], object] | None = None) -> tuple[bytes, int]:
         """Bytes ``start .. end`` of the runs, read as the whole pages that hold them and checked; and the
         bytes read. ``on_miss``: called before the read waits for the disk (local objects)."""
-        lo = start - start % PAGE_BYTES   # page_span, written out: a get's hot path
-        hi = min(-(-end // PAGE_BYTES) * PAGE_BYTES, self.runs_bytes)
+        lo, hi = page_span(start, end, self.runs_bytes)
         reader = self.reader
         pages: bytes = store.get(self.key, lo, hi) if reader is None else reader.read(
             lo, hi, random_access=random_access, on_miss=on_miss)
