@@ -77,6 +77,8 @@ QUEUE_PREFIX = "queues/"
 #: larger ones are also counted by their bytes, so pending_bytes_max bounds what big messages can hold.
 SMALL_MESSAGE_BYTES_MAX = 1024
 _BULK = object()
+#: Slots of the pending-put list a put takes: name, message, id.
+PUT_SLOTS = 3
 #: A read of the log cache rebuilds the tail index at most this often; records written since the last
 #: build are searched one by one.
 TAIL_REBUILD_S = 0.05
@@ -220,11 +222,14 @@ class QueueStore:
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
         self._meta = Metadata(data_dir / "meta.sqlite")
-        # Puts: (name, message, id) appended to one list, id -1 where the queue was not known at the put;
-        # a put_many is one (_BULK, (names, ids, array), -1) item.
+        # Puts: name, message, id appended to one flat list (PUT_SLOTS slots a put), id -1 where the queue
+        # was not known at the put; a put_many is (names, ids, array), None, _BULK. One list.extend of a
+        # tuple is atomic under the GIL, so a put's slots are never split; the tuple comes from CPython's
+        # free list and dies at once: no object per pending put, nothing for the cyclic GC to track.
         # Small messages count against pending_messages_max; large ones and bulk puts also by their bytes.
-        self._buf: list[tuple[Any, Any, int]] = []
-        self._wake_count = config.pending_messages_wake
+        self._buf: list[Any] = []
+        self._wake_slots = PUT_SLOTS * config.pending_messages_wake
+        self._max_slots = PUT_SLOTS * config.pending_messages_max
         self._small_max = min(SMALL_MESSAGE_BYTES_MAX, config.message_bytes_max)
         self._put_cond = threading.Condition(threading.Lock())
         self._large_bytes = 0
@@ -302,10 +307,10 @@ class QueueStore:
         if stream_id < 0 and (type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX
                               or not queue_name.isascii()):
             check_name(queue_name)
-        # No lock: list.append is atomic under the GIL, and the writer only ever removes a prefix.
+        # No lock: list.extend of a tuple is atomic under the GIL, and the writer only ever removes a prefix.
         buf = self._buf
-        buf.append((queue_name, message, stream_id))
-        if len(buf) >= self._wake_count:
+        buf.extend((queue_name, message, stream_id))
+        if len(buf) >= self._wake_slots:
             self._backpressure()
 
     def _put_large(self, queue_name: str, message: object) -> None:
@@ -319,7 +324,7 @@ class QueueStore:
         check_name(queue_name)
         with self._put_cond:
             self._large_bytes += len(message)
-            self._buf.append((queue_name, message, -1))
+            self._buf.extend((queue_name, message, -1))
         self._backpressure()
 
     def put_many(self, queue_names: Sequence[str] | Any, messages: Sequence[bytes] | Any) -> None:
@@ -350,7 +355,7 @@ class QueueStore:
         with self._put_cond:
             self._large_bytes += total
             self._bulk_pending += 1
-            self._buf.append((_BULK, (names, known, batch), -1))
+            self._buf.extend(((names, known, batch), None, _BULK))
         self._backpressure()
 
     def _backpressure(self) -> None:
@@ -359,11 +364,11 @@ class QueueStore:
         if not self._wake.is_set():
             self._wake.set()
         config = self._config
-        if len(self._buf) < config.pending_messages_max and self._large_bytes < config.pending_bytes_max:
+        if len(self._buf) < self._max_slots and self._large_bytes < config.pending_bytes_max:
             return
         deadline = time.monotonic() + config.put_wait_s_max
         with self._put_cond:
-            while len(self._buf) >= config.pending_messages_max or self._large_bytes >= config.pending_bytes_max:
+            while len(self._buf) >= self._max_slots or self._large_bytes >= config.pending_bytes_max:
                 self._check_open()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -412,7 +417,10 @@ class QueueStore:
             if not taken:
                 return
             self._check_open()
-            ids, batch = self._unzip_mixed(items) if bulk_items else self._singles(items)
+            if bulk_items:
+                ids, batch = self._unzip_mixed(items)
+            else:
+                ids, batch = self._singles(items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS])
             self._write(ids, batch)
 
     def _resolve(self, names: list[str]) -> Ids:
@@ -430,44 +438,44 @@ class QueueStore:
         self._stream_count = first + len(new)
         return np.fromiter(map(ids.__getitem__, names), I64, len(names))
 
-    def _unzip_mixed(self, items: list[tuple[Any, Any, int]]) -> tuple[Ids, Any]:
-        """Ids and one Arrow array of messages from pending items, some of them bulk puts. Ids are
-        completed in the order of the items, so new queues get theirs in the order of their first put."""
+    def _unzip_mixed(self, items: list[Any]) -> tuple[Ids, Any]:
+        """Ids and one Arrow array of messages from pending puts, some of them bulk. Ids are completed in
+        the order of the puts, so new queues get theirs in the order of their first put."""
+        names, messages, known = items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS]
         id_parts: list[Ids] = []
         arrays = []
-        singles: list[tuple[Any, Any, int]] = []
-
-        def take_singles() -> None:
-            if singles:
-                single_ids, single_messages = self._singles(singles)
+        start = 0
+        while start < len(known):
+            # The id slots hold ints and _BULK only (the store puts them there), so index() finds _BULK
+            # by identity and never calls a caller's __eq__.
+            try:
+                bulk = known.index(_BULK, start)
+            except ValueError:
+                bulk = len(known)
+            if bulk > start:
+                single_ids, single_messages = self._singles(names[start:bulk], messages[start:bulk],
+                                                            known[start:bulk])
                 id_parts.append(single_ids)
                 arrays.append(single_messages)
-                singles.clear()
-
-        for item in items:
-            if item[0] is _BULK:
-                take_singles()
-                bulk_names, known, batch = item[1]
-                id_parts.append(self._complete(known, bulk_names))
+            if bulk < len(known):
+                bulk_names, bulk_known, batch = names[bulk]
+                id_parts.append(self._complete(bulk_known, bulk_names))
                 arrays.append(batch)
-            else:
-                singles.append(item)
-        take_singles()
+            start = bulk + 1
         ids = id_parts[0] if len(id_parts) == 1 else np.concatenate(id_parts)
         return ids, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
-    def _singles(self, items: list[tuple[Any, Any, int]]) -> tuple[Ids, Any]:
+    def _singles(self, names: list[Any], messages: list[bytes], known: list[int]) -> tuple[Ids, Any]:
         """Ids and one Arrow array of messages from single puts (no bulk among them)."""
-        ids = self._complete(np.fromiter(map(_third, items), I64, len(items)), items, _first)
-        return ids, pa.array(list(map(_second, items)), type=pa.binary())
+        ids = self._complete(np.fromiter(known, I64, len(known)), names)
+        return ids, pa.array(messages, type=pa.binary())
 
-    def _complete(self, ids: Ids, source: Sequence[Any], name_of: Callable[[Any], str] | None = None) -> Ids:
-        """``ids`` with each -1 (a queue not known when it was put) resolved from ``source[i]`` (its name,
-        or ``name_of`` of it), creating the queues that are new."""
+    def _complete(self, ids: Ids, names: Sequence[Any]) -> Ids:
+        """``ids`` with each -1 (a queue not known when it was put) resolved from ``names[i]``, creating
+        the queues that are new."""
         missing = np.flatnonzero(ids < 0)
         if len(missing):
-            picked = map(source.__getitem__, missing.tolist())
-            ids[missing] = self._resolve(list(picked if name_of is None else map(name_of, picked)))
+            ids[missing] = self._resolve(list(map(names.__getitem__, missing.tolist())))
         return ids
 
     def _grow(self, stream_count: int) -> None:
@@ -1195,7 +1203,6 @@ def _return_freed_memory() -> None:
 
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
-_third = operator.itemgetter(2)
 
 
 def _plain_name(name: object) -> bool:
