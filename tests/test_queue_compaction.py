@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +30,11 @@ from stratalog.engine.bulkformat import (
     page_crcs,
 )
 from stratalog.errors import StratalogError
+from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects, merge_piece, plan_merge
+from stratalog.queues.merge_worker import MergeCancelledError, MergeJob, MergeWorkerError, run_merge_job
 from stratalog.queues.store import QUEUE_PREFIX
 
 
@@ -384,3 +390,133 @@ def test_a_merge_stops_at_a_damaged_run_and_reads_report_it(tmp_path: Path) -> N
         positions = qs._view[2].positions[:, 0].astype(int)
         in_page = {name for name, s in qs._ids.items() if positions[s] < positions[s + 1] and positions[s] < PAGE_BYTES}
         assert failed == in_page and 1 <= len(failed) < len(model)
+
+
+def _stored_sources(tmp_path: Path, rounds: int, streams: list[int]) -> tuple[LocalDirStore, list[tuple[str, int]]]:
+    objects, _ = _objects(random.Random(7), rounds, streams)
+    store = LocalDirStore(tmp_path / "objects")
+    keys = []
+    for i, raw in enumerate(objects):
+        key = f"{QUEUE_PREFIX}src-{i}"
+        store.put(key, raw)
+        keys.append((key, len(raw)))
+    return store, keys
+
+
+@pytest.mark.parametrize("piece_bytes_max", [1 << 30, 12_000])
+def test_a_merge_in_the_worker_process_writes_the_same_bytes_as_one_in_a_thread(tmp_path: Path,
+                                                                               piece_bytes_max: int) -> None:
+    store, keys = _stored_sources(tmp_path, 4, [300, 200, 0, 100])
+    sources = [MergeSource.open(key, functools.partial(store.get, key), size) for key, size in keys]
+    plan = plan_merge(sources, np.zeros(0, U32), piece_bytes_max)
+    expected = []
+    for p in range(len(plan.pieces)):
+        result = MergeResult()
+        expected.append((b"".join(bytes(part) for part in merge_piece(plan, p, 1000, result)), result))
+    piece_keys = tuple(f"{QUEUE_PREFIX}merged-{p}" for p in range(len(plan.pieces)))
+    job = MergeJob(str(store.root), tuple(keys), np.zeros(0, U32), piece_keys, piece_bytes_max, 1000, 4096)
+
+    results = run_merge_job(job, lambda: False)
+
+    assert len(results) == len(plan.pieces)
+    assert (len(plan.pieces) == 1) == (piece_bytes_max > 1 << 20)
+    for key, (raw, want), got in zip(piece_keys, expected, results, strict=True):
+        assert isinstance(got, MergeResult)
+        assert store.get(key) == raw
+        assert got.size_bytes == want.size_bytes == len(raw)
+        assert np.array_equal(got.ends, want.ends) and np.array_equal(got.positions, want.positions)
+        assert np.array_equal(got.pages, want.pages) and got.pages_checked == want.pages_checked > 0
+
+
+def test_a_worker_merge_after_an_object_of_many_queues(tmp_path: Path) -> None:
+    # The job carries every queue's end before the merged objects: here 40,000 of them, 160 KB, more than
+    # a pipe holds.
+    store, keys = _stored_sources(tmp_path, 3, [40_000, 10, 10])
+    before = MergeSource.open(keys[0][0], functools.partial(store.get, keys[0][0]), keys[0][1]).ends
+    sources = [MergeSource.open(key, functools.partial(store.get, key), size) for key, size in keys[1:]]
+    result = MergeResult()
+    raw = b"".join(bytes(p) for p in merge_objects(sources, before, 1 << 20, result))
+    job = MergeJob(str(store.root), tuple(keys[1:]), before, (f"{QUEUE_PREFIX}merged",), 1 << 30, 1 << 20, 4096)
+
+    [got] = run_merge_job(job, lambda: False)
+
+    assert isinstance(got, MergeResult) and got.size_bytes == len(raw)
+    assert store.get(f"{QUEUE_PREFIX}merged") == raw
+
+
+def test_the_worker_reports_a_damaged_source_page_as_corrupt_and_writes_nothing(tmp_path: Path) -> None:
+    store, keys = _stored_sources(tmp_path, 3, [300, 200, 100])
+    path = store.root / keys[1][0]
+    raw = bytearray(path.read_bytes())
+    raw[PAGE_BYTES + 7] ^= 0x40
+    path.write_bytes(bytes(raw))
+    job = MergeJob(str(store.root), tuple(keys), np.zeros(0, U32), (f"{QUEUE_PREFIX}merged",), 1 << 30, 1 << 20, 4096)
+
+    with pytest.raises(CorruptBulkError, match=r"src-1: page 1 .*failed its CRC"):
+        run_merge_job(job, lambda: False)
+    assert not list(store.list(f"{QUEUE_PREFIX}merged"))
+
+
+def test_a_worker_whose_sources_are_gone_fails_with_the_reason(tmp_path: Path) -> None:
+    store, keys = _stored_sources(tmp_path, 2, [50, 50])
+    job = MergeJob(str(store.root), ((f"{QUEUE_PREFIX}missing", 4096), *keys), np.zeros(0, U32),
+                   (f"{QUEUE_PREFIX}merged",), 1 << 30, 1 << 20, 4096)
+    with pytest.raises(MergeWorkerError, match="missing"):
+        run_merge_job(job, lambda: False)
+
+
+def test_a_cancelled_worker_merge_is_stopped(tmp_path: Path) -> None:
+    # The first source is a FIFO nobody writes: the worker waits on it as on a disk that does not answer.
+    store, keys = _stored_sources(tmp_path, 2, [50, 50])
+    os.mkfifo(store.root / f"{QUEUE_PREFIX}stuck")
+    job = MergeJob(str(store.root), ((f"{QUEUE_PREFIX}stuck", 8192), *keys), np.zeros(0, U32),
+                   (f"{QUEUE_PREFIX}merged",), 1 << 30, 1 << 20, 4096)
+    asked = []
+
+    def cancelled() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) >= 3
+
+    started = time.monotonic()
+    with pytest.raises(MergeCancelledError):
+        run_merge_job(job, cancelled)
+    assert len(asked) == 3 and time.monotonic() - started < 5
+    assert not list(store.list(f"{QUEUE_PREFIX}merged"))
+
+
+def test_the_worker_dies_with_the_store_that_started_it(tmp_path: Path) -> None:
+    # A store killed with -9 mid-merge: its worker must not go on writing objects. The worker here waits
+    # for its job on a pipe whose writing end this test holds, so only the parent's death can end it.
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, subprocess, sys, time\n"
+        "args = [sys.executable, '-m', 'stratalog.queues.merge_worker', str(os.getpid())]\n"
+        "child = subprocess.Popen(args, stdin=int(sys.argv[1]))\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    job_read, job_write = os.pipe()
+    with subprocess.Popen([sys.executable, str(script), str(job_read)], stdout=subprocess.PIPE, text=True,
+                          pass_fds=(job_read,)) as parent:
+        os.close(job_read)
+        try:
+            assert parent.stdout is not None
+            worker = int(parent.stdout.readline())
+            time.sleep(0.5)
+            assert _alive(worker)
+            parent.kill()
+            parent.wait()
+            deadline = time.monotonic() + 10
+            while _alive(worker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(worker)
+        finally:
+            os.close(job_write)
+            parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False

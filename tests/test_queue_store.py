@@ -8,6 +8,7 @@ import random
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from stratalog.queues import (
     QueueConfig,
     QueueStore,
 )
+from stratalog.queues.merge_worker import MergeJob
 from stratalog.queues.store import QUEUE_PREFIX
 
 
@@ -426,19 +428,26 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
         assert hinted == [(objects[k].key, starts[k], stops[k]) for k in (1, 2)]
 
 
-def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_path: Path,
+@pytest.mark.parametrize("in_worker", [False, True], ids=["merge-in-thread", "merge-in-worker"])
+def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_path: Path, in_worker: bool,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from stratalog.queues import store as store_module
 
     steps: list[int | None] = []
     real_put_parts = store_module.put_parts
+    real_run_merge_job = store_module.run_merge_job
 
     def recording_put_parts(store: object, key: str, parts: object, *, sync_every_bytes: int | None = None) -> None:
         steps.append(sync_every_bytes)
         real_put_parts(store, key, parts, sync_every_bytes=sync_every_bytes)  # type: ignore[arg-type]
 
+    def recording_run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> list[object]:
+        steps.append(job.sync_every_bytes)     # the worker passes it to put_parts
+        return real_run_merge_job(job, cancelled)
+
     monkeypatch.setattr(store_module, "put_parts", recording_put_parts)
-    with _open(tmp_path, upload_sync_bytes=12345, compact_fanout=2) as qs:
+    monkeypatch.setattr(store_module, "run_merge_job", recording_run_merge_job)
+    with _open(tmp_path, upload_sync_bytes=12345, compact_fanout=2, compact_in_worker=in_worker) as qs:
         for r in range(2):
             qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])
             qs.flush()

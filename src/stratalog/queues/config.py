@@ -74,6 +74,9 @@ class QueueConfig:
     compact_merge_bytes_max: int = 16 << 30
     #: A merge reads about this much of its sources at a time; its working memory is about 3x this.
     compact_slice_bytes: int = 32 << 20
+    #: With a local object store, merges run in a worker process with a core (and a GIL) of their own, and
+    #: uploads go on beside them; otherwise in a thread of the store, uploads waiting for each merge.
+    compact_in_worker: bool = True
     #: Merged-away objects stay readable this long (a get in flight may hold one), then are deleted.
     compact_retire_s: float = 10.0
 

@@ -16,6 +16,7 @@ from its trim point.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -63,11 +64,13 @@ from stratalog.engine.store import StoreClosedError, StoreFailedError, lock_data
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, StratalogError
 from stratalog.invariant import invariant
+from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore, put_parts
-from stratalog.queues.compaction import MergeResult, MergeSource, merge_piece, plan_merge
+from stratalog.queues.compaction import MergePlan, MergeResult, MergeSource, merge_piece, plan_merge
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
 from stratalog.queues.index import RunIndex, TailIndex
 from stratalog.queues.manifest import QueueObjectRef, last_manifest_seq, publish_manifest
+from stratalog.queues.merge_worker import MergeCancelledError, MergeJob, run_merge_job
 from stratalog.wal import WriteAheadLog
 
 log = logging.getLogger("stratalog.queues")
@@ -219,6 +222,7 @@ class QueueStore:
         config.validate()
         self._dir = data_dir
         self._config = config
+        self._merges_in_worker = config.compact_in_worker and type(objects) is LocalDirStore
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
         self._meta = Metadata(data_dir / "meta.sqlite")
@@ -853,14 +857,14 @@ class QueueStore:
             try:
                 self._retire_due()
                 while self.compaction_error is None and not self._closing:
-                    # One at a time with uploads: their working sets (each a few hundred MiB at a million
-                    # queues) never add up, and producers wait for a merge that has fallen behind. Merges
-                    # beside uploads were measured: beside busy producers a merge gets the GIL a few
-                    # milliseconds at a time and falls behind (24 objects after 100 M puts instead of 7).
+                    # A merge in a thread goes one at a time with uploads: their working sets (each a few
+                    # hundred MiB at a million queues) never add up, and producers wait for a merge that
+                    # has fallen behind. Merges in a thread beside uploads were measured: beside busy
+                    # producers a merge gets the GIL a few milliseconds at a time and falls behind (24
+                    # objects after 100 M puts instead of 7). A merge in the worker process has its own.
                     self._let_uploads_go_first()
-                    with self._upload_lock:
-                        if not self._compact_once():
-                            break
+                    if not self._compact_once():
+                        break
                     self._retire_due()
             except _CompactionCancelledError:
                 return
@@ -904,10 +908,18 @@ class QueueStore:
         return None
 
     def _compact_once(self) -> bool:
-        """Merge the objects the plan picks (under the upload lock); False when there is nothing to merge.
+        """Merge the objects the plan picks; False when there is nothing to merge. A merge in a thread
+        holds the upload lock throughout; one in the worker process only to publish its result.
 
         The merged runs are cut by stream range into pieces of at most ``compact_object_bytes_max`` bytes
         (run positions are u32), each an object of its own, committed in one metadata transaction."""
+        if not self._merges_in_worker:
+            with self._upload_lock:
+                return self._merge(in_worker=False)
+        return self._merge(in_worker=True)
+
+    def _merge(self, *, in_worker: bool) -> bool:
+        # Only this thread removes objects from the view; uploads add them after the ones planned here.
         objects, _, index = self._view
         plan = self._plan_compaction(objects)
         if plan is None:
@@ -919,10 +931,37 @@ class QueueStore:
         merge = plan_merge(sources, prev_ends, self._config.compact_object_bytes_max)
         place = object_order(replaced[0].key, replaced[0].object_id)[0]
         started = time.monotonic()
-        pieces: list[tuple[int, str, MergeResult]] = []
-        for p in range(len(merge.pieces)):
+        keys: list[tuple[int, str]] = []
+        for _ in merge.pieces:
             object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
-            key = queue_object_key(object_id, place)
+            keys.append((object_id, queue_object_key(object_id, place)))
+        results = self._merge_in_worker(replaced, prev_ends, keys) if in_worker else self._merge_here(merge, keys)
+        pieces = [(object_id, key, r) for (object_id, key), r in zip(keys, results, strict=True)]
+        with self._upload_lock if in_worker else contextlib.nullcontext():
+            self._with_retries("committing the merge", lambda: self._meta.replace_objects(
+                [o.object_id for o in replaced], [NewObject(i, key, r.size_bytes, []) for i, key, r in pieces]))
+            merged = tuple(_Object(object_id, key, self._open_reader(key), r.size_bytes, r.pages,
+                                   int(r.positions[-1])) for object_id, key, r in pieces)
+            with self._view_lock:
+                objects, records, index = self._view
+                invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
+                self._view = ((*objects[:first], *merged, *objects[stop:]), records,
+                              index.with_merged(first, stop, [(r.ends, r.positions) for _, _, r in pieces]))
+                now = time.monotonic()
+                self._retired.extend((now, o) for o in replaced)
+            # Readers planned on the previous manifest may still get the replaced objects for compact_retire_s.
+            self._publish_manifest()
+        self.compactions += 1
+        self.compacted_bytes += sum(r.size_bytes for _, _, r in pieces)
+        log.info("merged %d queue objects (%d MiB) into %d in %.1f s%s", len(replaced),
+                 sum(r.size_bytes for _, _, r in pieces) >> 20, len(pieces), time.monotonic() - started,
+                 " (worker process)" if in_worker else "")
+        _return_freed_memory()
+        return True
+
+    def _merge_here(self, merge: MergePlan, keys: list[tuple[int, str]]) -> list[MergeResult]:
+        results = []
+        for p, (_, key) in enumerate(keys):
             result = MergeResult()
 
             def write(piece: int = p, key: str = key) -> None:
@@ -933,26 +972,23 @@ class QueueStore:
                     sync_every_bytes=self._config.upload_sync_bytes)
 
             self._with_retries(f"writing merged object {key}", write)
-            pieces.append((object_id, key, result))
-        self._with_retries("committing the merge", lambda: self._meta.replace_objects(
-            [o.object_id for o in replaced], [NewObject(i, key, r.size_bytes, []) for i, key, r in pieces]))
-        merged = tuple(_Object(object_id, key, self._open_reader(key), r.size_bytes, r.pages, int(r.positions[-1]))
-                       for object_id, key, r in pieces)
-        with self._view_lock:
-            objects, records, index = self._view
-            invariant(objects[first:stop] == replaced, "only a merge removes objects from the view")
-            self._view = ((*objects[:first], *merged, *objects[stop:]), records,
-                          index.with_merged(first, stop, [(r.ends, r.positions) for _, _, r in pieces]))
-            now = time.monotonic()
-            self._retired.extend((now, o) for o in replaced)
-        # Readers planned on the previous manifest may still get the replaced objects for compact_retire_s.
-        self._publish_manifest()
-        self.compactions += 1
-        self.compacted_bytes += sum(r.size_bytes for _, _, r in pieces)
-        log.info("merged %d queue objects (%d MiB) into %d in %.1f s", len(replaced),
-                 sum(r.size_bytes for _, _, r in pieces) >> 20, len(pieces), time.monotonic() - started)
-        _return_freed_memory()
-        return True
+            results.append(result)
+        return results
+
+    def _merge_in_worker(self, replaced: tuple[_Object, ...], prev_ends: U32s,
+                         keys: list[tuple[int, str]]) -> list[MergeResult]:
+        assert isinstance(self._objects, LocalDirStore)
+        config = self._config
+        job = MergeJob(str(self._objects.root), tuple((o.key, o.size_bytes) for o in replaced), prev_ends,
+                       tuple(key for _, key in keys), config.compact_object_bytes_max, config.compact_slice_bytes,
+                       config.upload_sync_bytes)
+        try:
+            results = self._with_retries(f"merging into {keys[0][1]} in the worker process",
+                                         lambda: run_merge_job(job, lambda: self._closing))
+        except MergeCancelledError:
+            raise _CompactionCancelledError from None
+        invariant(all(isinstance(r, MergeResult) for r in results), "the worker answers with merge results")
+        return results  # type: ignore[return-value]
 
     def _unless_closing(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
         for part in parts:
