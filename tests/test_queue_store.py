@@ -29,7 +29,7 @@ from stratalog.queues import (
     QueueConfig,
     QueueStore,
 )
-from stratalog.queues.merge_worker import MergeJob
+from stratalog.queues.merge_worker import MergeAnswer, MergeJob
 from stratalog.queues.store import QUEUE_PREFIX
 
 
@@ -441,7 +441,7 @@ def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_pat
         steps.append(sync_every_bytes)
         real_put_parts(store, key, parts, sync_every_bytes=sync_every_bytes)  # type: ignore[arg-type]
 
-    def recording_run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> list[object]:
+    def recording_run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> MergeAnswer:
         steps.append(job.sync_every_bytes)     # the worker passes it to put_parts
         return real_run_merge_job(job, cancelled)
 

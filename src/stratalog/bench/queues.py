@@ -249,8 +249,6 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
     doc: dict[str, Any] = {
         "name": name, "mode": "put_many" if plan.batch else "put", "phases": phases,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        # The largest process the system started and waited for (stratalog: a merge worker; NATS: its server).
-        "helper_peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
         "disk_bytes": disk_bytes(data_dir), "ok": index_bad == 0 and consume_bad == 0,
     }
     if stats:

@@ -192,7 +192,7 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
                 console.print(f"stratalog merges: {st['compactions']} ({st['compacted_bytes'] / 2**30:.1f} GiB "
                               f"written), {sent.get('compactions', 0)} of them during send; objects after send "
                               f"{sent.get('objects', 0)}, at the end {st['objects']}; the largest merge "
-                              f"worker's peak RSS {s.get('helper_peak_rss_bytes', 0) / MIB_BYTES:,.0f} MiB")
+                              f"worker's peak RSS {st.get('merge_worker_peak_rss_bytes', 0) / MIB_BYTES:,.0f} MiB")
             r = s["recovery"]
             console.print(f"open after a clean close: {r['clean_open_seconds']:.2f} s; open after kill -9 with one "
                           f"more flushed message per queue in the WAL: {r['open_after_kill9_seconds']:.2f} s "

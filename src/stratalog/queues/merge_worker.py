@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import os
 import pickle
+import resource
 import signal
 import subprocess
 import sys
@@ -59,10 +60,16 @@ class MergeJob:
     sync_every_bytes: int
 
 
-def run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> list[object]:
-    """Run ``job`` in a worker process; its pieces' MergeResults. Raises MergeCancelledError when
-    ``cancelled()`` turns true meanwhile (the worker is killed), CorruptBulkError when a source failed its
-    checks, MergeWorkerError for anything else."""
+@dataclass(frozen=True, slots=True)
+class MergeAnswer:
+    results: list[object]     # each piece's MergeResult, in order
+    peak_rss_bytes: int       # the worker's own peak resident memory
+
+
+def run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> MergeAnswer:
+    """Run ``job`` in a worker process; its pieces' MergeResults and the worker's peak RSS. Raises
+    MergeCancelledError when ``cancelled()`` turns true meanwhile (the worker is killed), CorruptBulkError
+    when a source failed its checks, MergeWorkerError for anything else."""
     from stratalog.engine.bulkformat import CorruptBulkError
 
     package_root = str(Path(stratalog.__file__).resolve().parent.parent)
@@ -96,8 +103,7 @@ def run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> list[object]:
         raise MergeWorkerError(f"the merge worker exited with status {proc.returncode} without an answer"
                                + (f": {' / '.join(tail)}" if tail else ""))
     if answer[0] == "ok":
-        results: list[object] = answer[1]
-        return results
+        return MergeAnswer(answer[1], answer[2])
     kind, message = answer[1], answer[2]
     if kind == "corrupt":
         raise CorruptBulkError(message)
@@ -139,7 +145,8 @@ def main() -> None:
 
     job = pickle.loads(sys.stdin.buffer.read())
     try:
-        answer: tuple[object, ...] = ("ok", _work(job))
+        results = _work(job)
+        answer: tuple[object, ...] = ("ok", results, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     except CorruptBulkError as e:
         answer = ("error", "corrupt", str(e))
     except Exception as e:

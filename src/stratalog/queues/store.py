@@ -272,6 +272,7 @@ class QueueStore:
         self._retired: list[tuple[float, _Object]] = []
         self.compactions = 0
         self.compacted_bytes = 0
+        self.merge_worker_peak_rss_bytes = 0
         self.compaction_error: BaseException | None = None
         # The queue manifest readers without this process use (Spark); published under _upload_lock.
         self._manifest_seq = last_manifest_seq(objects)
@@ -983,12 +984,14 @@ class QueueStore:
                        tuple(key for _, key in keys), config.compact_object_bytes_max, config.compact_slice_bytes,
                        config.upload_sync_bytes)
         try:
-            results = self._with_retries(f"merging into {keys[0][1]} in the worker process",
-                                         lambda: run_merge_job(job, lambda: self._closing))
+            answer = self._with_retries(f"merging into {keys[0][1]} in the worker process",
+                                        lambda: run_merge_job(job, lambda: self._closing))
         except MergeCancelledError:
             raise _CompactionCancelledError from None
-        invariant(all(isinstance(r, MergeResult) for r in results), "the worker answers with merge results")
-        return results  # type: ignore[return-value]
+        self.merge_worker_peak_rss_bytes = max(self.merge_worker_peak_rss_bytes, answer.peak_rss_bytes)
+        results = [r for r in answer.results if isinstance(r, MergeResult)]
+        invariant(len(results) == len(answer.results), "the worker answers with merge results")
+        return results
 
     def _unless_closing(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
         for part in parts:
@@ -1199,6 +1202,7 @@ class QueueStore:
             "object_reads": self._object_reads,
             "object_read_bytes": self._object_read_bytes,
             "compactions": self.compactions,
+            "merge_worker_peak_rss_bytes": self.merge_worker_peak_rss_bytes,
             "compacted_bytes": self.compacted_bytes,
         }
 
