@@ -421,6 +421,7 @@ class QueueStore:
                 self._put_cond.notify_all()
             if not taken:
                 return
+            invariant(taken % PUT_SLOTS == 0, "a put's slots are appended together")
             self._check_open()
             if bulk_items:
                 ids, batch = self._unzip_mixed(items)
