@@ -21,7 +21,6 @@ import contextlib
 import ctypes
 import os
 import pickle
-import resource
 import signal
 import subprocess
 import sys
@@ -139,6 +138,16 @@ def _work(job: MergeJob) -> list[object]:
     return results
 
 
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory since it started. Not getrusage: its ru_maxrss carries over the
+    parent's across the fork and exec that started the worker."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main() -> None:
     _die_with_parent(int(sys.argv[1]))
     from stratalog.engine.bulkformat import CorruptBulkError
@@ -146,7 +155,7 @@ def main() -> None:
     job = pickle.loads(sys.stdin.buffer.read())
     try:
         results = _work(job)
-        answer: tuple[object, ...] = ("ok", results, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        answer: tuple[object, ...] = ("ok", results, _peak_rss_bytes())
     except CorruptBulkError as e:
         answer = ("error", "corrupt", str(e))
     except Exception as e:
