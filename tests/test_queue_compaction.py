@@ -34,7 +34,13 @@ from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects, merge_piece, plan_merge
-from stratalog.queues.merge_worker import MergeCancelledError, MergeJob, MergeWorkerError, run_merge_job
+from stratalog.queues.merge_worker import (
+    MergeAnswer,
+    MergeCancelledError,
+    MergeJob,
+    MergeWorkerError,
+    run_merge_job,
+)
 from stratalog.queues.store import QUEUE_PREFIX
 
 
@@ -522,3 +528,40 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_closing_the_store_stops_its_worker_merge_and_loses_nothing(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratalog.queues import store as store_module
+
+    started = threading.Event()
+    outcomes: list[str] = []
+
+    def merge_until_closed(job: MergeJob, cancelled: Callable[[], bool]) -> MergeAnswer:
+        # Hold the merge until the store closes, then run the real worker with the store's own flag: it
+        # must be killed at its first poll and the merge given up.
+        started.set()
+        deadline = time.monotonic() + 10
+        while not cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            return run_merge_job(job, cancelled)
+        except MergeCancelledError:
+            outcomes.append("cancelled")
+            raise
+
+    monkeypatch.setattr(store_module, "run_merge_job", merge_until_closed)
+    rng = random.Random(5)
+    model: dict[str, list[bytes]] = {}
+    qs = QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=2))
+    _fill(qs, model, rng, 2, 100)
+    assert started.wait(10), "two uploads make a merge"
+    began = time.monotonic()
+    qs.close()
+    assert time.monotonic() - began < 5 and outcomes == ["cancelled"]
+    assert qs.compaction_error is None and qs.compactions == 0
+
+    monkeypatch.undo()
+    with QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=0)) as reopened:
+        assert reopened.stats()["objects"] == 2
+        _check(reopened, model, rng)
