@@ -135,7 +135,9 @@ def plan_merge(sources: Sequence[MergeSource], prev_ends: U32s, piece_bytes_max:
     before[:len(prev_ends)] = prev_ends
     names_raw = b"".join(src.names_raw for src in sources)
     # A piece's bytes besides its runs: names (piece 0), the index, a CRC per page of runs, the footer.
-    fixed_bytes = len(names_raw) + 8 * stream_count + 4 + OBJECT_FOOTER_BYTES
+    # The CRCs are 4 * ceil(runs / PAGE_BYTES) bytes: budgeting 4 * runs / PAGE_BYTES plus one more CRC for
+    # the page the rounding up adds keeps every piece within piece_bytes_max.
+    fixed_bytes = len(names_raw) + 8 * stream_count + 4 + OBJECT_FOOTER_BYTES + 4
     runs_bytes_max = (piece_bytes_max - fixed_bytes) * PAGE_BYTES // (PAGE_BYTES + 4)
     if runs_bytes_max < 1:
         raise ValueError(f"pieces of {piece_bytes_max} bytes cannot hold the index of {stream_count} streams")
