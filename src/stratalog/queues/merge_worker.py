@@ -32,8 +32,10 @@ from pathlib import Path
 import numpy as np
 
 import stratalog
-from stratalog.engine.bulkformat import U32s
-from stratalog.objects.store import ObjectStoreError
+from stratalog.engine.bulkformat import CorruptBulkError, U32s
+from stratalog.objects.local import LocalDirStore
+from stratalog.objects.store import ObjectStoreError, put_parts
+from stratalog.queues.compaction import MergeResult, MergeSource, merge_piece, plan_merge
 
 #: How often a store waiting for its worker checks whether it is closing.
 POLL_S = 0.2
@@ -61,16 +63,14 @@ class MergeJob:
 
 @dataclass(frozen=True, slots=True)
 class MergeAnswer:
-    results: list[object]     # each piece's MergeResult, in order
-    peak_rss_bytes: int       # the worker's own peak resident memory
+    results: list[MergeResult]   # each piece's, in order
+    peak_rss_bytes: int          # the worker's own peak resident memory
 
 
 def run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> MergeAnswer:
     """Run ``job`` in a worker process; its pieces' MergeResults and the worker's peak RSS. Raises
     MergeCancelledError when ``cancelled()`` turns true meanwhile (the worker is killed), CorruptBulkError
     when a source failed its checks, MergeWorkerError for anything else."""
-    from stratalog.engine.bulkformat import CorruptBulkError
-
     package_root = str(Path(stratalog.__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
@@ -116,11 +116,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _work(job: MergeJob) -> list[object]:
-    from stratalog.objects.local import LocalDirStore
-    from stratalog.objects.store import put_parts
-    from stratalog.queues.compaction import MergeResult, MergeSource, merge_piece, plan_merge
-
+def _work(job: MergeJob) -> list[MergeResult]:
     store = LocalDirStore(Path(job.root))
     sources = []
     for key, size in job.sources:
@@ -129,7 +125,7 @@ def _work(job: MergeJob) -> list[object]:
     plan = plan_merge(sources, np.asarray(job.prev_ends), job.piece_bytes_max)
     if len(plan.pieces) != len(job.piece_keys):
         raise MergeWorkerError(f"the worker planned {len(plan.pieces)} pieces, the store {len(job.piece_keys)}")
-    results: list[object] = []
+    results = []
     for piece, key in enumerate(job.piece_keys):
         result = MergeResult()
         put_parts(store, key, merge_piece(plan, piece, job.slice_bytes, result),
@@ -150,8 +146,6 @@ def _peak_rss_bytes() -> int:
 
 def main() -> None:
     _die_with_parent(int(sys.argv[1]))
-    from stratalog.engine.bulkformat import CorruptBulkError
-
     job = pickle.loads(sys.stdin.buffer.read())
     try:
         results = _work(job)

@@ -423,10 +423,9 @@ class QueueStore:
                 return
             invariant(taken % PUT_SLOTS == 0, "a put's slots are appended together")
             self._check_open()
-            if bulk_items:
-                ids, batch = self._unzip_mixed(items)
-            else:
-                ids, batch = self._singles(items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS])
+            names, messages, known = items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS]
+            unzip = self._unzip_mixed if bulk_items else self._singles
+            ids, batch = unzip(names, messages, known)
             self._write(ids, batch)
 
     def _resolve(self, names: list[str]) -> Ids:
@@ -444,10 +443,9 @@ class QueueStore:
         self._stream_count = first + len(new)
         return np.fromiter(map(ids.__getitem__, names), I64, len(names))
 
-    def _unzip_mixed(self, items: list[Any]) -> tuple[Ids, Any]:
-        """Ids and one Arrow array of messages from pending puts, some of them bulk. Ids are completed in
-        the order of the puts, so new queues get theirs in the order of their first put."""
-        names, messages, known = items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS]
+    def _unzip_mixed(self, names: list[Any], messages: list[Any], known: list[Any]) -> tuple[Ids, Any]:
+        """Ids and one Arrow array of messages from pending puts (their slots), some of them bulk. Ids are
+        completed in the order of the puts, so new queues get theirs in the order of their first put."""
         id_parts: list[Ids] = []
         arrays = []
         start = 0
@@ -990,9 +988,7 @@ class QueueStore:
         except MergeCancelledError:
             raise _CompactionCancelledError from None
         self.merge_worker_peak_rss_bytes = max(self.merge_worker_peak_rss_bytes, answer.peak_rss_bytes)
-        results = [r for r in answer.results if isinstance(r, MergeResult)]
-        invariant(len(results) == len(answer.results), "the worker answers with merge results")
-        return results
+        return answer.results
 
     def _unless_closing(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
         for part in parts:
