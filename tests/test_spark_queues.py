@@ -49,8 +49,10 @@ def _fill(path: Path, queues: int, rounds: int, fanout: int = 0, piece_bytes_max
     """A queue store with one object per round (more queues each round); returns what each queue holds.
     With ``piece_bytes_max``, merges cut into pieces that small, and the store waits for them to settle."""
     model: Model = {}
+    # Merges in a thread: uploads wait for each merge, so which objects merge, and into how many pieces, is
+    # the same from run to run (beside a worker's merge the uploads' sizes follow the timing).
     pieces = {} if piece_bytes_max is None else {"compact_object_bytes_max": piece_bytes_max,
-                                                 "upload_bytes_threshold": 16 << 10}
+                                                 "upload_bytes_threshold": 16 << 10, "compact_in_worker": False}
     config = small_queue_config(compact_fanout=fanout, upload_idle_s=0.01, **pieces)
     with QueueStore.open(path, config=config) as qs:
         for r in range(rounds):
