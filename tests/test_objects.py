@@ -407,6 +407,28 @@ def test_local_reader_takes_small_cached_reads_without_the_gil_hand_off(tmp_path
     finally:
         reader.close()
 
+def test_local_reader_peek_gives_cached_bytes_as_a_view_and_none_otherwise(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalDirStore(tmp_path / "root")
+    data = secrets.token_bytes(100_000)
+    store.put("obj", data)
+    reader = store.open_reader("obj")
+    try:
+        assert reader.read(0, len(data)) == data     # now all of it is in the page cache
+        view = reader.peek(4096, 12288, random_access=True)
+        assert isinstance(view, memoryview) and view == data[4096:12288]
+        assert reader.peek(10, 20) == data[10:20]
+        assert reader.peek(len(data) - 10, len(data) + 10) is None           # past the end: left to read()
+        assert reader.peek(0, local_module.CACHED_READ_BYTES_MAX + 1) is None  # too large to try
+        assert reader.peek(5, 5) is None
+        with pytest.raises(ValueError, match="must be >= its start"):
+            reader.peek(10, 5)
+        monkeypatch.setattr(local_module, "_preadv2_keeping_gil", None)       # no preadv2 here: never cached
+        assert reader.peek(10, 20) is None
+    finally:
+        reader.close()
+
+
 def test_local_failed_sync_stores_nothing_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path / "root")
     store.put("kept", b"old")

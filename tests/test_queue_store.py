@@ -289,7 +289,13 @@ def test_committed_positions_are_durable(tmp_path: Path) -> None:
         assert qs.committed("billing", "other") is None
 
 
-def test_a_damaged_run_is_detected_never_returned(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page_cache", [True, False], ids=["read-from-page-cache", "read-waiting-for-disk"])
+def test_a_damaged_run_is_detected_never_returned(tmp_path: Path, page_cache: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratalog.objects import local
+
+    if not page_cache:    # every read takes the path of one that must wait for the disk
+        monkeypatch.setattr(local, "_pread_view", lambda fd, size, offset: None)
     with _open(tmp_path) as qs:
         for r in range(20):
             qs.put_many([f"q{q}" for q in range(50)], [_msg(q, r) for q in range(50)])
@@ -421,7 +427,7 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
         assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]
         assert hinted == [], "reads served by the page cache hint nothing"
         # The page cache misses from here on: the first read that waits for the disk hints the later runs.
-        monkeypatch.setattr(local, "_pread_cached", lambda fd, size, offset: None)
+        monkeypatch.setattr(local, "_pread_view", lambda fd, size, offset: None)
         assert qs.get("q4", 1, 1) == [_msg(4, 1)]
         assert hinted == [], "a get inside one run reads ahead nothing"
         assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]

@@ -375,16 +375,28 @@ class _IoVec(ctypes.Structure):
 _fadvise_keeping_gil: Callable[[int, int, int, int], int] | None = _libc_keeping_gil(
     "posix_fadvise", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int),
     ctypes.c_int) if hasattr(os, "POSIX_FADV_WILLNEED") else None
-#: preadv2 (returns bytes read, or -1); None: every read through os.pread.
-_preadv2_keeping_gil = _libc_keeping_gil(
-    "preadv2", (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_int, ctypes.c_int64, ctypes.c_int),
-    ctypes.c_ssize_t) if hasattr(os, "RWF_NOWAIT") else None
-#: Reads up to this size first try the page cache without giving up the GIL (see _pread_cached).
+def _load_preadv2_keeping_gil() -> Any:
+    """libc's preadv2 through ctypes.PyDLL (returns bytes read, or -1); None where it cannot be loaded.
+    Only its result type is declared: converting five arguments through ``argtypes`` cost a sixth of a
+    cached read, so a caller passes the offset as ``ctypes.c_int64`` and the rest as C ints."""
+    if not hasattr(os, "RWF_NOWAIT"):
+        return None
+    try:
+        function = ctypes.PyDLL(ctypes.util.find_library("c")).preadv2
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.restype = ctypes.c_ssize_t
+    return function
+
+
+#: preadv2; None: every read through os.pread.
+_preadv2_keeping_gil = _load_preadv2_keeping_gil()
+#: Reads up to this size first try the page cache without giving up the GIL (see _pread_view).
 CACHED_READ_BYTES_MAX = 64 << 10
 
 
 class _CachedReadBuffer(threading.local):
-    """Each thread's buffer for _pread_cached, with its I/O vector made once (making them per read cost
+    """Each thread's buffer for _pread_view, with its I/O vector made once (making them per read cost
     a third of a cached read)."""
 
     def __init__(self) -> None:
@@ -397,18 +409,24 @@ class _CachedReadBuffer(threading.local):
 _cached_read_buffer = _CachedReadBuffer()
 
 
-def _pread_cached(fd: int, size: int, offset: int) -> bytes | None:
+def _pread_view(fd: int, size: int, offset: int) -> memoryview | None:
     """The ``size`` bytes (at most CACHED_READ_BYTES_MAX) at ``offset`` if the page cache holds them all,
     read without giving up the GIL (``preadv2`` with ``RWF_NOWAIT``: the kernel answers EAGAIN rather than
-    go to the disk); None otherwise. ``os.pread`` releases the GIL even for cached bytes, and with reader
-    threads queueing for it, getting it back cost more than the copy: 8 threads of cached gets, 21 k ->
-    39 k get/s."""
+    go to the disk), as a view of this thread's read buffer: valid until the thread's next read. None
+    otherwise. ``os.pread`` releases the GIL even for cached bytes, and with reader threads queueing for
+    it, getting it back cost more than the copy: 8 threads of cached gets, 21 k -> 39 k get/s."""
     if _preadv2_keeping_gil is None:
         return None
     local = _cached_read_buffer
     local.vector.length = size
-    got: int = _preadv2_keeping_gil(fd, local.vector_ref, 1, offset, os.RWF_NOWAIT)
-    return local.view[:size].tobytes() if got == size else None
+    got: int = _preadv2_keeping_gil(fd, local.vector_ref, 1, ctypes.c_int64(offset), os.RWF_NOWAIT)
+    return local.view[:size] if got == size else None
+
+
+def _pread_cached(fd: int, size: int, offset: int) -> bytes | None:
+    """What _pread_view reads, as bytes."""
+    view = _pread_view(fd, size, offset)
+    return None if view is None else view.tobytes()
 
 
 class LocalObjectReader:
@@ -455,6 +473,14 @@ class LocalObjectReader:
             raise ObjectStoreError(f"read of key {self._key!r} from {self._path} failed: {exc}; "
                                    f"{_advice(exc)}") from exc
         return data
+
+    def peek(self, start: int, end: int, *, random_access: bool = False) -> memoryview | None:
+        """Bytes ``start .. end`` (at most CACHED_READ_BYTES_MAX) if the page cache holds them all, as a
+        view of this thread's read buffer, valid until the thread's next read of any object (copy what you
+        keep); None if any of them would have to come from the disk, or lie past the object's end."""
+        check_range(start, end)
+        return _pread_view(self._random_fd if random_access else self._fd, end - start, start) \
+            if 0 < end - start <= CACHED_READ_BYTES_MAX else None
 
     def will_need(self, start: int, end: int) -> None:
         """Ask the kernel to read ``start .. end`` ahead (a reader will want it soon). The call only
