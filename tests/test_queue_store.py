@@ -316,6 +316,54 @@ def test_a_damaged_run_is_detected_never_returned(tmp_path: Path, page_cache: bo
             qs.get("q17", 5, 1)
 
 
+def _three_objects_of(tmp_path: Path, queues: int) -> None:
+    for r in range(3):   # a close uploads what is left: one object per session, each holding one round
+        with _open(tmp_path, compact_fanout=0) as qs:
+            qs.put_many([f"q{q}" for q in range(queues)], [_msg(q, r) for q in range(queues)])
+
+
+@pytest.mark.parametrize("ahead", [0, 64 << 10], ids=["each-run-alone", "read-ahead"])
+def test_consumers_walking_the_queues_in_order_read_ahead_of_them(tmp_path: Path, ahead: int) -> None:
+    queues = 3000
+    _three_objects_of(tmp_path, queues)
+    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=ahead) as qs:
+        assert len(qs._view[0]) == 3
+        before = qs.stats()["object_reads"]
+        for q in range(0, queues, 2):      # every other queue, in order, as a consumer of many would
+            assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
+        reads = qs.stats()["object_reads"] - before
+        # A run is ~50 bytes, so an object's runs ~150 KiB: three chunks of 64 KiB, or four or five as a
+        # chunk starts at the page of the first run the last one did not hold whole.
+        assert reads == 3 * (queues // 2) if not ahead else reads <= 3 * 5, reads
+        # Random readers never read ahead: their runs are far apart.
+        before = qs.stats()["object_reads"]
+        for q in (2999, 5, 1500, 17, 2500):
+            assert qs.get(f"q{q}", 1, 1) == [_msg(q, 1)]
+        assert qs.stats()["object_reads"] - before == 5
+
+
+def test_a_damaged_page_read_ahead_fails_only_the_runs_in_it(tmp_path: Path) -> None:
+    queues = 3000
+    _three_objects_of(tmp_path, queues)
+    damaged = sorted((tmp_path / LOCAL_DIR_NAME / QUEUE_PREFIX).glob("*.slq"))[1]
+    raw = bytearray(damaged.read_bytes())
+    at = raw.find(b"1234/1/")
+    assert at > 0
+    raw[at] ^= 0xFF
+    damaged.write_bytes(bytes(raw))
+    with _open(tmp_path, compact_fanout=0) as qs:
+        failed = []
+        for q in range(queues):
+            try:
+                assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
+            except CorruptBulkError as exc:
+                assert "CRC" in str(exc)
+                failed.append(q)
+        # The damaged page holds ~60 runs (4 KiB of ~60 bytes): only their queues fail.
+        assert 1234 in failed and len(failed) <= 4096 // 50
+        assert failed == list(range(failed[0], failed[-1] + 1))
+
+
 def test_a_damaged_index_stops_the_open(tmp_path: Path) -> None:
     with _open(tmp_path) as qs:
         qs.put_many([f"q{q}" for q in range(50)], [_msg(q, 0) for q in range(50)])

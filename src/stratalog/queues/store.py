@@ -164,6 +164,14 @@ class _Record:
         return pa.BinaryArray.from_buffers(pa.binary(), len(self.message_at) - 1, [None, offsets, data])
 
 
+#: A sequential reader's run starts within 1/WALK_SPAN of the read-ahead size of where the last one in its
+#: object ended (4 KiB of 64 KiB): readers are walking the object's runs in order, and it reads ahead. A
+#: chunk of 64 KiB costs what four or five reads of one run do (the copy and a CRC per page), so it must
+#: serve many: at 16, consuming 20% of a million queues in order reads 15 -> 1 times per queue (1.56 ->
+#: 2.66 M msg/s), and 2% of them about as fast as reading each run alone (1.41 vs 1.36 M).
+WALK_SPAN = 16
+
+
 @dataclass(slots=True, eq=False)
 class _Object:
     """One run object (an upload, or a merge of several); where its runs lie is in the RunIndex, in the
@@ -175,6 +183,46 @@ class _Object:
     size_bytes: int
     pages: U32s              # the CRC of each page of its runs
     runs_bytes: int
+    #: Where the last run a sequential reader read here ended, and the latest chunk read ahead for readers
+    #: walking this object's runs in order (its pages checked): ``(start, bytes)``. Shared by threads
+    #: without a lock: each is replaced whole, and a stale one costs a read, never a wrong answer.
+    walk_end: int = -1
+    chunk: tuple[int, bytes] | None = None
+
+    def read_run_ahead(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
+                       ahead_bytes: int) -> tuple[bytes, int] | None:
+        """Bytes ``start .. end`` of the runs (one run of ``count`` messages of ``stream_id``) for a sequential
+        reader, checked and framed, and the bytes read: from the chunk read ahead if it holds them; else, if
+        readers are walking this object's runs in order (this run starts within ``ahead_bytes / WALK_SPAN``
+        of where the last one ended), read with the ``ahead_bytes`` from its page on as the new chunk:
+        consumers of neighbouring queues then read their runs from memory, as the queues share this
+        object's pages. None: neither (read just the run)."""
+        chunk = self.chunk
+        if chunk is not None:
+            lo, data = chunk
+            if lo <= start and end <= lo + len(data):
+                raw = data[start - lo:end - lo]
+                frame_run(raw, count, self.key, stream_id)
+                return raw, 0
+        walked = self.walk_end
+        self.walk_end = end
+        if not -ahead_bytes <= WALK_SPAN * (start - walked) <= ahead_bytes:
+            return None
+        lo = start - start % PAGE_BYTES
+        hi = min(max(lo + ahead_bytes, end + -end % PAGE_BYTES), self.runs_bytes)
+        view = self.reader.peek(lo, hi) if self.reader is not None else None
+        data = view if view is not None else self.read(store, lo, hi)
+        try:
+            if len(data) != hi - lo:
+                raise CorruptBulkError(f"object {self.key} is shorter than its index says")
+            check_pages(data, lo, self.pages, self.key)
+        except CorruptBulkError:
+            return None    # a damaged page, maybe not this run's: the run is read and checked alone
+        data = data.tobytes() if isinstance(data, memoryview) else data
+        self.chunk = (lo, data)
+        raw = data[start - lo:end - lo]
+        frame_run(raw, count, self.key, stream_id)
+        return raw, hi - lo
 
     def read(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> bytes:
         if self.reader is None:
@@ -635,6 +683,7 @@ class QueueStore:
                 last = min(bisect.bisect_right(ends, stop - 1), len(ends) - 1)
                 hinted = last == k
                 runs = self._runs
+                ahead = self._config.read_ahead_bytes
                 reads = read_bytes = 0
                 start = ends[k - 1] if k else 0
                 while pos < stop and k <= last:
@@ -645,7 +694,11 @@ class QueueStore:
                         if cached is not None:
                             raw = cached[0]
                         else:
-                            got = obj.read_run_cached(starts[k], stops[k], end - start, stream_id, not sequential)
+                            got = obj.read_run_ahead(self._objects, starts[k], stops[k], end - start, stream_id,
+                                                     ahead) if sequential and ahead else None
+                            if got is None:
+                                got = obj.read_run_cached(starts[k], stops[k], end - start, stream_id,
+                                                          not sequential)
                             if got is None:
                                 if not hinted:
                                     self._hint_runs(objects, stream_id, starts, stops, k + 1, last)
@@ -653,8 +706,9 @@ class QueueStore:
                                 got = obj.read_run(self._objects, starts[k], stops[k], end - start, stream_id,
                                                    not sequential)
                             raw, size = got
-                            reads += 1
-                            read_bytes += size
+                            if size:
+                                reads += 1
+                                read_bytes += size
                             # Keep it only for a sequential reader this get leaves part of it to: a random
                             # reader (an index check) rarely comes back to the same run.
                             if sequential and stop < end:
