@@ -423,13 +423,21 @@ class QueueStore:
         if longest > self._config.message_bytes_max:
             raise MessageTooLargeError(f"a message of {longest} bytes exceeds message_bytes_max="
                                        f"{self._config.message_bytes_max}")
-        if not all(map(_plain_name, names)):
-            for name in names:
-                check_name(name)
         # The ids of known queues, looked up while the caller's names are still in the CPU's cache (the
         # writer would find them cold: at a million queues that is a cache miss per name); -1: not known
         # yet, the writer resolves (or creates) those. A known queue's id never changes.
-        known = np.fromiter(map(self._ids.get, names, itertools.repeat(-1)), I64, len(names))
+        try:
+            known = np.fromiter(map(self._ids.get, names, itertools.repeat(-1)), I64, len(names))
+        except TypeError:    # an unhashable name: check_name says what is wrong with it
+            for name in names:
+                check_name(name)
+            raise
+        # Only names not known yet are checked: a known one was checked when its queue was made (a name
+        # equal to it is the same name).
+        unknown = [names[i] for i in np.flatnonzero(known < 0).tolist()]
+        if not all(map(_plain_name, unknown)):
+            for name in unknown:
+                check_name(name)
         total = int(pc.sum(lengths).as_py() or 0)
         with self._put_cond:
             self._large_bytes += total
