@@ -59,11 +59,10 @@ class QueueConfig:
     #: Checked runs kept for sequential readers: a consumer reads a whole run (all of a queue's messages
     #: in one object) once and takes its next gets from here. Random reads are not kept.
     read_cache_bytes_max: int = 128 << 20
-    #: A sequential reader whose run in an object starts near where the last sequential read there ended
-    #: (consumers walking the queues in order: their runs are neighbours in each object) reads this much
-    #: of the object at once, kept as the object's one chunk, so the next queues' runs come from memory
-    #: (0: read each run alone). At most CACHED_READ_BYTES_MAX, so it is taken from the page cache
-    #: without giving up the GIL.
+    #: Consumers walking the queues in order (their runs neighbours in each object) read each object this
+    #: much at a time, a chunk serving the next queues' runs from memory; each object keeps its last 16
+    #: chunks (1 MiB at 64 KiB). 0: each run is read alone. A multiple of 4 KiB, at most
+    #: CACHED_READ_BYTES_MAX (so it is taken from the page cache without giving up the GIL).
     read_ahead_bytes: int = 64 << 10
     #: Object uploads retry a failed step this many times, backing off, before the store stops.
     upload_attempts_max: int = 5
@@ -99,8 +98,8 @@ class QueueConfig:
             raise ValueError("upload_bytes_threshold must not exceed log_cache_bytes_max")
         if self.log_cache_bytes_max >= self.wal_capacity_bytes:
             raise ValueError("the WAL must be larger than the log cache: it holds everything not yet uploaded")
-        if not 0 <= self.read_ahead_bytes <= CACHED_READ_BYTES_MAX:
-            raise ValueError(f"read_ahead_bytes must be within 0 .. {CACHED_READ_BYTES_MAX}")
+        if not 0 <= self.read_ahead_bytes <= CACHED_READ_BYTES_MAX or self.read_ahead_bytes % 4096:
+            raise ValueError(f"read_ahead_bytes must be a multiple of 4096 within 0 .. {CACHED_READ_BYTES_MAX}")
         if self.upload_sync_bytes < 1:
             raise ValueError("upload_sync_bytes must be >= 1")
         if self.upload_attempts_max < 1:

@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -164,12 +164,18 @@ class _Record:
         return pa.BinaryArray.from_buffers(pa.binary(), len(self.message_at) - 1, [None, offsets, data])
 
 
-#: A sequential reader's run starts within 1/WALK_SPAN of the read-ahead size of where the last one in its
-#: object ended (4 KiB of 64 KiB): readers are walking the object's runs in order, and it reads ahead. A
-#: chunk of 64 KiB costs what four or five reads of one run do (the copy and a CRC per page), so it must
-#: serve many: at 16, consuming 20% of a million queues in order reads 15 -> 1 times per queue (1.56 ->
-#: 2.66 M msg/s), and 2% of them about as fast as reading each run alone (1.41 vs 1.36 M).
+#: Read-ahead across queues (see _Object.read_run_ahead). A walk starts where a sequential reader's run
+#: starts within 1/WALK_SPAN of the read-ahead size (4 KiB of 64 KiB) of where the last sequential read in
+#: its object ended, and goes on into the next chunk while the last one served at least WALK_RUNS_MIN runs.
+#: A chunk of 64 KiB costs what four or five reads of one run do (the copy and a CRC per page), so it must
+#: serve well more than that. Each object keeps its last CHUNKS_PER_OBJECT chunks, for reader threads that
+#: drift apart. Measured on 1 M queues in 7 objects, 20% consumed in order (the bench's consume): one
+#: thread 2.54 -> 2.77 M msg/s (6 -> 1.1 object reads per queue); 8 threads, each taking every 8th queue
+#: (their own runs ~9 KiB apart in an upload), as fast with it as without (2.24 vs 2.28 M): looser bounds
+#: (16 KiB, 4 runs) made them read ahead, and cost them 8%.
 WALK_SPAN = 16
+WALK_RUNS_MIN = 16
+CHUNKS_PER_OBJECT = 16
 
 
 @dataclass(slots=True, eq=False)
@@ -183,33 +189,39 @@ class _Object:
     size_bytes: int
     pages: U32s              # the CRC of each page of its runs
     runs_bytes: int
-    #: Where the last run a sequential reader read here ended, and the latest chunk read ahead for readers
-    #: walking this object's runs in order (its pages checked): ``(start, bytes)``. Shared by threads
-    #: without a lock: each is replaced whole, and a stale one costs a read, never a wrong answer.
+    #: Where the last run a sequential reader read here ended, and the chunks read ahead for readers walking
+    #: this object's runs in order: chunk c is bytes ``c * read_ahead_bytes ..`` of the runs, its pages
+    #: checked, with the runs it has served (``[bytes, runs]``), oldest first. Shared by reader threads
+    #: without a lock: entries are added and removed whole, and a lost update costs a read, never a
+    #: wrong answer.
     walk_end: int = -1
-    chunk: tuple[int, bytes] | None = None
+    chunks: dict[int, list[Any]] = field(default_factory=dict)
 
     def read_run_ahead(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
                        ahead_bytes: int) -> tuple[bytes, int] | None:
         """Bytes ``start .. end`` of the runs (one run of ``count`` messages of ``stream_id``) for a sequential
-        reader, checked and framed, and the bytes read: from the chunk read ahead if it holds them; else, if
-        readers are walking this object's runs in order (this run starts within ``ahead_bytes / WALK_SPAN``
-        of where the last one ended), read with the ``ahead_bytes`` from its page on as the new chunk:
-        consumers of neighbouring queues then read their runs from memory, as the queues share this
-        object's pages. None: neither (read just the run)."""
-        chunk = self.chunk
-        if chunk is not None:
-            lo, data = chunk
-            if lo <= start and end <= lo + len(data):
-                raw = data[start - lo:end - lo]
-                frame_run(raw, count, self.key, stream_id)
-                return raw, 0
+        reader, checked and framed, and the bytes read: from a chunk read ahead if one holds them; else,
+        if readers are walking this object's runs in order, read with the rest of its chunk: consumers of
+        neighbouring queues then read their runs from memory, as the queues share this object's pages.
+        None: neither (read just the run)."""
+        c = start // ahead_bytes
+        if (end - 1) // ahead_bytes != c:
+            return None    # across two chunks (rare: a run is a few KiB at most here)
+        chunks = self.chunks
+        held = chunks.get(c)
+        lo = c * ahead_bytes
+        if held is not None:
+            held[1] += 1
+            raw = held[0][start - lo:end - lo]
+            frame_run(raw, count, self.key, stream_id)
+            return raw, 0
         walked = self.walk_end
         self.walk_end = end
-        if not -ahead_bytes <= WALK_SPAN * (start - walked) <= ahead_bytes:
+        before = chunks.get(c - 1)
+        if not (before is not None and before[1] >= WALK_RUNS_MIN) \
+                and not -ahead_bytes <= WALK_SPAN * (start - walked) <= ahead_bytes:
             return None
-        lo = start - start % PAGE_BYTES
-        hi = min(max(lo + ahead_bytes, end + -end % PAGE_BYTES), self.runs_bytes)
+        hi = min(lo + ahead_bytes, self.runs_bytes)
         view = self.reader.peek(lo, hi) if self.reader is not None else None
         data = view if view is not None else self.read(store, lo, hi)
         try:
@@ -219,7 +231,9 @@ class _Object:
         except CorruptBulkError:
             return None    # a damaged page, maybe not this run's: the run is read and checked alone
         data = data.tobytes() if isinstance(data, memoryview) else data
-        self.chunk = (lo, data)
+        chunks[c] = [data, 1]
+        if len(chunks) > CHUNKS_PER_OBJECT:
+            chunks.pop(next(iter(chunks)), None)    # the oldest
         raw = data[start - lo:end - lo]
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
