@@ -449,18 +449,14 @@ class LocalObjectReader:
             self._random_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
             os.posix_fadvise(self._random_fd, 0, 0, os.POSIX_FADV_RANDOM)
 
-    def read(self, start: int, end: int, *, random_access: bool = False,
-             on_miss: Callable[[], object] | None = None) -> bytes:
-        """Bytes ``start .. end`` of the object; raises ObjectStoreError if the object is shorter.
-        ``on_miss`` is called before the read waits for the disk (a caller's hints for its next reads)."""
+    def read(self, start: int, end: int, *, random_access: bool = False) -> bytes:
+        """Bytes ``start .. end`` of the object; raises ObjectStoreError if the object is shorter."""
         check_range(start, end)
         fd = self._random_fd if random_access else self._fd
         if 0 < end - start <= CACHED_READ_BYTES_MAX:
             cached = _pread_cached(fd, end - start, start)
             if cached is not None:
                 return cached
-        if on_miss is not None:
-            on_miss()
         try:
             data = os.pread(fd, end - start, start)
             while len(data) < end - start:
