@@ -255,7 +255,7 @@ class _Object:
             return None
         lo = start - start % PAGE_BYTES
         hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
-        view = reader.peek(lo, hi, random_access=random_access)
+        view = reader.peek(lo, hi, random_access)
         if view is None:
             return None
         if hi - lo <= PAGE_BYTES:
@@ -686,7 +686,9 @@ class QueueStore:
         if self._buf:
             self._drain()
         stream_id = self._ids.get(queue_name)
-        if stream_id is None or num == 0:
+        # Past the queue's end (a consumer's last get): nothing to look up. The puts made before this get
+        # were written by the drain above, so the queue's next offset counts them.
+        if stream_id is None or num == 0 or offset >= self._next.item(stream_id):
             if stream_id is None and type(queue_name) is not str:
                 check_name(queue_name)
             return []
