@@ -233,7 +233,7 @@ class _Object:
         data = data.tobytes() if isinstance(data, memoryview) else data
         chunks[c] = [data, 1]
         if len(chunks) > CHUNKS_PER_OBJECT:
-            chunks.pop(next(iter(chunks)), None)    # the oldest
+            chunks.pop(next(iter(chunks), -1), None)    # the oldest
         raw = data[start - lo:end - lo]
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
