@@ -317,8 +317,10 @@ def test_a_damaged_run_is_detected_never_returned(tmp_path: Path, page_cache: bo
 
 
 def _three_objects_of(tmp_path: Path, queues: int) -> None:
-    for r in range(3):   # a close uploads what is left: one object per session, each holding one round
-        with _open(tmp_path, compact_fanout=0) as qs:
+    """Rounds 0, 1, 2 of ``queues`` queues, one object each. Only a close uploads (a close uploads what is
+    left): an upload at idle could take the new queues' names record alone, as an object of its own."""
+    for r in range(3):
+        with _open(tmp_path, compact_fanout=0, upload_idle_s=60.0, upload_interval_s=60.0) as qs:
             qs.put_many([f"q{q}" for q in range(queues)], [_msg(q, r) for q in range(queues)])
 
 
@@ -461,9 +463,7 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
     from stratalog.objects import local
     from stratalog.objects.local import LocalObjectReader
 
-    for r in range(3):   # a close uploads what is left: one object per session, each holding one round
-        with _open(tmp_path, compact_fanout=0) as qs:
-            qs.put_many([f"q{q}" for q in range(10)], [_msg(q, r) for q in range(10)])
+    _three_objects_of(tmp_path, 10)
     hinted: list[tuple[str, int, int]] = []
     monkeypatch.setattr(LocalObjectReader, "will_need",
                         lambda self, start, end: hinted.append((self._key, start, end)))
