@@ -205,22 +205,24 @@ class _Object:
         neighbouring queues then read their runs from memory, as the queues share this object's pages.
         None: neither (read just the run)."""
         c = start // ahead_bytes
-        if (end - 1) // ahead_bytes != c:
-            return None    # across two chunks (rare: a run is a few KiB at most here)
         chunks = self.chunks
-        held = chunks.get(c)
-        lo = c * ahead_bytes
-        if held is not None:
-            held[1] += 1
-            raw = held[0][start - lo:end - lo]
-            frame_run(raw, count, self.key, stream_id)
-            return raw, 0
+        if chunks:
+            held = chunks.get(c)
+            if held is not None and end <= (c + 1) * ahead_bytes:
+                held[1] += 1
+                lo = c * ahead_bytes
+                raw = held[0][start - lo:end - lo]
+                frame_run(raw, count, self.key, stream_id)
+                return raw, 0
         walked = self.walk_end
         self.walk_end = end
-        before = chunks.get(c - 1)
-        if not (before is not None and before[1] >= WALK_RUNS_MIN) \
-                and not -ahead_bytes <= WALK_SPAN * (start - walked) <= ahead_bytes:
-            return None
+        if not -ahead_bytes <= WALK_SPAN * (start - walked) <= ahead_bytes:
+            before = chunks.get(c - 1) if chunks else None
+            if before is None or before[1] < WALK_RUNS_MIN:
+                return None
+        if (end - 1) // ahead_bytes != c:
+            return None    # across two chunks (rare: a run is a few KiB at most here)
+        lo = c * ahead_bytes
         hi = min(lo + ahead_bytes, self.runs_bytes)
         view = self.reader.peek(lo, hi) if self.reader is not None else None
         data = view if view is not None else self.read(store, lo, hi)
