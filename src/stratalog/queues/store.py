@@ -171,8 +171,9 @@ class _Record:
 #: serve well more than that. Each object keeps its last CHUNKS_PER_OBJECT chunks, for reader threads that
 #: drift apart. Measured on 1 M queues in 7 objects, 20% consumed in order (the bench's consume): one
 #: thread 2.54 -> 2.77 M msg/s (6 -> 1.1 object reads per queue); 8 threads, each taking every 8th queue
-#: (their own runs ~9 KiB apart in an upload), as fast with it as without (2.24 vs 2.28 M): looser bounds
-#: (16 KiB, 4 runs) made them read ahead, and cost them 8%.
+#: (their own runs ~9 KiB apart in an upload), mostly read each run alone, 2-4% slower than with no
+#: read-ahead (2.20-2.31 vs 2.30-2.41 M, paired); looser bounds (16 KiB, 4 runs, even 160 chunks per
+#: object) made them read ahead and cost them 6-15%.
 WALK_SPAN = 16
 WALK_RUNS_MIN = 16
 CHUNKS_PER_OBJECT = 16
