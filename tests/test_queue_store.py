@@ -344,6 +344,12 @@ def test_consumers_walking_the_queues_in_order_read_ahead_of_them(tmp_path: Path
         assert qs.stats()["object_reads"] - before == 5
 
 
+@pytest.mark.parametrize("ahead", [-4096, 1000, (64 << 10) + 4096, 1 << 20])
+def test_read_ahead_bytes_must_be_whole_pages_the_page_cache_read_can_take(tmp_path: Path, ahead: int) -> None:
+    with pytest.raises(ValueError, match="read_ahead_bytes"):
+        _open(tmp_path, read_ahead_bytes=ahead)
+
+
 def test_a_damaged_page_read_ahead_fails_only_the_runs_in_it(tmp_path: Path) -> None:
     queues = 3000
     _three_objects_of(tmp_path, queues)
