@@ -337,6 +337,8 @@ def test_consumers_walking_the_queues_in_order_read_ahead_of_them(tmp_path: Path
         # A run is ~50 bytes, so an object's runs ~150 KiB: three chunks of 64 KiB, or four or five as a
         # chunk starts at the page of the first run the last one did not hold whole.
         assert reads == 3 * (queues // 2) if not ahead else reads <= 3 * 5, reads
+        held = qs.stats()["read_ahead_bytes"]
+        assert held == 0 if not ahead else 0 < held <= 3 * (queues * 60 // ahead + 1) * ahead
         # Random readers never read ahead: their runs are far apart.
         before = qs.stats()["object_reads"]
         for q in (2999, 5, 1500, 17, 2500):

@@ -1309,6 +1309,8 @@ class QueueStore:
             "log_cache_bytes": self._cache_bytes,
             "log_cache_records": len(records),
             "read_cache_bytes": self._runs_bytes,
+            # list(): one C call, so a reader adding or dropping a chunk meanwhile changes no dict mid-loop
+            "read_ahead_bytes": sum(len(chunk[0]) for obj in objects for chunk in list(obj.chunks.values())),
             "object_reads": self._object_reads,
             "object_read_bytes": self._object_read_bytes,
             "compactions": self.compactions,
