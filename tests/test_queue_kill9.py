@@ -18,6 +18,9 @@ ITERATIONS = 8
 QUEUES = 1500
 #: Kill 20 to 400 ms after the child opened the store: a few rounds in, mid-put, mid-flush or mid-upload.
 KILL_AFTER_S = (0.02, 0.4)
+#: ... and every fourth child later, once it has had time for merges: a merge worker takes a few hundred
+#: ms to start, so the short children alone left a store with no merged object in one CI run of many.
+LONG_KILL_AFTER_S = (1.0, 2.0)
 
 
 def _flushed_rounds(output: bytes) -> int:
@@ -38,7 +41,7 @@ def test_every_flushed_message_survives_kill9_dense_and_in_order(tmp_path: Path)
         with start_child("stratalog.chaos.queue_child", args, name="queue", beside=data_dir,
                          awaited_tags=[TAG_OPENED]) as child:
             assert child.wait_for(TAG_OPENED, 60), child.failure("never opened the store")
-            child.kill_after(rng.uniform(*KILL_AFTER_S))
+            child.kill_after(rng.uniform(*(LONG_KILL_AFTER_S if iteration % 4 == 3 else KILL_AFTER_S)))
             assert child.killed, child.failure("exited before the kill")
             flushed = _flushed_rounds(child.output)
         flushed_total += flushed
