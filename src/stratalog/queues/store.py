@@ -689,17 +689,20 @@ class QueueStore:
         if self._buf:
             self._drain()
         stream_id = self._ids.get(queue_name)
-        # Past the queue's end (a consumer's last get): nothing to look up. The puts made before this get
-        # were written by the drain above, so the queue's next offset counts them.
-        if stream_id is None or num == 0 or offset >= self._next.item(stream_id):
+        if stream_id is None or num == 0:
             if stream_id is None and type(queue_name) is not str:
                 check_name(queue_name)
+            return []
+        sequential = self._read_next.item(stream_id) == offset
+        # A consumer's get past the queue's end (its last): nothing to look up. The puts made before this
+        # get were written by the drain above, so the queue's next offset counts them. (Only sequential
+        # gets look: for a random one the check costs a cache miss more than it saves.)
+        if sequential and offset >= self._next.item(stream_id):
             return []
         objects, records, index = self._view
         out: list[bytes] = []
         stop = offset + num
         pos = offset
-        sequential = self._read_next.item(stream_id) == offset
         if index.objects:
             ends, starts, stops = index.lookup(stream_id)
             if pos < ends[-1]:
