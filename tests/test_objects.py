@@ -407,6 +407,7 @@ def test_local_reader_takes_small_cached_reads_without_the_gil_hand_off(tmp_path
     finally:
         reader.close()
 
+
 def test_local_reader_peek_gives_cached_bytes_as_a_view_and_none_otherwise(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path / "root")

@@ -253,12 +253,12 @@ def check_pages(raw: Any, at: int, crcs: U32s, key: str) -> None:
     """Check ``raw``, bytes ``at ..`` of object ``key``'s runs (``at`` on a page; the end on one or at the
     runs' end), against the object's page CRCs ``crcs``; raise CorruptBulkError naming the first bad page."""
     first = at // PAGE_BYTES
-    if at % PAGE_BYTES or first + page_count(len(raw)) > len(crcs):
-        raise CorruptBulkError(f"object {key}: a read of bytes {at} .. {at + len(raw)} is not within its pages")
-    if len(raw) <= PAGE_BYTES:    # one page: most gets
+    if len(raw) <= PAGE_BYTES and not at % PAGE_BYTES and first < len(crcs):    # one page: most gets
         if crc32c(raw) != crcs.item(first):
             _bad_page(key, first)
         return
+    if at % PAGE_BYTES or first + page_count(len(raw)) > len(crcs):
+        raise CorruptBulkError(f"object {key}: a read of bytes {at} .. {at + len(raw)} is not within its pages")
     view = memoryview(raw).cast("B")
     if len(view) <= 4 * PAGE_BYTES:
         for i, page_at in enumerate(range(0, len(view), PAGE_BYTES)):

@@ -354,10 +354,10 @@ class LocalDirStore:
                                        f"{_advice(exc)}") from exc
 
 
-def _libc_keeping_gil(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
+def _libc_keeping_gil(name: str, argtypes: tuple[Any, ...] | None, restype: Any) -> Any:
     """libc's function ``name`` through ctypes.PyDLL, which calls it without releasing the GIL (for calls
     that do not wait on the disk); None where it cannot be loaded. It returns what libc returns (an error
-    number or -1) and never raises."""
+    number or -1) and never raises. ``argtypes`` None: the caller passes arguments as C types itself."""
     try:
         function = getattr(ctypes.PyDLL(ctypes.util.find_library("c")), name)
     except (OSError, AttributeError, TypeError):
@@ -375,22 +375,10 @@ class _IoVec(ctypes.Structure):
 _fadvise_keeping_gil: Callable[[int, int, int, int], int] | None = _libc_keeping_gil(
     "posix_fadvise", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int),
     ctypes.c_int) if hasattr(os, "POSIX_FADV_WILLNEED") else None
-def _load_preadv2_keeping_gil() -> Any:
-    """libc's preadv2 through ctypes.PyDLL (returns bytes read, or -1); None where it cannot be loaded.
-    Only its result type is declared: converting five arguments through ``argtypes`` cost a sixth of a
-    cached read, so a caller passes the offset as ``ctypes.c_int64`` and the rest as C ints."""
-    if not hasattr(os, "RWF_NOWAIT"):
-        return None
-    try:
-        function = ctypes.PyDLL(ctypes.util.find_library("c")).preadv2
-    except (OSError, AttributeError, TypeError):
-        return None
-    function.restype = ctypes.c_ssize_t
-    return function
-
-
-#: preadv2; None: every read through os.pread.
-_preadv2_keeping_gil = _load_preadv2_keeping_gil()
+#: preadv2 (returns bytes read, or -1); None: every read through os.pread. No argtypes: converting five
+#: arguments through them cost a sixth of a cached read, so a caller passes the offset as ctypes.c_int64
+#: and the rest as C ints.
+_preadv2_keeping_gil = _libc_keeping_gil("preadv2", None, ctypes.c_ssize_t) if hasattr(os, "RWF_NOWAIT") else None
 #: Reads up to this size first try the page cache without giving up the GIL (see _pread_view).
 CACHED_READ_BYTES_MAX = 64 << 10
 

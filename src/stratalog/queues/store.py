@@ -73,7 +73,6 @@ from stratalog.queues.index import RunIndex, TailIndex
 from stratalog.queues.manifest import QueueObjectRef, last_manifest_seq, publish_manifest
 from stratalog.queues.merge_worker import MergeCancelledError, MergeJob, run_merge_job
 from stratalog.wal import WriteAheadLog
-from stratalog.wal.format import crc32c
 
 log = logging.getLogger("stratalog.queues")
 
@@ -261,11 +260,7 @@ class _Object:
         view = reader.peek(lo, hi, random_access)
         if view is None:
             return None
-        if hi - lo <= PAGE_BYTES:
-            if crc32c(view) != self.pages.item(lo // PAGE_BYTES):
-                check_pages(view, lo, self.pages, self.key)    # raises, naming the page
-        else:
-            check_pages(view, lo, self.pages, self.key)
+        check_pages(view, lo, self.pages, self.key)
         raw = view[start - lo:end - lo].tobytes()
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
