@@ -371,6 +371,9 @@ def test_local_reader_hints_read_ahead_through_libc_keeping_the_gil(tmp_path: Pa
     try:
         reader.will_need(4096, 3 * 4096)
         assert len(calls) == 1 and calls[0][1:] == (4096, 2 * 4096, os.POSIX_FADV_WILLNEED)
+        # An empty range asks for nothing (posix_fadvise would take a length of 0 as the rest of the file).
+        reader.will_need(8192, 8192)
+        assert len(calls) == 1
         assert real(calls[0][0], 4096, 4096, os.POSIX_FADV_WILLNEED) == 0
         assert reader.read(4096, 3 * 4096) == data[4096:]
     finally:

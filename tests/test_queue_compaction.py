@@ -41,7 +41,7 @@ from stratalog.queues.merge_worker import (
     MergeWorkerError,
     run_merge_job,
 )
-from stratalog.queues.store import QUEUE_PREFIX
+from stratalog.queues.store import QUEUE_PREFIX, _idle_merge_start
 
 
 def _objects(rng: random.Random, rounds: int, streams_per_round: list[int]) -> tuple[list[bytes], list[list[bytes]]]:
@@ -281,6 +281,57 @@ def test_merges_cut_into_pieces_read_the_same_and_survive_a_reopen(tmp_path: Pat
         _check(qs, model, rng)
         _fill(qs, model, rng, 2, 400)
         _check(qs, model, rng)
+
+
+def test_a_merge_at_rest_takes_the_newest_units_within_its_bounds() -> None:
+    mib, gib = 1 << 20, 1 << 30
+    # Where a 100 M-message send to a million queues ends: one merged unit of 3.9 GB, two of 0.9 GB, three
+    # uploads. The five newest are merged; the oldest too only if the bound allows 6.2 GB.
+    sizes = [3900 * mib, 900 * mib, 900 * mib, 240 * mib, 230 * mib, 70 * mib]
+    assert _idle_merge_start(sizes, 4, 4 * gib) == 1
+    assert _idle_merge_start(sizes, 4, 16 * gib) == 0
+    assert _idle_merge_start(sizes, 4, 0) is None
+    # A trickle of small uploads after a big object: the small ones are merged, the big one is left alone.
+    assert _idle_merge_start([3 * gib, mib, mib], 4, 4 * gib) == 1
+    assert _idle_merge_start([3 * gib, mib], 4, 4 * gib) is None
+    assert _idle_merge_start([3 * gib, 5 * gib], 4, 16 * gib) == 0
+    assert _idle_merge_start([mib], 4, gib) is None
+    assert _idle_merge_start([], 4, gib) is None
+
+
+def _uploads_of(path: Path, rounds: int, queues: int, model: dict[str, list[bytes]]) -> None:
+    """One object per round, each with every queue (only a close uploads, and nothing merges)."""
+    for r in range(rounds):
+        with QueueStore.open(path, config=small_queue_config(compact_fanout=0, upload_idle_s=60.0,
+                                                             upload_interval_s=60.0)) as qs:
+            messages = [f"{q}/{r}/".encode() * 4 for q in range(queues)]
+            qs.put_many([f"q{q}" for q in range(queues)], messages)
+            for q, message in enumerate(messages):
+                model.setdefault(f"q{q}", []).append(message)
+
+
+@pytest.mark.parametrize("idle", ["merges", "bytes_max=0", "not-at-rest-yet"])
+def test_a_store_at_rest_merges_its_newest_objects(tmp_path: Path, idle: str) -> None:
+    model: dict[str, list[bytes]] = {}
+    _uploads_of(tmp_path, 3, 500, model)
+    # Three uploads of one tier: with compact_fanout 4 the tiers would not merge them yet.
+    overrides: dict[str, object] = {
+        "merges": {"compact_idle_s": 0.2},
+        "bytes_max=0": {"compact_idle_s": 0.2, "compact_idle_bytes_max": 0},
+        "not-at-rest-yet": {"compact_idle_s": 3600.0},
+    }[idle]
+    with QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=4, **overrides)) as qs:
+        assert len(qs._view[0]) == 3
+        if idle == "merges":
+            _wait(lambda: qs.stats()["compactions"] == 1 and len(qs._view[0]) == 1)
+        else:
+            time.sleep(1.5)    # the compactor looks every second, and the store has been at rest 0.2 s
+            assert qs.stats()["compactions"] == 0 and len(qs._view[0]) == 3
+        for name, messages in model.items():
+            assert qs.get(name, 0, 10) == messages
+            assert qs.get(name, 1, 1) == messages[1:2]
+    with pytest.raises(ValueError, match="compact_idle"):
+        small_queue_config(compact_idle_s=-1.0).validate()
 
 
 def test_merge_bounds_are_checked() -> None:

@@ -490,6 +490,26 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
         assert hinted == [(objects[k].key, starts[k], stops[k]) for k in (1, 2)]
 
 
+def test_a_consumer_at_the_end_of_a_run_hints_the_next_run_with_messages(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratalog.objects.local import LocalObjectReader
+
+    # q3 has messages in the first and third objects only: its run in the second is empty.
+    for r, queues in enumerate([range(10), [q for q in range(10) if q != 3], range(10)]):
+        with _open(tmp_path, compact_fanout=0, upload_idle_s=60.0, upload_interval_s=60.0) as qs:
+            qs.put_many([f"q{q}" for q in queues], [_msg(q, r) for q in queues])
+    hinted: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(LocalObjectReader, "will_need",
+                        lambda self, start, end: hinted.append((self._key, start, end)))
+    with _open(tmp_path, compact_fanout=0) as qs:
+        objects, _, index = qs._view
+        _, starts, stops = index.lookup(3)
+        assert len(objects) == 3 and starts[1] == stops[1] and stops[2] > starts[2]
+        assert qs.get("q3", 0, 1) == [_msg(3, 0)]
+        assert hinted == [(objects[2].key, starts[2], stops[2])], "the empty run is skipped"
+        assert qs.get("q3", 1, 1) == [_msg(3, 2)]
+
+
 @pytest.mark.parametrize("in_worker", [False, True], ids=["merge-in-thread", "merge-in-worker"])
 def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_path: Path, in_worker: bool,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:

@@ -741,10 +741,13 @@ class QueueStore:
                         upto = min(stop, end)
                         out += run_messages(raw, end - start, pos - start, upto - start)
                         pos = upto
-                        # This get ends where the run does: the reader's next get wants the next run.
-                        if sequential and pos == end == stop and k + 1 < len(ends) \
-                                and objects[k + 1].reader is not None:
-                            objects[k + 1].reader.will_need(starts[k + 1], stops[k + 1])
+                        # This get ends where the run does: the reader's next get wants the next run
+                        # (the next one with messages: a merge's pieces leave a queue's runs empty in all
+                        # pieces but one).
+                        if sequential and pos == end == stop:
+                            j = bisect.bisect_right(ends, end, k + 1)
+                            if j < len(ends) and objects[j].reader is not None:
+                                objects[j].reader.will_need(starts[j], stops[j])
                     start = end
                     k += 1
                 if reads:
@@ -996,7 +999,8 @@ class QueueStore:
 
     def _plan_compaction(self, objects: tuple[_Object, ...]) -> tuple[int, int] | None:
         """Objects ``first .. stop - 1``: the oldest ``compact_fanout`` consecutive merge units of one size
-        tier within ``compact_merge_bytes_max``. A unit is an upload, or the pieces one merge made (they
+        tier within ``compact_merge_bytes_max``; but when the store is at rest, the newest units if there
+        are two that may merge (see QueueConfig.compact_idle_s). A unit is an upload, or the pieces one merge made (they
         share its place), sized by their sum."""
         config = self._config
         fanout = config.compact_fanout
@@ -1010,6 +1014,11 @@ class QueueStore:
                 units.append((k, 0))
                 place = obj_place
             units[-1] = (units[-1][0], units[-1][1] + obj.size_bytes)
+        if self._at_rest():
+            # First: a merge of the tiers' newest units would often be part of it, written twice.
+            first = _idle_merge_start([size for _, size in units], fanout, config.compact_idle_bytes_max)
+            if first is not None:
+                return units[first][0], len(objects)
         tiers = [_tier(size, config.upload_bytes_threshold, fanout) for _, size in units]
         for u in range(len(units) - fanout + 1):
             chosen = units[u:u + fanout]
@@ -1017,6 +1026,11 @@ class QueueStore:
                 stop = units[u + fanout][0] if u + fanout < len(units) else len(objects)
                 return chosen[0][0], stop
         return None
+
+    def _at_rest(self) -> bool:
+        """No put for compact_idle_s, and everything put is in objects."""
+        return not self._view[1] and not self._buf and \
+            time.monotonic() - self._last_write >= self._config.compact_idle_s
 
     def _compact_once(self) -> bool:
         """Merge the objects the plan picks; False when there is nothing to merge. A merge in a thread
@@ -1329,6 +1343,18 @@ def _tier(size_bytes: int, upload_bytes: int, fanout: int) -> int:
         tier += 1
         bound *= fanout
     return tier
+
+
+def _idle_merge_start(sizes: list[int], fanout: int, bytes_max: int) -> int | None:
+    """The first of the newest units (of these sizes, oldest first) a merge at rest takes, or None (fewer
+    than two). Going back from the newest, a unit joins while it is at most ``fanout`` times the units
+    after it together and the total stays within ``bytes_max``."""
+    first = len(sizes) - 1
+    total = sizes[-1] if sizes else 0
+    while first > 0 and sizes[first - 1] <= fanout * total and total + sizes[first - 1] <= bytes_max:
+        first -= 1
+        total += sizes[first]
+    return first if first < len(sizes) - 1 else None
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:
