@@ -235,7 +235,8 @@ def _files(path: Path) -> list[str]:
 def test_the_store_merges_objects_and_reads_the_same(tmp_path: Path) -> None:
     rng = random.Random(11)
     model: dict[str, list[bytes]] = {}
-    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01)
+    # The tiers alone (a merge at rest would take several units at once: fewer merges).
+    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01, compact_idle_bytes_max=0)
     with QueueStore.open(tmp_path, config=config) as qs:
         _fill(qs, model, rng, 12, 300)
         # Settled: nothing left to upload or merge, nothing waiting to be deleted (an idle upload may split
@@ -310,7 +311,7 @@ def _uploads_of(path: Path, rounds: int, queues: int, model: dict[str, list[byte
                 model.setdefault(f"q{q}", []).append(message)
 
 
-@pytest.mark.parametrize("idle", ["merges", "bytes_max=0", "not-at-rest-yet"])
+@pytest.mark.parametrize("idle", ["merges", "bytes_max=0", "not-at-rest-yet", "readers-busy"])
 def test_a_store_at_rest_merges_its_newest_objects(tmp_path: Path, idle: str) -> None:
     model: dict[str, list[bytes]] = {}
     _uploads_of(tmp_path, 3, 500, model)
@@ -319,10 +320,18 @@ def test_a_store_at_rest_merges_its_newest_objects(tmp_path: Path, idle: str) ->
         "merges": {"compact_idle_s": 0.2},
         "bytes_max=0": {"compact_idle_s": 0.2, "compact_idle_bytes_max": 0},
         "not-at-rest-yet": {"compact_idle_s": 3600.0},
+        "readers-busy": {"compact_idle_s": 0.3},
     }[idle]
     with QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=4, **overrides)) as qs:
         assert len(qs._view[0]) == 3
-        if idle == "merges":
+        if idle == "readers-busy":
+            # A get every 50 ms: never at rest, so nothing merges; once the gets stop, the merge comes.
+            until = time.monotonic() + 2.0
+            while time.monotonic() < until:
+                assert qs.get("q7", 0, 3) == model["q7"]
+                time.sleep(0.05)
+            assert qs.stats()["compactions"] == 0 and len(qs._view[0]) == 3
+        if idle in ("merges", "readers-busy"):
             _wait(lambda: qs.stats()["compactions"] == 1 and len(qs._view[0]) == 1)
         else:
             time.sleep(1.5)    # the compactor looks every second, and the store has been at rest 0.2 s

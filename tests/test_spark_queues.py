@@ -53,7 +53,9 @@ def _fill(path: Path, queues: int, rounds: int, fanout: int = 0, piece_bytes_max
     # the same from run to run (beside a worker's merge the uploads' sizes follow the timing).
     pieces = {} if piece_bytes_max is None else {"compact_object_bytes_max": piece_bytes_max,
                                                  "upload_bytes_threshold": 16 << 10, "compact_in_worker": False}
-    config = small_queue_config(compact_fanout=fanout, upload_idle_s=0.01, **pieces)
+    # The tiers alone: a merge at rest would take several of them at once, and the layouts tested here
+    # (pieces, merges planned around) come from the tiers.
+    config = small_queue_config(compact_fanout=fanout, upload_idle_s=0.01, compact_idle_bytes_max=0, **pieces)
     with QueueStore.open(path, config=config) as qs:
         for r in range(rounds):
             count = queues * (r + 1) // rounds
@@ -199,7 +201,7 @@ def test_a_task_planned_before_a_merge_reads_from_the_merged_object(tmp_path: Pa
     model = _fill(tmp_path, 400, 4)
     store = _objects(tmp_path)
     parts = plan_queue_read(store, "*", None, OffsetRange(), 10_000, 4 << 10)
-    config = small_queue_config(compact_fanout=2, compact_retire_s=0.0)
+    config = small_queue_config(compact_fanout=2, compact_retire_s=0.0, compact_idle_bytes_max=0)
     with QueueStore.open(tmp_path, config=config) as qs:
         _wait(lambda: qs.compactions >= 2 and not qs._retired)
     merged = read_layout(store)

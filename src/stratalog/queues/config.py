@@ -78,15 +78,15 @@ class QueueConfig:
     #: ... and a merge takes at most this many bytes of objects: each tier rewrites the data once more, and
     #: a merge of 16 GiB already takes minutes.
     compact_merge_bytes_max: int = 16 << 30
-    #: Once no put has come for ``compact_idle_s`` and the log cache is empty, the newest merge units are
-    #: merged into one even if the tiers would not yet: a store at rest serves its readers from fewer runs.
-    #: After a 100 M-message send to a million queues the tiers leave 7 objects and a consumer reads 6 runs
-    #: per queue; merging the 5 newest (2.3 GB, ~12 s in the worker) leaves 2 runs per queue: consume
-    #: 2.2 -> 3.3-3.6 M msg/s and index checks 62-65 -> 70 k get/s (BENCHMARKS.md). An older unit joins
-    #: the merge only while it is at most ``compact_fanout`` times the newer ones it would join (so a
-    #: trickle of small uploads never rewrites a big old object: each byte is rewritten a bounded number of
-    #: times, as the tiers do) and the merge stays within ``compact_idle_bytes_max`` (0: no idle merges),
-    #: short enough to end before the store is busy again.
+    #: Once no put and no get has come for ``compact_idle_s`` and the log cache is empty, the newest merge
+    #: units are merged into one even if the tiers would not yet: a store at rest will serve its next
+    #: readers from fewer runs. After a 100 M-message send to a million queues the tiers leave 5-7 objects
+    #: and a consumer reads 4-6 runs per queue; merging the newest (2.3-2.5 GB, 10 s in the worker) leaves
+    #: 2: consume 2.2 -> 3.3-3.6 M msg/s and index checks 62-65 -> 70 k get/s (BENCHMARKS.md). An older
+    #: unit joins the merge only while it is at most ``compact_fanout`` times the newer ones it would
+    #: join (so a trickle of small uploads never rewrites a big old object: each byte is rewritten a
+    #: bounded number of times, as the tiers do) and the merge stays within ``compact_idle_bytes_max``
+    #: (0: no merges at rest), short enough to end before the store is busy again.
     compact_idle_s: float = 1.0
     compact_idle_bytes_max: int = 4 << 30
     #: A merge reads about this much of its sources at a time; its working memory is about 3x this.
