@@ -402,7 +402,7 @@ def test_bench_command_quick_run_writes_the_json_shape(tmp_path: Path) -> None:
     recovery = system["recovery"]  # after kill -9 of a child that flushed one more message per queue
     assert recovery["flushed_round_missing_in_sampled_queues"] == 0
     assert recovery["messages_replayed"] == 2000 and recovery["open_after_kill9_seconds"] > 0
-    assert "against this disk" in result.output
+    assert "against this disk" in result.output and "the bare put loop" in result.output
     reads, writes = system["reference"]["random_read_4k"], system["reference"]["seq_write"]
     assert writes["bytes"] == 8 << 20 and writes["seconds"] > 0
     assert system["ratios_to_disk"]["send"] == pytest.approx(system["phases"]["send"]["per_s"]
@@ -435,6 +435,9 @@ def test_bench_sets_stratalogs_phases_against_the_disk_in_the_same_run(tmp_path:
     assert ratios["consume"] == pytest.approx(phases["consume"]["per_s"] * plan.message_bytes
                                               / (reads["per_s"] * reads["block_bytes"]))
     assert ratios["send"] == pytest.approx(phases["send"]["per_s"] / writes["messages_per_s"])
+    loop = reference["interpreter_put_loop"]
+    assert loop["queues"] == plan.queues and loop["seconds"] >= 2.0 and loop["puts"] >= plan.queues
+    assert loop["per_s"] == pytest.approx(loop["puts"] / loop["seconds"])
     # The gets' own object reads: whole 4 KiB pages, at least one read per get that reached an object.
     for phase in ("index_check", "consume"):
         p = phases[phase]

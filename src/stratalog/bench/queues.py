@@ -13,7 +13,9 @@ Three phases per system, each in its own process (so peak RSS is the system's ow
 For stratalog alone, two plain-disk references on the same files in the same run (see
 :mod:`stratalog.bench.disk_reference`): random 4 KiB reads of the store's objects right after consume, with the
 store still open, and a sequential write in its directory after close; ``ratios_to_disk`` sets the phases
-against them.
+against them. And one of the interpreter, after close: the bare put loop (see _interpreter_reference), which
+says how fast this machine runs Python at the time of the run: these machines are shared, and a send that is
+slower than the night before on a machine whose loop is too is the machine, not the code.
 
 Message (queue q, round r): r as 4 little-endian bytes, then q as 4 bytes, then filler up to
 ``message_bytes``: every message is distinct and checkable without keeping it.
@@ -51,6 +53,8 @@ INDEX_CHECK_NUM = 10
 CONSUME_SHARE = 0.2
 PHASES = ("send", "index_check", "consume")
 SYSTEMS = ("stratalog", "rocksdict", "lmdb", "sqlite3", "nats")
+#: How long the interpreter reference runs its loop.
+INTERPRETER_S = 2.0
 #: Seconds between progress reports from a system's process.
 PROGRESS_EVERY_S = 0.5
 
@@ -262,6 +266,7 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
     if name == "stratalog":
         doc["recovery"] = _crash_and_recover(data_dir, plan)
         reference["seq_write"] = _seq_write_reference(data_dir, plan)
+        reference["interpreter_put_loop"] = _interpreter_reference(names, plan.message_bytes)
         doc["reference"] = reference
         doc["ratios_to_disk"] = ratios_to_disk(phases, reference, plan.message_bytes)
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -285,6 +290,30 @@ def _random_read_reference(data_dir: Path, plan: QueueBenchPlan) -> dict[str, An
     except OSError as e:
         return {"threads": plan.threads, "error": f"{type(e).__name__}: {e}"}
     return reads.summary()
+
+
+def _interpreter_reference(names: list[str], message_bytes: int, seconds: float = INTERPRETER_S) -> dict[str, Any]:
+    """The bare put loop, in one thread, for about ``seconds``: look the queue's name up in a dict of every
+    queue's id, append name, message and id to a list (cleared every 64 Ki puts), queue after queue in
+    order, with one message object. What a put does in the store less its checks and the call, and none
+    of the writer's work: a ceiling on puts per second per core that moves with the machine's load. Run
+    after the store closed, so its dict (~100 B per queue) does not raise the store's peak RSS."""
+    ids = dict(zip(names, range(len(names)), strict=True))
+    message = bytes(message_bytes)
+    buf: list[Any] = []
+    puts = 0
+    chunk = 1 << 16
+    started = time.perf_counter()
+    while True:
+        for at in range(0, len(names), chunk):
+            for name in names[at:at + chunk]:
+                buf.extend((name, message, ids.get(name, -1)))
+            buf.clear()
+            puts += min(chunk, len(names) - at)
+            elapsed = time.perf_counter() - started
+            if elapsed >= seconds:
+                return {"threads": 1, "queues": len(names), "puts": puts, "seconds": elapsed,
+                        "per_s": puts / elapsed}
 
 
 def _seq_write_reference(data_dir: Path, plan: QueueBenchPlan) -> dict[str, Any]:

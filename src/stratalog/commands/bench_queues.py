@@ -193,6 +193,14 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
                               f"written), {sent.get('compactions', 0)} of them during send; objects after send "
                               f"{sent.get('objects', 0)}, at the end {st['objects']}; the largest merge "
                               f"worker's peak RSS {st.get('merge_worker_peak_rss_bytes', 0) / MIB_BYTES:,.0f} MiB")
+            loop = s.get("reference", {}).get("interpreter_put_loop")
+            if loop and s["mode"] == "put":
+                console.print(f"interpreter reference, same run: the bare put loop (a dict lookup of the name, "
+                              f"a list append) in one thread, {loop['per_s']:,.0f} puts/s; send with put is "
+                              f"{s['phases']['send']['per_s'] / loop['per_s']:.2f}x of it")
+            elif loop:
+                console.print(f"interpreter reference, same run: the bare put loop in one thread, "
+                              f"{loop['per_s']:,.0f} puts/s")
             r = s["recovery"]
             console.print(f"open after a clean close: {r['clean_open_seconds']:.2f} s; open after kill -9 with one "
                           f"more flushed message per queue in the WAL: {r['open_after_kill9_seconds']:.2f} s "
