@@ -1126,7 +1126,7 @@ class QueueStore:
         self.merge_worker_peak_rss_bytes = max(self.merge_worker_peak_rss_bytes, answer.peak_rss_bytes)
         return answer.results
 
-    def _unless_closing(self, parts: Iterator[bytes | bytearray]) -> Iterator[bytes | bytearray]:
+    def _unless_closing(self, parts: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
         for part in parts:
             if self._closing:
                 raise _CompactionCancelledError
