@@ -39,6 +39,7 @@ from stratalog.queues.merge_worker import (
     MergeCancelledError,
     MergeJob,
     MergeWorkerError,
+    ReusingReader,
     run_merge_job,
 )
 from stratalog.queues.store import QUEUE_PREFIX, _idle_merge_start
@@ -496,6 +497,24 @@ def test_a_merge_in_the_worker_process_writes_the_same_bytes_as_one_in_a_thread(
         assert got.size_bytes == want.size_bytes == len(raw)
         assert np.array_equal(got.ends, want.ends) and np.array_equal(got.positions, want.positions)
         assert np.array_equal(got.pages, want.pages) and got.pages_checked == want.pages_checked > 0
+
+
+def test_the_workers_source_reads_reuse_one_buffer(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    data = bytes(range(256)) * 64
+    store.put("o", data)
+    reader = store.open_reader("o")
+    try:
+        read = ReusingReader(reader)
+        first = read(100, 5000)
+        assert first == data[100:5000]
+        second = read(0, 3000)
+        assert second == data[:3000] and second.obj is first.obj, "the same buffer, not a new one"
+        assert read(len(data) - 10, len(data) + 50) == data[-10:], "short at the object's end"
+        bigger = read(0, len(data))
+        assert bigger == data
+    finally:
+        reader.close()
 
 
 def test_a_worker_merge_after_an_object_of_many_queues(tmp_path: Path) -> None:

@@ -458,6 +458,21 @@ class LocalObjectReader:
                                    f"{_advice(exc)}") from exc
         return data
 
+    def read_into(self, view: memoryview, start: int) -> int:
+        """Fill ``view`` with the object's bytes from ``start``; the count read (less only at the object's
+        end). For bulk readers that reuse one buffer: fresh memory for every read is dear (page faults)."""
+        done = 0
+        try:
+            while done < len(view):
+                got = os.preadv(self._fd, [view[done:]], start + done)
+                if not got:
+                    break
+                done += got
+        except OSError as exc:
+            raise ObjectStoreError(f"read of key {self._key!r} from {self._path} failed: {exc}; "
+                                   f"{_advice(exc)}") from exc
+        return done
+
     def peek(self, start: int, end: int, random_access: bool = False) -> memoryview | None:
         """Bytes ``start .. end`` (at most CACHED_READ_BYTES_MAX) if the page cache holds them all, as a
         view of this thread's read buffer, valid until the thread's next read of any object (copy what you

@@ -45,7 +45,8 @@ from stratalog.engine.bulkformat import (
 from stratalog.wal.format import crc32c
 
 #: A read of bytes ``start .. end`` of one object.
-RangeReader = Callable[[int, int], bytes]
+RangeReader = Callable[[int, int], bytes | memoryview]
+IndexReader = Callable[[int, int], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ class MergeSource:
     pages: U32s         # the CRC of each page of its runs
 
     @classmethod
-    def open(cls, key: str, read: RangeReader, size_bytes: int) -> MergeSource:
+    def open(cls, key: str, read: IndexReader, size_bytes: int) -> MergeSource:
         """Read the footer and the index section of object ``key`` (never its runs). The names are kept
         as they are: the merged object carries them unchanged."""
         footer = decode_footer(read(size_bytes - OBJECT_FOOTER_BYTES, size_bytes), size_bytes)
@@ -255,7 +256,8 @@ class _PageCrcs:
 
 def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.ndarray, positions: np.ndarray,
                  header_bytes: np.ndarray, data_bytes: np.ndarray, result: MergeResult) -> memoryview:
-    """The merged runs of streams ``lo .. hi``: a view of the Arrow buffer they were laid out in (it stays
+    """The merged runs of streams ``lo .. hi`` (each source read once: what a source's read returns may be
+    reused by its next read, see merge_worker.ReusingReader): a view of the Arrow buffer they were laid out in (it stays
     alive while the view does), not a copy: a copy is a fresh buffer of a slice's size, and a merge of
     2.2 GiB spent ~1 of its 10-12 s copying and faulting in fresh pages for those copies."""
     m = hi - lo
