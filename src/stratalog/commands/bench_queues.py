@@ -140,7 +140,10 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
     stratalog's read phases are bound by the disk, so the disk is measured beside them in the same run:
     random 4 KiB reads of the store's objects right after consume (same threads, same page cache), and
     1 MiB O_DIRECT writes plus fdatasync to a new file in its directory after close. The JSON's
-    "reference" and "ratios_to_disk" hold them; a table sets each phase against them.
+    "reference" and "ratios_to_disk" hold them; a table sets each phase against them. The machine's
+    speed at Python is measured too, after close: the bare put loop (a dict lookup of the name and a list
+    append, one thread, 2 s), "reference.interpreter_put_loop": on a shared machine a slower send beside
+    a slower loop is the machine, not the store.
     """
     from stratalog.bench.queues import SYSTEMS, QueueBenchPlan, ratios, run_in_process
 
