@@ -256,10 +256,11 @@ class _PageCrcs:
 
 def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.ndarray, positions: np.ndarray,
                  header_bytes: np.ndarray, data_bytes: np.ndarray, result: MergeResult) -> memoryview:
-    """The merged runs of streams ``lo .. hi`` (each source read once: what a source's read returns may be
-    reused by its next read, see merge_worker.ReusingReader): a view of the Arrow buffer they were laid out in (it stays
-    alive while the view does), not a copy: a copy is a fresh buffer of a slice's size, and a merge of
-    2.2 GiB spent ~1 of its 10-12 s copying and faulting in fresh pages for those copies."""
+    """The merged runs of streams ``lo .. hi``, as a view of the Arrow buffer they were laid out in (it
+    stays alive while the view does), not a copy: a copy is a fresh buffer of a slice's size, and a merge
+    of 2.2 GiB spent ~1 of its 10-12 s copying and faulting in fresh pages for those copies. Each source
+    is read once, and done with before the next slice: what a source's read returns may be reused by its
+    next read (merge_worker.ReusingReader)."""
     m = hi - lo
     chunks = []
     for j, src in enumerate(sources):

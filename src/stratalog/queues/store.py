@@ -1004,8 +1004,8 @@ class QueueStore:
     def _plan_compaction(self, objects: tuple[_Object, ...]) -> tuple[int, int] | None:
         """Objects ``first .. stop - 1``: the oldest ``compact_fanout`` consecutive merge units of one size
         tier within ``compact_merge_bytes_max``; but when the store is at rest, the newest units if there
-        are two that may merge (see QueueConfig.compact_idle_s). A unit is an upload, or the pieces one merge made (they
-        share its place), sized by their sum."""
+        are two that may merge (see QueueConfig.compact_idle_s). A unit is an upload, or the pieces one
+        merge made (they share its place), sized by their sum."""
         config = self._config
         fanout = config.compact_fanout
         if not fanout:
