@@ -247,6 +247,7 @@ def test_the_store_merges_objects_and_reads_the_same(tmp_path: Path) -> None:
         stats = qs.stats()
         # 12 uploads of one tier, merged two by two, then the merged ones two by two: at most one object per tier.
         assert stats["objects"] <= 4, stats
+        assert stats["compactions_at_rest"] == 0, "the tiers' merges are not merges at rest"
         assert qs.compaction_error is None
         _check(qs, model, rng)
         assert len(_files(tmp_path)) == stats["objects"]
@@ -334,6 +335,7 @@ def test_a_store_at_rest_merges_its_newest_objects(tmp_path: Path, idle: str) ->
             assert qs.stats()["compactions"] == 0 and len(qs._view[0]) == 3
         if idle in ("merges", "readers-busy"):
             _wait(lambda: qs.stats()["compactions"] == 1 and len(qs._view[0]) == 1)
+            assert qs.stats()["compactions_at_rest"] == 1
         else:
             time.sleep(1.5)    # the compactor looks every second, and the store has been at rest 0.2 s
             assert qs.stats()["compactions"] == 0 and len(qs._view[0]) == 3

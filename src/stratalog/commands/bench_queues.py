@@ -193,7 +193,8 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
             if "compactions" in st:
                 sent = s.get("stats_after_send", {})
                 console.print(f"stratalog merges: {st['compactions']} ({st['compacted_bytes'] / 2**30:.1f} GiB "
-                              f"written), {sent.get('compactions', 0)} of them during send; objects after send "
+                              f"written), {sent.get('compactions', 0)} of them during send, "
+                              f"{st.get('compactions_at_rest', 0)} at rest; objects after send "
                               f"{sent.get('objects', 0)}, at the end {st['objects']}; the largest merge "
                               f"worker's peak RSS {st.get('merge_worker_peak_rss_bytes', 0) / MIB_BYTES:,.0f} MiB")
             loop = s.get("reference", {}).get("interpreter_put_loop")

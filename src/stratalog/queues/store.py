@@ -360,6 +360,8 @@ class QueueStore:
         self._uploads = 0               # uploads done (under _view_lock): merges let one go when due
         self._retired: list[tuple[float, _Object]] = []
         self.compactions = 0
+        self.compactions_at_rest = 0    # of them, merges a store at rest made (QueueConfig.compact_idle_s)
+        self._planned_at_rest = False   # whether the last plan was one
         self.compacted_bytes = 0
         self.merge_worker_peak_rss_bytes = 0
         self.compaction_error: BaseException | None = None
@@ -1018,10 +1020,12 @@ class QueueStore:
                 units.append((k, 0))
                 place = obj_place
             units[-1] = (units[-1][0], units[-1][1] + obj.size_bytes)
+        self._planned_at_rest = False
         if self._at_rest():
             # First: a merge of the tiers' newest units would often be part of it, written twice.
             first = _idle_merge_start([size for _, size in units], fanout, config.compact_idle_bytes_max)
             if first is not None:
+                self._planned_at_rest = True
                 return units[first][0], len(objects)
         tiers = [_tier(size, config.upload_bytes_threshold, fanout) for _, size in units]
         for u in range(len(units) - fanout + 1):
@@ -1060,6 +1064,7 @@ class QueueStore:
         plan = self._plan_compaction(objects)
         if plan is None:
             return False
+        at_rest = self._planned_at_rest
         first, stop = plan
         replaced = objects[first:stop]
         prev_ends = index.ends[:index.stream_counts[first - 1], first - 1].copy() if first else np.zeros(0, U32)
@@ -1088,10 +1093,11 @@ class QueueStore:
             # Readers planned on the previous manifest may still get the replaced objects for compact_retire_s.
             self._publish_manifest()
         self.compactions += 1
+        self.compactions_at_rest += at_rest
         self.compacted_bytes += sum(r.size_bytes for _, _, r in pieces)
-        log.info("merged %d queue objects (%d MiB) into %d in %.1f s%s", len(replaced),
+        log.info("merged %d queue objects (%d MiB) into %d in %.1f s%s%s", len(replaced),
                  sum(r.size_bytes for _, _, r in pieces) >> 20, len(pieces), time.monotonic() - started,
-                 " (worker process)" if in_worker else "")
+                 " (worker process)" if in_worker else "", " at rest" if at_rest else "")
         _return_freed_memory()
         return True
 
@@ -1337,6 +1343,7 @@ class QueueStore:
             "object_reads": self._object_reads,
             "object_read_bytes": self._object_read_bytes,
             "compactions": self.compactions,
+            "compactions_at_rest": self.compactions_at_rest,
             "merge_worker_peak_rss_bytes": self.merge_worker_peak_rss_bytes,
             "compacted_bytes": self.compacted_bytes,
         }
