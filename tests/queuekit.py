@@ -3,9 +3,11 @@ test scale."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
-from stratalog.queues import QueueConfig
+from stratalog.queues import QueueConfig, QueueStore
 from stratalog.wal.config import WALConfig
 
 
@@ -24,3 +26,13 @@ def small_queue_config(**overrides: Any) -> QueueConfig:
     }
     base.update(overrides)
     return QueueConfig(**base)
+
+
+def one_object_per_round(path: Path, rounds: Iterable[Iterable[int]], message: Callable[[int, int], bytes]) -> None:
+    """A store at ``path`` with one object per round r, holding ``message(q, r)`` for each queue ``q{q}``
+    of ``rounds[r]``. Only a close uploads (an upload at idle could take the new queues' names record
+    alone, as an object of its own), and nothing merges."""
+    for r, queues in enumerate(rounds):
+        with QueueStore.open(path, config=small_queue_config(compact_fanout=0, upload_idle_s=60.0,
+                                                             upload_interval_s=60.0)) as qs:
+            qs.put_many([f"q{q}" for q in queues], [message(q, r) for q in queues])

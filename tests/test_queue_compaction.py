@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from queuekit import small_queue_config
+from queuekit import one_object_per_round, small_queue_config
 from stratalog.engine.bulkformat import (
     I64,
     PAGE_BYTES,
@@ -302,21 +302,14 @@ def test_a_merge_at_rest_takes_the_newest_units_within_its_bounds() -> None:
     assert _idle_merge_start([], 4, gib) is None
 
 
-def _uploads_of(path: Path, rounds: int, queues: int, model: dict[str, list[bytes]]) -> None:
-    """One object per round, each with every queue (only a close uploads, and nothing merges)."""
-    for r in range(rounds):
-        with QueueStore.open(path, config=small_queue_config(compact_fanout=0, upload_idle_s=60.0,
-                                                             upload_interval_s=60.0)) as qs:
-            messages = [f"{q}/{r}/".encode() * 4 for q in range(queues)]
-            qs.put_many([f"q{q}" for q in range(queues)], messages)
-            for q, message in enumerate(messages):
-                model.setdefault(f"q{q}", []).append(message)
+def _round_message(q: int, r: int) -> bytes:
+    return f"{q}/{r}/".encode() * 4
 
 
 @pytest.mark.parametrize("idle", ["merges", "bytes_max=0", "not-at-rest-yet", "readers-busy"])
 def test_a_store_at_rest_merges_its_newest_objects(tmp_path: Path, idle: str) -> None:
-    model: dict[str, list[bytes]] = {}
-    _uploads_of(tmp_path, 3, 500, model)
+    one_object_per_round(tmp_path, [range(500)] * 3, _round_message)
+    model = {f"q{q}": [_round_message(q, r) for r in range(3)] for q in range(500)}
     # Three uploads of one tier: with compact_fanout 4 the tiers would not merge them yet.
     overrides: dict[str, object] = {
         "merges": {"compact_idle_s": 0.2},

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import stratalog
-from queuekit import small_queue_config
+from queuekit import one_object_per_round, small_queue_config
 from stratalog.bench.queues import QueueBenchPlan, run_system
 from stratalog.commands.bench_queues import queues as bench_queues_command
 from stratalog.engine.bulkformat import CorruptBulkError
@@ -317,11 +317,8 @@ def test_a_damaged_run_is_detected_never_returned(tmp_path: Path, page_cache: bo
 
 
 def _three_objects_of(tmp_path: Path, queues: int) -> None:
-    """Rounds 0, 1, 2 of ``queues`` queues, one object each. Only a close uploads (a close uploads what is
-    left): an upload at idle could take the new queues' names record alone, as an object of its own."""
-    for r in range(3):
-        with _open(tmp_path, compact_fanout=0, upload_idle_s=60.0, upload_interval_s=60.0) as qs:
-            qs.put_many([f"q{q}" for q in range(queues)], [_msg(q, r) for q in range(queues)])
+    """Rounds 0, 1, 2 of ``queues`` queues, one object each."""
+    one_object_per_round(tmp_path, [range(queues)] * 3, _msg)
 
 
 @pytest.mark.parametrize("ahead", [0, 64 << 10], ids=["each-run-alone", "read-ahead"])
@@ -498,9 +495,7 @@ def test_a_consumer_at_the_end_of_a_run_hints_the_next_run_with_messages(tmp_pat
     from stratalog.objects.local import LocalObjectReader
 
     # q3 has messages in the first and third objects only: its run in the second is empty.
-    for r, queues in enumerate([range(10), [q for q in range(10) if q != 3], range(10)]):
-        with _open(tmp_path, compact_fanout=0, upload_idle_s=60.0, upload_interval_s=60.0) as qs:
-            qs.put_many([f"q{q}" for q in queues], [_msg(q, r) for q in queues])
+    one_object_per_round(tmp_path, [range(10), [q for q in range(10) if q != 3], range(10)], _msg)
     hinted: list[tuple[str, int, int]] = []
     monkeypatch.setattr(LocalObjectReader, "will_need",
                         lambda self, start, end: hinted.append((self._key, start, end)))

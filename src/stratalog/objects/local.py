@@ -454,8 +454,7 @@ class LocalObjectReader:
                                            "something other than this store changed it")
                 data += chunk
         except OSError as exc:
-            raise ObjectStoreError(f"read of key {self._key!r} from {self._path} failed: {exc}; "
-                                   f"{_advice(exc)}") from exc
+            raise self._read_failed(exc) from exc
         return data
 
     def read_into(self, view: memoryview, start: int) -> int:
@@ -469,9 +468,11 @@ class LocalObjectReader:
                     break
                 done += got
         except OSError as exc:
-            raise ObjectStoreError(f"read of key {self._key!r} from {self._path} failed: {exc}; "
-                                   f"{_advice(exc)}") from exc
+            raise self._read_failed(exc) from exc
         return done
+
+    def _read_failed(self, exc: OSError) -> ObjectStoreError:
+        return ObjectStoreError(f"read of key {self._key!r} from {self._path} failed: {exc}; {_advice(exc)}")
 
     def peek(self, start: int, end: int, random_access: bool = False) -> memoryview | None:
         """Bytes ``start .. end`` (at most CACHED_READ_BYTES_MAX) if the page cache holds them all, as a

@@ -361,7 +361,6 @@ class QueueStore:
         self._retired: list[tuple[float, _Object]] = []
         self.compactions = 0
         self.compactions_at_rest = 0    # of them, merges a store at rest made (QueueConfig.compact_idle_s)
-        self._planned_at_rest = False   # whether the last plan was one
         self.compacted_bytes = 0
         self.merge_worker_peak_rss_bytes = 0
         self.compaction_error: BaseException | None = None
@@ -1003,11 +1002,11 @@ class QueueStore:
             while self._upload_due() and self._uploads == uploads and not self._closing and self._failure is None:
                 self._view_lock.wait(0.1)
 
-    def _plan_compaction(self, objects: tuple[_Object, ...]) -> tuple[int, int] | None:
-        """Objects ``first .. stop - 1``: the oldest ``compact_fanout`` consecutive merge units of one size
-        tier within ``compact_merge_bytes_max``; but when the store is at rest, the newest units if there
-        are two that may merge (see QueueConfig.compact_idle_s). A unit is an upload, or the pieces one
-        merge made (they share its place), sized by their sum."""
+    def _plan_compaction(self, objects: tuple[_Object, ...]) -> tuple[int, int, bool] | None:
+        """Objects ``first .. stop - 1`` and whether the store is at rest: the oldest ``compact_fanout``
+        consecutive merge units of one size tier within ``compact_merge_bytes_max``; but when the store is
+        at rest, the newest units if there are two that may merge (see QueueConfig.compact_idle_s). A unit
+        is an upload, or the pieces one merge made (they share its place), sized by their sum."""
         config = self._config
         fanout = config.compact_fanout
         if not fanout:
@@ -1020,19 +1019,17 @@ class QueueStore:
                 units.append((k, 0))
                 place = obj_place
             units[-1] = (units[-1][0], units[-1][1] + obj.size_bytes)
-        self._planned_at_rest = False
         if self._at_rest():
             # First: a merge of the tiers' newest units would often be part of it, written twice.
             first = _idle_merge_start([size for _, size in units], fanout, config.compact_idle_bytes_max)
             if first is not None:
-                self._planned_at_rest = True
-                return units[first][0], len(objects)
+                return units[first][0], len(objects), True
         tiers = [_tier(size, config.upload_bytes_threshold, fanout) for _, size in units]
         for u in range(len(units) - fanout + 1):
             chosen = units[u:u + fanout]
             if len(set(tiers[u:u + fanout])) == 1 and sum(size for _, size in chosen) <= config.compact_merge_bytes_max:
                 stop = units[u + fanout][0] if u + fanout < len(units) else len(objects)
-                return chosen[0][0], stop
+                return chosen[0][0], stop, False
         return None
 
     def _at_rest(self) -> bool:
@@ -1064,8 +1061,7 @@ class QueueStore:
         plan = self._plan_compaction(objects)
         if plan is None:
             return False
-        at_rest = self._planned_at_rest
-        first, stop = plan
+        first, stop, at_rest = plan
         replaced = objects[first:stop]
         prev_ends = index.ends[:index.stream_counts[first - 1], first - 1].copy() if first else np.zeros(0, U32)
         sources = [MergeSource.open(o.key, functools.partial(o.read, self._objects), o.size_bytes) for o in replaced]
