@@ -67,8 +67,25 @@ def test_put_many_takes_sequences_arrow_and_numpy(tmp_path: Path) -> None:
         qs.put_many(["x", "y"], rows)
         rows[:] = 0  # put_many copied the buffer
 
-        assert qs.get("x", 0, 10) == [b"1", b"3", b"5", b"abc"]
-        assert qs.get("y", 0, 10) == [b"2", b"4", b"def"]
+        qs.put_many(np.array(["x", "z"]), [b"6", b"7"])
+        qs.put_many(pa.chunked_array([pa.array(["z"], pa.large_string()), pa.array(["y"], pa.large_string())]),
+                    [b"8", b"9"])
+        qs.put_many(pa.array(["-", "x", "-"]).slice(1, 1), [b"10"])
+        qs.put_many([], [])
+
+        assert qs.get("x", 0, 10) == [b"1", b"3", b"5", b"abc", b"6", b"10"]
+        assert qs.get("y", 0, 10) == [b"2", b"4", b"def", b"9"]
+        assert qs.get("z", 0, 10) == [b"7", b"8"]
+
+
+@pytest.mark.parametrize("names", [[b"ok"], pa.array([b"ok"], pa.binary()), np.array([b"ok"]), "ok", [None]])
+def test_put_many_takes_only_str_names_even_for_a_known_queue(tmp_path: Path, names: object) -> None:
+    with _open(tmp_path) as qs:
+        qs.put("ok", b"1")
+        with pytest.raises(InvalidQueueNameError):
+            qs.put_many(names, [b"2"])
+
+        assert qs.get("ok", 0, 10) == [b"1"]
 
 
 @pytest.mark.parametrize("name", ["", "n" * (QUEUE_NAME_CHARS_MAX + 1), "bad\udc80", 17, None, b"bytes", ["ok"]])

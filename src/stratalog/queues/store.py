@@ -72,6 +72,7 @@ from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, 
 from stratalog.queues.index import RunIndex, TailIndex
 from stratalog.queues.manifest import QueueObjectRef, last_manifest_seq, publish_manifest
 from stratalog.queues.merge_worker import MergeCancelledError, MergeJob, run_merge_job
+from stratalog.queues.names import NameIndex, name_array
 from stratalog.wal import WriteAheadLog
 
 log = logging.getLogger("stratalog.queues")
@@ -328,6 +329,7 @@ class QueueStore:
         # The writer's state; _writer_lock serializes drains (the writer thread, flush, get).
         self._writer_lock = threading.Lock()
         self._ids: dict[str, int] = {}
+        self._names = NameIndex()   # the same names, for put_many's batches (written by the writer only)
         self._stream_count = 0
         self._next = np.zeros(1024, I64)
         self._new_names: list[tuple[int, str]] = []
@@ -426,11 +428,11 @@ class QueueStore:
         """Put ``messages[i]`` on ``queue_names[i]`` for every i, in order. Names: a sequence of str or an
         Arrow string array; messages: a sequence of bytes, an Arrow binary array, or a 2-D uint8 NumPy
         array (one message per row). All are checked before any is put."""
-        names = _names_list(queue_names)
+        names = _name_array(queue_names)
         batch = _binary_array(messages)
         if len(names) != len(batch):
             raise ValueError(f"{len(names)} queue names for {len(batch)} messages")
-        if not names:
+        if not len(names):
             return
         if batch.null_count:
             raise TypeError("messages must not be null")
@@ -439,18 +441,14 @@ class QueueStore:
         if longest > self._config.message_bytes_max:
             raise MessageTooLargeError(f"a message of {longest} bytes exceeds message_bytes_max="
                                        f"{self._config.message_bytes_max}")
-        # The ids of known queues, looked up while the caller's names are still in the CPU's cache (the
-        # writer would find them cold: at a million queues that is a cache miss per name); -1: not known
-        # yet, the writer resolves (or creates) those. A known queue's id never changes.
-        try:
-            known = np.fromiter(map(self._ids.get, names, itertools.repeat(-1)), I64, len(names))
-        except TypeError:    # an unhashable name: check_name says what is wrong with it
-            for name in names:
-                check_name(name)
-            raise
+        # The ids of known queues, for the whole batch in NumPy passes (see names.py), in the caller's
+        # thread; -1: not known yet, the writer resolves (or creates) those. A known queue's id never
+        # changes.
+        known = self._names.lookup(names)
         # Only names not known yet are checked: a known one was checked when its queue was made (a name
         # equal to it is the same name).
-        unknown = [names[i] for i in np.flatnonzero(known < 0).tolist()]
+        unknown_at = np.flatnonzero(known < 0)
+        unknown = names.take(unknown_at).to_pylist() if len(unknown_at) else []
         if not all(map(_plain_name, unknown)):
             for name in unknown:
                 check_name(name)
@@ -537,6 +535,7 @@ class QueueStore:
         first = self._stream_count
         self._grow(first + len(new))   # before the ids: a get that finds an id indexes the per-queue arrays
         ids.update(zip(new, range(first, first + len(new)), strict=True))
+        self._names.add(new, np.arange(first, first + len(new)))
         self._new_names.extend(zip(range(first, first + len(new)), new, strict=True))
         self._stream_count = first + len(new)
         return np.fromiter(map(ids.__getitem__, names), I64, len(names))
@@ -572,12 +571,14 @@ class QueueStore:
         ids = self._complete(np.fromiter(known, I64, len(known)), names)
         return ids, pa.array(messages, type=pa.binary())
 
-    def _complete(self, ids: Ids, names: Sequence[Any]) -> Ids:
-        """``ids`` with each -1 (a queue not known when it was put) resolved from ``names[i]``, creating
-        the queues that are new."""
+    def _complete(self, ids: Ids, names: Any) -> Ids:
+        """``ids`` with each -1 (a queue not known when it was put) resolved from ``names[i]`` (a list, or
+        a bulk put's Arrow array), creating the queues that are new."""
         missing = np.flatnonzero(ids < 0)
         if len(missing):
-            ids[missing] = self._resolve(list(map(names.__getitem__, missing.tolist())))
+            picked = names.take(missing).to_pylist() if isinstance(names, pa.Array) \
+                else list(map(names.__getitem__, missing.tolist()))
+            ids[missing] = self._resolve(picked)
         return ids
 
     def _grow(self, stream_count: int) -> None:
@@ -1181,6 +1182,7 @@ class QueueStore:
             if self._cache_bytes >= self._config.upload_bytes_threshold:
                 self._upload(everything=True)
         self._upload(everything=True)
+        self._names.add(list(self._ids), np.fromiter(self._ids.values(), I64, len(self._ids)))
         if last_wal_offset > self._wal.trim_offset:
             self._wal.trim(last_wal_offset)
         # Before deleting merged-away objects: a manifest published before a crash may still name them.
@@ -1405,12 +1407,20 @@ def _as_bytes(message: object) -> bytes:
     raise TypeError(f"a message must be bytes, got {type(message).__name__}")
 
 
-def _names_list(names: Sequence[str] | Any) -> list[str]:
-    if isinstance(names, pa.Array | pa.ChunkedArray):
-        return list(names.to_pylist())
-    if isinstance(names, np.ndarray):
-        return [str(n) for n in names.tolist()]
-    return list(names)
+def _name_array(names: Sequence[str] | Any) -> Any:
+    """put_many's names as one Arrow string array; InvalidQueueNameError if any is not a str."""
+    if isinstance(names, str | bytes):
+        raise InvalidQueueNameError(f"queue_names must be a sequence of names, not one name: {names!r:.80}")
+    try:
+        array = name_array(names)
+    except (pa.ArrowException, TypeError, ValueError, UnicodeEncodeError):
+        array = None
+    if array is None or array.type != pa.string():
+        # Bytes, numbers, lone surrogates...: check_name says which and what is wrong with it.
+        for name in names.to_pylist() if isinstance(names, pa.Array | pa.ChunkedArray) else names:
+            check_name(name)
+        raise InvalidQueueNameError(f"queue names must be str, got {array.type if array is not None else names!r:.80}")
+    return array
 
 
 def _binary_array(messages: Sequence[bytes] | Any) -> Any:
