@@ -8,8 +8,10 @@ import random
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +31,7 @@ from stratalog.queues import (
     QueueConfig,
     QueueStore,
 )
+from stratalog.queues import store as queue_store
 from stratalog.queues.merge_worker import MergeAnswer, MergeJob
 from stratalog.queues.store import QUEUE_PREFIX
 
@@ -358,6 +361,30 @@ def test_consumers_walking_the_queues_in_order_read_ahead_of_them(tmp_path: Path
         for q in (2999, 5, 1500, 17, 2500):
             assert qs.get(f"q{q}", 1, 1) == [_msg(q, 1)]
         assert qs.stats()["object_reads"] - before == 5
+
+
+class _ChunksAddedMeanwhile(OrderedDict[int, list[Any]]):
+    """Chunks that another reader thread adds to while this one walks them (as it may between any two
+    bytecodes)."""
+
+    def __iter__(self) -> Iterator[int]:
+        keys = super().__iter__()
+        self[-1 - len(self)] = [b"", 0]
+        return keys
+
+
+def test_read_ahead_evicts_its_oldest_chunk_while_other_threads_add_theirs(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    queues = 3000
+    _three_objects_of(tmp_path, queues)
+    monkeypatch.setattr(queue_store, "CHUNKS_PER_OBJECT", 1)
+    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=4096) as qs:
+        for obj in qs._view[0]:
+            obj.chunks = _ChunksAddedMeanwhile()
+        for q in range(0, queues, 2):
+            assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
+
+        assert all(len(obj.chunks) <= 2 for obj in qs._view[0])
 
 
 @pytest.mark.parametrize("ahead", [-4096, 1000, (64 << 10) + 4096, 1 << 20])

@@ -196,7 +196,7 @@ class _Object:
     #: without a lock: entries are added and removed whole, and a lost update costs a read, never a
     #: wrong answer.
     walk_end: int = -1
-    chunks: dict[int, list[Any]] = field(default_factory=dict)
+    chunks: OrderedDict[int, list[Any]] = field(default_factory=OrderedDict)
 
     def read_run_ahead(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
                        ahead_bytes: int) -> tuple[bytes, int] | None:
@@ -236,7 +236,10 @@ class _Object:
         data = data.tobytes() if isinstance(data, memoryview) else data
         chunks[c] = [data, 1]
         if len(chunks) > CHUNKS_PER_OBJECT:
-            chunks.pop(next(iter(chunks), -1), None)    # the oldest
+            # The oldest, in one call: reader threads share the chunks, and taking the first key through
+            # an iterator raised "dictionary changed size" when another thread added one in between.
+            with contextlib.suppress(KeyError):
+                chunks.popitem(last=False)
         raw = data[start - lo:end - lo]
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
