@@ -58,7 +58,6 @@ _SHIFT_31 = U64(31)
 _SHIFT_32 = U64(32)
 _SHIFT_33 = U64(33)
 _LOW_32 = U64(ID_MAX)
-_TAG_BIT = U64(1 << ID_BITS)
 _LENGTH_MASK = (1 << LENGTH_BITS) - 1
 #: _WORD_MASKS[n]: the low n bytes of a little-endian word (n = 8: all of it).
 _WORD_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(WORD_BYTES)] + [(1 << 64) - 1], U64)

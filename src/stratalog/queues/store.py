@@ -428,8 +428,9 @@ class QueueStore:
         self._backpressure()
 
     def put_many(self, queue_names: Sequence[str] | Any, messages: Sequence[bytes] | Any) -> None:
-        """Put ``messages[i]`` on ``queue_names[i]`` for every i, in order. Names: a sequence of str or an
-        Arrow string array; messages: a sequence of bytes, an Arrow binary array, or a 2-D uint8 NumPy
+        """Put ``messages[i]`` on ``queue_names[i]`` for every i, in order. Names: a sequence of str, a
+        NumPy array of str or an Arrow string array (anything else, bytes too, is InvalidQueueNameError);
+        messages: a sequence of bytes, an Arrow binary array, or a 2-D uint8 NumPy
         array (one message per row). All are checked before any is put."""
         names = _name_array(queue_names)
         batch = _binary_array(messages)
