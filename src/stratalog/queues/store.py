@@ -316,8 +316,8 @@ class QueueStore:
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
         self._meta = Metadata(data_dir / "meta.sqlite")
-        # Puts: name, message, id appended to one flat list (PUT_SLOTS slots a put), id -1 where the queue
-        # was not known at the put; a put_many is (names, ids, array), None, _BULK. One list.extend of a
+        # Puts: name, message, -1 appended to one flat list (PUT_SLOTS slots a put: the writer finds the ids
+        # of all it takes at once); a put_many is (names, ids, array), None, _BULK. One list.extend of a
         # tuple is atomic under the GIL, so a put's slots are never split; the tuple comes from CPython's
         # free list and dies at once: no object per pending put, nothing for the cyclic GC to track.
         # Small messages count against pending_messages_max; large ones and bulk puts also by their bytes.
@@ -398,18 +398,15 @@ class QueueStore:
         if type(message) is not bytes or len(message) > self._small_max:
             self._put_large(queue_name, message)
             return
-        # The queue's id (-1: not known yet) is looked up here, where the name is warm in the CPU's cache.
-        # Only names not known yet are checked: a known one was checked when its queue was made.
-        try:
-            stream_id = self._ids.get(queue_name, -1)
-        except TypeError:   # unhashable: not a name
-            stream_id = -1
-        if stream_id < 0 and (type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX
-                              or not queue_name.isascii()):
+        # The name is checked here (three cheap tests; check_name only for what they do not pass); its id
+        # is the writer's to find, for all the puts it takes at once (NameIndex): a dict lookup per put
+        # here cost ~300 ns at a million queues, its cache misses.
+        if type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX \
+                or not queue_name.isascii():
             check_name(queue_name)
         # No lock: list.extend of a tuple is atomic under the GIL, and the writer only ever removes a prefix.
         buf = self._buf
-        buf.extend((queue_name, message, stream_id))
+        buf.extend((queue_name, message, -1))
         if len(buf) >= self._wake_slots:
             self._backpressure()
 
@@ -524,11 +521,19 @@ class QueueStore:
             invariant(taken % PUT_SLOTS == 0, "a put's slots are appended together")
             self._check_open()
             names, messages, known = items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS]
-            unzip = self._unzip_mixed if bulk_items else self._singles
-            ids, batch = unzip(names, messages, known)
+            ids, batch = self._unzip_mixed(names, messages, known) if bulk_items else self._singles(names, messages)
             self._write(ids, batch)
 
     def _resolve(self, names: list[str]) -> Ids:
+        """The ids of ``names`` (checked names), creating the queues that are new."""
+        found = self._names.lookup(name_array(names))
+        missing = np.flatnonzero(found < 0)
+        if len(missing):
+            found[missing] = self._resolve_new(list(map(names.__getitem__, missing.tolist())))
+        return found
+
+    def _resolve_new(self, names: list[str]) -> Ids:
+        """The ids of names the NameIndex did not find: mostly new ones, which this creates."""
         ids = self._ids
         try:
             return np.fromiter(map(ids.__getitem__, names), I64, len(names))
@@ -558,8 +563,7 @@ class QueueStore:
             except ValueError:
                 bulk = len(known)
             if bulk > start:
-                single_ids, single_messages = self._singles(names[start:bulk], messages[start:bulk],
-                                                            known[start:bulk])
+                single_ids, single_messages = self._singles(names[start:bulk], messages[start:bulk])
                 id_parts.append(single_ids)
                 arrays.append(single_messages)
             if bulk < len(known):
@@ -570,10 +574,9 @@ class QueueStore:
         ids = id_parts[0] if len(id_parts) == 1 else np.concatenate(id_parts)
         return ids, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
-    def _singles(self, names: list[Any], messages: list[bytes], known: list[int]) -> tuple[Ids, Any]:
+    def _singles(self, names: list[str], messages: list[bytes]) -> tuple[Ids, Any]:
         """Ids and one Arrow array of messages from single puts (no bulk among them)."""
-        ids = self._complete(np.fromiter(known, I64, len(known)), names)
-        return ids, pa.array(messages, type=pa.binary())
+        return self._resolve(names), pa.array(messages, type=pa.binary())
 
     def _complete(self, ids: Ids, names: Any) -> Ids:
         """``ids`` with each -1 (a queue not known when it was put) resolved from ``names[i]`` (a list, or
