@@ -332,7 +332,9 @@ def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names:
     take[slot] = np.arange(runs, dtype=I64)
     take[is_end] = runs + order
     laid = pieces.take(pa.array(take)) if runs else pa.array([], pa.binary())
-    laid = laid.combine_chunks() if isinstance(laid, pa.ChunkedArray) else laid
+    if isinstance(laid, pa.ChunkedArray):
+        # One chunk (what a take gives): its array as it is; combine_chunks would copy the whole object.
+        laid = laid.chunk(0) if laid.num_chunks == 1 else laid.combine_chunks()
     laid_offsets = np.frombuffer(laid.buffers()[1], np.int32, len(laid) + 1, 4 * laid.offset)
     buffer = laid.buffers()[2]
     lo, hi = (int(laid_offsets[0]), int(laid_offsets[-1])) if runs else (0, 0)
