@@ -332,7 +332,7 @@ class QueueStore:
         # The writer's state; _writer_lock serializes drains (the writer thread, flush, get).
         self._writer_lock = threading.Lock()
         self._ids: dict[str, int] = {}
-        self._names = NameIndex()   # the same names, for put_many's batches (written by the writer only)
+        self._names = NameIndex()   # the same names, for batches of puts (written by the writer only)
         self._stream_count = 0
         self._next = np.zeros(1024, I64)
         self._new_names: list[tuple[int, str]] = []
