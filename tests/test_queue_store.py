@@ -160,6 +160,8 @@ def test_three_phases_with_a_restart_in_the_middle(tmp_path: Path) -> None:
     send(qs, rounds // 2, rounds)
     stats = qs.stats()
     assert stats["queues"] == queues and stats["messages"] == queues * rounds
+    # The batch name index was rebuilt at the open and holds every queue, in a few dozen bytes each.
+    assert len(qs._names) == queues and 0 < stats["name_index_bytes"] <= 64 * queues + (64 << 10)
 
     rng = random.Random(4)
     for q in rng.sample(range(queues), queues):  # index check: every queue, random offsets

@@ -189,7 +189,8 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
             console.print(f"stratalog memory: index {st['index_bytes'] / q:.1f} B/queue "
                           f"({st['index_bytes'] / max(1, st['messages']):.2f} B/message, {st['objects']} objects), "
                           f"queue state {st['queue_state_bytes'] / q:.1f} B/queue, name dict "
-                          f"{st['name_dict_bytes'] / q:.1f} B/queue")
+                          f"{st['name_dict_bytes'] / q:.1f} B/queue, name index "
+                          f"{st.get('name_index_bytes', 0) / q:.1f} B/queue")
             if "compactions" in st:
                 sent = s.get("stats_after_send", {})
                 console.print(f"stratalog merges: {st['compactions']} ({st['compacted_bytes'] / 2**30:.1f} GiB "

@@ -1340,6 +1340,7 @@ class QueueStore:
             "page_crc_bytes": sum(o.pages.nbytes for o in objects),
             "queue_state_bytes": self._next.nbytes + self._read_next.nbytes,
             "name_dict_bytes": sys.getsizeof(ids) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in ids.items()),
+            "name_index_bytes": self._names.nbytes,
             "log_cache_bytes": self._cache_bytes,
             "log_cache_records": len(records),
             "read_cache_bytes": self._runs_bytes,
