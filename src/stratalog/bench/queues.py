@@ -295,8 +295,9 @@ def _random_read_reference(data_dir: Path, plan: QueueBenchPlan) -> dict[str, An
 def _interpreter_reference(names: list[str], message_bytes: int, seconds: float = INTERPRETER_S) -> dict[str, Any]:
     """The bare put loop, in one thread, for about ``seconds``: look the queue's name up in a dict of every
     queue's id, append name, message and id to a list (cleared every 64 Ki puts), queue after queue in
-    order, with one message object. What a put does in the store less its checks and the call, and none
-    of the writer's work: a ceiling on puts per second per core that moves with the machine's load. Run
+    order, with one message object: the kind of work a put and its writer do per message (the store's
+    put leaves the lookup to the writer, which does it for a batch), as plain Python. It moves with the
+    machine's load, and says how fast this machine runs Python at the time of the run. Run
     after the store closed, so its dict (~100 B per queue) does not raise the store's peak RSS."""
     ids = dict(zip(names, range(len(names)), strict=True))
     message = bytes(message_bytes)

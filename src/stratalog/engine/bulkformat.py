@@ -292,6 +292,12 @@ class ObjectParts:
     pages: U32s              # the CRC of each page of the runs
 
 
+def one_array(chunked: Any) -> Any:
+    """A chunked array as one array: its chunk as it is when there is one (what a take gives), for
+    ``combine_chunks`` would copy it whole (an object's runs: hundreds of MB of fresh memory)."""
+    return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+
+
 def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],
                    stream_ids: Ids, counts: Ids, messages: Any, order: Ids) -> ObjectParts:
     """Lay out one run object from Arrow binary ``messages`` (an array or a chunked array).
@@ -332,9 +338,7 @@ def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names:
     take[slot] = np.arange(runs, dtype=I64)
     take[is_end] = runs + order
     laid = pieces.take(pa.array(take)) if runs else pa.array([], pa.binary())
-    if isinstance(laid, pa.ChunkedArray):
-        # One chunk (what a take gives): its array as it is; combine_chunks would copy the whole object.
-        laid = laid.chunk(0) if laid.num_chunks == 1 else laid.combine_chunks()
+    laid = one_array(laid) if isinstance(laid, pa.ChunkedArray) else laid
     laid_offsets = np.frombuffer(laid.buffers()[1], np.int32, len(laid) + 1, 4 * laid.offset)
     buffer = laid.buffers()[2]
     lo, hi = (int(laid_offsets[0]), int(laid_offsets[-1])) if runs else (0, 0)

@@ -38,6 +38,7 @@ from stratalog.engine.bulkformat import (
     decode_footer,
     encode_footer,
     index_arrays,
+    one_array,
     page_count,
     page_crcs,
     page_span,
@@ -287,7 +288,7 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     # Message ends of every (stream, source) run, streams first, shifted past the data of the sources
     # before it in that stream.
     headers = sources_array.take(pa.array((chunk_base[None, :] + 2 * stream[:, None]).ravel()))
-    headers = headers.combine_chunks() if headers.num_chunks != 1 else headers.chunk(0)
+    headers = one_array(headers)
     header_offsets = np.frombuffer(headers.buffers()[1], np.int64, len(headers) + 1, 8 * headers.offset)
     words = np.frombuffer(headers.buffers()[2] or b"", U32, int(header_offsets[-1] - header_offsets[0]) // 4,
                           int(header_offsets[0]))
@@ -312,7 +313,7 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     order[:, 0] = stream
     order[:, 1:] = m + chunk_base[None, :] + 2 * stream[:, None] + 1
     merged = pieces.take(pa.array(order.ravel()))
-    merged = merged.combine_chunks() if merged.num_chunks != 1 else merged.chunk(0)
+    merged = one_array(merged)
     merged_offsets = np.frombuffer(merged.buffers()[1], np.int64, len(merged) + 1, 8 * merged.offset)
     out = memoryview(merged.buffers()[2] or b"")[int(merged_offsets[0]):int(merged_offsets[-1])]
     del merged, pieces, heads, headers, sources_array, chunks

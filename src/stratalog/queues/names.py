@@ -27,11 +27,10 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from stratalog.engine.bulkformat import I64, Ids
 from stratalog.invariant import invariant
 
-I64 = np.int64
 U64 = np.uint64
-Ids = npt.NDArray[np.int64]
 Hashes = npt.NDArray[np.uint64]
 
 #: The table is kept at most this full; at a half, a lookup probes ~1.5 slots on average.

@@ -579,13 +579,11 @@ class QueueStore:
         return self._resolve(names), pa.array(messages, type=pa.binary())
 
     def _complete(self, ids: Ids, names: Any) -> Ids:
-        """``ids`` with each -1 (a queue not known when it was put) resolved from ``names[i]`` (a list, or
-        a bulk put's Arrow array), creating the queues that are new."""
+        """A bulk put's ``ids`` with each -1 (a queue its NameIndex lookup did not find) resolved from
+        ``names`` (its Arrow array) through the dict, creating the queues that are new."""
         missing = np.flatnonzero(ids < 0)
         if len(missing):
-            picked = names.take(missing).to_pylist() if isinstance(names, pa.Array) \
-                else list(map(names.__getitem__, missing.tolist()))
-            ids[missing] = self._resolve(picked)
+            ids[missing] = self._resolve_new(names.take(missing).to_pylist())
         return ids
 
     def _grow(self, stream_count: int) -> None:
