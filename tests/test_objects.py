@@ -402,6 +402,7 @@ def test_local_reader_takes_small_cached_reads_without_the_gil_hand_off(tmp_path
         monkeypatch.setattr(local_module, "_pread_cached", recording)
         assert reader.read(100, 4196, random_access=True) == data[100:4196]
         assert reader.read(0, 100_000) == data[:100_000]    # above CACHED_READ_BYTES_MAX: not tried
+        assert reader.read(200, 4296, cached_first=False) == data[200:4296]   # the caller's peek just failed
         assert taken == [(100, 4096)]
         monkeypatch.setattr(local_module, "_pread_cached", lambda fd, size, offset: None)    # not cached
         assert reader.read(7, 9000) == data[7:9000]

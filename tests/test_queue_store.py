@@ -23,6 +23,8 @@ from queuekit import one_object_per_round, small_queue_config
 from stratalog.bench.queues import QueueBenchPlan, run_system
 from stratalog.commands.bench_queues import queues as bench_queues_command
 from stratalog.engine.bulkformat import CorruptBulkError
+from stratalog.objects import local as local_module
+from stratalog.objects.local import LocalObjectReader
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import (
     QUEUE_NAME_CHARS_MAX,
@@ -365,6 +367,30 @@ def test_consumers_walking_the_queues_in_order_read_ahead_of_them(tmp_path: Path
         assert qs.stats()["object_reads"] - before == 5
 
 
+def test_gets_the_page_cache_cannot_serve_read_once_and_are_counted(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _three_objects_of(tmp_path, 500)
+    with _open(tmp_path, compact_fanout=0) as qs:
+        assert qs.get("q7", 0, 3) == [_msg(7, r) for r in range(3)]
+        assert qs.stats()["object_reads_waited"] == 0       # just written: in the page cache
+        tried: list[int] = []
+        monkeypatch.setattr(LocalObjectReader, "peek", lambda self, start, end, random_access=False: None)
+        real = local_module._pread_view
+
+        def counted(fd: int, size: int, offset: int) -> memoryview | None:
+            tried.append(offset)
+            return real(fd, size, offset)
+
+        monkeypatch.setattr(local_module, "_pread_view", counted)
+        before = qs.stats()
+        # At offset 1: a random reader's (a consumer's from 0 would be served from read-ahead chunks).
+        assert qs.get("q300", 1, 2) == [_msg(300, r) for r in (1, 2)]     # a run in each of two objects
+        after = qs.stats()
+        assert after["object_reads"] - before["object_reads"] == 2
+        assert after["object_reads_waited"] - before["object_reads_waited"] == 2
+        assert tried == []      # the read that waits does not try the page cache a second time
+
+
 class _ChunksAddedMeanwhile(OrderedDict[int, list[Any]]):
     """Chunks that another reader thread adds to while this one walks them (as it may between any two
     bytecodes)."""
@@ -487,6 +513,8 @@ def test_bench_sets_stratalogs_phases_against_the_disk_in_the_same_run(tmp_path:
         assert p["object_reads"] > 0 and p["object_read_bytes"] >= 4096 * p["object_reads"] * 0.5
         assert p["object_reads_per_s"] == pytest.approx(p["object_reads"] / p["seconds"])
         assert ratios[f"{phase}_reads"] == pytest.approx(p["object_reads_per_s"] / reads["per_s"])
+        assert 0 <= p["object_reads_waited"] <= p["object_reads"]
+        assert p["disk_read_bytes"] >= 0     # Linux: /proc/self/io
     assert doc["stats"]["object_reads"] == phases["index_check"]["object_reads"] + phases["consume"]["object_reads"]
 
 

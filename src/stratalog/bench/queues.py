@@ -237,6 +237,7 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
         send_s = time.perf_counter() - started
         phases["send"] = {"seconds": send_s, "per_s": plan.total_messages / send_s}
         stats_after_send = _stats(system)
+        disk_reads = _disk_read_bytes()
         started = time.perf_counter()
         index_bad = _index_check(system, plan, names, tails, progress)
         seconds = time.perf_counter() - started
@@ -244,6 +245,8 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
                                  "bad": index_bad}
         stats_after_index = _stats(system)
         _add_object_reads(phases["index_check"], stats_after_send, stats_after_index)
+        _add_disk_reads(phases["index_check"], disk_reads)
+        disk_reads = _disk_read_bytes()
         started = time.perf_counter()
         consumed, consume_bad = _consume(system, plan, names, tails, progress)
         seconds = time.perf_counter() - started
@@ -251,6 +254,7 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
                              "bad": consume_bad}
         stats = _stats(system)
         _add_object_reads(phases["consume"], stats_after_index, stats)
+        _add_disk_reads(phases["consume"], disk_reads)
         if name == "stratalog":
             reference["random_read_4k"] = _random_read_reference(data_dir, plan)
     finally:
@@ -362,6 +366,24 @@ def _add_object_reads(phase: dict[str, float], before: dict[str, int], after: di
         phase["object_reads"] = after["object_reads"] - before["object_reads"]
         phase["object_read_bytes"] = after["object_read_bytes"] - before["object_read_bytes"]
         phase["object_reads_per_s"] = phase["object_reads"] / phase["seconds"]
+        phase["object_reads_waited"] = after["object_reads_waited"] - before["object_reads_waited"]
+
+
+def _disk_read_bytes() -> int | None:
+    """Bytes this process has had read from storage (not from the page cache); None off Linux."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as io:
+            return next(int(line.split()[1]) for line in io if line.startswith("read_bytes:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def _add_disk_reads(phase: dict[str, float], before: int | None) -> None:
+    """What of the phase came from the disk: a read phase on a page cache the machine keeps is memory-bound,
+    one the machine has let go of (the kernel, or a host's reclaim of idle pages) is the disk's."""
+    after = _disk_read_bytes()
+    if before is not None and after is not None:
+        phase["disk_read_bytes"] = after - before
 
 
 def _stats(system: QueueSystem) -> dict[str, int]:

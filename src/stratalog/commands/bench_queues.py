@@ -85,7 +85,11 @@ def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
             if f"{phase}_reads" in ratios:
                 p = phases[phase]
                 made = (f"{p['object_reads_per_s']:,.0f} reads/s ({p['object_reads'] / max(1, count):.2f} per {per}, "
-                        f"{p['object_read_bytes'] / max(1, p['object_reads']) / 1024:.1f} KiB each)")
+                        f"{p['object_read_bytes'] / max(1, p['object_reads']) / 1024:.1f} KiB each; "
+                        f"{p['object_reads_waited']:,} waited for the disk")
+                if "disk_read_bytes" in p:
+                    made += f", {p['disk_read_bytes'] / MIB_BYTES:,.0f} MiB read from it"
+                made += ")"
                 out.add_row(f"{phase.replace('_', ' ')}: its object reads", made, "random 4 KiB reads, as above",
                             f"{reads['per_s']:,.0f} reads/s", _times(ratios[f"{phase}_reads"]))
     else:

@@ -437,11 +437,13 @@ class LocalObjectReader:
             self._random_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
             os.posix_fadvise(self._random_fd, 0, 0, os.POSIX_FADV_RANDOM)
 
-    def read(self, start: int, end: int, *, random_access: bool = False) -> bytes:
-        """Bytes ``start .. end`` of the object; raises ObjectStoreError if the object is shorter."""
+    def read(self, start: int, end: int, *, random_access: bool = False, cached_first: bool = True) -> bytes:
+        """Bytes ``start .. end`` of the object; raises ObjectStoreError if the object is shorter.
+        ``cached_first=False``: the caller's :meth:`peek` just found them not all in the page cache, so
+        this goes straight to a read that waits (another try costs a system call: ~4 us)."""
         check_range(start, end)
         fd = self._random_fd if random_access else self._fd
-        if 0 < end - start <= CACHED_READ_BYTES_MAX:
+        if cached_first and 0 < end - start <= CACHED_READ_BYTES_MAX:
             cached = _pread_cached(fd, end - start, start)
             if cached is not None:
                 return cached

@@ -275,7 +275,7 @@ class _Object:
         lo, hi = page_span(start, end, self.runs_bytes)
         reader = self.reader
         pages: bytes = store.get(self.key, lo, hi) if reader is None else reader.read(
-            lo, hi, random_access=random_access)
+            lo, hi, random_access=random_access, cached_first=False)
         if len(pages) != hi - lo:
             raise CorruptBulkError(f"object {self.key} is shorter than its index says")
         check_pages(pages, lo, self.pages, self.key)
@@ -353,6 +353,7 @@ class QueueStore:
         self._runs_bytes = 0
         self._object_reads = 0          # reads of objects by gets, and the bytes (whole pages) they read
         self._object_read_bytes = 0
+        self._object_reads_waited = 0   # of them, reads the page cache could not serve (the disk's)
         self._read_next = np.zeros(1024, I64)
         self._gets = 0                  # gets made, and when the compactor last saw the count change
         self._rest_gets = 0
@@ -720,7 +721,7 @@ class QueueStore:
                 hinted = last == k
                 runs = self._runs
                 ahead = self._config.read_ahead_bytes
-                reads = read_bytes = 0
+                reads = read_bytes = waited = 0
                 start = ends[k - 1] if k else 0
                 while pos < stop and k <= last:
                     end = ends[k]
@@ -741,6 +742,7 @@ class QueueStore:
                                     hinted = True
                                 got = obj.read_run(self._objects, starts[k], stops[k], end - start, stream_id,
                                                    not sequential)
+                                waited += 1
                             raw, size = got
                             if size:
                                 reads += 1
@@ -765,6 +767,7 @@ class QueueStore:
                     with self._read_lock:
                         self._object_reads += reads
                         self._object_read_bytes += read_bytes
+                        self._object_reads_waited += waited
         if pos < stop and records:
             self._get_tail(records, stream_id, pos, stop, out)
         self._read_next[stream_id] = offset + len(out)
@@ -1346,6 +1349,7 @@ class QueueStore:
             "read_ahead_bytes": sum(len(chunk[0]) for obj in objects for chunk in list(obj.chunks.values())),
             "object_reads": self._object_reads,
             "object_read_bytes": self._object_read_bytes,
+            "object_reads_waited": self._object_reads_waited,
             "compactions": self.compactions,
             "compactions_at_rest": self.compactions_at_rest,
             "merge_worker_peak_rss_bytes": self.merge_worker_peak_rss_bytes,
