@@ -42,7 +42,7 @@ from stratalog.queues.merge_worker import (
     ReusingReader,
     run_merge_job,
 )
-from stratalog.queues.store import QUEUE_PREFIX, _idle_merge_start
+from stratalog.queues.store import QUEUE_PREFIX, _idle_merge_start, _tier_merge_start
 
 
 def _objects(rng: random.Random, rounds: int, streams_per_round: list[int]) -> tuple[list[bytes], list[list[bytes]]]:
@@ -300,6 +300,23 @@ def test_a_merge_at_rest_takes_the_newest_units_within_its_bounds() -> None:
     assert _idle_merge_start([3 * gib, 5 * gib], 4, 16 * gib) == 0
     assert _idle_merge_start([mib], 4, gib) is None
     assert _idle_merge_start([], 4, gib) is None
+
+
+def test_the_tiers_merge_their_lowest_tier_first_and_the_oldest_within_it() -> None:
+    mib, gib = 1 << 20, 1 << 30
+    up = 256 * mib      # tier 0 below 512 MiB, tier 1 below 2 GiB, tier 2 below 8 GiB (fanout 4)
+    # Where a fast send stood when its tier-1 merge started: four tier-1 units, then uploads arriving.
+    sizes = [1135 * mib, 880 * mib, 880 * mib, 880 * mib, 225 * mib, 226 * mib, 226 * mib, 226 * mib, 221 * mib]
+    assert _tier_merge_start(sizes, up, 4, 16 * gib) == 4
+    assert _tier_merge_start(sizes[:8], up, 4, 16 * gib) == 4
+    assert _tier_merge_start(sizes[:7], up, 4, 16 * gib) == 0    # three uploads: the tier-1 units go
+    # Groups must be consecutive and of one tier; within the bound.
+    assert _tier_merge_start([225 * mib, 900 * mib, 225 * mib, 225 * mib, 225 * mib], up, 4, 16 * gib) is None
+    assert _tier_merge_start([3 * gib] * 4, up, 4, 8 * gib) is None
+    assert _tier_merge_start([3 * gib] * 4, up, 4, 16 * gib) == 0
+    assert _tier_merge_start([3 * gib] * 4 + [mib] * 4, up, 4, 16 * gib) == 4
+    assert _tier_merge_start([mib] * 3, up, 4, gib) is None
+    assert _tier_merge_start([], up, 4, gib) is None
 
 
 def _round_message(q: int, r: int) -> bytes:
