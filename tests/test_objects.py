@@ -412,6 +412,21 @@ def test_local_reader_takes_small_cached_reads_without_the_gil_hand_off(tmp_path
         reader.close()
 
 
+def test_cached_reads_past_4_gib_get_the_right_bytes(tmp_path: Path) -> None:
+    """The offset goes to preadv2 in a 64-bit box each thread reuses: no truncation, no stale offset."""
+    path = tmp_path / "sparse"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        high = (5 << 30) + 8192
+        os.pwrite(fd, b"a" * 4096, 4096)
+        os.pwrite(fd, b"b" * 4096, high)
+        for offset, byte in ((high, b"b"), (4096, b"a"), (high, b"b")):
+            view = local_module._pread_view(fd, 4096, offset)
+            assert view is not None and view.tobytes() == byte * 4096
+    finally:
+        os.close(fd)
+
+
 def test_local_reader_peek_gives_cached_bytes_as_a_view_and_none_otherwise(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     store = LocalDirStore(tmp_path / "root")
