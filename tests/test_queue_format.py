@@ -4,6 +4,7 @@ test per way a run object or bulk record can be damaged."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from stratalog.engine.bulkformat import (
@@ -17,6 +18,7 @@ from stratalog.engine.bulkformat import (
     decode_index,
     decode_run,
     encode_bulk,
+    lay_out_object,
     page_crcs,
     page_span,
 )
@@ -48,6 +50,17 @@ def test_run_object_golden_bytes() -> None:
     assert (footer.names_position, footer.names_bytes, footer.first_stream, footer.stream_count,
             footer.message_count) == (16, 14, 0, 2, 3)
     assert raw[-12:-8] == bytes.fromhex("0200 0000")    # version 2, flags 0
+
+
+def test_an_object_of_names_alone_has_no_runs() -> None:
+    empty = np.zeros(0, np.int64)
+    laid = lay_out_object(np.zeros(0, np.uint32), 2, 0, [(0, "a"), (1, "b")], empty, empty,
+                          pa.array([], pa.binary()), empty)
+    raw = b"".join(laid.parts)
+    assert len(raw) == laid.size_bytes and laid.pages.tolist() == [] and laid.positions.tolist() == [0, 0, 0]
+    footer = decode_footer(raw[-OBJECT_FOOTER_BYTES:], len(raw))
+    names, ends, _, _ = decode_index(raw[footer.names_position:-OBJECT_FOOTER_BYTES], footer)
+    assert names == [(0, "a"), (1, "b")] and ends.tolist() == [0, 0]
 
 
 def test_run_object_round_trip() -> None:
