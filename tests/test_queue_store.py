@@ -23,6 +23,7 @@ from queuekit import one_object_per_round, small_queue_config
 from stratalog.bench.queues import QueueBenchPlan, run_system
 from stratalog.commands.bench_queues import queues as bench_queues_command
 from stratalog.engine.bulkformat import CorruptBulkError
+from stratalog.engine.store import StoreClosedError
 from stratalog.objects import local as local_module
 from stratalog.objects.local import LocalObjectReader
 from stratalog.objects.uri import LOCAL_DIR_NAME
@@ -48,6 +49,24 @@ def _msg(q: int, r: int) -> bytes:
 
 def test_the_package_exports_queue_store() -> None:
     assert stratalog.QueueStore is QueueStore
+
+
+def test_a_closed_store_refuses_puts_at_once(tmp_path: Path) -> None:
+    qs = _open(tmp_path)
+    qs.put("a", b"kept")
+    qs.close()
+    with pytest.raises(StoreClosedError):
+        qs.put("a", b"after close")
+    with pytest.raises(StoreClosedError):
+        qs.put("a", b"x" * 3000)      # a large message takes another path
+    with pytest.raises(StoreClosedError):
+        qs.put_many(["a", "b"], [b"1", b"2"])
+    with pytest.raises(StoreClosedError):
+        qs.flush()
+    qs.close()      # again: nothing to do
+    with _open(tmp_path) as again:
+        assert again.get("a", 0, 10) == [b"kept"]
+        assert again.get("b", 0, 10) == []
 
 
 def test_queues_are_created_on_first_put_with_dense_offsets(tmp_path: Path) -> None:

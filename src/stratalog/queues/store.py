@@ -63,8 +63,9 @@ from stratalog.engine.bulkformat import (
 from stratalog.engine.metadata import Metadata, NewObject
 from stratalog.engine.store import StoreClosedError, StoreFailedError, lock_data_dir, prepare_data_dir
 from stratalog.engine.upkeep import delete_orphans, with_retries
-from stratalog.errors import OverCapacityError, StratalogError
+from stratalog.errors import OverCapacityError, StratalogError, WALFailedError
 from stratalog.invariant import invariant
+from stratalog.io.device import Device
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.queues.compaction import MergePlan, MergeResult, MergeSource, merge_piece, plan_merge
@@ -308,7 +309,8 @@ class QueueRecoveryReport:
 class QueueStore:
     """Durable named queues, created on first put, offsets dense from 0. Thread-safe."""
 
-    def __init__(self, data_dir: Path, objects: ObjectStore, config: QueueConfig) -> None:
+    def __init__(self, data_dir: Path, objects: ObjectStore, config: QueueConfig,
+                 wal_device: Device | None = None) -> None:
         config.validate()
         self._dir = data_dir
         self._config = config
@@ -372,8 +374,8 @@ class QueueStore:
         self.compaction_error: BaseException | None = None
         # The queue manifest readers without this process use (Spark); published under _upload_lock.
         self._manifest_seq = last_manifest_seq(objects)
-        self._wal = WriteAheadLog.open(data_dir / "wal", capacity_bytes=config.wal_capacity_bytes, create=True,
-                                       config=config.wal)
+        self._wal = WriteAheadLog.open(data_dir / "wal" if wal_device is None else wal_device,
+                                       capacity_bytes=config.wal_capacity_bytes, create=True, config=config.wal)
         self.recovery = self._recover()
         self._writer = threading.Thread(target=self._writer_loop, name="stratalog-queue-writer", daemon=True)
         self._uploader = threading.Thread(target=self._uploader_loop, name="stratalog-queue-uploader",
@@ -386,10 +388,12 @@ class QueueStore:
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
-             config: QueueConfig | None = None) -> QueueStore:
-        """Open (or create) the queue store in ``data_dir``; ``object_store`` as for StreamStore.open."""
+             config: QueueConfig | None = None, *, wal_device: Device | None = None) -> QueueStore:
+        """Open (or create) the queue store in ``data_dir``; ``object_store`` and ``wal_device`` as for
+        StreamStore.open (the WAL on a raw block device, or any Device, instead of ``data_dir/wal``; the
+        caller closes it after the store)."""
         path, objects = prepare_data_dir(data_dir, object_store)
-        return cls(path, objects, config or QueueConfig())
+        return cls(path, objects, config or QueueConfig(), wal_device)
 
     # Put -------------------------------------------------------------------------------------------
 
@@ -678,6 +682,11 @@ class QueueStore:
             except OverCapacityError:
                 if time.monotonic() > deadline:
                     raise
+            except WALFailedError as e:
+                # Whichever thread met it (the writer, or a caller's flush or get writing pending puts), the
+                # store stops and says so with its own error, as when the failure reached a record's future.
+                self._fail(e)
+                raise StoreFailedError(f"the queue store's WAL failed: {e}") from e
             with self._view_lock:
                 self._upload_wanted = True
                 self._view_lock.notify_all()
@@ -1276,6 +1285,7 @@ class QueueStore:
     def _fail(self, error: BaseException) -> None:
         log.error("the queue store stopped: %s", error)
         self._failure = self._failure or error
+        self._buf = _RefusedPuts(self)
         with self._put_cond:
             self._put_cond.notify_all()
         with self._view_lock:
@@ -1300,6 +1310,7 @@ class QueueStore:
                 self.flush()
         finally:
             self._closing = True
+            self._buf = _RefusedPuts(self)
             self._wake.set()
             with self._view_lock:
                 self._view_lock.notify_all()
@@ -1354,6 +1365,20 @@ class QueueStore:
             "merge_worker_peak_rss_bytes": self.merge_worker_peak_rss_bytes,
             "compacted_bytes": self.compacted_bytes,
         }
+
+
+class _RefusedPuts(list[Any]):
+    """The put buffer of a store that stopped or closed: a put raises the store's error at once, at no
+    cost to the puts of a store that runs (put reads ``_buf`` and extends it, nothing more). A put that
+    read the buffer before it was swapped lands in the old one: never written, never acknowledged."""
+
+    def __init__(self, store: QueueStore) -> None:
+        super().__init__()
+        self._store = store
+
+    def extend(self, items: Any) -> None:
+        self._store._check_open()
+        raise StoreClosedError("the queue store is closed")    # not reached: _check_open raised
 
 
 class _CompactionCancelledError(Exception):
