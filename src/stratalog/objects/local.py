@@ -442,7 +442,7 @@ class LocalObjectReader:
     def read(self, start: int, end: int, *, random_access: bool = False, cached_first: bool = True) -> bytes:
         """Bytes ``start .. end`` of the object; raises ObjectStoreError if the object is shorter.
         ``cached_first=False``: the caller's :meth:`peek` just found them not all in the page cache, so
-        this goes straight to a read that waits (another try costs a system call: ~4 us)."""
+        this goes straight to a read that waits (another try would cost a system call for nothing)."""
         check_range(start, end)
         fd = self._random_fd if random_access else self._fd
         if cached_first and 0 < end - start <= CACHED_READ_BYTES_MAX:

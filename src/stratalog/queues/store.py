@@ -531,11 +531,8 @@ class QueueStore:
 
     def _resolve(self, names: list[str]) -> Ids:
         """The ids of ``names`` (checked names), creating the queues that are new."""
-        found = self._names.lookup(name_array(names))
-        missing = np.flatnonzero(found < 0)
-        if len(missing):
-            found[missing] = self._resolve_new(list(map(names.__getitem__, missing.tolist())))
-        return found
+        array = name_array(names)
+        return self._complete(self._names.lookup(array), array)
 
     def _resolve_new(self, names: list[str]) -> Ids:
         """The ids of names the NameIndex did not find: mostly new ones, which this creates."""
@@ -584,8 +581,8 @@ class QueueStore:
         return self._resolve(names), pa.array(messages, type=pa.binary())
 
     def _complete(self, ids: Ids, names: Any) -> Ids:
-        """A bulk put's ``ids`` with each -1 (a queue its NameIndex lookup did not find) resolved from
-        ``names`` (its Arrow array) through the dict, creating the queues that are new."""
+        """``ids`` (a NameIndex lookup of ``names``, an Arrow string array) with each -1 (a name it did not
+        find) resolved through the dict, creating the queues that are new."""
         missing = np.flatnonzero(ids < 0)
         if len(missing):
             ids[missing] = self._resolve_new(names.take(missing).to_pylist())
