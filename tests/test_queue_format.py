@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stratalog.engine.bulkformat import (
     OBJECT_FOOTER_BYTES,
@@ -21,6 +23,7 @@ from stratalog.engine.bulkformat import (
     lay_out_object,
     page_crcs,
     page_span,
+    run_messages,
 )
 from stratalog.wal.format import crc32c
 
@@ -71,6 +74,34 @@ def test_run_object_round_trip() -> None:
     check_pages(raw[0:16], 0, pages, "k")
     assert decode_run(raw[positions[0]:positions[1]], int(ends[0]), "k", 0) == [b"x", b"yz"]
     assert decode_run(raw[positions[1]:positions[2]], int(ends[1]), "k", 1) == [b"w"]
+
+
+def _run(messages: list[bytes]) -> bytes:
+    ends = np.cumsum([len(m) for m in messages], dtype=np.uint32) if messages else np.zeros(0, np.uint32)
+    return ends.astype("<u4").tobytes() + b"".join(messages)
+
+
+# Messages of one size (cut by one struct call) with now and then one of another (the loop), and slices
+# that start and stop anywhere: both ways must give the same messages.
+_sizes = st.one_of(st.just(58), st.integers(0, 3), st.integers(0, 70))
+_runs = st.lists(st.tuples(_sizes, st.integers(0, 255)).map(lambda s: bytes([s[1]]) * s[0]), max_size=300)
+
+
+@given(_runs, st.data())
+def test_run_messages_gives_the_messages_asked_for(messages: list[bytes], data: st.DataObject) -> None:
+    first = data.draw(st.integers(0, len(messages)))
+    stop = data.draw(st.integers(first, len(messages)))
+    assert run_messages(_run(messages), len(messages), first, stop) == messages[first:stop]
+
+
+@pytest.mark.parametrize("sizes", [[58] * 5000, [58] * 99 + [57], [57] + [58] * 99, [58] * 50 + [0] + [58] * 49,
+                                   [0] * 20, [1 << 16] * 3 + [(1 << 16) + 1], [2, 1, 3, 2]])
+def test_run_messages_of_one_size_and_nearly(sizes: list[int]) -> None:
+    messages = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    raw = _run(messages)
+    for first, stop in [(0, len(sizes)), (1, len(sizes)), (0, len(sizes) - 1), (len(sizes) // 2, len(sizes)),
+                        (len(sizes) - 1, len(sizes)), (3, 3)]:
+        assert run_messages(raw, len(sizes), first, stop) == messages[first:stop]
 
 
 @pytest.mark.parametrize("at", [0, 5, 9, 12, 15])
