@@ -11,17 +11,19 @@ sorting every cached run by stream: a CSR array over streams, 12 bytes per cache
 
 from __future__ import annotations
 
+import array
 import bisect
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from stratalog.engine.bulkformat import U32, U32s
+from stratalog.invariant import invariant
 
 #: Columns (objects) are added in chunks of at least this many, rows (streams) grown by a quarter:
 #: a reallocation copies the matrices, so it must be rare, and spare room costs 8 bytes per cell.
@@ -35,6 +37,16 @@ class RunIndex:
     positions: U32s          # [rows + 1, capacity]
     objects: int             # columns in use
     stream_counts: tuple[int, ...]   # streams each object covers
+    # The matrices as flat views of native u32, for :meth:`row`: a slice of a view and its ``tolist``
+    # cost a third of NumPy's 2-D slicing for a row of a few objects.
+    _ends_flat: memoryview = field(init=False, repr=False, compare=False)
+    _positions_flat: memoryview = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Views, not copies: a new object's column is written in place (see with_object).
+        invariant(self.ends.flags.c_contiguous and self.positions.flags.c_contiguous, "the matrices are C-contiguous")
+        object.__setattr__(self, "_ends_flat", self.ends.reshape(-1).data.cast("B").cast("I"))
+        object.__setattr__(self, "_positions_flat", self.positions.reshape(-1).data.cast("B").cast("I"))
 
     @classmethod
     def empty(cls) -> RunIndex:
@@ -67,6 +79,7 @@ class RunIndex:
             matrix_e[:self.rows, :k] = self.ends[:, :k]
             matrix_p = np.zeros((rows + 1, columns), U32)
             matrix_p[:self.rows + 1, :k] = self.positions[:, :k]
+            matrix_p[self.rows + 1:, :k] = self.positions[-1, :k]    # new streams: empty runs at each end
         matrix_e[:streams, k] = ends
         matrix_e[streams:, k] = 0
         matrix_p[:streams + 1, k] = positions
@@ -99,14 +112,29 @@ class RunIndex:
             return np.zeros(0, U32)
         return np.ascontiguousarray(self.ends[:self.stream_counts[-1], self.objects - 1])
 
+    @property
+    def capacity(self) -> int:
+        """Columns the matrices have room for: a stream's run in object k stops at ``positions[capacity + k]``
+        of its :meth:`row`."""
+        return int(self.ends.shape[1])
+
+    def row(self, stream_id: int) -> tuple[list[int], memoryview]:
+        """Stream ``stream_id``'s end offset after each object, and a view in which its run in object k
+        starts at ``[k]`` and stops at ``[capacity + k]``: a reader's lookup. A stream past the rows has
+        no runs (its ends are 0)."""
+        k = self.objects
+        capacity = self.ends.shape[1]
+        if stream_id >= self.ends.shape[0]:
+            last = self._positions_flat[len(self._positions_flat) - capacity:].tolist()
+            return [0] * k, memoryview(array.array("I", last + last))
+        at = stream_id * capacity
+        return self._ends_flat[at:at + k].tolist(), self._positions_flat[at:at + capacity + k]
+
     def lookup(self, stream_id: int) -> tuple[list[int], list[int], list[int]]:
         """Stream ``stream_id``'s end offset after each object, and where its run starts and stops in each."""
-        k = self.objects
-        if stream_id >= self.rows:
-            position = self.positions[-1, :k].tolist()
-            return [0] * k, position, position
-        starts, stops = self.positions[stream_id:stream_id + 2, :k].tolist()
-        return self.ends[stream_id, :k].tolist(), starts, stops
+        ends, positions = self.row(stream_id)
+        k, capacity = self.objects, self.capacity
+        return ends, positions[:k].tolist(), positions[capacity:capacity + k].tolist()
 
 
 @dataclass(frozen=True, slots=True)

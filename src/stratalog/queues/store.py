@@ -717,7 +717,7 @@ class QueueStore:
         stop = offset + num
         pos = offset
         if index.objects:
-            ends, starts, stops = index.lookup(stream_id)
+            ends, positions = index.row(stream_id)
             if pos < ends[-1]:
                 k = bisect.bisect_right(ends, pos)
                 # The last run this get reads. A get that spans runs in several objects: if a read must wait
@@ -725,6 +725,7 @@ class QueueStore:
                 # than one after another (runs in the page cache need no hint: it would cost a system call).
                 last = min(bisect.bisect_right(ends, stop - 1), len(ends) - 1)
                 hinted = last == k
+                capacity = index.capacity
                 runs = self._runs
                 ahead = self._config.read_ahead_bytes
                 reads = read_bytes = waited = 0
@@ -737,16 +738,18 @@ class QueueStore:
                         if cached is not None:
                             raw = cached[0]
                         else:
-                            got = obj.read_run_ahead(self._objects, starts[k], stops[k], end - start, stream_id,
+                            run_start = positions[k]
+                            run_stop = positions[capacity + k]
+                            got = obj.read_run_ahead(self._objects, run_start, run_stop, end - start, stream_id,
                                                      ahead) if sequential and ahead else None
                             if got is None:
-                                got = obj.read_run_cached(starts[k], stops[k], end - start, stream_id,
+                                got = obj.read_run_cached(run_start, run_stop, end - start, stream_id,
                                                           not sequential)
                             if got is None:
                                 if not hinted:
-                                    self._hint_runs(objects, stream_id, starts, stops, k + 1, last)
+                                    self._hint_runs(objects, stream_id, positions, capacity, k + 1, last)
                                     hinted = True
-                                got = obj.read_run(self._objects, starts[k], stops[k], end - start, stream_id,
+                                got = obj.read_run(self._objects, run_start, run_stop, end - start, stream_id,
                                                    not sequential)
                                 waited += 1
                             raw, size = got
@@ -766,7 +769,7 @@ class QueueStore:
                         if sequential and pos == end == stop:
                             j = bisect.bisect_right(ends, end, k + 1)
                             if j < len(ends) and objects[j].reader is not None:
-                                objects[j].reader.will_need(starts[j], stops[j])
+                                objects[j].reader.will_need(positions[j], positions[capacity + j])
                     start = end
                     k += 1
                 if reads:
@@ -779,13 +782,15 @@ class QueueStore:
         self._read_next[stream_id] = offset + len(out)
         return out
 
-    def _hint_runs(self, objects: tuple[_Object, ...], stream_id: int, starts: list[int], stops: list[int],
+    def _hint_runs(self, objects: tuple[_Object, ...], stream_id: int, positions: memoryview, capacity: int,
                    first: int, last: int) -> None:
-        """Ask the kernel to read runs ``first .. last`` of a stream ahead (those not cached here)."""
+        """Ask the kernel to read runs ``first .. last`` of a stream ahead (those not cached here); its
+        runs' positions as :meth:`RunIndex.row` gives them."""
         for j in range(first, last + 1):
             reader = objects[j].reader
-            if stops[j] > starts[j] and reader is not None and (objects[j].object_id, stream_id) not in self._runs:
-                reader.will_need(starts[j], stops[j])
+            start, stop = positions[j], positions[capacity + j]
+            if stop > start and reader is not None and (objects[j].object_id, stream_id) not in self._runs:
+                reader.will_need(start, stop)
 
     def _get_tail(self, records: tuple[_Record, ...], stream_id: int, pos: int, stop: int, out: list[bytes]) -> None:
         """Messages ``pos .. stop`` of a stream from the log cache, through the tail index."""
