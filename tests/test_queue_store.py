@@ -424,14 +424,26 @@ def test_read_ahead_evicts_its_oldest_chunk_while_other_threads_add_theirs(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     queues = 3000
     _three_objects_of(tmp_path, queues)
-    monkeypatch.setattr(queue_store, "CHUNKS_PER_OBJECT", 1)
-    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=4096) as qs:
+    monkeypatch.setattr(queue_store, "CHUNKS_PER_OBJECT_MIN", 1)
+    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=4096, read_ahead_cache_bytes=0) as qs:
         for obj in qs._view[0]:
             obj.chunks = _ChunksAddedMeanwhile()
         for q in range(0, queues, 2):
             assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
 
         assert all(len(obj.chunks) <= 2 for obj in qs._view[0])
+
+
+@pytest.mark.parametrize(("budget_chunks", "per_object"), [(0, queue_store.CHUNKS_PER_OBJECT_MIN), (24 * 3, 24)])
+def test_read_ahead_keeps_the_chunks_its_budget_allows(tmp_path: Path, budget_chunks: int, per_object: int) -> None:
+    queues = 3000       # ~38 chunks of 4 KiB an object
+    _three_objects_of(tmp_path, queues)
+    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=4096, read_ahead_cache_bytes=budget_chunks * 4096) as qs:
+        for q in range(queues):
+            assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
+            assert qs.stats()["read_ahead_bytes"] <= 3 * per_object * 4096
+        # Each of the three objects its share (at least the minimum): the walk over every queue filled it.
+        assert [len(obj.chunks) for obj in qs._view[0]] == [per_object] * 3
 
 
 @pytest.mark.parametrize("ahead", [-4096, 1000, (64 << 10) + 4096, 1 << 20])

@@ -169,15 +169,15 @@ class _Record:
 #: starts within 1/WALK_SPAN of the read-ahead size (4 KiB of 64 KiB) of where the last sequential read in
 #: its object ended, and goes on into the next chunk while the last one served at least WALK_RUNS_MIN runs.
 #: A chunk of 64 KiB costs what four or five reads of one run do (the copy and a CRC per page), so it must
-#: serve well more than that. Each object keeps its last CHUNKS_PER_OBJECT chunks, for reader threads that
-#: drift apart. Measured on 1 M queues in 7 objects, 20% consumed in order (the bench's consume): one
-#: thread 2.54 -> 2.77 M msg/s (6 -> 1.1 object reads per queue); 8 threads, each taking every 8th queue
-#: (their own runs ~9 KiB apart in an upload), mostly read each run alone, 2-4% slower than with no
-#: read-ahead (2.20-2.31 vs 2.30-2.41 M, paired); looser bounds (16 KiB, 4 runs, even 160 chunks per
-#: object) made them read ahead and cost them 6-15%.
+#: serve well more than that. Each object keeps its last chunks (QueueConfig.read_ahead_cache_bytes, at
+#: least CHUNKS_PER_OBJECT_MIN), for reader threads that drift apart. Measured on 1 M queues in 7 objects,
+#: 20% consumed in order (the bench's consume): one thread 2.54 -> 2.77 M msg/s (6 -> 1.1 object reads per
+#: queue). 8 threads, each taking every 8th queue, drift apart by more than 16 chunks: with 16 per object,
+#: 13 objects, they read a chunk ~3 times as often as one thread does and were slower than with no
+#: read-ahead (1.3-1.5 vs 1.75 M msg/s); with 128-256 per object, 1.9-2.1 M.
 WALK_SPAN = 16
 WALK_RUNS_MIN = 16
-CHUNKS_PER_OBJECT = 16
+CHUNKS_PER_OBJECT_MIN = 16
 
 
 @dataclass(slots=True, eq=False)
@@ -200,12 +200,12 @@ class _Object:
     chunks: OrderedDict[int, list[Any]] = field(default_factory=OrderedDict)
 
     def read_run_ahead(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
-                       ahead_bytes: int) -> tuple[bytes, int] | None:
+                       ahead_bytes: int, chunks_max: int) -> tuple[bytes, int] | None:
         """Bytes ``start .. end`` of the runs (one run of ``count`` messages of ``stream_id``) for a sequential
         reader, checked and framed, and the bytes read: from a chunk read ahead if one holds them; else,
-        if readers are walking this object's runs in order, read with the rest of its chunk: consumers of
-        neighbouring queues then read their runs from memory, as the queues share this object's pages.
-        None: neither (read just the run)."""
+        if readers are walking this object's runs in order, read with the rest of its chunk (keeping at
+        most ``chunks_max``): consumers of neighbouring queues then read their runs from memory, as the
+        queues share this object's pages. None: neither (read just the run)."""
         c = start // ahead_bytes
         chunks = self.chunks
         if chunks:
@@ -236,7 +236,7 @@ class _Object:
             return None    # a damaged page, maybe not this run's: the run is read and checked alone
         data = data.tobytes() if isinstance(data, memoryview) else data
         chunks[c] = [data, 1]
-        if len(chunks) > CHUNKS_PER_OBJECT:
+        if len(chunks) > chunks_max:
             # The oldest, in one call: reader threads share the chunks, and taking the first key through
             # an iterator raised "dictionary changed size" when another thread added one in between.
             with contextlib.suppress(KeyError):
@@ -728,6 +728,8 @@ class QueueStore:
                 capacity = index.capacity
                 runs = self._runs
                 ahead = self._config.read_ahead_bytes
+                chunks_max = max(CHUNKS_PER_OBJECT_MIN, self._config.read_ahead_cache_bytes // (ahead * len(objects))) \
+                    if sequential and ahead else 0
                 reads = read_bytes = waited = 0
                 start = ends[k - 1] if k else 0
                 while pos < stop and k <= last:
@@ -741,7 +743,7 @@ class QueueStore:
                             run_start = positions[k]
                             run_stop = positions[capacity + k]
                             got = obj.read_run_ahead(self._objects, run_start, run_stop, end - start, stream_id,
-                                                     ahead) if sequential and ahead else None
+                                                     ahead, chunks_max) if sequential and ahead else None
                             if got is None:
                                 got = obj.read_run_cached(run_start, run_stop, end - start, stream_id,
                                                           not sequential)
