@@ -48,6 +48,18 @@ def test_records_come_back_after_close_and_reopen() -> None:
     reopened.close()
 
 
+def test_a_record_appended_as_parts_is_their_bytes_in_order() -> None:
+    wal, device = new_wal()
+    parts = [os.urandom(10), b"", memoryview(os.urandom(300)), bytearray(os.urandom(7)), memoryview(b"xy" * 50)[10:90]]
+    joined = b"".join(bytes(p) for p in parts)
+    gathered = wal.append(parts)
+    whole = wal.append(joined)
+    wal.close()
+    reopened = WriteAheadLog.open(device, config=small_config())
+    assert [(r.offset, r.data) for r in reopened.recover()] == [(gathered.offset, joined), (whole.offset, joined)]
+    reopened.close()
+
+
 def test_offsets_only_grow_and_futures_complete_in_offset_order() -> None:
     wal, _ = new_wal(io_threads=4, block_linger_s=0.0)
     completed: list[int] = []
@@ -210,6 +222,8 @@ def test_oversize_record_is_refused_and_nothing_else_changes() -> None:
     first = wal.append(b"ok")
     with pytest.raises(RecordTooLargeError, match="record_bytes_max"):
         wal.append(b"x" * (RECORD_BYTES_MAX + 1))
+    with pytest.raises(RecordTooLargeError, match="record_bytes_max"):
+        wal.append([b"x" * RECORD_BYTES_MAX, b"y"])     # the parts together
     second = wal.append(b"ok2")
     second.future.result()
     wal.close()

@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import Enum
 from typing import NamedTuple
@@ -310,19 +310,24 @@ class WriteAheadLog:
 
     # Appending -------------------------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview) -> AppendResult:
-        """Add one record; return its offset and a future that completes once it is durable.
+    def append(self, data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]) -> AppendResult:
+        """Add one record; return its offset and a future that completes once it is durable. ``data``: the
+        record's body, or its parts in order (gathered into the write buffer: no joined copy first).
 
         Raises OverCapacityError when the ring has no room left (trim, then retry) or when the write
         buffer stayed full for ``append_wait_s_max``; RecordTooLargeError above ``record_bytes_max``;
         WALFailedError after a write or sync error.
         """
-        body_bytes = len(data)
+        parts = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        views = [memoryview(part).cast("B") for part in parts]
+        body_bytes = sum(map(len, views))
         if body_bytes > self._config.record_bytes_max:
             raise RecordTooLargeError(
                 f"record of {body_bytes} bytes exceeds record_bytes_max={self._config.record_bytes_max}"
             )
-        body_crc = crc32c(data)
+        body_crc = 0
+        for view in views:
+            body_crc = crc32c(view, body_crc)
         self._fresh = False
         size = RECORD_HEADER_BYTES + body_bytes
         with self._lock:
@@ -335,7 +340,10 @@ class WriteAheadLog:
             _PREFIX.pack_into(buf, pos, RECORD_MAGIC, body_bytes, offset, body_crc)
             _U32.pack_into(buf, pos + RECORD_HEADER_CRC_COVERS_BYTES,
                            crc32c(buf[pos:pos + RECORD_HEADER_CRC_COVERS_BYTES]))
-            buf[pos + RECORD_HEADER_BYTES:pos + size] = data
+            at = pos + RECORD_HEADER_BYTES
+            for view in views:
+                buf[at:at + len(view)] = view
+                at += len(view)
             block.used = pos + size
             if block.used >= self._config.block_bytes_soft_max or (pos == 0 and self._device_idle()):
                 self._seal(block)
