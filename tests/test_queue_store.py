@@ -386,19 +386,6 @@ def test_consumers_walking_the_queues_in_order_read_ahead_of_them(tmp_path: Path
         assert qs.stats()["object_reads"] - before == 5
 
 
-def test_a_consumer_from_offset_0_reads_ahead_after_random_gets_of_its_queues(tmp_path: Path) -> None:
-    # As the bench does: an index check of every queue (a get at a random offset), then consumers from 0.
-    queues = 3000
-    _three_objects_of(tmp_path, queues)
-    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=64 << 10) as qs:
-        for q in range(queues):
-            assert qs.get(f"q{q}", 1 + q % 2, 1) == [_msg(q, 1 + q % 2)]
-        before = qs.stats()["object_reads"]
-        for q in range(0, queues, 2):
-            assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
-        assert qs.stats()["object_reads"] - before <= 3 * 5, "the consumers read the objects a chunk at a time"
-
-
 def test_gets_the_page_cache_cannot_serve_read_once_and_are_counted(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     _three_objects_of(tmp_path, 500)
@@ -593,8 +580,7 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
     hinted: list[tuple[str, int, int]] = []
     monkeypatch.setattr(LocalObjectReader, "will_need",
                         lambda self, start, end: hinted.append((self._key, start, end)))
-    # No read-ahead: a get from offset 0 is a consumer's, which would read whole chunks instead of runs.
-    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=0) as qs:
+    with _open(tmp_path, compact_fanout=0) as qs:
         objects, _, index = qs._view
         assert len(objects) == 3
         _, starts, stops = index.lookup(3)

@@ -710,9 +710,7 @@ class QueueStore:
             if stream_id is None and type(queue_name) is not str:
                 check_name(queue_name)
             return []
-        # Sequential: where the queue's last get ended, or from its start (a consumer starting out, though
-        # a get at another offset, an index check's, moved where the last get ended).
-        sequential = not offset or self._read_next.item(stream_id) == offset
+        sequential = self._read_next.item(stream_id) == offset
         # A consumer's get past the queue's end (its last): nothing to look up. The puts made before this
         # get were written by the drain above, so the queue's next offset counts them. (Only sequential
         # gets look: for a random one the check costs a cache miss more than it saves.)
