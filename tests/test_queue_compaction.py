@@ -627,6 +627,7 @@ def _alive(pid: int) -> bool:
 
 def test_closing_the_store_stops_its_worker_merge_and_loses_nothing(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratalog.queues import merge_worker as merge_worker_module
     from stratalog.queues import store as store_module
 
     started = threading.Event()
@@ -649,6 +650,9 @@ def test_closing_the_store_stops_its_worker_merge_and_loses_nothing(tmp_path: Pa
             raise
 
     monkeypatch.setattr(store_module, "run_merge_job", merge_until_closed)
+    # Poll at once: a worker with a merge this small can finish within the default poll (0.2 s), and a merge
+    # that finishes during the close is committed (safe, but not the cancellation this test is about).
+    monkeypatch.setattr(merge_worker_module, "POLL_S", 0.001)
     rng = random.Random(5)
     model: dict[str, list[bytes]] = {}
     qs = QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=2))
