@@ -179,3 +179,14 @@ def test_bulk_record_round_trip_and_bad_lengths() -> None:
         decode_bulk(body[:-1])
     with pytest.raises(CorruptBulkError):
         decode_bulk(b"\0" * 4 + body[4:])
+
+
+def test_run_messages_keeps_its_caches_bounded_whatever_the_sizes() -> None:
+    from stratalog.engine import bulkformat
+
+    for size in range(1, 400):
+        messages = [bytes([size % 251]) * size] * 700
+        assert run_messages(_run(messages), 700, 0, 700) == messages
+        fields = sum(n for _, n in bulkformat._fixed_structs)
+        assert fields == bulkformat._fixed_fields[0] <= bulkformat._FIXED_FIELDS_MAX
+        assert len(bulkformat._multiples_of) <= bulkformat._MULTIPLES_SIZES_MAX

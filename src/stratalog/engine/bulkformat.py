@@ -426,9 +426,13 @@ def run_messages(raw: bytes, count: int, first: int, stop: int) -> list[bytes]:
 #: (beyond, the loop: a struct of n fields costs tens of bytes a field to hold).
 FIXED_MESSAGE_BYTES_MAX = 64 << 10
 FIXED_RUN_MAX = 4096
-#: Compiled structs held (by message size and count): cleared when there are more.
-_FIXED_STRUCTS_MAX = 1024
+#: Compiled structs held (by message size and count), at most this many fields in all (a field takes
+#: 32 bytes: 8 MiB), and tables of multiples for at most this many sizes (16 KiB each at most): each
+#: cache is cleared when full, so whatever the mix of sizes and counts, memory stays bounded.
+_FIXED_FIELDS_MAX = 256 << 10
+_MULTIPLES_SIZES_MAX = 256
 _fixed_structs: dict[tuple[int, int], struct.Struct] = {}
+_fixed_fields = [0]
 _multiples_of: dict[int, memoryview] = {}
 
 
@@ -436,9 +440,11 @@ def _fixed_struct(size: int, n: int) -> struct.Struct:
     """A struct of ``n`` byte strings of ``size`` bytes each."""
     got = _fixed_structs.get((size, n))
     if got is None:
-        if len(_fixed_structs) >= _FIXED_STRUCTS_MAX:
+        if _fixed_fields[0] + n > _FIXED_FIELDS_MAX:
             _fixed_structs.clear()
+            _fixed_fields[0] = 0
         got = _fixed_structs[size, n] = struct.Struct("<" + f"{size}s" * n)
+        _fixed_fields[0] += n
     return got
 
 
@@ -446,7 +452,7 @@ def _multiples(size: int, n: int) -> memoryview:
     """``size, 2 size, .., n size`` (at least) as native u32, to compare a run's ends with."""
     got = _multiples_of.get(size)
     if got is None or len(got) < n:
-        if len(_multiples_of) >= _FIXED_STRUCTS_MAX:
+        if len(_multiples_of) >= _MULTIPLES_SIZES_MAX:
             _multiples_of.clear()
         length = max(n, 256)
         got = _multiples_of[size] = memoryview(array.array("I", range(size, size * (length + 1), size)))
