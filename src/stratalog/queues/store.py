@@ -151,8 +151,7 @@ class _Record:
     base_offsets: Ids
     counts: Ids
     first_msg: Ids           # run i's messages are first_msg[i] .. first_msg[i + 1]
-    body: bytes | memoryview  # holds message m at body[data_at + message_at[m]:data_at + message_at[m + 1]]
-    data_at: int             # (messages in the order of their runs)
+    data: bytes | memoryview  # the messages in the order of their runs: m is data[message_at[m]:message_at[m + 1]]
     message_at: memoryview   # int32, one more than the messages
     names: list[tuple[int, str]]
     stream_count: int        # streams known once this record was made
@@ -161,7 +160,7 @@ class _Record:
 
     def messages(self) -> Any:
         """The messages as an Arrow binary array (a view of the body, no copy), runs in order."""
-        offsets, data = pa.py_buffer(self.message_at), pa.py_buffer(self.body).slice(self.data_at)
+        offsets, data = pa.py_buffer(self.message_at), pa.py_buffer(self.data)
         return pa.BinaryArray.from_buffers(pa.binary(), len(self.message_at) - 1, [None, offsets, data])
 
 
@@ -646,15 +645,13 @@ class QueueStore:
         # the record: at a million queues that was 6 GB of fresh memory per 100 M messages, each page
         # faulted in under the GIL).
         result = self._append_wal(parts)
-        body = data
         del taken, parts
         self._next[stream_ids] = base + counts
         first_msg = np.zeros(len(counts) + 1, I64)
         np.cumsum(counts, out=first_msg[1:])
         self._record_seq += 1
-        data_at = 0
         record = _Record(self._record_seq, result.offset, result.future, stream_ids, base, counts, first_msg,
-                         body, data_at, message_at.data, names,
+                         data, message_at.data, names,
                          stream_count, cache_bytes, time.monotonic())
         with self._view_lock:
             objects, records, index = self._view
@@ -830,11 +827,11 @@ class QueueStore:
             invariant(base <= pos, "the log cache's runs of a stream follow on from where its reader is")
             first = rec.first_msg.item(i) + pos - base
             n = min(stop - pos, base + count - pos)
-            body, data_at, message_at = rec.body, rec.data_at, rec.message_at
-            lo = data_at + message_at[first]
+            data, message_at = rec.data, rec.message_at
+            lo = message_at[first]
             for m in range(first + 1, first + n + 1):
-                hi = data_at + message_at[m]
-                out.append(bytes(body[lo:hi]))
+                hi = message_at[m]
+                out.append(bytes(data[lo:hi]))
                 lo = hi
             pos += n
             if pos >= stop:
@@ -1265,14 +1262,13 @@ class QueueStore:
         self._next[ids] = bulk.base_offsets + bulk.counts
         message_at = np.zeros(len(bulk.ends) + 1, np.int32)
         message_at[1:] = bulk.ends
-        data_at = len(body) - len(bulk.data)
         first_msg = np.zeros(len(ids) + 1, I64)
         np.cumsum(bulk.counts, out=first_msg[1:])
         done: Future[int] = Future()
         done.set_result(wal_offset)
         self._record_seq += 1
         record = _Record(self._record_seq, wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg,
-                         body, data_at, message_at.data, bulk.names,
+                         bulk.data, message_at.data, bulk.names,
                          bulk.stream_count, len(body), time.monotonic())
         objects, records, index = self._view
         self._view = (objects, (*records, record), index)
