@@ -20,6 +20,7 @@ from stratalog.engine.bulkformat import (
     decode_index,
     decode_run,
     encode_bulk,
+    frame_run,
     lay_out_object,
     page_crcs,
     page_span,
@@ -134,6 +135,35 @@ def test_runs_are_checked_page_by_page() -> None:
     damaged[7 * PAGE_BYTES + 3] ^= 1
     with pytest.raises(CorruptBulkError, match="page 7"):
         check_pages(bytes(damaged), 0, page_crcs(big), "k")
+
+
+@pytest.mark.parametrize("as_view", [False, True], ids=["bytes", "view"])
+@pytest.mark.parametrize("damaged_page", [None, 1, 2])
+def test_a_read_of_two_pages_checks_both(as_view: bool, damaged_page: int | None) -> None:
+    # Pages 1 and 2 of three, read as a random get reads them (a view of its read buffer) or as bytes.
+    runs = bytearray(bytes(range(256)) * 40)
+    crcs = page_crcs(bytes(runs))
+    if damaged_page is not None:
+        runs[damaged_page * PAGE_BYTES + 17] ^= 4
+    pages = memoryview(runs)[PAGE_BYTES:] if as_view else bytes(runs[PAGE_BYTES:])
+    if damaged_page is None:
+        check_pages(pages, PAGE_BYTES, crcs, "k")
+    else:
+        with pytest.raises(CorruptBulkError, match=f"page {damaged_page} "):
+            check_pages(pages, PAGE_BYTES, crcs, "k")
+    with pytest.raises(CorruptBulkError, match="not within its pages"):
+        check_pages(bytes(2 * PAGE_BYTES), 2 * PAGE_BYTES, crcs, "k")    # past the last page
+
+
+def test_messages_are_cut_from_a_view_of_a_run_as_from_its_bytes() -> None:
+    for sizes in ([58] * 30, [3, 9, 1, 58, 2]):
+        messages = [bytes([i]) * size for i, size in enumerate(sizes)]
+        raw = b"pad" + _run(messages)
+        view = memoryview(raw)[3:]
+        for first, stop in [(0, len(sizes)), (2, 4), (len(sizes) - 1, len(sizes))]:
+            frame_run(view, len(sizes), "k", 0)
+            got = run_messages(view, len(sizes), first, stop)
+            assert got == messages[first:stop] and all(type(m) is bytes for m in got)
 
 
 def test_a_run_whose_message_ends_do_not_frame_it_is_refused() -> None:

@@ -259,9 +259,18 @@ def check_pages(raw: Any, at: int, crcs: U32s, key: str) -> None:
     """Check ``raw``, bytes ``at ..`` of object ``key``'s runs (``at`` on a page; the end on one or at the
     runs' end), against the object's page CRCs ``crcs``; raise CorruptBulkError naming the first bad page."""
     first = at // PAGE_BYTES
-    if len(raw) <= PAGE_BYTES and not at % PAGE_BYTES and first < len(crcs):    # one page: most gets
-        if crc32c(raw) != crcs.item(first):
+    size = len(raw)
+    if size <= 2 * PAGE_BYTES and not at % PAGE_BYTES and first + (size > PAGE_BYTES) < len(crcs):
+        # One page or two: most gets.
+        if size <= PAGE_BYTES:
+            if crc32c(raw) != crcs.item(first):
+                _bad_page(key, first)
+            return
+        view = raw if type(raw) is memoryview else memoryview(raw)
+        if crc32c(view[:PAGE_BYTES]) != crcs.item(first):
             _bad_page(key, first)
+        if crc32c(view[PAGE_BYTES:]) != crcs.item(first + 1):
+            _bad_page(key, first + 1)
         return
     if at % PAGE_BYTES or first + page_count(len(raw)) > len(crcs):
         raise CorruptBulkError(f"object {key}: a read of bytes {at} .. {at + len(raw)} is not within its pages")
@@ -387,7 +396,7 @@ def u32_at(data: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]) -> npt.NDArra
     return words
 
 
-def frame_run(raw: bytes, count: int, key: str, stream_id: int) -> None:
+def frame_run(raw: bytes | memoryview, count: int, key: str, stream_id: int) -> None:
     """Check that one run whose pages were checked (stream ``stream_id`` in object ``key``, ``count``
     messages) is framed by its message ends."""
     ends_at = 4 * count
@@ -398,7 +407,7 @@ def frame_run(raw: bytes, count: int, key: str, stream_id: int) -> None:
         raise CorruptBulkError(f"run of stream {stream_id} in object {key}: message ends do not match its length")
 
 
-def run_messages(raw: bytes, count: int, first: int, stop: int) -> list[bytes]:
+def run_messages(raw: bytes | memoryview, count: int, first: int, stop: int) -> list[bytes]:
     """Messages ``first .. stop - 1`` of a run of ``count`` messages checked by :func:`frame_run` (only
     those are copied). Where they are all as long as the run's first message (the common case: a queue's
     messages are often of one size), one ``struct`` call cuts them out; otherwise a plain loop over the
@@ -412,8 +421,14 @@ def run_messages(raw: bytes, count: int, first: int, stop: int) -> list[bytes]:
         # (a compare of two views, in C; from message ``first - 1`` on, which is all the slice needs).
         if 0 < size <= FIXED_MESSAGE_BYTES_MAX and stop <= FIXED_RUN_MAX:
             checked = first - 1 if first else 0
-            if ends[checked:stop] == _multiples(size, stop)[checked:stop]:
-                return list(_fixed_struct(size, stop - first).unpack_from(raw, at + first * size))
+            multiples = _multiples_of.get(size)   # (the caches looked up here first: a call costs a tenth)
+            if multiples is None or len(multiples) < stop:
+                multiples = _multiples(size, stop)
+            if ends[checked:stop] == multiples[checked:stop]:
+                cut = _fixed_structs.get((size, stop - first)) or _fixed_struct(size, stop - first)
+                return list(cut.unpack_from(raw, at + first * size))
+    if type(raw) is not bytes:
+        raw = bytes(raw)   # a view: its slices would be views too
     lo = at + ends[first - 1] if first else at
     out = []
     for end in ends[first:stop]:

@@ -41,20 +41,22 @@ class RunIndex:
     # cost a third of NumPy's 2-D slicing for a row of a few objects.
     _ends_flat: memoryview = field(init=False, repr=False, compare=False)
     _positions_flat: memoryview = field(init=False, repr=False, compare=False)
+    #: Columns the matrices have room for: a stream's run in object k stops at ``positions[capacity + k]``
+    #: of its :meth:`row`. (Plain ints, as ``rows``: NumPy's ``shape`` costs a reader a tuple per look.)
+    capacity: int = field(init=False, repr=False, compare=False)
+    rows: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Views, not copies: a new object's column is written in place (see with_object).
         invariant(self.ends.flags.c_contiguous and self.positions.flags.c_contiguous, "the matrices are C-contiguous")
         object.__setattr__(self, "_ends_flat", self.ends.reshape(-1).data.cast("B").cast("I"))
         object.__setattr__(self, "_positions_flat", self.positions.reshape(-1).data.cast("B").cast("I"))
+        object.__setattr__(self, "capacity", int(self.ends.shape[1]))
+        object.__setattr__(self, "rows", int(self.ends.shape[0]))
 
     @classmethod
     def empty(cls) -> RunIndex:
         return cls(np.zeros((0, 0), U32), np.zeros((1, 0), U32), 0, ())
-
-    @property
-    def rows(self) -> int:
-        return int(self.ends.shape[0])
 
     @property
     def nbytes(self) -> int:
@@ -112,19 +114,13 @@ class RunIndex:
             return np.zeros(0, U32)
         return np.ascontiguousarray(self.ends[:self.stream_counts[-1], self.objects - 1])
 
-    @property
-    def capacity(self) -> int:
-        """Columns the matrices have room for: a stream's run in object k stops at ``positions[capacity + k]``
-        of its :meth:`row`."""
-        return int(self.ends.shape[1])
-
     def row(self, stream_id: int) -> tuple[list[int], memoryview]:
         """Stream ``stream_id``'s end offset after each object, and a view in which its run in object k
         starts at ``[k]`` and stops at ``[capacity + k]``: a reader's lookup. A stream past the rows has
         no runs (its ends are 0)."""
         k = self.objects
-        capacity = self.ends.shape[1]
-        if stream_id >= self.ends.shape[0]:
+        capacity = self.capacity
+        if stream_id >= self.rows:
             last = self._positions_flat[len(self._positions_flat) - capacity:].tolist()
             return [0] * k, memoryview(array.array("I", last + last))
         at = stream_id * capacity

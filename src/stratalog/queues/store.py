@@ -269,6 +269,25 @@ class _Object:
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
 
+    def read_messages_cached(self, start: int, end: int, count: int, stream_id: int, first: int,
+                             stop: int) -> tuple[list[bytes], int] | None:
+        """Messages ``first .. stop - 1`` of the run at bytes ``start .. end`` (``count`` messages of
+        ``stream_id``), and the bytes of pages read, if the page cache holds its pages; None if the read
+        would wait for the disk (or the object is not local). A random reader's path: the pages are checked
+        and the messages cut out where they were read, with no copy of the run (it is not kept)."""
+        reader = self.reader
+        if reader is None:
+            return None
+        lo = start - start % PAGE_BYTES
+        hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
+        view = reader.peek(lo, hi, True)
+        if view is None:
+            return None
+        check_pages(view, lo, self.pages, self.key)
+        run = view[start - lo:end - lo]
+        frame_run(run, count, self.key, stream_id)
+        return run_messages(run, count, first, stop), hi - lo
+
     def read_run(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
                  random_access: bool) -> tuple[bytes, int]:
         """What :meth:`read_run_cached` reads, waiting for the disk or the object store if need be."""
@@ -724,7 +743,7 @@ class QueueStore:
                 # The last run this get reads. A get that spans runs in several objects: if a read must wait
                 # for the disk, the later runs are hinted first, so the disk serves them together rather
                 # than one after another (runs in the page cache need no hint: it would cost a system call).
-                last = min(bisect.bisect_right(ends, stop - 1), len(ends) - 1)
+                last = k if stop <= ends[k] else min(bisect.bisect_right(ends, stop - 1, k), len(ends) - 1)
                 hinted = last == k
                 capacity = index.capacity
                 runs = self._runs
@@ -737,7 +756,20 @@ class QueueStore:
                     end = ends[k]
                     if end > start:
                         obj = objects[k]
-                        cached = runs.get((obj.object_id, stream_id)) if runs else None
+                        upto = min(stop, end)
+                        if not sequential:
+                            # A random reader (an index check): its messages straight from the pages read.
+                            cut = obj.read_messages_cached(positions[k], positions[capacity + k], end - start,
+                                                           stream_id, pos - start, upto - start)
+                            if cut is not None:
+                                out += cut[0]
+                                reads += 1
+                                read_bytes += cut[1]
+                                pos = upto
+                                start = end
+                                k += 1
+                                continue
+                        cached = runs.get((obj.object_id, stream_id)) if runs and sequential else None
                         if cached is not None:
                             raw = cached[0]
                         else:
@@ -745,9 +777,8 @@ class QueueStore:
                             run_stop = positions[capacity + k]
                             got = obj.read_run_ahead(self._objects, run_start, run_stop, end - start, stream_id,
                                                      ahead, chunks_max) if sequential and ahead else None
-                            if got is None:
-                                got = obj.read_run_cached(run_start, run_stop, end - start, stream_id,
-                                                          not sequential)
+                            if got is None and sequential:   # (a random reader tried the page cache above)
+                                got = obj.read_run_cached(run_start, run_stop, end - start, stream_id, False)
                             if got is None:
                                 if not hinted:
                                     self._hint_runs(objects, stream_id, positions, capacity, k + 1, last)
@@ -763,7 +794,6 @@ class QueueStore:
                             # reader (an index check) rarely comes back to the same run.
                             if sequential and stop < end:
                                 self._cache_run((obj.object_id, stream_id), raw, end - start)
-                        upto = min(stop, end)
                         out += run_messages(raw, end - start, pos - start, upto - start)
                         pos = upto
                         # This get ends where the run does: the reader's next get wants the next run
