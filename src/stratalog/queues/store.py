@@ -250,18 +250,18 @@ class _Object:
         data: bytes = self.reader.read(start, end, random_access=random_access)
         return data
 
-    def read_run_cached(self, start: int, end: int, count: int, stream_id: int,
-                        random_access: bool) -> tuple[bytes, int] | None:
+    def read_run_cached(self, start: int, end: int, count: int, stream_id: int) -> tuple[bytes, int] | None:
         """Bytes ``start .. end`` of the runs (one run of ``count`` messages of ``stream_id``), checked
         against their pages' CRCs and framed, and the bytes of pages read, if the page cache holds the
-        pages; None if the read would wait for the disk (or the object is not local). Most reads: one
-        system call, the pages checked where they were read, only the run copied out."""
+        pages; None if the read would wait for the disk (or the object is not local). A sequential
+        reader's path (it may keep the run): one system call, the pages checked where they were read, only
+        the run copied out."""
         reader = self.reader
         if reader is None:
             return None
         lo = start - start % PAGE_BYTES
         hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
-        view = reader.peek(lo, hi, random_access)
+        view = reader.peek(lo, hi)
         if view is None:
             return None
         check_pages(view, lo, self.pages, self.key)
@@ -778,7 +778,7 @@ class QueueStore:
                             got = obj.read_run_ahead(self._objects, run_start, run_stop, end - start, stream_id,
                                                      ahead, chunks_max) if sequential and ahead else None
                             if got is None and sequential:   # (a random reader tried the page cache above)
-                                got = obj.read_run_cached(run_start, run_stop, end - start, stream_id, False)
+                                got = obj.read_run_cached(run_start, run_stop, end - start, stream_id)
                             if got is None:
                                 if not hinted:
                                     self._hint_runs(objects, stream_id, positions, capacity, k + 1, last)
