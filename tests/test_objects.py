@@ -479,6 +479,50 @@ def test_local_list_skips_temp_files_and_remove_temp_files_deletes_them(tmp_path
     assert keys_of(store.list()) == ["dir/real"]
 
 
+def test_a_recycled_object_is_gone_and_its_file_is_written_over_by_a_later_put(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "root")
+    store.put("q/old", bytes(range(256)) * 64)                 # 16 KiB
+    inode = (tmp_path / "root" / "q" / "old").stat().st_ino
+    store.recycle("q/old", spare_bytes_max=1 << 20)
+    with pytest.raises(ObjectNotFoundError):
+        store.get("q/old")
+    assert keys_of(store.list()) == [] and store.spare_bytes() == 16384
+    store.put("small", b"no hint: never a spare")               # small puts leave the spares alone
+    assert store.spare_bytes() == 16384
+    new = b"shorter than the spare"
+    put_parts(store, "q/new", [new[:5], new[5:]], size_hint=len(new))
+    assert store.get("q/new") == new                             # the spare's tail is cut off
+    assert (tmp_path / "root" / "q" / "new").stat().st_ino == inode
+    assert store.spare_bytes() == 0
+    put_parts(store, "q/next", [b"x" * 10], size_hint=10)      # no spare left: a new file
+    assert store.get("q/next") == b"x" * 10
+    assert keys_of(store.list()) == ["q/new", "q/next", "small"]
+
+
+def test_recycling_keeps_spares_within_their_bound_and_deletes_the_rest(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "root")
+    for name in ("a", "b", "c"):
+        store.put(name, b"z" * 1000)
+    store.recycle("a", spare_bytes_max=2500)
+    store.recycle("b", spare_bytes_max=2500)
+    store.recycle("c", spare_bytes_max=2500)                   # a third would pass the bound: deleted
+    store.recycle("absent", spare_bytes_max=2500)              # nothing to do
+    assert store.spare_bytes() == 2000 and keys_of(store.list()) == []
+    assert store.remove_temp_files() == 2 and store.spare_bytes() == 0
+
+
+def test_a_put_takes_the_smallest_spare_that_holds_it_else_the_largest(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "root")
+    for name, size in (("s", 100), ("m", 1000), ("l", 5000)):
+        store.put(name, b"-" * size)
+        store.recycle(name, spare_bytes_max=1 << 20)
+    put_parts(store, "fits-m", [b"1" * 900], size_hint=900)
+    assert store.spare_bytes() == 5100                           # the 1000-byte spare went
+    put_parts(store, "big", [b"2" * 9000], size_hint=9000)
+    assert store.spare_bytes() == 100                            # none holds it: the largest went
+    assert store.get("fits-m") == b"1" * 900 and store.get("big") == b"2" * 9000
+
+
 def test_local_key_and_keys_below_it_cannot_both_exist(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path / "root")
     store.put("a", b"file")

@@ -30,7 +30,7 @@ from stratalog.engine.bulkformat import (
     page_crcs,
 )
 from stratalog.errors import StratalogError
-from stratalog.objects.local import LocalDirStore
+from stratalog.objects.local import SPARES_DIR_NAME, LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects, merge_piece, plan_merge
@@ -257,6 +257,47 @@ def test_the_store_merges_objects_and_reads_the_same(tmp_path: Path) -> None:
         assert qs.recovery.objects == stats["objects"]
         _check(qs, model, rng)
         _fill(qs, model, rng, 3, 300)
+        _check(qs, model, rng)
+
+
+@pytest.mark.parametrize("in_worker", [True, False], ids=["worker", "thread"])
+def test_merged_away_files_are_written_over_by_later_uploads_and_merges(tmp_path: Path, in_worker: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(12)
+    model: dict[str, list[bytes]] = {}
+    pooled: list[int] = []
+    recycle = LocalDirStore.recycle
+
+    def counted(store: LocalDirStore, key: str, spare_bytes_max: int) -> None:
+        before = len(os.listdir(store.root / SPARES_DIR_NAME)) if (store.root / SPARES_DIR_NAME).exists() else 0
+        recycle(store, key, spare_bytes_max)
+        pooled.append(len(os.listdir(store.root / SPARES_DIR_NAME)) - before)
+
+    monkeypatch.setattr(LocalDirStore, "recycle", counted)
+    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01, compact_idle_bytes_max=0,
+                                compact_in_worker=in_worker, spare_bytes_max=1 << 20)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        _fill(qs, model, rng, 12, 300)
+        _wait(lambda: qs.stats()["compactions"] >= 6 and not qs._retired and not qs._view[1])
+        assert qs.compaction_error is None
+        # Merged-away files went to the spares (within their bound), and uploads or merges (in the worker
+        # process, or here) took some of them (a put takes a spare the moment it finds one).
+        spares = os.listdir(tmp_path / LOCAL_DIR_NAME / SPARES_DIR_NAME)
+        assert sum(pooled) > len(spares), (pooled, spares)
+        assert 0 <= qs._objects.spare_bytes() <= config.spare_bytes_max
+        _check(qs, model, rng)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        _check(qs, model, rng)
+
+
+def test_with_no_room_for_spares_merged_away_files_are_deleted(tmp_path: Path) -> None:
+    rng = random.Random(13)
+    model: dict[str, list[bytes]] = {}
+    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01, compact_idle_bytes_max=0, spare_bytes_max=0)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        _fill(qs, model, rng, 6, 300)
+        _wait(lambda: qs.stats()["compactions"] >= 3 and not qs._retired and not qs._view[1])
+        assert qs._objects.spare_bytes() == 0
         _check(qs, model, rng)
 
 

@@ -622,9 +622,11 @@ def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_pat
     real_put_parts = store_module.put_parts
     real_run_merge_job = store_module.run_merge_job
 
-    def recording_put_parts(store: object, key: str, parts: object, *, sync_every_bytes: int | None = None) -> None:
+    def recording_put_parts(store: object, key: str, parts: object, *, sync_every_bytes: int | None = None,
+                            size_hint: int | None = None) -> None:
         steps.append(sync_every_bytes)
-        real_put_parts(store, key, parts, sync_every_bytes=sync_every_bytes)  # type: ignore[arg-type]
+        real_put_parts(store, key, parts, sync_every_bytes=sync_every_bytes,  # type: ignore[arg-type]
+                       size_hint=size_hint)
 
     def recording_run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> MergeAnswer:
         steps.append(job.sync_every_bytes)     # the worker passes it to put_parts

@@ -75,15 +75,13 @@ class ObjectStore(Protocol):
 
 
 def put_parts(store: ObjectStore, key: str, parts: Iterable[bytes | bytearray | memoryview], *,
-              sync_every_bytes: int | None = None) -> None:
+              sync_every_bytes: int | None = None, size_hint: int | None = None) -> None:
     """Store an object made of ``parts``, as :meth:`ObjectStore.put` does. A store that can write parts
     as they come (``put_parts``: the local directory store) never holds the whole object; any other gets
-    the parts joined. ``sync_every_bytes``: the local store's piece size for this put (None: its own)."""
+    the parts joined. ``sync_every_bytes``: the local store's piece size for this put (None: its own);
+    ``size_hint``: the object's expected size (the local store picks a spare file by it)."""
     method = getattr(store, "put_parts", None)
     if callable(method):
-        if sync_every_bytes is None:
-            method(key, parts)
-        else:
-            method(key, parts, sync_every_bytes=sync_every_bytes)
+        method(key, parts, sync_every_bytes=sync_every_bytes, size_hint=size_hint)
     else:
         store.put(key, b"".join(parts))

@@ -110,6 +110,11 @@ class MergePlan:
     def stream_count(self) -> int:
         return len(self.ends)
 
+    def piece_runs_bytes(self, piece: int) -> int:
+        """The bytes of piece ``piece``'s runs (its object is these, the index and a little more)."""
+        lo, hi = self.pieces[piece]
+        return int(self.positions[hi] - self.positions[lo])
+
 
 def plan_merge(sources: Sequence[MergeSource], prev_ends: U32s, piece_bytes_max: int) -> MergePlan:
     """The merge of ``sources`` (consecutive objects, oldest first), in pieces of at most ``piece_bytes_max``

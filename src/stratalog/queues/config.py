@@ -101,6 +101,11 @@ class QueueConfig:
     compact_in_worker: bool = True
     #: Merged-away objects stay readable this long (a get in flight may hold one), then are deleted.
     compact_retire_s: float = 10.0
+    #: With a local object store, a merged-away object's file is kept (up to this many bytes of them) for
+    #: the next upload or merge to write over instead of a new file: no blocks to allocate, and pages the
+    #: page cache may still hold (where freed memory goes back to a VM's host, writing new pages costs
+    #: a fault each). 0: deleted at once. Spare files count in the store's disk use.
+    spare_bytes_max: int = 2 << 30
 
     def validate(self) -> None:
         if not 1 <= self.message_bytes_max <= self.record_bytes_target:
@@ -130,6 +135,8 @@ class QueueConfig:
             raise ValueError("compact_merge_bytes_max must be at least upload_bytes_threshold")
         if self.compact_idle_s < 0 or self.compact_idle_bytes_max < 0:
             raise ValueError("compact_idle_s and compact_idle_bytes_max must be >= 0")
+        if self.spare_bytes_max < 0:
+            raise ValueError("spare_bytes_max must be >= 0")
         if self.compact_slice_bytes < 1 or self.compact_retire_s < 0:
             raise ValueError("compact_slice_bytes must be >= 1 and compact_retire_s >= 0")
         self.wal.validate(self.wal_capacity_bytes - 8192)

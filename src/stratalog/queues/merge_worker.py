@@ -148,7 +148,7 @@ def _work(job: MergeJob) -> list[MergeResult]:
     for piece, key in enumerate(job.piece_keys):
         result = MergeResult()
         put_parts(store, key, merge_piece(plan, piece, job.slice_bytes, result),
-                  sync_every_bytes=job.sync_every_bytes)
+                  sync_every_bytes=job.sync_every_bytes, size_hint=plan.piece_runs_bytes(piece))
         results.append(result)
     return results
 

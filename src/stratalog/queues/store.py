@@ -988,7 +988,7 @@ class QueueStore:
         object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
         key = queue_object_key(object_id)
         write = functools.partial(put_parts, self._objects, key, laid.parts,
-                                  sync_every_bytes=self._config.upload_sync_bytes)
+                                  sync_every_bytes=self._config.upload_sync_bytes, size_hint=laid.size_bytes)
         self._with_retries(f"writing object {key}", write)
         size = laid.size_bytes
         ends, positions, pages = laid.ends, laid.positions, laid.pages
@@ -1159,7 +1159,7 @@ class QueueStore:
                 result = MergeResult()
                 put_parts(self._objects, key, self._unless_closing(
                     merge_piece(merge, piece, self._config.compact_slice_bytes, result)),
-                    sync_every_bytes=self._config.upload_sync_bytes)
+                    sync_every_bytes=self._config.upload_sync_bytes, size_hint=merge.piece_runs_bytes(piece))
 
             self._with_retries(f"writing merged object {key}", write)
             results.append(result)
@@ -1195,8 +1195,11 @@ class QueueStore:
         for obj in due:
             if obj.reader is not None:
                 obj.reader.close()
-            self._with_retries(f"deleting merged-away object {obj.key}",
-                               functools.partial(self._objects.delete, obj.key))
+            if isinstance(self._objects, LocalDirStore) and self._config.spare_bytes_max:
+                delete = functools.partial(self._objects.recycle, obj.key, self._config.spare_bytes_max)
+            else:
+                delete = functools.partial(self._objects.delete, obj.key)
+            self._with_retries(f"deleting merged-away object {obj.key}", delete)
             self._meta.forget_object(obj.object_id)
 
     # Recovery --------------------------------------------------------------------------------------
@@ -1398,6 +1401,7 @@ class QueueStore:
             "compactions_at_rest": self.compactions_at_rest,
             "merge_worker_peak_rss_bytes": self.merge_worker_peak_rss_bytes,
             "compacted_bytes": self.compacted_bytes,
+            "spare_bytes": self._objects.spare_bytes() if isinstance(self._objects, LocalDirStore) else 0,
         }
 
 
