@@ -509,6 +509,9 @@ def test_recycling_keeps_spares_within_their_bound_and_deletes_the_rest(tmp_path
     store.recycle("absent", spare_bytes_max=2500)              # nothing to do
     assert store.spare_bytes() == 2000 and keys_of(store.list()) == []
     assert store.remove_temp_files() == 2 and store.spare_bytes() == 0
+    store.put("d", b"z" * 700)
+    store.recycle("d", spare_bytes_max=2500)
+    assert store.drop_spares() == 700 and store.spare_bytes() == 0
 
 
 def test_a_put_takes_the_smallest_spare_that_holds_it_else_the_largest(tmp_path: Path) -> None:

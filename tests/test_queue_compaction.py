@@ -286,6 +286,10 @@ def test_merged_away_files_are_written_over_by_later_uploads_and_merges(tmp_path
         assert sum(pooled) > len(spares), (pooled, spares)
         assert 0 <= qs._objects.spare_bytes() <= config.spare_bytes_max
         _check(qs, model, rng)
+        # No puts for compact_idle_s: the spares go (they only serve writes).
+        _wait(lambda: qs._objects.spare_bytes() == 0, seconds=10)
+        _fill(qs, model, rng, 4, 300)
+    assert os.listdir(tmp_path / LOCAL_DIR_NAME / SPARES_DIR_NAME) == []     # and none outlive a close
     with QueueStore.open(tmp_path, config=config) as qs:
         _check(qs, model, rng)
 

@@ -297,6 +297,15 @@ class LocalDirStore:
         """Bytes of the spare files waiting for puts (see :meth:`recycle`)."""
         return sum(size for size, _ in self._spares())
 
+    def drop_spares(self) -> int:
+        """Delete every spare file (see :meth:`recycle`); return how many bytes they held."""
+        dropped = 0
+        for size, spare in self._spares():
+            with contextlib.suppress(FileNotFoundError):   # taken by a put meanwhile
+                os.unlink(spare)
+                dropped += size
+        return dropped
+
     def _spares(self) -> tuple[tuple[int, str], ...]:
         """(bytes, path) of each spare file. A put in another process may take one meanwhile: it is left out."""
         found: builtins.list[tuple[int, str]] = []

@@ -104,7 +104,8 @@ class QueueConfig:
     #: With a local object store, a merged-away object's file is kept (up to this many bytes of them) for
     #: the next upload or merge to write over instead of a new file: no blocks to allocate, and pages the
     #: page cache may still hold (where freed memory goes back to a VM's host, writing new pages costs
-    #: a fault each). 0: deleted at once. Spare files count in the store's disk use.
+    #: a fault each). 0: deleted at once. Spare files count in the store's disk use; they are deleted
+    #: once no put has come for ``compact_idle_s`` (a store not being written needs none) and at close.
     spare_bytes_max: int = 2 << 30
 
     def validate(self) -> None:

@@ -1038,6 +1038,8 @@ class QueueStore:
                     if not self._compact_once():
                         break
                     self._retire_due()
+                if not self._writing():
+                    self._drop_spares()
             except _CompactionCancelledError:
                 return
             except BaseException as e:
@@ -1195,12 +1197,22 @@ class QueueStore:
         for obj in due:
             if obj.reader is not None:
                 obj.reader.close()
-            if isinstance(self._objects, LocalDirStore) and self._config.spare_bytes_max:
+            if isinstance(self._objects, LocalDirStore) and self._config.spare_bytes_max and self._writing():
                 delete = functools.partial(self._objects.recycle, obj.key, self._config.spare_bytes_max)
             else:
                 delete = functools.partial(self._objects.delete, obj.key)
             self._with_retries(f"deleting merged-away object {obj.key}", delete)
             self._meta.forget_object(obj.object_id)
+
+    def _writing(self) -> bool:
+        """A put came within compact_idle_s: uploads and merges will follow, and spare files serve them."""
+        return time.monotonic() - self._last_write < self._config.compact_idle_s and not self._closing
+
+    def _drop_spares(self) -> None:
+        """Delete the spare files (see QueueConfig.spare_bytes_max): a store that is not being written needs
+        none, and they take disk space."""
+        if isinstance(self._objects, LocalDirStore):
+            self._objects.drop_spares()
 
     # Recovery --------------------------------------------------------------------------------------
 
@@ -1359,6 +1371,7 @@ class QueueStore:
                 if self._failure is None and not self._wal.failure:
                     self._upload()
                 self._retire_due(everything=True)
+                self._drop_spares()
             finally:
                 self._closed = True
                 self._wal.close()
