@@ -173,6 +173,11 @@ def test_a_run_whose_message_ends_do_not_frame_it_is_refused() -> None:
         decode_run(bytes(raw[0:11]), 2, "k", 0)
     with pytest.raises(CorruptBulkError, match="shorter"):
         decode_run(bytes(raw[0:6]), 2, "k", 0)
+    # Cutting messages with the object's key checks the framing too (a random reader's one call per run).
+    with pytest.raises(CorruptBulkError, match="message ends"):
+        run_messages(memoryview(raw)[0:11], 2, 0, 1, "k", 0)
+    with pytest.raises(CorruptBulkError, match="shorter"):
+        run_messages(memoryview(raw)[0:6], 2, 1, 2, "k", 0)
 
 
 def test_a_flipped_bit_in_the_index_or_footer_is_detected() -> None:

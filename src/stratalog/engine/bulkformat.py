@@ -407,14 +407,20 @@ def frame_run(raw: bytes | memoryview, count: int, key: str, stream_id: int) -> 
         raise CorruptBulkError(f"run of stream {stream_id} in object {key}: message ends do not match its length")
 
 
-def run_messages(raw: bytes | memoryview, count: int, first: int, stop: int) -> list[bytes]:
+def run_messages(raw: bytes | memoryview, count: int, first: int, stop: int, key: str | None = None,
+                 stream_id: int = -1) -> list[bytes]:
     """Messages ``first .. stop - 1`` of a run of ``count`` messages checked by :func:`frame_run` (only
-    those are copied). Where they are all as long as the run's first message (the common case: a queue's
-    messages are often of one size), one ``struct`` call cuts them out; otherwise a plain loop over the
-    ends (for ten messages or a hundred, twice as fast as building the slices with map). 100 messages of
-    58 bytes: 7.3 us by the loop, 1.9 us by the struct."""
+    those are copied), or, given the object's ``key`` (and the run's stream, for the error), checked here
+    as frame_run would (one call fewer for a reader that reads each run once). Where they are all as long
+    as the run's first message (the common case: a queue's messages are often of one size), one ``struct``
+    call cuts them out; otherwise a plain loop over the ends (for ten messages or a hundred, twice as fast
+    as building the slices with map). 100 messages of 58 bytes: 7.3 us by the loop, 1.9 us by the struct."""
     at = 4 * count
+    if key is not None and len(raw) < at:
+        frame_run(raw, count, key, stream_id)      # raises: shorter than its message ends
     ends = memoryview(raw)[:at].cast("I")   # little-endian on disk; checked at import
+    if key is not None and count and ends[count - 1] != len(raw) - at:
+        frame_run(raw, count, key, stream_id)      # raises: the ends do not frame it
     if stop > first:
         size = ends[0]
         # Equal sizes from the run's start up to ``stop``: then the ends are size, 2 size, 3 size, ...
