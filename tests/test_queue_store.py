@@ -83,6 +83,34 @@ def test_queues_are_created_on_first_put_with_dense_offsets(tmp_path: Path) -> N
         assert qs.get("a", 2, 0) == []
 
 
+def test_a_get_waits_for_puts_the_writer_has_taken_but_not_yet_written(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The writer thread takes the pending puts, then writes them: a get in between must wait for that
+    # write (once, a get in the middle of it returned only the messages of earlier writes).
+    entered, release = threading.Event(), threading.Event()
+    real_write = QueueStore._write
+
+    def held_write(store: QueueStore, ids: Any, batch: Any) -> None:
+        if threading.current_thread() is store._writer:
+            entered.set()
+            release.wait(10)
+        real_write(store, ids, batch)
+
+    monkeypatch.setattr(QueueStore, "_write", held_write)
+    with _open(tmp_path) as qs:
+        qs.put_many(["x", "x"], [b"1", b"2"])
+        qs._wake.set()
+        assert entered.wait(10), "the writer never took the puts"
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.extend(qs.get("x", 0, 10)))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive(), f"the get did not wait for the write in flight: {got}"
+        release.set()
+        reader.join(10)
+        assert got == [b"1", b"2"]
+
+
 def test_put_many_takes_sequences_arrow_and_numpy(tmp_path: Path) -> None:
     with _open(tmp_path) as qs:
         qs.put_many(["x", "y", "x"], [b"1", b"2", b"3"])

@@ -344,6 +344,7 @@ class QueueStore:
         # free list and dies at once: no object per pending put, nothing for the cyclic GC to track.
         # Small messages count against pending_messages_max; large ones and bulk puts also by their bytes.
         self._buf: list[Any] = []
+        self._in_flight = False         # a drain has taken puts from _buf and not yet written them
         self._wake_slots = PUT_SLOTS * config.pending_messages_wake
         self._max_slots = PUT_SLOTS * config.pending_messages_max
         self._small_max = min(SMALL_MESSAGE_BYTES_MAX, config.message_bytes_max)
@@ -535,6 +536,9 @@ class QueueStore:
                 # bulk puts append under this lock, so the counts reset here are exactly what is taken.
                 buf = self._buf
                 taken = len(buf)
+                # Set before the puts leave _buf: a get that finds _buf empty then sees them in flight
+                # and waits for this drain (a get sees every put made before it).
+                self._in_flight = taken > 0
                 items = buf[:taken]
                 del buf[:taken]
                 bulk_items = self._bulk_pending
@@ -543,11 +547,14 @@ class QueueStore:
                 self._put_cond.notify_all()
             if not taken:
                 return
-            invariant(taken % PUT_SLOTS == 0, "a put's slots are appended together")
-            self._check_open()
-            names, messages, known = items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS]
-            ids, batch = self._unzip_mixed(names, messages, known) if bulk_items else self._singles(names, messages)
-            self._write(ids, batch)
+            try:
+                invariant(taken % PUT_SLOTS == 0, "a put's slots are appended together")
+                self._check_open()
+                names, messages, known = items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS]
+                ids, batch = self._unzip_mixed(names, messages, known) if bulk_items else self._singles(names, messages)
+                self._write(ids, batch)
+            finally:
+                self._in_flight = False
 
     def _resolve(self, names: list[str]) -> Ids:
         """The ids of ``names`` (checked names), creating the queues that are new."""
@@ -720,7 +727,7 @@ class QueueStore:
             raise ValueError(f"offset and num must be >= 0, got {offset}, {num}")
         if self._closed:
             self._check_not_closed()
-        if self._buf:
+        if self._buf or self._in_flight:
             self._drain()
         self._gets += 1     # not atomic: a lost count still counts (the compactor only looks for a change)
         stream_id = self._ids.get(queue_name)
