@@ -327,16 +327,20 @@ def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names:
     lengths = pc.binary_length(messages)
     if isinstance(lengths, pa.ChunkedArray):
         lengths = lengths.combine_chunks() if lengths.num_chunks else pa.array([], pa.int32())
-    msg_lengths = np.asarray(lengths, I64)[order] if total else np.zeros(0, I64)
+    # Few and narrow temporaries: each message-long array is fresh memory for every upload (a fault and a
+    # cleared page each, on a VM whose host takes freed memory back). Lengths stay Arrow's int32 until
+    # they are summed (in int64).
+    msg_lengths = np.asarray(lengths)[order] if total else np.zeros(0, np.int32)
     run_first = np.zeros(runs + 1, I64)
     np.cumsum(counts, out=run_first[1:])
     all_ends = np.zeros(total + 1, I64)
     np.cumsum(msg_lengths, out=all_ends[1:])
+    del msg_lengths
     data_start = all_ends[run_first]
-    run_of = np.repeat(np.arange(runs, dtype=I64), counts)
     # Each run's head (its message ends, relative to its data) as one element.
-    head_words = (all_ends[1:] - data_start[run_of]).astype(U32)
-    del run_of
+    head_words = np.repeat(data_start[:-1], counts)
+    np.subtract(all_ends[1:], head_words, out=head_words)
+    head_words = head_words.astype(U32)
     heads = pa.Array.from_buffers(pa.binary(), runs, [None, pa.py_buffer((4 * run_first).astype(np.int32)),
                                                       pa.py_buffer(head_words)])
     slot = run_first[:-1] + np.arange(runs, dtype=I64)
@@ -344,8 +348,8 @@ def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names:
     is_end[slot] = False
     chunks = messages.chunks if isinstance(messages, pa.ChunkedArray) else [messages]
     pieces = pa.chunked_array([heads, *chunks], type=pa.binary())
-    take = np.empty(runs + total, I64)
-    take[slot] = np.arange(runs, dtype=I64)
+    take = np.empty(runs + total, np.int32 if runs + total < 1 << 31 else I64)
+    take[slot] = np.arange(runs, dtype=take.dtype)
     take[is_end] = runs + order
     laid = pieces.take(pa.array(take)) if runs else pa.array([], pa.binary())
     laid = one_array(laid) if isinstance(laid, pa.ChunkedArray) else laid

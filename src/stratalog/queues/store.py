@@ -978,7 +978,9 @@ class QueueStore:
         total = int(s_counts.sum())
         run_starts = np.zeros(len(s_counts), I64)
         np.cumsum(s_counts[:-1], out=run_starts[1:])
-        perm = np.repeat(s_first - run_starts, s_counts) + np.arange(total, dtype=I64)
+        np.subtract(s_first, run_starts, out=run_starts)
+        perm = np.repeat(run_starts, s_counts)
+        perm += np.arange(total, dtype=I64)     # (in place: each message-long temporary is fresh memory)
         groups = np.flatnonzero(np.concatenate(([True], s_ids[1:] != s_ids[:-1]))) if total else np.zeros(0, I64)
         unique = s_ids[groups]
         per_stream = np.add.reduceat(s_counts, groups) if len(groups) else s_counts
@@ -986,7 +988,7 @@ class QueueStore:
         prev = np.zeros(stream_count, I64)
         prev[:len(prev_ends)] = prev_ends
         before = prev[unique]
-        invariant(bool(np.all(bases[order][groups] == before)), "a queue's runs must follow its uploaded end")
+        invariant(bool(np.all(bases[order[groups]] == before)), "a queue's runs must follow its uploaded end")
         names = list(itertools.chain.from_iterable(r.names for r in taken))
         first_stream = len(prev_ends)
         invariant(list(map(_first, names)) == list(range(first_stream, stream_count)), "names cover new streams")
