@@ -30,7 +30,7 @@ from stratalog.engine.bulkformat import (
     page_crcs,
 )
 from stratalog.errors import StratalogError
-from stratalog.objects.local import SPARES_DIR_NAME, LocalDirStore
+from stratalog.objects.local import SPARES_DIR_NAME, TEMP_PREFIX, LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects, merge_piece, plan_merge
@@ -703,10 +703,14 @@ def test_closing_the_store_stops_its_worker_merge_and_loses_nothing(tmp_path: Pa
     qs = QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=2))
     _fill(qs, model, rng, 2, 100)
     assert started.wait(10), "two uploads make a merge"
+    # What a worker killed mid-piece leaves (it may be a spare of gigabytes): the close removes it.
+    cut_off = tmp_path / LOCAL_DIR_NAME / QUEUE_PREFIX / f"{TEMP_PREFIX}cut-off-piece"
+    cut_off.write_bytes(b"half a merged piece")
     began = time.monotonic()
     qs.close()
     assert time.monotonic() - began < 5 and outcomes == ["cancelled"]
     assert qs.compaction_error is None and qs.compactions == 0
+    assert not cut_off.exists()
 
     monkeypatch.undo()
     with QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=0)) as reopened:

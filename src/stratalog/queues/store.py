@@ -388,6 +388,7 @@ class QueueStore:
         self._compact_wake = threading.Event()
         self._uploads = 0               # uploads done (under _view_lock): merges let one go when due
         self._retired: list[tuple[float, _Object]] = []
+        self._merge_cancelled = False   # a close stopped a merge: its worker's temp file is left behind
         self.compactions = 0
         self.compactions_at_rest = 0    # of them, merges a store at rest made (QueueConfig.compact_idle_s)
         self.compacted_bytes = 0
@@ -1052,6 +1053,7 @@ class QueueStore:
                 if not self._writing():
                     self._drop_spares()
             except _CompactionCancelledError:
+                self._merge_cancelled = True
                 return
             except BaseException as e:
                 # The objects stay as they are and reads go on; only merging stops (until the next open).
@@ -1383,6 +1385,10 @@ class QueueStore:
                     self._upload()
                 self._retire_due(everything=True)
                 self._drop_spares()
+                if self._merge_cancelled and isinstance(self._objects, LocalDirStore):
+                    # The killed worker's piece (a spare it was writing over may be gigabytes): nothing
+                    # writes here any more, so every temp file is a leftover.
+                    self._objects.remove_temp_files()
             finally:
                 self._closed = True
                 self._wal.close()
