@@ -210,6 +210,24 @@ def test_a_task_planned_before_a_merge_reads_from_the_merged_object(tmp_path: Pa
     assert sorted(_read_all(store, parts)) == _expected(model)
 
 
+def test_a_task_that_reads_a_merged_away_file_written_over_reads_from_the_merged_object(tmp_path: Path) -> None:
+    # A local store keeps merged-away files as spares and writes newer objects over them: a task that
+    # planned on the old manifest and was reading such a file meanwhile gets bytes that fail their CRCs.
+    # As the newest manifest no longer names the object, the task reads the offsets where they are now.
+    model = _fill(tmp_path, 400, 4)
+    store = _objects(tmp_path)
+    parts = plan_queue_read(store, "*", None, OffsetRange(), 10_000, 4 << 10)
+    sizes = {p.key: (tmp_path / LOCAL_DIR_NAME / p.key).stat().st_size for p in parts}
+    config = small_queue_config(compact_fanout=2, compact_retire_s=0.0, compact_idle_bytes_max=0)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        _wait(lambda: qs.compactions >= 2 and not qs._retired)
+    gone = {p.key for p in parts} - {o.key for o in read_layout(store).objects}
+    assert len(gone) >= 2
+    for key in gone:    # what the task's read found in the file: another object's bytes
+        (tmp_path / LOCAL_DIR_NAME / key).write_bytes(bytes(range(256)) * (sizes[key] // 256 + 1))
+    assert sorted(_read_all(store, parts)) == _expected(model)
+
+
 def test_a_missing_object_the_manifest_still_lists_is_reported(tmp_path: Path) -> None:
     _fill(tmp_path, 100, 2)
     store = _objects(tmp_path)

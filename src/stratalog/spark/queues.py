@@ -309,6 +309,11 @@ def _read(store: ObjectStore, partition: QueuePartition, attempts: int) -> Itera
         raise QueueReadError(f"queue object {partition.key} is shorter than queue manifest "
                              f"{partition.manifest_seq} says: it was changed outside the store; re-run the read")
     bad = np.flatnonzero(page_crcs(buf) != np.frombuffer(partition.pages, U32))
+    if len(bad) and attempts > 1 and _merged_away(store, partition):
+        # Merged away since the read was planned: a local store may have written a newer object over its
+        # file (QueueConfig.spare_bytes_max) while this read was in it. Read the offsets where they are now.
+        yield from _read_moved(store, partition, attempts)
+        return
     if len(bad):
         raise CorruptBulkError(f"queue object {partition.key}: page {lo // PAGE_BYTES + int(bad[0])} failed its CRC: "
                                "the object is damaged, or was changed outside the store since the read was planned "
@@ -353,6 +358,12 @@ def _bad_run(key: str, table: Array, names: pa.StringArray, column: int, what: s
     raise CorruptBulkError(f"run of queue {names[column].as_py()!r} (stream {int(table[_IDS, column])}) in object "
                            f"{key} {what}: the object is damaged, or was changed outside the store since the read "
                            "was planned (re-run it)")
+
+
+def _merged_away(store: ObjectStore, partition: QueuePartition) -> bool:
+    """Whether the newest manifest no longer names the partition's object (a newer one replaced it)."""
+    newest = read_queue_manifest(store)
+    return newest.seq != partition.manifest_seq and all(o.key != partition.key for o in newest.objects)
 
 
 def _read_moved(store: ObjectStore, partition: QueuePartition, attempts: int) -> Iterator[pa.RecordBatch]:
