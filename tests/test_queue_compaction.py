@@ -294,6 +294,37 @@ def test_merged_away_files_are_written_over_by_later_uploads_and_merges(tmp_path
         _check(qs, model, rng)
 
 
+def test_merged_away_objects_go_once_no_get_is_in_flight_and_not_before(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    entered, release = threading.Event(), threading.Event()
+    real_get = QueueStore._get
+
+    def held_get(store: QueueStore, name: str, offset: int, num: int) -> list[bytes]:
+        if name == "held":
+            entered.set()
+            release.wait(20)
+        return real_get(store, name, offset, num)
+
+    monkeypatch.setattr(QueueStore, "_get", held_get)
+    rng = random.Random(14)
+    model: dict[str, list[bytes]] = {}
+    # A grace period far longer than the test: only "no get in flight" can let the objects go early.
+    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01, compact_idle_bytes_max=0, compact_retire_s=600)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        reader = threading.Thread(target=qs.get, args=("held", 0, 1))
+        reader.start()
+        assert entered.wait(10)
+        _fill(qs, model, rng, 4, 100)
+        _wait(lambda: qs.compactions >= 1 and bool(qs._retired))
+        time.sleep(1.5)                      # the compactor looks at least once a second
+        assert qs._retired, "merged-away objects went while a get that may hold them was in flight"
+        release.set()
+        reader.join(10)
+        _wait(lambda: not qs._retired, seconds=10)
+        assert len(_files(tmp_path)) == len(qs._view[0])
+        _check(qs, model, rng)
+
+
 def test_with_no_room_for_spares_merged_away_files_are_deleted(tmp_path: Path) -> None:
     rng = random.Random(13)
     model: dict[str, list[bytes]] = {}
