@@ -99,7 +99,9 @@ class QueueConfig:
     #: With a local object store, merges run in a worker process with a core (and a GIL) of their own, and
     #: uploads go on beside them; otherwise in a thread of the store, uploads waiting for each merge.
     compact_in_worker: bool = True
-    #: Merged-away objects stay readable this long (a get in flight may hold one), then are deleted.
+    #: Merged-away objects stay readable this long (a get in flight may hold one), then are deleted; or
+    #: sooner, once no get of this store is in flight (readers in other processes, such as Spark tasks
+    #: planned on an older manifest, find the object gone and read the merged one).
     compact_retire_s: float = 10.0
     #: With a local object store, a merged-away object's file is kept (up to this many bytes of them) for
     #: the next upload or merge to write over instead of a new file: no blocks to allocate, and pages the
