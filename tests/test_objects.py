@@ -421,7 +421,7 @@ def test_cached_reads_past_4_gib_get_the_right_bytes(tmp_path: Path) -> None:
         os.pwrite(fd, b"a" * 4096, 4096)
         os.pwrite(fd, b"b" * 4096, high)
         for offset, byte in ((high, b"b"), (4096, b"a"), (high, b"b")):
-            view = local_module._pread_view(fd, 4096, offset)
+            view = local_module.cached_view(fd, 4096, offset)
             assert view is not None and view.tobytes() == byte * 4096
     finally:
         os.close(fd)

@@ -457,12 +457,12 @@ _fadvise_keeping_gil: Callable[[int, int, int, int], int] | None = _libc_keeping
 #: arguments through them cost a sixth of a cached read, so a caller passes the offset as a ctypes.c_int64
 #: and the rest as C ints.
 _preadv2_keeping_gil = _libc_keeping_gil("preadv2", None, ctypes.c_ssize_t) if hasattr(os, "RWF_NOWAIT") else None
-#: Reads up to this size first try the page cache without giving up the GIL (see _pread_view).
+#: Reads up to this size first try the page cache without giving up the GIL (see cached_view).
 CACHED_READ_BYTES_MAX = 64 << 10
 
 
 class _CachedReadBuffer(threading.local):
-    """Each thread's buffer for _pread_view, with its I/O vector made once (making them per read cost
+    """Each thread's buffer for cached_view, with its I/O vector made once (making them per read cost
     a third of a cached read), and the box its offsets are passed in (a new ``ctypes.c_int64`` per read
     cost 0.25 us of a cached 4 KiB read's 1.65)."""
 
@@ -476,7 +476,7 @@ class _CachedReadBuffer(threading.local):
 _cached_read_buffer = _CachedReadBuffer()
 
 
-def _pread_view(fd: int, size: int, offset: int) -> memoryview | None:
+def cached_view(fd: int, size: int, offset: int) -> memoryview | None:
     """The ``size`` bytes (at most CACHED_READ_BYTES_MAX) at ``offset`` if the page cache holds them all,
     read without giving up the GIL (``preadv2`` with ``RWF_NOWAIT``: the kernel answers EAGAIN rather than
     go to the disk), as a view of this thread's read buffer: valid until the thread's next read. None
@@ -492,8 +492,8 @@ def _pread_view(fd: int, size: int, offset: int) -> memoryview | None:
 
 
 def _pread_cached(fd: int, size: int, offset: int) -> bytes | None:
-    """What _pread_view reads, as bytes."""
-    view = _pread_view(fd, size, offset)
+    """What cached_view reads, as bytes."""
+    view = cached_view(fd, size, offset)
     return None if view is None else view.tobytes()
 
 
@@ -556,6 +556,12 @@ class LocalObjectReader:
     def _read_failed(self, exc: OSError) -> ObjectStoreError:
         return ObjectStoreError(f"read of key {self._key!r} from {self._path} failed: {exc}; {_advice(exc)}")
 
+    @property
+    def random_fd(self) -> int:
+        """The descriptor for scattered small reads (for :func:`cached_view`: a random reader's path, a call
+        fewer than :meth:`peek`)."""
+        return self._random_fd
+
     def peek(self, start: int, end: int, random_access: bool = False) -> memoryview | None:
         """Bytes ``start .. end`` (at most CACHED_READ_BYTES_MAX) if the page cache holds them all, as a
         view of this thread's read buffer, valid until the thread's next read of any object (copy what you
@@ -563,7 +569,7 @@ class LocalObjectReader:
         if not 0 <= start < end <= start + CACHED_READ_BYTES_MAX:
             check_range(start, end)
             return None
-        return _pread_view(self._random_fd if random_access else self._fd, end - start, start)
+        return cached_view(self._random_fd if random_access else self._fd, end - start, start)
 
     def will_need(self, start: int, end: int) -> None:
         """Ask the kernel to read ``start .. end`` ahead (a reader will want it soon). The call only

@@ -66,7 +66,8 @@ from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, StratalogError, WALFailedError
 from stratalog.invariant import invariant
 from stratalog.io.device import Device
-from stratalog.objects.local import LocalDirStore
+from stratalog.objects import local as local_objects
+from stratalog.objects.local import CACHED_READ_BYTES_MAX, LocalDirStore
 from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.queues.compaction import MergePlan, MergeResult, MergeSource, merge_piece, plan_merge
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
@@ -277,17 +278,23 @@ class _Object:
         would wait for the disk (or the object is not local). A random reader's path: the pages are checked
         and the messages cut out where they were read, with no copy of the run (it is not kept)."""
         reader = self.reader
-        if reader is None:
-            return None
         lo = start - start % PAGE_BYTES
         hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
-        view = reader.peek(lo, hi, True)
+        if reader is None or not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
+            return None
+        view = local_objects.cached_view(reader.random_fd, hi - lo, lo)
         if view is None:
             return None
-        # One page (most runs): its CRC compared here, one call fewer; the rest, and any mismatch, by
-        # check_pages (which names the damaged page).
-        if hi - lo > PAGE_BYTES or crc32c(view) != self.pages.item(lo // PAGE_BYTES):
-            check_pages(view, lo, self.pages, self.key)
+        # One page or two (most runs): their CRCs compared here, a call fewer; longer reads, and any
+        # mismatch, by check_pages (which names the damaged page).
+        pages = self.pages
+        page = lo // PAGE_BYTES
+        if hi - lo <= PAGE_BYTES:
+            if crc32c(view) != pages.item(page):
+                check_pages(view, lo, pages, self.key)
+        elif hi - lo > 2 * PAGE_BYTES or crc32c(view[:PAGE_BYTES]) != pages.item(page) \
+                or crc32c(view[PAGE_BYTES:]) != pages.item(page + 1):
+            check_pages(view, lo, pages, self.key)
         return run_messages(view[start - lo:end - lo], count, first, stop, self.key, stream_id), hi - lo
 
     def read_run(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
