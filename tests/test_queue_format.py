@@ -67,6 +67,36 @@ def test_an_object_of_names_alone_has_no_runs() -> None:
     assert names == [(0, "a"), (1, "b")] and ends.tolist() == [0, 0]
 
 
+@given(st.lists(st.tuples(st.integers(0, 30), st.binary(max_size=700)), max_size=120),
+       st.sampled_from([1, 100, PAGE_BYTES - 1, PAGE_BYTES, 3 * PAGE_BYTES + 5, 1 << 30]))
+def test_an_object_laid_out_in_slices_is_the_object_laid_out_whole(puts: list[tuple[int, bytes]],
+                                                                   slice_bytes: int) -> None:
+    streams = sorted({q for q, _ in puts})
+    counts = np.array([sum(1 for q, _ in puts if q == s) for s in streams], np.int64)
+    # The messages in put order; the order takes them stream by stream, each stream's in put order.
+    order = np.array(sorted(range(len(puts)), key=lambda i: puts[i][0]), np.int64)
+    messages = pa.chunked_array([pa.array([m for _, m in puts[:50]], pa.binary()),
+                                 pa.array([m for _, m in puts[50:]], pa.binary())])
+    prev = np.arange(31, dtype=np.uint32)     # every stream had messages uploaded before
+    names = [(31, "late")]
+
+    def laid(size: int) -> tuple[bytes, list[int], list[int], list[int], int]:
+        parts = lay_out_object(prev, 32, 31, names, np.array(streams, np.int64), counts, messages, order, size)
+        raw = b"".join(parts.parts)
+        assert parts.pages is not None and len(raw) == parts.size_bytes
+        return raw, parts.ends.tolist(), parts.positions.tolist(), parts.pages.tolist(), len(parts.pages)
+
+    whole = laid(1 << 30)
+    assert laid(slice_bytes) == whole
+    raw, ends, positions, pages, _ = whole
+    # The runs as the index says: each stream's messages in put order, framed by their ends.
+    for s, count in zip(streams, counts.tolist(), strict=True):
+        run = raw[positions[s]:positions[s + 1]]
+        assert run_messages(run, count, 0, count, "k", s) == [m for q, m in puts if q == s]
+        assert ends[s] == s + count
+    check_pages(raw[:positions[-1]], 0, np.array(pages, np.uint32), "k")
+
+
 def test_run_object_round_trip() -> None:
     raw = bytes(_example())
     footer = decode_footer(raw[-OBJECT_FOOTER_BYTES:], len(raw))

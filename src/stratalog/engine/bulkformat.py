@@ -33,10 +33,11 @@ computes one CRC per 4 KiB rather than one per run (a million runs per object at
 from __future__ import annotations
 
 import array
+import itertools
 import operator
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -291,15 +292,46 @@ def _bad_page(key: str, page: int) -> NoReturn:
                            "is damaged")
 
 
-@dataclass(frozen=True, slots=True)
 class ObjectParts:
-    """A run object laid out as parts to store one after the other (no joined copy)."""
+    """A run object laid out a slice of streams at a time, as parts to store one after the other (no joined
+    copy). ``parts`` is iterated once: the runs in slices, then the names, index, page CRCs and footer;
+    ``pages`` (the CRC of each page of the runs) is set once the last part has gone out."""
 
-    parts: list[Any]         # buffer-like: the runs, then the names, index, page CRCs and footer
-    size_bytes: int
-    ends: U32s
-    positions: U32s
-    pages: U32s              # the CRC of each page of the runs
+    __slots__ = ("ends", "pages", "parts", "positions", "size_bytes")
+
+    def __init__(self, size_bytes: int, ends: U32s, positions: U32s) -> None:
+        self.parts: Iterator[bytes | memoryview] = iter(())
+        self.size_bytes = size_bytes
+        self.ends = ends
+        self.positions = positions
+        self.pages: U32s | None = None
+
+
+class PageCrcs:
+    """The page CRCs of bytes that arrive in parts of any size."""
+
+    def __init__(self) -> None:
+        self._crcs: list[U32s] = []
+        self._carry = b""    # the start of a page the next part completes
+
+    def add(self, part: bytes | memoryview) -> None:
+        view = memoryview(part)
+        if self._carry:
+            need = PAGE_BYTES - len(self._carry)
+            if len(view) < need:
+                self._carry += bytes(view)
+                return
+            self._crcs.append(np.array([crc32c(self._carry + bytes(view[:need]))], U32))
+            view = view[need:]
+        whole = len(view) - len(view) % PAGE_BYTES
+        self._crcs.append(page_crcs(view[:whole]))
+        self._carry = bytes(view[whole:])
+
+    def finish(self) -> U32s:
+        if self._carry:
+            self._crcs.append(np.array([crc32c(self._carry)], U32))
+            self._carry = b""
+        return np.concatenate(self._crcs) if self._crcs else np.zeros(0, U32)
 
 
 def one_array(chunked: Any) -> Any:
@@ -308,14 +340,23 @@ def one_array(chunked: Any) -> Any:
     return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
 
 
+#: An object's runs are laid out this many bytes at a time (about): each slice is fresh memory, so the slice,
+#: not the object, bounds what an upload takes beside the log cache. Each slice costs a few dozen NumPy and
+#: Arrow calls, each of which gives up the GIL and must get it back beside busy producers: not much smaller.
+LAY_OUT_SLICE_BYTES = 64 << 20
+
+
 def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],
-                   stream_ids: Ids, counts: Ids, messages: Any, order: Ids) -> ObjectParts:
+                   stream_ids: Ids, counts: Ids, messages: Any, order: Ids,
+                   slice_bytes: int = LAY_OUT_SLICE_BYTES) -> ObjectParts:
     """Lay out one run object from Arrow binary ``messages`` (an array or a chunked array).
 
     ``stream_ids`` (ascending, distinct) and ``counts``: the streams present and how many messages each
     brings; ``order``: indices into ``messages`` of every message, streams in order, offsets in order.
-    One Arrow ``take`` places each run's message ends before its messages; then one CRC per page of the
-    laid-out runs (a C call each, no Python frame).
+    The sizes (so the index) come first, from the message lengths; the runs are then laid out as the parts
+    are taken, about ``slice_bytes`` at a time: one Arrow ``take`` per slice places each run's message ends
+    before its messages, and the slice's pages are checksummed as it goes (a C call each, no Python frame).
+    ``messages`` and ``order`` must stay unchanged until the parts have all been taken.
     """
     ends = np.zeros(stream_count, U32)
     ends[:len(prev_ends)] = prev_ends
@@ -324,54 +365,84 @@ def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names:
     total = int(counts.sum())
     if runs and int(counts.min()) < 1:
         raise ValueError("every stream present brings at least one message")
+    if slice_bytes < 1:
+        raise ValueError("slice_bytes must be positive")
     lengths = pc.binary_length(messages)
     if isinstance(lengths, pa.ChunkedArray):
         lengths = lengths.combine_chunks() if lengths.num_chunks else pa.array([], pa.int32())
-    # Few and narrow temporaries: each message-long array is fresh memory for every upload (a fault and a
-    # cleared page each, on a VM whose host takes freed memory back). Lengths stay Arrow's int32 until
-    # they are summed (in int64).
-    msg_lengths = np.asarray(lengths)[order] if total else np.zeros(0, np.int32)
+    # Lengths stay Arrow's int32 until they are summed (in int64): each message-long array is fresh memory
+    # for every upload (a fault and a cleared page each, on a VM whose host takes freed memory back).
+    lengths = np.asarray(lengths)
     run_first = np.zeros(runs + 1, I64)
     np.cumsum(counts, out=run_first[1:])
-    all_ends = np.zeros(total + 1, I64)
-    np.cumsum(msg_lengths, out=all_ends[1:])
-    del msg_lengths
-    data_start = all_ends[run_first]
-    # Each run's head (its message ends, relative to its data) as one element.
-    head_words = np.repeat(data_start[:-1], counts)
-    np.subtract(all_ends[1:], head_words, out=head_words)
-    head_words = head_words.astype(U32)
-    heads = pa.Array.from_buffers(pa.binary(), runs, [None, pa.py_buffer((4 * run_first).astype(np.int32)),
-                                                      pa.py_buffer(head_words)])
-    slot = run_first[:-1] + np.arange(runs, dtype=I64)
-    is_end = np.ones(runs + total, bool)
-    is_end[slot] = False
-    chunks = messages.chunks if isinstance(messages, pa.ChunkedArray) else [messages]
-    pieces = pa.chunked_array([heads, *chunks], type=pa.binary())
-    take = np.empty(runs + total, np.int32 if runs + total < 1 << 31 else I64)
-    take[slot] = np.arange(runs, dtype=take.dtype)
-    take[is_end] = runs + order
-    laid = pieces.take(pa.array(take)) if runs else pa.array([], pa.binary())
-    laid = one_array(laid) if isinstance(laid, pa.ChunkedArray) else laid
-    laid_offsets = np.frombuffer(laid.buffers()[1], np.int32, len(laid) + 1, 4 * laid.offset)
-    buffer = laid.buffers()[2]
-    lo, hi = (int(laid_offsets[0]), int(laid_offsets[-1])) if runs else (0, 0)
-    run_bytes = 4 * counts + np.diff(data_start)
-    body = np.frombuffer(buffer, np.uint8, hi - lo, lo) if runs else np.zeros(0, np.uint8)
+    data_bytes = np.add.reduceat(lengths[order], run_first[:-1], dtype=I64) if total else np.zeros(runs, I64)
+    run_bytes = 4 * counts + data_bytes
     sizes = np.zeros(stream_count, I64)
     sizes[stream_ids] = run_bytes
     positions64 = np.zeros(stream_count + 1, I64)
     np.cumsum(sizes, out=positions64[1:])
-    names_raw = encode_names(names)
-    pages = page_crcs(body)
-    index_raw = names_raw + ends.tobytes() + positions64.astype(U32).tobytes() + pages.tobytes()
+    del sizes
     runs_bytes = int(positions64[-1])
-    size = runs_bytes + len(index_raw) + OBJECT_FOOTER_BYTES
+    names_raw = encode_names(names)
+    index_bytes = len(names_raw) + 4 * stream_count + 4 * (stream_count + 1) + 4 * page_count(runs_bytes)
+    size = runs_bytes + index_bytes + OBJECT_FOOTER_BYTES
     if size > OBJECT_BYTES_MAX:
         raise ValueError(f"a run object of {size} bytes exceeds {OBJECT_BYTES_MAX}: upload smaller batches")
-    tail = index_raw + encode_footer(runs_bytes, len(names_raw), first_stream, stream_count, total,
-                                     crc32c(index_raw))
-    return ObjectParts([body.data, tail], size, ends, positions64.astype(U32), pages)
+    # Slices of whole runs, about slice_bytes each.
+    run_ends = np.cumsum(run_bytes)
+    marks = np.arange(slice_bytes, runs_bytes, slice_bytes, dtype=I64)
+    bounds = np.unique(np.concatenate(([0], np.searchsorted(run_ends, marks, side="right"), [runs]))).tolist()
+    layout = ObjectParts(size, ends, positions64.astype(U32))
+    layout.parts = _laid_parts(layout, messages, lengths, order, counts, run_first, run_ends, bounds,
+                               names_raw + ends.tobytes() + layout.positions.tobytes(),
+                               encode_footer_args=(runs_bytes, len(names_raw), first_stream, stream_count, total))
+    return layout
+
+
+def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int32], order: Ids, counts: Ids,
+                run_first: Ids, run_ends: Ids, bounds: list[int], index_head: bytes,
+                encode_footer_args: tuple[int, int, int, int, int]) -> Iterator[bytes | memoryview]:
+    """The parts of ``layout``: runs ``bounds[i] .. bounds[i + 1]`` (of those present) for each i, then the
+    index (``index_head`` and the page CRCs) and the footer."""
+    chunks = messages.chunks if isinstance(messages, pa.ChunkedArray) else [messages]
+    pages = PageCrcs()
+    for a, b in itertools.pairwise(bounds):
+        n = b - a
+        m0, m1 = int(run_first[a]), int(run_first[b])
+        taken = order[m0:m1]
+        first = run_first[a:b + 1] - m0
+        all_ends = np.zeros(m1 - m0 + 1, I64)
+        np.cumsum(lengths[taken], out=all_ends[1:])
+        data_start = all_ends[first]
+        # Each run's head (its message ends, relative to its data) as one element.
+        head_words = np.repeat(data_start[:-1], counts[a:b])
+        np.subtract(all_ends[1:], head_words, out=head_words)
+        del all_ends
+        heads = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer((4 * first).astype(np.int32)),
+                                                       pa.py_buffer(head_words.astype(U32))])
+        del head_words
+        slot = first[:-1] + np.arange(n, dtype=I64)
+        is_end = np.ones(n + m1 - m0, bool)
+        is_end[slot] = False
+        take = np.empty(n + m1 - m0, np.int32 if n + len(messages) < 1 << 31 else I64)
+        take[slot] = np.arange(n, dtype=take.dtype)
+        take[is_end] = n + taken
+        laid = pa.chunked_array([heads, *chunks], type=pa.binary()).take(pa.array(take))
+        del take, is_end, slot
+        laid = one_array(laid) if isinstance(laid, pa.ChunkedArray) else laid
+        offsets = np.frombuffer(laid.buffers()[1], np.int32, len(laid) + 1, 4 * laid.offset)
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        want = int(run_ends[b - 1]) - (int(run_ends[a - 1]) if a else 0)
+        if hi - lo != want:
+            raise AssertionError(f"laid-out runs of {hi - lo} bytes where their sizes add up to {want}")
+        body = memoryview(laid.buffers()[2])[lo:hi]
+        del laid, offsets
+        pages.add(body)
+        yield body
+    crcs = pages.finish()
+    layout.pages = crcs
+    index_raw = index_head + crcs.tobytes()
+    yield index_raw + encode_footer(*encode_footer_args, crc32c(index_raw))
 
 
 def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],

@@ -33,6 +33,7 @@ from stratalog.engine.bulkformat import (
     PAGE_BYTES,
     U32,
     CorruptBulkError,
+    PageCrcs,
     U32s,
     check_pages,
     decode_footer,
@@ -40,7 +41,6 @@ from stratalog.engine.bulkformat import (
     index_arrays,
     one_array,
     page_count,
-    page_crcs,
     page_span,
 )
 from stratalog.wal.format import crc32c
@@ -179,7 +179,7 @@ def merge_piece(plan: MergePlan, piece: int, slice_bytes: int,
     cuts = np.searchsorted(plan.positions[lo:hi + 1], plan.positions[lo] + np.arange(0, max(1, runs_bytes),
                                                                                     max(1, slice_bytes)))
     bounds = np.unique(np.concatenate((lo + cuts.clip(0, hi - lo), [lo, hi])))
-    pages = _PageCrcs()
+    pages = PageCrcs()
     message_count = 0
     for a, b in itertools.pairwise(bounds.tolist()):
         counts, positions, header_bytes, data_bytes = _slice_arrays(plan, a, b)
@@ -231,33 +231,6 @@ def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: 
         raise ValueError(f"a merged object of {int(plan.positions[-1])} bytes of runs exceeds {OBJECT_BYTES_MAX}: "
                          "merge fewer objects")
     return merge_piece(plan, 0, slice_bytes, result)
-
-
-class _PageCrcs:
-    """The page CRCs of bytes that arrive in parts of any size."""
-
-    def __init__(self) -> None:
-        self._crcs: list[U32s] = []
-        self._carry = b""    # the start of a page the next part completes
-
-    def add(self, part: bytes | memoryview) -> None:
-        view = memoryview(part)
-        if self._carry:
-            need = PAGE_BYTES - len(self._carry)
-            if len(view) < need:
-                self._carry += bytes(view)
-                return
-            self._crcs.append(np.array([crc32c(self._carry + bytes(view[:need]))], U32))
-            view = view[need:]
-        whole = len(view) - len(view) % PAGE_BYTES
-        self._crcs.append(page_crcs(view[:whole]))
-        self._carry = bytes(view[whole:])
-
-    def finish(self) -> U32s:
-        if self._carry:
-            self._crcs.append(np.array([crc32c(self._carry)], U32))
-            self._carry = b""
-        return np.concatenate(self._crcs) if self._crcs else np.zeros(0, U32)
 
 
 def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.ndarray, positions: np.ndarray,

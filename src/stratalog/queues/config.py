@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stratalog.engine.bulkformat import OBJECT_BYTES_MAX
+from stratalog.engine.bulkformat import LAY_OUT_SLICE_BYTES, OBJECT_BYTES_MAX
 from stratalog.objects.local import CACHED_READ_BYTES_MAX
 from stratalog.wal.config import WALConfig
 
@@ -56,6 +56,9 @@ class QueueConfig:
     upload_idle_s: float = 0.5
     #: ... or once the oldest waiting data is this old.
     upload_interval_s: float = 10.0
+    #: An upload lays its object out this many bytes at a time (each slice fresh memory beside the log
+    #: cache; see bulkformat.LAY_OUT_SLICE_BYTES).
+    upload_slice_bytes: int = LAY_OUT_SLICE_BYTES
     #: Checked runs kept for sequential readers: a consumer reads a whole run (all of a queue's messages
     #: in one object) once and takes its next gets from here. Random reads are not kept.
     read_cache_bytes_max: int = 128 << 20
@@ -118,6 +121,8 @@ class QueueConfig:
                              "its message ends")
         if not 1 <= self.pending_messages_wake <= self.pending_messages_max:
             raise ValueError("pending_messages_wake must be within 1 .. pending_messages_max")
+        if self.upload_slice_bytes < 1:
+            raise ValueError("upload_slice_bytes must be positive")
         if self.upload_bytes_threshold > self.log_cache_bytes_max:
             raise ValueError("upload_bytes_threshold must not exceed log_cache_bytes_max")
         if self.log_cache_bytes_max >= self.wal_capacity_bytes:

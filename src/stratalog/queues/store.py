@@ -49,6 +49,7 @@ from stratalog.engine.bulkformat import (
     BulkRecord,
     CorruptBulkError,
     Ids,
+    ObjectParts,
     U32s,
     check_pages,
     decode_bulk,
@@ -1015,17 +1016,25 @@ class QueueStore:
         names = list(itertools.chain.from_iterable(r.names for r in taken))
         first_stream = len(prev_ends)
         invariant(list(map(_first, names)) == list(range(first_stream, stream_count)), "names cover new streams")
-        # One take gathers straight from the records into the object's runs: no merged copy first.
-        laid = lay_out_object(prev_ends, stream_count, first_stream, names, unique, per_stream,
-                              pa.chunked_array([r.messages() for r in taken], type=pa.binary()), perm)
-        del perm
+        # A take per slice of streams gathers straight from the records into the object's runs: no merged
+        # copy first, and at most a slice of the object in memory at once.
+        messages = pa.chunked_array([r.messages() for r in taken], type=pa.binary())
         object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
         key = queue_object_key(object_id)
-        write = functools.partial(put_parts, self._objects, key, laid.parts,
-                                  sync_every_bytes=self._config.upload_sync_bytes, size_hint=laid.size_bytes)
-        self._with_retries(f"writing object {key}", write)
+
+        def write() -> ObjectParts:
+            # Laid out again on a retry: a failed write may have taken some of the parts.
+            laid = lay_out_object(prev_ends, stream_count, first_stream, names, unique, per_stream, messages, perm,
+                                  self._config.upload_slice_bytes)
+            put_parts(self._objects, key, laid.parts, sync_every_bytes=self._config.upload_sync_bytes,
+                      size_hint=laid.size_bytes)
+            return laid
+
+        laid = self._with_retries(f"writing object {key}", write)
         size = laid.size_bytes
         ends, positions, pages = laid.ends, laid.positions, laid.pages
+        if pages is None:
+            raise AssertionError("an object's page CRCs are known once its parts are written")
         del laid
         self._with_retries("committing the upload",
                            lambda: self._meta.commit_objects([NewObject(object_id, key, size, [])]))
