@@ -992,27 +992,38 @@ class QueueStore:
     def _write_object(self, objects: tuple[_Object, ...], index: RunIndex,
                       taken: list[_Record]) -> tuple[_Object, U32s, U32s]:
         prev_ends = index.last_ends()
+        # The records' runs in stream order. At a million queues a run is about one message, so each of
+        # these arrays is as long as the upload's messages and fresh memory: each goes once done with
+        # (together they set an upload's peak beside the log cache).
         stream_ids = np.concatenate([r.stream_ids for r in taken])
-        counts = np.concatenate([r.counts for r in taken])
-        bases = np.concatenate([r.base_offsets for r in taken])
-        shift = np.cumsum([0] + [len(r.message_at) - 1 for r in taken[:-1]])
-        first_msg = np.concatenate([r.first_msg[:-1] + s for r, s in zip(taken, shift, strict=True)])
         order = np.argsort(stream_ids, kind="stable")
-        s_ids, s_counts, s_first = stream_ids[order], counts[order], first_msg[order]
+        s_ids = stream_ids[order]
+        del stream_ids
+        s_counts = np.concatenate([r.counts for r in taken])[order]
+        shift = np.cumsum([0] + [len(r.message_at) - 1 for r in taken[:-1]])
+        run_starts = np.concatenate([r.first_msg[:-1] + s for r, s in zip(taken, shift, strict=True)])[order]
         total = int(s_counts.sum())
-        run_starts = np.zeros(len(s_counts), I64)
-        np.cumsum(s_counts[:-1], out=run_starts[1:])
-        np.subtract(s_first, run_starts, out=run_starts)
+        ahead = np.zeros(len(s_counts), I64)
+        np.cumsum(s_counts[:-1], out=ahead[1:])
+        run_starts -= ahead
+        del ahead
         perm = np.repeat(run_starts, s_counts)
+        del run_starts
         perm += np.arange(total, dtype=I64)     # (in place: each message-long temporary is fresh memory)
         groups = np.flatnonzero(np.concatenate(([True], s_ids[1:] != s_ids[:-1]))) if total else np.zeros(0, I64)
         unique = s_ids[groups]
+        del s_ids
         per_stream = np.add.reduceat(s_counts, groups) if len(groups) else s_counts
+        del s_counts
+        first_runs = order[groups]
+        del order, groups
         stream_count = taken[-1].stream_count
         prev = np.zeros(stream_count, I64)
         prev[:len(prev_ends)] = prev_ends
         before = prev[unique]
-        invariant(bool(np.all(bases[order[groups]] == before)), "a queue's runs must follow its uploaded end")
+        bases = np.concatenate([r.base_offsets for r in taken])[first_runs]
+        invariant(bool(np.all(bases == before)), "a queue's runs must follow its uploaded end")
+        del bases, before, first_runs, prev
         names = list(itertools.chain.from_iterable(r.names for r in taken))
         first_stream = len(prev_ends)
         invariant(list(map(_first, names)) == list(range(first_stream, stream_count)), "names cover new streams")
