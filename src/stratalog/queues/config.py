@@ -39,19 +39,24 @@ class QueueConfig:
     #: A bulk record is closed at about this many bytes of messages (the WAL's record bound less room
     #: for the message ends and runs that go with them).
     record_bytes_target: int = 8 << 20
-    #: The WAL ring: only data not yet in objects lives there (twice the log cache: framing and padding).
+    #: The WAL ring: only data not yet in objects lives there (the log cache's bytes and the records'
+    #: framing and padding).
     wal_capacity_bytes: int = 1 << 30
     wal: WALConfig = field(default_factory=_queue_wal)
-    #: Messages in the WAL but not yet in objects, held in memory. When full, the writer waits for uploads.
-    log_cache_bytes_max: int = 512 << 20
+    #: Messages in the WAL but not yet in objects, held in memory (about 1.3x these bytes at a million
+    #: queues: each run's offsets and counts beside its messages). When full, the writer waits for uploads.
+    #: Twice an upload, so the writer goes on while one is made.
+    log_cache_bytes_max: int = 768 << 20
     #: A local object store syncs an upload or merge this often as it writes it (its own default, 1 MiB,
     #: keeps the stream engine's append latency low during uploads). 16 MiB: the disk writes an object at
     #: ~1.3 GiB/s instead of ~0.5, and put_many at a million queues sends 11-14% more (BENCHMARKS.md).
     upload_sync_bytes: int = 16 << 20
     #: Upload once this much waits: one object per upload, so this sets objects' size and with it the
-    #: number of index entries per queue (8 bytes per queue per object). 256 MiB keeps an upload's working
-    #: set (the records, the merged copy, the object) near 1 GiB with the log cache ...
-    upload_bytes_threshold: int = 256 << 20
+    #: number of index entries per queue (8 bytes per queue per object) and how many objects the merges
+    #: have to catch up with. At a million queues x 100 M messages with put_many (BENCHMARKS.md): 256 MiB
+    #: left 9-13 objects after the send, and consumers read 1.8-2.5 M msg/s; 384 MiB left 6-7, 2.9-3.3 M,
+    #: for 3.6 GiB peak RSS instead of 2.8-3.0 (the log cache twice this, and an upload's run arrays) ...
+    upload_bytes_threshold: int = 384 << 20
     #: ... or once no put came for this long (a finished producer's tail goes to objects soon) ...
     upload_idle_s: float = 0.5
     #: ... or once the oldest waiting data is this old.
