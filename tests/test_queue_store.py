@@ -294,6 +294,45 @@ def test_a_get_with_an_older_view_than_the_tail_index_reads_every_record(tmp_pat
         assert out == [_msg(5, r) for r in range(6)]
 
 
+def test_an_upload_drops_its_records_from_the_tail_index_and_keeps_the_rest(tmp_path: Path) -> None:
+    """After a send the log cache is uploaded under its readers: an upload drops the records it took from
+    the log cache's index (their messages go) and the readers of the rest go on with it, no rebuild; a
+    get whose view still has the uploaded records looks them up itself."""
+    from stratalog.queues.index import TailIndex
+
+    with _open(tmp_path, upload_idle_s=3600.0, upload_interval_s=3600.0, upload_bytes_threshold=4 << 20) as qs:
+        for r in range(6):
+            qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])
+            qs.flush()
+        records = qs._view[1]
+        assert len(records) >= 6
+        sid = qs._ids["q5"]
+        built = TailIndex.build(records)
+        kept = built.without_through(records[2].seq)
+        assert kept.records[:3] == (None, None, None) and kept.records[3:] == records[3:]
+        assert kept.starts is built.starts and kept.run_end is built.run_end     # nothing rebuilt
+        qs._tail = kept
+        out: list[bytes] = []
+        qs._get_tail(records[3:], sid, 3, 10, out)       # a view after the upload: rounds 3 .. 5 here
+        assert out == [_msg(5, r) for r in range(3, 6)] and qs._tail is kept
+        out = []
+        qs._get_tail(records, sid, 0, 10, out)           # a view from before it: 0 .. 2 looked up one by one
+        assert out == [_msg(5, r) for r in range(6)] and qs._tail is kept
+        assert built.without_through(records[-1].seq).records == ()
+
+        # A rebuild from a view older than the store's drops what was uploaded since that view.
+        objects, _, index = qs._view
+        qs._tail = TailIndex.empty()
+        qs._view = (objects, records[3:], index)
+        try:
+            out = []
+            qs._get_tail(records, sid, 0, 10, out)
+            assert out == [_msg(5, r) for r in range(6)]
+            assert qs._tail.records[:3] == (None, None, None) and qs._tail.records[3:] == records[3:]
+        finally:
+            qs._view = (objects, records, index)
+
+
 def test_readers_beside_a_writer_uploads_and_merges_get_exactly_what_was_put(tmp_path: Path) -> None:
     """Four reader threads get random ranges of what has been put so far while a writer puts round after
     round and small bounds make uploads, tail-index rebuilds and merges happen every few milliseconds:

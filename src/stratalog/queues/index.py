@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -136,10 +137,12 @@ class RunIndex:
 @dataclass(frozen=True, slots=True)
 class TailIndex:
     """Every run of some cached records, grouped by stream (records in order within a stream), with the
-    end offset of each run so a read starts at the run that holds its first offset."""
+    end offset of each run so a read starts at the run that holds its first offset. Records an upload has
+    taken since the build are None here (their messages let go), their runs skipped."""
 
     records: tuple[Any, ...]
     last_seq: int
+    first_seq: int                    # of the first record still held (last_seq + 1: none)
     starts: npt.NDArray[np.int64]     # runs of stream s: starts[s] .. starts[s + 1]
     run_record: npt.NDArray[np.int32]
     run_slot: npt.NDArray[np.int32]
@@ -149,7 +152,7 @@ class TailIndex:
     @classmethod
     def empty(cls) -> TailIndex:
         """An index of no records, due for a rebuild at the next read of the log cache."""
-        return cls((), -1, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, U32),
+        return cls((), -1, 0, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, U32),
                    -math.inf)
 
     @classmethod
@@ -167,14 +170,27 @@ class TailIndex:
         run_record = np.repeat(np.arange(len(records), dtype=np.int32), lengths)[order]
         run_slot = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])[order]
         run_end = np.concatenate([(r.base_offsets + r.counts).astype(U32) for r in records])[order]
-        return cls(tuple(records), records[-1].seq, starts, run_record, run_slot, run_end, time.monotonic())
+        return cls(tuple(records), records[-1].seq, records[0].seq, starts, run_record, run_slot, run_end,
+                   time.monotonic())
+
+    def without_through(self, seq: int) -> TailIndex:
+        """This index with the records up to ``seq`` dropped (an upload took them): their runs are skipped,
+        the rest stay indexed, so a reader of what is left needs no rebuild. Empty once none is left."""
+        if seq < self.first_seq:
+            return self
+        if seq >= self.last_seq:
+            return TailIndex.empty()
+        records = tuple(None if r is None or r.seq <= seq else r for r in self.records)
+        return dataclasses.replace(self, records=records, first_seq=seq + 1)
 
     def runs(self, stream_id: int, offset: int = 0) -> list[tuple[Any, int]]:
-        """``(record, slot)`` of each run of ``stream_id`` that ends after ``offset``, oldest first."""
+        """``(record, slot)`` of each run of ``stream_id`` that ends after ``offset``, oldest first, in the
+        records still held."""
         if stream_id + 1 >= len(self.starts):
             return []
         a, b = self.starts.item(stream_id), self.starts.item(stream_id + 1)
         if offset:   # a stream has a few runs here: bisect on a list beats NumPy's call overhead
             a += bisect.bisect_right(self.run_end[a:b].tolist(), offset)
-        return list(zip(map(self.records.__getitem__, self.run_record[a:b].tolist()), self.run_slot[a:b].tolist(),
-                        strict=True))
+        runs = zip(map(self.records.__getitem__, self.run_record[a:b].tolist()), self.run_slot[a:b].tolist(),
+                   strict=True)
+        return [run for run in runs if run[0] is not None]

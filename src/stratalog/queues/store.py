@@ -861,27 +861,31 @@ class QueueStore:
     def _get_tail(self, records: tuple[_Record, ...], stream_id: int, pos: int, stop: int, out: list[bytes]) -> None:
         """Messages ``pos .. stop`` of a stream from the log cache, through the tail index."""
         tail = self._tail
-        # One reader rebuilds it at a time (a build of a full log cache at a million queues takes a few
-        # hundred MB for a moment); the others meanwhile look up the newer records one by one.
-        stale = tail.last_seq != records[-1].seq or tail.records[0] is not records[0]
-        if stale and time.monotonic() - tail.built_at >= TAIL_REBUILD_S and self._tail_lock.acquire(blocking=False):
+        # Stale once records came after it (uploads only drop the records they take from it: readers of
+        # the rest go on with it, as after a send, while the log cache is uploaded under them). One reader
+        # rebuilds it at a time (a build of a full log cache at a million queues takes a few hundred MB for
+        # a moment); the others meanwhile look up the newer records one by one.
+        if tail.last_seq < records[-1].seq and time.monotonic() - tail.built_at >= TAIL_REBUILD_S \
+                and self._tail_lock.acquire(blocking=False):
             try:
-                tail = self._tail = TailIndex.build(records)
+                tail = TailIndex.build(records)
+                with self._view_lock:
+                    # Records an upload took meanwhile go from it now (it would hold their messages).
+                    live = self._view[1]
+                    tail = self._tail = tail.without_through(live[0].seq - 1 if live else tail.last_seq)
             finally:
                 self._tail_lock.release()
-        if tail.records and tail.records[0].seq > records[0].seq:
-            # Built from a later view than this get's (an upload took records this get may still need from
-            # the log cache): not usable here; every record is looked up one by one instead.
-            tail = TailIndex.empty()
-        runs = tail.runs(stream_id, pos)
-        # Records written since the tail index was built (the last ones): looked up one by one.
+        first_seq = records[0].seq
+        # This get's records the index does not hold, looked up one by one: older ones (an upload took
+        # them after this get took its view) and newer ones (written since the build).
+        older = max(0, min(len(records), tail.first_seq - first_seq))
         newer = len(records)
-        while newer and records[newer - 1].seq > tail.last_seq:
+        while newer > older and records[newer - 1].seq > tail.last_seq:
             newer -= 1
-        for rec in records[newer:]:
-            i = int(np.searchsorted(rec.stream_ids, stream_id))
-            if i < len(rec.stream_ids) and rec.stream_ids.item(i) == stream_id:
-                runs.append((rec, i))
+        runs = self._runs_in(records[:older], stream_id)
+        # (Records an upload took in this get's view are in its objects: their runs are skipped.)
+        runs += [run for run in tail.runs(stream_id, pos) if run[0].seq >= first_seq]
+        runs += self._runs_in(records[newer:], stream_id)
         for rec, i in runs:
             base = rec.base_offsets.item(i)
             count = rec.counts.item(i)
@@ -899,6 +903,16 @@ class QueueStore:
             pos += n
             if pos >= stop:
                 return
+
+    @staticmethod
+    def _runs_in(records: Sequence[_Record], stream_id: int) -> list[tuple[_Record, int]]:
+        """``(record, slot)`` of the run of ``stream_id`` in each of ``records`` that has one."""
+        runs = []
+        for rec in records:
+            i = int(np.searchsorted(rec.stream_ids, stream_id))
+            if i < len(rec.stream_ids) and rec.stream_ids.item(i) == stream_id:
+                runs.append((rec, i))
+        return runs
 
     def _cache_run(self, key: tuple[int, int], raw: bytes, count: int) -> None:
         size = len(raw) + 100
@@ -978,8 +992,9 @@ class QueueStore:
                 invariant(records[:len(taken)] == tuple(taken), "uploads take a prefix of the log cache")
                 self._view = ((*objects, obj), records[len(taken):], index.with_object(ends, positions))
                 self._cache_bytes -= sum(r.cache_bytes for r in taken)
-                # The tail index holds the uploaded records (their messages): let them go.
-                self._tail = TailIndex.empty()
+                # The tail index holds the uploaded records (their messages): let them go, and keep the rest
+                # indexed (readers of the log cache's rest need no rebuild).
+                self._tail = self._tail.without_through(taken[-1].seq)
                 self._uploads += 1
                 self._view_lock.notify_all()
             self._publish_manifest()
