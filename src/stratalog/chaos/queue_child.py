@@ -26,14 +26,16 @@ def queue_name(queue: int) -> str:
 
 
 def small_config() -> object:
-    """Small bounds: uploads every few rounds and merges of every two objects, cut into pieces of an upload's
-    size, so kills land in uploads, merges (between pieces too), commits and WAL trims."""
+    """Small bounds: uploads every few rounds, laid out in slices, and merges of every two objects, cut into
+    pieces of an upload's size, so kills land in uploads (between slices too), merges (between pieces too),
+    commits and WAL trims."""
     from stratalog.queues import QueueConfig
     from stratalog.wal.config import WALConfig
 
     return QueueConfig(wal_capacity_bytes=64 << 20, wal=WALConfig(record_bytes_max=2 << 20, window_bytes_max=8 << 20,
                                                                   buffered_bytes_max=16 << 20),
                        record_bytes_target=1 << 20, log_cache_bytes_max=8 << 20, upload_bytes_threshold=256 << 10,
+                       upload_slice_bytes=48 << 10,
                        upload_idle_s=0.02, linger_s=0.002, compact_fanout=2, compact_retire_s=0.05,
                        compact_object_bytes_max=256 << 10)
 
