@@ -46,17 +46,20 @@ class QueueConfig:
     #: Messages in the WAL but not yet in objects, held in memory (about 1.3x these bytes at a million
     #: queues: each run's offsets and counts beside its messages). When full, the writer waits for uploads.
     #: Twice an upload, so the writer goes on while one is made.
-    log_cache_bytes_max: int = 768 << 20
+    log_cache_bytes_max: int = 512 << 20
     #: A local object store syncs an upload or merge this often as it writes it (its own default, 1 MiB,
     #: keeps the stream engine's append latency low during uploads). 16 MiB: the disk writes an object at
     #: ~1.3 GiB/s instead of ~0.5, and put_many at a million queues sends 11-14% more (BENCHMARKS.md).
     upload_sync_bytes: int = 16 << 20
-    #: Upload once this much waits: one object per upload, so this sets objects' size and with it the
-    #: number of index entries per queue (8 bytes per queue per object) and how many objects the merges
-    #: have to catch up with. At a million queues x 100 M messages with put_many (BENCHMARKS.md): 256 MiB
-    #: left 9-13 objects after the send, and consumers read 1.8-2.5 M msg/s; 384 MiB left 6-7, 2.9-3.3 M,
-    #: for 3.6 GiB peak RSS instead of 2.8-3.0 (the log cache twice this, and an upload's run arrays) ...
-    upload_bytes_threshold: int = 384 << 20
+    #: Upload once this much waits (one object per upload, so this sets objects' size and with it the
+    #: number of index entries per queue, 8 bytes per queue per object, and how many objects the merges
+    #: have to catch up with) ... What a send leaves in the log cache is read from there, a run per
+    #: record (a queue's messages spread over every record), until it is uploaded. 384 MiB with a log
+    #: cache of 768 was measured (BENCHMARKS.md): a put_many send to a million queues left 6-7 objects
+    #: instead of 9-13 and its consumers read 2.4-3.4 M msg/s instead of 1.8-2.5 M, but the put layout's
+    #: reads lost 10-20%, and at 100 k queues x 10 M, whose data then stayed in the log cache, index checks
+    #: and consumers lost 45-60%.
+    upload_bytes_threshold: int = 256 << 20
     #: ... or once no put came for this long (a finished producer's tail goes to objects soon) ...
     upload_idle_s: float = 0.5
     #: ... or once the oldest waiting data is this old.
