@@ -93,6 +93,8 @@ PUT_SLOTS = 3
 TAIL_REBUILD_S = 0.05
 #: ... and a reader that would look up more than this many records one by one waits for the rebuild.
 TAIL_LOOKUPS_MAX = 16
+#: A log-cache run's messages are cut in a loop up to this many, beyond by Arrow.
+TAIL_LOOP_MESSAGES_MAX = 8
 _EMPTY_BATCH = pa.array([], type=pa.binary())
 _COMMIT_KEY = "queue-commit:{}:{}:{}"
 _T = TypeVar("_T")
@@ -906,9 +908,17 @@ class QueueStore:
             invariant(base <= pos, "the log cache's runs of a stream follow on from where its reader is")
             first = rec.first_msg.item(i) + pos - base
             n = min(stop - pos, base + count - pos)
-            # Cut by Arrow, in C (a loop of slices here cost ~0.25 us a message: a consumer's get of a
-            # hundred messages from the log cache took four times what the same get took from an object).
-            out += rec.messages().slice(first, n).to_pylist()
+            if n < TAIL_LOOP_MESSAGES_MAX:
+                # A few messages (most runs here: at many queues a record holds a message or two of each):
+                # sliced one by one, ~0.25 us each, against ~1.5 us for an Arrow slice.
+                data, message_at = rec.data, rec.message_at
+                lo = message_at[first]
+                for m in range(first + 1, first + n + 1):
+                    hi = message_at[m]
+                    out.append(bytes(data[lo:hi]))
+                    lo = hi
+            else:
+                out += rec.messages().slice(first, n).to_pylist()    # in C
             pos += n
             if pos >= stop:
                 return
