@@ -1383,9 +1383,16 @@ class QueueStore:
         if len(ids) and bool(np.all(known)) and bool(np.all(bulk.base_offsets + bulk.counts <= nxt)):
             return "in objects"
         new = [i for i, _ in bulk.names]
-        if new and new != list(range(self._stream_count, self._stream_count + len(new))):
-            return "hole"
-        if bulk.stream_count != self._stream_count + len(new):
+        if new and new[-1] < self._stream_count:
+            # Names the objects already hold (a record of names an upload took, still in the WAL because
+            # the trim after the upload was not yet durable): in objects if they are the same names. Taken
+            # for a hole, it dropped every record after it, flushed ones too.
+            known_names = all(self._ids.get(name) == i for i, name in bulk.names)
+            if known_names and not len(ids):
+                return "in objects"
+            new = [] if known_names else [-1]
+        if (new and new != list(range(self._stream_count, self._stream_count + len(new)))) \
+                or bulk.stream_count != self._stream_count + len(new):
             return "hole"
         self._grow(bulk.stream_count)
         if not bool(np.all(bulk.base_offsets == self._next[ids])):
