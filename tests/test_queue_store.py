@@ -275,18 +275,24 @@ def test_log_cache_reads_start_at_their_offset_and_an_upload_lets_the_records_go
         assert qs.get("q3", 28, 5) == [_msg(3, 28), _msg(3, 29)]
 
 
+def _six_records_in_the_log_cache(path: Path) -> QueueStore:
+    """A store whose log cache holds six rounds to 20 queues, one or more records each, none uploaded."""
+    qs = _open(path, upload_idle_s=3600.0, upload_interval_s=3600.0, upload_bytes_threshold=4 << 20)
+    for r in range(6):
+        qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])
+        qs.flush()
+    assert len(qs._view[1]) >= 6
+    return qs
+
+
 def test_a_get_with_an_older_view_than_the_tail_index_reads_every_record(tmp_path: Path) -> None:
     """A get holds the view it started with; if meanwhile an upload took records and another reader built
     the log cache's index from the later view, that index lacks records this get still reads: it must
     look them up itself, never start a run at the wrong offset."""
     from stratalog.queues.index import TailIndex
 
-    with _open(tmp_path, upload_idle_s=3600.0, upload_interval_s=3600.0, upload_bytes_threshold=4 << 20) as qs:
-        for r in range(6):
-            qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])
-            qs.flush()
+    with _six_records_in_the_log_cache(tmp_path) as qs:
         records = qs._view[1]
-        assert len(records) >= 6
         stream_id = qs._ids["q5"]
         qs._tail = TailIndex.build(records[2:])   # as built by a reader whose view had lost two records
         out: list[bytes] = []
@@ -325,12 +331,8 @@ def test_an_upload_drops_its_records_from_the_tail_index_and_keeps_the_rest(tmp_
     get whose view still has the uploaded records looks them up itself."""
     from stratalog.queues.index import TailIndex
 
-    with _open(tmp_path, upload_idle_s=3600.0, upload_interval_s=3600.0, upload_bytes_threshold=4 << 20) as qs:
-        for r in range(6):
-            qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])
-            qs.flush()
+    with _six_records_in_the_log_cache(tmp_path) as qs:
         records = qs._view[1]
-        assert len(records) >= 6
         sid = qs._ids["q5"]
         built = TailIndex.build(records)
         kept = built.without_through(records[2].seq)
