@@ -395,13 +395,13 @@ def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names:
     layout = ObjectParts(size, ends, positions64.astype(U32))
     layout.parts = _laid_parts(layout, messages, lengths, order, counts, run_first, run_ends, bounds,
                                names_raw + ends.tobytes() + layout.positions.tobytes(),
-                               encode_footer_args=(runs_bytes, len(names_raw), first_stream, stream_count, total))
+                               footer_fields=(runs_bytes, len(names_raw), first_stream, stream_count, total))
     return layout
 
 
 def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int32], order: Ids, counts: Ids,
                 run_first: Ids, run_ends: Ids, bounds: list[int], index_head: bytes,
-                encode_footer_args: tuple[int, int, int, int, int]) -> Iterator[bytes | memoryview]:
+                footer_fields: tuple[int, int, int, int, int]) -> Iterator[bytes | memoryview]:
     """The parts of ``layout``: runs ``bounds[i] .. bounds[i + 1]`` (of those present) for each i, then the
     index (``index_head`` and the page CRCs) and the footer."""
     chunks = messages.chunks if isinstance(messages, pa.ChunkedArray) else [messages]
@@ -442,7 +442,7 @@ def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int3
     crcs = pages.finish()
     layout.pages = crcs
     index_raw = index_head + crcs.tobytes()
-    yield index_raw + encode_footer(*encode_footer_args, crc32c(index_raw))
+    yield index_raw + encode_footer(*footer_fields, crc32c(index_raw))
 
 
 def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],

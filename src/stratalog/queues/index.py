@@ -183,9 +183,9 @@ class TailIndex:
         records = tuple(None if r is None or r.seq <= seq else r for r in self.records)
         return dataclasses.replace(self, records=records, first_seq=seq + 1)
 
-    def runs(self, stream_id: int, offset: int = 0) -> list[tuple[Any, int]]:
+    def runs(self, stream_id: int, offset: int = 0, since_seq: int = 0) -> list[tuple[Any, int]]:
         """``(record, slot)`` of each run of ``stream_id`` that ends after ``offset``, oldest first, in the
-        records still held."""
+        records still held from ``since_seq`` on."""
         if stream_id + 1 >= len(self.starts):
             return []
         a, b = self.starts.item(stream_id), self.starts.item(stream_id + 1)
@@ -193,4 +193,4 @@ class TailIndex:
             a += bisect.bisect_right(self.run_end[a:b].tolist(), offset)
         runs = zip(map(self.records.__getitem__, self.run_record[a:b].tolist()), self.run_slot[a:b].tolist(),
                    strict=True)
-        return [run for run in runs if run[0] is not None]
+        return [run for run in runs if run[0] is not None and run[0].seq >= since_seq]

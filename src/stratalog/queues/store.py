@@ -296,16 +296,10 @@ class _Object:
         view = local_objects.cached_view(reader.random_fd, hi - lo, lo)
         if view is None:
             return None
-        # One page or two (most runs): their CRCs compared here, a call fewer; longer reads, and any
-        # mismatch, by check_pages (which names the damaged page).
-        pages = self.pages
-        page = lo // PAGE_BYTES
-        if hi - lo <= PAGE_BYTES:
-            if crc32c(view) != pages.item(page):
-                check_pages(view, lo, pages, self.key)
-        elif hi - lo > 2 * PAGE_BYTES or crc32c(view[:PAGE_BYTES]) != pages.item(page) \
-                or crc32c(view[PAGE_BYTES:]) != pages.item(page + 1):
-            check_pages(view, lo, pages, self.key)
+        # One page (most runs): its CRC compared here, one call fewer; the rest, and any mismatch, by
+        # check_pages (which names the damaged page).
+        if hi - lo > PAGE_BYTES or crc32c(view) != self.pages.item(lo // PAGE_BYTES):
+            check_pages(view, lo, self.pages, self.key)
         return run_messages(view[start - lo:end - lo], count, first, stop, self.key, stream_id), hi - lo
 
     def read_run(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
@@ -896,10 +890,9 @@ class QueueStore:
         newer = len(records)
         while newer > older and records[newer - 1].seq > tail.last_seq:
             newer -= 1
-        runs = self._runs_in(records[:older], stream_id)
-        # (Records an upload took in this get's view are in its objects: their runs are skipped.)
-        runs += [run for run in tail.runs(stream_id, pos) if run[0].seq >= first_seq]
-        runs += self._runs_in(records[newer:], stream_id)
+        # (Records an upload took in this get's view are in its objects: the index's runs start at its first.)
+        runs = self._runs_in(records[:older], stream_id) + tail.runs(stream_id, pos, first_seq) \
+            + self._runs_in(records[newer:], stream_id)
         for rec, i in runs:
             base = rec.base_offsets.item(i)
             count = rec.counts.item(i)
@@ -1383,14 +1376,13 @@ class QueueStore:
         if len(ids) and bool(np.all(known)) and bool(np.all(bulk.base_offsets + bulk.counts <= nxt)):
             return "in objects"
         new = [i for i, _ in bulk.names]
-        if new and new[-1] < self._stream_count:
+        if new and new[-1] < self._stream_count and all(self._ids.get(name) == i for i, name in bulk.names):
             # Names the objects already hold (a record of names an upload took, still in the WAL because
-            # the trim after the upload was not yet durable): in objects if they are the same names. Taken
-            # for a hole, it dropped every record after it, flushed ones too.
-            known_names = all(self._ids.get(name) == i for i, name in bulk.names)
-            if known_names and not len(ids):
+            # the trim after the upload was not yet durable). Taken for a hole, it dropped every record
+            # after it, flushed ones too.
+            if not len(ids):
                 return "in objects"
-            new = [] if known_names else [-1]
+            new = []
         if (new and new != list(range(self._stream_count, self._stream_count + len(new)))) \
                 or bulk.stream_count != self._stream_count + len(new):
             return "hole"
