@@ -404,33 +404,41 @@ def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int3
                 footer_fields: tuple[int, int, int, int, int]) -> Iterator[bytes | memoryview]:
     """The parts of ``layout``: runs ``bounds[i] .. bounds[i + 1]`` (of those present) for each i, then the
     index (``index_head`` and the page CRCs) and the footer."""
+    runs, total = len(counts), len(order)
+    # Each run's head (its message ends, relative to its data) as one element, after the messages in one
+    # array the slices take from. One array, made once: Arrow's take on a chunked array joins its chunks
+    # first, on every call (with a take per slice, that copied the log cache's messages four or five times
+    # an upload, each copy fresh memory).
+    all_ends = np.zeros(total + 1, I64)
+    np.cumsum(lengths[order], out=all_ends[1:])
+    head_words = np.repeat(all_ends[run_first[:-1]], counts)
+    np.subtract(all_ends[1:], head_words, out=head_words)
+    del all_ends
+    heads = pa.Array.from_buffers(pa.binary(), runs, [None, pa.py_buffer((4 * run_first).astype(np.int32)),
+                                                      pa.py_buffer(head_words.astype(U32))])
+    del head_words
     chunks = messages.chunks if isinstance(messages, pa.ChunkedArray) else [messages]
+    # (Binary offsets are 32-bit: past 2 GiB of messages and heads, 64-bit ones.)
+    wide = runs > 0 and int(run_ends[-1]) >= 1 << 31
+    values_type = pa.large_binary() if wide else pa.binary()
+    values = pa.concat_arrays([c if c.type == values_type else c.cast(values_type) for c in [*chunks, heads]])
+    del chunks, heads
+    heads_at = len(values) - runs
     pages = PageCrcs()
     for a, b in itertools.pairwise(bounds):
         n = b - a
         m0, m1 = int(run_first[a]), int(run_first[b])
-        taken = order[m0:m1]
-        first = run_first[a:b + 1] - m0
-        all_ends = np.zeros(m1 - m0 + 1, I64)
-        np.cumsum(lengths[taken], out=all_ends[1:])
-        data_start = all_ends[first]
-        # Each run's head (its message ends, relative to its data) as one element.
-        head_words = np.repeat(data_start[:-1], counts[a:b])
-        np.subtract(all_ends[1:], head_words, out=head_words)
-        del all_ends
-        heads = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer((4 * first).astype(np.int32)),
-                                                       pa.py_buffer(head_words.astype(U32))])
-        del head_words
-        slot = first[:-1] + np.arange(n, dtype=I64)
-        is_end = np.ones(n + m1 - m0, bool)
-        is_end[slot] = False
-        take = np.empty(n + m1 - m0, np.int32 if n + len(messages) < 1 << 31 else I64)
-        take[slot] = np.arange(n, dtype=take.dtype)
-        take[is_end] = n + taken
-        laid = pa.chunked_array([heads, *chunks], type=pa.binary()).take(pa.array(take))
-        del take, is_end, slot
-        laid = one_array(laid) if isinstance(laid, pa.ChunkedArray) else laid
-        offsets = np.frombuffer(laid.buffers()[1], np.int32, len(laid) + 1, 4 * laid.offset)
+        # Where each run's head goes in this slice's take: before its messages.
+        slot = run_first[a:b] - m0 + np.arange(n, dtype=I64)
+        is_message = np.ones(n + m1 - m0, bool)
+        is_message[slot] = False
+        take = np.empty(n + m1 - m0, I64 if wide else np.int32)
+        take[slot] = np.arange(heads_at + a, heads_at + b, dtype=take.dtype)
+        take[is_message] = order[m0:m1]
+        laid = values.take(pa.array(take))
+        del take, is_message, slot
+        offsets = np.frombuffer(laid.buffers()[1], I64 if wide else np.int32, len(laid) + 1,
+                                (8 if wide else 4) * laid.offset)
         lo, hi = int(offsets[0]), int(offsets[-1])
         want = int(run_ends[b - 1]) - (int(run_ends[a - 1]) if a else 0)
         if hi - lo != want:
@@ -439,6 +447,7 @@ def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int3
         del laid, offsets
         pages.add(body)
         yield body
+    del values
     crcs = pages.finish()
     layout.pages = crcs
     index_raw = index_head + crcs.tobytes()
