@@ -334,12 +334,6 @@ class PageCrcs:
         return np.concatenate(self._crcs) if self._crcs else np.zeros(0, U32)
 
 
-def one_array(chunked: Any) -> Any:
-    """A chunked array as one array: its chunk as it is when there is one (what a take gives), for
-    ``combine_chunks`` would copy it whole (an object's runs: hundreds of MB of fresh memory)."""
-    return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
-
-
 #: An object's runs are laid out this many bytes at a time (about): each slice is fresh memory, so the slice,
 #: not the object, bounds what an upload takes beside the log cache. Each slice costs a few dozen NumPy and
 #: Arrow calls, each of which gives up the GIL and must get it back beside busy producers: not much smaller.

@@ -39,7 +39,6 @@ from stratalog.engine.bulkformat import (
     decode_footer,
     encode_footer,
     index_arrays,
-    one_array,
     page_count,
     page_span,
 )
@@ -181,10 +180,11 @@ def merge_piece(plan: MergePlan, piece: int, slice_bytes: int,
     bounds = np.unique(np.concatenate((lo + cuts.clip(0, hi - lo), [lo, hi])))
     pages = PageCrcs()
     message_count = 0
+    scratch = _SliceBuffer()
     for a, b in itertools.pairwise(bounds.tolist()):
         counts, positions, header_bytes, data_bytes = _slice_arrays(plan, a, b)
         message_count += int(counts.sum())
-        part = _merge_slice(sources, a, b, counts, positions, header_bytes, data_bytes, result)
+        part = _merge_slice(sources, a, b, counts, positions, header_bytes, data_bytes, result, scratch)
         if len(part) != int(out_positions[b] - out_positions[a]):
             raise AssertionError("a merged slice is not the size its index says")
         pages.add(part)
@@ -233,46 +233,77 @@ def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: 
     return merge_piece(plan, 0, slice_bytes, result)
 
 
+class _SliceBuffer:
+    """The bytes one slice of a merge is gathered from (every source's pages, then the new runs' message
+    ends), reused by the next slice: a fresh buffer per slice faults in new pages each time (~2 us a page
+    here, where freed memory goes back to the host)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def view(self, size: int) -> memoryview:
+        if len(self._buffer) < size:
+            self._buffer = bytearray(size)
+        return memoryview(self._buffer)[:size]
+
+
 def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.ndarray, positions: np.ndarray,
-                 header_bytes: np.ndarray, data_bytes: np.ndarray, result: MergeResult) -> memoryview:
+                 header_bytes: np.ndarray, data_bytes: np.ndarray, result: MergeResult,
+                 scratch: _SliceBuffer) -> memoryview:
     """The merged runs of streams ``lo .. hi``, as a view of the Arrow buffer they were laid out in (it
     stays alive while the view does), not a copy: a copy is a fresh buffer of a slice's size, and a merge
     of 2.2 GiB spent ~1 of its 10-12 s copying and faulting in fresh pages for those copies. Each source
     is read once, and done with before the next slice: what a source's read returns may be reused by its
-    next read (merge_worker.ReusingReader)."""
+    next read (merge_worker.ReusingReader).
+
+    The sources' pages and the new runs' message ends go into ``scratch`` one after the other, and one
+    Arrow array over it is what both takes gather from: a take on a chunked array (a chunk per source)
+    joins the chunks into fresh memory first, on every call."""
     m = hi - lo
-    chunks = []
-    for j, src in enumerate(sources):
-        start, stop = int(positions[j, 0]), int(positions[j, -1])
-        first, end = page_span(start, stop, int(src.positions[-1])) if stop > start else (start, start)
-        raw = src.read(first, end) if end > first else b""
-        if len(raw) != end - first:
-            raise CorruptBulkError(f"object {src.key} is shorter than its index says")
-        if raw:
+    j_count = len(sources)
+    spans = []
+    for src, row in zip(sources, positions, strict=True):
+        start, stop = int(row[0]), int(row[-1])
+        spans.append(page_span(start, stop, int(src.positions[-1])) if stop > start else (start, start))
+    sources_bytes = sum(end - first for first, end in spans)
+    heads_bytes = int(header_bytes.sum())
+    buf = scratch.view(sources_bytes + heads_bytes)
+    # Element (2m + 1) j + 2s: stream s's message ends in source j; the element after it: its messages;
+    # element (2m + 1) j + 2m: the bytes up to the next source's first run (page slack). Then the m heads.
+    width = 2 * m + 1
+    heads_at = j_count * width
+    offsets = np.empty(heads_at + m + 1, np.int64)
+    at = 0
+    for j, (src, (first, end)) in enumerate(zip(sources, spans, strict=True)):
+        if end > first:
+            raw = src.read(first, end)
+            if len(raw) != end - first:
+                raise CorruptBulkError(f"object {src.key} is shorter than its index says")
             check_pages(raw, first, src.pages, src.key)
             result.pages_checked += page_count(len(raw))
-        rel = positions[j] - first
-        # Element 2s: stream s's message ends; element 2s + 1: its messages.
-        offsets = np.empty(2 * m + 1, np.int64)
-        offsets[0::2] = rel
-        offsets[1::2] = rel[:-1] + header_bytes[j]
-        chunks.append(pa.Array.from_buffers(pa.large_binary(), 2 * m, [None, pa.py_buffer(offsets),
-                                                                        pa.py_buffer(raw)]))
-    sources_array = pa.chunked_array(chunks, type=pa.large_binary())
-    j_count = len(sources)
-    chunk_base = 2 * m * np.arange(j_count, dtype=np.int64)
+            buf[at:at + len(raw)] = raw
+            del raw
+        rel = positions[j] - first + at
+        offsets[j * width:(j + 1) * width:2] = rel
+        offsets[j * width + 1:(j + 1) * width - 1:2] = rel[:-1] + header_bytes[j]
+        at += end - first
+    chunk_base = width * np.arange(j_count, dtype=np.int64)
     stream = np.arange(m, dtype=np.int64)
+    offsets[heads_at] = sources_bytes
+    sources_array = pa.Array.from_buffers(pa.large_binary(), heads_at, [None, pa.py_buffer(offsets[:heads_at + 1]),
+                                                                        pa.py_buffer(buf[:sources_bytes])])
 
     # Message ends of every (stream, source) run, streams first, shifted past the data of the sources
     # before it in that stream.
     headers = sources_array.take(pa.array((chunk_base[None, :] + 2 * stream[:, None]).ravel()))
-    headers = one_array(headers)
+    del sources_array
     header_offsets = np.frombuffer(headers.buffers()[1], np.int64, len(headers) + 1, 8 * headers.offset)
     words = np.frombuffer(headers.buffers()[2] or b"", U32, int(header_offsets[-1] - header_offsets[0]) // 4,
                           int(header_offsets[0]))
     c = counts.T.ravel()                                  # [stream, source] order
     present = c > 0
     msg_ends = words.astype(np.int64)
+    del words, headers
     d = data_bytes.T.ravel()
     if np.any(msg_ends[(np.cumsum(c) - 1)[present]] != d[present]):
         raise CorruptBulkError(f"objects {sources[0].key} .. {sources[-1].key}: a run's message ends do not "
@@ -280,21 +311,20 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     shift = (np.cumsum(data_bytes, axis=0) - data_bytes).T.ravel()
     msg_ends += np.repeat(shift, c)
 
-    # Each new run: its message ends (one element), then each source's messages.
+    # Each new run: its message ends (one element, after the sources' bytes), then each source's messages.
     out_counts = counts.sum(axis=0)
-    head_offsets = np.zeros(m + 1, np.int64)
-    np.cumsum(4 * out_counts, out=head_offsets[1:])
-    heads = pa.Array.from_buffers(pa.large_binary(), m, [None, pa.py_buffer(head_offsets),
-                                                         pa.py_buffer(msg_ends.astype(U32).tobytes())])
-    pieces = pa.chunked_array([heads, *chunks], type=pa.large_binary())
+    np.cumsum(4 * out_counts, out=offsets[heads_at + 1:])
+    offsets[heads_at + 1:] += sources_bytes
+    buf[sources_bytes:] = msg_ends.astype(U32).data.cast("B")
+    del msg_ends
+    pieces = pa.Array.from_buffers(pa.large_binary(), heads_at + m, [None, pa.py_buffer(offsets), pa.py_buffer(buf)])
     order = np.empty((m, j_count + 1), np.int64)
-    order[:, 0] = stream
-    order[:, 1:] = m + chunk_base[None, :] + 2 * stream[:, None] + 1
+    order[:, 0] = heads_at + stream
+    order[:, 1:] = chunk_base[None, :] + 2 * stream[:, None] + 1
     merged = pieces.take(pa.array(order.ravel()))
-    merged = one_array(merged)
+    del pieces, buf
     merged_offsets = np.frombuffer(merged.buffers()[1], np.int64, len(merged) + 1, 8 * merged.offset)
     out = memoryview(merged.buffers()[2] or b"")[int(merged_offsets[0]):int(merged_offsets[-1])]
-    del merged, pieces, heads, headers, sources_array, chunks
+    del merged
     result.runs_written += int(np.count_nonzero(out_counts))
     return out
-
