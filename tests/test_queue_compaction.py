@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -39,7 +40,6 @@ from stratalog.queues.merge_worker import (
     MergeCancelledError,
     MergeJob,
     MergeWorkerError,
-    ReusingReader,
     run_merge_job,
 )
 from stratalog.queues.store import QUEUE_PREFIX, _idle_merge_start, _tier_merge_start
@@ -590,22 +590,48 @@ def test_a_merge_in_the_worker_process_writes_the_same_bytes_as_one_in_a_thread(
         assert np.array_equal(got.pages, want.pages) and got.pages_checked == want.pages_checked > 0
 
 
-def test_the_workers_source_reads_reuse_one_buffer(tmp_path: Path) -> None:
-    store = LocalDirStore(tmp_path)
-    data = bytes(range(256)) * 64
-    store.put("o", data)
-    reader = store.open_reader("o")
-    try:
-        read = ReusingReader(reader)
-        first = read(100, 5000)
-        assert first == data[100:5000]
-        second = read(0, 3000)
-        assert second == data[:3000] and second.obj is first.obj, "the same buffer, not a new one"
-        assert read(len(data) - 10, len(data) + 50) == data[-10:], "short at the object's end"
-        bigger = read(0, len(data))
-        assert bigger == data
-    finally:
-        reader.close()
+def _not_read(start: int, end: int) -> bytes:
+    raise AssertionError("a source that reads into the merge's buffer is not read otherwise")
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 3000, 1 << 20])
+def test_sources_read_into_one_buffer_merge_as_through_read(slice_bytes: int) -> None:
+    objects, _ = _objects(random.Random(slice_bytes), 4, [9, 4, 0, 6])
+    targets: list[bytearray] = []
+
+    def into(raw: bytes) -> Callable[[memoryview, int], int]:
+        def read_into(view: memoryview, start: int) -> int:
+            assert isinstance(view.obj, bytearray)
+            targets.append(view.obj)
+            got = raw[start:start + len(view)]
+            view[:len(got)] = got
+            return len(got)
+        return read_into
+
+    through_read = [_source(f"o{i}", raw) for i, raw in enumerate(objects)]
+    into_buffer = [dataclasses.replace(src, read=_not_read, read_into=into(raw))
+                   for src, raw in zip(through_read, objects, strict=True)]
+    want, got = MergeResult(), MergeResult()
+    expected = b"".join(merge_objects(through_read, np.zeros(0, U32), slice_bytes, want))
+    assert b"".join(merge_objects(into_buffer, np.zeros(0, U32), slice_bytes, got)) == expected
+    assert got.pages_checked == want.pages_checked > 0 and np.array_equal(got.pages, want.pages)
+    assert len(targets) >= len(objects)
+    for before, after in itertools.pairwise(targets):
+        assert after is before or len(after) > len(before), "the slices reuse one buffer (a new one only to grow)"
+
+
+def test_a_source_read_into_short_stops_the_merge() -> None:
+    objects, _ = _objects(random.Random(8), 2, [5, 3])
+    short = objects[1][:len(objects[1]) // 3]
+
+    def read_into(view: memoryview, start: int) -> int:
+        got = short[start:start + len(view)]
+        view[:len(got)] = got
+        return len(got)
+
+    sources = [_source("o0", objects[0]), dataclasses.replace(_source("o1", objects[1]), read_into=read_into)]
+    with pytest.raises(CorruptBulkError, match="object o1 is shorter than its index says"):
+        b"".join(merge_objects(sources, np.zeros(0, U32), 1 << 20, MergeResult()))
 
 
 def test_a_worker_merge_after_an_object_of_many_queues(tmp_path: Path) -> None:

@@ -46,6 +46,8 @@ from stratalog.wal.format import crc32c
 
 #: A read of bytes ``start .. end`` of one object.
 RangeReader = Callable[[int, int], bytes | memoryview]
+#: A read of one object's bytes from ``start`` into ``view``; returns the count read (short only at its end).
+IntoReader = Callable[[memoryview, int], int]
 IndexReader = Callable[[int, int], bytes]
 
 
@@ -61,6 +63,8 @@ class MergeSource:
     positions: U32s     # run positions, stream_count + 1
     message_count: int
     pages: U32s         # the CRC of each page of its runs
+    #: Reads straight into the buffer a merge gathers a slice from (no copy of what ``read`` returns).
+    read_into: IntoReader | None = None
 
     @classmethod
     def open(cls, key: str, read: IndexReader, size_bytes: int) -> MergeSource:
@@ -252,9 +256,7 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
                  scratch: _SliceBuffer) -> memoryview:
     """The merged runs of streams ``lo .. hi``, as a view of the Arrow buffer they were laid out in (it
     stays alive while the view does), not a copy: a copy is a fresh buffer of a slice's size, and a merge
-    of 2.2 GiB spent ~1 of its 10-12 s copying and faulting in fresh pages for those copies. Each source
-    is read once, and done with before the next slice: what a source's read returns may be reused by its
-    next read (merge_worker.ReusingReader).
+    of 2.2 GiB spent ~1 of its 10-12 s copying and faulting in fresh pages for those copies.
 
     The sources' pages and the new runs' message ends go into ``scratch`` one after the other, and one
     Arrow array over it is what both takes gather from: a take on a chunked array (a chunk per source)
@@ -276,12 +278,19 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     at = 0
     for j, (src, (first, end)) in enumerate(zip(sources, spans, strict=True)):
         if end > first:
-            raw = src.read(first, end)
-            if len(raw) != end - first:
+            raw = buf[at:at + end - first]
+            if src.read_into is not None:
+                got = src.read_into(raw, first)
+            else:
+                read = src.read(first, end)
+                got = len(read)
+                if got == len(raw):
+                    raw[:] = read
+                del read
+            if got != end - first:
                 raise CorruptBulkError(f"object {src.key} is shorter than its index says")
             check_pages(raw, first, src.pages, src.key)
             result.pages_checked += page_count(len(raw))
-            buf[at:at + len(raw)] = raw
             del raw
         rel = positions[j] - first + at
         offsets[j * width:(j + 1) * width:2] = rel

@@ -33,7 +33,7 @@ import numpy as np
 
 import stratalog
 from stratalog.engine.bulkformat import CorruptBulkError, U32s
-from stratalog.objects.local import LocalDirStore, LocalObjectReader
+from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStoreError, put_parts
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_piece, plan_merge
 
@@ -116,31 +116,14 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-class ReusingReader:
-    """A source's slice reads, into one buffer that each read reuses (grown when a read needs more): the
-    bytes returned are valid until the next read, which a merge never needs, as it is done with a slice
-    before it reads the next. A fresh buffer per read would fault in new pages for every slice (~2 us per
-    page here, where freed memory goes back to the host)."""
-
-    def __init__(self, reader: LocalObjectReader) -> None:
-        self._reader = reader
-        self._buffer = bytearray()
-
-    def __call__(self, start: int, end: int) -> memoryview:
-        size = end - start
-        if len(self._buffer) < size:
-            self._buffer = bytearray(size)
-        view = memoryview(self._buffer)[:size]
-        return view[:self._reader.read_into(view, start)]
-
-
 def _work(job: MergeJob) -> list[MergeResult]:
     store = LocalDirStore(Path(job.root))
     sources = []
     for key, size in job.sources:
         reader = store.open_reader(key)
-        # The index is read into bytes of its own (the source keeps views of it); the runs through one buffer.
-        sources.append(dataclasses.replace(MergeSource.open(key, reader.read, size), read=ReusingReader(reader)))
+        # The index is read into bytes of its own (the source keeps views of it); the runs straight into the
+        # buffer each slice is gathered from.
+        sources.append(dataclasses.replace(MergeSource.open(key, reader.read, size), read_into=reader.read_into))
     plan = plan_merge(sources, np.asarray(job.prev_ends), job.piece_bytes_max)
     if len(plan.pieces) != len(job.piece_keys):
         raise MergeWorkerError(f"the worker planned {len(plan.pieces)} pieces, the store {len(job.piece_keys)}")
