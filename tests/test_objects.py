@@ -6,6 +6,8 @@ import errno
 import os
 import random
 import secrets
+import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -21,7 +23,14 @@ from stratalog.objects import s3 as s3_module
 from stratalog.objects.faulty import DELAY_S_MAX, Fault, FaultyStore, InjectedFaultError, ObjectFaultPlan
 from stratalog.objects.local import TEMP_PREFIX, LocalDirStore
 from stratalog.objects.s3 import PARTS_MAX, S3Config, S3Store, part_bytes_for
-from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStore, ObjectStoreError, put_parts
+from stratalog.objects.store import (
+    ObjectInfo,
+    ObjectNotFoundError,
+    ObjectStore,
+    ObjectStoreError,
+    made_ahead,
+    put_parts,
+)
 from stratalog.objects.uri import open_object_store, redact
 
 MiB = 1 << 20
@@ -898,3 +907,52 @@ def test_local_put_parts_takes_a_piece_size_for_one_put(tmp_path: Path, monkeypa
     faulty = FaultyStore(LocalDirStore(tmp_path / "other"), plan=ObjectFaultPlan())
     put_parts(faulty, "k", [b"ab", b"cd"], sync_every_bytes=2000)  # a store without put_parts: joined
     assert faulty.get("k") == b"abcd"
+
+
+def test_parts_made_ahead_come_in_order_one_ahead_in_another_thread() -> None:
+    made: list[tuple[int, str]] = []
+    taken: list[int] = []
+
+    def parts() -> Iterator[bytes]:
+        for i in range(5):
+            made.append((i, threading.current_thread().name))
+            yield bytes([i]) * 3
+
+    for part in made_ahead(parts(), "ahead-test"):
+        taken.append(part[0])
+        # While the caller holds part i, part i + 1 is made and no further (two parts at most).
+        deadline = time.monotonic() + 5
+        while len(made) < min(part[0] + 2, 5) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(made) == min(part[0] + 2, 5)
+    assert taken == list(range(5))
+    assert all(name.startswith("ahead-test") for _, name in made)
+
+
+def test_an_error_making_a_part_reaches_the_caller_and_an_early_stop_closes_the_parts() -> None:
+    def failing() -> Iterator[bytes]:
+        yield b"a"
+        raise ValueError("no second part")
+
+    with pytest.raises(ValueError, match="no second part"):
+        list(made_ahead(failing(), "ahead-test"))
+
+    closed = threading.Event()
+
+    def endless() -> Iterator[bytes]:
+        try:
+            while True:
+                yield b"x"
+        finally:
+            closed.set()
+
+    ahead = made_ahead(endless(), "ahead-test")
+    assert next(ahead) == b"x"
+    ahead.close()  # type: ignore[attr-defined]
+    assert closed.is_set(), "stopping early closes the parts generator"
+
+
+def test_a_put_of_parts_made_ahead_stores_them_all(store: ObjectStore) -> None:
+    parts = [secrets.token_bytes(n) for n in (1, 5000, 0, 70000, 3)]
+    put_parts(store, "ahead/obj", made_ahead(iter(parts), "ahead-test"))
+    assert store.get("ahead/obj") == b"".join(parts)

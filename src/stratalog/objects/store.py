@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar, cast
 
 from stratalog.errors import StratalogError
 
@@ -85,3 +86,27 @@ def put_parts(store: ObjectStore, key: str, parts: Iterable[bytes | bytearray | 
         method(key, parts, sync_every_bytes=sync_every_bytes, size_hint=size_hint)
     else:
         store.put(key, b"".join(parts))
+
+
+_P = TypeVar("_P")
+_END = object()
+
+
+def made_ahead(parts: Iterable[_P], thread_name: str) -> Iterator[_P]:
+    """``parts``, each made in a thread of its own while the caller writes the one before: making a part
+    (Arrow and NumPy calls) and writing one (a system call) both run without the GIL, so on two cores they
+    overlap. At most two parts exist at once: the one returned and the next being made. Closing this
+    iterator (or an error in the caller) waits for the part being made, then closes ``parts``; an error
+    making a part is raised here, in the caller's thread."""
+    it = iter(parts)
+    with ThreadPoolExecutor(1, thread_name_prefix=thread_name) as pool:
+        nxt: Future[object] = pool.submit(next, it, _END)
+        try:
+            while (part := nxt.result()) is not _END:
+                nxt = pool.submit(next, it, _END)
+                yield cast(_P, part)
+        finally:
+            wait([nxt])    # the part being made is done with before ``parts`` is closed
+            close = getattr(it, "close", None)
+            if callable(close):
+                pool.submit(close).result()   # in the thread that ran it

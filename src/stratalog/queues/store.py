@@ -69,7 +69,7 @@ from stratalog.invariant import invariant
 from stratalog.io.device import Device
 from stratalog.objects import local as local_objects
 from stratalog.objects.local import CACHED_READ_BYTES_MAX, LocalDirStore
-from stratalog.objects.store import ObjectStore, put_parts
+from stratalog.objects.store import ObjectStore, made_ahead, put_parts
 from stratalog.queues.compaction import MergePlan, MergeResult, MergeSource, merge_piece, plan_merge
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
 from stratalog.queues.index import RunIndex, TailIndex
@@ -1064,8 +1064,9 @@ class QueueStore:
             # Laid out again on a retry: a failed write may have taken some of the parts.
             laid = lay_out_object(prev_ends, stream_count, first_stream, names, unique, per_stream, messages, perm,
                                   self._config.upload_slice_bytes)
-            put_parts(self._objects, key, laid.parts, sync_every_bytes=self._config.upload_sync_bytes,
-                      size_hint=laid.size_bytes)
+            # Each slice laid out while the one before is written.
+            put_parts(self._objects, key, made_ahead(laid.parts, "stratalog-queue-lay-out"),
+                      sync_every_bytes=self._config.upload_sync_bytes, size_hint=laid.size_bytes)
             return laid
 
         laid = self._with_retries(f"writing object {key}", write)
