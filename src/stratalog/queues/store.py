@@ -891,16 +891,14 @@ class QueueStore:
         while newer > older and records[newer - 1].seq > tail.last_seq:
             newer -= 1
         # (Records an upload took in this get's view are in its objects: the index's runs start at its first.)
-        runs = self._runs_in(records[:older], stream_id) + tail.runs(stream_id, pos, first_seq) \
+        runs = self._runs_in(records[:older], stream_id) + tail.runs(stream_id, pos, first_seq, stop) \
             + self._runs_in(records[newer:], stream_id)
-        for rec, i in runs:
-            base = rec.base_offsets.item(i)
-            count = rec.counts.item(i)
-            if base + count <= pos:
+        for rec, run_first, base, end in runs:
+            if end <= pos:
                 continue
             invariant(base <= pos, "the log cache's runs of a stream follow on from where its reader is")
-            first = rec.first_msg.item(i) + pos - base
-            n = min(stop - pos, base + count - pos)
+            first = run_first + pos - base
+            n = min(stop, end) - pos
             if n < TAIL_LOOP_MESSAGES_MAX:
                 # A few messages (most runs here: at many queues a record holds a message or two of each):
                 # sliced one by one, ~0.25 us each, against ~1.5 us for an Arrow slice.
@@ -917,13 +915,14 @@ class QueueStore:
                 return
 
     @staticmethod
-    def _runs_in(records: Sequence[_Record], stream_id: int) -> list[tuple[_Record, int]]:
-        """``(record, slot)`` of the run of ``stream_id`` in each of ``records`` that has one."""
+    def _runs_in(records: Sequence[_Record], stream_id: int) -> list[tuple[_Record, int, int, int]]:
+        """The run of ``stream_id`` in each of ``records`` that has one, as :meth:`TailIndex.runs` gives it."""
         runs = []
         for rec in records:
             i = int(np.searchsorted(rec.stream_ids, stream_id))
             if i < len(rec.stream_ids) and rec.stream_ids.item(i) == stream_id:
-                runs.append((rec, i))
+                base = rec.base_offsets.item(i)
+                runs.append((rec, rec.first_msg.item(i), base, base + rec.counts.item(i)))
         return runs
 
     def _cache_run(self, key: tuple[int, int], raw: bytes, count: int) -> None:
