@@ -572,8 +572,9 @@ class QueueStore:
                 self._in_flight = False
 
     def _resolve(self, names: list[str]) -> Ids:
-        """The ids of ``names`` (checked names), creating the queues that are new."""
-        array = name_array(names)
+        """The ids of ``names`` (checked names, so str: no check of their type here), creating the queues
+        that are new."""
+        array = pa.array(names, pa.string())
         return self._complete(self._names.lookup(array), array)
 
     def _resolve_new(self, names: list[str]) -> Ids:
