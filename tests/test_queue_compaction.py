@@ -735,10 +735,13 @@ def test_closing_the_store_stops_its_worker_merge_and_loses_nothing(tmp_path: Pa
 
     started = threading.Event()
     outcomes: list[str] = []
+    finished_pieces: list[Path] = []
 
     def merge_until_closed(job: MergeJob, cancelled: Callable[[], bool]) -> MergeAnswer:
         # Hold the merge until the store closes, then run the real worker with the store's own flag: it
         # must be killed at its first poll and the merge given up.
+        finished_pieces.append(tmp_path / LOCAL_DIR_NAME / job.piece_keys[0])
+        finished_pieces[0].write_bytes(b"a piece the worker finished: in place, committed nowhere")
         started.set()
         deadline = time.monotonic() + 60
         while not cancelled() and time.monotonic() < deadline:
@@ -769,6 +772,7 @@ def test_closing_the_store_stops_its_worker_merge_and_loses_nothing(tmp_path: Pa
     assert time.monotonic() - began < 5 and outcomes == ["cancelled"]
     assert qs.compaction_error is None and qs.compactions == 0
     assert not cut_off.exists()
+    assert not finished_pieces[0].exists(), "a cancelled merge's pieces go at the close, not at the next open"
 
     monkeypatch.undo()
     with QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=0)) as reopened:

@@ -1209,7 +1209,15 @@ class QueueStore:
         for _ in merge.pieces:
             object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
             keys.append((object_id, queue_object_key(object_id, place)))
-        results = self._merge_in_worker(replaced, prev_ends, keys) if in_worker else self._merge_here(merge, keys)
+        try:
+            results = self._merge_in_worker(replaced, prev_ends, keys) if in_worker else self._merge_here(merge, keys)
+        except _CompactionCancelledError:
+            # The store is closing. Pieces already written are committed nowhere: they go now rather than at
+            # the next open (each may be gigabytes, and a store's size read after close would count them).
+            for _, key in keys:
+                with contextlib.suppress(StratalogError):    # what stays goes at the next open
+                    self._objects.delete(key)
+            raise
         pieces = [(object_id, key, r) for (object_id, key), r in zip(keys, results, strict=True)]
         with self._upload_lock if in_worker else contextlib.nullcontext():
             self._with_retries("committing the merge", lambda: self._meta.replace_objects(
