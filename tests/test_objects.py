@@ -948,7 +948,7 @@ def test_an_error_making_a_part_reaches_the_caller_and_an_early_stop_closes_the_
 
     ahead = made_ahead(endless(), "ahead-test")
     assert next(ahead) == b"x"
-    ahead.close()  # type: ignore[attr-defined]
+    ahead.close()
     assert closed.is_set(), "stopping early closes the parts generator"
 
 

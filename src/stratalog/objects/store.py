@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
@@ -92,7 +92,7 @@ _P = TypeVar("_P")
 _END = object()
 
 
-def made_ahead(parts: Iterable[_P], thread_name: str) -> Iterator[_P]:
+def made_ahead(parts: Iterable[_P], thread_name: str) -> Generator[_P, None, None]:
     """``parts``, each made in a thread of its own while the caller writes the one before: making a part
     (Arrow and NumPy calls) and writing one (a system call) both run without the GIL, so on two cores they
     overlap. At most two parts exist at once: the one returned and the next being made. Closing this

@@ -1064,9 +1064,11 @@ class QueueStore:
             # Laid out again on a retry: a failed write may have taken some of the parts.
             laid = lay_out_object(prev_ends, stream_count, first_stream, names, unique, per_stream, messages, perm,
                                   self._config.upload_slice_bytes)
-            # Each slice laid out while the one before is written.
-            put_parts(self._objects, key, made_ahead(laid.parts, "stratalog-queue-lay-out"),
-                      sync_every_bytes=self._config.upload_sync_bytes, size_hint=laid.size_bytes)
+            # Each slice laid out while the one before is written; on a failed write the slice being made
+            # is waited for and the rest given up here, before a retry lays the object out again.
+            with contextlib.closing(made_ahead(laid.parts, "stratalog-queue-lay-out")) as parts:
+                put_parts(self._objects, key, parts, sync_every_bytes=self._config.upload_sync_bytes,
+                          size_hint=laid.size_bytes)
             return laid
 
         laid = self._with_retries(f"writing object {key}", write)
