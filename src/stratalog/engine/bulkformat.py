@@ -415,6 +415,7 @@ def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int3
     # (Binary offsets are 32-bit: past 2 GiB of messages and heads, 64-bit ones.)
     wide = runs > 0 and int(run_ends[-1]) >= 1 << 31
     values_type = pa.large_binary() if wide else pa.binary()
+    offset_type = np.dtype(I64 if wide else np.int32)
     values = pa.concat_arrays([c if c.type == values_type else c.cast(values_type) for c in [*chunks, heads]])
     del chunks, heads
     heads_at = len(values) - runs
@@ -426,13 +427,12 @@ def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int3
         slot = run_first[a:b] - m0 + np.arange(n, dtype=I64)
         is_message = np.ones(n + m1 - m0, bool)
         is_message[slot] = False
-        take = np.empty(n + m1 - m0, I64 if wide else np.int32)
+        take = np.empty(n + m1 - m0, offset_type)
         take[slot] = np.arange(heads_at + a, heads_at + b, dtype=take.dtype)
         take[is_message] = order[m0:m1]
         laid = values.take(pa.array(take))
         del take, is_message, slot
-        offsets = np.frombuffer(laid.buffers()[1], I64 if wide else np.int32, len(laid) + 1,
-                                (8 if wide else 4) * laid.offset)
+        offsets = np.frombuffer(laid.buffers()[1], offset_type, len(laid) + 1, offset_type.itemsize * laid.offset)
         lo, hi = int(offsets[0]), int(offsets[-1])
         want = int(run_ends[b - 1]) - (int(run_ends[a - 1]) if a else 0)
         if hi - lo != want:
