@@ -3,8 +3,9 @@
 Three phases per system, each in its own process (so peak RSS is the system's own):
 
 - send: ``threads`` producers, each owning every ``threads``-th queue, send round after round (one
-  message to each of its queues per round) with ``put`` (or ``put_many`` of ``batch`` messages), then
-  call ``flush``: the phase ends when everything is durable.
+  message to each of its queues per round) with ``put`` (or ``put_many`` of ``batch`` messages: names
+  sliced from an Arrow string array built once for stratalog, from a list for the peers; messages as
+  rows of a 2-D uint8 array), then call ``flush``: the phase ends when everything is durable.
 - index check: every queue once, in random order, ``get(queue, random offset, 10)``, checking the first
   message and the count.
 - consume: 20% of the queues read from offset 0 to the end with ``get(queue, offset, consume_batch)``,
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 
 from stratalog.bench import disk_reference
 from stratalog.bench.common import disk_bytes, run_threads
@@ -127,7 +129,11 @@ def open_system(name: str, data_dir: Path, plan: QueueBenchPlan) -> QueueSystem:
 
 
 def _send(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: list[bytes],
-          progress: Any) -> None:
+          progress: Any, *, arrow_names: bool = False) -> None:
+    """With ``arrow_names``, put_many gets each batch's names as a slice of an Arrow string array the
+    producer builds once (its queues' names do not change from round to round), else as a list slice:
+    each system in the form it takes best (stratalog's put_many converts a list to Arrow on every call,
+    ~30% of its send; the peers' put_many loops over Python strs)."""
     t_count = plan.threads
 
     def producer(t: int) -> None:
@@ -138,10 +144,11 @@ def _send(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: li
         if plan.batch:
             block = np.frombuffer(b"".join(b"\0\0\0\0" + tail for tail in my_tails), np.uint8)
             block = block.reshape(len(mine), plan.message_bytes).copy()
+            batch_names: Any = pa.array(my_names, pa.string()) if arrow_names else my_names
             for r in range(plan.rounds):
                 block[:, :4] = np.frombuffer(r.to_bytes(4, "little"), np.uint8)
                 for i in range(0, len(mine), plan.batch):
-                    system.put_many(my_names[i:i + plan.batch], block[i:i + plan.batch])
+                    system.put_many(batch_names[i:i + plan.batch], block[i:i + plan.batch])
                 progress[0] += len(mine)
         else:
             for r in range(plan.rounds):
@@ -233,7 +240,7 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
     reference: dict[str, dict[str, Any]] = {}
     try:
         started = time.perf_counter()
-        _send(system, plan, names, tails, progress)
+        _send(system, plan, names, tails, progress, arrow_names=name == "stratalog")
         send_s = time.perf_counter() - started
         phases["send"] = {"seconds": send_s, "per_s": plan.total_messages / send_s}
         stats_after_send = _stats(system)

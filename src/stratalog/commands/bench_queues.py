@@ -117,7 +117,8 @@ def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
 @click.option("--threads", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Producer, checker and consumer threads.")
 @click.option("--batch", type=click.IntRange(min=0), default=0, show_default=True,
-              help="0: put per message; N: put_many of N messages.")
+              help="0: put per message; N: put_many of N messages (names as an Arrow string array for stratalog, "
+                   "a list for the peers; messages as rows of a 2-D uint8 array).")
 @click.option("--consume-batch", type=click.IntRange(min=1), default=100, show_default=True,
               help="Messages per get in the consume phase.")
 @click.option("--peers", is_flag=True, help="Also run rocksdict, lmdb, sqlite3 and NATS JetStream.")
