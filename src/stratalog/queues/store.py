@@ -554,9 +554,12 @@ class QueueStore:
                 # Set before the puts leave _buf: a get that finds _buf empty then sees them in flight
                 # and waits for this drain (a get sees every put made before it).
                 self._in_flight = taken > 0
-                items = buf[:taken]
-                del buf[:taken]
                 bulk_items = self._bulk_pending
+                # Each slot straight from _buf (a copy of the prefix first, then of its slots, cost ~35 ns
+                # a put more under the GIL); the id slots are needed only beside bulk puts.
+                names, messages = buf[0:taken:PUT_SLOTS], buf[1:taken:PUT_SLOTS]
+                known = buf[2:taken:PUT_SLOTS] if bulk_items else []
+                del buf[:taken]
                 self._bulk_pending = 0
                 self._large_bytes = 0
                 self._put_cond.notify_all()
@@ -565,7 +568,6 @@ class QueueStore:
             try:
                 invariant(taken % PUT_SLOTS == 0, "a put's slots are appended together")
                 self._check_open()
-                names, messages, known = items[0::PUT_SLOTS], items[1::PUT_SLOTS], items[2::PUT_SLOTS]
                 ids, batch = self._unzip_mixed(names, messages, known) if bulk_items else self._singles(names, messages)
                 self._write(ids, batch)
             finally:
