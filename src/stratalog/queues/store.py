@@ -364,6 +364,10 @@ class QueueStore:
         self._large_bytes = 0
         self._bulk_pending = 0
         self._wake = threading.Event()
+        # Whether a put has set _wake since the writer last cleared it: a plain attribute, so the puts that
+        # come while the writer is behind (each of them past pending_messages_wake) do not each call
+        # Event.is_set.
+        self._woken = False
         # The writer's state; _writer_lock serializes drains (the writer thread, flush, get).
         self._writer_lock = threading.Lock()
         self._ids: dict[str, int] = {}
@@ -502,13 +506,16 @@ class QueueStore:
         self._backpressure()
 
     def _backpressure(self) -> None:
-        """Wake the writer; wait while the puts not yet written are at their bound."""
-        self._check_open()
-        if not self._wake.is_set():
+        """Wake the writer; wait while the puts not yet written are at their bound. Called by every put
+        while the writer is behind, so the way through is short: a store that stopped or closed refuses
+        the put before this (see _RefusedPuts), and is checked for here only before waiting."""
+        if not self._woken:
+            self._woken = True
             self._wake.set()
         config = self._config
         if len(self._buf) < self._max_slots and self._large_bytes < config.pending_bytes_max:
             return
+        self._check_open()
         deadline = time.monotonic() + config.put_wait_s_max
         with self._put_cond:
             while len(self._buf) >= self._max_slots or self._large_bytes >= config.pending_bytes_max:
@@ -535,6 +542,7 @@ class QueueStore:
         while True:
             self._wake.wait(self._config.linger_s)
             self._wake.clear()
+            self._woken = False     # after the clear: a put in between is taken by the drain below
             if self._closing:
                 return
             try:
