@@ -47,27 +47,31 @@ def _wait(predicate: Callable[[], bool], seconds: float = 20.0) -> None:
 
 def _fill(path: Path, queues: int, rounds: int, fanout: int = 0, piece_bytes_max: int | None = None) -> Model:
     """A queue store with one object per round (more queues each round); returns what each queue holds.
-    With ``piece_bytes_max``, merges cut into pieces that small, and the store waits for them to settle."""
+    With ``fanout``, the store is then opened once more and left until its merges settle; with
+    ``piece_bytes_max``, they cut their results into pieces that small."""
     model: Model = {}
-    # Merges in a thread: uploads wait for each merge, so which objects merge, and into how many pieces, is
-    # the same from run to run (beside a worker's merge the uploads' sizes follow the timing).
-    pieces = {} if piece_bytes_max is None else {"compact_object_bytes_max": piece_bytes_max,
-                                                 "upload_bytes_threshold": 16 << 10, "compact_in_worker": False}
-    # The tiers alone: a merge at rest would take several of them at once, and the layouts tested here
-    # (pieces, merges planned around) come from the tiers.
-    config = small_queue_config(compact_fanout=fanout, upload_idle_s=0.01, compact_idle_bytes_max=0, **pieces)
-    with QueueStore.open(path, config=config) as qs:
-        for r in range(rounds):
+    # Each round in an open of its own, uploaded only by its close: an upload at idle could take a round's
+    # new names alone, as an object of its own (a loaded machine split rounds so, and the tiers then merged
+    # other objects, or none). The merges run in the last open alone, in a thread, so which objects merge,
+    # and into how many pieces, is the same from run to run.
+    once = {"upload_idle_s": 60.0, "upload_interval_s": 60.0}
+    for r in range(rounds):
+        with QueueStore.open(path, config=small_queue_config(compact_fanout=0, **once)) as qs:
             count = queues * (r + 1) // rounds
             names = [f"q{i:05d}" for i in range(count) if (i + r) % 3]
             messages = [b"%s-%d-%s" % (n.encode(), r, b"x" * (i % 17)) for i, n in enumerate(names)]
             qs.put_many(names, messages)
             for n, m in zip(names, messages, strict=True):
                 model.setdefault(n, []).append(m)
-            qs.flush()
-            _wait(lambda: qs.stats()["log_cache_records"] == 0)
-        if piece_bytes_max is not None:
-            _wait(lambda: not qs._retired and qs._plan_compaction(qs._view[0]) is None)
+    if fanout:
+        pieces = {} if piece_bytes_max is None else {"compact_object_bytes_max": piece_bytes_max,
+                                                     "upload_bytes_threshold": 16 << 10}
+        # The tiers alone: a merge at rest would take several of them at once, and the layouts tested here
+        # (pieces, merges planned around) come from the tiers.
+        config = small_queue_config(compact_fanout=fanout, compact_idle_bytes_max=0, compact_in_worker=False,
+                                    **once, **pieces)
+        with QueueStore.open(path, config=config) as qs:
+            _wait(lambda: qs.compactions > 0 and not qs._retired and qs._plan_compaction(qs._view[0]) is None)
     return model
 
 
