@@ -34,7 +34,15 @@ from stratalog.errors import StratalogError
 from stratalog.objects.local import SPARES_DIR_NAME, TEMP_PREFIX, LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
-from stratalog.queues.compaction import MergeResult, MergeSource, merge_objects, merge_piece, plan_merge
+from stratalog.queues.compaction import (
+    MergeResult,
+    MergeSource,
+    idle_merge_start,
+    merge_objects,
+    merge_piece,
+    plan_merge,
+    tier_merge_start,
+)
 from stratalog.queues.merge_worker import (
     MergeAnswer,
     MergeCancelledError,
@@ -42,7 +50,7 @@ from stratalog.queues.merge_worker import (
     MergeWorkerError,
     run_merge_job,
 )
-from stratalog.queues.store import QUEUE_PREFIX, _idle_merge_start, _tier_merge_start
+from stratalog.queues.objects import QUEUE_PREFIX
 
 
 def _objects(rng: random.Random, rounds: int, streams_per_round: list[int]) -> tuple[list[bytes], list[list[bytes]]]:
@@ -369,15 +377,15 @@ def test_a_merge_at_rest_takes_the_newest_units_within_its_bounds() -> None:
     # Where a 100 M-message send to a million queues ends: one merged unit of 3.9 GB, two of 0.9 GB, three
     # uploads. The five newest are merged; the oldest too only if the bound allows 6.2 GB.
     sizes = [3900 * mib, 900 * mib, 900 * mib, 240 * mib, 230 * mib, 70 * mib]
-    assert _idle_merge_start(sizes, 4, 4 * gib) == 1
-    assert _idle_merge_start(sizes, 4, 16 * gib) == 0
-    assert _idle_merge_start(sizes, 4, 0) is None
+    assert idle_merge_start(sizes, 4, 4 * gib) == 1
+    assert idle_merge_start(sizes, 4, 16 * gib) == 0
+    assert idle_merge_start(sizes, 4, 0) is None
     # A trickle of small uploads after a big object: the small ones are merged, the big one is left alone.
-    assert _idle_merge_start([3 * gib, mib, mib], 4, 4 * gib) == 1
-    assert _idle_merge_start([3 * gib, mib], 4, 4 * gib) is None
-    assert _idle_merge_start([3 * gib, 5 * gib], 4, 16 * gib) == 0
-    assert _idle_merge_start([mib], 4, gib) is None
-    assert _idle_merge_start([], 4, gib) is None
+    assert idle_merge_start([3 * gib, mib, mib], 4, 4 * gib) == 1
+    assert idle_merge_start([3 * gib, mib], 4, 4 * gib) is None
+    assert idle_merge_start([3 * gib, 5 * gib], 4, 16 * gib) == 0
+    assert idle_merge_start([mib], 4, gib) is None
+    assert idle_merge_start([], 4, gib) is None
 
 
 def test_the_tiers_merge_their_lowest_tier_first_and_the_oldest_within_it() -> None:
@@ -385,16 +393,16 @@ def test_the_tiers_merge_their_lowest_tier_first_and_the_oldest_within_it() -> N
     up = 256 * mib      # tier 0 below 512 MiB, tier 1 below 2 GiB, tier 2 below 8 GiB (fanout 4)
     # Where a fast send stood when its tier-1 merge started: four tier-1 units, then uploads arriving.
     sizes = [1135 * mib, 880 * mib, 880 * mib, 880 * mib, 225 * mib, 226 * mib, 226 * mib, 226 * mib, 221 * mib]
-    assert _tier_merge_start(sizes, up, 4, 16 * gib) == 4
-    assert _tier_merge_start(sizes[:8], up, 4, 16 * gib) == 4
-    assert _tier_merge_start(sizes[:7], up, 4, 16 * gib) == 0    # three uploads: the tier-1 units go
+    assert tier_merge_start(sizes, up, 4, 16 * gib) == 4
+    assert tier_merge_start(sizes[:8], up, 4, 16 * gib) == 4
+    assert tier_merge_start(sizes[:7], up, 4, 16 * gib) == 0    # three uploads: the tier-1 units go
     # Groups must be consecutive and of one tier; within the bound.
-    assert _tier_merge_start([225 * mib, 900 * mib, 225 * mib, 225 * mib, 225 * mib], up, 4, 16 * gib) is None
-    assert _tier_merge_start([3 * gib] * 4, up, 4, 8 * gib) is None
-    assert _tier_merge_start([3 * gib] * 4, up, 4, 16 * gib) == 0
-    assert _tier_merge_start([3 * gib] * 4 + [mib] * 4, up, 4, 16 * gib) == 4
-    assert _tier_merge_start([mib] * 3, up, 4, gib) is None
-    assert _tier_merge_start([], up, 4, gib) is None
+    assert tier_merge_start([225 * mib, 900 * mib, 225 * mib, 225 * mib, 225 * mib], up, 4, 16 * gib) is None
+    assert tier_merge_start([3 * gib] * 4, up, 4, 8 * gib) is None
+    assert tier_merge_start([3 * gib] * 4, up, 4, 16 * gib) == 0
+    assert tier_merge_start([3 * gib] * 4 + [mib] * 4, up, 4, 16 * gib) == 4
+    assert tier_merge_start([mib] * 3, up, 4, gib) is None
+    assert tier_merge_start([], up, 4, gib) is None
 
 
 def _round_message(q: int, r: int) -> bytes:

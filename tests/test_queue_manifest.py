@@ -22,7 +22,7 @@ from stratalog.queues.manifest import (
     encode_manifest,
     read_queue_manifest,
 )
-from stratalog.queues.store import QUEUE_PREFIX
+from stratalog.queues.objects import QUEUE_PREFIX
 
 #: The worked example of docs/formats/queues.md, "Queue manifest".
 GOLDEN = QueueManifest(7, 3, (QueueObjectRef("queues/0000000000000001-0000000000000005.slq", 1000),

@@ -35,7 +35,7 @@ from stratalog.queues import (
 )
 from stratalog.queues import store as queue_store
 from stratalog.queues.merge_worker import MergeAnswer, MergeJob
-from stratalog.queues.store import QUEUE_PREFIX
+from stratalog.queues.objects import QUEUE_PREFIX
 
 
 def _open(path: Path, **overrides: object) -> QueueStore:

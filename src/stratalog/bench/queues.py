@@ -290,7 +290,7 @@ def _random_read_reference(data_dir: Path, plan: QueueBenchPlan) -> dict[str, An
     waiting to be deleted counts too. No objects (a small run still all in the log cache): skipped, and
     said so, since the read phases then read no disk at all."""
     from stratalog.objects.uri import LOCAL_DIR_NAME
-    from stratalog.queues.store import QUEUE_PREFIX
+    from stratalog.queues.objects import QUEUE_PREFIX
 
     paths = sorted((data_dir / LOCAL_DIR_NAME / QUEUE_PREFIX).glob("*.slq"))
     if not paths:

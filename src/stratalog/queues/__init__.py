@@ -12,14 +12,8 @@ qs.close()
 """
 
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
-from stratalog.queues.store import (
-    InvalidQueueNameError,
-    MessageTooLargeError,
-    PutBackpressureError,
-    QueueError,
-    QueueRecoveryReport,
-    QueueStore,
-)
+from stratalog.queues.errors import InvalidQueueNameError, MessageTooLargeError, PutBackpressureError, QueueError
+from stratalog.queues.store import QueueRecoveryReport, QueueStore
 
 __all__ = [
     "QueueStore", "QueueConfig", "QueueRecoveryReport", "QUEUE_NAME_CHARS_MAX", "GROUP_NAME_CHARS_MAX",

@@ -337,3 +337,42 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     del merged
     result.runs_written += int(np.count_nonzero(out_counts))
     return out
+
+
+def tier(size_bytes: int, upload_bytes: int, fanout: int) -> int:
+    """Size tier of an object: 0 below fanout / 2 uploads, then one more per factor of fanout."""
+    tier = 0
+    bound = upload_bytes * fanout // 2
+    while size_bytes >= bound:
+        tier += 1
+        bound *= fanout
+    return tier
+
+
+def tier_merge_start(sizes: list[int], upload_bytes: int, fanout: int, bytes_max: int) -> int | None:
+    """The first of ``fanout`` consecutive units (of these sizes, oldest first) of one size tier that a
+    merge takes, within ``bytes_max``; None if there are none. The lowest tier goes first, the oldest
+    within it: merging ``fanout`` uploads leaves as many fewer objects for readers as merging ``fanout``
+    units of a higher tier, for a fraction of the work. The merge worker is one process, so taking the
+    oldest group first let a tier-1 merge of 3.7 GiB (13 s) hold back the uploads that came meanwhile: a
+    put_many send of 100 M messages to a million queues left 13 objects for the read phases."""
+    tiers = [tier(size, upload_bytes, fanout) for size in sizes]
+    best: int | None = None
+    for u in range(len(sizes) - fanout + 1):
+        group = tiers[u:u + fanout]
+        if min(group) == max(group) and sum(sizes[u:u + fanout]) <= bytes_max \
+                and (best is None or group[0] < tiers[best]):
+            best = u
+    return best
+
+
+def idle_merge_start(sizes: list[int], fanout: int, bytes_max: int) -> int | None:
+    """The first of the newest units (of these sizes, oldest first) a merge at rest takes, or None (fewer
+    than two). Going back from the newest, a unit joins while it is at most ``fanout`` times the units
+    after it together and the total stays within ``bytes_max``."""
+    first = len(sizes) - 1
+    total = sizes[-1] if sizes else 0
+    while first > 0 and sizes[first - 1] <= fanout * total and total + sizes[first - 1] <= bytes_max:
+        first -= 1
+        total += sizes[first]
+    return first if first < len(sizes) - 1 else None

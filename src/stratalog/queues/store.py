@@ -1,16 +1,17 @@
 """QueueStore: a million small queues as streams of the engine's bulk path.
 
-Write path: ``put`` appends the name and the message to two lists under a lock and returns. A writer
-thread takes the lists every few milliseconds, resolves names to dense stream ids (new names get the
-next id), groups the messages by stream and assigns offsets in bulk with NumPy, and appends one bulk
-record to the WAL (docs/formats/queues.md). The record stays in memory (the log cache) until an upload
+Write path: ``put`` appends the name and the message to one list (no lock: an ``extend`` is atomic under
+the GIL) and returns; ``put_many`` appends its batch as Arrow arrays (puts.py). A writer thread takes the
+list every few milliseconds, resolves names to dense stream ids (NameIndex, then a dict for new names),
+groups the messages by stream and assigns offsets in bulk with NumPy, and appends one bulk record to the
+WAL (docs/formats/queues.md). The record stays in memory (the log cache, logcache.py) until an upload
 merges many records into one run object: each queue's messages contiguous, a dense index of 8 bytes per
-queue. ``flush`` hands what is pending to the WAL and waits until it is durable.
+queue per object (RunIndex). ``flush`` hands what is pending to the WAL and waits until it is durable.
 
-Read path: offsets below a queue's uploaded end come from objects (a binary search over the objects by
-the queue's end offset in each, then one ranged read of the queue's run, kept in a bounded cache); the
-rest from the log cache. Recovery reads each object's index (never its data), then replays the WAL
-from its trim point.
+Read path: offsets below a queue's uploaded end come from objects (a binary search over the queue's row
+of the RunIndex, then one ranged read of the pages its run lies in, objects.py); the rest from the log
+cache. Compaction merges consecutive objects (compaction.py, in a worker process with a local store).
+Recovery reads each object's index (never its data), then replays the WAL from its trim point.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,7 +44,6 @@ from stratalog.engine.bulkformat import (
     I64,
     NAME_HEAD,
     OBJECT_FOOTER_BYTES,
-    PAGE_BYTES,
     STREAM_MESSAGES_MAX,
     U32,
     BulkRecord,
@@ -51,14 +51,11 @@ from stratalog.engine.bulkformat import (
     Ids,
     ObjectParts,
     U32s,
-    check_pages,
     decode_bulk,
     decode_footer,
     decode_index,
     encode_bulk,
-    frame_run,
     lay_out_object,
-    page_span,
     run_messages,
 )
 from stratalog.engine.metadata import Metadata, NewObject
@@ -67,21 +64,41 @@ from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, StratalogError, WALFailedError
 from stratalog.invariant import invariant
 from stratalog.io.device import Device
-from stratalog.objects import local as local_objects
-from stratalog.objects.local import CACHED_READ_BYTES_MAX, LocalDirStore
+from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore, made_ahead, put_parts
-from stratalog.queues.compaction import MergePlan, MergeResult, MergeSource, merge_piece, plan_merge
+from stratalog.queues.compaction import (
+    MergePlan,
+    MergeResult,
+    MergeSource,
+    idle_merge_start,
+    merge_piece,
+    plan_merge,
+    tier_merge_start,
+)
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
+from stratalog.queues.errors import (
+    MessageTooLargeError,
+    PutBackpressureError,
+    QueueError,
+    check_name,
+)
 from stratalog.queues.index import RunIndex, TailIndex
+from stratalog.queues.logcache import CachedRecord, runs_in
 from stratalog.queues.manifest import QueueObjectRef, last_manifest_seq, publish_manifest
 from stratalog.queues.merge_worker import MergeCancelledError, MergeJob, run_merge_job
-from stratalog.queues.names import NameIndex, name_array
+from stratalog.queues.names import NameIndex
+from stratalog.queues.objects import (
+    CHUNKS_PER_OBJECT_MIN,
+    QUEUE_PREFIX,
+    RunObject,
+    object_order,
+    queue_object_key,
+)
+from stratalog.queues.puts import as_bytes, messages_as_arrow, names_as_arrow, plain_name
 from stratalog.wal import WriteAheadLog
-from stratalog.wal.format import crc32c
 
 log = logging.getLogger("stratalog.queues")
 
-QUEUE_PREFIX = "queues/"
 #: Messages up to this size take put's fast path (no lock) and count as one pending message each;
 #: larger ones are also counted by their bytes, so pending_bytes_max bounds what big messages can hold.
 SMALL_MESSAGE_BYTES_MAX = 1024
@@ -100,224 +117,7 @@ _COMMIT_KEY = "queue-commit:{}:{}:{}"
 _T = TypeVar("_T")
 
 
-class QueueError(StratalogError):
-    """A queue operation was refused."""
-
-
-class InvalidQueueNameError(QueueError, ValueError):
-    """A queue (or group) name is not a str of 1 to QUEUE_NAME_CHARS_MAX characters encodable as UTF-8."""
-
-
-class MessageTooLargeError(QueueError, ValueError):
-    """A message is larger than ``message_bytes_max``."""
-
-
-class PutBackpressureError(QueueError):
-    """Puts outran the writer and the uploads for ``put_wait_s_max``."""
-
-
-def queue_object_key(object_id: int, first_id: int | None = None) -> str:
-    """An uploaded object's key; a merged object's also names the first object it replaces, which is its
-    place in the order of objects (the order recovery reads them in)."""
-    if first_id is None:
-        return f"{QUEUE_PREFIX}{object_id:016x}.slq"
-    return f"{QUEUE_PREFIX}{first_id:016x}-{object_id:016x}.slq"
-
-
-def object_order(key: str, object_id: int) -> tuple[int, int]:
-    """Where an object stands among the queue objects: uploads in id order, a merged object in the place
-    of the first object it replaced."""
-    name = key[len(QUEUE_PREFIX):].split(".", 1)[0]
-    first = name.split("-", 1)[0]
-    try:
-        return int(first, 16), object_id
-    except ValueError:
-        raise CorruptBulkError(f"queue object key {key!r} does not name its place") from None
-
-
-def check_name(name: object, what: str = "queue") -> str:
-    if type(name) is not str or not 0 < len(name) <= QUEUE_NAME_CHARS_MAX:
-        raise InvalidQueueNameError(f"a {what} name must be a str of 1 to {QUEUE_NAME_CHARS_MAX} characters, "
-                                    f"got {name!r:.80}")
-    if not name.isascii():
-        try:
-            name.encode()
-        except UnicodeEncodeError as e:
-            raise InvalidQueueNameError(f"{what} name {name!r:.80} is not valid Unicode (lone surrogate)") from e
-    return name
-
-
-@dataclass(slots=True, eq=False)
-class _Record:
-    """One bulk record in the log cache: messages in the WAL, not yet in an object."""
-
-    seq: int
-    wal_offset: int
-    future: Future[int]
-    stream_ids: Ids          # ascending, distinct
-    base_offsets: Ids
-    counts: Ids
-    first_msg: Ids           # run i's messages are first_msg[i] .. first_msg[i + 1]
-    data: bytes | memoryview  # the messages in the order of their runs: m is data[message_at[m]:message_at[m + 1]]
-    message_at: memoryview   # int32, one more than the messages
-    names: list[tuple[int, str]]
-    stream_count: int        # streams known once this record was made
-    cache_bytes: int
-    written_at: float
-
-    _array: Any = None
-
-    def messages(self) -> Any:
-        """The messages as an Arrow binary array (a view of the body, no copy), runs in order; made once."""
-        array = self._array
-        if array is None:
-            offsets, data = pa.py_buffer(self.message_at), pa.py_buffer(self.data)
-            array = self._array = pa.BinaryArray.from_buffers(pa.binary(), len(self.message_at) - 1,
-                                                              [None, offsets, data])
-        return array
-
-
-#: Read-ahead across queues (see _Object.read_run_ahead). A walk starts where a sequential reader's run
-#: starts within 1/WALK_SPAN of the read-ahead size (4 KiB of 64 KiB) of where the last sequential read in
-#: its object ended, and goes on into the next chunk while the last one served at least WALK_RUNS_MIN runs.
-#: A chunk of 64 KiB costs what four or five reads of one run do (the copy and a CRC per page), so it must
-#: serve well more than that. Each object keeps its last chunks (QueueConfig.read_ahead_cache_bytes, at
-#: least CHUNKS_PER_OBJECT_MIN), for reader threads that drift apart. Measured on 1 M queues in 7 objects,
-#: 20% consumed in order (the bench's consume): one thread 2.54 -> 2.77 M msg/s (6 -> 1.1 object reads per
-#: queue). 8 threads, each taking every 8th queue, drift apart by more than 16 chunks: with 16 per object,
-#: 13 objects, they read a chunk ~3 times as often as one thread does and were slower than with no
-#: read-ahead (1.3-1.5 vs 1.75 M msg/s); with 128-256 per object, 1.9-2.1 M.
-WALK_SPAN = 16
-WALK_RUNS_MIN = 16
-CHUNKS_PER_OBJECT_MIN = 16
-
-
-@dataclass(slots=True, eq=False)
-class _Object:
-    """One run object (an upload, or a merge of several); where its runs lie is in the RunIndex, in the
-    column of its place in the view's objects."""
-
-    object_id: int
-    key: str
-    reader: Any              # LocalObjectReader, or None: ranged gets through the ObjectStore
-    size_bytes: int
-    pages: U32s              # the CRC of each page of its runs
-    runs_bytes: int
-    #: Where the last run a sequential reader read here ended, and the chunks read ahead for readers walking
-    #: this object's runs in order: chunk c is bytes ``c * read_ahead_bytes ..`` of the runs, its pages
-    #: checked, with the runs it has served (``[bytes, runs]``), oldest first. Shared by reader threads
-    #: without a lock: entries are added and removed whole, and a lost update costs a read, never a
-    #: wrong answer.
-    walk_end: int = -1
-    chunks: OrderedDict[int, list[Any]] = field(default_factory=OrderedDict)
-
-    def read_run_ahead(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
-                       ahead_bytes: int, chunks_max: int) -> tuple[bytes, int] | None:
-        """Bytes ``start .. end`` of the runs (one run of ``count`` messages of ``stream_id``) for a sequential
-        reader, checked and framed, and the bytes read: from a chunk read ahead if one holds them; else,
-        if readers are walking this object's runs in order, read with the rest of its chunk (keeping at
-        most ``chunks_max``): consumers of neighbouring queues then read their runs from memory, as the
-        queues share this object's pages. None: neither (read just the run)."""
-        c = start // ahead_bytes
-        chunks = self.chunks
-        if chunks:
-            held = chunks.get(c)
-            if held is not None and end <= (c + 1) * ahead_bytes:
-                held[1] += 1
-                lo = c * ahead_bytes
-                raw = held[0][start - lo:end - lo]
-                frame_run(raw, count, self.key, stream_id)
-                return raw, 0
-        walked = self.walk_end
-        self.walk_end = end
-        if not -ahead_bytes <= WALK_SPAN * (start - walked) <= ahead_bytes:
-            before = chunks.get(c - 1) if chunks else None
-            if before is None or before[1] < WALK_RUNS_MIN:
-                return None
-        if (end - 1) // ahead_bytes != c:
-            return None    # across two chunks (rare: a run is a few KiB at most here)
-        lo = c * ahead_bytes
-        hi = min(lo + ahead_bytes, self.runs_bytes)
-        view = self.reader.peek(lo, hi) if self.reader is not None else None
-        data = view if view is not None else self.read(store, lo, hi)
-        try:
-            if len(data) != hi - lo:
-                raise CorruptBulkError(f"object {self.key} is shorter than its index says")
-            check_pages(data, lo, self.pages, self.key)
-        except CorruptBulkError:
-            return None    # a damaged page, maybe not this run's: the run is read and checked alone
-        data = data.tobytes() if isinstance(data, memoryview) else data
-        chunks[c] = [data, 1]
-        if len(chunks) > chunks_max:
-            # The oldest, in one call: reader threads share the chunks, and taking the first key through
-            # an iterator raised "dictionary changed size" when another thread added one in between.
-            with contextlib.suppress(KeyError):
-                chunks.popitem(last=False)
-        raw = data[start - lo:end - lo]
-        frame_run(raw, count, self.key, stream_id)
-        return raw, hi - lo
-
-    def read(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> bytes:
-        if self.reader is None:
-            return store.get(self.key, start, end)
-        data: bytes = self.reader.read(start, end, random_access=random_access)
-        return data
-
-    def read_run_cached(self, start: int, end: int, count: int, stream_id: int) -> tuple[bytes, int] | None:
-        """Bytes ``start .. end`` of the runs (one run of ``count`` messages of ``stream_id``), checked
-        against their pages' CRCs and framed, and the bytes of pages read, if the page cache holds the
-        pages; None if the read would wait for the disk (or the object is not local). A sequential
-        reader's path (it may keep the run): one system call, the pages checked where they were read, only
-        the run copied out."""
-        reader = self.reader
-        if reader is None:
-            return None
-        lo = start - start % PAGE_BYTES
-        hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
-        view = reader.peek(lo, hi)
-        if view is None:
-            return None
-        check_pages(view, lo, self.pages, self.key)
-        raw = view[start - lo:end - lo].tobytes()
-        frame_run(raw, count, self.key, stream_id)
-        return raw, hi - lo
-
-    def read_messages_cached(self, start: int, end: int, count: int, stream_id: int, first: int,
-                             stop: int) -> tuple[list[bytes], int] | None:
-        """Messages ``first .. stop - 1`` of the run at bytes ``start .. end`` (``count`` messages of
-        ``stream_id``), and the bytes of pages read, if the page cache holds its pages; None if the read
-        would wait for the disk (or the object is not local). A random reader's path: the pages are checked
-        and the messages cut out where they were read, with no copy of the run (it is not kept)."""
-        reader = self.reader
-        lo = start - start % PAGE_BYTES
-        hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
-        if reader is None or not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
-            return None
-        view = local_objects.cached_view(reader.random_fd, hi - lo, lo)
-        if view is None:
-            return None
-        # One page (most runs): its CRC compared here, one call fewer; the rest, and any mismatch, by
-        # check_pages (which names the damaged page).
-        if hi - lo > PAGE_BYTES or crc32c(view) != self.pages.item(lo // PAGE_BYTES):
-            check_pages(view, lo, self.pages, self.key)
-        return run_messages(view[start - lo:end - lo], count, first, stop, self.key, stream_id), hi - lo
-
-    def read_run(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
-                 random_access: bool) -> tuple[bytes, int]:
-        """What :meth:`read_run_cached` reads, waiting for the disk or the object store if need be."""
-        lo, hi = page_span(start, end, self.runs_bytes)
-        reader = self.reader
-        pages: bytes = store.get(self.key, lo, hi) if reader is None else reader.read(
-            lo, hi, random_access=random_access, cached_first=False)
-        if len(pages) != hi - lo:
-            raise CorruptBulkError(f"object {self.key} is shorter than its index says")
-        check_pages(pages, lo, self.pages, self.key)
-        raw = pages[start - lo:end - lo] if hi - lo != end - start else pages
-        frame_run(raw, count, self.key, stream_id)
-        return raw, hi - lo
-
-
-_View = tuple[tuple[_Object, ...], tuple[_Record, ...], RunIndex]
+_View = tuple[tuple[RunObject, ...], tuple[CachedRecord, ...], RunIndex]
 
 
 @dataclass(slots=True)
@@ -403,7 +203,7 @@ class QueueStore:
         # Compaction: merged-away objects wait here (monotonic time retired, object) until no get can hold them.
         self._compact_wake = threading.Event()
         self._uploads = 0               # uploads done (under _view_lock): merges let one go when due
-        self._retired: list[tuple[float, _Object]] = []
+        self._retired: list[tuple[float, RunObject]] = []
         self._merge_cancelled = False   # a close stopped a merge: its worker's temp file is left behind
         self._get_starts = itertools.count()   # gets begun and ended (see _no_get_in_flight)
         self._get_ends = itertools.count()
@@ -458,7 +258,7 @@ class QueueStore:
     def _put_large(self, queue_name: str, message: object) -> None:
         """A message that is not small bytes: checked, and its bytes counted against pending_bytes_max."""
         if type(message) is not bytes:
-            message = _as_bytes(message)
+            message = as_bytes(message)
         assert isinstance(message, bytes)
         if len(message) > self._config.message_bytes_max:
             raise MessageTooLargeError(f"message of {len(message)} bytes exceeds message_bytes_max="
@@ -474,8 +274,8 @@ class QueueStore:
         NumPy array of str or an Arrow string array (anything else, bytes too, is InvalidQueueNameError);
         messages: a sequence of bytes, an Arrow binary array, or a 2-D uint8 NumPy
         array (one message per row). All are checked before any is put."""
-        names = _name_array(queue_names)
-        batch = _binary_array(messages)
+        names = names_as_arrow(queue_names)
+        batch = messages_as_arrow(messages)
         if len(names) != len(batch):
             raise ValueError(f"{len(names)} queue names for {len(batch)} messages")
         if not len(names):
@@ -495,7 +295,7 @@ class QueueStore:
         # equal to it is the same name).
         unknown_at = np.flatnonzero(known < 0)
         unknown = names.take(unknown_at).to_pylist() if len(unknown_at) else []
-        if not all(map(_plain_name, unknown)):
+        if not all(map(plain_name, unknown)):
             for name in unknown:
                 check_name(name)
         total = int(pc.sum(lengths).as_py() or 0)
@@ -704,9 +504,8 @@ class QueueStore:
         first_msg = np.zeros(len(counts) + 1, I64)
         np.cumsum(counts, out=first_msg[1:])
         self._record_seq += 1
-        record = _Record(self._record_seq, result.offset, result.future, stream_ids, base, counts, first_msg,
-                         data, message_at.data, names,
-                         stream_count, cache_bytes, time.monotonic())
+        record = CachedRecord(self._record_seq, result.offset, result.future, stream_ids, base, counts, first_msg,
+                              data, message_at.data, names, stream_count, cache_bytes, time.monotonic())
         with self._view_lock:
             objects, records, index = self._view
             self._view = (objects, (*records, record), index)
@@ -863,7 +662,7 @@ class QueueStore:
         self._read_next[stream_id] = offset + len(out)
         return out
 
-    def _hint_runs(self, objects: tuple[_Object, ...], stream_id: int, positions: memoryview, capacity: int,
+    def _hint_runs(self, objects: tuple[RunObject, ...], stream_id: int, positions: memoryview, capacity: int,
                    first: int, last: int) -> None:
         """Ask the kernel to read runs ``first .. last`` of a stream ahead (those not cached here); its
         runs' positions as :meth:`RunIndex.row` gives them."""
@@ -873,7 +672,8 @@ class QueueStore:
             if stop > start and reader is not None and (objects[j].object_id, stream_id) not in self._runs:
                 reader.will_need(start, stop)
 
-    def _get_tail(self, records: tuple[_Record, ...], stream_id: int, pos: int, stop: int, out: list[bytes]) -> None:
+    def _get_tail(self, records: tuple[CachedRecord, ...], stream_id: int, pos: int, stop: int,
+                  out: list[bytes]) -> None:
         """Messages ``pos .. stop`` of a stream from the log cache, through the tail index."""
         tail = self._tail
         # Stale once records came after it (uploads only drop the records they take from it: readers of
@@ -902,8 +702,8 @@ class QueueStore:
         while newer > older and records[newer - 1].seq > tail.last_seq:
             newer -= 1
         # (Records an upload took in this get's view are in its objects: the index's runs start at its first.)
-        runs = self._runs_in(records[:older], stream_id) + tail.runs(stream_id, pos, first_seq, stop) \
-            + self._runs_in(records[newer:], stream_id)
+        runs = runs_in(records[:older], stream_id) + tail.runs(stream_id, pos, first_seq, stop) \
+            + runs_in(records[newer:], stream_id)
         for rec, run_first, base, end in runs:
             if end <= pos:
                 continue
@@ -924,17 +724,6 @@ class QueueStore:
             pos += n
             if pos >= stop:
                 return
-
-    @staticmethod
-    def _runs_in(records: Sequence[_Record], stream_id: int) -> list[tuple[_Record, int, int, int]]:
-        """The run of ``stream_id`` in each of ``records`` that has one, as :meth:`TailIndex.runs` gives it."""
-        runs = []
-        for rec in records:
-            i = int(np.searchsorted(rec.stream_ids, stream_id))
-            if i < len(rec.stream_ids) and rec.stream_ids.item(i) == stream_id:
-                base = rec.base_offsets.item(i)
-                runs.append((rec, rec.first_msg.item(i), base, base + rec.counts.item(i)))
-        return runs
 
     def _cache_run(self, key: tuple[int, int], raw: bytes, count: int) -> None:
         size = len(raw) + 100
@@ -999,7 +788,7 @@ class QueueStore:
         """Merge the durable records of the log cache into one object; return the messages uploaded."""
         with self._upload_lock:
             objects, records, index = self._view
-            taken: list[_Record] = []
+            taken: list[CachedRecord] = []
             for rec in records:
                 if not everything and not rec.future.done():
                     break
@@ -1026,8 +815,8 @@ class QueueStore:
                 self._wal.trim(last)
             return int(sum(int(r.counts.sum()) for r in taken))
 
-    def _write_object(self, objects: tuple[_Object, ...], index: RunIndex,
-                      taken: list[_Record]) -> tuple[_Object, U32s, U32s]:
+    def _write_object(self, objects: tuple[RunObject, ...], index: RunIndex,
+                      taken: list[CachedRecord]) -> tuple[RunObject, U32s, U32s]:
         prev_ends = index.last_ends()
         # The records' runs in stream order. At a million queues a run is about one message, so each of
         # these arrays is as long as the upload's messages and fresh memory: each goes once done with
@@ -1090,7 +879,7 @@ class QueueStore:
         self._with_retries("committing the upload",
                            lambda: self._meta.commit_objects([NewObject(object_id, key, size, [])]))
         _return_freed_memory()
-        return _Object(object_id, key, self._open_reader(key), size, pages, int(positions[-1])), ends, positions
+        return RunObject(object_id, key, self._open_reader(key), size, pages, int(positions[-1])), ends, positions
 
     def _publish_manifest(self) -> None:
         """Publish the live objects as the queue manifest. Called under ``_upload_lock`` (uploads and
@@ -1152,9 +941,9 @@ class QueueStore:
             while self._upload_due() and self._uploads == uploads and not self._closing and self._failure is None:
                 self._view_lock.wait(0.1)
 
-    def _plan_compaction(self, objects: tuple[_Object, ...]) -> tuple[int, int, bool] | None:
+    def _plan_compaction(self, objects: tuple[RunObject, ...]) -> tuple[int, int, bool] | None:
         """Objects ``first .. stop - 1`` and whether the store is at rest: ``compact_fanout`` consecutive
-        merge units of one size tier within ``compact_merge_bytes_max`` (see _tier_merge_start); but when the store is
+        merge units of one size tier within ``compact_merge_bytes_max`` (see tier_merge_start); but when the store is
         at rest, the newest units if there are two that may merge (see QueueConfig.compact_idle_s). A unit
         is an upload, or the pieces one merge made (they share its place), sized by their sum."""
         config = self._config
@@ -1171,10 +960,10 @@ class QueueStore:
             units[-1] = (units[-1][0], units[-1][1] + obj.size_bytes)
         if self._at_rest():
             # First: a merge of the tiers' newest units would often be part of it, written twice.
-            first = _idle_merge_start([size for _, size in units], fanout, config.compact_idle_bytes_max)
+            first = idle_merge_start([size for _, size in units], fanout, config.compact_idle_bytes_max)
             if first is not None:
                 return units[first][0], len(objects), True
-        u = _tier_merge_start([size for _, size in units], config.upload_bytes_threshold, fanout,
+        u = tier_merge_start([size for _, size in units], config.upload_bytes_threshold, fanout,
                               config.compact_merge_bytes_max)
         if u is None:
             return None
@@ -1234,7 +1023,7 @@ class QueueStore:
         with self._upload_lock if in_worker else contextlib.nullcontext():
             self._with_retries("committing the merge", lambda: self._meta.replace_objects(
                 [o.object_id for o in replaced], [NewObject(i, key, r.size_bytes, []) for i, key, r in pieces]))
-            merged = tuple(_Object(object_id, key, self._open_reader(key), r.size_bytes, r.pages,
+            merged = tuple(RunObject(object_id, key, self._open_reader(key), r.size_bytes, r.pages,
                                    int(r.positions[-1])) for object_id, key, r in pieces)
             with self._view_lock:
                 objects, records, index = self._view
@@ -1270,7 +1059,7 @@ class QueueStore:
             results.append(result)
         return results
 
-    def _merge_in_worker(self, replaced: tuple[_Object, ...], prev_ends: U32s,
+    def _merge_in_worker(self, replaced: tuple[RunObject, ...], prev_ends: U32s,
                          keys: list[tuple[int, str]]) -> list[MergeResult]:
         assert isinstance(self._objects, LocalDirStore)
         config = self._config
@@ -1365,8 +1154,8 @@ class QueueStore:
         report.seconds = time.monotonic() - started
         return report
 
-    def _load_objects(self, report: QueueRecoveryReport) -> tuple[list[_Object], RunIndex]:
-        loaded: list[_Object] = []
+    def _load_objects(self, report: QueueRecoveryReport) -> tuple[list[RunObject], RunIndex]:
+        loaded: list[RunObject] = []
         index = RunIndex.empty()
         live = [m for m in self._meta.objects() if m.key.startswith(QUEUE_PREFIX) and m.unreferenced_ms is None]
         for meta in sorted(live, key=lambda m: object_order(m.key, m.object_id)):
@@ -1380,7 +1169,7 @@ class QueueStore:
             for stream_id, name in names:
                 self._ids[name] = stream_id
             self._stream_count = footer.stream_count
-            loaded.append(_Object(meta.object_id, meta.key, self._open_reader(meta.key), size, pages,
+            loaded.append(RunObject(meta.object_id, meta.key, self._open_reader(meta.key), size, pages,
                                   footer.names_position))
             index = index.with_object(ends, positions)
             report.objects += 1
@@ -1425,9 +1214,8 @@ class QueueStore:
         done: Future[int] = Future()
         done.set_result(wal_offset)
         self._record_seq += 1
-        record = _Record(self._record_seq, wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg,
-                         bulk.data, message_at.data, bulk.names,
-                         bulk.stream_count, len(body), time.monotonic())
+        record = CachedRecord(self._record_seq, wal_offset, done, ids, bulk.base_offsets, bulk.counts, first_msg,
+                              bulk.data, message_at.data, bulk.names, bulk.stream_count, len(body), time.monotonic())
         objects, records, index = self._view
         self._view = (objects, (*records, record), index)
         self._cache_bytes += record.cache_bytes
@@ -1553,45 +1341,6 @@ class _CompactionCancelledError(Exception):
     """The store is closing: a merge in progress stops (its object is never committed)."""
 
 
-def _tier(size_bytes: int, upload_bytes: int, fanout: int) -> int:
-    """Size tier of an object: 0 below fanout / 2 uploads, then one more per factor of fanout."""
-    tier = 0
-    bound = upload_bytes * fanout // 2
-    while size_bytes >= bound:
-        tier += 1
-        bound *= fanout
-    return tier
-
-
-def _tier_merge_start(sizes: list[int], upload_bytes: int, fanout: int, bytes_max: int) -> int | None:
-    """The first of ``fanout`` consecutive units (of these sizes, oldest first) of one size tier that a
-    merge takes, within ``bytes_max``; None if there are none. The lowest tier goes first, the oldest
-    within it: merging ``fanout`` uploads leaves as many fewer objects for readers as merging ``fanout``
-    units of a higher tier, for a fraction of the work. The merge worker is one process, so taking the
-    oldest group first let a tier-1 merge of 3.7 GiB (13 s) hold back the uploads that came meanwhile: a
-    put_many send of 100 M messages to a million queues left 13 objects for the read phases."""
-    tiers = [_tier(size, upload_bytes, fanout) for size in sizes]
-    best: int | None = None
-    for u in range(len(sizes) - fanout + 1):
-        group = tiers[u:u + fanout]
-        if min(group) == max(group) and sum(sizes[u:u + fanout]) <= bytes_max \
-                and (best is None or group[0] < tiers[best]):
-            best = u
-    return best
-
-
-def _idle_merge_start(sizes: list[int], fanout: int, bytes_max: int) -> int | None:
-    """The first of the newest units (of these sizes, oldest first) a merge at rest takes, or None (fewer
-    than two). Going back from the newest, a unit joins while it is at most ``fanout`` times the units
-    after it together and the total stays within ``bytes_max``."""
-    first = len(sizes) - 1
-    total = sizes[-1] if sizes else 0
-    while first > 0 and sizes[first - 1] <= fanout * total and total + sizes[first - 1] <= bytes_max:
-        first -= 1
-        total += sizes[first]
-    return first if first < len(sizes) - 1 else None
-
-
 def _load_malloc_trim() -> Callable[[int], int] | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -1615,55 +1364,4 @@ def _return_freed_memory() -> None:
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
 
-
-def _plain_name(name: object) -> bool:
-    return type(name) is str and 0 < len(name) <= QUEUE_NAME_CHARS_MAX and name.isascii()
-
-
-def _as_bytes(message: object) -> bytes:
-    if isinstance(message, bytearray | memoryview):
-        return bytes(message)
-    raise TypeError(f"a message must be bytes, got {type(message).__name__}")
-
-
-def _name_array(names: Sequence[str] | Any) -> Any:
-    """put_many's names as one Arrow string array; InvalidQueueNameError if any is not a str."""
-    if isinstance(names, str | bytes):
-        raise InvalidQueueNameError(f"queue_names must be a sequence of names, not one name: {names!r:.80}")
-    try:
-        array = name_array(names)
-    except (pa.ArrowException, TypeError, ValueError, UnicodeEncodeError):
-        array = None
-    if array is None or array.type != pa.string():
-        # Bytes, numbers, lone surrogates...: check_name says which and what is wrong with it.
-        for name in names.to_pylist() if isinstance(names, pa.Array | pa.ChunkedArray) else names:
-            check_name(name)
-        raise InvalidQueueNameError(f"queue names must be str, got {array.type if array is not None else names!r:.80}")
-    return array
-
-
-def _binary_array(messages: Sequence[bytes] | Any) -> Any:
-    """Messages as one Arrow binary array (no copy for Arrow input)."""
-    if isinstance(messages, pa.ChunkedArray):
-        messages = messages.combine_chunks()
-    if isinstance(messages, pa.Array):
-        if pa.types.is_large_binary(messages.type) or pa.types.is_fixed_size_binary(messages.type) \
-                or pa.types.is_binary_view(messages.type):
-            return messages.cast(pa.binary())
-        if not pa.types.is_binary(messages.type):
-            raise TypeError(f"messages must be a binary Arrow array, got {messages.type}")
-        return messages
-    if isinstance(messages, np.ndarray):
-        if messages.dtype != np.uint8 or messages.ndim != 2:
-            raise TypeError("a NumPy message buffer must be a 2-D uint8 array, one message per row")
-        rows, width = messages.shape
-        offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int32)
-        # A copy: the caller may reuse its buffer as soon as put_many returns.
-        return pa.BinaryArray.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets),
-                                                              pa.py_buffer(messages.tobytes())])
-    items = list(messages)
-    for m in items:
-        if type(m) is not bytes:
-            raise TypeError(f"a message must be bytes, got {type(m).__name__}")
-    return pa.array(items, type=pa.binary())
 
