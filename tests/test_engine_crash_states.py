@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import itertools
 import logging
 import mmap
@@ -26,6 +27,7 @@ import random
 import shutil
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -670,3 +672,28 @@ def test_flipped_bit_in_an_acknowledged_wal_batch_is_detected_and_never_returned
     print(f"engine WAL flip in acknowledged batches: {tally.line()}")
     assert tally.acknowledged_checked > 500
     assert_contract_kept(tally)
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_closed_store_is_freed_at_once_whether_an_error_stopped_it_or_not(tmp_path: Path, stopped: bool) -> None:
+    """The error that stopped a store (and its WAL) is kept without the frames that raised it: they hold
+    the store, and the cycle kept its WAL device and log cache until a full garbage collection."""
+    config = small_store_config()
+    gc.disable()
+    try:
+        device = MemDevice(config.wal_capacity_bytes)
+        store = StreamStore.open(tmp_path / "s", MemoryStore(), config, wal_device=device)
+        stream = store.create_stream("a")
+        stream.append([b"first"]).result()
+        if stopped:
+            device.faults = FaultPlan(fail_syncs={device.syncs + 1})
+            with contextlib.suppress(StratalogError):
+                for _ in range(APPENDS_AFTER_FAULT_MAX):
+                    stream.append([b"more"]).result()
+        with contextlib.suppress(StratalogError):
+            store.close()
+        gone = [weakref.ref(store), weakref.ref(device)]
+        del store, device, stream
+        assert [r() for r in gone] == [None, None], "a closed store is still referenced"
+    finally:
+        gc.enable()

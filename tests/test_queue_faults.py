@@ -6,14 +6,16 @@ was flushed. Each scenario counts what it tried."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import random
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 
 from queuekit import small_queue_config
-from stratalog.engine.store import StoreFailedError
+from stratalog.engine.store import StoreClosedError, StoreFailedError
 from stratalog.errors import StratalogError
 from stratalog.io.faulty import FaultPlan, MemDevice
 from stratalog.objects.faulty import FaultyStore, ObjectFaultPlan
@@ -116,6 +118,41 @@ def test_a_wal_eio_stops_the_queue_store_and_a_power_cut_after_it_loses_nothing_
     assert seen["power_cuts"] == WAL_SEEDS
     assert seen["refused_by_flush"] > 0 and seen["rounds_flushed_after_arming"] > 0
     assert seen["messages_checked"] > 10_000
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_closed_store_is_freed_at_once_whether_an_error_stopped_it_or_not(tmp_path: Path, stopped: bool) -> None:
+    """Nothing of a closed store is left in a reference cycle (its WAL device, buffers and log cache would
+    wait for a full garbage collection: a process that reopened stores after EIO grew by each one's memory)."""
+    config = _config()
+    rng = random.Random(7)
+    gc.disable()
+    try:
+        device = MemDevice(config.wal_capacity_bytes)
+        store = QueueStore.open(tmp_path / "s", config=config, wal_device=device)
+        _put_round(store, 0, rng)
+        store.flush()
+        if stopped:
+            device.faults = FaultPlan(fail_syncs={device.syncs + 1})
+            try:
+                for r in range(1, ROUNDS_AFTER_FAULT_MAX):
+                    _put_round(store, r, rng)
+                    store.flush()
+            except StoreFailedError:
+                pass
+        with contextlib.suppress(StoreFailedError):
+            store.close()
+        # A closed store still refuses puts (its buffer holds it weakly).
+        try:
+            store.put("q0", b"after close")
+        except StratalogError as e:
+            refused = type(e)
+        assert refused is StoreClosedError
+        gone = [weakref.ref(store), weakref.ref(device)]
+        del store, device
+        assert [r() for r in gone] == [None, None], "a closed store is still referenced"
+    finally:
+        gc.enable()
 
 
 def test_object_store_faults_are_retried_and_one_that_persists_stops_the_store_losing_nothing(

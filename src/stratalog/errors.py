@@ -1,5 +1,7 @@
 """Operating errors: typed, with a message that says what to do."""
 
+from __future__ import annotations
+
 
 class StratalogError(Exception):
     """Base of every error stratalog raises on purpose."""
@@ -39,3 +41,20 @@ class CapacityMismatchError(WALError):
 
 class RecoveryReadError(WALError):
     """Reading the log during recovery failed; recovery stopped rather than guess where the log ends."""
+
+
+def release_frames(error: BaseException | None) -> None:
+    """Drop the tracebacks of ``error`` and of every error it was raised from or during. A closed log or
+    store keeps the error that stopped it (to raise it again, as the cause of each refusal), and its
+    traceback holds the frames of the calls that raised it, which hold the log or store: a cycle that kept
+    a stopped store's memory (its WAL device and buffers, its log cache) until a full garbage collection.
+    The message and the chain of causes stay."""
+    stack = [error]
+    seen: set[int] = set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        stack += (e.__cause__, e.__context__)

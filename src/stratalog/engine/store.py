@@ -40,7 +40,7 @@ from stratalog.engine.manifest import ManifestPublisher
 from stratalog.engine.metadata import Metadata, NewObject, RangeRow, StreamMeta, UnknownStreamError
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch, placed_batches
 from stratalog.engine.upkeep import delete_orphans, with_retries
-from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError
+from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError, release_frames
 from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore
 from stratalog.wal import WriteAheadLog
@@ -841,11 +841,15 @@ class StreamStore:
                 self._upload(trim_wal=True)
         finally:
             self._closed = True
+            # The last WAL future's callback holds this store: kept, the pair would wait for a full garbage
+            # collection, and with them the log cache.
+            self._last_wal_future = None
             self._wal.close()
             self._blocks.close()
             self._meta.close()
             self._objects.close()
             os.close(self._lock_fd)
+            release_frames(self._failure)
 
     def __enter__(self) -> StreamStore:
         return self

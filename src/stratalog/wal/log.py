@@ -34,6 +34,7 @@ from stratalog.errors import (
     WALClosedError,
     WALFailedError,
     WALStateError,
+    release_frames,
 )
 from stratalog.invariant import invariant
 from stratalog.io.device import Device, FileDevice, aligned_buffer
@@ -677,6 +678,7 @@ class WriteAheadLog:
                             buf.close()
                 self._free_buffers.clear()
                 self._pool_bytes = 0
+            release_frames(self._failure)
             if self._owns_device:
                 self._device.close()
 
