@@ -48,7 +48,9 @@ def release_frames(error: BaseException | None) -> None:
     store keeps the error that stopped it (to raise it again, as the cause of each refusal), and its
     traceback holds the frames of the calls that raised it, which hold the log or store: a cycle that kept
     a stopped store's memory (its WAL device and buffers, its log cache) until a full garbage collection.
-    The message and the chain of causes stay."""
+    The message and the chain of causes stay. For the same reason errors are logged by their message
+    (``str(error)``), not as the record's argument: a handler that keeps records (pytest's, a
+    MemoryHandler) kept the error, its frames and the store (1,200 failed stores in one test: 24 GB)."""
     stack = [error]
     seen: set[int] = set()
     while stack:

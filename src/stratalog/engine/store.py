@@ -703,7 +703,7 @@ class StreamStore:
             self._manifest_stale = False
         except StratalogError as e:
             self._manifest_stale = True
-            log.warning("publishing manifest %d failed; the next one will be a snapshot: %s", seq, e)
+            log.warning("publishing manifest %d failed; the next one will be a snapshot: %s", seq, str(e))
 
     def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
         return with_retries(what, step, attempts=self._config.upload_attempts_max,
@@ -737,7 +737,7 @@ class StreamStore:
                 return
 
     def _fail(self, error: BaseException) -> None:
-        log.error("the store stopped: %s", error)
+        log.error("the store stopped: %s", str(error))
         with self._cond:
             self._stop_locked(error)
 

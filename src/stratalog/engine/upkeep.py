@@ -25,7 +25,7 @@ def with_retries(what: str, step: Callable[[], _T], *, attempts: int, backoff_s:
         except StratalogError as e:
             if attempt == attempts:
                 raise
-            log.warning("%s failed (attempt %d of %d): %s", what, attempt, attempts, e)
+            log.warning("%s failed (attempt %d of %d): %s", what, attempt, attempts, str(e))
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")

@@ -929,7 +929,7 @@ class QueueStore:
                 return
             except BaseException as e:
                 # The objects stay as they are and reads go on; only merging stops (until the next open).
-                log.error("queue compaction stopped: %s", e)
+                log.error("queue compaction stopped: %s", str(e))
                 self.compaction_error = e
 
     def _let_uploads_go_first(self) -> None:
@@ -1234,7 +1234,7 @@ class QueueStore:
     # Lifecycle -------------------------------------------------------------------------------------
 
     def _fail(self, error: BaseException) -> None:
-        log.error("the queue store stopped: %s", error)
+        log.error("the queue store stopped: %s", str(error))
         self._failure = self._failure or error
         self._buf = _RefusedPuts(self)
         with self._put_cond:

@@ -545,7 +545,7 @@ class WriteAheadLog:
             self._space_free.notify_all()
             self._sealer_wake.notify_all()
         if first:
-            log.error("%s", self._failure)
+            log.error("%s", str(self._failure))
         with self._complete_lock:
             for block in failed:
                 if not block.future.done():
