@@ -1,0 +1,1 @@
+"""A Kafka-wire-compatible broker over the engine: protocol codecs and record batches (sans-I/O)."""
