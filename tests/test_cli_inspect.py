@@ -66,7 +66,7 @@ def test_inspect_shows_a_spark_written_object_with_its_real_placement(tmp_path: 
     key = store.metadata.ranges(orders, 0)[0].key
     store.close()
     out = run(str(tmp_path), "--object", key, "--verify")
-    assert "format version 2" in out and "provisional object" in out and "ok" in out
+    assert "format version 3" in out and "provisional object" in out and "ok" in out
     row = next(line for line in out.splitlines() if "ok" in line)
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     assert (cells[0], cells[1], cells[2]) == ("0", "0", "7"), "the index as the task wrote it"

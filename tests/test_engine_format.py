@@ -19,20 +19,20 @@ from stratalog.wal.format import crc32c
 FLAG_PROVISIONAL = 1
 
 BATCH_HEX = (
-    "0700000000000000" "0000000000000000" "01000000" "3d000000" "e803000000000000" "3fdbeb0e"
+    "0700000000000000" "0000000000000000" "01000000" "41000000" "e803000000000000" "00" "000000" "3fdbeb0e"
     "15000000" "e803000000000000" "01000000" "02000000" "0000" "6b" "6869"
 )
 INDEX_AND_FOOTER_HEX = (
-    "0700000000000000" "0000000000000000" "0100000000000000" "0000000000000000" "3d000000" "01000000"
-    "e803000000000000" "7f3f8ebb"
-    "3d00000000000000" "34000000" "274eff2c" "01000000" "0100" "0000" "534c4f42" "fcfa9b65"
+    "0700000000000000" "0000000000000000" "0100000000000000" "0000000000000000" "41000000" "01000000"
+    "e803000000000000" "5474d4ba"
+    "4100000000000000" "34000000" "99486df3" "01000000" "0300" "0000" "534c4f42" "eaeaba78"
 )
 
 
 PROVISIONAL_INDEX_AND_FOOTER_HEX = (
-    "0000000000000000" "0000000000000000" "0100000000000000" "0000000000000000" "3d000000" "01000000"
-    "e803000000000000" "79a55bca"
-    "3d00000000000000" "34000000" "c88df7f2" "01000000" "0200" "0100" "534c4f42" "42e1f440"
+    "0000000000000000" "0000000000000000" "0100000000000000" "0000000000000000" "41000000" "01000000"
+    "e803000000000000" "fee3e017"
+    "4100000000000000" "34000000" "856525d0" "01000000" "0300" "0100" "534c4f42" "5d4caf78"
 )
 
 
@@ -67,13 +67,14 @@ def test_provisional_object_golden_bytes() -> None:
     obj = builder.finish()
     assert obj[len(batch):].hex() == PROVISIONAL_INDEX_AND_FOOTER_HEX
     footer = decode_footer(obj[-FOOTER_BYTES:], len(obj))
-    assert footer.provisional and (footer.version, footer.flags) == (2, FLAG_PROVISIONAL)
+    assert footer.provisional and (footer.version, footer.flags) == (3, FLAG_PROVISIONAL)
     assert not decode_footer(example()[1][-FOOTER_BYTES:], len(example()[1])).provisional
 
 
 def test_unknown_versions_and_flags_are_refused() -> None:
     _, obj = example()
-    for version, flags, message in ((3, 0, "version 3"), (1, 1, "flags"), (2, 2, "flags")):
+    for version, flags, message in ((4, 0, "version 4"), (2, 0, "version 2"), (1, 0, "version 1"),
+                                    (3, 2, "flags")):
         head = bytearray(obj[-FOOTER_BYTES:-4])
         head[20:24] = version.to_bytes(2, "little") + flags.to_bytes(2, "little")
         footer = bytes(head) + crc32c(bytes(head)).to_bytes(4, "little")

@@ -14,6 +14,7 @@ from stratalog.engine.batch import BATCH_HEADER, NewRecord, check_batch
 from stratalog.engine.manifest import read_manifest
 from stratalog.engine.objformat import (
     FOOTER_BYTES,
+    OBJECT_FORMAT_VERSION,
     BlockEntry,
     CorruptObjectError,
     check_block,
@@ -159,7 +160,7 @@ def test_staged_objects_say_their_ids_are_provisional_and_metadata_places_them(t
     rows = store.metadata.ranges(y.stream_id, 0)
     data = objects.get(rows[0].key)
     footer = decode_footer(data[-FOOTER_BYTES:], len(data))
-    assert footer.provisional and footer.version == 2
+    assert footer.provisional and footer.version == OBJECT_FORMAT_VERSION
     in_object = decode_index(data[footer.index_position:footer.index_position + footer.index_bytes], footer)
     assert [(e.stream_id, e.start_offset) for e in in_object] == [(0, 0), (1, 0)], "provisional ids, as staged"
     assert (rows[0].stream_id, rows[0].position) == (y.stream_id, in_object[1].position)
@@ -294,7 +295,7 @@ def test_compaction_gives_moved_blocks_their_real_headers(tmp_path: Path) -> Non
     (new,) = write_compacted(str(root), [output])
     data = objects.get(new.key)
     footer = decode_footer(data[-FOOTER_BYTES:], len(data))
-    assert not footer.provisional and footer.version == 1
+    assert not footer.provisional and footer.version == OBJECT_FORMAT_VERSION
     (entry,) = new.blocks
     block = check_block(data[entry.position:entry.position + entry.size_bytes], entry)
     at, headers = 0, []

@@ -6,7 +6,9 @@ docs/formats/object.md, "Batches")::
 
     batch   = header record*
     header  = stream_id:u64 base_offset:u64 count:u32 batch_bytes:u32 max_timestamp_ms:i64
-              crc32c:u32                       -- crc32c of the records (the bytes after the header)
+              encoding:u8 pad:u8{3} crc32c:u32 -- crc32c of the body (the bytes after the header)
+    body    = record*                          -- encoding 0 (ENCODING_NATIVE), below
+            | kafka_record_batch               -- encoding 1 (ENCODING_KAFKA): docs/formats/kafka-batch.md
     record  = record_bytes:u32 timestamp_ms:i64 key_bytes:i32 value_bytes:i32 header_count:u16
               key value (name_bytes:u16 name header_value_bytes:i32 header_value)*
               -- key_bytes / header_value_bytes of -1 mean None; record_bytes counts what follows it
@@ -25,8 +27,19 @@ from typing import NamedTuple
 from stratalog.errors import StratalogError
 from stratalog.wal.format import crc32c
 
-BATCH_HEADER = struct.Struct("<QQIIqI")
+BATCH_HEADER = struct.Struct("<QQIIqB3xI")
 BATCH_HEADER_BYTES = BATCH_HEADER.size
+#: The body is this module's records (what ``Stream.append`` writes).
+ENCODING_NATIVE = 0
+#: The body is one Kafka RecordBatch (magic 2) exactly as a producer sent it, its baseOffset set to the
+#: batch's base offset: the broker stores it and serves it to consumers without decoding it.
+ENCODING_KAFKA = 1
+ENCODINGS = frozenset({ENCODING_NATIVE, ENCODING_KAFKA})
+#: A Kafka RecordBatch starts with its base offset (big-endian, as all of Kafka's format).
+_KAFKA_BASE_OFFSET = struct.Struct(">q")
+#: What one compressed Kafka batch may expand to when a reader decodes it: a Kafka batch is bounded by
+#: the WAL record (8 MiB by default); 16x covers real compression ratios and stops decompression bombs.
+KAFKA_DECOMPRESSED_BYTES_MAX = 128 << 20
 RECORD_HEAD = struct.Struct("<IqiiH")
 #: What record_bytes counts besides key, value and headers: timestamp, key and value lengths, header count.
 _RECORD_FIXED_BYTES = RECORD_HEAD.size - 4
@@ -71,10 +84,36 @@ class BatchInfo:
     count: int
     batch_bytes: int
     max_timestamp_ms: int
+    encoding: int = ENCODING_NATIVE
 
     @property
     def end_offset(self) -> int:
         return self.base_offset + self.count
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBatch:
+    """A batch as a reader of whole batches gets it: where it is placed, and its body (a view of the
+    stored bytes, not a copy) in its ``encoding``."""
+
+    base_offset: int
+    count: int
+    max_timestamp_ms: int
+    encoding: int
+    body: memoryview
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+def stored_batch(buf: bytes | memoryview, pos: int, info: BatchInfo) -> StoredBatch:
+    """The batch ``info`` at ``buf[pos:]`` as a StoredBatch (a Kafka body carries the placed base offset)."""
+    if info.encoding == ENCODING_KAFKA:
+        body = kafka_body(buf, pos, info)
+    else:
+        body = memoryview(buf)[pos + BATCH_HEADER_BYTES:pos + info.batch_bytes]
+    return StoredBatch(info.base_offset, info.count, info.max_timestamp_ms, info.encoding, body)
 
 
 def encode_batch(stream_id: int, base_offset: int, records: Sequence[bytes | NewRecord],
@@ -106,8 +145,21 @@ def encode_batch(stream_id: int, base_offset: int, records: Sequence[bytes | New
         parts.append(tail)
     body = b"".join(parts)
     header = BATCH_HEADER.pack(stream_id, base_offset, len(records), BATCH_HEADER_BYTES + len(body), max_ts,
-                               crc32c(body))
+                               ENCODING_NATIVE, crc32c(body))
     return header + body, max_ts
+
+
+def wrap_kafka_batch(stream_id: int, base_offset: int, count: int, max_timestamp_ms: int,
+                     kafka_batch: bytes | memoryview) -> bytes:
+    """A batch whose body is ``kafka_batch`` (a checked Kafka RecordBatch) with its baseOffset set to
+    ``base_offset``; nothing else of it changes (baseOffset is outside the Kafka batch's own CRC)."""
+    out = bytearray(BATCH_HEADER_BYTES + len(kafka_batch))
+    out[BATCH_HEADER_BYTES:] = kafka_batch
+    _KAFKA_BASE_OFFSET.pack_into(out, BATCH_HEADER_BYTES, base_offset)
+    with memoryview(out) as view:
+        crc = crc32c(view[BATCH_HEADER_BYTES:])
+    BATCH_HEADER.pack_into(out, 0, stream_id, base_offset, count, len(out), max_timestamp_ms, ENCODING_KAFKA, crc)
+    return bytes(out)
 
 
 def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
@@ -131,19 +183,26 @@ def read_batch_info(buf: bytes | memoryview, pos: int = 0) -> BatchInfo:
     """The header of the batch at ``buf[pos:]`` (no CRC check)."""
     if len(buf) - pos < BATCH_HEADER_BYTES:
         raise CorruptBatchError(f"truncated batch header at {pos}")
-    stream_id, base, count, batch_bytes, max_ts, _ = BATCH_HEADER.unpack_from(buf, pos)
+    stream_id, base, count, batch_bytes, max_ts, encoding, _ = BATCH_HEADER.unpack_from(buf, pos)
     if batch_bytes < BATCH_HEADER_BYTES or pos + batch_bytes > len(buf):
         raise CorruptBatchError(f"batch at {pos} claims {batch_bytes} bytes; {len(buf) - pos} are there")
-    return BatchInfo(stream_id, base, count, batch_bytes, max_ts)
+    if encoding not in ENCODINGS:
+        raise CorruptBatchError(f"batch at {pos} has unknown encoding {encoding}")
+    return BatchInfo(stream_id, base, count, batch_bytes, max_ts, encoding)
 
 
 def with_placement(buf: bytes | memoryview, pos: int, stream_id: int, base_offset: int) -> bytes:
     """The batch at ``buf[pos:]`` with ``stream_id`` and ``base_offset`` in its header. Its records and
     their CRC are unchanged (the CRC covers only the records)."""
-    old_stream_id, old_base, count, batch_bytes, max_ts, crc = BATCH_HEADER.unpack_from(buf, pos)
+    old_stream_id, old_base, count, batch_bytes, max_ts, encoding, crc = BATCH_HEADER.unpack_from(buf, pos)
     if (old_stream_id, old_base) == (stream_id, base_offset):
         return bytes(buf[pos:pos + batch_bytes])
-    return BATCH_HEADER.pack(stream_id, base_offset, count, batch_bytes, max_ts, crc) + \
+    if encoding == ENCODING_KAFKA:
+        # The Kafka batch carries its base offset too (outside its own CRC, inside ours).
+        with memoryview(buf) as view:
+            body = view[pos + BATCH_HEADER_BYTES:pos + batch_bytes]
+            return wrap_kafka_batch(stream_id, base_offset, count, max_ts, body)
+    return BATCH_HEADER.pack(stream_id, base_offset, count, batch_bytes, max_ts, encoding, crc) + \
         bytes(buf[pos + BATCH_HEADER_BYTES:pos + batch_bytes])
 
 
@@ -170,6 +229,9 @@ def iter_batches(buf: bytes | memoryview) -> Iterator[tuple[int, BatchInfo]]:
 def decode_records(buf: bytes | memoryview, pos: int, info: BatchInfo,
                    start_offset: int = 0) -> Iterator[Record]:
     """The records of the batch at ``buf[pos:]`` from ``start_offset`` on (header already checked)."""
+    if info.encoding == ENCODING_KAFKA:
+        yield from _decode_kafka(buf, pos, info, start_offset)
+        return
     data = buf if isinstance(buf, bytes) else bytes(buf)  # slices of bytes are the values: one copy each
     at = pos + BATCH_HEADER_BYTES
     end = pos + info.batch_bytes
@@ -200,6 +262,27 @@ def decode_records(buf: bytes | memoryview, pos: int, info: BatchInfo,
         at = next_at
 
 
+def kafka_body(buf: bytes | memoryview, pos: int, info: BatchInfo) -> memoryview:
+    """The Kafka RecordBatch a batch of ENCODING_KAFKA holds, its base offset the batch's (placed) one."""
+    body = memoryview(buf)[pos + BATCH_HEADER_BYTES:pos + info.batch_bytes]
+    if _KAFKA_BASE_OFFSET.unpack_from(body)[0] != info.base_offset:
+        copy = bytearray(body)
+        _KAFKA_BASE_OFFSET.pack_into(copy, 0, info.base_offset)
+        return memoryview(copy)
+    return body
+
+
+def _decode_kafka(buf: bytes | memoryview, pos: int, info: BatchInfo, start_offset: int) -> Iterator[Record]:
+    from stratalog.kafka.records import KafkaBatchError
+    from stratalog.kafka.records import decode_records as decode_kafka_records
+
+    try:
+        yield from decode_kafka_records(kafka_body(buf, pos, info), start_offset=start_offset,
+                                        decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
+    except KafkaBatchError as e:
+        raise CorruptBatchError(f"Kafka batch at offset {info.base_offset}: {e}") from e
+
+
 def decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
     """``count`` record headers encoded at ``view[p:]`` and the position after them (see object.md)."""
     out = []
@@ -220,6 +303,9 @@ def decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[st
 
 def record_timestamps(buf: bytes | memoryview, pos: int, info: BatchInfo) -> Iterator[tuple[int, int]]:
     """``(offset, timestamp_ms)`` of each record of a batch, without copying keys or values."""
+    if info.encoding == ENCODING_KAFKA:
+        yield from ((r.offset, r.timestamp_ms) for r in _decode_kafka(buf, pos, info, 0))
+        return
     at = pos + BATCH_HEADER_BYTES
     unpack = RECORD_HEAD.unpack_from
     for i in range(info.count):

@@ -369,6 +369,20 @@ class Metadata:
                     db.execute("UPDATE objects SET unreferenced_ms = ? WHERE object_id = ?", (now, object_id))
             return self._bump_seq(db)
 
+    def delete_stream(self, stream_id: int) -> int:
+        """Forget a stream and its blocks; mark objects nothing needs any more."""
+        now = int(time.time() * 1000)
+        with self._tx() as db:
+            objects = [r[0] for r in db.execute("SELECT DISTINCT object_id FROM ranges WHERE stream_id = ?",
+                                                (stream_id,)).fetchall()]
+            db.execute("DELETE FROM ranges WHERE stream_id = ?", (stream_id,))
+            if db.execute("DELETE FROM streams WHERE stream_id = ?", (stream_id,)).rowcount == 0:
+                raise UnknownStreamError(f"no stream {stream_id}")
+            for object_id in objects:
+                if not db.execute("SELECT 1 FROM ranges WHERE object_id = ? LIMIT 1", (object_id,)).fetchone():
+                    db.execute("UPDATE objects SET unreferenced_ms = ? WHERE object_id = ?", (now, object_id))
+            return self._bump_seq(db)
+
     def ranges_by_time(self, stream_id: int) -> list[tuple[int, int, int]]:
         """``(end_offset, max_timestamp_ms, size_bytes)`` of a stream's blocks, oldest first (retention)."""
         with self._lock:

@@ -32,12 +32,12 @@ from stratalog.errors import StratalogError
 from stratalog.wal.format import crc32c
 
 OBJECT_MAGIC = 0x424F4C53  # "SLOB"
-#: The newest version this code writes and reads. Version 2 gives ``flags`` a meaning; an object with no
-#: flag set is written as version 1, byte for byte as before, so every reader can still read it.
-OBJECT_FORMAT_VERSION = 2
-#: Versions a reader accepts.
-OBJECT_FORMAT_VERSIONS = frozenset({1, 2})
-#: Footer flag (version 2): the stream ids and offsets in this object's index and batch headers are
+#: The version this code writes and reads. Version 2 gave ``flags`` a meaning; version 3 gives batch
+#: headers an ``encoding`` (40 bytes, not 36), so that a block may hold Kafka record batches as stored.
+OBJECT_FORMAT_VERSION = 3
+#: Versions a reader accepts: 1 and 2 hold batches with the earlier header, which this code does not read.
+OBJECT_FORMAT_VERSIONS = frozenset({3})
+#: Footer flag (versions 2 and 3): the stream ids and offsets in this object's index and batch headers are
 #: provisional (a Spark task wrote it before the commit assigned them). The store's metadata and
 #: manifest hold the real ones for each block; they are authoritative for every object.
 FLAG_PROVISIONAL = 0x0001
@@ -138,7 +138,7 @@ class ObjectBuilder:
     def finish(self) -> bytes:
         """The whole object: blocks, index, footer."""
         index = encode_index(self._entries)
-        version = OBJECT_FORMAT_VERSION if self._flags else 1
+        version = OBJECT_FORMAT_VERSION
         footer_head = FOOTER.pack(self._position, len(index), crc32c(index), len(self._entries),
                                   version, self._flags, OBJECT_MAGIC, 0)[:FOOTER_CRC_COVERS_BYTES]
         footer = footer_head + crc32c(footer_head).to_bytes(4, "little")
@@ -159,7 +159,7 @@ class Footer:
     index_bytes: int
     index_crc: int
     entry_count: int
-    version: int = 1
+    version: int = OBJECT_FORMAT_VERSION
     flags: int = 0
 
     @property
@@ -177,7 +177,7 @@ def decode_footer(raw: bytes, object_bytes: int) -> Footer:
     if version not in OBJECT_FORMAT_VERSIONS:
         raise CorruptObjectError(f"object format version {version}; this stratalog reads versions "
                                  f"{', '.join(map(str, sorted(OBJECT_FORMAT_VERSIONS)))}")
-    if flags & ~FLAGS_KNOWN or (version == 1 and flags):
+    if flags & ~FLAGS_KNOWN:
         raise CorruptObjectError(f"object footer: flags {flags:#x} unknown to version {version}")
     if pos + index_bytes + FOOTER_BYTES != object_bytes or index_bytes != count * INDEX_ENTRY.size:
         raise CorruptObjectError("object footer: index position and sizes do not add up")
@@ -212,7 +212,8 @@ def placed_batches(block: bytes | memoryview, entry: BlockEntry) -> Iterator[tup
     stream_id = entry.stream_id
     while at < size:
         header = read_batch_info(block, at)
-        yield at, BatchInfo(stream_id, base, header.count, header.batch_bytes, header.max_timestamp_ms)
+        yield at, BatchInfo(stream_id, base, header.count, header.batch_bytes, header.max_timestamp_ms,
+                            header.encoding)
         base += header.count
         at += header.batch_bytes
     if base != entry.end_offset:

@@ -28,11 +28,14 @@ from stratalog.engine.batch import (
     BatchInfo,
     NewRecord,
     Record,
+    StoredBatch,
     check_batch,
     decode_records,
     encode_batch,
     read_batch_info,
     record_timestamps,
+    stored_batch,
+    wrap_kafka_batch,
 )
 from stratalog.engine.blockcache import BlockCache
 from stratalog.engine.config import StoreConfig
@@ -225,9 +228,25 @@ class Stream:
         """One past the last acknowledged record: the offset the next durable append will get at least."""
         return self._state.durable_end
 
+    @property
+    def uploaded_end_offset(self) -> int:
+        """One past the last record in objects: reads from here on are served from memory."""
+        return self._state.committed_end
+
     def append(self, records: Sequence[bytes | NewRecord]) -> Future[int]:
         """Append records as one batch; the future completes with the first record's offset once durable."""
         return self._store._append(self._state, records)
+
+    def append_kafka(self, kafka_batch: bytes | memoryview, count: int, max_timestamp_ms: int) -> Future[int]:
+        """Append one Kafka RecordBatch (magic 2, already checked: ``stratalog.kafka.records``) of ``count``
+        records as it is, its baseOffset set to the offset it gets; the future completes with that offset
+        once durable. Readers of either kind (``fetch``, ``fetch_batches``) see its records."""
+        return self._store._append_kafka(self._state, kafka_batch, count, max_timestamp_ms)
+
+    def fetch_batches(self, start_offset: int, max_bytes: int = 1 << 20) -> list[StoredBatch]:
+        """The stored batches holding ``start_offset`` and the offsets after it, whole (the first may begin
+        before ``start_offset``), about ``max_bytes`` at most but at least one batch when one exists."""
+        return self._store._fetch_batches(self._state, start_offset, max_bytes)
 
     def fetch(self, start_offset: int, end_offset: int | None = None, max_bytes: int = 1 << 20) -> list[Record]:
         """Records from ``start_offset`` (up to ``end_offset``), in order, about ``max_bytes`` of values at
@@ -355,6 +374,25 @@ class StreamStore:
         with self._lock:
             return [Stream(self, st) for st in self._streams.values()]
 
+    def delete_stream(self, stream: Stream) -> None:
+        """Delete a stream and its records; durable when it returns. Its objects go after the grace
+        period (readers holding them finish first); its batches still in the WAL are skipped at recovery."""
+        self._check_open()
+        with self._upload_lock, self._commit_lock:
+            self._meta.delete_stream(stream.stream_id)
+            with self._cond:
+                st = self._streams.pop(stream.stream_id, None)
+                if st is not None:
+                    if st.name is not None:
+                        self._by_name.pop(st.name, None)
+                    if self._cached.pop(st.stream_id, None) is not None:
+                        self._cache_bytes -= sum(len(e.data) for e in st.cache)
+                    st.cache = ()
+                    st.start_offset = st.durable_end  # handles still held read nothing
+                self._cond.notify_all()
+            self._cold_rows.invalidate()
+            self._publish([], snapshot=True)
+
     def set_retention(self, stream: Stream, *, retention_ms: int | None, retention_bytes: int | None) -> None:
         self._meta.set_retention(stream.stream_id, retention_ms, retention_bytes)
 
@@ -363,13 +401,26 @@ class StreamStore:
     def _append(self, st: _StreamState, records: Sequence[bytes | NewRecord]) -> Future[int]:
         if not records:
             raise ValueError("append needs at least one record")
+        return self._append_encoded(st, len(records), lambda base: encode_batch(st.stream_id, base, records))
+
+    def _append_kafka(self, st: _StreamState, kafka_batch: bytes | memoryview, count: int,
+                      max_timestamp_ms: int) -> Future[int]:
+        if count < 1:
+            raise ValueError("a Kafka batch holds at least one record")
+        return self._append_encoded(st, count, lambda base: (
+            wrap_kafka_batch(st.stream_id, base, count, max_timestamp_ms, kafka_batch), max_timestamp_ms))
+
+    def _append_encoded(self, st: _StreamState, count: int,
+                        encode: Callable[[int], tuple[bytes, int]]) -> Future[int]:
+        """Append the batch ``encode(base_offset)`` returns (its bytes and max timestamp) of ``count``
+        records; the base offset is the stream's next, given under the store lock."""
         config = self._config
         deadline: float | None = None
         with self._cond:
             while True:
                 self._check_open()
                 if self._cache_bytes < config.log_cache_bytes_max:
-                    data, max_ts = encode_batch(st.stream_id, st.next_offset, records)
+                    data, max_ts = encode(st.next_offset)
                     if len(data) > config.wal.record_bytes_max:
                         raise RecordTooLargeError(
                             f"a batch of {len(data)} bytes exceeds wal.record_bytes_max={config.wal.record_bytes_max}:"
@@ -393,8 +444,8 @@ class StreamStore:
                 self._upload_wanted = True
                 self._cond.notify_all()
                 self._cond.wait(remaining)
-            entry = _Entry(st.next_offset, len(records), data, max_ts, res.offset, time.monotonic())
-            st.next_offset += len(records)
+            entry = _Entry(st.next_offset, count, data, max_ts, res.offset, time.monotonic())
+            st.next_offset += count
             st.push(entry)
             if not self._cached:
                 self._cache_oldest = entry.appended_at
@@ -442,6 +493,46 @@ class StreamStore:
             if not self._take(entry.data, 0, read_batch_info(entry.data), pos, stop, out, budget):
                 break
             pos = entry.end_offset
+        return out
+
+    def _fetch_batches(self, st: _StreamState, start: int, max_bytes: int) -> list[StoredBatch]:
+        self._check_not_closed()
+        with self._lock:
+            low, stop, committed = st.start_offset, st.durable_end, st.committed_end
+            if start < low or start > stop:
+                raise OffsetOutOfRangeError(
+                    f"stream {st.stream_id}: offset {start} is outside [{low}, {stop}]")
+            tail = st.cached_between(max(start, committed), stop)
+        out: list[StoredBatch] = []
+        budget = max_bytes
+        pos = start
+        if start < committed:
+            while pos < min(stop, committed) and budget > 0:
+                rows = self._cold_rows.rows(st.stream_id, pos, 1)
+                if not rows:
+                    break
+                row = rows[0]
+                block = self._blocks.get(row)  # its CRC, which covers every batch in it, is checked
+                for at, info in placed_batches(block, row.entry()):
+                    if info.end_offset <= pos:
+                        continue
+                    if budget <= 0 and out:
+                        break
+                    out.append(stored_batch(block, at, info))
+                    budget -= info.batch_bytes
+                pos = max(pos, row.end_offset)
+            if self._cold_pacer is not None:
+                self._cold_pacer.take(max_bytes - budget)
+            if budget <= 0 and out:
+                return out
+            pos = max(pos, committed)
+        for entry in tail:
+            if entry.end_offset <= pos:
+                continue
+            if budget <= 0 and out:
+                break
+            out.append(stored_batch(entry.data, 0, read_batch_info(entry.data)))
+            budget -= len(entry.data)
         return out
 
     def _take(self, buf: bytes, at: int, info: BatchInfo, start: int, stop: int, out: list[Record],

@@ -71,7 +71,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from stratalog.engine.batch import BATCH_HEADER, RECORD_HEAD, NewRecord, encode_batch
+from stratalog.engine.batch import BATCH_HEADER, ENCODING_NATIVE, RECORD_HEAD, NewRecord, encode_batch
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata import NewObject
 from stratalog.engine.objformat import (
@@ -199,7 +199,7 @@ class StagingWriter:
         for provisional, name in enumerate(names):
             batches = [StreamBatch(base, b.count, b.max_timestamp_ms,
                                    BATCH_HEADER.pack(provisional, base, b.count, BATCH_HEADER.size + len(b.body),
-                                                     b.max_timestamp_ms, b.crc) + b.body)
+                                                     b.max_timestamp_ms, ENCODING_NATIVE, b.crc) + b.body)
                        for base, b in self._pending[name]]
             builder.add_stream(provisional, batches)
             streams.append(StagedStream(name, batches[0].base_offset, sum(b.count for b in batches)))

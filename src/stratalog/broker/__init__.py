@@ -1,0 +1,1 @@
+"""The Kafka-wire-compatible broker: consumer groups, committed offsets, request handling."""

@@ -1,0 +1,185 @@
+"""The admin APIs: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs, IncrementalAlterConfigs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stratalog.broker.broker import Api, Broker
+from stratalog.broker.topic_configs import SPECS, InvalidConfigError, check_configs, effective
+from stratalog.broker.topics import InvalidTopicError, TopicExistsError, UnknownTopicError, check_topic_name
+from stratalog.kafka.codec import Request
+
+#: CreateTopics: -1 asks for the broker's default partition count or replication factor.
+DEFAULT_COUNT = -1
+#: DescribeConfigs / IncrementalAlterConfigs resource types.
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+#: IncrementalAlterConfigs operations.
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+#: DescribeConfigs config sources.
+SOURCE_TOPIC = 1
+SOURCE_DEFAULT = 5
+
+
+async def create_topics(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    results = []
+    for t in body.topics:
+        partitions = broker.config.default_partitions if t.num_partitions == DEFAULT_COUNT else t.num_partitions
+        result: dict[str, Any] = {"name": t.name, "topic_id": None, "error_code": ErrorCode.none,
+                                  "error_message": None, "num_partitions": partitions, "replication_factor": 1,
+                                  "configs": []}
+        results.append(result)
+        configs = {c.name: c.value for c in t.configs}
+        try:
+            if t.replication_factor not in (DEFAULT_COUNT, 1):
+                result["error_code"] = ErrorCode.invalid_replication_factor
+                result["error_message"] = "one broker: the replication factor is 1 (the WAL makes data durable)"
+                continue
+            if t.assignments:
+                result["error_code"] = ErrorCode.invalid_replica_assignment
+                result["error_message"] = "replica assignments are not supported"
+                continue
+            if body.validate_only:
+                check_topic_name(t.name)
+                check_configs(configs)
+                if broker.topics.get(t.name) is not None:
+                    raise TopicExistsError(f"topic {t.name!r} already exists")
+                if not 0 < partitions <= broker.config.partitions_per_topic_max:
+                    raise ValueError(f"a topic has 1 to {broker.config.partitions_per_topic_max} partitions")
+                continue
+            topic = await asyncio.to_thread(broker.create_topic, t.name, partitions, configs)
+            result["topic_id"] = topic.topic_id
+            result["configs"] = [{"name": name, "value": value, "read_only": False,
+                                  "config_source": SOURCE_TOPIC if name in topic.configs else SOURCE_DEFAULT,
+                                  "is_sensitive": False} for name, value in effective(topic.configs).items()]
+        except InvalidTopicError as e:
+            result["error_code"], result["error_message"] = ErrorCode.invalid_topic_exception, str(e)
+        except TopicExistsError as e:
+            result["error_code"], result["error_message"] = ErrorCode.topic_already_exists, str(e)
+        except InvalidConfigError as e:
+            result["error_code"], result["error_message"] = ErrorCode.invalid_config, str(e)
+        except ValueError as e:
+            result["error_code"], result["error_message"] = ErrorCode.invalid_partitions, str(e)
+    return {"throttle_time": 0, "topics": results}
+
+
+async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    names: list[tuple[str | None, Any]]
+    if request.api_version >= 6:
+        names = [(t.name, t.topic_id) for t in body.topics]
+    else:
+        names = [(name, None) for name in body.topic_names]
+    results = []
+    for given, topic_id in names:
+        name = given
+        if name is None and topic_id is not None:
+            by_id = broker.topics.by_id(topic_id)
+            name = by_id.name if by_id is not None else None
+        result: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.none,
+                                  "error_message": None}
+        results.append(result)
+        if name is None:
+            result["error_code"] = ErrorCode.unknown_topic_id
+            continue
+        try:
+            topic = broker.delete_topic(name)
+            result["topic_id"] = topic.topic_id
+        except UnknownTopicError as e:
+            result["error_code"], result["error_message"] = ErrorCode.unknown_topic_or_partition, str(e)
+    return {"throttle_time": 0, "responses": results}
+
+
+async def create_partitions(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    results = []
+    for t in body.topics:
+        result: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None}
+        results.append(result)
+        topic = broker.topics.get(t.name)
+        if topic is None:
+            result["error_code"] = ErrorCode.unknown_topic_or_partition
+        elif t.count <= topic.partitions or t.count > broker.config.partitions_per_topic_max:
+            result["error_code"] = ErrorCode.invalid_partitions
+            result["error_message"] = (f"topic {t.name} has {topic.partitions} partitions; a new count must be "
+                                       f"larger and at most {broker.config.partitions_per_topic_max}")
+        elif t.assignments:
+            result["error_code"] = ErrorCode.invalid_replica_assignment
+            result["error_message"] = "replica assignments are not supported"
+        elif not body.validate_only:
+            broker.add_partitions(t.name, t.count)
+    return {"throttle_time": 0, "results": results}
+
+
+async def describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    documented = getattr(body, "include_documentation", False)
+    results = []
+    for r in body.resources:
+        result: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None,
+                                  "resource_type": r.resource_type, "resource_name": r.resource_name, "configs": []}
+        results.append(result)
+        if r.resource_type == RESOURCE_BROKER:
+            continue  # no broker configs are exposed yet
+        if r.resource_type != RESOURCE_TOPIC:
+            result["error_code"] = ErrorCode.invalid_request
+            result["error_message"] = f"resource type {r.resource_type} is not supported"
+            continue
+        topic = broker.topics.get(r.resource_name)
+        if topic is None:
+            result["error_code"] = ErrorCode.unknown_topic_or_partition
+            continue
+        keys = set(r.configuration_keys) if r.configuration_keys is not None else None
+        result["configs"] = [
+            {"name": name, "value": value, "read_only": False,
+             "config_source": SOURCE_TOPIC if name in topic.configs else SOURCE_DEFAULT,
+             "is_default": name not in topic.configs, "is_sensitive": False, "synonyms": [],
+             "config_type": 0, "documentation": SPECS[name].doc if documented else None}
+            for name, value in effective(topic.configs).items() if keys is None or name in keys]
+    return {"throttle_time": 0, "results": results}
+
+
+async def incremental_alter_configs(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    responses = []
+    for r in body.resources:
+        result: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None,
+                                  "resource_type": r.resource_type, "resource_name": r.resource_name}
+        responses.append(result)
+        topic = broker.topics.get(r.resource_name) if r.resource_type == RESOURCE_TOPIC else None
+        if r.resource_type != RESOURCE_TOPIC:
+            result["error_code"] = ErrorCode.invalid_request
+            result["error_message"] = f"resource type {r.resource_type} is not supported"
+            continue
+        if topic is None:
+            result["error_code"] = ErrorCode.unknown_topic_or_partition
+            continue
+        configs = dict(topic.configs)
+        try:
+            for c in r.configs:
+                if c.config_operation == OP_SET:
+                    configs[c.name] = c.value
+                elif c.config_operation == OP_DELETE:
+                    configs.pop(c.name, None)
+                else:
+                    raise InvalidConfigError(f"{c.name}: append and subtract apply to list configs; there are none")
+            checked = check_configs(configs)
+        except InvalidConfigError as e:
+            result["error_code"], result["error_message"] = ErrorCode.invalid_config, str(e)
+            continue
+        if not body.validate_only:
+            broker.set_topic_configs(topic.name, checked)
+    return {"throttle_time": 0, "responses": responses}
+
+
+APIS = (
+    Api(19, "CreateTopics", 2, 7, create_topics),
+    Api(20, "DeleteTopics", 1, 6, delete_topics),
+    Api(37, "CreatePartitions", 0, 3, create_partitions),
+    Api(32, "DescribeConfigs", 1, 4, describe_configs),
+    Api(44, "IncrementalAlterConfigs", 0, 1, incremental_alter_configs),
+)

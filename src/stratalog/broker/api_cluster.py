@@ -1,0 +1,120 @@
+"""The cluster APIs: ApiVersions, Metadata, DescribeCluster, FindCoordinator.
+
+One broker is the whole cluster: it leads every partition and coordinates every group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stratalog.broker.broker import Api, Broker
+from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name
+from stratalog.kafka.codec import Request
+
+#: FindCoordinator key types: 0 a consumer group, 1 a transactional id (refused: no transactions).
+KEY_TYPE_GROUP = 0
+
+
+def _endpoint(broker: Broker) -> tuple[str, int]:
+    c = broker.config
+    return c.advertised_host or c.host, c.advertised_port or c.port
+
+
+async def api_versions(broker: Broker, request: Request) -> dict[str, Any]:
+    return {
+        "error_code": ErrorCode.none,
+        "api_keys": [{"api_key": api.key, "min_version": api.min_version, "max_version": api.max_version}
+                     for api in sorted(broker.apis.values(), key=lambda a: a.key)],
+        "throttle_time": 0,
+    }
+
+
+def _topic_metadata(broker: Broker, topic: Topic) -> dict[str, Any]:
+    node = broker.config.node_id
+    return {
+        "error_code": ErrorCode.none, "name": topic.name, "topic_id": topic.topic_id, "is_internal": False,
+        "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": node, "leader_epoch": 0,
+                        "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
+                       for p in range(topic.partitions)],
+        "topic_authorized_operations": -2147483648,
+    }
+
+
+async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    requested = body.topics
+    if request.api_version == 0 and not requested:
+        requested = None  # v0: an empty list means every topic
+    allow_create = getattr(body, "allow_auto_topic_creation", True)
+    topics: list[dict[str, Any]] = []
+    if requested is None:
+        topics = [_topic_metadata(broker, t) for t in broker.topics.all()]
+    else:
+        for wanted in requested:
+            name = wanted.name
+            topic_id = getattr(wanted, "topic_id", None)
+            if name is None and topic_id is not None and topic_id.int != 0:
+                by_id = broker.topics.by_id(topic_id)
+                if by_id is None:
+                    topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None, "topic_id": topic_id,
+                                   "is_internal": False, "partitions": []})
+                    continue
+                name = by_id.name
+            try:
+                check_topic_name(name)
+            except InvalidTopicError:
+                topics.append({"error_code": ErrorCode.invalid_topic_exception, "name": name,
+                               "is_internal": False, "partitions": []})
+                continue
+            assert name is not None
+            topic = broker.auto_create(name) if allow_create else broker.topics.get(name)
+            if topic is None:
+                topics.append({"error_code": ErrorCode.unknown_topic_or_partition, "name": name,
+                               "is_internal": False, "partitions": []})
+            else:
+                topics.append(_topic_metadata(broker, topic))
+    host, port = _endpoint(broker)
+    return {
+        "throttle_time": 0,
+        "brokers": [{"node_id": broker.config.node_id, "host": host, "port": port, "rack": None}],
+        "cluster_id": broker.config.cluster_id,
+        "controller_id": broker.config.node_id,
+        "topics": topics,
+        "cluster_authorized_operations": -2147483648,
+    }
+
+
+async def describe_cluster(broker: Broker, request: Request) -> dict[str, Any]:
+    host, port = _endpoint(broker)
+    return {
+        "throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "endpoint_type": 1,
+        "cluster_id": broker.config.cluster_id, "controller_id": broker.config.node_id,
+        "brokers": [{"broker_id": broker.config.node_id, "host": host, "port": port, "rack": None}],
+        "cluster_authorized_operations": -2147483648,
+    }
+
+
+async def find_coordinator(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    host, port = _endpoint(broker)
+    key_type = getattr(body, "key_type", KEY_TYPE_GROUP)
+    if key_type == KEY_TYPE_GROUP:
+        error, message, node = ErrorCode.none, None, broker.config.node_id
+    else:
+        error, message, node = ErrorCode.invalid_request, "transactions are not supported", -1
+    if request.api_version >= 4:
+        return {"throttle_time": 0, "coordinators": [
+            {"key": key, "node_id": node, "host": host, "port": port, "error_code": error, "error_message": message}
+            for key in body.coordinator_keys]}
+    return {"throttle_time": 0, "error_code": error, "error_message": message, "node_id": node,
+            "host": host, "port": port}
+
+
+APIS = (
+    Api(18, "ApiVersions", 0, 3, api_versions),
+    Api(3, "Metadata", 0, 12, metadata),
+    Api(60, "DescribeCluster", 0, 1, describe_cluster),
+    Api(10, "FindCoordinator", 0, 4, find_coordinator),
+)

@@ -1,0 +1,164 @@
+"""The consumer-group APIs (classic protocol): JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
+OffsetFetch, DescribeGroups, ListGroups, DeleteGroups. The coordinator (``groups.py``) decides; these
+translate requests of every version to its calls and its results to responses."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stratalog.broker.broker import Api, Broker
+from stratalog.broker.offsets import OffsetEntry
+from stratalog.kafka.codec import Request
+
+#: What DescribeGroups says of authorized operations when nobody asked (no ACLs yet).
+OPERATIONS_NOT_ASKED = -2147483648
+
+
+def _ms(value: Any) -> int:
+    return int(value.total_seconds() * 1000)
+
+
+async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    session_ms = _ms(body.session_timeout)
+    rebalance = getattr(body, "rebalance_timeout", None)
+    result = await broker.groups.join(
+        body.group_id, body.member_id, getattr(body, "group_instance_id", None), request.client_id or "",
+        "/127.0.0.1", session_ms, _ms(rebalance) if rebalance is not None else session_ms, body.protocol_type,
+        [(p.name, p.metadata) for p in body.protocols], request.api_version >= 4)
+    protocol_name = result.protocol_name
+    if protocol_name is None and request.api_version < 7:
+        protocol_name = ""
+    return {"throttle_time": 0, "error_code": result.error_code, "generation_id": result.generation_id,
+            "protocol_type": result.protocol_type, "protocol_name": protocol_name, "leader": result.leader,
+            "skip_assignment": result.skip_assignment, "member_id": result.member_id,
+            "members": [{"member_id": m, "group_instance_id": i, "metadata": md} for m, i, md in result.members]}
+
+
+async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    result = await broker.groups.sync(
+        body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None),
+        getattr(body, "protocol_type", None), getattr(body, "protocol_name", None),
+        {a.member_id: a.assignment for a in body.assignments})
+    return {"throttle_time": 0, "error_code": result.error_code, "protocol_type": result.protocol_type,
+            "protocol_name": result.protocol_name, "assignment": result.assignment}
+
+
+async def heartbeat(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    error = broker.groups.heartbeat(body.group_id, body.generation_id, body.member_id,
+                                    getattr(body, "group_instance_id", None))
+    return {"throttle_time": 0, "error_code": error}
+
+
+async def leave_group(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    if request.api_version < 3:
+        error, members = broker.groups.leave(body.group_id, [(body.member_id, None)])
+        return {"throttle_time": 0, "error_code": error or (members[0][2] if members else 0)}
+    error, members = broker.groups.leave(body.group_id, [(m.member_id, m.group_instance_id) for m in body.members])
+    return {"throttle_time": 0, "error_code": error, "members": [
+        {"member_id": m, "group_instance_id": i, "error_code": e} for m, i, e in members]}
+
+
+async def offset_commit(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    generation = getattr(body, "generation_id_or_member_epoch", -1)
+    error = broker.groups.validate_offset_commit(body.group_id, generation, getattr(body, "member_id", ""),
+                                                 getattr(body, "group_instance_id", None))
+    now_ms = int(time.time() * 1000)
+    topics = []
+    entries: list[OffsetEntry] = []
+    for t in body.topics:
+        partitions = []
+        known = broker.topics.get(t.name)
+        for p in t.partitions:
+            code = error
+            if not code and (known is None or not 0 <= p.partition_index < known.partitions):
+                code = ErrorCode.unknown_topic_or_partition
+            if not code:
+                code = broker.offsets.metadata_error(p.committed_metadata)
+            if not code:
+                entries.append(OffsetEntry(t.name, p.partition_index, p.committed_offset,
+                                           getattr(p, "committed_leader_epoch", -1), p.committed_metadata, now_ms))
+            partitions.append({"partition_index": p.partition_index, "error_code": code})
+        topics.append({"name": t.name, "partitions": partitions})
+    if entries:
+        # Durable (SQLite, synchronous=FULL) before the response: a commit survives kill -9.
+        await asyncio.to_thread(broker.offsets.commit, body.group_id, entries)
+    return {"throttle_time": 0, "topics": topics}
+
+
+def _fetch_group(broker: Broker, group_id: str, wanted: Any) -> list[dict[str, Any]]:
+    if wanted is None:
+        found = broker.offsets.fetch(group_id, None)
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in sorted(found):
+            by_topic.setdefault(topic, []).append(partition)
+        pairs = [(topic, parts) for topic, parts in by_topic.items()]
+    else:
+        pairs = [(t.name, list(t.partition_indexes)) for t in wanted]
+        found = broker.offsets.fetch(group_id, [(name, p) for name, parts in pairs for p in parts])
+    topics = []
+    for name, parts in pairs:
+        partitions = []
+        for p in parts:
+            entry = found.get((name, p))
+            partitions.append({"partition_index": p, "committed_offset": entry.offset if entry else -1,
+                               "committed_leader_epoch": entry.leader_epoch if entry else -1,
+                               "metadata": entry.metadata if entry else "", "error_code": ErrorCode.none})
+        topics.append({"name": name, "partitions": partitions})
+    return topics
+
+
+async def offset_fetch(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    if request.api_version >= 8:
+        groups = [{"group_id": g.group_id, "topics": _fetch_group(broker, g.group_id, g.topics),
+                   "error_code": ErrorCode.none} for g in body.groups]
+        return {"throttle_time": 0, "groups": groups}
+    return {"throttle_time": 0, "topics": _fetch_group(broker, body.group_id, body.topics),
+            "error_code": ErrorCode.none}
+
+
+async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
+    groups = []
+    for d in broker.groups.describe(list(request.body.groups)):
+        groups.append({"error_code": d.error_code, "group_id": d.group_id, "group_state": d.state,
+                       "protocol_type": d.protocol_type, "protocol_data": d.protocol_data,
+                       "authorized_operations": OPERATIONS_NOT_ASKED, "members": [
+                           {"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                            "client_id": m.client_id, "client_host": m.client_host,
+                            "member_metadata": m.member_metadata, "member_assignment": m.member_assignment}
+                           for m in d.members]})
+    return {"throttle_time": 0, "groups": groups}
+
+
+async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
+    states = getattr(request.body, "states_filter", ())
+    listed = broker.groups.list_groups(set(states) if states else None)
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": [
+        {"group_id": g, "protocol_type": p, "group_state": s} for g, p, s in listed]}
+
+
+async def delete_groups(broker: Broker, request: Request) -> dict[str, Any]:
+    results = broker.groups.delete_groups(list(request.body.groups_names))
+    return {"throttle_time": 0, "results": [{"group_id": g, "error_code": e} for g, e in results]}
+
+
+APIS = (
+    Api(11, "JoinGroup", 0, 7, join_group),
+    Api(14, "SyncGroup", 0, 5, sync_group),
+    Api(12, "Heartbeat", 0, 4, heartbeat),
+    Api(13, "LeaveGroup", 0, 5, leave_group),
+    Api(8, "OffsetCommit", 2, 8, offset_commit),
+    Api(9, "OffsetFetch", 1, 8, offset_fetch),
+    Api(15, "DescribeGroups", 0, 5, describe_groups),
+    Api(16, "ListGroups", 0, 4, list_groups),
+    Api(42, "DeleteGroups", 0, 2, delete_groups),
+)

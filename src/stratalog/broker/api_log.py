@@ -1,0 +1,330 @@
+"""The log APIs: Produce, Fetch, ListOffsets, DeleteRecords, InitProducerId.
+
+Produce stores each record batch as it arrived (checked: bounds, magic, CRC, counts; its baseOffset
+written) and answers acks=1 and acks=all once the engine says the batch is durable in the WAL. Fetch
+returns stored batches whole: Kafka batches as they were produced, batches appended through the Python
+API encoded as Kafka batches on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stratalog.broker.broker import Api, Broker
+from stratalog.broker.producers import Verdict
+from stratalog.broker.topic_configs import effective
+from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClosedError, StoreFailedError
+from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, decode_records
+from stratalog.engine.batch import BatchInfo as EngineBatchInfo
+from stratalog.errors import RecordTooLargeError
+from stratalog.kafka.codec import Request
+from stratalog.kafka.records import KafkaBatchError, check_batch, encode_batch
+
+log = logging.getLogger("stratalog.broker")
+
+#: ListOffsets' special timestamps.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+#: Produce acks: none, the leader's (here: durable in the WAL), all replicas' (the same on one node).
+ACKS_NONE = 0
+ACKS_ALLOWED = (0, 1, -1)
+
+
+def _partition_response(index: int, error: ErrorCode, base_offset: int = -1, log_start_offset: int = -1,
+                        message: str | None = None) -> dict[str, Any]:
+    return {"index": index, "error_code": error, "base_offset": base_offset, "log_append_time": None,
+            "log_start_offset": log_start_offset, "record_errors": [], "error_message": message}
+
+
+async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
+    body = request.body
+    acks = body.acks
+    timeout_s = min(body.timeout.total_seconds(), broker.config.produce_wait_ms_max / 1000)
+    if getattr(body, "transactional_id", None) is not None or acks not in ACKS_ALLOWED:
+        error = ErrorCode.transactional_id_authorization_failed if acks in ACKS_ALLOWED \
+            else ErrorCode.invalid_required_acks
+        return {"responses": [{"name": t.name, "partition_responses": [
+            _partition_response(p.index, error, message="transactions are not supported"
+                                if error != ErrorCode.invalid_required_acks else f"acks={acks} is not 0, 1 or -1")
+            for p in t.partition_data]} for t in body.topic_data], "throttle_time": 0}
+    pending: list[tuple[dict[str, Any], asyncio.Future[int], Any]] = []
+    topics = []
+    for t in body.topic_data:
+        partitions = []
+        for p in t.partition_data:
+            response = _partition_response(p.index, ErrorCode.none)
+            partitions.append(response)
+            outcome = _append(broker, t.name, p.index, p.records, response)
+            if outcome is not None:
+                pending.append((response, *outcome))
+        topics.append({"name": t.name, "partition_responses": partitions})
+    if acks == ACKS_NONE:
+        return None
+    if pending:
+        futures = [f for _, f, _ in pending]
+        done, _ = await asyncio.wait(futures, timeout=timeout_s)
+        for response, future, stream in pending:
+            if future not in done:
+                response["error_code"] = ErrorCode.request_timed_out
+                continue
+            failure = future.exception()
+            if failure is not None:
+                response["error_code"] = ErrorCode.kafka_storage_error
+                response["error_message"] = str(failure)
+                continue
+            response["base_offset"] = future.result()
+            response["log_start_offset"] = stream.start_offset
+    return {"responses": topics, "throttle_time": 0}
+
+
+class _RefusedError(Exception):
+    """A partition's batch is refused with this Kafka error."""
+
+    def __init__(self, error: ErrorCode, message: str | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+
+def _append(broker: Broker, topic_name: str, index: int, records: bytes | None,
+            response: dict[str, Any]) -> tuple[asyncio.Future[int], Any] | None:
+    """Check and append one partition's batch; fill ``response`` with an error, or return the future of
+    the batch's base offset and its stream."""
+    try:
+        return _check_and_append(broker, topic_name, index, records)
+    except _RefusedError as e:
+        response["error_code"] = e.error
+        response["error_message"] = e.message
+        return None
+
+
+def _check_and_append(broker: Broker, topic_name: str, index: int,
+                      records: bytes | None) -> tuple[asyncio.Future[int], Any]:
+    topic = broker.auto_create(topic_name)
+    stream = broker.partition(topic_name, index) if topic is not None else None
+    if stream is None or topic is None:
+        raise _RefusedError(ErrorCode.unknown_topic_or_partition)
+    limit = min(int(effective(topic.configs)["max.message.bytes"]), broker.config.message_bytes_max)
+    view = memoryview(records or b"")
+    try:
+        header = check_batch(view, 0, batch_bytes_max=limit)
+    except KafkaBatchError as e:
+        raise _RefusedError(ErrorCode(e.error_code), str(e)) from None
+    if header.batch_bytes != len(view):
+        raise _RefusedError(ErrorCode.invalid_record, "a produce request carries exactly one record batch per "
+                            "partition")
+    if header.is_transactional or header.is_control:
+        raise _RefusedError(ErrorCode.invalid_record, "transactional and control batches are not supported")
+    loop = asyncio.get_running_loop()
+    producer_id = header.producer_id
+    idempotent = producer_id >= 0
+    if idempotent:
+        verdict, offset = broker.producers.check(producer_id, header.producer_epoch, stream.stream_id,
+                                                 header.base_sequence, header.record_count)
+        if verdict is Verdict.DUPLICATE:
+            in_flight = broker.producing.get((producer_id, stream.stream_id, header.base_sequence))
+            done: asyncio.Future[int] = loop.create_future()
+            done.set_result(offset)
+            return (in_flight or done), stream
+        if verdict is not Verdict.APPEND:
+            raise _RefusedError(ErrorCode.invalid_producer_epoch if verdict is Verdict.FENCED
+                                else ErrorCode.out_of_order_sequence_number, verdict.value)
+    try:
+        engine_future = stream.append_kafka(view, header.record_count, header.max_timestamp_ms)
+    except RecordTooLargeError as e:
+        raise _RefusedError(ErrorCode.message_too_large, str(e)) from None
+    except BackpressureError as e:
+        raise _RefusedError(ErrorCode.request_timed_out, str(e)) from None
+    except (StoreFailedError, StoreClosedError) as e:
+        raise _RefusedError(ErrorCode.kafka_storage_error, str(e)) from None
+    future = asyncio.wrap_future(engine_future, loop=loop)
+    stream_id = stream.stream_id
+    if idempotent:
+        key = (producer_id, stream_id, header.base_sequence)
+        broker.producers.record(producer_id, header.producer_epoch, stream_id, header.base_sequence,
+                                header.record_count, -1)
+        broker.producing[key] = future
+
+        def settle(f: asyncio.Future[int]) -> None:
+            broker.producing.pop(key, None)
+            if f.exception() is None:
+                broker.producers.settle(producer_id, stream_id, header.base_sequence, f.result())
+            else:
+                broker.producers.forget(producer_id, stream_id)
+        future.add_done_callback(settle)
+    future.add_done_callback(lambda f: broker.data_arrived(stream_id))
+    return future, stream
+
+
+# Fetch ---------------------------------------------------------------------------------------------
+
+
+def as_kafka_batch(batch: StoredBatch) -> bytes | memoryview:
+    """A stored batch as Kafka consumers read it: Kafka batches as stored, native ones encoded."""
+    if batch.encoding == ENCODING_KAFKA:
+        return batch.body
+    from stratalog.engine.batch import BATCH_HEADER_BYTES
+
+    # decode_records wants the engine header in front of the body; the body alone is enough to rebuild it.
+    info = EngineBatchInfo(0, batch.base_offset, batch.count, BATCH_HEADER_BYTES + len(batch.body),
+                           batch.max_timestamp_ms, batch.encoding)
+    records = list(decode_records(bytes(BATCH_HEADER_BYTES) + bytes(batch.body), 0, info))
+    return encode_batch(records, base_offset=batch.base_offset)
+
+
+async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    wait_s = min(body.max_wait.total_seconds(), broker.config.fetch_wait_ms_max / 1000)
+    deadline = time.monotonic() + wait_s
+    response_max = min(getattr(body, "max_bytes", 2**31 - 1), broker.config.fetch_response_bytes_max)
+    min_bytes = body.min_bytes
+    while True:
+        topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max)
+        remaining_s = deadline - time.monotonic()
+        if total >= min_bytes or remaining_s <= 0 or not waiting_on:
+            break
+        await broker.wait_for_data(waiting_on, remaining_s)
+        if time.monotonic() >= deadline:
+            topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max)
+            break
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": topics}
+
+
+async def _fetch_once(broker: Broker, wanted: Any, response_max: int) -> tuple[list[dict[str, Any]], int, list[int]]:
+    total = 0
+    waiting_on: list[int] = []
+    topics = []
+    for t in wanted:
+        partitions = []
+        for p in t.partitions:
+            stream = broker.partition(t.topic, p.partition)
+            if stream is None:
+                partitions.append({"partition_index": p.partition, "error_code": ErrorCode.unknown_topic_or_partition,
+                                   "high_watermark": -1, "records": b"", "aborted_transactions": None})
+                continue
+            high = stream.end_offset
+            entry: dict[str, Any] = {"partition_index": p.partition, "error_code": ErrorCode.none,
+                                     "high_watermark": high, "last_stable_offset": high,
+                                     "log_start_offset": stream.start_offset, "aborted_transactions": None,
+                                     "preferred_read_replica": -1, "records": b""}
+            partitions.append(entry)
+            offset = p.fetch_offset
+            if offset == high:
+                waiting_on.append(stream.stream_id)
+                continue
+            budget = min(p.partition_max_bytes, response_max - total)
+            if budget <= 0 and total:
+                continue
+            try:
+                batches = await _read(stream, offset, max(budget, 1))
+            except OffsetOutOfRangeError:
+                entry["error_code"] = ErrorCode.offset_out_of_range
+                continue
+            except (StoreFailedError, StoreClosedError):
+                entry["error_code"] = ErrorCode.kafka_storage_error
+                continue
+            if batches:
+                parts = [as_kafka_batch(b) for b in batches]
+                entry["records"] = b"".join(parts)
+                total += len(entry["records"])
+        topics.append({"topic": t.topic, "partitions": partitions})
+    return topics, total, waiting_on
+
+
+async def _read(stream: Any, offset: int, max_bytes: int) -> list[StoredBatch]:
+    if offset >= stream.uploaded_end_offset:
+        return list(stream.fetch_batches(offset, max_bytes))  # in memory: no thread hop
+    return list(await asyncio.to_thread(stream.fetch_batches, offset, max_bytes))
+
+
+# ListOffsets, DeleteRecords ------------------------------------------------------------------------
+
+
+async def list_offsets(broker: Broker, request: Request) -> dict[str, Any]:
+    topics = []
+    for t in request.body.topics:
+        partitions = []
+        for p in t.partitions:
+            stream = broker.partition(t.name, p.partition_index)
+            entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
+                                     "timestamp": -1, "offset": -1, "leader_epoch": 0}
+            partitions.append(entry)
+            if stream is None:
+                entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                continue
+            ts = p.timestamp
+            if ts == LATEST_TIMESTAMP:
+                entry["offset"] = stream.end_offset
+            elif ts == EARLIEST_TIMESTAMP:
+                entry["offset"] = stream.start_offset
+            elif ts < 0:
+                entry["error_code"] = ErrorCode.invalid_request
+            else:
+                found = await asyncio.to_thread(_offset_for_time, stream, ts)
+                if found is not None:
+                    entry["offset"], entry["timestamp"] = found
+        topics.append({"name": t.name, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}
+
+
+def _offset_for_time(stream: Any, timestamp_ms: int) -> tuple[int, int] | None:
+    offset = stream.offset_for_timestamp(timestamp_ms)
+    if offset is None:
+        return None
+    records = stream.fetch(offset, offset + 1, max_bytes=1)
+    return offset, (records[0].timestamp_ms if records else timestamp_ms)
+
+
+async def delete_records(broker: Broker, request: Request) -> dict[str, Any]:
+    topics = []
+    for t in request.body.topics:
+        partitions = []
+        for p in t.partitions:
+            stream = broker.partition(t.name, p.partition_index)
+            entry: dict[str, Any] = {"partition_index": p.partition_index, "low_watermark": -1,
+                                     "error_code": ErrorCode.none}
+            partitions.append(entry)
+            if stream is None:
+                entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                continue
+            target = stream.end_offset if p.offset == -1 else p.offset
+            if not 0 <= target <= stream.end_offset:
+                entry["error_code"] = ErrorCode.offset_out_of_range
+                continue
+            await asyncio.to_thread(stream.trim, target)
+            entry["low_watermark"] = stream.start_offset
+        topics.append({"name": t.name, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}
+
+
+# InitProducerId ------------------------------------------------------------------------------------
+
+
+async def init_producer_id(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    if body.transactional_id is not None:
+        return {"throttle_time": 0, "error_code": ErrorCode.transactional_id_authorization_failed,
+                "producer_id": -1, "producer_epoch": -1}
+    given = getattr(body, "producer_id", -1)
+    if given >= 0:
+        # KIP-360: a producer that lost track of its sequence bumps its epoch and starts again at 0.
+        epoch = getattr(body, "producer_epoch", -1) + 1
+        if epoch < 32767:
+            return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": given, "producer_epoch": epoch}
+    producer_id = await asyncio.to_thread(broker.topics.next_counter, "producer_id")
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": producer_id, "producer_epoch": 0}
+
+
+APIS = (
+    Api(0, "Produce", 3, 9, produce),
+    Api(1, "Fetch", 4, 12, fetch),
+    Api(2, "ListOffsets", 1, 6, list_offsets),
+    Api(21, "DeleteRecords", 0, 2, delete_records),
+    Api(22, "InitProducerId", 0, 4, init_producer_id),
+)

@@ -1,0 +1,12 @@
+"""The APIs the broker serves, gathered from their modules: what ApiVersions advertises is exactly this."""
+
+from __future__ import annotations
+
+from stratalog.broker import api_admin, api_cluster, api_groups, api_log
+from stratalog.broker.broker import Broker
+
+
+def register_all(broker: Broker) -> None:
+    for module in (api_cluster, api_log, api_admin, api_groups):
+        for api in module.APIS:
+            broker.register(api)

@@ -1,0 +1,216 @@
+"""The broker: the stream store, its topics, groups and producers, and the table of the APIs it serves.
+
+``Broker`` is what the request handlers share. It runs on one asyncio event loop (the server's): every
+method is called from that loop's thread, so its dicts need no locks; the engine's own threads (WAL,
+uploader) reach back only through futures, which complete on the loop via ``wrap_future``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stratalog.broker.config import BrokerConfig
+from stratalog.broker.groups import GroupCoordinator
+from stratalog.broker.offsets import CommittedOffsets
+from stratalog.broker.producers import ProducerStates
+from stratalog.broker.topic_configs import check_configs, retention
+from stratalog.broker.topics import Topic, TopicRegistry, check_topic_name, stream_name
+from stratalog.engine import Stream, StreamStore
+from stratalog.engine.metadata import UnknownStreamError
+from stratalog.kafka.codec import Request
+
+log = logging.getLogger("stratalog.broker")
+
+Handler = Callable[["Broker", Request], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """One API the broker serves: its versions and its handler. A handler returns the response as
+    plain values (see ``stratalog.kafka.build``), or None for a request that gets no response."""
+
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    handler: Handler
+
+
+class Broker:
+    """State shared by the handlers. Open with ``Broker.open`` inside the event loop; ``close`` it."""
+
+    def __init__(self, data_dir: Path, store: StreamStore, config: BrokerConfig) -> None:
+        self.config = config
+        self.store = store
+        self.data_dir = data_dir
+        self.topics = TopicRegistry(data_dir / "broker.sqlite")
+        self.offsets = CommittedOffsets(data_dir / "offsets.sqlite")
+        self.groups = GroupCoordinator(self.offsets, config=config.groups)
+        self.producers = ProducerStates(config.producers_max)
+        #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
+        #: retry arriving meanwhile waits for the first one's offset.
+        self.producing: dict[tuple[int, int, int], asyncio.Future[int]] = {}
+        self._streams: dict[tuple[str, int], Stream] = {}
+        #: Fetches waiting for data, by stream id.
+        self._waiters: dict[int, set[asyncio.Future[None]]] = {}
+        self.apis: dict[int, Api] = {}
+        self._finish_deletes()
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike[str], config: BrokerConfig | None = None, *,
+             object_store: str | None = None) -> Broker:
+        config = config or BrokerConfig()
+        config.validate()
+        path = Path(data_dir)
+        store = StreamStore.open(path, object_store, config.store)
+        try:
+            broker = cls(path, store, config)
+        except BaseException:
+            store.close()
+            raise
+        from stratalog.broker.apis import register_all
+
+        register_all(broker)
+        broker.groups.start()
+        return broker
+
+    async def close(self) -> None:
+        await self.groups.close()
+        for waiters in self._waiters.values():
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+        self.topics.close()
+        self.offsets.close()
+        self.store.close()
+
+    def register(self, api: Api) -> None:
+        self.apis[api.key] = api
+
+    @property
+    def supported_versions(self) -> dict[int, tuple[int, int]]:
+        return {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
+
+    # Topics and partitions ---------------------------------------------------------------------------
+
+    def partition(self, topic: str, partition: int) -> Stream | None:
+        """The stream of a topic's partition, or None when there is no such partition."""
+        stream = self._streams.get((topic, partition))
+        if stream is not None:
+            return stream
+        t = self.topics.get(topic)
+        if t is None or not 0 <= partition < t.partitions:
+            return None
+        stream = self.store.open_stream(stream_name(topic, partition))
+        self._streams[(topic, partition)] = stream
+        return stream
+
+    def create_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> Topic:
+        """Create a topic with its streams; raises InvalidTopicError, TopicExistsError, InvalidConfigError,
+        ValueError (partition count)."""
+        check_topic_name(name)
+        if not 0 < partitions <= self.config.partitions_per_topic_max:
+            raise ValueError(f"a topic has 1 to {self.config.partitions_per_topic_max} partitions, not {partitions}")
+        checked = check_configs(configs)
+        if self.topics.get(name) is not None:
+            from stratalog.broker.topics import TopicExistsError
+
+            raise TopicExistsError(f"topic {name!r} already exists")
+        self._create_streams(name, 0, partitions, checked)
+        return self.topics.add(name, partitions, checked)
+
+    def _create_streams(self, name: str, first: int, count: int, configs: dict[str, str]) -> None:
+        names = [stream_name(name, p) for p in range(first, first + count)]
+        # Streams a create cut short by a crash left (empty: no topic row, so nothing was produced).
+        missing = []
+        for n in names:
+            try:
+                self.store.open_stream(n)
+            except UnknownStreamError:
+                missing.append(n)
+        self.store.create_streams(missing)
+        retention_ms, retention_bytes = retention(configs)
+        if retention_ms is not None or retention_bytes is not None:
+            for n in names:
+                self.store.set_retention(self.store.open_stream(n), retention_ms=retention_ms,
+                                         retention_bytes=retention_bytes)
+
+    def add_partitions(self, name: str, count: int) -> Topic:
+        topic = self.topics.get(name)
+        assert topic is not None
+        self._create_streams(name, topic.partitions, count - topic.partitions, topic.configs)
+        return self.topics.set_partitions(name, count)
+
+    def set_topic_configs(self, name: str, configs: dict[str, str]) -> Topic:
+        topic = self.topics.set_configs(name, configs)
+        retention_ms, retention_bytes = retention(configs)
+        for p in range(topic.partitions):
+            stream = self.partition(name, p)
+            if stream is not None:
+                self.store.set_retention(stream, retention_ms=retention_ms, retention_bytes=retention_bytes)
+        return topic
+
+    def delete_topic(self, name: str) -> Topic:
+        topic = self.topics.remove(name)
+        for p in range(topic.partitions):
+            stream = self._streams.pop((name, p), None)
+            if stream is not None:
+                self.producers.forget_partition(stream.stream_id)
+        self.offsets.delete_topic(name)
+        self._finish_deletes()
+        return topic
+
+    def _finish_deletes(self) -> None:
+        doomed = self.topics.doomed_streams()
+        for n in doomed:
+            with contextlib.suppress(UnknownStreamError):  # deleted before a crash cut the cleanup short
+                self.store.delete_stream(self.store.open_stream(n))
+        self.topics.forget_doomed(doomed)
+
+    def auto_create(self, name: str) -> Topic | None:
+        """The topic, created with the defaults if auto-creation is on and the name is valid."""
+        topic = self.topics.get(name)
+        if topic is not None or not self.config.auto_create_topics:
+            return topic
+        try:
+            topic = self.create_topic(name, self.config.default_partitions, {})
+        except ValueError:
+            return None
+        log.info("created topic %s (%d partitions) on first use", name, topic.partitions)
+        return topic
+
+    # Waiting for data --------------------------------------------------------------------------------
+
+    def data_arrived(self, stream_id: int) -> None:
+        """Wake the fetches waiting on a stream (an append became durable)."""
+        waiters = self._waiters.pop(stream_id, None)
+        if waiters:
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    async def wait_for_data(self, stream_ids: list[int], timeout_s: float) -> None:
+        """Return once any of ``stream_ids`` gets new data, or after ``timeout_s``."""
+        if timeout_s <= 0 or not stream_ids:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for sid in stream_ids:
+            self._waiters.setdefault(sid, set()).add(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            for sid in stream_ids:
+                waiters = self._waiters.get(sid)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._waiters[sid]

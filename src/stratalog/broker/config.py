@@ -1,0 +1,63 @@
+"""Every bound of the broker, named, with the reason for its default (Kafka's name in brackets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stratalog.broker.groups import GroupConfig
+from stratalog.engine.config import StoreConfig
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    host: str = "127.0.0.1"
+    port: int = 9092
+    #: Binding anything but loopback needs this: the broker has no authentication yet.
+    allow_plaintext_anywhere: bool = False
+    #: The host and port clients are told to connect to (Metadata); None: the listening ones.
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    node_id: int = 0
+    cluster_id: str = "stratalog"
+    #: A request larger than this closes its connection before a byte of it is kept
+    #: (socket.request.max.bytes: 100 MiB).
+    request_bytes_max: int = 100 << 20
+    #: Requests read ahead of their responses on one connection; the reader waits beyond it, so a
+    #: client that pipelines without reading holds at most this many (and their responses) in memory.
+    in_flight_requests_max: int = 64
+    #: Open connections; more are accepted and closed at once with a log line (max.connections).
+    connections_max: int = 4096
+    #: A connection idle this long is closed (connections.max.idle.ms: 10 minutes).
+    idle_timeout_s: float = 600.0
+    #: A connection whose frame has been arriving for this long is closed: a slow sender cannot hold
+    #: its buffer forever.
+    request_read_timeout_s: float = 60.0
+    #: The longest a fetch waits for data, whatever it asks (replica.fetch.wait.max.ms is 500 ms; a
+    #: consumer's fetch.max.wait.ms is bounded here so a fetch never outlives a client's timeout).
+    fetch_wait_ms_max: int = 30_000
+    #: The largest fetch response, whatever the request asks (fetch.max.bytes: 55 MiB).
+    fetch_response_bytes_max: int = 55 << 20
+    #: A produce waits this long for durability before it answers REQUEST_TIMED_OUT.
+    produce_wait_ms_max: int = 30_000
+    #: Topics a produce or metadata request names are created when missing (auto.create.topics.enable).
+    auto_create_topics: bool = True
+    #: Partitions of a topic created without a count (num.partitions).
+    default_partitions: int = 1
+    #: Partitions of one topic: each is a stream, and a topic's metadata lists them all.
+    partitions_per_topic_max: int = 10_000
+    #: The largest record batch a producer may send (message.max.bytes: 1 MiB + overhead in Kafka;
+    #: here the WAL record bound, less the engine's batch header).
+    message_bytes_max: int = (8 << 20) - 64
+    #: Idempotent producers remembered; the oldest idle one is forgotten beyond it.
+    producers_max: int = 100_000
+    store: StoreConfig = field(default_factory=StoreConfig)
+    groups: GroupConfig = field(default_factory=GroupConfig)
+
+    def validate(self) -> None:
+        if self.message_bytes_max + 64 > self.store.wal.record_bytes_max:
+            raise ValueError("message_bytes_max must fit a WAL record (store.wal.record_bytes_max - 64)")
+        if not 0 < self.default_partitions <= self.partitions_per_topic_max:
+            raise ValueError("default_partitions must be in [1, partitions_per_topic_max]")
+        if self.request_bytes_max < 1024:
+            raise ValueError("request_bytes_max must be at least 1 KiB")
+        self.store.validate()

@@ -1,0 +1,222 @@
+"""The asyncio shell around the broker: sockets in, frames to handlers, responses out in request order.
+
+Per connection, a reader splits bytes into frames (``FrameReader``: every length bounded before a byte
+is kept), decodes each request and starts its handler at once; a writer sends the responses in the
+order the requests came, as Kafka requires. At most ``in_flight_requests_max`` requests wait for their
+responses; the reader stops reading beyond that. Anything a peer does wrong costs only its own
+connection, with one log line that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stratalog.broker.broker import Broker
+from stratalog.kafka.build import build
+from stratalog.kafka.codec import (
+    API_VERSIONS_KEY,
+    KafkaProtocolError,
+    Request,
+    UnsupportedVersionError,
+    decode_request,
+    encode_response,
+    response_schema,
+)
+from stratalog.kafka.connection import FrameReader
+
+log = logging.getLogger("stratalog.broker")
+
+#: Bytes asked of the socket per read when no frame is in progress.
+READ_BYTES = 256 << 10
+
+
+class NonLoopbackRefusedError(ValueError):
+    """Binding a non-loopback address without --allow-plaintext-anywhere."""
+
+
+def check_listen_host(host: str, allow_plaintext_anywhere: bool) -> None:
+    if allow_plaintext_anywhere:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise NonLoopbackRefusedError(
+            f"refusing to listen on {host}: the broker has no authentication yet, so it listens on loopback "
+            "only unless you pass --allow-plaintext-anywhere")
+
+
+class BrokerServer:
+    """Listens, accepts, serves; ``stop`` drains and closes."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def start(self) -> tuple[str, int]:
+        c = self.broker.config
+        check_listen_host(c.host, c.allow_plaintext_anywhere)
+        self._server = await asyncio.start_server(self._on_connection, c.host, c.port, limit=READ_BYTES,
+                                                  reuse_address=True)
+        sock = self._server.sockets[0].getsockname()
+        return str(sock[0]), int(sock[1])
+
+    async def stop(self, drain_s: float = 10.0) -> None:
+        """Stop accepting, let the requests in flight finish (up to ``drain_s``), close connections."""
+        self._stopping = True
+        if self._server is not None:
+            self._server.close()
+        if self._connections:
+            _, late = await asyncio.wait(self._connections, timeout=drain_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if len(self._connections) >= self.broker.config.connections_max:
+            log.warning("connection from %s refused: %d connections are open (connections_max)",
+                        peer, len(self._connections))
+            writer.close()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await _Connection(self.broker, reader, writer, peer, lambda: self._stopping).run()
+        finally:
+            self._connections.discard(task)
+
+
+class _Connection:
+    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Any,
+                 stopping: Any) -> None:
+        self.broker = broker
+        self.reader = reader
+        self.writer = writer
+        self.peer = peer
+        self.stopping = stopping
+        self.frames = FrameReader(broker.config.request_bytes_max)
+        self.sender: asyncio.Task[None]
+        self.responses: asyncio.Queue[tuple[int, asyncio.Future[bytes | None]] | None] = asyncio.Queue(
+            broker.config.in_flight_requests_max)
+
+    async def run(self) -> None:
+        self.sender = asyncio.create_task(self._send_loop())
+        try:
+            await self._read_loop()
+            await self._queue(None)
+            await asyncio.gather(self.sender, return_exceptions=True)
+        except KafkaProtocolError as e:
+            log.warning("connection from %s closed: %s", self.peer, e)
+        except (ConnectionError, asyncio.IncompleteReadError) as e:
+            log.info("connection from %s lost: %s", self.peer, e)
+        except TimeoutError as e:
+            log.info("connection from %s closed: %s", self.peer, e)
+        finally:
+            if not self.sender.done():
+                # Answer what is in flight (bounded: the handlers have their own timeouts), then close.
+                try:
+                    await self._queue(None)
+                    await asyncio.gather(self.sender, return_exceptions=True)
+                except asyncio.CancelledError:
+                    self.sender.cancel()
+                    raise
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+
+    async def _queue(self, item: tuple[int, asyncio.Future[bytes | None]] | None) -> None:
+        """Queue a response (None: the end) unless the sender stopped (its socket failed)."""
+        put = asyncio.ensure_future(self.responses.put(item))
+        await asyncio.wait({put, self.sender}, return_when=asyncio.FIRST_COMPLETED)
+        if not put.done():
+            put.cancel()
+            raise ConnectionError("the connection failed while sending")
+
+    async def _read_loop(self) -> None:
+        config = self.broker.config
+        loop = asyncio.get_running_loop()
+        while not self.stopping():
+            timeout_s = config.request_read_timeout_s if self.frames.buffered_bytes else config.idle_timeout_s
+            try:
+                data = await asyncio.wait_for(self.reader.read(max(READ_BYTES, self.frames.wanted_bytes())),
+                                              timeout_s)
+            except TimeoutError:
+                what = "in the middle of a request" if self.frames.buffered_bytes else "idle"
+                raise TimeoutError(f"{what} for {timeout_s:.0f} s") from None
+            self.frames.receive_data(data)
+            while (frame := self.frames.next_frame()) is not None:
+                future: asyncio.Future[bytes | None] = loop.create_future()
+                correlation_id = await self._start(frame, future)
+                await self._queue((correlation_id, future))
+            if self.frames.at_eof:
+                return
+
+    async def _start(self, frame: bytes, future: asyncio.Future[bytes | None]) -> int:
+        try:
+            request = decode_request(frame, self.broker.supported_versions)
+        except UnsupportedVersionError as e:
+            if e.api_key == API_VERSIONS_KEY:
+                # Kafka's rule: answer ApiVersions of an unknown version at v0 with the versions served.
+                future.set_result(self._api_versions_error(e.correlation_id))
+                return e.correlation_id
+            api = self.broker.apis.get(e.api_key)
+            served = f"{api.name} versions {api.min_version}-{api.max_version}" if api else "no such API"
+            raise KafkaProtocolError(f"{e} (this broker serves {served})") from None
+        task = asyncio.create_task(self._handle(request))
+        task.add_done_callback(lambda t: _settle(t, future))
+        return request.correlation_id
+
+    def _api_versions_error(self, correlation_id: int) -> bytes:
+        body = {"error_code": ErrorCode.unsupported_version, "api_keys": [
+            {"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
+            for a in sorted(self.broker.apis.values(), key=lambda a: a.key)]}
+        return encode_response(correlation_id, build(response_schema(API_VERSIONS_KEY, 0), body))
+
+    async def _handle(self, request: Request) -> bytes | None:
+        api = self.broker.apis[request.api_key]
+        values = await api.handler(self.broker, request)
+        if values is None:
+            return None
+        return encode_response(request.correlation_id, build(response_schema(request.api_key, request.api_version),
+                                                             values))
+
+    async def _send_loop(self) -> None:
+        while True:
+            item = await self.responses.get()
+            if item is None:
+                return
+            correlation_id, future = item
+            try:
+                frame = await future
+            except Exception:
+                log.exception("connection from %s closed: request %d failed in the broker", self.peer,
+                              correlation_id)
+                self.writer.transport.abort()
+                return
+            if frame is not None:
+                self.writer.write(frame)
+                await self.writer.drain()
+
+
+def _settle(task: asyncio.Task[bytes | None], future: asyncio.Future[bytes | None]) -> None:
+    if future.done():
+        return
+    if task.cancelled():
+        future.cancel()
+    elif (error := task.exception()) is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(task.result())

@@ -1,0 +1,95 @@
+"""Topic configs the broker knows: Kafka's names, defaults, checks, and what each maps onto.
+
+A topic's configs are what its creator or IncrementalAlterConfigs set; the rest take these defaults.
+A config Kafka knows but stratalog does not act on is refused (INVALID_CONFIG) rather than silently
+ignored, except where accepting it changes nothing a client can observe (a single node has no
+replicas, so ``min.insync.replicas`` is accepted as documentation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from stratalog.errors import StratalogError
+
+
+class InvalidConfigError(StratalogError, ValueError):
+    """A config name or value the broker does not accept (Kafka's INVALID_CONFIG)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSpec:
+    name: str
+    default: str
+    check: Callable[[str], None]
+    doc: str
+
+
+def _long(low: int, high: int = 2**63 - 1) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        try:
+            number = int(value)
+        except ValueError:
+            raise InvalidConfigError(f"{value!r} is not an integer") from None
+        if not low <= number <= high:
+            raise InvalidConfigError(f"{number} is outside [{low}, {high}]")
+    return check
+
+
+def _one_of(*allowed: str) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        if value not in allowed:
+            raise InvalidConfigError(f"{value!r} is not one of {', '.join(allowed)}")
+    return check
+
+
+SPECS: Mapping[str, ConfigSpec] = {s.name: s for s in (
+    ConfigSpec("retention.ms", "604800000", _long(-1),
+               "records older than this are deleted (whole uploaded blocks at a time); -1: kept forever"),
+    ConfigSpec("retention.bytes", "-1", _long(-1),
+               "a partition keeps at most about this many bytes of uploaded data; -1: no limit"),
+    ConfigSpec("max.message.bytes", "1048588", _long(0, 2**31 - 1),
+               "the largest record batch a producer may send to this topic"),
+    ConfigSpec("cleanup.policy", "delete", _one_of("delete"),
+               "delete: old records go by retention (compaction is not supported)"),
+    ConfigSpec("message.timestamp.type", "CreateTime", _one_of("CreateTime"),
+               "records keep the timestamp their producer gave"),
+    ConfigSpec("compression.type", "producer", _one_of("producer"),
+               "batches are stored as the producer compressed them"),
+    ConfigSpec("min.insync.replicas", "1", _long(1),
+               "accepted for compatibility: one broker, the WAL's fsync is the durability"),
+    ConfigSpec("segment.bytes", "67108864", _long(1 << 14),
+               "accepted for compatibility: uploads, not segments, cut the log into objects"),
+    ConfigSpec("segment.ms", "604800000", _long(1),
+               "accepted for compatibility: uploads, not segments, cut the log into objects"),
+)}
+
+
+def check_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
+    """The configs with their values checked; raises InvalidConfigError naming the first bad one."""
+    out = {}
+    for name, value in configs.items():
+        spec = SPECS.get(name)
+        if spec is None:
+            raise InvalidConfigError(f"unknown topic config {name!r}")
+        if value is None:
+            raise InvalidConfigError(f"topic config {name!r} needs a value")
+        try:
+            spec.check(value)
+        except InvalidConfigError as e:
+            raise InvalidConfigError(f"topic config {name}: {e}") from None
+        out[name] = value
+    return out
+
+
+def effective(configs: Mapping[str, str]) -> dict[str, str]:
+    """Every known config: the topic's own values over the defaults."""
+    return {name: configs.get(name, spec.default) for name, spec in SPECS.items()}
+
+
+def retention(configs: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """``(retention_ms, retention_bytes)`` for the engine (None: no limit)."""
+    values = effective(configs)
+    ms, size = int(values["retention.ms"]), int(values["retention.bytes"])
+    return (None if ms < 0 else ms), (None if size < 0 else size)

@@ -1,0 +1,114 @@
+"""``stratalog serve``: the Kafka-compatible broker on the stream engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stratalog.broker.broker import Broker
+from stratalog.broker.config import BrokerConfig
+from stratalog.broker.server import BrokerServer, NonLoopbackRefusedError, check_listen_host
+
+log = logging.getLogger("stratalog.broker")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise click.BadParameter(f"{value!r}: expected HOST:PORT, such as 127.0.0.1:9092")
+    return host.strip("[]"), int(port)
+
+
+def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
+    """A BrokerConfig from a TOML file's top-level keys (the field names of BrokerConfig), then the
+    command line's options."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        with path.open("rb") as f:
+            values = tomllib.load(f)
+        known = {f.name for f in dataclasses.fields(BrokerConfig)} - {"store", "groups"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise click.BadParameter(f"unknown settings {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                                     param_hint="--config")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return BrokerConfig(**values)
+
+
+async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | None,
+                     ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGINT or SIGTERM; a second signal exits at once."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            click.echo("second signal: exiting now", err=True)
+            os._exit(1)
+        click.echo("stopping: finishing requests in flight (send the signal again to exit at once)", err=True)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    broker = Broker.open(data_dir, config, object_store=object_store)
+    server = BrokerServer(broker)
+    try:
+        host, port = await server.start()
+        click.echo(f"stratalog broker listening on {host}:{port} (data in {data_dir})")
+        click.echo(f"  connect any Kafka client with bootstrap servers {host}:{port}, e.g.")
+        click.echo(f"  kafka-python: KafkaProducer(bootstrap_servers='{host}:{port}')")
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+    finally:
+        await server.stop()
+        await broker.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+    click.echo("stopped: everything acknowledged is durable")
+
+
+@click.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"),
+              show_default=True, help="Where the WAL, metadata and (by default) objects live.")
+@click.option("--listen", default="127.0.0.1:9092", show_default=True,
+              help="HOST:PORT to listen on. Anything but loopback needs --allow-plaintext-anywhere.")
+@click.option("--advertise", default=None, help="HOST:PORT clients are told to connect to (default: --listen).")
+@click.option("--object-store", default=None,
+              help="Object storage URI, e.g. s3://bucket/prefix?endpoint=http://127.0.0.1:8333 "
+                   "(default: a directory under --data-dir).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, help="A TOML file of broker settings (BrokerConfig's field names).")
+@click.option("--allow-plaintext-anywhere", is_flag=True, default=False,
+              help="Allow a non-loopback listener without authentication (there is none yet).")
+def serve(data_dir: Path, listen: str, advertise: str | None, object_store: str | None, config_path: Path | None,
+          allow_plaintext_anywhere: bool) -> None:
+    """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
+
+    Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
+    kill -9 at any time loses nothing acknowledged. SIGINT or SIGTERM stops it cleanly.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    host, port = parse_listen(listen)
+    adv_host, adv_port = parse_listen(advertise) if advertise else (None, None)
+    config = load_config(config_path, host=host, port=port, advertised_host=adv_host, advertised_port=adv_port,
+                         allow_plaintext_anywhere=allow_plaintext_anywhere or None)
+    try:
+        check_listen_host(config.host, config.allow_plaintext_anywhere)
+    except NonLoopbackRefusedError as e:
+        raise click.UsageError(str(e)) from None
+    asyncio.run(run_broker(data_dir, config, object_store))

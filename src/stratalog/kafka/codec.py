@@ -1,0 +1,105 @@
+"""Kafka requests and responses as values: frames in, request dataclasses out, and back.
+
+The message schemas are data: the ``kio`` package is generated from Apache Kafka's JSON schemas (one
+dataclass per API and version, its parser native). This module adds what a server needs around them:
+which header layout a request uses (v1, or v2 with tagged fields from an API's first flexible
+version), the bounds checked before anything is decoded, and the split of errors into "the peer sent
+garbage" (close the connection, say why) and "a version we do not serve" (answer with Kafka's error).
+Pure functions: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
+
+from stratalog.errors import StratalogError
+
+#: api_key:i16 api_version:i16 correlation_id:i32: the part of every request header that all
+#: header versions share, read before the API is known.
+HEADER_PREFIX = struct.Struct(">hhi")
+FRAME_SIZE = struct.Struct(">i")
+API_VERSIONS_KEY = 18
+
+
+class KafkaProtocolError(StratalogError):
+    """The peer sent bytes that are not a Kafka request we can parse: the connection is closed."""
+
+
+class UnsupportedVersionError(StratalogError):
+    """A request for an API or version this broker does not serve."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
+        super().__init__(f"API {api_key} version {api_version} is not supported")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One decoded request: its header fields and its body (a kio request dataclass)."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any
+    frame_bytes: int
+
+
+def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
+    """``(api_key, api_version, correlation_id)`` of a request frame (without its size prefix)."""
+    if len(frame) < HEADER_PREFIX.size:
+        raise KafkaProtocolError(f"a request of {len(frame)} bytes is shorter than a request header")
+    api_key, api_version, correlation_id = HEADER_PREFIX.unpack_from(frame, 0)
+    return int(api_key), int(api_version), int(correlation_id)
+
+
+def decode_request(frame: bytes | memoryview, supported: Mapping[int, tuple[int, int]]) -> Request:
+    """Decode one request frame (the bytes after its size). ``supported``: api key -> (min, max)
+    version served. Raises UnsupportedVersionError or KafkaProtocolError."""
+    api_key, api_version, correlation_id = peek_header(frame)
+    versions = supported.get(api_key)
+    if versions is None or not versions[0] <= api_version <= versions[1]:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    schema = load_request_schema(api_key, api_version)
+    try:
+        header, header_bytes = entity_reader(schema.__header_schema__)(frame, 0)
+        body, body_bytes = entity_reader(schema)(frame, header_bytes)
+    except (SerialError, ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError) as e:
+        raise KafkaProtocolError(f"API {api_key} v{api_version}: malformed request ({e})") from e
+    if header_bytes + body_bytes != len(frame):
+        raise KafkaProtocolError(f"API {api_key} v{api_version}: {len(frame) - header_bytes - body_bytes} "
+                                 "bytes after the request")
+    client_id = cast(str | None, getattr(header, "client_id", None))
+    return Request(api_key, api_version, correlation_id, client_id, body, len(frame))
+
+
+def response_schema(api_key: int, api_version: int) -> type[Any]:
+    """The kio response class of an API version this module can encode."""
+    try:
+        return load_response_schema(api_key, api_version)
+    except (UnknownAPIKey, UnknownEntity) as e:
+        raise UnsupportedVersionError(api_key, api_version, -1) from e
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    """A whole response frame (size, header, body). The header layout (v0, or v1 with tagged fields)
+    is the one the response's schema names: ApiVersions answers with v0 at every version."""
+    header_schema = response.__header_schema__
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    entity_writer(header_schema)(out, header_schema(correlation_id=correlation_id))
+    entity_writer(type(response))(out, response)
+    frame = out.getbuffer()
+    FRAME_SIZE.pack_into(frame, 0, len(frame) - FRAME_SIZE.size)
+    del frame
+    return out.getvalue()
