@@ -1,4 +1,4 @@
-# Two entry points on a fresh machine: `make run` (the demo on embedded defaults) and `make test`.
+# Two entry points on a fresh machine: `make run` (the broker on embedded defaults) and `make test`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/stratalog demo
+	$(BIN)/stratalog serve --data-dir data --listen 127.0.0.1:9092
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

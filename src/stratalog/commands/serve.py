@@ -16,6 +16,7 @@ import click
 
 from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig
+from stratalog.broker.groups import GroupConfig
 from stratalog.broker.server import BrokerServer, NonLoopbackRefusedError, check_listen_host
 
 log = logging.getLogger("stratalog.broker")
@@ -29,17 +30,23 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
-    """A BrokerConfig from a TOML file's top-level keys (the field names of BrokerConfig), then the
-    command line's options."""
+    """A BrokerConfig from a TOML file (top-level keys: BrokerConfig's field names; a ``[groups]`` table:
+    GroupConfig's), then the command line's options."""
     values: dict[str, Any] = {}
     if path is not None:
         with path.open("rb") as f:
             values = tomllib.load(f)
-        known = {f.name for f in dataclasses.fields(BrokerConfig)} - {"store", "groups"}
+        known = {f.name for f in dataclasses.fields(BrokerConfig)} - {"store"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise click.BadParameter(f"unknown settings {', '.join(unknown)}; known: {', '.join(sorted(known))}",
                                      param_hint="--config")
+        if "groups" in values:
+            group_fields = {f.name for f in dataclasses.fields(GroupConfig)}
+            unknown = sorted(set(values["groups"]) - group_fields)
+            if unknown:
+                raise click.BadParameter(f"unknown [groups] settings {', '.join(unknown)}", param_hint="--config")
+            values["groups"] = GroupConfig(**values["groups"])
     values.update({k: v for k, v in overrides.items() if v is not None})
     return BrokerConfig(**values)
 
