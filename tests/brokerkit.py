@@ -25,6 +25,8 @@ class BrokerProcess:
     port: int
     data_dir: Path
     output: list[str] = field(default_factory=list)
+    #: The thread copying the broker's stdout into ``output``; it ends when the process does.
+    pump: threading.Thread | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -39,6 +41,13 @@ class BrokerProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=60)
+
+    def close_output(self) -> None:
+        """Once the process has ended: let the pump read to the end, then close the pipe."""
+        if self.pump is not None:
+            self.pump.join(timeout=30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def start_broker(data_dir: Path, *extra: str, port: int = 0) -> BrokerProcess:
@@ -61,14 +70,19 @@ def start_broker(data_dir: Path, *extra: str, port: int = 0) -> BrokerProcess:
             if match and not found:
                 found.append((match.group(1), int(match.group(2))))
                 ready.set()
+        process.stdout.close()  # at EOF: the child is gone
         ready.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    pump_thread = threading.Thread(target=pump, daemon=True)
+    pump_thread.start()
     if not ready.wait(START_TIMEOUT_S) or not found:
         process.kill()
+        process.wait(timeout=30)
+        pump_thread.join(timeout=30)
+        process.stdout.close()
         raise RuntimeError("the broker did not start:\n" + "".join(output))
     host, bound = found[0]
-    return BrokerProcess(process, host, bound, data_dir, output)
+    return BrokerProcess(process, host, bound, data_dir, output, pump_thread)
 
 
 @contextmanager
@@ -80,3 +94,4 @@ def running_broker(data_dir: Path, *extra: str) -> Iterator[BrokerProcess]:
         if broker.process.poll() is None:
             broker.process.kill()
             broker.process.wait(timeout=30)
+        broker.close_output()

@@ -19,6 +19,7 @@ from typing import Any
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.groups import GroupCoordinator
 from stratalog.broker.offsets import CommittedOffsets
+from stratalog.broker.producer_recovery import ProducerSnapshots, replay
 from stratalog.broker.producers import ProducerStates
 from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicRegistry, check_topic_name, stream_name
@@ -54,6 +55,8 @@ class Broker:
         self.offsets = CommittedOffsets(data_dir / "offsets.sqlite")
         self.groups = GroupCoordinator(self.offsets, config=config.groups)
         self.producers = ProducerStates(config.producers_max)
+        self._snapshots = ProducerSnapshots(data_dir / "producers.sqlite")
+        self._snapshot_task: asyncio.Task[None] | None = None
         #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
         #: retry arriving meanwhile waits for the first one's offset.
         self.producing: dict[tuple[int, int, int], asyncio.Future[int]] = {}
@@ -62,6 +65,7 @@ class Broker:
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
         self.apis: dict[int, Api] = {}
         self._finish_deletes()
+        self._recover_producers()
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], config: BrokerConfig | None = None, *,
@@ -79,10 +83,17 @@ class Broker:
 
         register_all(broker)
         broker.groups.start()
+        broker._snapshot_task = asyncio.get_running_loop().create_task(broker._snapshot_periodically())
         return broker
 
     async def close(self) -> None:
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._snapshot_task
         await self.groups.close()
+        self._save_producers()
+        self._snapshots.close()
         for waiters in self._waiters.values():
             for w in waiters:
                 if not w.done():
@@ -185,6 +196,29 @@ class Broker:
             return None
         log.info("created topic %s (%d partitions) on first use", name, topic.partitions)
         return topic
+
+    # Idempotent producers across restarts -----------------------------------------------------------
+
+    def _partition_streams(self) -> list[Stream]:
+        return [s for t in self.topics.all() for p in range(t.partitions) if (s := self.partition(t.name, p))]
+
+    def _recover_producers(self) -> None:
+        ends = self._snapshots.load(self.producers)
+        replayed = sum(replay(self.producers, s, ends.get(s.stream_id, 0)) for s in self._partition_streams())
+        if replayed:
+            log.info("idempotent producers: %d batches replayed after the last snapshot", replayed)
+
+    def _save_producers(self) -> None:
+        # Ends first: a batch settled after this read is replayed at the next start, never missed.
+        ends = {s.stream_id: s.end_offset for s in self._partition_streams()}
+        self._snapshots.save(self.producers.entries(), ends)
+
+    async def _snapshot_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.producer_snapshot_interval_s)
+            ends = {s.stream_id: s.end_offset for s in self._partition_streams()}
+            entries = self.producers.entries()
+            await asyncio.to_thread(self._snapshots.save, entries, ends)
 
     # Waiting for data --------------------------------------------------------------------------------
 

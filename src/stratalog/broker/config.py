@@ -50,6 +50,9 @@ class BrokerConfig:
     message_bytes_max: int = (8 << 20) - 64
     #: Idempotent producers remembered; the oldest idle one is forgotten beyond it.
     producers_max: int = 100_000
+    #: How often idempotent producers' state is snapshotted; a restart reads the batches written since
+    #: the last snapshot to rebuild it, so this bounds the work at start.
+    producer_snapshot_interval_s: float = 2.0
     store: StoreConfig = field(default_factory=StoreConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
 

@@ -109,6 +109,17 @@ class ProducerStates:
         """Drop a batch that failed: the producer will retry it and must not be told it is a duplicate."""
         self._states.pop((producer_id, partition), None)
 
+    def entries(self) -> list[tuple[int, object, int, list[tuple[int, int, int]]]]:
+        """(producer id, partition, epoch, settled batches) of every producer: what a snapshot keeps."""
+        return [(pid, partition, state.epoch, [b for b in state.batches if b[2] >= 0])
+                for (pid, partition), state in self._states.items()]
+
+    def restore(self, producer_id: int, partition: object, epoch: int, batches: list[tuple[int, int, int]]) -> None:
+        state = _PartitionState(epoch)
+        state.batches.extend(batches)
+        self._states[(producer_id, partition)] = state
+        self._states.move_to_end((producer_id, partition))
+
     def forget_partition(self, partition: object) -> None:
         for key in [k for k in self._states if k[1] == partition]:
             del self._states[key]
