@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 from typing import Any
@@ -68,6 +69,10 @@ class BrokerServer:
         self._server = await asyncio.start_server(self._on_connection, c.host, c.port, limit=READ_BYTES,
                                                   reuse_address=True)
         sock = self._server.sockets[0].getsockname()
+        if c.port == 0 and c.advertised_port is None:
+            # Listening on an ephemeral port: Metadata must name the port bound, not 0, or every client
+            # that follows Metadata (librdkafka, aiokafka) reconnects to port 0 and is refused.
+            self.broker.config = dataclasses.replace(c, advertised_port=int(sock[1]))
         return str(sock[0]), int(sock[1])
 
     async def stop(self, drain_s: float = 10.0) -> None:
