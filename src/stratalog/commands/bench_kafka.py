@@ -1,0 +1,174 @@
+"""`stratalog bench kafka`: the command-line shell around :mod:`stratalog.bench.kafka`."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from stratalog.bench.common import size_label, write_json
+from stratalog.bench.kafka import (
+    LATENCY_SIZES_BYTES_DEFAULT,
+    LINGER_MS,
+    PEERS,
+    RATE_PER_S_DEFAULT,
+    THROUGHPUT_SIZES_BYTES,
+    KafkaBenchPlan,
+    ratios,
+)
+from stratalog.commands.bench_log import bench_dir, make_console, ms, print_machine, progress_bar, table
+from stratalog.commands.bench_wal import parse_sizes
+
+DURATION_S_DEFAULT = 30.0
+#: NATS with sync_interval always takes a few thousand acknowledged publishes a second on one disk: 200,000
+#: keep its two throughput sizes near a minute each.
+MESSAGES_DEFAULT = 200_000
+PRODUCERS_DEFAULT = 2
+#: The largest latency size offered: the broker's message_bytes_max is 8 MiB, less room for the batch.
+LATENCY_SIZE_BYTES_MAX = 4 << 20
+CLIENTS_NOTE = ("clients: confluent-kafka (librdkafka, the fastest Kafka client for Python) for stratalog and "
+                "tansu; nats-py for NATS")
+
+
+def _skipped_row(out: Table, peer: dict[str, Any], columns: int) -> None:
+    out.add_row(peer["name"], "-", *["-"] * (columns - 3), f"[yellow]skipped: {peer['reason']}[/]")
+
+
+def _latency_table(doc: dict[str, Any], kind: str, title: str) -> Table:
+    columns = ("peer", "size", "count", "p0", "p50", "p90", "p99", "p99.9", "p99.99", "p99.9999", "max", "note")
+    out = table(title, columns, left=("peer", "size", "note"))
+    for peer in doc["peers"]:
+        if peer["status"] == "skipped":
+            _skipped_row(out, peer, len(columns))
+            continue
+        for r in peer["latency"]:
+            lat = r.get(kind, {})
+            if "error" in r or not lat.get("samples"):
+                out.add_row(peer["name"], size_label(r["message_bytes"]), "-", *["-"] * 8,
+                            f"[red]{r.get('error') or '; '.join(r.get('errors', [])) or 'no samples'}[/]")
+                continue
+            note = f"[red]{r['error_count']} errors: {r['errors'][0]}[/]" if r["error_count"] else ""
+            out.add_row(peer["name"], size_label(r["message_bytes"]), f"{lat['samples']:,}",
+                        *(ms(lat[k]) for k in ("p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max")),
+                        note)
+    return out
+
+
+def _throughput_table(doc: dict[str, Any]) -> Table:
+    s = doc["settings"]
+    columns = ("peer", "size", "messages", "produce msg/s", "produce MB/s", "consume msg/s", "consume MB/s", "note")
+    out = table(f"Throughput: {s['producers']} producer processes, acks=all, linger.ms={s['linger_ms']}, "
+                f"batch.size {s['batch_bytes'] >> 20} MiB (NATS: publish_async, 4,000 in flight); then one consumer "
+                "reads the topic from the start (MB = 10^6 bytes)", columns, left=("peer", "size", "note"))
+    for peer in doc["peers"]:
+        if peer["status"] == "skipped":
+            _skipped_row(out, peer, len(columns))
+            continue
+        for r in peer["throughput"]:
+            p, c = r.get("produce", {}), r.get("consume", {})
+            notes = [x for x in (p.get("error"), c.get("error"), *p.get("errors", []), *c.get("errors", [])) if x]
+            out.add_row(peer["name"], size_label(r["message_bytes"]), f"{p.get('messages', 0):,}",
+                        *(f"{d[k]:,.{1 if k == 'mb_per_s' else 0}f}" if k in d else "-"
+                          for d, k in ((p, "msg_per_s"), (p, "mb_per_s"), (c, "msg_per_s"), (c, "mb_per_s"))),
+                        f"[red]{'; '.join(notes)}[/]" if notes else "")
+    return out
+
+
+def _ratios_table(doc: dict[str, Any]) -> Table:
+    pairs = list(doc["ratios"])
+    out = table("stratalog over each peer: latency below 1x and throughput above 1x mean stratalog is faster",
+                ("figure", *pairs), left=("figure",))
+    keys = list(dict.fromkeys(k for pair in pairs for k in doc["ratios"][pair]))
+    for key in keys:
+        out.add_row(key, *(f"{doc['ratios'][pair][key]:.2f}x" if key in doc["ratios"][pair] else "-"
+                           for pair in pairs))
+    return out
+
+
+def _report(console: Console, doc: dict[str, Any]) -> None:
+    s = doc["settings"]
+    for peer in doc["peers"]:
+        server = peer.get("server")
+        if server:
+            console.print(f"{peer['name']}: {server['version']}, {server['durability']}; {peer['client']}")
+    console.print(CLIENTS_NOTE)
+    load = f"one producer at {s['rate_per_s']:g} msg/s for {s['duration_s']:g} s, acks=all, linger.ms=0"
+    console.print(_latency_table(doc, "produce_ms", f"Produce latency (ms), {load}; from send to acknowledgement"))
+    console.print(_latency_table(doc, "end_to_end_ms", f"End-to-end latency (ms), {load}; from send to a consumer "
+                                                       "beside the producer receiving it"))
+    console.print(_throughput_table(doc))
+    if doc["ratios"]:
+        console.print(_ratios_table(doc))
+
+
+@click.command(name="kafka")
+@click.option("--only", default=",".join(PEERS), show_default=True, help="Comma-separated peers to run.")
+@click.option("--sizes", default=",".join(size_label(s).replace(" ", "") for s in LATENCY_SIZES_BYTES_DEFAULT),
+              show_default=True, help="Latency message sizes.")
+@click.option("--duration-s", type=click.FloatRange(min=0, min_open=True), default=DURATION_S_DEFAULT,
+              show_default=True, help="Seconds of latency load per size.")
+@click.option("--rate", "rate_per_s", type=click.FloatRange(min=0, min_open=True), default=RATE_PER_S_DEFAULT,
+              show_default=True, help="Messages per second of the latency load.")
+@click.option("--messages", type=click.IntRange(min=1), default=MESSAGES_DEFAULT, show_default=True,
+              help="Messages per throughput size (100 B and 1 KiB), over all producers.")
+@click.option("--producers", type=click.IntRange(1, 64), default=PRODUCERS_DEFAULT, show_default=True,
+              help="Throughput producer processes.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the servers keep their data [default: a temporary directory under the current one].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write every figure as JSON here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also plot produce latency by percentile as a PNG here (needs matplotlib).")
+def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages: int, producers: int,
+          data_dir: Path | None, json_path: Path | None, plot_path: Path | None) -> None:
+    """stratalog serve beside NATS JetStream and Tansu: latency and throughput (seed 004's method).
+
+    Each peer's server starts here on 127.0.0.1 (data on the same disk, under --data-dir) and is stopped
+    before the next starts. Latency: one producer sends each size at --rate for --duration-s, acks=all,
+    linger.ms=0; percentiles of produce latency and of end-to-end latency to a consumer beside it.
+    Throughput: --producers processes send --messages of 100 B and of 1 KiB with librdkafka's batching,
+    every message acknowledged; then one consumer reads them back from the start. stratalog syncs before
+    it acknowledges, NATS is set to (sync_interval: always), Tansu keeps everything in memory.
+    """
+    from stratalog.bench.kafka import plot_latency, run_kafka_bench
+
+    names = tuple(n.strip() for n in only.split(",") if n.strip())
+    unknown = sorted(set(names) - set(PEERS))
+    if unknown or not names:
+        raise click.BadParameter(f"unknown peers {', '.join(unknown)}; known: {', '.join(PEERS)}",
+                                 param_hint="--only")
+    console = make_console()
+    with bench_dir(data_dir) as target_dir:
+        plan = KafkaBenchPlan(peers=names, latency_sizes_bytes=parse_sizes(sizes, LATENCY_SIZE_BYTES_MAX),
+                              duration_s=duration_s, rate_per_s=rate_per_s,
+                              throughput_sizes_bytes=THROUGHPUT_SIZES_BYTES, messages=messages,
+                              producers=producers, data_dir=target_dir)
+        machine = print_machine(console, target_dir)
+        with progress_bar(console, plan.phases) as bar:
+            peers = run_kafka_bench(plan, bar)
+    doc: dict[str, Any] = {
+        "bench": "kafka", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine, "clients": CLIENTS_NOTE,
+        "settings": {"rate_per_s": rate_per_s, "duration_s": duration_s,
+                     "latency_sizes_bytes": list(plan.latency_sizes_bytes), "acks": "all",
+                     "latency_linger_ms": 0, "throughput_sizes_bytes": list(plan.throughput_sizes_bytes),
+                     "messages": messages, "producers": producers, "linger_ms": LINGER_MS,
+                     "batch_bytes": 1 << 20, "percentiles": "numpy, exact over every sample"},
+        "peers": peers, "ratios": ratios(peers),
+    }
+    _report(console, doc)
+    if json_path is not None:
+        write_json(json_path, doc)
+        console.print(f"figures written to {json_path}")
+    if plot_path is not None:
+        try:
+            plot_latency(peers, plot_path, f"Produce latency by percentile: acks=all, one producer at "
+                                           f"{rate_per_s:g} msg/s for {duration_s:g} s ({machine['cpus']} CPUs, "
+                                           f"{machine['filesystem']})")
+            console.print(f"plot written to {plot_path}")
+        except ImportError as e:
+            console.print(f"[red]no plot: {e} (pip install 'stratalog[bench]')[/]")

@@ -1,0 +1,78 @@
+"""`stratalog bench kafka` at a tiny scale: every peer measured (or skipped with a reason), no server left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LATENCY_KEYS = {"p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max", "mean", "samples"}
+#: The whole run: three servers started and stopped, two latency sizes at 1 s, two throughput sizes.
+RUN_TIMEOUT_S = 180
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    json_path = tmp_path / "bench-kafka.json"
+    plot_path = tmp_path / "bench-kafka.png"
+    run = subprocess.run(
+        [sys.executable, "-c", "from stratalog.cli import main; main()", "bench", "kafka", "--duration-s", "1",
+         "--sizes", "256,1KiB", "--messages", "2000", "--producers", "2", "--data-dir", str(data_dir),
+         "--json", str(json_path), "--plot", str(plot_path)],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = json.loads(json_path.read_text())
+    assert plot_path.stat().st_size > 0
+    assert [p["name"] for p in doc["peers"]] == ["stratalog", "nats", "tansu"]
+    for peer in doc["peers"]:
+        if peer["status"] == "skipped":
+            assert peer["reason"], peer  # never silently
+            continue
+        assert peer["status"] == "ran"
+        assert not _alive(peer["server"]["pid"]), peer["server"]
+        assert peer["server"]["address"].startswith("127.0.0.1:")
+        assert [r["message_bytes"] for r in peer["latency"]] == [256, 1024]
+        for r in peer["latency"]:
+            assert "error" not in r, r
+            assert set(r["produce_ms"]) == LATENCY_KEYS
+            assert set(r["end_to_end_ms"]) == LATENCY_KEYS
+            assert r["produce_ms"]["samples"] == r["sent"] == 50
+            assert r["produce_ms"]["p0"] <= r["produce_ms"]["p50"] <= r["produce_ms"]["max"]
+        assert [r["message_bytes"] for r in peer["throughput"]] == [100, 1024]
+        for r in peer["throughput"]:
+            for phase in ("produce", "consume"):
+                assert r[phase]["ok"], r
+                assert r[phase]["messages"] == 2000
+                assert r[phase]["msg_per_s"] > 0
+                assert r[phase]["mb_per_s"] > 0
+    # stratalog runs in this environment; its peers may be skipped, but then with a reason (above).
+    assert doc["peers"][0]["status"] == "ran", doc["peers"][0]
+    assert set(doc["ratios"]) <= {"stratalog/nats", "stratalog/tansu"}
+    assert not _processes_mentioning(str(data_dir))
