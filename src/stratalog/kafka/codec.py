@@ -73,12 +73,13 @@ def decode_request(frame: bytes | memoryview, supported: Mapping[int, tuple[int,
     schema = load_request_schema(api_key, api_version)
     try:
         header, header_bytes = entity_reader(schema.__header_schema__)(frame, 0)
-        body, body_bytes = entity_reader(schema)(frame, header_bytes)
+        body, _ = entity_reader(schema)(frame, header_bytes)
     except (SerialError, ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError) as e:
         raise KafkaProtocolError(f"API {api_key} v{api_version}: malformed request ({e})") from e
-    if header_bytes + body_bytes != len(frame):
-        raise KafkaProtocolError(f"API {api_key} v{api_version}: {len(frame) - header_bytes - body_bytes} "
-                                 "bytes after the request")
+    # Bytes after the body are ignored, as Apache Kafka ignores them (it reads a request's fields and never
+    # checks that the frame ends there). librdkafka relies on it: its Metadata v12 for all topics carries
+    # 3 bytes after the body, and refusing them failed every confluent-kafka list_topics. The frame
+    # itself is bounded (request_bytes_max) before it is read.
     client_id = cast(str | None, getattr(header, "client_id", None))
     return Request(api_key, api_version, correlation_id, client_id, body, len(frame))
 

@@ -1,0 +1,461 @@
+"""The three Kafka client libraries behind one small synchronous interface, for tests against the broker.
+
+kafka-python (threads), aiokafka (asyncio: every call runs on one event loop in a thread of its own, so
+group heartbeats go on between calls) and confluent-kafka (librdkafka). Each adapter speaks only through
+its library's public API; what differs between them (how headers, missing offsets, admin futures look)
+is made the same here so the tests assert once for all three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import warnings
+from collections.abc import Coroutine, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import aiokafka
+import aiokafka.admin
+import confluent_kafka
+import confluent_kafka.admin
+
+with warnings.catch_warnings():
+    # kafka-python 3.0 reads its message schemas with importlib.resources.read_text, deprecated in 3.11.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import kafka
+    import kafka.admin
+    import kafka.structs
+
+T = TypeVar("T")
+Headers = tuple[tuple[str, bytes | None], ...]
+
+#: The broker's group.min.session.timeout.ms default: librdkafka and the others must ask at least this.
+SESSION_TIMEOUT_MS = 6000
+#: Heartbeats this often, so a member learns of a rebalance in a fraction of a second.
+HEARTBEAT_INTERVAL_MS = 300
+#: The longest any single client call may take before the test fails.
+CALL_TIMEOUT_S = 30.0
+#: How long one poll waits for records: short, so tests can poll two consumers in turn.
+POLL_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A record to produce."""
+
+    partition: int
+    key: bytes | None
+    value: bytes
+    headers: Headers = ()
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """A record as a consumer got it, the same whichever library got it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: Headers
+    timestamp_ms: int
+
+
+class Producer(Protocol):
+    def send_all(self, records: Sequence[Outgoing], topic: str) -> list[tuple[int, int]]:
+        """Produce ``records`` in order; return each one's (partition, offset) once all are acknowledged."""
+
+    def close(self) -> None: ...
+
+
+class Consumer(Protocol):
+    def poll(self, timeout_s: float = POLL_S) -> list[Consumed]: ...
+
+    def assignment(self) -> set[tuple[str, int]]: ...
+
+    def commit(self) -> None:
+        """Commit the positions after the records polled so far (synchronously)."""
+
+    def close(self) -> None: ...
+
+
+class Client(Protocol):
+    name: str
+
+    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None: ...
+
+    def delete_topic(self, bootstrap: str, topic: str) -> None: ...
+
+    def list_topics(self, bootstrap: str) -> set[str]: ...
+
+    def producer(self, bootstrap: str, *, idempotent: bool = False) -> Producer: ...
+
+    def consumer(self, bootstrap: str, group: str, topics: Sequence[str]) -> Consumer: ...
+
+    def offset_for_time(self, bootstrap: str, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """The first offset at or after ``timestamp_ms``, or None when there is none."""
+
+    def close(self) -> None: ...
+
+
+def _headers(raw: Any) -> Headers:
+    return tuple((str(k), None if v is None else bytes(v)) for k, v in (raw or ()))
+
+
+# --- kafka-python ---------------------------------------------------------------------------------------
+
+
+class KafkaPythonProducer:
+    def __init__(self, bootstrap: str, idempotent: bool) -> None:
+        self._producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=idempotent,
+                                             request_timeout_ms=int(CALL_TIMEOUT_S * 1000))
+
+    def send_all(self, records: Sequence[Outgoing], topic: str) -> list[tuple[int, int]]:
+        futures = [self._producer.send(topic, value=r.value, key=r.key, headers=list(r.headers),
+                                       partition=r.partition, timestamp_ms=r.timestamp_ms) for r in records]
+        self._producer.flush(timeout=CALL_TIMEOUT_S)
+        done = [f.get(timeout=CALL_TIMEOUT_S) for f in futures]
+        return [(m.partition, m.offset) for m in done]
+
+    def close(self) -> None:
+        self._producer.close(timeout=CALL_TIMEOUT_S)
+
+
+class KafkaPythonConsumer:
+    def __init__(self, bootstrap: str, group: str, topics: Sequence[str]) -> None:
+        self._consumer = kafka.KafkaConsumer(
+            *topics, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+            enable_auto_commit=False, session_timeout_ms=SESSION_TIMEOUT_MS,
+            heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)
+
+    def poll(self, timeout_s: float = POLL_S) -> list[Consumed]:
+        got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+        return [Consumed(r.topic, r.partition, r.offset, r.key, r.value, _headers(r.headers), r.timestamp)
+                for records in got.values() for r in records]
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def commit(self) -> None:
+        self._consumer.commit()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class KafkaPythonClient:
+    name = "kafka-python"
+
+    @contextmanager
+    def _admin(self, bootstrap: str) -> Iterator[Any]:
+        admin = kafka.admin.KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            yield admin
+        finally:
+            admin.close()
+
+    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
+        with self._admin(bootstrap) as admin:
+            admin.create_topics([kafka.admin.NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+
+    def delete_topic(self, bootstrap: str, topic: str) -> None:
+        with self._admin(bootstrap) as admin:
+            admin.delete_topics([topic])
+
+    def list_topics(self, bootstrap: str) -> set[str]:
+        with self._admin(bootstrap) as admin:
+            return set(admin.list_topics())
+
+    def producer(self, bootstrap: str, *, idempotent: bool = False) -> Producer:
+        return KafkaPythonProducer(bootstrap, idempotent)
+
+    def consumer(self, bootstrap: str, group: str, topics: Sequence[str]) -> Consumer:
+        return KafkaPythonConsumer(bootstrap, group, topics)
+
+    def offset_for_time(self, bootstrap: str, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap)
+        try:
+            tp = kafka.structs.TopicPartition(topic, partition)
+            found = consumer.offsets_for_times({tp: timestamp_ms})[tp]
+            return None if found is None else int(found.offset)
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        pass
+
+
+# --- aiokafka -------------------------------------------------------------------------------------------
+
+
+class LoopThread:
+    """One event loop running in a daemon thread; ``run`` waits for a coroutine's result on it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="aiokafka-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = CALL_TIMEOUT_S) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout_s)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(CALL_TIMEOUT_S)
+        self.loop.close()
+
+
+class AioProducer:
+    def __init__(self, loop: LoopThread, bootstrap: str, idempotent: bool) -> None:
+        self._loop = loop
+
+        async def start() -> aiokafka.AIOKafkaProducer:
+            producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                                 enable_idempotence=idempotent)
+            await producer.start()
+            return producer
+
+        self._producer = loop.run(start())
+
+    def send_all(self, records: Sequence[Outgoing], topic: str) -> list[tuple[int, int]]:
+        async def send() -> list[tuple[int, int]]:
+            futures = [await self._producer.send(topic, value=r.value, key=r.key, partition=r.partition,
+                                                 timestamp_ms=r.timestamp_ms, headers=list(r.headers))
+                       for r in records]
+            done = [await f for f in futures]
+            return [(m.partition, m.offset) for m in done]
+
+        return self._loop.run(send())
+
+    def close(self) -> None:
+        self._loop.run(self._producer.stop())
+
+
+class AioConsumer:
+    def __init__(self, loop: LoopThread, bootstrap: str, group: str, topics: Sequence[str]) -> None:
+        self._loop = loop
+
+        async def start() -> aiokafka.AIOKafkaConsumer:
+            consumer = aiokafka.AIOKafkaConsumer(
+                *topics, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                enable_auto_commit=False, session_timeout_ms=SESSION_TIMEOUT_MS,
+                heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)
+            await consumer.start()
+            return consumer
+
+        self._consumer = loop.run(start())
+
+    def poll(self, timeout_s: float = POLL_S) -> list[Consumed]:
+        got = self._loop.run(self._consumer.getmany(timeout_ms=int(timeout_s * 1000)))
+        return [Consumed(r.topic, r.partition, r.offset, r.key, r.value, _headers(r.headers), r.timestamp)
+                for records in got.values() for r in records]
+
+    def assignment(self) -> set[tuple[str, int]]:
+        async def get() -> set[tuple[str, int]]:
+            return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+        return self._loop.run(get())
+
+    def commit(self) -> None:
+        self._loop.run(self._consumer.commit())
+
+    def close(self) -> None:
+        self._loop.run(self._consumer.stop())
+
+
+@dataclass
+class AioKafkaClient:
+    name: str = "aiokafka"
+    _loop: LoopThread = field(default_factory=LoopThread)
+
+    def _admin(self, bootstrap: str, call: str, *args: Any) -> Any:
+        async def run() -> Any:
+            admin = aiokafka.admin.AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await admin.start()
+            try:
+                return await getattr(admin, call)(*args)
+            finally:
+                await admin.close()
+
+        return self._loop.run(run())
+
+    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
+        response = self._admin(bootstrap, "create_topics",
+                               [aiokafka.admin.NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+        errors = [t[1] for t in response.topic_errors if t[1] != 0]  # (name, error_code, ...) per topic
+        assert not errors, response
+
+    def delete_topic(self, bootstrap: str, topic: str) -> None:
+        response = self._admin(bootstrap, "delete_topics", [topic])
+        errors = [t[1] for t in response.topic_error_codes if t[1] != 0]
+        assert not errors, response
+
+    def list_topics(self, bootstrap: str) -> set[str]:
+        return set(self._admin(bootstrap, "list_topics"))
+
+    def producer(self, bootstrap: str, *, idempotent: bool = False) -> Producer:
+        return AioProducer(self._loop, bootstrap, idempotent)
+
+    def consumer(self, bootstrap: str, group: str, topics: Sequence[str]) -> Consumer:
+        return AioConsumer(self._loop, bootstrap, group, topics)
+
+    def offset_for_time(self, bootstrap: str, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        async def run() -> int | None:
+            consumer = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap)
+            await consumer.start()
+            try:
+                tp = aiokafka.TopicPartition(topic, partition)
+                found = (await consumer.offsets_for_times({tp: timestamp_ms}))[tp]
+                return None if found is None else int(found.offset)
+            finally:
+                await consumer.stop()
+
+        return self._loop.run(run())
+
+    def close(self) -> None:
+        self._loop.close()
+
+
+# --- confluent-kafka ------------------------------------------------------------------------------------
+
+
+def _common(bootstrap: str) -> dict[str, Any]:
+    # v4: "localhost"-style names aside, librdkafka would also try ::1 first on some hosts.
+    return {"bootstrap.servers": bootstrap, "broker.address.family": "v4"}
+
+
+class ConfluentProducer:
+    def __init__(self, bootstrap: str, idempotent: bool) -> None:
+        self._producer = confluent_kafka.Producer({**_common(bootstrap), "acks": "all",
+                                                   "enable.idempotence": idempotent, "linger.ms": 5})
+
+    def send_all(self, records: Sequence[Outgoing], topic: str) -> list[tuple[int, int]]:
+        results: list[tuple[int, int] | None] = [None] * len(records)
+        errors: list[Any] = []
+
+        def delivered(index: int) -> Any:
+            def report(error: Any, message: Any) -> None:
+                if error is not None:
+                    errors.append(error)
+                else:
+                    results[index] = (message.partition(), message.offset())
+            return report
+
+        for i, r in enumerate(records):
+            self._producer.produce(topic, value=r.value, key=r.key, partition=r.partition,
+                                   headers=list(r.headers), timestamp=r.timestamp_ms or 0,
+                                   on_delivery=delivered(i))
+        left = self._producer.flush(CALL_TIMEOUT_S)
+        assert left == 0 and not errors, (left, errors)
+        return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        left = self._producer.flush(CALL_TIMEOUT_S)
+        assert left == 0, f"{left} records still unsent"
+        del self._producer  # the handle is destroyed (its connections closed) with its last reference
+
+
+class ConfluentConsumer:
+    def __init__(self, bootstrap: str, group: str, topics: Sequence[str]) -> None:
+        self._consumer = confluent_kafka.Consumer({
+            **_common(bootstrap), "group.id": group, "auto.offset.reset": "earliest",
+            "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
+            "heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS})
+        self._consumer.subscribe(list(topics))
+
+    def poll(self, timeout_s: float = POLL_S) -> list[Consumed]:
+        out = []
+        for m in self._consumer.consume(num_messages=1000, timeout=timeout_s):
+            error = m.error()
+            if error is not None:
+                assert error.code() == confluent_kafka.KafkaError._PARTITION_EOF, error
+                continue
+            _, timestamp_ms = m.timestamp()
+            out.append(Consumed(m.topic(), m.partition(), m.offset(), m.key(), m.value(), _headers(m.headers()),
+                                timestamp_ms))
+        return out
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def commit(self) -> None:
+        self._consumer.commit(asynchronous=False)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class ConfluentClient:
+    name = "confluent-kafka"
+
+    def _admin(self, bootstrap: str) -> confluent_kafka.admin.AdminClient:
+        return confluent_kafka.admin.AdminClient(_common(bootstrap))
+
+    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
+        admin = self._admin(bootstrap)  # held until the result: a dropped client fails its futures
+        futures = admin.create_topics(
+            [confluent_kafka.admin.NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+            request_timeout=CALL_TIMEOUT_S)
+        futures[topic].result(CALL_TIMEOUT_S)
+
+    def delete_topic(self, bootstrap: str, topic: str) -> None:
+        admin = self._admin(bootstrap)
+        futures = admin.delete_topics([topic], request_timeout=CALL_TIMEOUT_S)
+        futures[topic].result(CALL_TIMEOUT_S)
+
+    def list_topics(self, bootstrap: str) -> set[str]:
+        return set(self._admin(bootstrap).list_topics(timeout=CALL_TIMEOUT_S).topics)
+
+    def producer(self, bootstrap: str, *, idempotent: bool = False) -> Producer:
+        return ConfluentProducer(bootstrap, idempotent)
+
+    def consumer(self, bootstrap: str, group: str, topics: Sequence[str]) -> Consumer:
+        return ConfluentConsumer(bootstrap, group, topics)
+
+    def offset_for_time(self, bootstrap: str, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        consumer = confluent_kafka.Consumer({**_common(bootstrap), "group.id": "offsets-for-times"})
+        try:
+            found = consumer.offsets_for_times([confluent_kafka.TopicPartition(topic, partition, timestamp_ms)],
+                                               timeout=CALL_TIMEOUT_S)
+            assert found[0].error is None, found[0].error
+            return None if found[0].offset < 0 else int(found[0].offset)
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        pass
+
+
+CLIENTS = ("kafka-python", "aiokafka", "confluent-kafka")
+
+
+def make_client(name: str) -> Client:
+    if name == "kafka-python":
+        return KafkaPythonClient()
+    if name == "aiokafka":
+        return AioKafkaClient()
+    assert name == "confluent-kafka", name
+    return ConfluentClient()
+
+
+# --- waiting ------------------------------------------------------------------------------------------
+
+
+def consume_until(consumers: Sequence[Consumer], count: int, timeout_s: float = CALL_TIMEOUT_S
+                  ) -> list[list[Consumed]]:
+    """Poll ``consumers`` in turn until together they got ``count`` records (more fail the caller's checks);
+    each one's records, in the order it got them."""
+    got: list[list[Consumed]] = [[] for _ in consumers]
+    deadline = time.monotonic() + timeout_s
+    while sum(len(g) for g in got) < count:
+        assert time.monotonic() < deadline, f"got {sum(len(g) for g in got)} of {count} records in {timeout_s} s"
+        for consumer, into in zip(consumers, got, strict=True):
+            into.extend(consumer.poll())
+    return got
