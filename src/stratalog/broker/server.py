@@ -61,6 +61,7 @@ class BrokerServer:
         self.broker = broker
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._live: set[_Connection] = set()
         self._stopping = False
 
     async def start(self) -> tuple[str, int]:
@@ -80,6 +81,10 @@ class BrokerServer:
         self._stopping = True
         if self._server is not None:
             self._server.close()
+        # Clients keep their connections open while idle: without this, each idle one held the stop for
+        # the whole drain until its read was cancelled.
+        for connection in self._live:
+            connection.stop_reading()
         if self._connections:
             _, late = await asyncio.wait(self._connections, timeout=drain_s)
             for task in late:
@@ -98,10 +103,13 @@ class BrokerServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        connection = _Connection(self.broker, reader, writer, peer, lambda: self._stopping)
+        self._live.add(connection)
         try:
-            await _Connection(self.broker, reader, writer, peer, lambda: self._stopping).run()
+            await connection.run()
         finally:
             self._connections.discard(task)
+            self._live.discard(connection)
 
 
 class _Connection:
@@ -141,6 +149,14 @@ class _Connection:
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
+
+    def stop_reading(self) -> None:
+        """The broker is stopping: read no more requests; those read already are answered, then the
+        connection closes."""
+        transport = self.writer.transport
+        if isinstance(transport, asyncio.ReadTransport):  # a socket's transport reads too
+            transport.pause_reading()  # no data after the end fed below
+        self.reader.feed_eof()
 
     async def _queue(self, item: tuple[int, asyncio.Future[bytes | None]] | None) -> None:
         """Queue a response (None: the end) unless the sender stopped (its socket failed)."""
