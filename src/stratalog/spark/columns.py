@@ -22,8 +22,18 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from stratalog.engine.batch import BATCH_HEADER_BYTES, RECORD_HEAD, BatchInfo, decode_headers, read_batch_info
-from stratalog.engine.objformat import BlockEntry, CorruptObjectError
+from stratalog.engine.batch import (
+    BATCH_HEADER_BYTES,
+    ENCODING_KAFKA,
+    RECORD_HEAD,
+    BatchInfo,
+    NewRecord,
+    decode_headers,
+    decode_records,
+    encode_batch,
+    read_batch_info,
+)
+from stratalog.engine.objformat import BlockEntry, CorruptObjectError, placed_batches
 
 #: The data source's schema, as Spark DDL and as a StructType (which needs no JVM to build).
 SCHEMA_DDL = "stream string, offset bigint, timestamp timestamp, key binary, value binary"
@@ -150,6 +160,31 @@ class ColumnBuilder:
             header_counts = _field(data, positions + _HEADER_COUNT_AT, "<u2")
             columns.append(_headers(buf, key_starts + key_lengths + value_lengths, header_counts))
         return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(headers))
+
+
+def native_blocks(buf: bytes,
+                  blocks: list[tuple[int, BlockEntry]]) -> tuple[bytes, list[tuple[int, BlockEntry]]] | None:
+    """The blocks (each at its position in ``buf``, CRC already checked) with every batch in the native
+    encoding, in a new buffer, and their entries placed in it; None when no batch is a Kafka batch (the
+    common case, which costs one walk of the batch headers). Kafka batches, stored as producers sent
+    them, are decoded record by record: the columns are gathered from native records only."""
+    if not any(info.encoding == ENCODING_KAFKA for at, entry in blocks
+               for _, info in placed_batches(memoryview(buf)[at:at + entry.size_bytes], entry)):
+        return None
+    out = bytearray()
+    placed = []
+    for at, entry in blocks:
+        block = buf[at:at + entry.size_bytes]
+        start = len(out)
+        for pos, info in placed_batches(block, entry):
+            if info.encoding != ENCODING_KAFKA:
+                out += block[pos:pos + info.batch_bytes]
+                continue
+            records = [NewRecord(r.value, r.key, r.timestamp_ms, r.headers) for r in decode_records(block, pos, info)]
+            out += encode_batch(entry.stream_id, info.base_offset, records)[0]
+        placed.append((start, BlockEntry(entry.stream_id, entry.start_offset, entry.end_offset, start,
+                                         len(out) - start, entry.record_count, entry.max_timestamp_ms, 0)))
+    return bytes(out), placed
 
 
 def _field(data: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:

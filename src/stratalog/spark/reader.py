@@ -17,7 +17,7 @@ import pyarrow as pa
 from stratalog.engine.manifest import read_manifest
 from stratalog.engine.objformat import check_block
 from stratalog.objects.store import ObjectNotFoundError, ObjectStore
-from stratalog.spark.columns import ColumnBuilder
+from stratalog.spark.columns import ColumnBuilder, native_blocks
 from stratalog.spark.plan import (
     FETCH_BYTES_MAX,
     Fetch,
@@ -73,12 +73,17 @@ def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int,
             # Everything fetched before this get was yielded already; read the rest from where it is now.
             yield from _read_replanned(store, partition, fetches[number:], fetch_bytes_max, headers)
             return
+        blocks = []
+        for _, ref in fetch.blocks:
+            at = ref.entry.position - fetch.start
+            check_block(buf[at:at + ref.entry.size_bytes], ref.entry)
+            blocks.append((at, ref.entry))
+        native = native_blocks(buf, blocks)
+        if native is not None:
+            buf, blocks = native
         builder = ColumnBuilder()
-        for index, ref in fetch.blocks:
+        for (index, _), (at, entry) in zip(fetch.blocks, blocks, strict=True):
             piece = partition.slices[index]
-            entry = ref.entry
-            at = entry.position - fetch.start
-            check_block(buf[at:at + entry.size_bytes], entry)
             builder.add_block(buf, at, entry, piece.name, piece.start_offset, piece.end_offset)
         yield builder.finish(buf, headers)
 
