@@ -20,6 +20,7 @@ from brokerkit import BrokerProcess, running_broker
 from kafkaclients import CALL_TIMEOUT_S, CLIENTS, Client, Consumed, Outgoing, consume_until, make_client
 from stratalog.engine import StreamStore
 from stratalog.engine.batch import NewRecord, Record
+from stratalog.kafka.records import check_batch
 
 #: Well after 2001 and well before now: a timestamp no client would make up by itself.
 BASE_TIMESTAMP_MS = 1_700_000_000_000
@@ -201,24 +202,41 @@ def test_offsets_for_times_finds_the_first_offset_at_or_after_a_timestamp(broker
     assert find(broker.bootstrap, topic, 0, BASE_TIMESTAMP_MS + 4001) is None
 
 
-def test_an_idempotent_producer_stores_each_record_once(broker: BrokerProcess, client: Client) -> None:
+def test_an_idempotent_producer_stores_each_record_once(tmp_path: Path, config_path: Path, client: Client) -> None:
     topic = fresh("idempotent", client)
-    client.create_topic(broker.bootstrap, topic, 2)
     sent = outgoing(20, 2, "idem")
-    producer = client.producer(broker.bootstrap, idempotent=True)
+    with running_broker(tmp_path / "data", "--config", str(config_path)) as process:
+        client.create_topic(process.bootstrap, topic, 2)
+        producer = client.producer(process.bootstrap, idempotent=True)
+        try:
+            acked = producer.send_all(sent[:10], topic)
+            acked += producer.send_all(sent[10:], topic)
+        finally:
+            producer.close()
+        assert by_partition_offsets(acked) == {p: list(range(10)) for p in range(2)}
+        consumer = client.consumer(process.bootstrap, fresh("idempotent", client), [topic])
+        try:
+            [got] = consume_until([consumer], len(sent))
+            got += consumer.poll()
+            check_consumed(got, sent, topic, {})
+        finally:
+            consumer.close()
+        assert process.stop() == 0, "".join(process.output)
+
+    # The batches were produced idempotently (a client that fell back to plain produce would pass the
+    # above): each carries the producer's id, and its sequences follow on from 0 without a gap.
+    store = StreamStore.open(tmp_path / "data")
     try:
-        acked = producer.send_all(sent[:10], topic)
-        acked += producer.send_all(sent[10:], topic)
+        for p in range(2):
+            headers = [check_batch(memoryview(bytes(b.body)), 0, batch_bytes_max=1 << 20)
+                       for b in store.open_stream(f"{topic}/{p}").fetch_batches(0)]
+            [producer_id] = {h.producer_id for h in headers}
+            assert producer_id >= 0
+            sequences = [(h.base_sequence, h.record_count) for h in headers]
+            assert [s for s, _ in sequences] == list(itertools.accumulate([0] + [n for _, n in sequences[:-1]]))
+            assert sum(n for _, n in sequences) == 10
     finally:
-        producer.close()
-    assert by_partition_offsets(acked) == {p: list(range(10)) for p in range(2)}
-    consumer = client.consumer(broker.bootstrap, fresh("idempotent", client), [topic])
-    try:
-        [got] = consume_until([consumer], len(sent))
-        got += consumer.poll()
-        check_consumed(got, sent, topic, {})
-    finally:
-        consumer.close()
+        store.close()
 
 
 def test_records_cross_between_kafka_clients_and_the_python_api(tmp_path: Path, config_path: Path,
