@@ -14,6 +14,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
         bench_spark,
         bench_streams,
         bench_wal,
+        chaos_broker,
         chaos_engine,
         chaos_wal,
         demo,
@@ -35,3 +36,4 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     bench.add_command(bench_kafka.kafka, name="kafka")
     chaos.add_command(chaos_wal.wal, name="wal")
     chaos.add_command(chaos_engine.engine, name="engine")
+    chaos.add_command(chaos_broker.broker, name="broker")

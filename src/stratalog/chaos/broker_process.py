@@ -1,0 +1,98 @@
+"""A real `stratalog serve` as a child process on 127.0.0.1, for the tests and the broker chaos harness:
+started on a given or ephemeral port, ready once it says where it listens, stopped by its owner."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
+#: How long a broker may take to open its store and listen (a loaded CI machine, a large WAL to replay).
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class BrokerProcess:
+    process: subprocess.Popen[str]
+    host: str
+    port: int
+    data_dir: Path
+    output: list[str] = field(default_factory=list)
+    #: The thread copying the broker's stdout into ``output``; it ends when the process does.
+    pump: threading.Thread | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def kill9(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the broker's clean stop."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+    def close_output(self) -> None:
+        """Once the process has ended: let the pump read to the end, then close the pipe."""
+        if self.pump is not None:
+            self.pump.join(timeout=30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def start_broker(data_dir: Path, *extra: str, port: int = 0) -> BrokerProcess:
+    """Start `stratalog serve` and return once it listens (it says where on stdout)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from stratalog.cli import main; main()", "serve", "--data-dir", str(data_dir),
+         "--listen", f"127.0.0.1:{port}", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert process.stdout is not None
+    output: list[str] = []
+    found: list[tuple[str, int]] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line)
+            match = _LISTENING.search(line)
+            if match and not found:
+                found.append((match.group(1), int(match.group(2))))
+                ready.set()
+        process.stdout.close()  # at EOF: the child is gone
+        ready.set()
+
+    pump_thread = threading.Thread(target=pump, daemon=True)
+    pump_thread.start()
+    if not ready.wait(START_TIMEOUT_S) or not found:
+        process.kill()
+        process.wait(timeout=30)
+        pump_thread.join(timeout=30)
+        process.stdout.close()
+        raise RuntimeError("the broker did not start:\n" + "".join(output))
+    host, bound = found[0]
+    return BrokerProcess(process, host, bound, data_dir, output, pump_thread)
+
+
+@contextmanager
+def running_broker(data_dir: Path, *extra: str) -> Iterator[BrokerProcess]:
+    broker = start_broker(data_dir, *extra)
+    try:
+        yield broker
+    finally:
+        if broker.process.poll() is None:
+            broker.process.kill()
+            broker.process.wait(timeout=30)
+        broker.close_output()
