@@ -1,4 +1,4 @@
-"""QueueStore at small scale: the API, its errors, the seed's three phases with a restart in the middle,
+"""QueueStore at small scale: the API, its errors, the million-queue race's three phases with a restart in the middle,
 consumer positions, corruption, and the bench command."""
 
 from __future__ import annotations

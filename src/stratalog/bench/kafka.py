@@ -1,6 +1,6 @@
 """`stratalog bench kafka`: stratalog serve beside NATS JetStream and Tansu, measured the same way.
 
-Latency follows "Building a Distributed Log from Scratch, Part 1" (seed 004): one producer sends messages
+Latency follows "Building a Distributed Log from Scratch, Part 1": one producer sends messages
 of each size at a fixed rate (50/s) for a while; each produce's latency runs from the send call to its
 acknowledgement, and a consumer running beside it takes each message's end-to-end latency from the
 send timestamp the payload carries. Throughput: producer processes send a fixed count as fast as the

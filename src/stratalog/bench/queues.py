@@ -1,4 +1,4 @@
-"""The million-queue race (seed 001), scaled by flags, on stratalog and on peers.
+"""The 2018 Tianchi million-queue race, scaled by flags, on stratalog and on peers.
 
 Three phases per system, each in its own process (so peak RSS is the system's own):
 
@@ -49,9 +49,9 @@ from stratalog.bench.common import disk_bytes, run_threads
 if TYPE_CHECKING:
     from stratalog.queues import QueueConfig
 
-#: The index check reads this many messages per get, as the seed does.
+#: The index check reads this many messages per get, as the million-queue race does.
 INDEX_CHECK_NUM = 10
-#: Share of queues the consume phase reads in full, as in the seed.
+#: Share of queues the consume phase reads in full, as in the million-queue race.
 CONSUME_SHARE = 0.2
 PHASES = ("send", "index_check", "consume")
 SYSTEMS = ("stratalog", "rocksdict", "lmdb", "sqlite3", "nats")

@@ -28,7 +28,7 @@ from stratalog.engine.store import StreamStore
 IN_FLIGHT_MAX = 10_000
 #: Streams read back after the flush, spread evenly over all of them.
 SAMPLE_STREAMS = 1000
-RECORD = b"x" * 58  # the seed's message size
+RECORD = b"x" * 58  # the million-queue race's message size
 
 
 class Progress(Protocol):

@@ -125,7 +125,9 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
               help="Also plot produce latency by percentile as a PNG here (needs matplotlib).")
 def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages: int, producers: int,
           data_dir: Path | None, json_path: Path | None, plot_path: Path | None) -> None:
-    """stratalog serve beside NATS JetStream and Tansu: latency and throughput (seed 004's method).
+    """stratalog serve beside NATS JetStream and Tansu: latency and throughput.
+
+    Latency is measured as "Building a Distributed Log from Scratch, Part 1" measures it.
 
     Each peer's server starts here on 127.0.0.1 (data on the same disk, under --data-dir) and is stopped
     before the next starts. Latency: one producer sends each size at --rate for --duration-s, acks=all,

@@ -136,7 +136,7 @@ def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
 def queues(queues: int | None, messages: int | None, message_bytes: int, threads: int, batch: int,
            consume_batch: int, peers: bool, only: str | None, dir_path: Path | None, quick: bool,
            reference_read_s: float, reference_write_mib: int, json_path: Path | None) -> None:
-    """The million-queue race (seed 001): send, index check, consume; optionally on peers too.
+    """The 2018 Tianchi million-queue race: send, index check, consume; optionally on peers too.
 
     Each system runs in its own process. send: threads put round after round to their own queues, then
     flush (the phase ends when all is durable). index check: get(q, random offset, 10) on every queue.

@@ -22,7 +22,7 @@ def _queue_wal() -> WALConfig:
 
 @dataclass(frozen=True, slots=True)
 class QueueConfig:
-    #: Largest message. 64 KiB: queues here carry small messages (the seed's are ~58 bytes); a bound
+    #: Largest message. 64 KiB: queues here carry small messages (the million-queue race's are ~58 bytes); a bound
     #: keeps one bulk record, and the buffer of puts not yet written, within known sizes.
     message_bytes_max: int = 64 << 10
     #: Puts not yet handed to the WAL. The writer wakes once this many wait (or after ``linger_s``) ...

@@ -732,7 +732,7 @@ class QueueStore:
             self._runs[key] = (raw, count, size)
             self._runs_bytes += size
             while self._runs_bytes > self._config.read_cache_bytes_max and self._runs:
-                # Oldest first, as the seed's cycle cache: no bookkeeping on a hit.
+                # Oldest first, as the million-queue race's cycle cache: no bookkeeping on a hit.
                 _, (_, _, old_size) = self._runs.popitem(last=False)
                 self._runs_bytes -= old_size
 

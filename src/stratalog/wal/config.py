@@ -24,8 +24,8 @@ class FsyncPolicy(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class WALConfig:
-    #: A block is sealed once it holds this many bytes. 256 KiB as in the seed: cloud disks split larger
-    #: writes into 256 KiB pieces anyway, and it keeps a block's buffer small.
+    #: A block is sealed once it holds this many bytes. 256 KiB as in AutoMQ's Delta WAL article: cloud
+    #: disks split larger writes into 256 KiB pieces anyway, and it keeps a block's buffer small.
     block_bytes_soft_max: int = 256 << 10
     #: ... or once its first record has waited this long. 1/3000 s matches 3000 IOPS (EBS gp3's free quota).
     block_linger_s: float = 1 / 3000
@@ -34,7 +34,7 @@ class WALConfig:
     #: 0.50 ms in paired runs). Records still gather while every thread is busy, and a block left open
     #: then is sealed as soon as a write completes (group commit).
     seal_when_idle: bool = True
-    #: Blocks written at once, each by its own I/O thread. 4, as in the seed's benchmark.
+    #: Blocks written at once, each by its own I/O thread. 4, as in the benchmark of AutoMQ's Delta WAL article.
     io_threads: int = 4
     #: Bytes between the oldest unfinished block and the end of the newest block being written. Recovery
     #: scans this far past the last valid record to find records written after a hole.
