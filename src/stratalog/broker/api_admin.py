@@ -107,12 +107,20 @@ async def create_partitions(broker: Broker, request: Request) -> dict[str, Any]:
             result["error_code"] = ErrorCode.invalid_partitions
             result["error_message"] = (f"topic {t.name} has {topic.partitions} partitions; a new count must be "
                                        f"larger and at most {broker.config.partitions_per_topic_max}")
-        elif t.assignments:
+        elif t.assignments is not None and not _on_this_node(broker, t.assignments, t.count - topic.partitions):
             result["error_code"] = ErrorCode.invalid_replica_assignment
-            result["error_message"] = "replica assignments are not supported"
+            result["error_message"] = (f"one assignment per new partition, each naming only broker "
+                                       f"{broker.config.node_id} (the one broker)")
         elif not body.validate_only:
             broker.add_partitions(t.name, t.count)
     return {"throttle_time": 0, "results": results}
+
+
+def _on_this_node(broker: Broker, assignments: Any, new_partitions: int) -> bool:
+    """Whether CreatePartitions' assignments are what the broker does anyway: every new partition on
+    this node (admin clients name the broker they found in Metadata)."""
+    node = broker.config.node_id
+    return len(assignments) == new_partitions and all(list(a.broker_ids) == [node] for a in assignments)
 
 
 async def describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
@@ -138,7 +146,7 @@ async def describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
             {"name": name, "value": value, "read_only": False,
              "config_source": SOURCE_TOPIC if name in topic.configs else SOURCE_DEFAULT,
              "is_default": name not in topic.configs, "is_sensitive": False, "synonyms": [],
-             "config_type": 0, "documentation": SPECS[name].doc if documented else None}
+             "config_type": SPECS[name].config_type, "documentation": SPECS[name].doc if documented else None}
             for name, value in effective(topic.configs).items() if keys is None or name in keys]
     return {"throttle_time": 0, "results": results}
 

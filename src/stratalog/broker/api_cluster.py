@@ -5,6 +5,7 @@ One broker is the whole cluster: it leads every partition and coordinates every 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -15,6 +16,8 @@ from stratalog.kafka.codec import Request
 
 #: FindCoordinator key types: 0 a consumer group, 1 a transactional id (refused: no transactions).
 KEY_TYPE_GROUP = 0
+#: The topic id of a topic that has none (an error entry): Metadata v10+ requires the field, all zeros.
+NO_TOPIC_ID = uuid.UUID(int=0)
 
 
 def _endpoint(broker: Broker) -> tuple[str, int]:
@@ -66,13 +69,13 @@ async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
                 check_topic_name(name)
             except InvalidTopicError:
                 topics.append({"error_code": ErrorCode.invalid_topic_exception, "name": name,
-                               "is_internal": False, "partitions": []})
+                               "topic_id": NO_TOPIC_ID, "is_internal": False, "partitions": []})
                 continue
             assert name is not None
             topic = broker.auto_create(name) if allow_create else broker.topics.get(name)
             if topic is None:
                 topics.append({"error_code": ErrorCode.unknown_topic_or_partition, "name": name,
-                               "is_internal": False, "partitions": []})
+                               "topic_id": NO_TOPIC_ID, "is_internal": False, "partitions": []})
             else:
                 topics.append(_topic_metadata(broker, topic))
     host, port = _endpoint(broker)

@@ -18,12 +18,18 @@ class InvalidConfigError(StratalogError, ValueError):
     """A config name or value the broker does not accept (Kafka's INVALID_CONFIG)."""
 
 
+#: DescribeConfigs v3+ ``config_type``: Kafka's ConfigDef.Type as the wire numbers it.
+TYPE_STRING, TYPE_INT, TYPE_LONG, TYPE_LIST = 2, 3, 5, 7
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigSpec:
     name: str
     default: str
     check: Callable[[str], None]
     doc: str
+    #: The type Kafka gives this config, so admin tools show and parse the value as they would Kafka's.
+    config_type: int
 
 
 def _long(low: int, high: int = 2**63 - 1) -> Callable[[str], None]:
@@ -46,23 +52,24 @@ def _one_of(*allowed: str) -> Callable[[str], None]:
 
 SPECS: Mapping[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("retention.ms", "604800000", _long(-1),
-               "records older than this are deleted (whole uploaded blocks at a time); -1: kept forever"),
+               "records older than this are deleted (whole uploaded blocks at a time); -1: kept forever",
+               TYPE_LONG),
     ConfigSpec("retention.bytes", "-1", _long(-1),
-               "a partition keeps at most about this many bytes of uploaded data; -1: no limit"),
+               "a partition keeps at most about this many bytes of uploaded data; -1: no limit", TYPE_LONG),
     ConfigSpec("max.message.bytes", "1048588", _long(0, 2**31 - 1),
-               "the largest record batch a producer may send to this topic"),
+               "the largest record batch a producer may send to this topic", TYPE_INT),
     ConfigSpec("cleanup.policy", "delete", _one_of("delete"),
-               "delete: old records go by retention (compaction is not supported)"),
+               "delete: old records go by retention (compaction is not supported)", TYPE_LIST),
     ConfigSpec("message.timestamp.type", "CreateTime", _one_of("CreateTime"),
-               "records keep the timestamp their producer gave"),
+               "records keep the timestamp their producer gave", TYPE_STRING),
     ConfigSpec("compression.type", "producer", _one_of("producer"),
-               "batches are stored as the producer compressed them"),
+               "batches are stored as the producer compressed them", TYPE_STRING),
     ConfigSpec("min.insync.replicas", "1", _long(1),
-               "accepted for compatibility: one broker, the WAL's fsync is the durability"),
+               "accepted for compatibility: one broker, the WAL's fsync is the durability", TYPE_INT),
     ConfigSpec("segment.bytes", "67108864", _long(1 << 14),
-               "accepted for compatibility: uploads, not segments, cut the log into objects"),
+               "accepted for compatibility: uploads, not segments, cut the log into objects", TYPE_INT),
     ConfigSpec("segment.ms", "604800000", _long(1),
-               "accepted for compatibility: uploads, not segments, cut the log into objects"),
+               "accepted for compatibility: uploads, not segments, cut the log into objects", TYPE_LONG),
 )}
 
 
