@@ -187,7 +187,7 @@ async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
     while True:
         topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max)
         remaining_s = deadline - time.monotonic()
-        if total >= min_bytes or remaining_s <= 0 or not waiting_on:
+        if total >= min_bytes or remaining_s <= 0 or not waiting_on or broker.stopping:
             break
         await broker.wait_for_data(waiting_on, remaining_s)
         if time.monotonic() >= deadline:

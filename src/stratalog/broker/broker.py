@@ -64,6 +64,7 @@ class Broker:
         #: Fetches waiting for data, by stream id.
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
         self.apis: dict[int, Api] = {}
+        self._stopping = False
         self._finish_deletes()
         self._recover_producers()
 
@@ -85,6 +86,19 @@ class Broker:
         broker.groups.start()
         broker._snapshot_task = asyncio.get_running_loop().create_task(broker._snapshot_periodically())
         return broker
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop_waiting(self) -> None:
+        """Wake every waiting fetch, and let no fetch wait from now on (the broker is stopping)."""
+        self._stopping = True
+        for waiters in self._waiters.values():
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+        self._waiters.clear()
 
     async def close(self) -> None:
         if self._snapshot_task is not None:
@@ -232,7 +246,7 @@ class Broker:
 
     async def wait_for_data(self, stream_ids: list[int], timeout_s: float) -> None:
         """Return once any of ``stream_ids`` gets new data, or after ``timeout_s``."""
-        if timeout_s <= 0 or not stream_ids:
+        if timeout_s <= 0 or not stream_ids or self._stopping:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         for sid in stream_ids:

@@ -81,6 +81,8 @@ class BrokerServer:
         self._stopping = True
         if self._server is not None:
             self._server.close()
+        # Fetches waiting for data answer now with what they have: a long poll would hold the stop.
+        self.broker.stop_waiting()
         # Clients keep their connections open while idle: without this, each idle one held the stop for
         # the whole drain until its read was cancelled.
         for connection in self._live:

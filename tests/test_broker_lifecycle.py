@@ -1,0 +1,99 @@
+"""The broker's life: a clean stop answers what is in flight; slow and idle connections are closed alone."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import struct
+import time
+import warnings
+from pathlib import Path
+
+from brokerkit import running_broker, start_broker
+from test_broker_bad_input import api_versions_request, read_frame
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka import KafkaConsumer, KafkaProducer
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "broker.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def long_poll_fetch(topic: str, offset: int, wait_ms: int) -> bytes:
+    """A Fetch v4 frame for ``topic`` partition 0 from ``offset``, waiting up to ``wait_ms`` for a byte."""
+    import datetime
+    import io
+
+    from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
+    from kio.schema.request_header.v1.header import RequestHeader
+    from kio.serial import entity_writer
+    from kio.static.primitive import i8, i16, i32, i64
+
+    out = io.BytesIO()
+    entity_writer(RequestHeader)(out, RequestHeader(request_api_key=i16(1), request_api_version=i16(4),
+                                                    correlation_id=i32(77), client_id="t"))
+    entity_writer(FetchRequest)(out, FetchRequest(
+        replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=wait_ms), min_bytes=i32(1),
+        max_bytes=i32(1 << 20), isolation_level=i8(0), topics=(FetchTopic(topic=topic, partitions=(
+            FetchPartition(partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20)),)),)))
+    body = out.getvalue()
+    return struct.pack(">i", len(body)) + body
+
+
+def test_sigterm_answers_what_is_in_flight_and_loses_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    broker = start_broker(data_dir)
+    try:
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+        futures = [producer.send("life", b"v%d" % i, partition=0) for i in range(200)]
+        producer.flush()
+        assert [f.get(1).offset for f in futures] == list(range(200))
+        producer.close()
+        with socket.create_connection((broker.host, broker.port), timeout=60) as poll:
+            poll.sendall(long_poll_fetch("life", 200, 60_000))  # waits for a record that never comes
+            stopped_at = time.monotonic()
+            broker.process.send_signal(signal.SIGTERM)
+            response = read_frame(poll)
+            assert response is not None and response[:4] == struct.pack(">i", 77), "the long poll is answered"
+            assert read_frame(poll) is None, "then the connection closes"
+        assert broker.process.wait(30) == 0
+        assert time.monotonic() - stopped_at < 15, "a clean stop does not wait out a long poll"
+        assert "stopped: everything acknowledged is durable" in "".join(broker.output)
+    finally:
+        if broker.process.poll() is None:
+            broker.process.kill()
+    with running_broker(data_dir) as again:
+        consumer = KafkaConsumer("life", bootstrap_servers=again.bootstrap, auto_offset_reset="earliest",
+                                 consumer_timeout_ms=5000)
+        assert [m.value for m in consumer] == [b"v%d" % i for i in range(200)]
+        consumer.close()
+
+
+def test_a_half_sent_request_is_closed_after_the_read_timeout_while_others_are_served(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "request_read_timeout_s = 1.0\nidle_timeout_s = 600.0\n")
+    with running_broker(tmp_path / "data", "--config", config) as broker:
+        slow = socket.create_connection((broker.host, broker.port), timeout=30)
+        slow.sendall(struct.pack(">i", 1000) + b"\0" * 10)  # 10 of 1,000 bytes, then nothing
+        with socket.create_connection((broker.host, broker.port), timeout=10) as good:
+            good.sendall(api_versions_request(3, 1))
+            assert read_frame(good) is not None
+        started = time.monotonic()
+        assert read_frame(slow) is None, "the stalled connection is closed"
+        assert time.monotonic() - started < 15
+        slow.close()
+        assert broker.process.poll() is None, "the broker serves on"
+
+
+def test_an_idle_connection_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "idle_timeout_s = 1.0\n")
+    with running_broker(tmp_path / "data", "--config", config) as broker, \
+            socket.create_connection((broker.host, broker.port), timeout=30) as idle:
+        idle.sendall(api_versions_request(3, 1))
+        assert read_frame(idle) is not None
+        started = time.monotonic()
+        assert read_frame(idle) is None
+        assert 0.5 < time.monotonic() - started < 15
