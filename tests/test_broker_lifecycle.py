@@ -97,3 +97,26 @@ def test_an_idle_connection_is_closed_after_the_idle_timeout(tmp_path: Path) -> 
         started = time.monotonic()
         assert read_frame(idle) is None
         assert 0.5 < time.monotonic() - started < 15
+
+
+def test_the_wal_on_a_device_of_its_own_keeps_acknowledged_records_through_kill9(tmp_path: Path) -> None:
+    from stratalog.io.device import FileDevice
+
+    device_path = tmp_path / "wal.device"
+    FileDevice.open(device_path, size_bytes=64 << 20, create=True).close()
+    data_dir = tmp_path / "data"
+    broker = start_broker(data_dir, "--wal-device", str(device_path))
+    try:
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        offsets = [producer.send("dev", b"r%d" % i).get(30).offset for i in range(50)]
+        producer.close()
+        broker.kill9()
+    finally:
+        if broker.process.poll() is None:
+            broker.process.kill()
+    assert not (data_dir / "wal").exists(), "the WAL is on the device, not in the data directory"
+    with running_broker(data_dir, "--wal-device", str(device_path)) as again:
+        consumer = KafkaConsumer("dev", bootstrap_servers=again.bootstrap, auto_offset_reset="earliest",
+                                 consumer_timeout_ms=5000)
+        assert [(m.offset, m.value) for m in consumer] == [(o, b"r%d" % i) for i, o in enumerate(offsets)]
+        consumer.close()

@@ -25,6 +25,7 @@ from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicRegistry, check_topic_name, stream_name
 from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
+from stratalog.io.device import Device
 from stratalog.kafka.codec import Request
 
 log = logging.getLogger("stratalog.broker")
@@ -70,11 +71,13 @@ class Broker:
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], config: BrokerConfig | None = None, *,
-             object_store: str | None = None) -> Broker:
+             object_store: str | None = None, wal_device: Device | None = None) -> Broker:
+        """Open the store and the broker's state in ``data_dir``. ``wal_device``: the WAL on a raw block
+        device or preallocated file (the caller closes it after the broker)."""
         config = config or BrokerConfig()
         config.validate()
         path = Path(data_dir)
-        store = StreamStore.open(path, object_store, config.store)
+        store = StreamStore.open(path, object_store, config.store, wal_device=wal_device)
         try:
             broker = cls(path, store, config)
         except BaseException:

@@ -18,6 +18,7 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.groups import GroupConfig
 from stratalog.broker.server import BrokerServer, NonLoopbackRefusedError, check_listen_host
+from stratalog.io.device import Device, FileDevice
 
 log = logging.getLogger("stratalog.broker")
 
@@ -52,7 +53,7 @@ def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
 
 
 async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | None,
-                     ready: asyncio.Event | None = None) -> None:
+                     ready: asyncio.Event | None = None, wal_device: Device | None = None) -> None:
     """Serve until SIGINT or SIGTERM; a second signal exits at once."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -69,7 +70,7 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    broker = Broker.open(data_dir, config, object_store=object_store)
+    broker = Broker.open(data_dir, config, object_store=object_store, wal_device=wal_device)
     server = BrokerServer(broker)
     try:
         host, port = await server.start()
@@ -97,12 +98,15 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
 @click.option("--object-store", default=None,
               help="Object storage URI, e.g. s3://bucket/prefix?endpoint=http://127.0.0.1:8333 "
                    "(default: a directory under --data-dir).")
+@click.option("--wal-device", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Put the WAL on this raw block device or preallocated file (default: DATA_DIR/wal). "
+                   "Everything on it is the broker's.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, help="A TOML file of broker settings (BrokerConfig's field names).")
 @click.option("--allow-plaintext-anywhere", is_flag=True, default=False,
               help="Allow a non-loopback listener without authentication (there is none yet).")
-def serve(data_dir: Path, listen: str, advertise: str | None, object_store: str | None, config_path: Path | None,
-          allow_plaintext_anywhere: bool) -> None:
+def serve(data_dir: Path, listen: str, advertise: str | None, object_store: str | None, wal_device: Path | None,
+          config_path: Path | None, allow_plaintext_anywhere: bool) -> None:
     """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
 
     Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
@@ -118,4 +122,18 @@ def serve(data_dir: Path, listen: str, advertise: str | None, object_store: str 
         check_listen_host(config.host, config.allow_plaintext_anywhere)
     except NonLoopbackRefusedError as e:
         raise click.UsageError(str(e)) from None
-    asyncio.run(run_broker(data_dir, config, object_store))
+    device = FileDevice.open(wal_device) if wal_device is not None else None
+    if device is not None:
+        # The WAL ring takes the whole device.
+        config = dataclasses.replace(config, store=dataclasses.replace(config.store,
+                                                                        wal_capacity_bytes=device.size_bytes))
+        try:
+            config.validate()
+        except ValueError as e:
+            device.close()
+            raise click.UsageError(f"--wal-device {wal_device}: {e}") from None
+    try:
+        asyncio.run(run_broker(data_dir, config, object_store, wal_device=device))
+    finally:
+        if device is not None:
+            device.close()
