@@ -22,7 +22,8 @@ from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClos
 from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, decode_records
 from stratalog.engine.batch import BatchInfo as EngineBatchInfo
 from stratalog.errors import RecordTooLargeError
-from stratalog.kafka.codec import Request
+from stratalog.kafka.codec import Prebuilt, Request
+from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from stratalog.kafka.records import KafkaBatchError, check_batch, encode_batch
 
 log = logging.getLogger("stratalog.broker")
@@ -178,7 +179,7 @@ def as_kafka_batch(batch: StoredBatch) -> bytes | memoryview:
     return encode_batch(records, base_offset=batch.base_offset)
 
 
-async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
+async def fetch(broker: Broker, request: Request) -> Prebuilt:
     body = request.body
     wait_s = min(body.max_wait.total_seconds(), broker.config.fetch_wait_ms_max / 1000)
     deadline = time.monotonic() + wait_s
@@ -193,10 +194,12 @@ async def fetch(broker: Broker, request: Request) -> dict[str, Any]:
         if time.monotonic() >= deadline:
             topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max)
             break
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": topics}
+    # Encoded here, not by kio: the records stay views of the stored batches up to the socket.
+    return Prebuilt(encode_fetch_response(request.correlation_id, request.api_version, throttle_time_ms=0,
+                                          error_code=ErrorCode.none, session_id=0, topics=topics))
 
 
-async def _fetch_once(broker: Broker, wanted: Any, response_max: int) -> tuple[list[dict[str, Any]], int, list[int]]:
+async def _fetch_once(broker: Broker, wanted: Any, response_max: int) -> tuple[list[FetchTopicResult], int, list[int]]:
     total = 0
     waiting_on: list[int] = []
     topics = []
@@ -205,35 +208,28 @@ async def _fetch_once(broker: Broker, wanted: Any, response_max: int) -> tuple[l
         for p in t.partitions:
             stream = broker.partition(t.topic, p.partition)
             if stream is None:
-                partitions.append({"partition_index": p.partition, "error_code": ErrorCode.unknown_topic_or_partition,
-                                   "high_watermark": -1, "records": b"", "aborted_transactions": None})
+                partitions.append(FetchPartitionResult(p.partition, ErrorCode.unknown_topic_or_partition, -1))
                 continue
-            high = stream.end_offset
-            entry: dict[str, Any] = {"partition_index": p.partition, "error_code": ErrorCode.none,
-                                     "high_watermark": high, "last_stable_offset": high,
-                                     "log_start_offset": stream.start_offset, "aborted_transactions": None,
-                                     "preferred_read_replica": -1, "records": b""}
-            partitions.append(entry)
+            high, start = stream.end_offset, stream.start_offset
+            error = ErrorCode.none
+            # The stored batches, each whole, as views of the engine's immutable bytes (LogCache entries,
+            # cached blocks): never joined, so a fetch copies no record byte before the socket.
+            records: list[bytes | memoryview] = []
             offset = p.fetch_offset
+            budget = min(p.partition_max_bytes, response_max - total)
             if offset == high:
                 waiting_on.append(stream.stream_id)
-                continue
-            budget = min(p.partition_max_bytes, response_max - total)
-            if budget <= 0 and total:
-                continue
-            try:
-                batches = await _read(stream, offset, max(budget, 1))
-            except OffsetOutOfRangeError:
-                entry["error_code"] = ErrorCode.offset_out_of_range
-                continue
-            except (StoreFailedError, StoreClosedError):
-                entry["error_code"] = ErrorCode.kafka_storage_error
-                continue
-            if batches:
-                parts = [as_kafka_batch(b) for b in batches]
-                entry["records"] = b"".join(parts)
-                total += len(entry["records"])
-        topics.append({"topic": t.topic, "partitions": partitions})
+            elif budget > 0 or not total:
+                try:
+                    records = [as_kafka_batch(b) for b in await _read(stream, offset, max(budget, 1))]
+                except OffsetOutOfRangeError:
+                    error = ErrorCode.offset_out_of_range
+                except (StoreFailedError, StoreClosedError):
+                    error = ErrorCode.kafka_storage_error
+                total += sum(len(r) for r in records)
+            partitions.append(FetchPartitionResult(p.partition, error, high, last_stable_offset=high,
+                                                   log_start_offset=start, records=records))
+        topics.append(FetchTopicResult(t.topic, partitions))
     return topics, total, waiting_on
 
 
@@ -263,6 +259,10 @@ async def list_offsets(broker: Broker, request: Request) -> dict[str, Any]:
                 entry["offset"] = stream.end_offset
             elif ts == EARLIEST_TIMESTAMP:
                 entry["offset"] = stream.start_offset
+            elif ts == MAX_TIMESTAMP:
+                latest = await asyncio.to_thread(stream.latest_timestamp)
+                if latest is not None:
+                    entry["offset"], entry["timestamp"] = latest
             elif ts < 0:
                 entry["error_code"] = ErrorCode.invalid_request
             else:
@@ -324,7 +324,7 @@ async def init_producer_id(broker: Broker, request: Request) -> dict[str, Any]:
 APIS = (
     Api(0, "Produce", 3, 9, produce),
     Api(1, "Fetch", 4, 12, fetch),
-    Api(2, "ListOffsets", 1, 6, list_offsets),
+    Api(2, "ListOffsets", 1, 7, list_offsets),
     Api(21, "DeleteRecords", 0, 2, delete_records),
     Api(22, "InitProducerId", 0, 4, init_producer_id),
 )

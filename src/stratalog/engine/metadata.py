@@ -334,6 +334,15 @@ class Metadata:
                 (stream_id, stream_id, start_offset, start_offset, end, limit)).fetchall()
         return [RangeRow(*r) for r in rows]
 
+    def latest_range(self, stream_id: int, start_offset: int) -> RangeRow | None:
+        """The first block (in offset order) holding the largest timestamp among blocks past ``start_offset``."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_RANGE_COLUMNS} FROM ranges r JOIN objects o USING (object_id) "
+                "WHERE r.stream_id = ? AND r.end_offset > ? ORDER BY r.max_timestamp_ms DESC, r.start_offset "
+                "LIMIT 1", (stream_id, start_offset)).fetchone()
+        return RangeRow(*row) if row else None
+
     def ranges_of_object(self, key: str) -> list[RangeRow]:
         """The blocks metadata places in the object at ``key``, by position (for inspection)."""
         with self._lock:

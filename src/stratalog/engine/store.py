@@ -257,6 +257,10 @@ class Stream:
         """The first offset whose record timestamp is >= ``timestamp_ms`` (None: no such record yet)."""
         return self._store._offset_for_timestamp(self._state, timestamp_ms)
 
+    def latest_timestamp(self) -> tuple[int, int] | None:
+        """``(offset, timestamp_ms)`` of the first record with the largest timestamp (None: no records)."""
+        return self._store._latest_timestamp(self._state)
+
     def trim(self, new_start_offset: int) -> None:
         """Drop records below ``new_start_offset``; durable when it returns."""
         self._store._trim(self._state, new_start_offset)
@@ -591,6 +595,29 @@ class StreamStore:
                 for offset, ts in record_timestamps(entry.data, 0, info):
                     if ts >= timestamp_ms and offset >= low:
                         return offset
+        return None
+
+    def _latest_timestamp(self, st: _StreamState) -> tuple[int, int] | None:
+        self._check_not_closed()
+        with self._lock:
+            low, committed = st.start_offset, st.committed_end
+            tail = st.cached_between(max(low, committed), st.durable_end)
+        row = self._meta.latest_range(st.stream_id, low) if low < committed else None
+        best_ts = row.max_timestamp_ms if row is not None else None
+        entry = max(tail, key=lambda e: e.max_timestamp_ms, default=None)  # max() keeps the first of ties
+        if entry is not None and (best_ts is None or entry.max_timestamp_ms > best_ts):
+            info = read_batch_info(entry.data)
+            candidates = record_timestamps(entry.data, 0, info)
+            best_ts = entry.max_timestamp_ms
+        elif row is not None:
+            block = self._blocks.get(row)
+            candidates = (pair for at, info in placed_batches(block, row.entry())
+                          for pair in record_timestamps(block, at, info))
+        else:
+            return None
+        for offset, ts in candidates:
+            if ts == best_ts and offset >= low:
+                return offset, ts
         return None
 
     # Trim, retention, compaction -------------------------------------------------------------------
