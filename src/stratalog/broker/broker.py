@@ -36,7 +36,8 @@ Handler = Callable[["Broker", Request], Awaitable[Any]]
 @dataclass(frozen=True, slots=True)
 class Api:
     """One API the broker serves: its versions and its handler. A handler returns the response as
-    plain values (see ``stratalog.kafka.build``), or None for a request that gets no response."""
+    plain values (see ``stratalog.kafka.build``), a frame it encoded itself (``codec.Prebuilt``: Fetch),
+    or None for a request that gets no response."""
 
     key: int
     name: str

@@ -22,7 +22,9 @@ from stratalog.broker.broker import Broker
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import (
     API_VERSIONS_KEY,
+    EncodedResponse,
     KafkaProtocolError,
+    Prebuilt,
     Request,
     UnsupportedVersionError,
     decode_request,
@@ -124,7 +126,7 @@ class _Connection:
         self.stopping = stopping
         self.frames = FrameReader(broker.config.request_bytes_max)
         self.sender: asyncio.Task[None]
-        self.responses: asyncio.Queue[tuple[int, asyncio.Future[bytes | None]] | None] = asyncio.Queue(
+        self.responses: asyncio.Queue[tuple[int, asyncio.Future[EncodedResponse | None]] | None] = asyncio.Queue(
             broker.config.in_flight_requests_max)
 
     async def run(self) -> None:
@@ -160,7 +162,7 @@ class _Connection:
             transport.pause_reading()  # no data after the end fed below
         self.reader.feed_eof()
 
-    async def _queue(self, item: tuple[int, asyncio.Future[bytes | None]] | None) -> None:
+    async def _queue(self, item: tuple[int, asyncio.Future[EncodedResponse | None]] | None) -> None:
         """Queue a response (None: the end) unless the sender stopped (its socket failed)."""
         put = asyncio.ensure_future(self.responses.put(item))
         await asyncio.wait({put, self.sender}, return_when=asyncio.FIRST_COMPLETED)
@@ -181,13 +183,13 @@ class _Connection:
                 raise TimeoutError(f"{what} for {timeout_s:.0f} s") from None
             self.frames.receive_data(data)
             while (frame := self.frames.next_frame()) is not None:
-                future: asyncio.Future[bytes | None] = loop.create_future()
+                future: asyncio.Future[EncodedResponse | None] = loop.create_future()
                 correlation_id = await self._start(frame, future)
                 await self._queue((correlation_id, future))
             if self.frames.at_eof:
                 return
 
-    async def _start(self, frame: bytes, future: asyncio.Future[bytes | None]) -> int:
+    async def _start(self, frame: bytes, future: asyncio.Future[EncodedResponse | None]) -> int:
         try:
             request = decode_request(frame, self.broker.supported_versions)
         except UnsupportedVersionError as e:
@@ -208,11 +210,13 @@ class _Connection:
             for a in sorted(self.broker.apis.values(), key=lambda a: a.key)]}
         return encode_response(correlation_id, build(response_schema(API_VERSIONS_KEY, 0), body))
 
-    async def _handle(self, request: Request) -> bytes | None:
+    async def _handle(self, request: Request) -> EncodedResponse | None:
         api = self.broker.apis[request.api_key]
         values = await api.handler(self.broker, request)
         if values is None:
             return None
+        if isinstance(values, Prebuilt):
+            return values.pieces
         return encode_response(request.correlation_id, build(response_schema(request.api_key, request.api_version),
                                                              values))
 
@@ -230,11 +234,24 @@ class _Connection:
                 self.writer.transport.abort()
                 return
             if frame is not None:
-                self.writer.write(frame)
+                _write(self.writer, frame)
                 await self.writer.drain()
 
 
-def _settle(task: asyncio.Task[bytes | None], future: asyncio.Future[bytes | None]) -> None:
+def _write(writer: asyncio.StreamWriter, frame: EncodedResponse) -> None:
+    if isinstance(frame, bytes):
+        writer.write(frame)
+    elif type(writer.transport).writelines is asyncio.WriteTransport.writelines:
+        # This transport's writelines joins the pieces into one copy (Python 3.11's selector transport):
+        # written one by one, they go to the socket as they are and only what it does not take at once
+        # is copied into the transport's buffer.
+        for piece in frame:
+            writer.write(piece)
+    else:
+        writer.writelines(frame)  # a gather write of the views (sendmsg), from Python 3.12
+
+
+def _settle(task: asyncio.Task[EncodedResponse | None], future: asyncio.Future[EncodedResponse | None]) -> None:
     if future.done():
         return
     if task.cancelled():

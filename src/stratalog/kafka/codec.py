@@ -92,6 +92,19 @@ def response_schema(api_key: int, api_version: int) -> type[Any]:
         raise UnsupportedVersionError(api_key, api_version, -1) from e
 
 
+#: A response frame as the server sends it: bytes, or a list of pieces (header bytes between views of
+#: stored records) for a gather write; either way the frame is the pieces joined.
+EncodedResponse = bytes | list[bytes | memoryview]
+
+
+@dataclass(frozen=True, slots=True)
+class Prebuilt:
+    """A response its handler encoded itself, a whole frame as pieces: Fetch answers with its records
+    as views of the stored batches (``stratalog.kafka.fetch_response``), which kio would copy twice."""
+
+    pieces: list[bytes | memoryview]
+
+
 def encode_response(correlation_id: int, response: Any) -> bytes:
     """A whole response frame (size, header, body). The header layout (v0, or v1 with tagged fields)
     is the one the response's schema names: ApiVersions answers with v0 at every version."""
