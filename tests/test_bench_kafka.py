@@ -68,7 +68,7 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
         assert [r["message_bytes"] for r in peer["throughput"]] == [100, 1024]
         for r in peer["throughput"]:
             for phase in ("produce", "consume"):
-                assert r[phase]["ok"], r
+                assert r[phase]["ok"], (peer["name"], r)
                 assert r[phase]["messages"] == 2000
                 assert r[phase]["msg_per_s"] > 0
                 assert r[phase]["mb_per_s"] > 0
