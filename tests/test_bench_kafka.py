@@ -68,6 +68,12 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
         assert [r["message_bytes"] for r in peer["throughput"]] == [100, 1024]
         for r in peer["throughput"]:
             for phase in ("produce", "consume"):
+                assert r[phase]["expected"] == 2000
+                if peer["name"] != "stratalog" and not r[phase]["ok"]:
+                    # A peer's own shortfall is reported, not hidden (Tansu's consumer now and then gets
+                    # one producer's messages only); stratalog's must be whole.
+                    assert r[phase]["messages"] < r[phase]["expected"], (peer["name"], r)
+                    continue
                 assert r[phase]["ok"], (peer["name"], r)
                 assert r[phase]["messages"] == 2000
                 assert r[phase]["msg_per_s"] > 0
