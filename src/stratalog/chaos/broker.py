@@ -25,12 +25,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from stratalog.chaos.broker_process import BrokerProcess, start_broker
-from stratalog.chaos.harness import ChaosHarnessError
+from stratalog.chaos.harness import ChaosHarnessError, MustBeZeroFigures
 
 TOPIC = "chaos"
 #: Offsets committed for the group "kept" before the first kill, per partition.
@@ -63,7 +63,7 @@ class IterationFigures:
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerChaosFigures:
+class BrokerChaosFigures(MustBeZeroFigures):
     iterations: int
     records_sent: int
     records_acknowledged: int
@@ -79,16 +79,7 @@ class BrokerChaosFigures:
     committed_offsets_lost: int
     unaccounted: int
 
-    @property
-    def failures(self) -> int:
-        return sum(getattr(self, name) for name in MUST_BE_ZERO)
-
-    @property
-    def ok(self) -> bool:
-        return self.failures == 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    must_be_zero: ClassVar[tuple[str, ...]] = MUST_BE_ZERO
 
 
 def free_port() -> int:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from stratalog.chaos.child import start_child
 from stratalog.chaos.engine_child import (
@@ -54,7 +54,7 @@ from stratalog.chaos.engine_child import (
     stream_name,
     stream_tag,
 )
-from stratalog.chaos.harness import ChaosHarnessError, run_rounds
+from stratalog.chaos.harness import ChaosHarnessError, MustBeZeroFigures, run_rounds
 from stratalog.engine.batch import Record
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.store import DATA_PREFIX, OffsetOutOfRangeError, RecoveryReport, Stream, StreamStore
@@ -186,7 +186,7 @@ class IterationFigures:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineChaosFigures:
+class EngineChaosFigures(MustBeZeroFigures):
     """Totals over a harness run; every count named in MUST_BE_ZERO must be 0."""
 
     iterations: int
@@ -230,16 +230,7 @@ class EngineChaosFigures:
     errors: tuple[str, ...]
     elapsed_s: float
 
-    @property
-    def failures(self) -> int:
-        return sum(getattr(self, name) for name in MUST_BE_ZERO)
-
-    @property
-    def ok(self) -> bool:
-        return self.failures == 0
-
-    def as_dict(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "failures": self.failures, "ok": self.ok}
+    must_be_zero: ClassVar[tuple[str, ...]] = MUST_BE_ZERO
 
 
 def summarize(iterations: list[IterationFigures], elapsed_s: float) -> EngineChaosFigures:

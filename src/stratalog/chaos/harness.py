@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, ClassVar, TypeVar
 
 RoundT = TypeVar("RoundT")
+
+
+class MustBeZeroFigures:
+    """A run's figures judged by counts that each break a promise unless zero: ``must_be_zero`` names
+    them (fields of the dataclass this is mixed into)."""
+
+    __slots__ = ()
+    must_be_zero: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def failures(self) -> int:
+        return sum(int(getattr(self, name)) for name in self.must_be_zero)
+
+    @property
+    def ok(self) -> bool:
+        return self.failures == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "failures": self.failures, "ok": self.ok}  # type: ignore[call-overload]
 
 
 class ChaosHarnessError(RuntimeError):
