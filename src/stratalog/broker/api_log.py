@@ -19,8 +19,7 @@ from stratalog.broker.broker import Api, Broker
 from stratalog.broker.producers import Verdict
 from stratalog.broker.topic_configs import effective
 from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClosedError, StoreFailedError
-from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, decode_records
-from stratalog.engine.batch import BatchInfo as EngineBatchInfo
+from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, stored_records
 from stratalog.errors import RecordTooLargeError
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -170,13 +169,7 @@ def as_kafka_batch(batch: StoredBatch) -> bytes | memoryview:
     """A stored batch as Kafka consumers read it: Kafka batches as stored, native ones encoded."""
     if batch.encoding == ENCODING_KAFKA:
         return batch.body
-    from stratalog.engine.batch import BATCH_HEADER_BYTES
-
-    # decode_records wants the engine header in front of the body; the body alone is enough to rebuild it.
-    info = EngineBatchInfo(0, batch.base_offset, batch.count, BATCH_HEADER_BYTES + len(batch.body),
-                           batch.max_timestamp_ms, batch.encoding)
-    records = list(decode_records(bytes(BATCH_HEADER_BYTES) + bytes(batch.body), 0, info))
-    return encode_batch(records, base_offset=batch.base_offset)
+    return encode_batch(list(stored_records(batch)), base_offset=batch.base_offset)
 
 
 async def fetch(broker: Broker, request: Request) -> Prebuilt:

@@ -232,13 +232,25 @@ def decode_records(buf: bytes | memoryview, pos: int, info: BatchInfo,
     if info.encoding == ENCODING_KAFKA:
         yield from _decode_kafka(buf, pos, info, start_offset)
         return
+    yield from _native_records(buf, pos + BATCH_HEADER_BYTES, pos + info.batch_bytes, info.base_offset, info.count,
+                               start_offset)
+
+
+def stored_records(batch: StoredBatch, start_offset: int = 0) -> Iterator[Record]:
+    """The records of a StoredBatch (either encoding) from ``start_offset`` on."""
+    if batch.encoding == ENCODING_KAFKA:
+        yield from _kafka_records(batch.body, batch.base_offset, start_offset)
+        return
+    yield from _native_records(batch.body, 0, len(batch.body), batch.base_offset, batch.count, start_offset)
+
+
+def _native_records(buf: bytes | memoryview, at: int, end: int, base: int, count: int,
+                    start_offset: int) -> Iterator[Record]:
+    """The native records ``buf[at:end]`` of a batch based at ``base``, from ``start_offset`` on."""
     data = buf if isinstance(buf, bytes) else bytes(buf)  # slices of bytes are the values: one copy each
-    at = pos + BATCH_HEADER_BYTES
-    end = pos + info.batch_bytes
     unpack = RECORD_HEAD.unpack_from
     head_bytes = RECORD_HEAD.size
-    base = info.base_offset
-    for i in range(info.count):
+    for i in range(count):
         if at + head_bytes > end:
             raise CorruptBatchError(f"batch at offset {base}: record {i} runs past the batch")
         body_bytes, ts, key_bytes, value_bytes, header_count = unpack(data, at)
@@ -273,14 +285,18 @@ def kafka_body(buf: bytes | memoryview, pos: int, info: BatchInfo) -> memoryview
 
 
 def _decode_kafka(buf: bytes | memoryview, pos: int, info: BatchInfo, start_offset: int) -> Iterator[Record]:
+    yield from _kafka_records(kafka_body(buf, pos, info), info.base_offset, start_offset)
+
+
+def _kafka_records(body: memoryview, base_offset: int, start_offset: int) -> Iterator[Record]:
     from stratalog.kafka.records import KafkaBatchError
     from stratalog.kafka.records import decode_records as decode_kafka_records
 
     try:
-        yield from decode_kafka_records(kafka_body(buf, pos, info), start_offset=start_offset,
+        yield from decode_kafka_records(body, start_offset=start_offset,
                                         decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
     except KafkaBatchError as e:
-        raise CorruptBatchError(f"Kafka batch at offset {info.base_offset}: {e}") from e
+        raise CorruptBatchError(f"Kafka batch at offset {base_offset}: {e}") from e
 
 
 def decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
