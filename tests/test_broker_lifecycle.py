@@ -120,3 +120,16 @@ def test_the_wal_on_a_device_of_its_own_keeps_acknowledged_records_through_kill9
                                  consumer_timeout_ms=5000)
         assert [(m.offset, m.value) for m in consumer] == [(o, b"r%d" % i) for i, o in enumerate(offsets)]
         consumer.close()
+
+
+def test_a_non_loopback_listener_needs_the_explicit_flag(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", "from stratalog.cli import main; main()", "serve", "--data-dir",
+                          str(tmp_path / "data"), "--listen", "0.0.0.0:0"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2
+    assert "--allow-plaintext-anywhere" in run.stderr and "no authentication" in run.stderr
+    assert not (tmp_path / "data").exists(), "refused before anything is opened"
+
