@@ -39,363 +39,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum, IntEnum
 from functools import partial
-from typing import Protocol, TypeVar
 
+from stratalog.broker.group_state import (
+    UNKNOWN_MEMBER_ID,
+    E,
+    Group,
+    GroupConfig,
+    GroupDescription,
+    GroupErrorCode,
+    GroupState,
+    JoinRequest,
+    JoinResult,
+    LoopTimers,
+    Member,
+    MemberDescription,
+    S,
+    SyncResult,
+    TimerHandle,
+    Timers,
+    answer,
+    join_error,
+    unique_protocols,
+    wall_clock_ms,
+)
 from stratalog.broker.offsets import CommittedOffsets
 from stratalog.invariant import InvariantError, invariant
 
 logger = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
-
-
-class GroupErrorCode(IntEnum):
-    """The Kafka error codes the coordinator answers with."""
-
-    NONE = 0
-    COORDINATOR_NOT_AVAILABLE = 15
-    ILLEGAL_GENERATION = 22
-    INCONSISTENT_GROUP_PROTOCOL = 23
-    INVALID_GROUP_ID = 24
-    UNKNOWN_MEMBER_ID = 25
-    INVALID_SESSION_TIMEOUT = 26
-    REBALANCE_IN_PROGRESS = 27
-    INVALID_REQUEST = 42
-    NON_EMPTY_GROUP = 68
-    GROUP_ID_NOT_FOUND = 69
-    MEMBER_ID_REQUIRED = 79
-    GROUP_MAX_SIZE_REACHED = 81
-    FENCED_INSTANCE_ID = 82
-
-
-E = GroupErrorCode
-
-#: The generation of a standalone OffsetCommit (a consumer that assigns its partitions itself).
-NO_GENERATION = -1
-#: The member id of a member that has none yet.
-UNKNOWN_MEMBER_ID = ""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupConfig:
-    #: Shortest and longest session timeout a member may ask for: Kafka's defaults of
-    #: ``group.min.session.timeout.ms`` and ``group.max.session.timeout.ms``. The lower bound keeps members
-    #: from being expired by one late heartbeat; the upper bound is how long a dead member can hold its
-    #: partitions. Tests lower the minimum to run in milliseconds.
-    group_min_session_timeout_ms: int = 6000
-    group_max_session_timeout_ms: int = 1_800_000
-    #: How long the first rebalance of an empty group waits for more members (each new member restarts
-    #: the wait, up to the rebalance timeout): Kafka's ``group.initial.rebalance.delay.ms``. 0: none.
-    group_initial_rebalance_delay_ms: int = 3000
-    #: Members of one group (pending ones counted apart, against the same bound). Kafka's
-    #: ``group.max.size`` is unbounded by default; a bound keeps one group's join and the leader's
-    #: response (every member's metadata) within known sizes.
-    group_max_size: int = 1000
-    #: Groups held in memory. When full, an Empty group (its offsets stay on disk) makes room; if none is
-    #: empty, joins of new groups get COORDINATOR_NOT_AVAILABLE (retried by clients).
-    groups_max: int = 10_000
-    #: Protocol names and metadata one member may join with, in bytes (held for the group's life, and sent
-    #: to the leader with every other member's). A consumer subscribed to a thousand topics, with the
-    #: partitions it owns, sends ~50 KiB.
-    member_metadata_bytes_max: int = 256 << 10
-    #: The assignment the leader hands one member, in bytes (held until the next rebalance).
-    member_assignment_bytes_max: int = 256 << 10
-    #: A new member's first join may wait this long (Kafka's ``NewMemberJoinTimeoutMs``): it has no id to
-    #: heartbeat with yet, and a client that gave up and retried would otherwise leave members behind.
-    group_new_member_join_timeout_ms: int = 300_000
-    #: Offsets of a group empty this long (and not committed for this long) are dropped: Kafka's
-    #: ``offsets.retention.minutes`` default, 7 days.
-    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
-    #: How often expired offsets are looked for: Kafka's ``offsets.retention.check.interval.ms``.
-    offsets_retention_check_interval_ms: int = 600_000
-
-
-@dataclass(frozen=True, slots=True)
-class JoinResult:
-    """JoinGroup's answer. ``members`` (member id, group instance id, metadata of the chosen protocol)
-    goes to the leader only. ``protocol_type``/``protocol_name`` are ``None`` on errors (JoinGroup below
-    v7 sends ""); ``leader`` and ``member_id`` are "" when unknown."""
-
-    error_code: int
-    generation_id: int = NO_GENERATION
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader: str = ""
-    member_id: str = UNKNOWN_MEMBER_ID
-    skip_assignment: bool = False
-    members: list[tuple[str, str | None, bytes]] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class SyncResult:
-    error_code: int
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    assignment: bytes = b""
-
-
-@dataclass(frozen=True, slots=True)
-class MemberDescription:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    #: The chosen protocol's metadata and the member's assignment: only for a Stable group (as Kafka).
-    member_metadata: bytes
-    member_assignment: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDescription:
-    """DescribeGroups' answer for one group. A group the coordinator does not know is ``Dead`` with no
-    error (DescribeGroups v6+ answers GROUP_ID_NOT_FOUND for it instead: the handler's choice)."""
-
-    error_code: int
-    group_id: str
-    state: str
-    protocol_type: str
-    #: The chosen protocol's name, when the group is Stable; "" otherwise.
-    protocol_data: str
-    members: list[MemberDescription]
-
-
-class TimerHandle(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Timers(Protocol):
-    """Where the coordinator's deadlines run: the event loop's timers, or a manual clock in tests."""
-
-    def call_later_ms(self, delay_ms: int, callback: Callable[[], None]) -> TimerHandle: ...
-
-
-class LoopTimers:
-    """Deadlines as the event loop's ``call_later``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def call_later_ms(self, delay_ms: int, callback: Callable[[], None]) -> TimerHandle:
-        return self._loop.call_later(delay_ms / 1000, callback)
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class GroupState(Enum):
-    """A group's state, by the names Kafka gives them in DescribeGroups and ListGroups."""
-
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-    DEAD = "Dead"
-
-
-S = GroupState
-
-#: The states a group may come from into each state.
-_PREVIOUS_STATES: dict[GroupState, frozenset[GroupState]] = {
-    S.PREPARING_REBALANCE: frozenset({S.STABLE, S.COMPLETING_REBALANCE, S.EMPTY}),
-    S.COMPLETING_REBALANCE: frozenset({S.PREPARING_REBALANCE}),
-    S.STABLE: frozenset({S.COMPLETING_REBALANCE}),
-    S.EMPTY: frozenset({S.PREPARING_REBALANCE}),
-    S.DEAD: frozenset({S.STABLE, S.PREPARING_REBALANCE, S.COMPLETING_REBALANCE, S.EMPTY, S.DEAD}),
-}
-
-
-def _answer(future: asyncio.Future[_T] | None, result: _T) -> None:
-    # A caller that went away (its task cancelled) cancelled its future: nobody to answer.
-    if future is not None and not future.done():
-        future.set_result(result)
-
-
-def _join_error(member_id: str, error: int) -> JoinResult:
-    return JoinResult(error_code=error, member_id=member_id)
-
-
-@dataclass(slots=True, eq=False)
-class _Member:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    #: (name, metadata), in the member's order of preference.
-    protocols: list[tuple[str, bytes]]
-    assignment: bytes = b""
-    #: Joined and not yet past its first completed join (expired by the new-member join timeout).
-    is_new: bool = False
-    join_future: asyncio.Future[JoinResult] | None = None
-    sync_future: asyncio.Future[SyncResult] | None = None
-    session_timer: TimerHandle | None = None
-
-    @property
-    def awaiting_join(self) -> bool:
-        return self.join_future is not None
-
-    @property
-    def awaiting_sync(self) -> bool:
-        return self.sync_future is not None and not self.sync_future.done()
-
-    def metadata(self, protocol_name: str | None) -> bytes:
-        for name, metadata in self.protocols:
-            if name == protocol_name:
-                return metadata
-        return b""
-
-    def matches(self, protocols: list[tuple[str, bytes]]) -> bool:
-        return self.protocols == protocols
-
-    def vote(self, candidates: set[str]) -> str:
-        for name, _ in self.protocols:
-            if name in candidates:
-                return name
-        invariant(False, f"member {self.member_id} supports none of the group's protocols {candidates}")
-        return ""
-
-
-class _Group:
-    """One group's membership and state; the coordinator drives it."""
-
-    def __init__(self, group_id: str, now_ms: int) -> None:
-        self.group_id = group_id
-        self.state = S.EMPTY
-        self.previous_state = S.DEAD
-        self.state_since_ms = now_ms
-        self.generation_id = 0
-        self.protocol_type: str | None = None
-        self.protocol_name: str | None = None
-        self.leader_id: str | None = None
-        self.members: dict[str, _Member] = {}
-        #: group instance id -> member id of the static members.
-        self.static_members: dict[str, str] = {}
-        #: Member ids handed out with MEMBER_ID_REQUIRED and not yet joined, with their expiry.
-        self.pending_join: dict[str, TimerHandle] = {}
-        #: Members of this generation that have not sent SyncGroup yet.
-        self.pending_sync: set[str] = set()
-        #: How many members support each protocol name.
-        self.supported: Counter[str] = Counter()
-        self.new_member_added = False
-        self.join_timer: TimerHandle | None = None
-        #: The join timer is the initial delay (which waits even when everybody joined).
-        self.join_timer_initial = False
-        self.sync_timer: TimerHandle | None = None
-
-    def transition(self, state: GroupState, now_ms: int) -> None:
-        invariant(self.state in _PREVIOUS_STATES[state],
-                  f"group {self.group_id}: no transition from {self.state.value} to {state.value}")
-        self.previous_state = self.state
-        self.state = state
-        self.state_since_ms = now_ms
-
-    def supports(self, protocol_type: str, names: list[str]) -> bool:
-        if self.state is S.EMPTY:
-            return protocol_type != "" and bool(names)
-        return (self.protocol_type == protocol_type
-                and any(self.supported[name] == len(self.members) for name in names))
-
-    def add(self, member: _Member) -> None:
-        if not self.members:
-            self.protocol_type = member.protocol_type
-        invariant(member.protocol_type == self.protocol_type, "a member of another protocol type")
-        if member.group_instance_id is not None:
-            invariant(member.group_instance_id not in self.static_members, "a static member added twice")
-            self.static_members[member.group_instance_id] = member.member_id
-        if self.leader_id is None:
-            self.leader_id = member.member_id
-        self.members[member.member_id] = member
-        self._count(member.protocols, 1)
-
-    def remove(self, member_id: str) -> _Member | None:
-        member = self.members.pop(member_id, None)
-        if member is not None:
-            self._count(member.protocols, -1)
-            if member.group_instance_id is not None:
-                self.static_members.pop(member.group_instance_id, None)
-        if self.leader_id == member_id:
-            self.leader_id = next(iter(self.members), None)
-        self.pending_sync.discard(member_id)
-        return member
-
-    def set_protocols(self, member: _Member, protocols: list[tuple[str, bytes]]) -> None:
-        self._count(member.protocols, -1)
-        member.protocols = protocols
-        self._count(protocols, 1)
-
-    def _count(self, protocols: list[tuple[str, bytes]], delta: int) -> None:
-        for name, _ in protocols:
-            count = self.supported[name] + delta
-            if count > 0:
-                self.supported[name] = count
-            else:
-                del self.supported[name]  # names no member supports any more are not kept
-
-    def replace_static(self, member: _Member, new_member_id: str) -> None:
-        """Give a static member a new id (its old id is then unknown, and fenced by its instance id)."""
-        invariant(member.group_instance_id is not None, "only a static member is replaced")
-        del self.members[member.member_id]
-        self.pending_sync.discard(member.member_id)
-        if self.leader_id == member.member_id:
-            self.leader_id = new_member_id
-        member.member_id = new_member_id
-        self.members[new_member_id] = member
-        self.static_members[member.group_instance_id or ""] = new_member_id
-
-    def validate_member(self, member_id: str, group_instance_id: str | None) -> int:
-        if group_instance_id is not None:
-            existing = self.static_members.get(group_instance_id)
-            if existing is None:
-                return E.UNKNOWN_MEMBER_ID
-            if existing != member_id:
-                return E.FENCED_INSTANCE_ID
-        return E.NONE if member_id in self.members else E.UNKNOWN_MEMBER_ID
-
-    def select_protocol(self) -> str:
-        invariant(bool(self.members), "no protocol to choose for an empty group")
-        candidates = {name for name, count in self.supported.items() if count == len(self.members)}
-        votes = Counter(member.vote(candidates) for member in self.members.values())
-        # Counter keeps first-vote order: a tie goes to the protocol the earliest member voted for.
-        return max(votes, key=lambda name: votes[name])
-
-    def all_joined(self) -> bool:
-        return not self.pending_join and all(m.awaiting_join for m in self.members.values())
-
-    def rebalance_timeout_ms(self) -> int:
-        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
-
-    def leader_members(self) -> list[tuple[str, str | None, bytes]]:
-        return [(m.member_id, m.group_instance_id, m.metadata(self.protocol_name)) for m in self.members.values()]
-
-    def join_result(self, member: _Member, with_members: bool, leader: str | None = None) -> JoinResult:
-        return JoinResult(
-            error_code=E.NONE, generation_id=self.generation_id, protocol_type=self.protocol_type,
-            protocol_name=self.protocol_name, leader=(leader if leader is not None else self.leader_id) or "",
-            member_id=member.member_id, members=self.leader_members() if with_members else [])
-
-    def sync_result(self, error: int, assignment: bytes = b"") -> SyncResult:
-        return SyncResult(error, self.protocol_type, self.protocol_name, assignment)
-
-
-def _unique_protocols(protocols: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-    # Kafka keys a member's protocols by name: the first of a repeated name counts.
-    seen: set[str] = set()
-    unique = []
-    for name, metadata in protocols:
-        if name not in seen:
-            seen.add(name)
-            unique.append((name, bytes(metadata)))
-    return unique
 
 
 class GroupCoordinator:
@@ -407,7 +80,7 @@ class GroupCoordinator:
         self._config = config or GroupConfig()
         self._clock_ms = clock_ms
         self._timers = timers
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, Group] = {}
         self._started = False
         self._closed = False
         self._retention_task: asyncio.Task[None] | None = None
@@ -449,12 +122,12 @@ class GroupCoordinator:
                    protocols: list[tuple[str, bytes]], require_known_member_id: bool) -> JoinResult:
         """JoinGroup. ``require_known_member_id``: the request is v4 or later (KIP-394). JoinGroup v0 has no
         rebalance timeout: pass the session timeout (as Kafka does)."""
-        protocols = _unique_protocols(protocols)
+        protocols = unique_protocols(protocols)
         error = self._check_join(group_id, session_timeout_ms, protocols)
         if error:
-            return _join_error(member_id, error)
+            return join_error(member_id, error)
         future: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
-        request = _JoinRequest(member_id, group_instance_id, client_id, client_host, session_timeout_ms,
+        request = JoinRequest(member_id, group_instance_id, client_id, client_host, session_timeout_ms,
                                rebalance_timeout_ms, protocol_type, protocols, require_known_member_id)
         self._join(group_id, request, future)
         return await future
@@ -476,28 +149,28 @@ class GroupCoordinator:
             return E.INVALID_REQUEST
         return E.NONE
 
-    def _join(self, group_id: str, request: _JoinRequest, future: asyncio.Future[JoinResult]) -> None:
+    def _join(self, group_id: str, request: JoinRequest, future: asyncio.Future[JoinResult]) -> None:
         group = self._groups.get(group_id)
         if group is None:
             # Only a member without an id creates a group: a member id names a member of an existing one.
             if request.member_id != UNKNOWN_MEMBER_ID:
-                _answer(future, _join_error(request.member_id, E.UNKNOWN_MEMBER_ID))
+                answer(future, join_error(request.member_id, E.UNKNOWN_MEMBER_ID))
                 return
             group = self._create_group(group_id)
             if group is None:
-                _answer(future, _join_error(request.member_id, E.COORDINATOR_NOT_AVAILABLE))
+                answer(future, join_error(request.member_id, E.COORDINATOR_NOT_AVAILABLE))
                 return
         if not self._accepts_joining_member(group, request.member_id):
             member = group.members.get(request.member_id)
             if member is not None:
                 self._remove_member(group, member)
-            _answer(future, _join_error(UNKNOWN_MEMBER_ID, E.GROUP_MAX_SIZE_REACHED))
+            answer(future, join_error(UNKNOWN_MEMBER_ID, E.GROUP_MAX_SIZE_REACHED))
         elif request.member_id == UNKNOWN_MEMBER_ID:
             self._join_new_member(group, request, future)
         else:
             self._join_known_member(group, request, future)
 
-    def _accepts_joining_member(self, group: _Group, member_id: str) -> bool:
+    def _accepts_joining_member(self, group: Group, member_id: str) -> bool:
         size_max = self._config.group_max_size
         member = group.members.get(member_id)
         if group.state is S.PREPARING_REBALANCE:
@@ -509,9 +182,9 @@ class GroupCoordinator:
             return member is not None or len(group.members) < size_max
         return True
 
-    def _join_new_member(self, group: _Group, request: _JoinRequest, future: asyncio.Future[JoinResult]) -> None:
+    def _join_new_member(self, group: Group, request: JoinRequest, future: asyncio.Future[JoinResult]) -> None:
         if not group.supports(request.protocol_type, request.protocol_names):
-            _answer(future, _join_error(UNKNOWN_MEMBER_ID, E.INCONSISTENT_GROUP_PROTOCOL))
+            answer(future, join_error(UNKNOWN_MEMBER_ID, E.INCONSISTENT_GROUP_PROTOCOL))
             return
         new_member_id = f"{request.group_instance_id or request.client_id}-{uuid.uuid4()}"
         if request.group_instance_id is not None:
@@ -522,48 +195,48 @@ class GroupCoordinator:
                 self._add_member_and_rebalance(group, new_member_id, request, future)
         elif request.require_known_member_id:
             if len(group.pending_join) >= self._config.group_max_size:
-                _answer(future, _join_error(UNKNOWN_MEMBER_ID, E.GROUP_MAX_SIZE_REACHED))
+                answer(future, join_error(UNKNOWN_MEMBER_ID, E.GROUP_MAX_SIZE_REACHED))
                 return
             group.pending_join[new_member_id] = self._call_later(
                 request.session_timeout_ms, partial(self._on_pending_member_expired, group, new_member_id))
-            _answer(future, _join_error(new_member_id, E.MEMBER_ID_REQUIRED))
+            answer(future, join_error(new_member_id, E.MEMBER_ID_REQUIRED))
         else:
             self._add_member_and_rebalance(group, new_member_id, request, future)
 
-    def _join_known_member(self, group: _Group, request: _JoinRequest,
+    def _join_known_member(self, group: Group, request: JoinRequest,
                            future: asyncio.Future[JoinResult]) -> None:
         member_id = request.member_id
         if not group.supports(request.protocol_type, request.protocol_names):
-            _answer(future, _join_error(member_id, E.INCONSISTENT_GROUP_PROTOCOL))
+            answer(future, join_error(member_id, E.INCONSISTENT_GROUP_PROTOCOL))
             return
         if request.group_instance_id is None and member_id in group.pending_join:
             self._add_member_and_rebalance(group, member_id, request, future)
             return
         error = group.validate_member(member_id, request.group_instance_id)
         if error:
-            _answer(future, _join_error(member_id, error))
+            answer(future, join_error(member_id, error))
             return
         member = group.members[member_id]
         unchanged = member.matches(request.protocols)
         if group.state is S.COMPLETING_REBALANCE and unchanged:
             # The same join again (its answer was lost): the current generation, as it was answered.
-            _answer(future, group.join_result(member, with_members=member_id == group.leader_id))
+            answer(future, group.join_result(member, with_members=member_id == group.leader_id))
         elif group.state is S.STABLE and unchanged and member_id != group.leader_id:
             # A follower with nothing new: the current generation, so it can sync. (The leader's join
             # always rebalances: it is how a leader asks for a new assignment, e.g. for new partitions.)
-            _answer(future, group.join_result(member, with_members=False))
+            answer(future, group.join_result(member, with_members=False))
         elif group.state is S.EMPTY:
-            _answer(future, _join_error(member_id, E.UNKNOWN_MEMBER_ID))
+            answer(future, join_error(member_id, E.UNKNOWN_MEMBER_ID))
         else:
             self._update_member(group, member, request, future)
             self._prepare_rebalance_or_complete_join(group)
 
-    def _add_member_and_rebalance(self, group: _Group, member_id: str, request: _JoinRequest,
+    def _add_member_and_rebalance(self, group: Group, member_id: str, request: JoinRequest,
                                   future: asyncio.Future[JoinResult]) -> None:
         pending = group.pending_join.pop(member_id, None)
         if pending is not None:
             pending.cancel()
-        member = _Member(member_id, request.group_instance_id, request.client_id, request.client_host,
+        member = Member(member_id, request.group_instance_id, request.client_id, request.client_host,
                          request.session_timeout_ms, request.rebalance_timeout_ms, request.protocol_type,
                          request.protocols, is_new=True, join_future=future)
         if group.state is S.PREPARING_REBALANCE and group.previous_state is S.EMPTY:
@@ -573,15 +246,15 @@ class GroupCoordinator:
         self._schedule_session_expiry(group, member, self._config.group_new_member_join_timeout_ms)
         self._prepare_rebalance_or_complete_join(group)
 
-    def _replace_static_member(self, group: _Group, member: _Member, new_member_id: str, request: _JoinRequest,
+    def _replace_static_member(self, group: Group, member: Member, new_member_id: str, request: JoinRequest,
                                future: asyncio.Future[JoinResult]) -> None:
         old_member_id = member.member_id
         current_leader = group.leader_id
         # Whoever still waits under the old id is a duplicate instance: fence it now.
         join_future, member.join_future = member.join_future, None
-        _answer(join_future, _join_error(old_member_id, E.FENCED_INSTANCE_ID))
+        answer(join_future, join_error(old_member_id, E.FENCED_INSTANCE_ID))
         sync_future, member.sync_future = member.sync_future, None
-        _answer(sync_future, SyncResult(E.FENCED_INSTANCE_ID))
+        answer(sync_future, SyncResult(E.FENCED_INSTANCE_ID))
         group.replace_static(member, new_member_id)
         member.client_id, member.client_host = request.client_id, request.client_host
         logger.info("group %s: static member %s rejoined; member id %s replaces %s", group.group_id,
@@ -594,7 +267,7 @@ class GroupCoordinator:
                 # leader answered is the one before the replacement, so a replaced leader does not take
                 # itself for the leader and compute an assignment nobody would receive.
                 join_future, member.join_future = member.join_future, None
-                _answer(join_future, group.join_result(member, with_members=False, leader=current_leader))
+                answer(join_future, group.join_result(member, with_members=False, leader=current_leader))
             else:
                 self._prepare_rebalance(group, f"static member {new_member_id} changes the group's protocol")
         elif group.state is S.COMPLETING_REBALANCE:
@@ -603,24 +276,24 @@ class GroupCoordinator:
         else:
             self._maybe_complete_join(group)
 
-    def _update_member(self, group: _Group, member: _Member, request: _JoinRequest,
+    def _update_member(self, group: Group, member: Member, request: JoinRequest,
                        future: asyncio.Future[JoinResult]) -> None:
         group.set_protocols(member, request.protocols)
         member.rebalance_timeout_ms = request.rebalance_timeout_ms
         member.session_timeout_ms = request.session_timeout_ms
         # A join already waiting for this member was given up by its client (one join at a time).
-        _answer(member.join_future, _join_error(member.member_id, E.REBALANCE_IN_PROGRESS))
+        answer(member.join_future, join_error(member.member_id, E.REBALANCE_IN_PROGRESS))
         member.join_future = future
 
     # -- rebalance ---------------------------------------------------------------------------------------
 
-    def _prepare_rebalance_or_complete_join(self, group: _Group) -> None:
+    def _prepare_rebalance_or_complete_join(self, group: Group) -> None:
         if group.state is S.PREPARING_REBALANCE:
             self._maybe_complete_join(group)
         else:
             self._prepare_rebalance(group, "membership changed")
 
-    def _prepare_rebalance(self, group: _Group, reason: str) -> None:
+    def _prepare_rebalance(self, group: Group, reason: str) -> None:
         if group.state is S.COMPLETING_REBALANCE:
             # Members waiting in SyncGroup must join again.
             for member in group.members.values():
@@ -643,11 +316,11 @@ class GroupCoordinator:
                     group.generation_id, reason)
         self._maybe_complete_join(group)
 
-    def _maybe_complete_join(self, group: _Group) -> None:
+    def _maybe_complete_join(self, group: Group) -> None:
         if group.state is S.PREPARING_REBALANCE and not group.join_timer_initial and group.all_joined():
             self._complete_join(group)
 
-    def _on_initial_delay_expired(self, group: _Group, remaining_ms: int) -> None:
+    def _on_initial_delay_expired(self, group: Group, remaining_ms: int) -> None:
         if not self._holds(group) or group.state is not S.PREPARING_REBALANCE:
             return
         group.join_timer = None
@@ -660,12 +333,12 @@ class GroupCoordinator:
         else:
             self._complete_join(group)
 
-    def _on_join_timeout(self, group: _Group) -> None:
+    def _on_join_timeout(self, group: Group) -> None:
         if self._holds(group) and group.state is S.PREPARING_REBALANCE:
             group.join_timer = None
             self._complete_join(group)
 
-    def _complete_join(self, group: _Group) -> None:
+    def _complete_join(self, group: Group) -> None:
         self._cancel_join_timer(group)
         for member in [m for m in group.members.values() if not m.awaiting_join]:
             logger.info("group %s: member %s did not join in time and was removed", group.group_id,
@@ -687,14 +360,14 @@ class GroupCoordinator:
                     group.generation_id, len(group.members), group.protocol_name)
         for member in group.members.values():
             join_future, member.join_future = member.join_future, None
-            _answer(join_future, group.join_result(member, with_members=member.member_id == group.leader_id))
+            answer(join_future, group.join_result(member, with_members=member.member_id == group.leader_id))
             member.is_new = False
             self._schedule_session_expiry(group, member)
         group.pending_sync = set(group.members)
         group.sync_timer = self._call_later(
             group.rebalance_timeout_ms(), partial(self._on_sync_timeout, group, group.generation_id))
 
-    def _on_sync_timeout(self, group: _Group, generation_id: int) -> None:
+    def _on_sync_timeout(self, group: Group, generation_id: int) -> None:
         if not self._holds(group) or group.generation_id != generation_id:
             return
         group.sync_timer = None
@@ -709,11 +382,11 @@ class GroupCoordinator:
                 group.remove(member_id)
         self._prepare_rebalance_or_complete_join(group)
 
-    def _propagate_assignment(self, group: _Group, error: int) -> None:
+    def _propagate_assignment(self, group: Group, error: int) -> None:
         for member in group.members.values():
             if member.sync_future is not None:
                 sync_future, member.sync_future = member.sync_future, None
-                _answer(sync_future, group.sync_result(error, member.assignment))
+                answer(sync_future, group.sync_result(error, member.assignment))
                 self._schedule_session_expiry(group, member)
 
     # -- SyncGroup, Heartbeat, LeaveGroup ----------------------------------------------------------------
@@ -735,7 +408,7 @@ class GroupCoordinator:
             self._schedule_session_expiry(group, member)
             return group.sync_result(E.NONE, member.assignment)
         future: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
-        _answer(member.sync_future, SyncResult(E.REBALANCE_IN_PROGRESS))  # given up by its client
+        answer(member.sync_future, SyncResult(E.REBALANCE_IN_PROGRESS))  # given up by its client
         member.sync_future = future
         if is_leader:
             for other in group.members.values():
@@ -745,7 +418,7 @@ class GroupCoordinator:
             logger.info("group %s: generation %d is stable", group.group_id, group.generation_id)
         return await future
 
-    def _sync_error(self, group: _Group, member_id: str, protocol_type: str | None, protocol_name: str | None,
+    def _sync_error(self, group: Group, member_id: str, protocol_type: str | None, protocol_name: str | None,
                     assignments: dict[str, bytes]) -> int:
         if ((protocol_type is not None and protocol_type != group.protocol_type)
                 or (protocol_name is not None and protocol_name != group.protocol_name)):
@@ -763,7 +436,7 @@ class GroupCoordinator:
                     return E.INVALID_REQUEST
         return E.NONE
 
-    def _sync_received(self, group: _Group, member_id: str) -> None:
+    def _sync_received(self, group: Group, member_id: str) -> None:
         group.pending_sync.discard(member_id)
         if not group.pending_sync:
             self._cancel_sync_timer(group)
@@ -780,7 +453,7 @@ class GroupCoordinator:
         return E.REBALANCE_IN_PROGRESS if group.state is S.PREPARING_REBALANCE else E.NONE
 
     def _find_member(self, group_id: str, generation_id: int, member_id: str,
-                     group_instance_id: str | None) -> tuple[_Group | None, int]:
+                     group_instance_id: str | None) -> tuple[Group | None, int]:
         """The group of a member of the current generation, or the error that says why not (the checks
         SyncGroup and Heartbeat share, in Kafka's order)."""
         if self._closed:
@@ -811,7 +484,7 @@ class GroupCoordinator:
             return E.NONE, [(m, i, int(E.UNKNOWN_MEMBER_ID)) for m, i in members]
         return E.NONE, [(m, i, self._leave_one(group, m, i)) for m, i in members]
 
-    def _leave_one(self, group: _Group, member_id: str, group_instance_id: str | None) -> int:
+    def _leave_one(self, group: Group, member_id: str, group_instance_id: str | None) -> int:
         if group_instance_id is not None:
             existing = group.static_members.get(group_instance_id)
             if existing is None:
@@ -832,13 +505,13 @@ class GroupCoordinator:
 
     # -- sessions ----------------------------------------------------------------------------------------
 
-    def _schedule_session_expiry(self, group: _Group, member: _Member, timeout_ms: int | None = None) -> None:
+    def _schedule_session_expiry(self, group: Group, member: Member, timeout_ms: int | None = None) -> None:
         self._cancel_session_timer(member)
         member.session_timer = self._call_later(
             member.session_timeout_ms if timeout_ms is None else timeout_ms,
             partial(self._on_session_expired, group, member))
 
-    def _on_session_expired(self, group: _Group, member: _Member) -> None:
+    def _on_session_expired(self, group: Group, member: Member) -> None:
         if not self._holds(group) or group.members.get(member.member_id) is not member:
             return
         member.session_timer = None
@@ -848,16 +521,16 @@ class GroupCoordinator:
             logger.info("group %s: member %s's session expired", group.group_id, member.member_id)
             self._remove_member(group, member)
 
-    def _on_pending_member_expired(self, group: _Group, member_id: str) -> None:
+    def _on_pending_member_expired(self, group: Group, member_id: str) -> None:
         if self._holds(group) and group.pending_join.pop(member_id, None) is not None:
             self._maybe_complete_join(group)
 
-    def _remove_member(self, group: _Group, member: _Member) -> None:
+    def _remove_member(self, group: Group, member: Member) -> None:
         # A new member may be removed while its first join waits: it is told to join again.
         join_future, member.join_future = member.join_future, None
-        _answer(join_future, _join_error(UNKNOWN_MEMBER_ID, E.UNKNOWN_MEMBER_ID))
+        answer(join_future, join_error(UNKNOWN_MEMBER_ID, E.UNKNOWN_MEMBER_ID))
         sync_future, member.sync_future = member.sync_future, None
-        _answer(sync_future, SyncResult(E.UNKNOWN_MEMBER_ID))
+        answer(sync_future, SyncResult(E.UNKNOWN_MEMBER_ID))
         self._cancel_session_timer(member)
         group.remove(member.member_id)
         if group.state in (S.STABLE, S.COMPLETING_REBALANCE):
@@ -990,11 +663,11 @@ class GroupCoordinator:
 
     # -- plumbing ----------------------------------------------------------------------------------------
 
-    def _create_group(self, group_id: str) -> _Group | None:
+    def _create_group(self, group_id: str) -> Group | None:
         if len(self._groups) >= self._config.groups_max and not self._evict_empty_group():
             logger.warning("group %s not created: %d groups held, none empty", group_id, len(self._groups))
             return None
-        group = _Group(group_id, self._clock_ms())
+        group = Group(group_id, self._clock_ms())
         self._groups[group_id] = group
         return group
 
@@ -1007,7 +680,7 @@ class GroupCoordinator:
         del self._groups[oldest.group_id]
         return True
 
-    def _drop_group(self, group: _Group, error: int) -> None:
+    def _drop_group(self, group: Group, error: int) -> None:
         """Cancel the group's timers and answer whoever waits in it with ``error``."""
         self._cancel_join_timer(group)
         self._cancel_sync_timer(group)
@@ -1017,11 +690,11 @@ class GroupCoordinator:
         for member in group.members.values():
             self._cancel_session_timer(member)
             join_future, member.join_future = member.join_future, None
-            _answer(join_future, _join_error(member.member_id, error))
+            answer(join_future, join_error(member.member_id, error))
             sync_future, member.sync_future = member.sync_future, None
-            _answer(sync_future, SyncResult(error))
+            answer(sync_future, SyncResult(error))
 
-    def _holds(self, group: _Group) -> bool:
+    def _holds(self, group: Group) -> bool:
         """The group is still this coordinator's (a timer may fire for a group deleted since)."""
         return not self._closed and self._groups.get(group.group_id) is group
 
@@ -1035,37 +708,26 @@ class GroupCoordinator:
         invariant(self._started, "call GroupCoordinator.start() on the event loop first")
 
     @staticmethod
-    def _cancel_session_timer(member: _Member) -> None:
+    def _cancel_session_timer(member: Member) -> None:
         if member.session_timer is not None:
             member.session_timer.cancel()
             member.session_timer = None
 
     @staticmethod
-    def _cancel_join_timer(group: _Group) -> None:
+    def _cancel_join_timer(group: Group) -> None:
         if group.join_timer is not None:
             group.join_timer.cancel()
             group.join_timer = None
         group.join_timer_initial = False
 
     @staticmethod
-    def _cancel_sync_timer(group: _Group) -> None:
+    def _cancel_sync_timer(group: Group) -> None:
         if group.sync_timer is not None:
             group.sync_timer.cancel()
             group.sync_timer = None
 
 
-@dataclass(frozen=True, slots=True)
-class _JoinRequest:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
-    require_known_member_id: bool
-
-    @property
-    def protocol_names(self) -> list[str]:
-        return [name for name, _ in self.protocols]
+__all__ = [
+    "GroupConfig", "GroupCoordinator", "GroupDescription", "GroupErrorCode", "GroupState", "JoinResult",
+    "MemberDescription", "SyncResult",
+]
