@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 LATENCY_KEYS = {"p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max", "mean", "samples"}
-#: The whole run: three servers started and stopped, two latency sizes at 1 s, two throughput sizes.
-RUN_TIMEOUT_S = 180
+#: The whole run: three servers started and stopped, two latency sizes at 1 s, two throughput sizes, each
+#: waiting for stratalog's upload interval (5 s) before its read from objects.
+RUN_TIMEOUT_S = 240
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -51,6 +52,11 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
     doc = json.loads(json_path.read_text())
     assert plot_path.stat().st_size > 0
     assert [p["name"] for p in doc["peers"]] == ["stratalog", "nats", "tansu"]
+    disk = doc["disk_reference"]
+    assert disk["name"] == "disk (4 KiB O_DIRECT+O_DSYNC write)"
+    if "error" not in disk:  # a data directory on tmpfs refuses O_DIRECT: reported, not measured
+        assert set(disk["produce_ms"]) == LATENCY_KEYS
+        assert disk["produce_ms"]["samples"] == disk["sent"] == 50
     for peer in doc["peers"]:
         if peer["status"] == "skipped":
             assert peer["reason"], peer  # never silently
@@ -67,7 +73,17 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
             assert r["produce_ms"]["p0"] <= r["produce_ms"]["p50"] <= r["produce_ms"]["max"]
         assert [r["message_bytes"] for r in peer["throughput"]] == [100, 1024]
         for r in peer["throughput"]:
-            for phase in ("produce", "consume"):
+            # 2,000 messages are far below half the upload threshold: the produce run is the tail run.
+            assert r["tail_run"]["is_produce_run"] and r["tail_run"]["messages"] == 2000
+            if peer["name"] == "stratalog":
+                assert r["consume_tail"]["from_log_cache"] is True, r
+                assert r["consume_cold"]["uploaded_before_read"] is True, r
+            if peer["name"] == "tansu":
+                assert r["consume_cold"]["not_applicable"], r  # memory storage: nothing to read cold
+            for phase in ("produce", "consume_tail", "consume_cold"):
+                if "not_applicable" in r[phase]:
+                    assert peer["name"] == "tansu"
+                    continue
                 assert r[phase]["expected"] == 2000
                 if peer["name"] != "stratalog" and not r[phase]["ok"]:
                     # A peer's own shortfall is reported, not hidden (Tansu's consumer now and then gets
@@ -80,5 +96,10 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
                 assert r[phase]["mb_per_s"] > 0
     # stratalog runs in this environment; its peers may be skipped, but then with a reason (above).
     assert doc["peers"][0]["status"] == "ran", doc["peers"][0]
-    assert set(doc["ratios"]) <= {"stratalog/nats", "stratalog/tansu"}
+    assert set(doc["ratios"]) <= {"stratalog/nats", "stratalog/tansu", "stratalog/disk"}
+    assert [t["met"] in (True, False) for t in doc["targets"]]
+    report = subprocess.run(
+        [sys.executable, "-c", "from stratalog.cli import main; main()", "bench", "kafka", "--report", str(json_path)],
+        capture_output=True, text=True, timeout=60, check=True)
+    assert "| stratalog | 256 B |" in report.stdout and "| target |" in report.stdout
     assert not _processes_mentioning(str(data_dir))

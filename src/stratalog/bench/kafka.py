@@ -3,8 +3,15 @@
 Latency follows "Building a Distributed Log from Scratch, Part 1": one producer sends messages
 of each size at a fixed rate (50/s) for a while; each produce's latency runs from the send call to its
 acknowledgement, and a consumer running beside it takes each message's end-to-end latency from the
-send timestamp the payload carries. Throughput: producer processes send a fixed count as fast as the
-client batches them, every message acknowledged, then one consumer reads the topic back from the start.
+send timestamp the payload carries. Beside the peers, in the same run, the bare disk under the data
+directory takes one 4 KiB O_DIRECT + O_DSYNC write per message at the same rate: the floor of any
+durable produce.
+
+Throughput: producer processes send a fixed count as fast as the client batches them, every message
+acknowledged. Consumers then read twice: from the tail, a run small enough to stay in the broker's log
+cache (half its upload threshold) read back at once, and from objects, the same topic read again once
+the broker has uploaded it (the first read after the upload: the broker's block cache does not hold it
+yet, the object files may be in the OS page cache). Tansu keeps everything in memory: no cold read.
 
 The peers, each a server started here on 127.0.0.1 and stopped in a ``finally``:
 
@@ -37,12 +44,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from stratalog.bench.common import MS_PER_S
+
+if TYPE_CHECKING:
+    from stratalog.bench.log import Progress
 
 PEERS = ("stratalog", "nats", "tansu")
 LATENCY_SIZES_BYTES_DEFAULT = (256, 1 << 10, 5 << 10, 1 << 20)
@@ -71,6 +81,15 @@ STAMP = struct.Struct("<q")
 #: Bytes of server output kept in an error message.
 LOG_TAIL_BYTES = 2000
 NATS_STREAM_PREFIX = "bench"
+#: Each throughput size's measured phases, as keys of its result.
+THROUGHPUT_PHASES = ("produce", "consume_tail", "consume_cold")
+#: The disk reference's row in tables and its name in the JSON.
+DISK_REFERENCE_NAME = "disk (4 KiB O_DIRECT+O_DSYNC write)"
+#: After a stratalog upload's data object appears, its commit and the log cache's release of the data
+#: follow within milliseconds: wait this long more before a read meant to come from objects.
+UPLOAD_COMMIT_WAIT_S = 0.5
+#: An upload is awaited for the broker's upload interval plus this long.
+UPLOAD_WAIT_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +105,26 @@ class KafkaBenchPlan:
 
     @property
     def phases(self) -> int:
-        return len(self.peers) * (1 + len(self.latency_sizes_bytes) + 2 * len(self.throughput_sizes_bytes))
+        per_peer = 1 + len(self.latency_sizes_bytes) + 4 * len(self.throughput_sizes_bytes)
+        return 1 + len(self.peers) * per_peer
+
+    def tail_messages(self, size: int) -> int:
+        """Messages of the tail run: at most half the broker's upload threshold in payload, so record and
+        batch overhead cannot reach it and no size-triggered upload runs while it is read."""
+        return max(1, min(self.messages, upload_threshold_bytes() // 2 // size))
+
+
+def upload_threshold_bytes() -> int:
+    from stratalog.broker.config import BrokerConfig
+
+    return BrokerConfig().store.upload_bytes_threshold  # what `serve` runs with when given no --config
+
+
+def upload_wait_s() -> float:
+    """How long data stays in stratalog's log cache at most when no threshold is reached, plus a margin."""
+    from stratalog.broker.config import BrokerConfig
+
+    return BrokerConfig().store.upload_interval_s + UPLOAD_WAIT_MARGIN_S
 
 
 class PeerUnavailableError(RuntimeError):
@@ -106,6 +144,8 @@ class Server:
     log_path: Path
     durability: str
     version: str
+    #: Where the broker writes its data objects (stratalog only): an upload is seen as a new one here.
+    objects_dir: Path | None = None
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -185,7 +225,7 @@ def start_stratalog(data_dir: Path) -> Server:
     fsync = BrokerConfig().store.wal.fsync.value  # what `serve` runs with when given no --config
     return Server("stratalog", process, address, log_path,
                   f"WAL fsync={fsync}: a produce is acknowledged once its batch is durable in the WAL",
-                  "this checkout")
+                  "this checkout", objects_dir=store_dir / "objects" / "data")
 
 
 def nats_server_binary() -> str:
@@ -690,6 +730,52 @@ def _wait_queue(queue: Any, workers: list[Any], every: Callable[[], None] | None
     raise RuntimeError("producer processes did not finish in time")
 
 
+# Uploads (stratalog) and the disk reference ------------------------------------------------------------
+
+
+def last_object_id(server: Server) -> int | None:
+    """The highest data object id ``server`` has written (ids only grow); None for a peer without objects."""
+    if server.objects_dir is None:
+        return None
+    ids = [int(p.name.removesuffix(".slo"), 16) for p in server.objects_dir.glob("*.slo")
+           if not p.name.startswith(".")]  # in-flight puts have temp names starting with a dot
+    return max(ids, default=-1)
+
+
+def await_upload(server: Server) -> bool | None:
+    """Wait until ``server`` uploads (a data object newer than any now) or its upload interval has passed
+    with a margin; True if one was seen. An upload takes everything durable when it starts, so after one
+    seen here, the log cache holds nothing written before this call. Peers without objects: wait as long
+    (the cold read follows the same idle time everywhere) and return None."""
+    before = last_object_id(server)
+    deadline = time.monotonic() + upload_wait_s()
+    if before is None:
+        time.sleep(upload_wait_s())
+        return None
+    while time.monotonic() < deadline:
+        if (last_object_id(server) or -1) > before:
+            time.sleep(UPLOAD_COMMIT_WAIT_S)
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def disk_latency(data_dir: Path, rate_per_s: float, duration_s: float, progress: Progress) -> dict[str, Any]:
+    """The latency pattern on the bare disk under ``data_dir``: one 4 KiB O_DIRECT + O_DSYNC pwrite per
+    message at ``rate_per_s`` for ``duration_s``, as `bench log`'s reference."""
+    from stratalog.bench.log import REFERENCE_WRITE_BYTES, BenchFailedError, disk_reference
+
+    doc: dict[str, Any] = {"name": DISK_REFERENCE_NAME, "write_bytes": REFERENCE_WRITE_BYTES,
+                           "path": str(data_dir)}
+    try:
+        run = disk_reference(data_dir / "disk-reference", rate_per_s, duration_s, progress)
+    except (BenchFailedError, OSError) as e:
+        return {**doc, "error": f"{type(e).__name__}: {e}"}
+    latencies_s = run.latencies_s
+    return {**doc, "sent": int(latencies_s.size), "produce_ms": summarize_ms(latencies_s),
+            "produce_curve": curve_ms(latencies_s), "start_lag_ms_max": run.summary()["start_lag_ms_max"]}
+
+
 # One peer, every phase ---------------------------------------------------------------------------------
 
 
@@ -765,36 +851,92 @@ def _measure(peer: PeerRun, server: Server, plan: KafkaBenchPlan, bar: Any) -> N
             measure = functools.partial(kafka_latency, address, f"latency-{size}", size, plan.rate_per_s,
                                         plan.duration_s, bar.advance)
         _phase(peer.latency, size, measure)
+    if not is_nats and server.objects_dir is not None:
+        bar.phase(f"{peer.name}: waiting for the latency runs' data to be uploaded")
+        await_upload(server)  # the log cache starts empty: the tail run stays in it
     for size in plan.throughput_sizes_bytes:
-        result: dict[str, Any] = {"message_bytes": size}
-        bar.phase(f"{peer.name}: produce {plan.messages:,} x {size:,} B, {plan.producers} producers")
-        try:
-            if is_nats:
-                nats_create_stream(address, "throughput", size)
-                subject = _nats_names("throughput", size)[1]
-                result["produce"] = produce_throughput(_nats_producer_main, (address, subject), size, plan.messages,
-                                                       plan.producers, bar.advance)
-            else:
-                topic = f"throughput-{size}"
-                _kafka_create_topic(address, topic)
-                result["produce"] = produce_throughput(_kafka_producer_main, (address, topic), size, plan.messages,
-                                                       plan.producers, bar.advance)
-        except Exception as e:
-            result["produce"] = {"error": f"{type(e).__name__}: {e}"}
-        bar.phase(f"{peer.name}: consume {plan.messages:,} x {size:,} B from the start")
-        stored = result["produce"].get("messages", 0)
-        try:
-            if not stored:
-                raise RuntimeError("nothing was produced")
-            if is_nats:
-                result["consume"] = nats_consume_throughput(address, _nats_names("throughput", size)[1], size, stored,
-                                                            bar.advance)
-            else:
-                result["consume"] = kafka_consume_throughput(address, f"throughput-{size}", size, stored,
-                                                             bar.advance)
-        except Exception as e:
-            result["consume"] = {"error": f"{type(e).__name__}: {e}"}
-        peer.throughput.append(result)
+        peer.throughput.append(_throughput(peer.name, server, plan, size, bar))
+
+
+def _throughput(name: str, server: Server, plan: KafkaBenchPlan, size: int, bar: Any) -> dict[str, Any]:
+    """Produce ``plan.messages``; read a tail run back at once, then again once uploaded.
+
+    The tail run is the produce run itself when it is small enough (half the upload threshold), read
+    right after it; otherwise a run of its own into a second topic, first, so that the produce run's
+    leftovers are not in the log cache beside it. The log cache is empty at the start (an upload was
+    awaited before)."""
+    result: dict[str, Any] = {"message_bytes": size}
+    tail_count = plan.tail_messages(size)
+    shared = tail_count == plan.messages
+    tail_topic = _topic("throughput" if shared else "tail", size, server)
+    result["tail_run"] = {"topic": tail_topic, "messages": tail_count, "is_produce_run": shared}
+    mark = last_object_id(server)
+    if not shared:
+        bar.phase(f"{name}: tail run, produce {tail_count:,} x {size:,} B")
+        result["tail_run"]["produce"] = _produce_phase(server, "tail", size, tail_count, plan, bar)
+        result["consume_tail"], tail_mark = _consume_tail(server, tail_topic, size, result["tail_run"]["produce"],
+                                                          mark, bar)
+    bar.phase(f"{name}: produce {plan.messages:,} x {size:,} B, {plan.producers} producers")
+    result["produce"] = _produce_phase(server, "throughput", size, plan.messages, plan, bar)
+    if shared:
+        result["consume_tail"], tail_mark = _consume_tail(server, tail_topic, size, result["produce"], mark, bar)
+    if server.name == "tansu":
+        result["consume_cold"] = {"not_applicable": "memory storage: nothing is uploaded or read from disk"}
+        return result
+    # Also empties stratalog's log cache for the next size: the upload takes everything written so far.
+    bar.phase(f"{name}: waiting for the upload ({upload_wait_s():g} s at most)")
+    await_upload(server)
+    bar.phase(f"{name}: consume {tail_count:,} x {size:,} B again, from objects")
+    before = last_object_id(server)
+    cold = _consume_phase(server, tail_topic, size, result["consume_tail"].get("messages", 0), bar)
+    if before is not None and tail_mark is not None:
+        # An upload that wrote an object after the tail read took all of the (acknowledged) tail run.
+        cold["uploaded_before_read"] = before > tail_mark
+    result["consume_cold"] = cold
+    return result
+
+
+def _topic(kind: str, size: int, server: Server) -> str:
+    return _nats_names(kind, size)[1] if server.name == "nats" else f"{kind}-{size}"
+
+
+def _produce_phase(server: Server, kind: str, size: int, count: int, plan: KafkaBenchPlan,
+                   bar: Any) -> dict[str, Any]:
+    address = server.address
+    try:
+        if server.name == "nats":
+            nats_create_stream(address, kind, size)
+            return produce_throughput(_nats_producer_main, (address, _topic(kind, size, server)), size, count,
+                                      plan.producers, bar.advance)
+        topic = _topic(kind, size, server)
+        _kafka_create_topic(address, topic)
+        return produce_throughput(_kafka_producer_main, (address, topic), size, count, plan.producers, bar.advance)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _consume_phase(server: Server, topic: str, size: int, count: int, bar: Any) -> dict[str, Any]:
+    try:
+        if not count:
+            raise RuntimeError("nothing was produced")
+        if server.name == "nats":
+            return nats_consume_throughput(server.address, topic, size, count, bar.advance)
+        return kafka_consume_throughput(server.address, topic, size, count, bar.advance)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _consume_tail(server: Server, topic: str, size: int, produced: dict[str, Any], mark: int | None,
+                  bar: Any) -> tuple[dict[str, Any], int | None]:
+    """Read ``topic`` from the start right after it was written; for stratalog, note whether an upload ran
+    since ``mark`` (taken before the writes): if none did, every message came from the log cache. Also
+    returns the last object id after the read."""
+    bar.phase(f"{server.name}: consume {produced.get('messages', 0):,} x {size:,} B from the tail")
+    result = _consume_phase(server, topic, size, produced.get("messages", 0), bar)
+    after = last_object_id(server)
+    if mark is not None:
+        result["from_log_cache"] = after == mark
+    return result, after
 
 
 @contextlib.contextmanager
@@ -808,17 +950,22 @@ def stopping(servers: list[Server]) -> Iterator[list[Server]]:
                 server.stop()
 
 
-def run_kafka_bench(plan: KafkaBenchPlan, bar: Any) -> list[dict[str, Any]]:
+def run_kafka_bench(plan: KafkaBenchPlan, bar: Any) -> dict[str, Any]:
+    """The disk reference first (no server running yet), then each peer in turn."""
+    bar.phase(f"disk: one 4 KiB O_DIRECT + O_DSYNC write at {plan.rate_per_s:g}/s")
+    disk = disk_latency(plan.data_dir, plan.rate_per_s, plan.duration_s, bar)
     with stopping([]) as servers:
-        return [run_peer(name, plan, bar, servers).document() for name in plan.peers]
+        peers = [run_peer(name, plan, bar, servers).document() for name in plan.peers]
+    return {"disk_reference": disk, "peers": peers}
 
 
 # Ratios ------------------------------------------------------------------------------------------------
 
 
-def ratios(peers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def ratios(peers: list[dict[str, Any]], disk: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """stratalog's figure over each peer's, per metric: latencies (below 1: stratalog is faster) and
-    rates (above 1: stratalog is faster). Metrics a side lacks are left out."""
+    rates (above 1: stratalog is faster). Metrics a side lacks are left out. ``stratalog/disk``: each
+    size's produce p50 and p99 over the bare disk's write p50 and p99 in the same run."""
     figures = {p["name"]: _figures(p) for p in peers if p["status"] == "ran"}
     mine = figures.get("stratalog")
     out: dict[str, dict[str, float]] = {}
@@ -829,6 +976,10 @@ def ratios(peers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if theirs is None:
             continue
         out[f"stratalog/{other}"] = {k: mine[k] / theirs[k] for k in mine if theirs.get(k)}
+    disk_ms = (disk or {}).get("produce_ms", {})
+    if disk_ms.get("samples"):
+        out["stratalog/disk"] = {k: mine[k] / disk_ms[k.rsplit(" ", 1)[1]] for k in mine
+                                 if " produce p" in k and disk_ms.get(k.rsplit(" ", 1)[1])}
     return out
 
 
@@ -840,17 +991,18 @@ def _figures(peer: dict[str, Any]) -> dict[str, float]:
                 if r.get(kind, {}).get(key) is not None:
                     out[f"latency {r['message_bytes']} B {kind.removesuffix('_ms')} {key}"] = r[kind][key]
     for r in peer["throughput"]:
-        for phase in ("produce", "consume"):
+        for phase in THROUGHPUT_PHASES:
             if r.get(phase, {}).get("msg_per_s"):
-                out[f"throughput {r['message_bytes']} B {phase} msg/s"] = r[phase]["msg_per_s"]
+                out[f"throughput {r['message_bytes']} B {phase.replace('_', ' ')} msg/s"] = r[phase]["msg_per_s"]
     return out
 
 
 # The plot ----------------------------------------------------------------------------------------------
 
 
-def plot_latency(peers: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Produce latency by percentile, x as 1 / (1 - p) on a log scale (p0 .. p99.9999), as the article."""
+def plot_latency(peers: list[dict[str, Any]], path: Path, title: str, disk: dict[str, Any] | None = None) -> None:
+    """Produce latency by percentile, x as 1 / (1 - p) on a log scale (p0 .. p99.9999), as the article;
+    ``disk``: the bare disk's write latency in the same run, drawn in black."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -869,6 +1021,10 @@ def plot_latency(peers: list[dict[str, Any]], path: Path, title: str) -> None:
             ax.plot(x, curve["latency_ms"], color=colors.get(peer["name"]),
                     linestyle=styles[sizes.index(r["message_bytes"]) % len(styles)],
                     label=f"{peer['name']} {_size_text(r['message_bytes'])}")
+    curve = (disk or {}).get("produce_curve")
+    if curve and curve["percentile"]:
+        ax.plot([1.0 / (1.0 - p / 100.0) for p in curve["percentile"]], curve["latency_ms"], color="black",
+                linewidth=2, label=DISK_REFERENCE_NAME)
     ticks = [10.0 ** k for k in range(7)]
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -245,7 +245,13 @@ def run_latency(stream: Stream, payload: bytes, plan: LogBenchPlan, progress: Pr
 
 def run_reference(path: Path, plan: LogBenchPlan, progress: Progress) -> PacedRun:
     """The latency pattern on the bare disk: one 4 KiB O_DIRECT + O_DSYNC write per record."""
-    count = max(1, round(plan.rate_per_s * plan.seconds))
+    return disk_reference(path, plan.rate_per_s, plan.seconds, progress)
+
+
+def disk_reference(path: Path, rate_per_s: float, seconds: float, progress: Progress) -> PacedRun:
+    """One 4 KiB O_DIRECT + O_DSYNC write per record at ``rate_per_s`` for ``seconds``, to a file at
+    ``path`` (removed after): what one durable write costs this disk, the floor of any durable append."""
+    count = max(1, round(rate_per_s * seconds))
     device = FileDevice.open(path, size_bytes=REFERENCE_FILE_BYTES, create=True, sync_writes=True)
     buf = aligned_buffer(REFERENCE_WRITE_BYTES)
     buf.write(os.urandom(REFERENCE_WRITE_BYTES))  # not zeros: a disk that compresses must not gain
@@ -254,7 +260,7 @@ def run_reference(path: Path, plan: LogBenchPlan, progress: Progress) -> PacedRu
     try:
         if not device.durable_writes:
             raise BenchFailedError(f"{path.parent} refuses O_DIRECT (tmpfs?): the reference needs a real "
-                                   "disk; pass --dir on one")
+                                   "disk; put the bench's directory on one")
         for i in range(WARMUP_RECORDS):
             device.pwrite(buf, i % slots * REFERENCE_WRITE_BYTES)
 
@@ -262,7 +268,7 @@ def run_reference(path: Path, plan: LogBenchPlan, progress: Progress) -> PacedRu
             device.pwrite(buf, i % slots * REFERENCE_WRITE_BYTES)
             done_s[i] = time.perf_counter()
 
-        run = pace(count, plan.rate_per_s, write_one, progress)
+        run = pace(count, rate_per_s, write_one, progress)
     finally:
         buf.close()
         device.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from stratalog.bench.common import size_label, write_json
 from stratalog.bench.kafka import (
+    DISK_REFERENCE_NAME,
     LATENCY_SIZES_BYTES_DEFAULT,
     LINGER_MS,
     PEERS,
@@ -20,6 +22,7 @@ from stratalog.bench.kafka import (
     KafkaBenchPlan,
     ratios,
 )
+from stratalog.bench.kafka_report import markdown_report, targets, throughput_notes
 from stratalog.commands.bench_log import bench_dir, make_console, ms, print_machine, progress_bar, table
 from stratalog.commands.bench_wal import parse_sizes
 
@@ -41,6 +44,15 @@ def _skipped_row(out: Table, peer: dict[str, Any], columns: int) -> None:
 def _latency_table(doc: dict[str, Any], kind: str, title: str) -> Table:
     columns = ("peer", "size", "count", "p0", "p50", "p90", "p99", "p99.9", "p99.99", "p99.9999", "max", "note")
     out = table(title, columns, left=("peer", "size", "note"))
+    disk = doc.get("disk_reference", {})
+    if kind == "produce_ms" and disk:
+        if "error" in disk:
+            out.add_row(disk["name"], "4 KiB", "-", *["-"] * 8, f"[red]{disk['error']}[/]")
+        else:
+            lat = disk["produce_ms"]
+            out.add_row(disk["name"], "4 KiB", f"{lat['samples']:,}",
+                        *(ms(lat[k]) for k in ("p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max")),
+                        "the bare disk, same rate")
     for peer in doc["peers"]:
         if peer["status"] == "skipped":
             _skipped_row(out, peer, len(columns))
@@ -58,23 +70,30 @@ def _latency_table(doc: dict[str, Any], kind: str, title: str) -> Table:
     return out
 
 
+def _rate_cells(d: dict[str, Any]) -> tuple[str, str]:
+    if "msg_per_s" not in d:
+        return "-", "-"
+    return f"{d['msg_per_s']:,.0f}", f"{d['mb_per_s']:,.1f}"
+
+
 def _throughput_table(doc: dict[str, Any]) -> Table:
     s = doc["settings"]
-    columns = ("peer", "size", "messages", "produce msg/s", "produce MB/s", "consume msg/s", "consume MB/s", "note")
+    columns = ("peer", "size", "messages", "produce msg/s", "produce MB/s", "tail msgs", "tail msg/s", "tail MB/s",
+               "cold msg/s", "cold MB/s", "note")
     out = table(f"Throughput: {s['producers']} producer processes, acks=all, linger.ms={s['linger_ms']}, "
-                f"batch.size {s['batch_bytes'] >> 20} MiB (NATS: publish_async, 4,000 in flight); then one consumer "
-                "reads the topic from the start (MB = 10^6 bytes)", columns, left=("peer", "size", "note"))
+                f"batch.size {s['batch_bytes'] >> 20} MiB (NATS: publish_async, 4,000 in flight); one consumer "
+                "reads a tail run back at once (tail), then again once uploaded (cold) (MB = 10^6 bytes)",
+                columns, left=("peer", "size", "note"))
     for peer in doc["peers"]:
         if peer["status"] == "skipped":
             _skipped_row(out, peer, len(columns))
             continue
         for r in peer["throughput"]:
-            p, c = r.get("produce", {}), r.get("consume", {})
-            notes = [x for x in (p.get("error"), c.get("error"), *p.get("errors", []), *c.get("errors", [])) if x]
-            out.add_row(peer["name"], size_label(r["message_bytes"]), f"{p.get('messages', 0):,}",
-                        *(f"{d[k]:,.{1 if k == 'mb_per_s' else 0}f}" if k in d else "-"
-                          for d, k in ((p, "msg_per_s"), (p, "mb_per_s"), (c, "msg_per_s"), (c, "mb_per_s"))),
-                        f"[red]{'; '.join(notes)}[/]" if notes else "")
+            p, t, c = r.get("produce", {}), r.get("consume_tail", {}), r.get("consume_cold", {})
+            out.add_row(peer["name"], size_label(r["message_bytes"]), f"{p.get('messages', 0):,}", *_rate_cells(p),
+                        f"{t.get('messages', 0):,}", *_rate_cells(t),
+                        *(("n/a", "n/a") if "not_applicable" in c else _rate_cells(c)),
+                        "; ".join(throughput_notes(r)))
     return out
 
 
@@ -97,12 +116,16 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
             console.print(f"{peer['name']}: {server['version']}, {server['durability']}; {peer['client']}")
     console.print(CLIENTS_NOTE)
     load = f"one producer at {s['rate_per_s']:g} msg/s for {s['duration_s']:g} s, acks=all, linger.ms=0"
+    load += f"; {DISK_REFERENCE_NAME}: the same rate on the bare disk"
     console.print(_latency_table(doc, "produce_ms", f"Produce latency (ms), {load}; from send to acknowledgement"))
     console.print(_latency_table(doc, "end_to_end_ms", f"End-to-end latency (ms), {load}; from send to a consumer "
                                                        "beside the producer receiving it"))
     console.print(_throughput_table(doc))
     if doc["ratios"]:
         console.print(_ratios_table(doc))
+    for t in doc["targets"]:
+        verdict = "[green]met[/]" if t["met"] else "[red]missed[/]"
+        console.print(f"target {t['name']}: {t['figure_text']}: {verdict}")
 
 
 @click.command(name="kafka")
@@ -123,8 +146,10 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
               help="Also write every figure as JSON here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also plot produce latency by percentile as a PNG here (needs matplotlib).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Measure nothing: print the tables of this JSON (from --json) as Markdown.")
 def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages: int, producers: int,
-          data_dir: Path | None, json_path: Path | None, plot_path: Path | None) -> None:
+          data_dir: Path | None, json_path: Path | None, plot_path: Path | None, report_path: Path | None) -> None:
     """stratalog serve beside NATS JetStream and Tansu: latency and throughput.
 
     Latency is measured as "Building a Distributed Log from Scratch, Part 1" measures it.
@@ -133,11 +158,17 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
     before the next starts. Latency: one producer sends each size at --rate for --duration-s, acks=all,
     linger.ms=0; percentiles of produce latency and of end-to-end latency to a consumer beside it.
     Throughput: --producers processes send --messages of 100 B and of 1 KiB with librdkafka's batching,
-    every message acknowledged; then one consumer reads them back from the start. stratalog syncs before
-    it acknowledges, NATS is set to (sync_interval: always), Tansu keeps everything in memory.
+    every message acknowledged. A consumer reads a tail run (at most half stratalog's upload threshold)
+    back at once, from the tail, and again once stratalog has uploaded it, from objects (NATS: after the
+    same wait; Tansu has no objects). stratalog syncs before it acknowledges, NATS is set to
+    (sync_interval: always), Tansu keeps everything in memory. Before the peers, the bare disk under
+    --data-dir takes one 4 KiB O_DIRECT + O_DSYNC write per message at --rate for --duration-s.
     """
     from stratalog.bench.kafka import plot_latency, run_kafka_bench
 
+    if report_path is not None:
+        click.echo(markdown_report(json.loads(report_path.read_text())), nl=False)
+        return
     names = tuple(n.strip() for n in only.split(",") if n.strip())
     unknown = sorted(set(names) - set(PEERS))
     if unknown or not names:
@@ -151,7 +182,8 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
                               producers=producers, data_dir=target_dir)
         machine = print_machine(console, target_dir)
         with progress_bar(console, plan.phases) as bar:
-            peers = run_kafka_bench(plan, bar)
+            measured = run_kafka_bench(plan, bar)
+    peers, disk = measured["peers"], measured["disk_reference"]
     doc: dict[str, Any] = {
         "bench": "kafka", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine, "clients": CLIENTS_NOTE,
@@ -159,9 +191,11 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
                      "latency_sizes_bytes": list(plan.latency_sizes_bytes), "acks": "all",
                      "latency_linger_ms": 0, "throughput_sizes_bytes": list(plan.throughput_sizes_bytes),
                      "messages": messages, "producers": producers, "linger_ms": LINGER_MS,
-                     "batch_bytes": 1 << 20, "percentiles": "numpy, exact over every sample"},
-        "peers": peers, "ratios": ratios(peers),
+                     "batch_bytes": 1 << 20, "percentiles": "numpy, exact over every sample",
+                     "tail_messages": {str(size): plan.tail_messages(size) for size in plan.throughput_sizes_bytes}},
+        "disk_reference": disk, "peers": peers, "ratios": ratios(peers, disk),
     }
+    doc["targets"] = targets(doc)
     _report(console, doc)
     if json_path is not None:
         write_json(json_path, doc)
@@ -170,7 +204,7 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
         try:
             plot_latency(peers, plot_path, f"Produce latency by percentile: acks=all, one producer at "
                                            f"{rate_per_s:g} msg/s for {duration_s:g} s ({machine['cpus']} CPUs, "
-                                           f"{machine['filesystem']})")
+                                           f"{machine['filesystem']})", disk)
             console.print(f"plot written to {plot_path}")
         except ImportError as e:
             console.print(f"[red]no plot: {e} (pip install 'stratalog[bench]')[/]")
