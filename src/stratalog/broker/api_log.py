@@ -75,7 +75,10 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
                 continue
             failure = future.exception()
             if failure is not None:
-                response["error_code"] = ErrorCode.kafka_storage_error
+                # Waited for room past append_wait_s_max (uploads too slow), or the store stopped.
+                response["error_code"] = ErrorCode.request_timed_out if isinstance(failure, BackpressureError) \
+                    else ErrorCode.message_too_large if isinstance(failure, RecordTooLargeError) \
+                    else ErrorCode.kafka_storage_error
                 response["error_message"] = str(failure)
                 continue
             response["base_offset"] = future.result()
@@ -136,14 +139,11 @@ def _check_and_append(broker: Broker, topic_name: str, index: int,
             raise _RefusedError(ErrorCode.invalid_producer_epoch if verdict is Verdict.FENCED
                                 else ErrorCode.out_of_order_sequence_number, verdict.value)
     try:
-        engine_future = stream.append_kafka(view, header.record_count, header.max_timestamp_ms)
+        future = broker.appender.append(stream, view, header.record_count, header.max_timestamp_ms)
     except RecordTooLargeError as e:
         raise _RefusedError(ErrorCode.message_too_large, str(e)) from None
-    except BackpressureError as e:
-        raise _RefusedError(ErrorCode.request_timed_out, str(e)) from None
     except (StoreFailedError, StoreClosedError) as e:
         raise _RefusedError(ErrorCode.kafka_storage_error, str(e)) from None
-    future = asyncio.wrap_future(engine_future, loop=loop)
     stream_id = stream.stream_id
     if idempotent:
         key = (producer_id, stream_id, header.base_sequence)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stratalog.broker.appender import OrderedAppender
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.groups import GroupCoordinator
 from stratalog.broker.offsets import CommittedOffsets
@@ -57,6 +58,7 @@ class Broker:
         self.offsets = CommittedOffsets(data_dir / "offsets.sqlite")
         self.groups = GroupCoordinator(self.offsets, config=config.groups)
         self.producers = ProducerStates(config.producers_max)
+        self.appender = OrderedAppender()
         self._snapshots = ProducerSnapshots(data_dir / "producers.sqlite")
         self._snapshot_task: asyncio.Task[None] | None = None
         #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
@@ -110,6 +112,7 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._snapshot_task
         await self.groups.close()
+        self.appender.close()
         self._save_producers()
         self._snapshots.close()
         for waiters in self._waiters.values():

@@ -237,11 +237,15 @@ class Stream:
         """Append records as one batch; the future completes with the first record's offset once durable."""
         return self._store._append(self._state, records)
 
-    def append_kafka(self, kafka_batch: bytes | memoryview, count: int, max_timestamp_ms: int) -> Future[int]:
+    def append_kafka(self, kafka_batch: bytes | memoryview, count: int, max_timestamp_ms: int, *,
+                     wait_s_max: float | None = None) -> Future[int]:
         """Append one Kafka RecordBatch (magic 2, already checked: ``stratalog.kafka.records``) of ``count``
         records as it is, its baseOffset set to the offset it gets; the future completes with that offset
-        once durable. Readers of either kind (``fetch``, ``fetch_batches``) see its records."""
-        return self._store._append_kafka(self._state, kafka_batch, count, max_timestamp_ms)
+        once durable. Readers of either kind (``fetch``, ``fetch_batches``) see its records.
+
+        When the log cache or the WAL is full, waits up to ``wait_s_max`` (default ``append_wait_s_max``;
+        0: not at all) for uploads to make room, then raises BackpressureError."""
+        return self._store._append_kafka(self._state, kafka_batch, count, max_timestamp_ms, wait_s_max)
 
     def fetch_batches(self, start_offset: int, max_bytes: int = 1 << 20) -> list[StoredBatch]:
         """The stored batches holding ``start_offset`` and the offsets after it, whole (the first may begin
@@ -408,14 +412,15 @@ class StreamStore:
         return self._append_encoded(st, len(records), lambda base: encode_batch(st.stream_id, base, records))
 
     def _append_kafka(self, st: _StreamState, kafka_batch: bytes | memoryview, count: int,
-                      max_timestamp_ms: int) -> Future[int]:
+                      max_timestamp_ms: int, wait_s_max: float | None = None) -> Future[int]:
         if count < 1:
             raise ValueError("a Kafka batch holds at least one record")
         return self._append_encoded(st, count, lambda base: (
-            wrap_kafka_batch(st.stream_id, base, count, max_timestamp_ms, kafka_batch), max_timestamp_ms))
+            wrap_kafka_batch(st.stream_id, base, count, max_timestamp_ms, kafka_batch), max_timestamp_ms),
+            wait_s_max)
 
-    def _append_encoded(self, st: _StreamState, count: int,
-                        encode: Callable[[int], tuple[bytes, int]]) -> Future[int]:
+    def _append_encoded(self, st: _StreamState, count: int, encode: Callable[[int], tuple[bytes, int]],
+                        wait_s_max: float | None = None) -> Future[int]:
         """Append the batch ``encode(base_offset)`` returns (its bytes and max timestamp) of ``count``
         records; the base offset is the stream's next, given under the store lock."""
         config = self._config
@@ -438,15 +443,16 @@ class StreamStore:
                     except WALFailedError as e:
                         self._stop_locked(e)  # the WAL logged it
                         raise StoreFailedError(f"the store stopped after an error: {e}") from e
-                deadline = deadline or time.monotonic() + config.append_wait_s_max
+                self._upload_wanted = True
+                self._cond.notify_all()
+                wait_s = config.append_wait_s_max if wait_s_max is None else wait_s_max
+                deadline = deadline or time.monotonic() + wait_s
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise BackpressureError(
-                        f"appends waited {config.append_wait_s_max} s for uploads to free room "
+                        f"appends waited {wait_s} s for uploads to free room "
                         f"({self._cache_bytes} bytes not yet in objects): object storage is too slow or failing"
                     )
-                self._upload_wanted = True
-                self._cond.notify_all()
                 self._cond.wait(remaining)
             entry = _Entry(st.next_offset, count, data, max_ts, res.offset, time.monotonic())
             st.next_offset += count

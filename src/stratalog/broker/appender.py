@@ -1,0 +1,67 @@
+"""Appends from the event loop that never block it, in the order they were asked for.
+
+While the store has room, an append goes straight to the engine (a WAL append: microseconds). When the
+log cache or the WAL is full, the engine would wait for uploads, up to ``append_wait_s_max``, and with
+it every connection, heartbeat and fetch of the broker. So an append that finds no room, and every
+append after it, is handed to one worker thread that waits in its place; appends go straight to the
+engine again once that queue is empty. One worker, first in first out, and no direct append while any
+is queued: the engine sees the appends in the order the broker accepted them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any
+
+from stratalog.engine import BackpressureError, Stream
+
+
+class OrderedAppender:
+    def __init__(self) -> None:
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stratalog-appender")
+        #: Appends handed to the worker whose engine call has not returned yet (read and written on the loop).
+        self._queued = 0
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    def append(self, stream: Stream, batch: memoryview, count: int, max_timestamp_ms: int) -> asyncio.Future[int]:
+        """The future of the batch's base offset, complete once durable. Errors the engine raises at once
+        (a closed or failed store, a batch too large) are raised here when the append goes straight."""
+        loop = asyncio.get_running_loop()
+        if not self._queued:
+            try:
+                return asyncio.wrap_future(stream.append_kafka(batch, count, max_timestamp_ms, wait_s_max=0),
+                                           loop=loop)
+            except BackpressureError:
+                pass  # no room now: wait in the worker, and let later appends queue behind this one
+        self._queued += 1
+        done: asyncio.Future[int] = loop.create_future()
+        handed = self._worker.submit(stream.append_kafka, batch, count, max_timestamp_ms)
+        handed.add_done_callback(lambda f: loop.call_soon_threadsafe(self._appended, f, done))
+        return done
+
+    def _appended(self, handed: concurrent.futures.Future[Any], done: asyncio.Future[int]) -> None:
+        self._queued -= 1
+        error = handed.exception()
+        if error is not None:
+            if not done.done():
+                done.set_exception(error)
+            return
+        durable = asyncio.wrap_future(handed.result())
+        durable.add_done_callback(lambda f: _copy(f, done))
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=False)
+
+
+def _copy(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:
+    if target.done():
+        return
+    error = source.exception()
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())

@@ -1,0 +1,77 @@
+"""OrderedAppender: a full store never blocks the event loop, and appends reach the engine in order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from stratalog.broker.appender import OrderedAppender
+from stratalog.engine import BackpressureError
+
+
+class FullThenFreeStream:
+    """Refuses appends without waiting until ``room`` is set; an append that may wait blocks until then."""
+
+    def __init__(self) -> None:
+        self.room = threading.Event()
+        self.appended: list[int] = []
+        self.next_offset = 0
+        self.lock = threading.Lock()
+
+    def append_kafka(self, batch: Any, count: int, max_timestamp_ms: int, *,
+                     wait_s_max: float | None = None) -> Future[int]:
+        if not self.room.is_set():
+            if wait_s_max == 0:
+                raise BackpressureError("full")
+            assert self.room.wait(10), "the worker waits for room"
+        with self.lock:
+            self.appended.append(batch)
+            offset, self.next_offset = self.next_offset, self.next_offset + count
+        done: Future[int] = Future()
+        done.set_result(offset)
+        return done
+
+
+def test_appends_wait_off_the_loop_and_keep_their_order() -> None:
+    async def scenario() -> tuple[list[int], list[int], int]:
+        stream = FullThenFreeStream()
+        appender = OrderedAppender()
+        futures = [appender.append(stream, i, 1, 0) for i in range(5)]  # type: ignore[arg-type]
+        assert appender.queued == 5, "every append after the first refused one queues behind it"
+        ticks = 0
+        for _ in range(20):  # the loop keeps running while the worker waits for room
+            await asyncio.sleep(0)
+            ticks += 1
+        stream.room.set()
+        offsets = list(await asyncio.gather(*futures))
+        later = await appender.append(stream, 5, 1, 0)  # type: ignore[arg-type]
+        assert appender.queued == 0
+        appender.close()
+        return stream.appended, [*offsets, later], ticks
+
+    appended, offsets, ticks = asyncio.run(scenario())
+    assert ticks == 20
+    assert appended == [0, 1, 2, 3, 4, 5], "the engine saw the appends in the order they were asked for"
+    assert offsets == [0, 1, 2, 3, 4, 5]
+
+
+def test_an_append_that_waits_too_long_fails_with_backpressure() -> None:
+    class AlwaysFull:
+        def append_kafka(self, batch: Any, count: int, max_timestamp_ms: int, *,
+                         wait_s_max: float | None = None) -> Future[int]:
+            raise BackpressureError("appends waited 30 s for uploads to free room")
+
+    async def scenario() -> BaseException | None:
+        appender = OrderedAppender()
+        future = appender.append(AlwaysFull(), b"", 1, 0)  # type: ignore[arg-type]
+        try:
+            await future
+        except BackpressureError as e:
+            return e
+        finally:
+            appender.close()
+        return None
+
+    assert isinstance(asyncio.run(scenario()), BackpressureError)
