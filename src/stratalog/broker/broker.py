@@ -68,6 +68,8 @@ class Broker:
         #: Fetches waiting for data, by stream id.
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
         self.apis: dict[int, Api] = {}
+        #: api key -> (min, max) version served: what every request is checked against.
+        self.supported_versions: dict[int, tuple[int, int]] = {}
         self._stopping = False
         self._finish_deletes()
         self._recover_producers()
@@ -125,10 +127,7 @@ class Broker:
 
     def register(self, api: Api) -> None:
         self.apis[api.key] = api
-
-    @property
-    def supported_versions(self) -> dict[int, tuple[int, int]]:
-        return {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
+        self.supported_versions[api.key] = (api.min_version, api.max_version)
 
     # Topics and partitions ---------------------------------------------------------------------------
 
