@@ -23,6 +23,7 @@ from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, stored_records
 from stratalog.errors import RecordTooLargeError
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from stratalog.kafka.records import KafkaBatchError, check_batch, encode_batch
 
 log = logging.getLogger("stratalog.broker")
@@ -36,34 +37,29 @@ ACKS_NONE = 0
 ACKS_ALLOWED = (0, 1, -1)
 
 
-def _partition_response(index: int, error: ErrorCode, base_offset: int = -1, log_start_offset: int = -1,
-                        message: str | None = None) -> dict[str, Any]:
-    return {"index": index, "error_code": error, "base_offset": base_offset, "log_append_time": None,
-            "log_start_offset": log_start_offset, "record_errors": [], "error_message": message}
-
-
-async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
+async def produce(broker: Broker, request: Request) -> Prebuilt | None:
     body = request.body
     acks = body.acks
     timeout_s = min(body.timeout.total_seconds(), broker.config.produce_wait_ms_max / 1000)
     if getattr(body, "transactional_id", None) is not None or acks not in ACKS_ALLOWED:
         error = ErrorCode.transactional_id_authorization_failed if acks in ACKS_ALLOWED \
             else ErrorCode.invalid_required_acks
-        return {"responses": [{"name": t.name, "partition_responses": [
-            _partition_response(p.index, error, message="transactions are not supported"
-                                if error != ErrorCode.invalid_required_acks else f"acks={acks} is not 0, 1 or -1")
-            for p in t.partition_data]} for t in body.topic_data], "throttle_time": 0}
-    pending: list[tuple[dict[str, Any], asyncio.Future[int], Any]] = []
+        message = "transactions are not supported" if error != ErrorCode.invalid_required_acks \
+            else f"acks={acks} is not 0, 1 or -1"
+        return _produce_response(request, [ProduceTopicResult(t.name, [
+            ProducePartitionResult(p.index, error, error_message=message) for p in t.partition_data])
+            for t in body.topic_data])
+    pending: list[tuple[ProducePartitionResult, asyncio.Future[int], Any]] = []
     topics = []
     for t in body.topic_data:
         partitions = []
         for p in t.partition_data:
-            response = _partition_response(p.index, ErrorCode.none)
+            response = ProducePartitionResult(p.index, ErrorCode.none)
             partitions.append(response)
             outcome = _append(broker, t.name, p.index, p.records, response)
             if outcome is not None:
                 pending.append((response, *outcome))
-        topics.append({"name": t.name, "partition_responses": partitions})
+        topics.append(ProduceTopicResult(t.name, partitions))
     if acks == ACKS_NONE:
         return None
     if pending:
@@ -71,19 +67,25 @@ async def produce(broker: Broker, request: Request) -> dict[str, Any] | None:
         done, _ = await asyncio.wait(futures, timeout=timeout_s)
         for response, future, stream in pending:
             if future not in done:
-                response["error_code"] = ErrorCode.request_timed_out
+                response.error_code = ErrorCode.request_timed_out
                 continue
             failure = future.exception()
             if failure is not None:
                 # Waited for room past append_wait_s_max (uploads too slow), or the store stopped.
-                response["error_code"] = ErrorCode.request_timed_out if isinstance(failure, BackpressureError) \
+                response.error_code = ErrorCode.request_timed_out if isinstance(failure, BackpressureError) \
                     else ErrorCode.message_too_large if isinstance(failure, RecordTooLargeError) \
                     else ErrorCode.kafka_storage_error
-                response["error_message"] = str(failure)
+                response.error_message = str(failure)
                 continue
-            response["base_offset"] = future.result()
-            response["log_start_offset"] = stream.start_offset
-    return {"responses": topics, "throttle_time": 0}
+            response.base_offset = future.result()
+            response.log_start_offset = stream.start_offset
+    return _produce_response(request, topics)
+
+
+def _produce_response(request: Request, topics: list[ProduceTopicResult]) -> Prebuilt:
+    # Packed here, not built and written through kio: 2-3 us a response instead of 15-30 us, on every
+    # produce (stratalog.kafka.produce_response).
+    return Prebuilt([encode_produce_response(request.correlation_id, request.api_version, topics)])
 
 
 class _RefusedError(Exception):
@@ -96,14 +98,14 @@ class _RefusedError(Exception):
 
 
 def _append(broker: Broker, topic_name: str, index: int, records: bytes | None,
-            response: dict[str, Any]) -> tuple[asyncio.Future[int], Any] | None:
+            response: ProducePartitionResult) -> tuple[asyncio.Future[int], Any] | None:
     """Check and append one partition's batch; fill ``response`` with an error, or return the future of
     the batch's base offset and its stream."""
     try:
         return _check_and_append(broker, topic_name, index, records)
     except _RefusedError as e:
-        response["error_code"] = e.error
-        response["error_message"] = e.message
+        response.error_code = e.error
+        response.error_message = e.message
         return None
 
 
