@@ -994,7 +994,8 @@ def _figures(peer: dict[str, Any]) -> dict[str, float]:
                     out[f"latency {r['message_bytes']} B {kind.removesuffix('_ms')} {key}"] = r[kind][key]
     for r in peer["throughput"]:
         for phase in THROUGHPUT_PHASES:
-            if r.get(phase, {}).get("msg_per_s"):
+            # A phase that fell short (timed out) has a rate over a wait, not over the messages.
+            if r.get(phase, {}).get("msg_per_s") and r[phase].get("ok"):
                 out[f"throughput {r['message_bytes']} B {phase.replace('_', ' ')} msg/s"] = r[phase]["msg_per_s"]
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stratalog.bench.common import size_label
+from stratalog.bench.kafka import ratios
 
 #: The targets: stratalog alone, and against each peer (as factors).
 P99_MS_MAX_256 = 1.5
@@ -97,6 +98,9 @@ def throughput_notes(r: dict[str, Any]) -> list[str]:
     for phase in ("produce", "consume_tail", "consume_cold"):
         d = r.get(phase, {})
         notes += [x for x in (d.get("error"), *d.get("errors", [])) if x]
+        if d.get("ok") is False and d.get("messages", 0) < d.get("expected", 0):
+            notes.append(f"{phase.replace('_', ' ')}: {d['messages']:,} of {d['expected']:,} in {d['seconds']:.0f} s, "
+                         "rate not comparable")
     tail_run = r.get("tail_run", {})
     if tail_run and not tail_run.get("is_produce_run"):
         notes.append(f"tail run: a topic of its own ({tail_run['messages']:,} messages)")
@@ -171,12 +175,14 @@ def markdown_report(doc: dict[str, Any]) -> str:
                          "; ".join(throughput_notes(r))])
     lines += _table(("peer", "size", "produced", "produce msg/s", "produce MB/s", "tail read", "tail msg/s",
                      "tail MB/s", "cold msg/s", "cold MB/s", "note"), rows, 2)
-    pairs = list(doc.get("ratios", {}))
+    # Derived, so recomputed: a run's JSON holds what was measured; the ratios follow the current rules.
+    ratio_doc = ratios(doc["peers"], doc.get("disk_reference"))
+    pairs = list(ratio_doc)
     if pairs:
         lines += ["stratalog's figure over the other's: latency below 1x and throughput above 1x mean stratalog "
                   "is faster; `stratalog/disk` is each size's produce p50 and p99 over the disk's.", ""]
-        keys = list(dict.fromkeys(k for pair in pairs for k in doc["ratios"][pair]))
-        lines += _table(("figure", *pairs), [[k, *(f"{doc['ratios'][pair][k]:.2f}x" if k in doc["ratios"][pair]
+        keys = list(dict.fromkeys(k for pair in pairs for k in ratio_doc[pair]))
+        lines += _table(("figure", *pairs), [[k, *(f"{ratio_doc[pair][k]:.2f}x" if k in ratio_doc[pair]
                                                     else "-" for pair in pairs)] for k in keys], 1)
     lines += _table(("target", "measured", ""), [[t["name"], t["figure_text"], "met" if t["met"] else "**missed**"]
                                                  for t in targets(doc)], 2)
