@@ -133,3 +133,30 @@ def test_a_non_loopback_listener_needs_the_explicit_flag(tmp_path: Path) -> None
     assert "--allow-plaintext-anywhere" in run.stderr and "no authentication" in run.stderr
     assert not (tmp_path / "data").exists(), "refused before anything is opened"
 
+
+
+def test_the_config_file_sets_broker_group_store_and_wal_settings_and_refuses_unknown_ones(tmp_path: Path) -> None:
+    from click import BadParameter
+
+    from stratalog.commands.serve import load_config
+    from stratalog.wal.config import FsyncPolicy
+
+    path = tmp_path / "broker.toml"
+    path.write_text("default_partitions = 3\n[groups]\ngroup_initial_rebalance_delay_ms = 0\n"
+                    "[store]\nupload_bytes_threshold = 134217728\n[store.wal]\nfsync = \"interval\"\n")
+    config = load_config(path, port=19999)
+    assert (config.default_partitions, config.port) == (3, 19999)
+    assert config.groups.group_initial_rebalance_delay_ms == 0
+    assert config.store.upload_bytes_threshold == 128 << 20
+    assert config.store.wal.fsync is FsyncPolicy.INTERVAL
+    for text, named in (("[store]\nupload_bytes = 1\n", "upload_bytes"),
+                        ("[store.wal]\nfsync = \"sometimes\"\n", "sometimes"),
+                        ("partitions = 2\n", "partitions"),
+                        ("[store]\nupload_bytes_threshold = 1073741824\n", "log_cache_bytes_max")):
+        path.write_text(text)
+        try:
+            load_config(path)
+        except BadParameter as e:
+            assert named in str(e), (text, str(e))
+        else:
+            raise AssertionError(f"accepted {text!r}")

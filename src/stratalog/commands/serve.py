@@ -18,7 +18,9 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.groups import GroupConfig
 from stratalog.broker.server import BrokerServer, NonLoopbackRefusedError, check_listen_host
+from stratalog.engine.config import StoreConfig
 from stratalog.io.device import Device, FileDevice
+from stratalog.wal.config import FsyncPolicy, WALConfig
 
 log = logging.getLogger("stratalog.broker")
 
@@ -31,25 +33,47 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
-    """A BrokerConfig from a TOML file (top-level keys: BrokerConfig's field names; a ``[groups]`` table:
-    GroupConfig's), then the command line's options."""
+    """A BrokerConfig from a TOML file, then the command line's options. Top-level keys are BrokerConfig's
+    field names; the tables ``[groups]``, ``[store]`` and ``[store.wal]`` set GroupConfig's, StoreConfig's
+    and WALConfig's. An unknown name is refused with the known ones."""
     values: dict[str, Any] = {}
     if path is not None:
         with path.open("rb") as f:
             values = tomllib.load(f)
-        known = {f.name for f in dataclasses.fields(BrokerConfig)} - {"store"}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise click.BadParameter(f"unknown settings {', '.join(unknown)}; known: {', '.join(sorted(known))}",
-                                     param_hint="--config")
+        values = _settings(BrokerConfig, values, "")
         if "groups" in values:
-            group_fields = {f.name for f in dataclasses.fields(GroupConfig)}
-            unknown = sorted(set(values["groups"]) - group_fields)
-            if unknown:
-                raise click.BadParameter(f"unknown [groups] settings {', '.join(unknown)}", param_hint="--config")
-            values["groups"] = GroupConfig(**values["groups"])
+            values["groups"] = GroupConfig(**_settings(GroupConfig, values["groups"], "[groups] "))
+        if "store" in values:
+            store = _settings(StoreConfig, values["store"], "[store] ")
+            if "wal" in store:
+                wal = _settings(WALConfig, store["wal"], "[store.wal] ")
+                if "fsync" in wal:
+                    try:
+                        wal["fsync"] = FsyncPolicy(wal["fsync"])
+                    except ValueError:
+                        raise click.BadParameter(f"[store.wal] fsync: {wal['fsync']!r} is not one of "
+                                                 f"{', '.join(p.value for p in FsyncPolicy)}",
+                                                 param_hint="--config") from None
+                store["wal"] = WALConfig(**wal)
+            values["store"] = StoreConfig(**store)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return BrokerConfig(**values)
+    config = BrokerConfig(**values)
+    try:
+        config.validate()
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--config") from None
+    return config
+
+
+def _settings(cls: type[Any], values: Any, where: str) -> dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(values, dict):
+        raise click.BadParameter(f"{where or 'the file'} must be a table of settings", param_hint="--config")
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise click.BadParameter(f"unknown {where}settings {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                                 param_hint="--config")
+    return dict(values)
 
 
 async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | None,
