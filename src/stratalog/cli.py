@@ -15,7 +15,8 @@ from stratalog import __version__
 def cli(verbose: int) -> None:
     """stratalog: a durable, fast store for millions of append-only streams.
 
-    Run `stratalog demo` for a short end-to-end tour of the write-ahead log.
+    Run `stratalog serve` for the Kafka-compatible broker (any Kafka client connects to 127.0.0.1:9092),
+    or `stratalog demo` for a short end-to-end tour of the write-ahead log.
     """
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

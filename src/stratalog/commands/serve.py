@@ -126,7 +126,8 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
               help="Put the WAL on this raw block device or preallocated file (default: DATA_DIR/wal). "
                    "Everything on it is the broker's.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              default=None, help="A TOML file of broker settings (BrokerConfig's field names).")
+              default=None, help="A TOML file of settings: BrokerConfig's field names, and tables [groups], "
+                                 "[store] and [store.wal] (docs/broker.md).")
 @click.option("--allow-plaintext-anywhere", is_flag=True, default=False,
               help="Allow a non-loopback listener without authentication (there is none yet).")
 def serve(data_dir: Path, listen: str, advertise: str | None, object_store: str | None, wal_device: Path | None,
