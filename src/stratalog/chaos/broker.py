@@ -15,6 +15,7 @@ topic. Promises checked, each a count that must be zero:
 | delivery_failures         | no produce fails for good (the producer retries across restarts)      |
 | committed_offsets_lost    | the group's committed offsets are as committed                       |
 | unaccounted               | every record sent is acknowledged once the producers flushed          |
+| stalled                   | the producers get acknowledgements again after each restart           |
 """
 
 from __future__ import annotations
@@ -40,8 +41,12 @@ _SEND_PAUSE_EVERY = 64
 _SEND_PAUSE_S = 0.002
 #: How long a consumer may see nothing before the read-back gives up.
 READ_IDLE_S_MAX = 30.0
+#: How long the producers may go without an acknowledgement after a restart (a restart takes ~1 s).
+ACK_WAIT_S_MAX = 60.0
+#: How long the producers may take to have everything acknowledged at the end.
+FLUSH_WAIT_S_MAX = 60.0
 MUST_BE_ZERO = ("acknowledged_lost", "duplicates", "offset_mismatches", "out_of_order", "delivery_failures",
-                "committed_offsets_lost", "unaccounted")
+                "committed_offsets_lost", "unaccounted", "stalled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +83,8 @@ class BrokerChaosFigures(MustBeZeroFigures):
     delivery_failures: int
     committed_offsets_lost: int
     unaccounted: int
+    #: 1 when the producers got no acknowledgement for ACK_WAIT_S_MAX after a restart (the run stopped there).
+    stalled: int
 
     must_be_zero: ClassVar[tuple[str, ...]] = MUST_BE_ZERO
 
@@ -169,18 +176,25 @@ def run_broker_chaos(data_dir: Path, config: BrokerChaosConfig,
         producers = [NumberedProducer(i, broker.bootstrap, config.partitions) for i in range(config.producers)]
         for p in producers:
             p.start()
+        stalled = 0
         for index in range(config.iterations):
             before = sum(len(p.acked) for p in producers)
-            deadline = time.monotonic() + rng.uniform(config.kill_after_s_min, config.kill_after_s_max)
+            started_s = time.monotonic()
+            deadline = started_s + rng.uniform(config.kill_after_s_min, config.kill_after_s_max)
             while time.monotonic() < deadline or sum(len(p.acked) for p in producers) == before:
+                if time.monotonic() - started_s > ACK_WAIT_S_MAX:
+                    stalled = 1  # the producers stopped getting acknowledgements: no use killing on
+                    break
                 time.sleep(0.01)  # the kill comes at a random moment, after some acknowledgements
+            if stalled:
+                break
             broker.kill9()
             t0 = time.monotonic()
             broker = start_broker(data_dir, port=port)
             restarts_ms.append(1000 * (time.monotonic() - t0))
             on_iteration(IterationFigures(index, sum(len(p.acked) for p in producers) - before, restarts_ms[-1]))
-        unaccounted = sum(p.finish(120) for p in producers)
-        figures = _check(broker, producers, config, unaccounted, restarts_ms, started)
+        unaccounted = sum(p.finish(FLUSH_WAIT_S_MAX) for p in producers)
+        figures = _check(broker, producers, config, unaccounted, restarts_ms, started, stalled)
         if broker.stop() != 0:
             raise ChaosHarnessError("the broker did not stop cleanly after the run:\n" + "".join(broker.output[-20:]))
         return figures
@@ -193,7 +207,7 @@ def run_broker_chaos(data_dir: Path, config: BrokerChaosConfig,
 
 
 def _check(broker: BrokerProcess, producers: list[NumberedProducer], config: BrokerChaosConfig, unaccounted: int,
-           restarts_ms: list[float], started: float) -> BrokerChaosFigures:
+           restarts_ms: list[float], started: float, stalled: int) -> BrokerChaosFigures:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "kept", "enable.auto.commit": False,
@@ -234,4 +248,4 @@ def _check(broker: BrokerProcess, producers: list[NumberedProducer], config: Bro
         elapsed_s=time.monotonic() - started, acknowledged_lost=lost,
         duplicates=sum(len(v) - 1 for v in seen.values()), offset_mismatches=mismatched, out_of_order=disordered,
         delivery_failures=sum(len(p.failed) for p in producers), committed_offsets_lost=committed_lost,
-        unaccounted=unaccounted)
+        unaccounted=unaccounted, stalled=stalled)

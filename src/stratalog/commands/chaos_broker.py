@@ -33,6 +33,7 @@ _LABELS = {
     "delivery_failures": "produces failed for good",
     "committed_offsets_lost": "committed offsets lost",
     "unaccounted": "sent, never acknowledged",
+    "stalled": "no acknowledgement after a restart",
 }
 _PARAMETERS = ("iterations", "seed", "producers", "partitions", "kill_after_s_min", "kill_after_s_max")
 
