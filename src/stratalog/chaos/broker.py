@@ -127,6 +127,8 @@ class NumberedProducer:
             self.acked[n] = (msg.partition(), msg.offset())
 
     def _run(self) -> None:
+        from confluent_kafka import KafkaException
+
         while not self._stop.is_set():
             key = self.key(self.sent)
             try:
@@ -135,6 +137,10 @@ class NumberedProducer:
             except BufferError:
                 self._producer.poll(0.05)
                 continue
+            except KafkaException as e:
+                # A fatal producer error (an idempotence violation: a sequence the broker lost track of).
+                self.failed.append(f"{key}: {e}")
+                return
             self.sent += 1
             self._producer.poll(0)
             if self.sent % _SEND_PAUSE_EVERY == 0:
