@@ -108,9 +108,12 @@ class NumberedProducer:
         self.failed: list[str] = []
         self.sent = 0
         self._stop = threading.Event()
+        #: A fatal error (an idempotence violation): the producer is unusable from then on.
+        self.fatal: str | None = None
         self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                                    "linger.ms": 2, "message.timeout.ms": 300_000, "retry.backoff.ms": 50,
-                                   "reconnect.backoff.max.ms": 200, "log_level": 0})
+                                   "reconnect.backoff.max.ms": 200, "log_level": 0,
+                                   "error_cb": self._on_error})
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"chaos-producer-{producer_id}")
 
     def key(self, n: int) -> str:
@@ -126,10 +129,15 @@ class NumberedProducer:
         else:
             self.acked[n] = (msg.partition(), msg.offset())
 
+    def _on_error(self, err: Any) -> None:
+        if err.fatal() and self.fatal is None:
+            self.fatal = str(err)
+            self.failed.append(f"fatal: {err}")
+
     def _run(self) -> None:
         from confluent_kafka import KafkaException
 
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self.fatal is None:
             key = self.key(self.sent)
             try:
                 self._producer.produce(TOPIC, key=key.encode(), value=key.encode() * 4,
@@ -154,7 +162,12 @@ class NumberedProducer:
     def finish(self, timeout_s: float) -> int:
         """Stop sending and wait for every acknowledgement; return how many never came."""
         self.stop()
-        return int(self._producer.flush(timeout_s))
+        # Polled, not flush(): after a fatal error librdkafka's flush raises an object Python cannot catch.
+        deadline = time.monotonic() + timeout_s
+        while len(self._producer) and self.fatal is None and time.monotonic() < deadline:
+            self._producer.poll(0.1)
+        # After a fatal error (counted in failed) what the producer holds is lost.
+        return len(self._producer)
 
 
 def run_broker_chaos(data_dir: Path, config: BrokerChaosConfig,
