@@ -161,11 +161,16 @@ class NumberedProducer:
 
     def finish(self, timeout_s: float) -> int:
         """Stop sending and wait for every acknowledgement; return how many never came."""
+        from confluent_kafka import KafkaException
+
         self.stop()
         # Polled, not flush(): after a fatal error librdkafka's flush raises an object Python cannot catch.
         deadline = time.monotonic() + timeout_s
         while len(self._producer) and self.fatal is None and time.monotonic() < deadline:
-            self._producer.poll(0.1)
+            try:
+                self._producer.poll(0.1)
+            except KafkaException as e:  # the fatal error, raised here before error_cb saw it
+                self._on_error(e.args[0])
         # After a fatal error (counted in failed) what the producer holds is lost.
         return len(self._producer)
 
