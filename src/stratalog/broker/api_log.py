@@ -17,7 +17,7 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.broker import Api, Broker
 from stratalog.broker.producers import Verdict
-from stratalog.broker.topic_configs import effective
+from stratalog.broker.topic_configs import config_value
 from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClosedError, StoreFailedError
 from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, stored_records
 from stratalog.errors import RecordTooLargeError
@@ -115,7 +115,7 @@ def _check_and_append(broker: Broker, topic_name: str, index: int,
     stream = broker.partition(topic_name, index) if topic is not None else None
     if stream is None or topic is None:
         raise _RefusedError(ErrorCode.unknown_topic_or_partition)
-    limit = min(int(effective(topic.configs)["max.message.bytes"]), broker.config.message_bytes_max)
+    limit = min(int(config_value(topic.configs, "max.message.bytes")), broker.config.message_bytes_max)
     view = memoryview(records or b"")
     try:
         header = check_batch(view, 0, batch_bytes_max=limit)

@@ -153,13 +153,13 @@ def wrap_kafka_batch(stream_id: int, base_offset: int, count: int, max_timestamp
                      kafka_batch: bytes | memoryview) -> bytes:
     """A batch whose body is ``kafka_batch`` (a checked Kafka RecordBatch) with its baseOffset set to
     ``base_offset``; nothing else of it changes (baseOffset is outside the Kafka batch's own CRC)."""
-    out = bytearray(BATCH_HEADER_BYTES + len(kafka_batch))
-    out[BATCH_HEADER_BYTES:] = kafka_batch
-    _KAFKA_BASE_OFFSET.pack_into(out, BATCH_HEADER_BYTES, base_offset)
-    with memoryview(out) as view:
-        crc = crc32c(view[BATCH_HEADER_BYTES:])
-    BATCH_HEADER.pack_into(out, 0, stream_id, base_offset, count, len(out), max_timestamp_ms, ENCODING_KAFKA, crc)
-    return bytes(out)
+    base = _KAFKA_BASE_OFFSET.pack(base_offset)
+    with memoryview(kafka_batch) as view:
+        rest = view[_KAFKA_BASE_OFFSET.size:]
+        crc = crc32c(rest, crc32c(base))  # the body's CRC, its new base offset first, without joining it
+        header = BATCH_HEADER.pack(stream_id, base_offset, count, BATCH_HEADER_BYTES + len(view), max_timestamp_ms,
+                                   ENCODING_KAFKA, crc)
+        return b"".join((header, base, rest))  # the one copy of the batch
 
 
 def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
