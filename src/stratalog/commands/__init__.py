@@ -7,6 +7,7 @@ import click
 
 def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) -> None:
     from stratalog.commands import (
+        bench_abuse,
         bench_catchup,
         bench_kafka,
         bench_log,
@@ -34,6 +35,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     bench.add_command(bench_streams.streams, name="streams")
     bench.add_command(bench_queues.queues, name="queues")
     bench.add_command(bench_kafka.kafka, name="kafka")
+    bench.add_command(bench_abuse.abuse, name="abuse")
     chaos.add_command(chaos_wal.wal, name="wal")
     chaos.add_command(chaos_engine.engine, name="engine")
     chaos.add_command(chaos_broker.broker, name="broker")
