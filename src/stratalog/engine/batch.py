@@ -37,6 +37,7 @@ ENCODING_KAFKA = 1
 ENCODINGS = frozenset({ENCODING_NATIVE, ENCODING_KAFKA})
 #: A Kafka RecordBatch starts with its base offset (big-endian, as all of Kafka's format).
 _KAFKA_BASE_OFFSET = struct.Struct(">q")
+_INT64_MAX = (1 << 63) - 1
 #: What one compressed Kafka batch may expand to when a reader decodes it: a Kafka batch is bounded by
 #: the WAL record (8 MiB by default); 16x covers real compression ratios and stops decompression bombs.
 KAFKA_DECOMPRESSED_BYTES_MAX = 128 << 20
@@ -277,6 +278,11 @@ def _native_records(buf: bytes | memoryview, at: int, end: int, base: int, count
 def kafka_body(buf: bytes | memoryview, pos: int, info: BatchInfo) -> memoryview:
     """The Kafka RecordBatch a batch of ENCODING_KAFKA holds, its base offset the batch's (placed) one."""
     body = memoryview(buf)[pos + BATCH_HEADER_BYTES:pos + info.batch_bytes]
+    if len(body) < _KAFKA_BASE_OFFSET.size or info.base_offset > _INT64_MAX:
+        # A Kafka batch starts with its base offset, an int64; a shorter body or a larger offset let
+        # struct.error out (found by fuzzing).
+        raise CorruptBatchError(f"batch at offset {info.base_offset}: not a Kafka batch of {len(body)} bytes "
+                                "that can start at this offset")
     if _KAFKA_BASE_OFFSET.unpack_from(body)[0] != info.base_offset:
         copy = bytearray(body)
         _KAFKA_BASE_OFFSET.pack_into(copy, 0, info.base_offset)
@@ -300,7 +306,17 @@ def _kafka_records(body: memoryview, base_offset: int, start_offset: int) -> Ite
 
 
 def decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
-    """``count`` record headers encoded at ``view[p:]`` and the position after them (see object.md)."""
+    """``count`` record headers encoded at ``view[p:]`` and the position after them (see object.md).
+    Raises CorruptBatchError when they run past the view or a name is not UTF-8."""
+    try:
+        return _decode_headers(view, p, count)
+    except (struct.error, UnicodeDecodeError) as e:
+        # A damaged record (its batch CRC checked or not) let struct.error and UnicodeDecodeError out
+        # of the reader (found by fuzzing); one try around the loop costs nothing per header.
+        raise CorruptBatchError(f"record headers at byte {p}: {e}") from None
+
+
+def _decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
     out = []
     for _ in range(count):
         (name_bytes,) = _HEADER_NAME.unpack_from(view, p)
@@ -323,8 +339,11 @@ def record_timestamps(buf: bytes | memoryview, pos: int, info: BatchInfo) -> Ite
         yield from ((r.offset, r.timestamp_ms) for r in _decode_kafka(buf, pos, info, 0))
         return
     at = pos + BATCH_HEADER_BYTES
+    end = pos + info.batch_bytes
     unpack = RECORD_HEAD.unpack_from
     for i in range(info.count):
+        if at + RECORD_HEAD.size > end:   # as decode_records checks (struct.error escaped: found by fuzzing)
+            raise CorruptBatchError(f"batch at offset {info.base_offset}: record {i} runs past the batch")
         body_bytes, ts, _, _, _ = unpack(buf, at)
         yield info.base_offset + i, ts
         at += 4 + body_bytes

@@ -131,7 +131,11 @@ def decode_names(buf: bytes | memoryview, pos: int, count: int) -> tuple[list[tu
         pos += NAME_HEAD.size
         if pos + size > len(view):
             raise CorruptBulkError("a name runs past the end of its section")
-        out.append((stream_id, bytes(view[pos:pos + size]).decode()))
+        try:
+            name = bytes(view[pos:pos + size]).decode()
+        except UnicodeDecodeError:   # escaped the reader before (found by fuzzing)
+            raise CorruptBulkError(f"the name of stream {stream_id} is not UTF-8") from None
+        out.append((stream_id, name))
         pos += size
     return out, pos
 
@@ -166,6 +170,9 @@ def decode_bulk(body: bytes | memoryview) -> BulkRecord:
     pos += 4 * message_count
     if int(runs[2].sum()) != message_count or (message_count and int(ends[-1]) != data_bytes):
         raise CorruptBulkError("bulk record: run counts or message ends do not match")
+    if message_count > 1 and bool(np.any(ends[1:] < ends[:-1])):
+        # Falling ends cut messages of negative length out of the data (found by fuzzing).
+        raise CorruptBulkError("bulk record: message ends fall")
     return BulkRecord(runs[0], runs[1], runs[2], names, stream_count, ends, view[pos:])
 
 
@@ -217,6 +224,10 @@ def decode_index(raw: bytes, footer: ObjectFooter) -> tuple[list[tuple[int, str]
     names, pos = decode_names(raw, 0, footer.stream_count - footer.first_stream)
     if pos != footer.names_bytes:
         raise CorruptBulkError("run object names do not fill their section")
+    if any(stream_id != expected for (stream_id, _), expected in zip(names, itertools.count(footer.first_stream))):
+        # Recovery maps each name to the id beside it: an id out of place gave a queue another's id (found
+        # by fuzzing, with CRCs made right).
+        raise CorruptBulkError("run object names are not those of streams first_stream .. stream_count - 1")
     ends, positions, pages = index_arrays(raw, footer)
     if footer.stream_count and (np.any(np.diff(positions.astype(I64)) < 0)
                                 or int(positions[-1]) != footer.names_position):

@@ -32,6 +32,8 @@ MANIFEST_PREFIX = "manifest/"
 MANIFEST_FORMAT = 1
 #: Snapshots (with the deltas after the older one) kept in the store; older manifests are deleted.
 SNAPSHOTS_KEPT = 2
+#: A block row: stream, start, end, position, size, count, max_ts, crc (BlockEntry's fields, in order).
+BLOCK_ROW_FIELDS = 8
 
 class ManifestError(StratalogError):
     """The manifest is missing or unreadable: the store was never opened against this object store?"""
@@ -149,24 +151,52 @@ def read_manifest(store: ObjectStore) -> Manifest:
     snapshots = sorted(k for k in keys if k.endswith(".snapshot.json"))
     if not snapshots:
         raise ManifestError("no manifest snapshot in the object store: open the store once to publish one")
-    snap = json.loads(store.get(snapshots[-1]))
-    manifest = Manifest(seq=int(snap["seq"]))
+    snap = _load(store, snapshots[-1])
+    manifest = Manifest(seq=snap["seq"])
     _apply(manifest, snap)
     deltas = {}
     for key in keys:
         if key.endswith(".delta.json") and _seq_of(key) > manifest.seq:
-            doc = json.loads(store.get(key))
+            doc = _load(store, key)
             deltas[doc["prev"]] = doc
-    while manifest.seq in deltas and int(deltas[manifest.seq]["seq"]) > manifest.seq:
+    while manifest.seq in deltas and deltas[manifest.seq]["seq"] > manifest.seq:
         doc = deltas[manifest.seq]
         _apply(manifest, doc)
-        manifest.seq = int(doc["seq"])
+        manifest.seq = doc["seq"]
     return manifest
 
 
-def _apply(manifest: Manifest, doc: dict[str, Any]) -> None:
+def _is_int(value: object) -> bool:
+    return type(value) is int   # not bool, which JSON's true would give
+
+
+def _load(store: ObjectStore, key: str) -> dict[str, Any]:
+    """The document at ``key``, its shape checked: a manifest that is not JSON, or not a manifest, let
+    JSONDecodeError, KeyError, TypeError, RecursionError and UnicodeDecodeError out of read_manifest, or
+    became blocks whose fields were strings (found by fuzzing)."""
+    try:
+        doc = json.loads(store.get(key))
+    except (ValueError, RecursionError) as e:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ManifestError(f"manifest {key} is not JSON ({e})") from None
+    if type(doc) is not dict:
+        raise ManifestError(f"manifest {key} is not a JSON object")
     if doc.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(f"manifest format {doc.get('format')}; this stratalog reads {MANIFEST_FORMAT}")
+        raise ManifestError(f"manifest format {doc.get('format')!r}; this stratalog reads {MANIFEST_FORMAT}")
+    streams, objects, removed = doc.get("streams"), doc.get("objects"), doc.get("removed")
+    if not (_is_int(doc.get("seq")) and "prev" in doc and (doc["prev"] is None or _is_int(doc["prev"]))
+            and type(streams) is list and type(objects) is list and type(removed) is list
+            and all(type(k) is str for k in removed)
+            and all(type(s) is dict and all(_is_int(s.get(f)) for f in ("id", "start", "end"))
+                    and "name" in s and (s["name"] is None or type(s["name"]) is str) for s in streams)
+            and all(type(o) is dict and type(o.get("key")) is str and type(o.get("blocks")) is list
+                    and all(type(row) is list and len(row) == BLOCK_ROW_FIELDS and all(map(_is_int, row))
+                            for row in o["blocks"]) for o in objects)):
+        raise ManifestError(f"manifest {key} does not have the shape of a manifest: damaged, or not ours")
+    return doc
+
+
+def _apply(manifest: Manifest, doc: dict[str, Any]) -> None:
+    """Apply a document ``_load`` checked."""
     removed = set(doc["removed"])
     if removed:
         for stream_id, refs in manifest.blocks.items():
@@ -176,7 +206,7 @@ def _apply(manifest: Manifest, doc: dict[str, Any]) -> None:
             entry = BlockEntry(*row)
             manifest.blocks.setdefault(entry.stream_id, []).append(BlockRef(obj["key"], entry))
     for s in doc["streams"]:
-        info = StreamInfo(int(s["id"]), s["name"], int(s["start"]), int(s["end"]))
+        info = StreamInfo(s["id"], s["name"], s["start"], s["end"])
         old = manifest.streams.get(info.stream_id)
         end = max(info.end_offset, old.end_offset) if old else info.end_offset
         manifest.streams[info.stream_id] = StreamInfo(info.stream_id, info.name, info.start_offset, end)

@@ -88,7 +88,11 @@ def decode_manifest(buf: bytes) -> QueueManifest:
         pos += MANIFEST_ENTRY.size
         if pos + key_bytes > len(body):
             raise CorruptBulkError("queue manifest: a key runs past its end")
-        objects.append(QueueObjectRef(bytes(body[pos:pos + key_bytes]).decode(), size_bytes))
+        try:
+            key = bytes(body[pos:pos + key_bytes]).decode()
+        except UnicodeDecodeError:   # escaped the decoder before (found by fuzzing)
+            raise CorruptBulkError("queue manifest: an object key is not UTF-8") from None
+        objects.append(QueueObjectRef(key, size_bytes))
         pos += key_bytes
     if pos != len(body):
         raise CorruptBulkError("queue manifest: bytes left after its last entry")
