@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stratalog.chaos import fuzz_engine, fuzz_queues
 from stratalog.engine.bulkformat import (
     OBJECT_FOOTER_BYTES,
     PAGE_BYTES,
@@ -255,3 +256,43 @@ def test_run_messages_keeps_its_caches_bounded_whatever_the_sizes() -> None:
         fields = sum(n for _, n in bulkformat._fixed_structs)
         assert fields == bulkformat._fixed_fields[0] <= bulkformat._FIXED_FIELDS_MAX
         assert len(bulkformat._multiples_of) <= bulkformat._MULTIPLES_SIZES_MAX
+
+
+def test_fuzz_finding_a_bulk_record_name_that_is_not_utf8_is_corrupt() -> None:
+    # Found by `stratalog chaos fuzz` (bulk_record): UnicodeDecodeError escaped the parser.
+    data = bytes.fromhex(
+        "00534c51420100000002000000030000ffff000000000000000000000000000000534c514201000000020000000300ff"
+        "00530002000000030000000100000004000000060033fcff00000024000000000a000000000000000600330200000005"
+        "00000006000000616202000000050000000600636400000000000a000000000000000000000061626364000000000061"
+        "62000000000000000000")
+    with pytest.raises(CorruptBulkError):
+        fuzz_engine.check_bulk(data)
+
+
+def test_fuzz_finding_a_bulk_record_whose_message_ends_fall_is_corrupt() -> None:
+    # Found by `stratalog chaos fuzz` (bulk_record): the parser returned it.
+    data = bytes.fromhex(
+        "00534c514201000000020000000300000001000000040000000600000000000000000000000300000000000000050000"
+        "0002000000010000000300000002007133020000000508000006000000616263646566")
+    with pytest.raises(CorruptBulkError):
+        fuzz_engine.check_bulk(data)
+
+
+def test_fuzz_finding_a_run_object_name_that_is_not_utf8_is_corrupt() -> None:
+    # Found by `stratalog chaos fuzz` (queue_object): UnicodeDecodeError escaped the parser.
+    data = bytes.fromhex(
+        "01030000000500000000007778797a00000000010061010000000100620200000001009d020000000000000001000000"
+        "000000000d0000000d00000015000000a8b20042150000a8b20042150000000000000015000000000000000300000003"
+        "000000000000002967de2302000000534c514fde2b26ee")
+    with pytest.raises(CorruptBulkError):
+        fuzz_queues.check_run_object(data)
+
+
+def test_fuzz_finding_a_run_object_name_for_another_stream_is_corrupt() -> None:
+    # Found by `stratalog chaos fuzz` (queue_object): the parser returned it.
+    data = bytes.fromhex(
+        "01030000000500000078797a6162040000007778797a0000000001006101000000010062000002000100630200200000"
+        "0000000100002e000000000d0000000d00000015000000a8b20042150000000000000015000000000000000300000003"
+        "000000000000002967de2302000000534c514fde2b26ee")
+    with pytest.raises(CorruptBulkError):
+        fuzz_queues.check_run_object(data)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from queuekit import small_queue_config
+from stratalog.chaos import fuzz_queues
 from stratalog.engine.bulkformat import CorruptBulkError
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
@@ -115,3 +116,13 @@ def test_manifest_follows_uploads_merges_and_reopen(tmp_path: Path) -> None:
 def test_first_open_publishes_an_empty_manifest(tmp_path: Path) -> None:
     with QueueStore.open(tmp_path, config=small_queue_config()):
         assert _manifest(tmp_path) == QueueManifest(1, 0, ())
+
+
+def test_fuzz_finding_an_object_key_that_is_not_utf8_is_corrupt() -> None:
+    # Found by `stratalog chaos fuzz` (queue_manifest): UnicodeDecodeError escaped decode_manifest.
+    data = bytes.fromhex(
+        "01534c514d0100000007000000000000000300000002000000e8030000000000002c00717565752865732f3030303030"
+        "0000303030303030303030303939c7c7c739393939393939352e736c7114000000000000001b007175657565732f3030"
+        "30303030303030303030303030362e736c717f35cbe9")
+    with pytest.raises(CorruptBulkError, match="not UTF-8"):
+        fuzz_queues.check_queue_manifest(data)

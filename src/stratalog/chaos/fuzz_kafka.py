@@ -1,0 +1,470 @@
+"""Fuzz targets of the Kafka protocol code: request frames, the connection's frame reader, record batches.
+
+``kafka_request``: ``codec.decode_request`` on a whole frame, with the versions the broker serves. It
+returns a request or raises KafkaProtocolError / UnsupportedVersionError; a request it returns must
+encode again (kio's writer) and decode to the same request.
+
+``kafka_frames``: ``connection.FrameReader`` fed a byte stream in chunks the input chooses. The frames
+it returns, each behind its size, must be exactly the bytes it took; it never buffers more than one
+frame and one read; it raises only KafkaProtocolError (FrameTooLargeError among them).
+
+``kafka_batch``: ``records.split_batches``, ``decode_records`` and ``record_timestamps`` on a Produce
+request's records field. Offsets come back dense from each batch's base offset, decompressed data stays
+within its bound, and the records re-encode (``encode_batch``) to a batch that decodes to the same
+records. The round-trip mode builds records from the input, encodes them with each codec and decodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import struct
+import types
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kio.index import load_request_schema
+from kio.serial import entity_writer
+
+from stratalog.chaos.fuzz_targets import (
+    ALLOCATION_BYTES_BASE,
+    ALLOCATION_BYTES_PER_INPUT_BYTE,
+    FuzzTarget,
+    KnownIssue,
+    KnownIssueInput,
+    Reader,
+    check,
+    put,
+)
+from stratalog.kafka import records as kr
+from stratalog.kafka.codec import FRAME_SIZE, HEADER_PREFIX, KafkaProtocolError, UnsupportedVersionError, decode_request
+from stratalog.kafka.connection import FrameReader
+from stratalog.wal.format import crc32c
+
+# ---------------------------------------------------------------------------------------------------
+# Requests
+
+
+def served_versions() -> dict[int, tuple[int, int]]:
+    """``{api_key: (min_version, max_version)}`` of every API the broker registers (broker.apis), read
+    from the modules' APIS lists without opening a broker."""
+    from stratalog.broker import api_admin, api_cluster, api_groups, api_log
+
+    return {api.key: (api.min_version, api.max_version)
+            for module in (api_cluster, api_log, api_admin, api_groups) for api in module.APIS}
+
+
+_SERVED: dict[int, tuple[int, int]] = {}
+
+
+def _served() -> Mapping[int, tuple[int, int]]:
+    if not _SERVED:
+        _SERVED.update(served_versions())
+    return _SERVED
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: Any) -> bytes:
+    """A request frame (without its size) as a client writes it: kio's header of the API version, then
+    the body."""
+    schema = load_request_schema(api_key, api_version)
+    header_schema = schema.__header_schema__
+    header_fields = {f.name for f in dataclasses.fields(header_schema)}
+    values: dict[str, Any] = {"request_api_key": api_key, "request_api_version": api_version,
+                              "correlation_id": correlation_id}
+    if "client_id" in header_fields:
+        values["client_id"] = client_id
+    out = io.BytesIO()
+    entity_writer(header_schema)(out, header_schema(**values))
+    entity_writer(schema)(out, body)
+    return out.getvalue()
+
+
+def check_request(frame: bytes) -> None:
+    overrun = array_overrun(frame)
+    if overrun is not None:
+        raise KnownIssueInput(f"kio would preallocate: {overrun}")
+    try:
+        request = decode_request(frame, _served())
+    except UnsupportedVersionError as e:
+        _request_feature()(e.api_key, e.api_version, 2)
+        raise
+    except KafkaProtocolError:
+        if len(frame) >= HEADER_PREFIX.size:
+            api_key, api_version, _ = HEADER_PREFIX.unpack_from(frame)
+            _request_feature()(api_key, api_version, 1)
+        raise
+    _request_feature()(request.api_key, request.api_version, 0)
+    check(request.frame_bytes == len(frame), "frame_bytes is not the frame's length")
+    again = decode_request(encode_request(request.api_key, request.api_version, request.correlation_id,
+                                          request.client_id, request.body), _served())
+    check(again.body == request.body, f"API {request.api_key} v{request.api_version}: the request re-encoded "
+                                      f"decodes to another body")
+    check(again.client_id == request.client_id and again.correlation_id == request.correlation_id,
+          "the header re-encoded decodes to another header")
+
+
+# ---------------------------------------------------------------------------------------------------
+# kio's array preallocation
+
+_FIXED_BYTES = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "float64": 8,
+                "uuid": 16, "timedelta_i32": 4, "timedelta_i64": 8, "datetime_i64": 8}
+
+
+class _Walk:
+    """A Python walk of a request in Kafka's encoding, only to find array counts (kio's native reader
+    reserves room for ``count`` elements before reading any: a count of 10^9 in a 60-byte frame makes it
+    ask for ~100 GB and abort the process). Stops quietly at anything it cannot read: kio refuses that."""
+
+    def __init__(self, frame: bytes) -> None:
+        self.frame = frame
+        self.pos = 0
+
+    def need(self, size: int) -> None:
+        if size < 0 or self.pos + size > len(self.frame):
+            raise IndexError
+        self.pos += size
+
+    def int_at(self, fmt: str) -> int:
+        size = struct.calcsize(fmt)
+        self.need(size)
+        value: int = struct.unpack_from(fmt, self.frame, self.pos - size)[0]
+        return value
+
+    def uvarint(self) -> int:
+        value = shift = 0
+        while True:
+            self.need(1)
+            byte = self.frame[self.pos - 1]
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+            if shift > 35:
+                raise IndexError
+
+    def length(self, flexible: bool, fmt: str) -> int:
+        """A string's, bytes' or array's length (-1: null)."""
+        return self.uvarint() - 1 if flexible else self.int_at(fmt)
+
+    def entity(self, schema: type[Any]) -> str | None:
+        flexible = bool(schema.__flexible__)
+        for field in dataclasses.fields(schema):
+            if "tag" in field.metadata:
+                continue
+            found = self.field(field, flexible)
+            if found:
+                return found
+        if flexible:
+            for _ in range(self.uvarint()):
+                self.uvarint()
+                self.need(self.uvarint())
+        return None
+
+    def field(self, field: dataclasses.Field[Any], flexible: bool) -> str | None:
+        annotation: Any = field.type
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        count = 1
+        if typing.get_origin(annotation) is tuple:
+            count = self.length(flexible, ">i")
+            if count > len(self.frame) - self.pos:
+                return f"{field.name}: an array of {count} in {len(self.frame) - self.pos} bytes"
+            annotation = typing.get_args(annotation)[0]
+        kafka_type = field.metadata.get("kafka_type")
+        for _ in range(max(count, 0)):
+            if kafka_type is None:
+                found = self.entity(annotation)
+                if found:
+                    return found
+            elif kafka_type in _FIXED_BYTES:
+                self.need(_FIXED_BYTES[kafka_type])
+            else:   # string, bytes, records
+                self.need(max(0, self.length(flexible, ">h" if kafka_type == "string" else ">i")))
+        return None
+
+
+def array_overrun(frame: bytes) -> str | None:
+    """Where a request frame's array claims more elements than bytes remain (None: nowhere, or the
+    frame is not readable that far). Such a frame aborts the process inside kio: see KIO_PREALLOCATES."""
+    if len(frame) < HEADER_PREFIX.size:
+        return None
+    api_key, api_version, _ = HEADER_PREFIX.unpack_from(frame)
+    versions = _served().get(api_key)
+    if versions is None or not versions[0] <= api_version <= versions[1]:
+        return None
+    schema = load_request_schema(api_key, api_version)
+    walk = _Walk(frame)
+    try:
+        walk.need(HEADER_PREFIX.size)
+        walk.need(max(0, walk.int_at(">h")))     # client_id: an int16-sized string in every header version
+        if schema.__header_schema__.__flexible__:
+            for _ in range(walk.uvarint()):
+                walk.uvarint()
+                walk.need(walk.uvarint())
+        return walk.entity(schema)
+    except (IndexError, struct.error):
+        return None
+
+
+_FEATURE: list[Callable[[int, int, int], int]] = []
+
+
+def _request_feature() -> Callable[[int, int, int], int]:
+    """A function whose branches are each (API, version, outcome): kio parses natively, where the
+    fuzzer sees no coverage, so without these every request would look alike to it and the corpus
+    would shrink to a handful of inputs. The child instruments it (``coverage_functions``)."""
+    if not _FEATURE:
+        lines = ["def request_feature(api_key, api_version, outcome):"]
+        for api_key, (low, high) in sorted(_served().items()):
+            lines.append(f"    if api_key == {api_key}:")
+            for version in range(low, high + 1):
+                lines.append(f"        if api_version == {version}:")
+                lines.append("            return 3 * api_version + outcome if outcome < 2 else -1")
+        lines.append("    return -2")
+        namespace: dict[str, Any] = {}
+        exec(compile("\n".join(lines), "<request_feature>", "exec"), namespace)
+        _FEATURE.append(namespace["request_feature"])
+    return _FEATURE[0]
+
+
+def _sample_value(field: dataclasses.Field[Any], depth: int) -> Any:
+    """A small valid value of one kio field: one element for arrays, short strings, a real batch for
+    records (so the seeds reach every field's parser)."""
+    kafka_type = field.metadata.get("kafka_type")
+    annotation: Any = field.type
+    is_array = typing.get_origin(annotation) is tuple
+    inner = typing.get_args(annotation)[0] if is_array else annotation
+    if typing.get_origin(inner) in (typing.Union, types.UnionType):
+        inner = next(a for a in typing.get_args(inner) if a is not type(None))
+        if typing.get_origin(inner) is tuple:   # an optional array: ``tuple[X, ...] | None``
+            is_array, inner = True, typing.get_args(inner)[0]
+    if kafka_type is None:
+        value: Any = sample_entity(inner, depth + 1)
+    else:
+        value = _sample_primitive(kafka_type, inner)
+    return (value,) if is_array else value
+
+
+def _sample_primitive(kafka_type: str, annotation: Any) -> Any:  # noqa: PLR0911 -- one return per type: a table
+    if kafka_type == "bool":
+        return True
+    if kafka_type in ("int8", "int16", "int32", "int64", "uint16", "uint32"):
+        return annotation(1)
+    if kafka_type == "float64":
+        return 1.5
+    if kafka_type == "string":
+        return annotation("t") if isinstance(annotation, type) else "t"
+    if kafka_type == "bytes":
+        return b"\x01\x02"
+    if kafka_type == "records":
+        return annotation(kr.encode_batch([(b"k", b"v", (("h", b"x"),), 1000)], base_offset=0))
+    if kafka_type == "uuid":
+        return uuid.UUID(int=1)
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
+        return annotation.parse(datetime.timedelta(milliseconds=100))
+    if kafka_type == "datetime_i64":
+        return datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    raise ValueError(f"no sample for kafka_type {kafka_type!r}")
+
+
+def sample_entity(schema: type[Any], depth: int = 0) -> Any:
+    """A kio entity with every field set to a small valid value."""
+    values = {f.name: _sample_value(f, depth) for f in dataclasses.fields(schema) if f.init}
+    return schema(**values)
+
+
+def request_seeds() -> list[bytes]:
+    """One request of every API version the broker serves, written by kio with sample values, and
+    the same body with a null client id."""
+    seeds = []
+    for api_key, (low, high) in sorted(_served().items()):
+        for version in range(low, high + 1):
+            body = sample_entity(load_request_schema(api_key, version))
+            seeds.append(encode_request(api_key, version, 7, "fuzz", body))
+            seeds.append(encode_request(api_key, version, 8, None, body))
+    return seeds
+
+
+# ---------------------------------------------------------------------------------------------------
+# Frames
+
+#: The frame reader's bound in this target: small, so that inputs reach the too-large refusal too.
+FRAME_BYTES_MAX_BASE = 64
+#: A chunk (one socket read) is at most this many bytes.
+CHUNK_BYTES_MAX = 256
+#: Inputs fed a byte at a time cost a Python loop per byte: 2 KiB holds many frames and keeps the rate up.
+FRAMES_INPUT_BYTES_MAX = 2 << 10
+
+
+def check_frames(data: bytes) -> None:
+    """Input: frame_bytes_max selector (1 byte), chunking (1 byte), then the connection's bytes."""
+    reader_input = Reader(data)
+    frame_bytes_max = FRAME_BYTES_MAX_BASE + 16 * reader_input.u8()
+    chunking = reader_input.u8()
+    stream = reader_input.rest()
+    reader = FrameReader(frame_bytes_max)
+    taken = 0          # bytes of the stream the frames returned so far cover
+    fed = 0
+    chunk = 1 + chunking % CHUNK_BYTES_MAX
+    try:
+        while fed < len(stream):
+            size = chunk if chunking & 0x80 == 0 else 1 + (stream[fed] % chunk)
+            reader.receive_data(stream[fed:fed + size])
+            fed += min(size, len(stream) - fed)
+            taken = _drain(reader, stream, taken, frame_bytes_max)
+            check(reader.buffered_bytes <= FRAME_SIZE.size + frame_bytes_max + size,
+                  f"{reader.buffered_bytes} bytes buffered: more than one frame and one read")
+            check(reader.buffered_bytes == fed - taken, "buffered bytes disagree with what was fed and taken")
+        reader.receive_data(b"")
+        taken = _drain(reader, stream, taken, frame_bytes_max)
+        check(reader.at_eof and taken == len(stream), "at the end of the stream, bytes are left unread")
+    except KafkaProtocolError:
+        pass
+
+
+def _drain(reader: FrameReader, stream: bytes, taken: int, frame_bytes_max: int) -> int:
+    while (frame := reader.next_frame()) is not None:
+        (size,) = FRAME_SIZE.unpack_from(stream, taken)
+        check(size == len(frame) <= frame_bytes_max, f"a frame of {len(frame)} bytes behind a size of {size}")
+        check(frame == stream[taken + FRAME_SIZE.size:taken + FRAME_SIZE.size + size],
+              "a frame is not the bytes behind its size")
+        taken += FRAME_SIZE.size + size
+    if not reader.at_eof:
+        check(reader.wanted_bytes() >= 1, "wanted_bytes() asks for nothing while a frame is incomplete")
+    return taken
+
+
+def frame_seeds() -> list[bytes]:
+    frames = [r for r in request_seeds()[:40:3]]
+    stream = b"".join(FRAME_SIZE.pack(len(f)) + f for f in frames[:4])
+    return [bytes([16, chunking]) + stream for chunking in (0, 3, 0x85, 255)] + [
+        bytes([0, 0]) + FRAME_SIZE.pack(1 << 30),       # a peer claiming a gigabyte
+        bytes([0, 0]) + FRAME_SIZE.pack(3) + b"abc",    # shorter than a request header
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Record batches
+
+#: Bounds the target passes to the parsers: a batch of 64 KiB may inflate to at most 256 KiB.
+BATCH_BYTES_MAX = 64 << 10
+DECOMPRESSED_BYTES_MAX = 256 << 10
+#: Control byte: bit 0 reseals each batch (batchLength of the last batch, CRC of all); bit 7 builds
+#: records from the input and round-trips them instead.
+RESEAL = 0x01
+ROUND_TRIP = 0x80
+
+
+def reseal_batches(data: bytes) -> bytes:
+    """``data`` with every batch's CRC made right, walking batchLength from the start; the last batch's
+    batchLength is set to reach the end of the data."""
+    out = bytearray(data)
+    position = 0
+    while len(out) - position >= kr.HEADER_BYTES:
+        (length,) = struct.unpack_from(">i", out, position + kr.BATCH_LENGTH_POSITION)
+        end = position + kr.LOG_OVERHEAD_BYTES + length
+        if not position + kr.HEADER_BYTES <= end <= len(out):
+            end = len(out)
+            struct.pack_into(">i", out, position + kr.BATCH_LENGTH_POSITION, end - position - kr.LOG_OVERHEAD_BYTES)
+        put(out, kr.CRC, position + kr.CRC_POSITION, crc32c(bytes(out[position + kr.CRC_COVERS_FROM_POSITION:end])))
+        position = end
+    return bytes(out)
+
+
+def check_batches(data: bytes) -> None:
+    reader = Reader(data)
+    control = reader.u8()
+    if control & ROUND_TRIP:
+        _round_trip_batch(reader)
+        return
+    records = reader.rest()
+    if control & RESEAL:
+        records = reseal_batches(records)
+    for position, header in kr.split_batches(records, batch_bytes_max=BATCH_BYTES_MAX):
+        batch = records[position:position + header.batch_bytes]
+        _check_one_batch(batch, header)
+
+
+def _check_one_batch(batch: bytes, header: kr.BatchHeader) -> None:
+    # From the first offset there can be: a client may send any baseOffset, negative ones too.
+    decoded = list(kr.decode_records(batch, start_offset=kr.INT64_MIN, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX))
+    check(len(decoded) == header.record_count, f"{len(decoded)} records from a batch of {header.record_count}")
+    check([r.offset for r in decoded] == list(range(header.base_offset, header.base_offset + len(decoded))),
+          "offsets are not dense from the base offset")
+    if header.compression != kr.Compression.NONE:
+        payload = sum(len(r.key or b"") + len(r.value) for r in decoded)
+        check(payload <= DECOMPRESSED_BYTES_MAX, f"{payload} bytes of keys and values out of a batch bounded "
+                                                 f"to {DECOMPRESSED_BYTES_MAX} decompressed")
+    stamps = list(kr.record_timestamps(batch, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX))
+    check(stamps == [(r.offset, r.timestamp_ms) for r in decoded], "record_timestamps disagrees with decode_records")
+    if header.base_offset < 0 or not all(kr.INT64_MIN <= r.timestamp_ms <= kr.INT64_MAX for r in decoded):
+        return   # not what encode_batch writes: a negative base offset, or base + delta beyond an int64
+    again = kr.encode_batch(decoded, base_offset=header.base_offset)
+    back = list(kr.decode_records(again, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX))
+    check(back == decoded, "decoded records re-encoded decode to other records")
+
+
+def _round_trip_batch(reader: Reader) -> None:
+    count = 1 + reader.below(16)
+    fields: list[kr.RecordFields] = []
+    base_ts = reader.uint(6)
+    for _ in range(count):
+        key = None if reader.u8() & 1 else reader.take(reader.below(40))
+        value = None if reader.u8() & 0x11 == 0x11 else reader.take(reader.below(300))
+        headers = tuple((reader.take(reader.below(8)).decode("utf-8", "replace"),
+                         None if reader.u8() & 1 else reader.take(reader.below(16)))
+                        for _ in range(reader.below(4)))
+        fields.append((key, value, headers, base_ts + reader.uint(3) - (1 << 23)))
+    base_offset = reader.uint(6)
+    compression = kr.Compression(reader.below(len(kr.Compression)))
+    batch = kr.encode_batch(fields, base_offset=base_offset, compression=compression,
+                            producer_id=reader.uint(4), is_transactional=bool(reader.u8() & 1))
+    ((position, header),) = kr.split_batches(batch, batch_bytes_max=1 << 20)
+    check(position == 0 and header.batch_bytes == len(batch) and header.compression == compression,
+          "an encoded batch's header reads back otherwise")
+    decoded = list(kr.decode_records(batch, decompressed_bytes_max=1 << 20))
+    want = [(base_offset + i, ts, key, value or b"", tuple(headers))
+            for i, (key, value, headers, ts) in enumerate(fields)]
+    check([tuple(r) for r in decoded] == want, "records encoded then decoded are not the records")
+
+
+def batch_seeds() -> list[bytes]:
+    golden = kr.encode_batch([(b"k", b"hi", (), 1000), (None, b"yo", (("h", b"v"),), 1005)], base_offset=0)
+    many = [(b"key-%d" % i, b"value " * i, (("n", b"%d" % i),), 1_700_000_000_000 + i) for i in range(12)]
+    seeds = [bytes([0]) + golden, bytes([RESEAL]) + golden, bytes([RESEAL]) + golden + golden]
+    for compression in kr.Compression:
+        seeds.append(bytes([RESEAL]) + kr.encode_batch(many, base_offset=5, compression=compression))
+    seeds += [bytes([ROUND_TRIP]) + bytes(range(i, i + 64)) for i in (0, 7, 100)]
+    return seeds
+
+
+def _batch_allocation_bytes_max(input_bytes: int) -> int:
+    # Decompression builds the inflated data once and its growing buffer once (see _decompress_growing),
+    # and the round trip re-encodes what it decoded.
+    return ALLOCATION_BYTES_BASE + 4 * DECOMPRESSED_BYTES_MAX + ALLOCATION_BYTES_PER_INPUT_BYTE * input_bytes
+
+
+#: kio raises KeyError on a tagged field it has no schema for, and decode_request does not turn it into a
+#: KafkaProtocolError (its list of kio's errors lacks KeyError). Kafka's rule is to skip unknown tags.
+UNKNOWN_TAG = KnownIssue(KeyError, "Unknown tagged field tag", "codec.decode_request lets kio's KeyError out on "
+                         "an unknown tagged field (fix belongs in kafka/codec.py)")
+#: kio reserves room for an array's count before reading its elements; a count of 10^9 aborts the process
+#: ("memory allocation of 115964116976 bytes failed" in _kio_native::schema::read_field). The target skips
+#: such frames (array_overrun) so the run goes on; the fix belongs in codec.py: refuse, before kio reads
+#: it, any array whose count exceeds the bytes left in the frame.
+KIO_PREALLOCATES = KnownIssue(KnownIssueInput, "kio would preallocate", "an array count larger than the frame "
+                              "aborts the process inside kio (fix belongs in kafka/codec.py)")
+
+TARGETS = (
+    FuzzTarget("kafka_request", "codec.decode_request, every API version the broker serves; re-encode round trip",
+               check_request, (KafkaProtocolError, UnsupportedVersionError), request_seeds,
+               known_issues=(UNKNOWN_TAG, KIO_PREALLOCATES), coverage_functions=lambda: (_request_feature(),)),
+    FuzzTarget("kafka_frames", "connection.FrameReader fed in chunks: frames exact, buffering bounded",
+               check_frames, (KafkaProtocolError,), frame_seeds, input_bytes_max=FRAMES_INPUT_BYTES_MAX),
+    FuzzTarget("kafka_batch", "records.split_batches/decode_records/record_timestamps, decompression bounds, "
+               "round trips", check_batches, (kr.KafkaBatchError,), batch_seeds,
+               input_bytes_max=BATCH_BYTES_MAX, allocation_bytes_max=_batch_allocation_bytes_max),
+)

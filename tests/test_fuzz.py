@@ -1,0 +1,117 @@
+"""The fuzzing harness (stratalog.chaos.fuzz*): every target runs briefly under atheris with no finding,
+a planted bug is found, and the issues known in code this harness may not change are still open
+(strict xfail: once fixed, the test fails and the target's KnownIssue entry should go)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from stratalog.chaos.fuzz import FuzzConfig, TargetFigures, run_target
+from stratalog.chaos.fuzz_targets import find_target, registry
+from stratalog.cli import cli
+from stratalog.commands import register_all
+from stratalog.kafka.codec import KafkaProtocolError, decode_request
+
+TARGETS = list(registry())
+#: Each target fuzzes this long in the run below: with two at a time, the whole run takes about 30 s.
+SECONDS_PER_TARGET = 1.5
+#: The slowest target (WAL recovery: open, recover, append, reopen) runs ~500 inputs a second.
+EXECUTIONS_MIN = 300
+
+
+@pytest.fixture(scope="module")
+def brief_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TargetFigures]:
+    """Every target, two at a time (the machine has two cores), each for SECONDS_PER_TARGET."""
+    config = FuzzConfig(seconds=SECONDS_PER_TARGET, runs_max=20_000,
+                        findings_dir=tmp_path_factory.mktemp("findings"))
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda name: run_target(name, config), TARGETS))
+    return {r.target: r for r in results}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TARGETS)
+def test_target_runs_without_findings(brief_run: dict[str, TargetFigures], name: str) -> None:
+    figures = brief_run[name]
+    assert figures.findings == [], "\n".join(f"{f.kind} {f.signature}\n{f.detail}" for f in figures.findings)
+    assert figures.exit_code == 0, figures.stderr_tail
+    assert figures.executions >= max(EXECUTIONS_MIN, len(find_target(name).seeds()))
+    assert figures.coverage_edges > 0
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_every_seed_keeps_the_contract(name: str) -> None:
+    target = find_target(name)
+    for seed in target.seeds():
+        with contextlib.suppress(*target.contract):
+            target.run(seed)
+
+
+@pytest.mark.slow
+def test_a_planted_exception_is_reported_with_its_input(tmp_path: Path) -> None:
+    figures = run_target("selftest_exception", FuzzConfig(seconds=3, findings_dir=tmp_path))
+    assert [f.kind for f in figures.findings] == ["exception"]
+    finding = figures.findings[0]
+    assert finding.signature.startswith("KeyError@") and "fuzz_selftest.py" in finding.signature
+    record = json.loads(Path(finding.path).read_text())
+    assert bytes.fromhex(record["input_hex"]).startswith(b"BUG!")
+    assert "KeyError: 'planted'" in record["detail"]
+    assert figures.exit_code == 0   # a finding does not stop the run
+
+
+@pytest.mark.slow
+def test_a_planted_allocation_is_reported(tmp_path: Path) -> None:
+    figures = run_target("selftest_allocation", FuzzConfig(seconds=3, findings_dir=tmp_path))
+    assert [f.kind for f in figures.findings] == ["allocation"]
+    record = json.loads(Path(figures.findings[0].path).read_text())
+    assert bytes.fromhex(record["input_hex"]).startswith(b"B")
+
+
+@pytest.mark.slow
+def test_the_cli_prints_the_table_and_exits_1_on_a_finding(tmp_path: Path) -> None:
+    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
+    out = tmp_path / "fuzz.json"
+    result = CliRunner().invoke(cli, ["chaos", "fuzz", "--seconds", "3", "--target", "selftest_exception",
+                                      "--target", "queue_manifest", "--findings-dir", str(tmp_path / "f"),
+                                      "--json", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "selftest_exception" in result.output and "1 finding(s)" in result.output
+    figures = {t["target"]: t for t in json.loads(out.read_text())["targets"]}
+    assert len(figures["selftest_exception"]["findings"]) == 1
+    assert figures["queue_manifest"]["findings"] == [] and figures["queue_manifest"]["executions"] > 0
+
+
+# Known issues in kafka/codec.py (not this harness's to change). --------------------------------------
+
+#: A Metadata v12 request whose header carries tagged field 16383: kio raises KeyError.
+UNKNOWN_TAG_FRAME = bytes.fromhex("000a000300000008000008ffff0002740100")
+#: ListOffsets v6 whose topics array claims 0x35000000 - 1 elements in a frame of 84 bytes.
+PREALLOCATION_FRAME = bytes.fromhex(
+    "00020006000000" "08ffff0000000001" "01ffffffff35000000010000000100000000000000000000000000000000000000"
+    "0000000000000000000000000000000000000000000000000000000000000000000000002101000000")
+SERVED = {10: (0, 4), 2: (1, 7)}
+
+
+@pytest.mark.xfail(strict=True, raises=KeyError, reason="codec.decode_request lets kio's KeyError out on an "
+                   "unknown tagged field; Kafka skips unknown tags (known issue UNKNOWN_TAG in fuzz_kafka)")
+def test_an_unknown_tagged_field_is_not_a_key_error() -> None:
+    with contextlib.suppress(KafkaProtocolError):
+        decode_request(UNKNOWN_TAG_FRAME, SERVED)
+
+
+@pytest.mark.xfail(strict=True, reason="kio reserves room for an array's count before reading it: the process "
+                   "aborts (known issue KIO_PREALLOCATES in fuzz_kafka)")
+def test_an_array_count_beyond_the_frame_does_not_abort_the_process() -> None:
+    code = ("import sys\nfrom stratalog.kafka.codec import KafkaProtocolError, decode_request\n"
+            f"try:\n    decode_request(bytes.fromhex({PREALLOCATION_FRAME.hex()!r}), {SERVED!r})\n"
+            "except KafkaProtocolError:\n    pass\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-500:]
