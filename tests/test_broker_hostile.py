@@ -1,0 +1,357 @@
+"""Hostile clients against a real broker: malformed frames beyond test_broker_bad_input's, size claims inside
+frames, stalled frames, idle and flooding connections, pipelining without reading, fetches that ask for
+everything. Each costs only its own connection, within the broker's named bounds (set small here through
+--config), and a well-behaved producer and consumer keep working beside them.
+
+Every wait is on an event (the broker closing a socket, a response arriving), bounded by a timeout that
+only a broken broker reaches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import socket
+import struct
+import time
+import warnings
+import zlib
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
+from kio.schema.produce.v3.response import ProduceResponse
+from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
+
+from brokerkit import BrokerProcess, running_broker
+from stratalog.bench import abuse_wire as wire
+from stratalog.bench.abuse import FETCH_TOPIC, broker_answers, count_sockets, prefill_fetch_topic, read_status_kib
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kafka.record.util import calc_crc32c
+
+#: The bounds the module's broker runs with: small, so each is reached in a test's time.
+REQUEST_READ_TIMEOUT_S = 1.0
+IDLE_TIMEOUT_S = 2.0
+REQUEST_BYTES_MAX = 1 << 20
+FETCH_WAIT_MS_MAX = 1000
+FETCH_RESPONSE_BYTES_MAX = 64 << 10
+CONNECTIONS_MAX = 16
+#: The longest any event here is awaited; reaching it means the broker did not do what it must.
+EVENT_WAIT_S = 20.0
+#: Resident memory the broker may gain over a test that sends it many refused claims or pipelined requests:
+#: allocator noise and the responses in flight (64 per connection), far below what the claims say.
+RSS_GROWTH_KIB_MAX = 32 << 10
+#: What a produce of a batch that lies about itself may be answered with: CORRUPT_MESSAGE, MESSAGE_TOO_LARGE
+#: (a length claim beyond message_bytes_max), INVALID_RECORD.
+BATCH_ERRORS = {2, 10, 87}
+#: A record batch's fields (Kafka's v2 format): the length after the first 12 bytes, the CRC (over
+#: attributes to the end) and the record count.
+BATCH_LENGTH_AT, CRC_AT, ATTRIBUTES_AT, RECORD_COUNT_AT = 8, 17, 21, 57
+
+
+def _config(path: Path, **settings: float) -> Path:
+    path.write_text("".join(f"{k} = {v}\n" for k, v in settings.items()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    root = tmp_path_factory.mktemp("hostile")
+    config = _config(root / "broker.toml", request_read_timeout_s=REQUEST_READ_TIMEOUT_S,
+                     idle_timeout_s=IDLE_TIMEOUT_S, request_bytes_max=REQUEST_BYTES_MAX,
+                     fetch_wait_ms_max=FETCH_WAIT_MS_MAX, fetch_response_bytes_max=FETCH_RESPONSE_BYTES_MAX)
+    with running_broker(root / "data", "--config", str(config)) as b:
+        yield b
+
+
+def connect(broker: BrokerProcess) -> socket.socket:
+    return socket.create_connection((broker.host, broker.port), timeout=EVENT_WAIT_S)
+
+
+def closed_after_s(sock: socket.socket, timeout_s: float = EVENT_WAIT_S) -> float | None:
+    """Seconds until the broker closes ``sock`` (reading and dropping what it sends), None if it does not."""
+    start_s = time.monotonic()
+    sock.settimeout(timeout_s)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - start_s
+
+
+def read_frame(sock: socket.socket) -> bytes | None:
+    head = _read_exactly(sock, 4)
+    return None if head is None else _read_exactly(sock, struct.unpack(">i", head)[0])
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def assert_still_serves(broker: BrokerProcess) -> None:
+    assert broker.process.poll() is None, "the broker exited"
+    assert broker_answers(broker.host, broker.port) is not None, "a fresh connection's ApiVersions went unanswered"
+
+
+def rss_kib(broker: BrokerProcess) -> int:
+    found = read_status_kib(broker.process.pid, "VmRSS")
+    assert found is not None
+    return found
+
+
+class GoodClient:
+    """A producer and a consumer (confluent-kafka) that each connect once and then behave."""
+
+    def __init__(self, broker: BrokerProcess, topic: str) -> None:
+        from confluent_kafka import Consumer, Producer, TopicPartition
+
+        self.topic = topic
+        self.producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0,
+                                  "message.timeout.ms": int(EVENT_WAIT_S * 1000)})
+        self.consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"good-{topic}",
+                                  "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+        self.consumer.assign([TopicPartition(topic, 0, 0)])
+        self.sent = 0
+
+    def round_trip(self, count: int) -> None:
+        """Produce ``count`` records, each acknowledged, then read every one of them back."""
+        failures: list[Any] = []
+        for i in range(count):
+            self.producer.produce(self.topic, f"good-{self.sent + i}".encode(),
+                                  on_delivery=lambda err, _m: failures.append(err) if err else None)
+        assert self.producer.flush(EVENT_WAIT_S) == 0 and not failures, failures
+        want = [f"good-{i}".encode() for i in range(self.sent, self.sent + count)]
+        self.sent += count
+        got: list[bytes] = []
+        deadline_s = time.monotonic() + EVENT_WAIT_S
+        while len(got) < len(want) and time.monotonic() < deadline_s:
+            msg = self.consumer.poll(0.2)
+            if msg is not None:
+                assert not msg.error(), msg.error()
+                got.append(msg.value())
+        assert got == want
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@contextmanager
+def good_client(broker: BrokerProcess, topic: str) -> Iterator[GoodClient]:
+    client = GoodClient(broker, topic)
+    try:
+        client.round_trip(1)  # connected, metadata known, fetching: no new connection needed from here
+        yield client
+    finally:
+        client.close()
+
+
+# Malformed frames and claims inside them ------------------------------------------------------------------
+
+
+def _header(api_key: int, version: int, client_id: bytes = b"t") -> bytes:
+    return struct.pack(">hhih", api_key, version, 1, len(client_id)) + client_id
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param(struct.pack(">i", REQUEST_BYTES_MAX + 1) + b"\0" * 16, id="one byte over request_bytes_max"),
+    pytest.param(struct.pack(">i", 0), id="zero-length frame"),
+    pytest.param(wire.frame(struct.pack(">hhih", 3, 1, 1, 1000) + b"ab"), id="client_id longer than the frame"),
+    pytest.param(wire.frame(_header(3, -1)), id="version -1"),
+    pytest.param(wire.frame(_header(3, 1) + struct.pack(">i", 2**31 - 1)), id="array claims 2^31 entries"),
+    pytest.param(wire.frame(_header(3, 1) + struct.pack(">ih", 1, 32767) + b"abc"), id="string claims 32 KiB"),
+    pytest.param(wire.frame(_header(3, 9) + b"\0" + b"\xff" * 10), id="flexible: a varint that never ends"),
+    pytest.param(wire.frame(_header(1, 4) + struct.pack(">iiiib", -1, 100, 1, 1 << 20, 0) + struct.pack(">i", -7)),
+                 id="fetch: negative topic count"),
+])
+def test_a_malformed_frame_closes_only_its_connection(broker: BrokerProcess, payload: bytes) -> None:
+    with connect(broker) as sock:
+        sock.sendall(payload)
+        assert read_frame(sock) is None, "the broker closes a connection that sent a malformed request"
+    assert_still_serves(broker)
+
+
+def test_requests_before_a_malformed_one_are_answered_then_the_connection_closes(broker: BrokerProcess) -> None:
+    with connect(broker) as sock:
+        sock.sendall(wire.api_versions_request(1) + wire.api_versions_request(2) + wire.frame(b"\xff" * 12)
+                     + wire.api_versions_request(3))
+        ids = []
+        while (response := read_frame(sock)) is not None:
+            ids.append(struct.unpack(">i", response[:4])[0])
+    assert ids == [1, 2]
+    assert_still_serves(broker)
+
+
+def _produce_frame(topic: str, batch: bytes) -> bytes:
+    out = io.BytesIO()
+    entity_writer(HeaderV1)(out, HeaderV1(request_api_key=i16(0), request_api_version=i16(3),
+                                          correlation_id=i32(5), client_id="t"))
+    entity_writer(ProduceRequest)(out, ProduceRequest(
+        transactional_id=None, acks=i16(-1), timeout=datetime.timedelta(seconds=5),
+        topic_data=(TopicProduceData(name=topic, partition_data=(PartitionProduceData(index=i32(0),
+                                                                                       records=batch),)),)))
+    return wire.frame(out.getvalue())
+
+
+def _batch(*values: bytes) -> bytearray:
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1000, key=None, value=value, headers=[])
+    return bytearray(builder.build())
+
+
+def _resign(batch: bytearray) -> bytes:
+    """The batch with its CRC made right again after surgery: only the claim inside is wrong."""
+    struct.pack_into(">I", batch, CRC_AT, calc_crc32c(bytes(batch[ATTRIBUTES_AT:])))
+    return bytes(batch)
+
+
+def _batch_claiming_records(count: int) -> bytes:
+    batch = _batch(b"one")
+    struct.pack_into(">i", batch, RECORD_COUNT_AT, count)
+    return _resign(batch)
+
+
+def _batch_claiming_length(extra: int) -> bytes:
+    batch = _batch(b"one")
+    struct.pack_into(">i", batch, BATCH_LENGTH_AT, len(batch) - 12 + extra)
+    return bytes(batch)
+
+
+@pytest.mark.parametrize("batch", [
+    pytest.param(_batch_claiming_records(2**31 - 1), id="batch claims 2^31 records, CRC right"),
+    pytest.param(_batch_claiming_length(1 << 30), id="batch length claims 1 GiB more than sent"),
+    pytest.param(b"\0" * 30, id="records shorter than a batch header"),
+])
+def test_a_produce_with_a_lying_batch_stores_nothing_and_others_produce(broker: BrokerProcess,
+                                                                         batch: bytes) -> None:
+    topic = f"lying-{zlib.crc32(batch):08x}"
+    with good_client(broker, topic) as good, connect(broker) as sock:
+        sock.sendall(_produce_frame(topic, batch))
+        response = read_frame(sock)
+        if response is not None:  # answered with an error, or the connection closed: both leave the log as it was
+            decoded, _ = entity_reader(ProduceResponse)(response, 4)
+            assert decoded.responses[0].partition_responses[0].error_code in BATCH_ERRORS
+        good.round_trip(3)  # reads exactly the good records back from offset 0: nothing else was stored
+    assert_still_serves(broker)
+
+
+def test_many_connections_claiming_2_gib_cost_the_broker_no_memory(broker: BrokerProcess) -> None:
+    before_kib = rss_kib(broker)
+    with ExitStack() as stack:
+        socks = [stack.enter_context(connect(broker)) for _ in range(200)]
+        for sock in socks:
+            sock.sendall(wire.oversize_claim() + b"\0" * 4096)
+        for sock in socks:
+            assert closed_after_s(sock) is not None
+    assert rss_kib(broker) - before_kib < RSS_GROWTH_KIB_MAX
+    assert_still_serves(broker)
+
+
+# Slow, idle and flooding connections ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head", [
+    pytest.param(wire.slowloris_head(1000), id="size and half a header"),
+    pytest.param(struct.pack(">i", 1000)[:2], id="half a size"),
+])
+def test_a_stalled_frame_is_closed_after_request_read_timeout(broker: BrokerProcess, head: bytes) -> None:
+    with connect(broker) as sock:
+        sock.sendall(head)
+        held_s = closed_after_s(sock)
+    assert held_s is not None, "a connection stalled inside a frame must be closed"
+    assert REQUEST_READ_TIMEOUT_S * 0.9 <= held_s < IDLE_TIMEOUT_S, held_s  # the read timeout, not the idle one
+    assert_still_serves(broker)
+
+
+def test_an_idle_connection_is_closed_after_idle_timeout(broker: BrokerProcess) -> None:
+    with connect(broker) as sock:
+        held_s = closed_after_s(sock)
+    assert held_s is not None and held_s >= IDLE_TIMEOUT_S * 0.9, held_s
+
+
+def test_stalled_connections_do_not_stop_a_good_client(broker: BrokerProcess) -> None:
+    with ExitStack() as stack, good_client(broker, "hostile-stalled") as good:
+        stalled = [stack.enter_context(connect(broker)) for _ in range(50)]
+        for sock in stalled:
+            sock.sendall(wire.slowloris_head(REQUEST_BYTES_MAX))
+        good.round_trip(20)
+        for sock in stalled:
+            assert closed_after_s(sock) is not None
+        good.round_trip(20)
+    assert_still_serves(broker)
+
+
+def test_a_flood_beyond_connections_max_is_refused_while_a_good_client_works(tmp_path: Path) -> None:
+    config = _config(tmp_path / "crowded.toml", connections_max=CONNECTIONS_MAX)
+    flood_size = CONNECTIONS_MAX * 4
+    with running_broker(tmp_path / "data", "--config", str(config)) as broker, ExitStack() as stack, \
+            good_client(broker, "hostile-flood") as good:
+        held = count_sockets(broker.process.pid)
+        flood = [stack.enter_context(connect(broker)) for _ in range(flood_size)]
+        good.round_trip(20)
+        refused = [sock for sock in flood if closed_after_s(sock, 1.0) is not None]
+        # The good client's connections count towards the bound too: every one beyond it was refused.
+        assert CONNECTIONS_MAX * 3 <= len(refused) < flood_size
+        assert held is not None and count_sockets(broker.process.pid) == held + flood_size - len(refused)
+        good.round_trip(20)
+        for sock in flood:
+            sock.close()
+        assert broker_answers(broker.host, broker.port) is not None  # room again once the flood is gone
+        good.round_trip(20)
+
+
+def test_a_client_that_pipelines_without_reading_holds_a_bounded_amount(broker: BrokerProcess) -> None:
+    """The broker reads at most in_flight_requests_max requests ahead of their responses and stops reading
+    while its send buffer is full: what the client pushes waits in the kernel, not in the broker."""
+    before_kib = rss_kib(broker)
+    with connect(broker) as hog, good_client(broker, "hostile-pipeline") as good:
+        hog.setblocking(False)
+        request, pushed = wire.metadata_all_request(1), 0
+        deadline_s = time.monotonic() + EVENT_WAIT_S
+        while time.monotonic() < deadline_s:  # until the kernel takes no more: the broker stopped reading
+            try:
+                pushed += hog.send(request * 100)
+            except BlockingIOError:
+                break
+        assert pushed >= len(request) * 100
+        good.round_trip(20)
+        assert rss_kib(broker) - before_kib < RSS_GROWTH_KIB_MAX
+    assert_still_serves(broker)
+
+
+def test_a_fetch_for_everything_is_cut_to_the_broker_bounds(broker: BrokerProcess) -> None:
+    end_offsets = list(prefill_fetch_topic(broker.bootstrap, FETCH_RESPONSE_BYTES_MAX * 4))
+    with connect(broker) as sock, good_client(broker, "hostile-fetch") as good:
+        sock.sendall(wire.fetch_request(11, FETCH_TOPIC, [0] * len(end_offsets), max_wait_ms=wire.INT32_MAX,
+                                        min_bytes=wire.INT32_MAX))
+        everything = read_frame(sock)
+        # Asked for 2 GiB of each partition: got at most fetch_response_bytes_max of records, and at once
+        # (min_bytes cannot be met, but nothing new can come either: the data is there).
+        assert everything is not None and len(everything) <= FETCH_RESPONSE_BYTES_MAX + 1024
+        start_s = time.monotonic()
+        sock.sendall(wire.fetch_request(12, FETCH_TOPIC, end_offsets, max_wait_ms=wire.INT32_MAX,
+                                        min_bytes=wire.INT32_MAX))
+        good.round_trip(20)  # served while the fetch waits
+        waited = read_frame(sock)
+        waited_s = time.monotonic() - start_s
+    assert waited is not None and struct.unpack(">i", waited[:4])[0] == 12
+    assert waited_s < FETCH_WAIT_MS_MAX / 1000 * 5, waited_s  # fetch_wait_ms_max, not the 24 days asked
+    assert_still_serves(broker)
