@@ -66,7 +66,8 @@ def garbage_frames() -> dict[str, bytes]:
         "shorter than a header": frame(b"\0\0\0"),
         "unknown API key": frame(HEADER_V1.pack(9999, 0, 1) + b"\0\0"),
         "unsupported version": frame(HEADER_V1.pack(FETCH_KEY, 99, 1) + b"\0\0"),
-        "body of 0xff": frame(_header(METADATA_KEY, METADATA_VERSION, 1) + b"\xff" * 64),
+        # Not a body of 0xff bytes: Metadata v1 reads 0xffffffff as "every topic" and ignores the rest.
+        "client_id past the frame": frame(HEADER_V1.pack(METADATA_KEY, METADATA_VERSION, 1) + b"\x7f\xffab"),
         # A topic array claiming 2^31 - 1 entries with none present: the decoder must fail, not allocate.
         "array claims 2^31 entries": frame(_header(METADATA_KEY, METADATA_VERSION, 1) + FRAME_SIZE.pack(INT32_MAX)),
     }
