@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiokafka
 import aiokafka.admin
+import aiokafka.helpers
 import confluent_kafka
 import confluent_kafka.admin
 
@@ -32,6 +33,49 @@ with warnings.catch_warnings():
 
 T = TypeVar("T")
 Headers = tuple[tuple[str, bytes | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Secured:
+    """A broker address with how to log in: pass it wherever a bootstrap string goes."""
+
+    address: str
+    protocol: str = "SASL_SSL"  # Kafka's security.protocol
+    mechanism: str | None = "SCRAM-SHA-256"
+    user: str | None = None
+    password: str | None = None
+    #: The CA that signed the broker's certificate; a client certificate and its key, if the broker asks.
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+
+Bootstrap = str | Secured
+
+
+def _kafka_python(bootstrap: Bootstrap) -> dict[str, Any]:
+    if isinstance(bootstrap, str):
+        return {"bootstrap_servers": bootstrap}
+    out: dict[str, Any] = {"bootstrap_servers": bootstrap.address, "security_protocol": bootstrap.protocol,
+                           "ssl_cafile": bootstrap.cafile, "ssl_certfile": bootstrap.certfile,
+                           "ssl_keyfile": bootstrap.keyfile}
+    if "SASL" in bootstrap.protocol:
+        out.update(sasl_mechanism=bootstrap.mechanism, sasl_plain_username=bootstrap.user,
+                   sasl_plain_password=bootstrap.password)
+    return out
+
+
+def _aiokafka(bootstrap: Bootstrap) -> dict[str, Any]:
+    if isinstance(bootstrap, str):
+        return {"bootstrap_servers": bootstrap}
+    out: dict[str, Any] = {"bootstrap_servers": bootstrap.address, "security_protocol": bootstrap.protocol}
+    if "SSL" in bootstrap.protocol:
+        out["ssl_context"] = aiokafka.helpers.create_ssl_context(
+            cafile=bootstrap.cafile, certfile=bootstrap.certfile, keyfile=bootstrap.keyfile)
+    if "SASL" in bootstrap.protocol:
+        out.update(sasl_mechanism=bootstrap.mechanism, sasl_plain_username=bootstrap.user,
+                   sasl_plain_password=bootstrap.password)
+    return out
 
 #: The broker's group.min.session.timeout.ms default: librdkafka and the others must ask at least this.
 SESSION_TIMEOUT_MS = 6000
@@ -88,17 +132,17 @@ class Consumer(Protocol):
 class Client(Protocol):
     name: str
 
-    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None: ...
+    def create_topic(self, bootstrap: Bootstrap, topic: str, partitions: int) -> None: ...
 
-    def delete_topic(self, bootstrap: str, topic: str) -> None: ...
+    def delete_topic(self, bootstrap: Bootstrap, topic: str) -> None: ...
 
-    def list_topics(self, bootstrap: str) -> set[str]: ...
+    def list_topics(self, bootstrap: Bootstrap) -> set[str]: ...
 
-    def producer(self, bootstrap: str, *, idempotent: bool = False) -> Producer: ...
+    def producer(self, bootstrap: Bootstrap, *, idempotent: bool = False) -> Producer: ...
 
-    def consumer(self, bootstrap: str, group: str, topics: Sequence[str]) -> Consumer: ...
+    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> Consumer: ...
 
-    def offset_for_time(self, bootstrap: str, topic: str, partition: int, timestamp_ms: int) -> int | None:
+    def offset_for_time(self, bootstrap: Bootstrap, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The first offset at or after ``timestamp_ms``, or None when there is none."""
 
     def close(self) -> None: ...
@@ -112,8 +156,8 @@ def _headers(raw: Any) -> Headers:
 
 
 class KafkaPythonProducer:
-    def __init__(self, bootstrap: str, idempotent: bool) -> None:
-        self._producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=idempotent,
+    def __init__(self, bootstrap: Bootstrap, idempotent: bool) -> None:
+        self._producer = kafka.KafkaProducer(**_kafka_python(bootstrap), acks="all", enable_idempotence=idempotent,
                                              request_timeout_ms=int(CALL_TIMEOUT_S * 1000))
 
     def send_all(self, records: Sequence[Outgoing], topic: str) -> list[tuple[int, int]]:
@@ -128,9 +172,9 @@ class KafkaPythonProducer:
 
 
 class KafkaPythonConsumer:
-    def __init__(self, bootstrap: str, group: str, topics: Sequence[str]) -> None:
+    def __init__(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> None:
         self._consumer = kafka.KafkaConsumer(
-            *topics, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+            *topics, **_kafka_python(bootstrap), group_id=group, auto_offset_reset="earliest",
             enable_auto_commit=False, session_timeout_ms=SESSION_TIMEOUT_MS,
             heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)
 
@@ -153,33 +197,33 @@ class KafkaPythonClient:
     name = "kafka-python"
 
     @contextmanager
-    def _admin(self, bootstrap: str) -> Iterator[Any]:
-        admin = kafka.admin.KafkaAdminClient(bootstrap_servers=bootstrap)
+    def _admin(self, bootstrap: Bootstrap) -> Iterator[Any]:
+        admin = kafka.admin.KafkaAdminClient(**_kafka_python(bootstrap))
         try:
             yield admin
         finally:
             admin.close()
 
-    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
+    def create_topic(self, bootstrap: Bootstrap, topic: str, partitions: int) -> None:
         with self._admin(bootstrap) as admin:
             admin.create_topics([kafka.admin.NewTopic(topic, num_partitions=partitions, replication_factor=1)])
 
-    def delete_topic(self, bootstrap: str, topic: str) -> None:
+    def delete_topic(self, bootstrap: Bootstrap, topic: str) -> None:
         with self._admin(bootstrap) as admin:
             admin.delete_topics([topic])
 
-    def list_topics(self, bootstrap: str) -> set[str]:
+    def list_topics(self, bootstrap: Bootstrap) -> set[str]:
         with self._admin(bootstrap) as admin:
             return set(admin.list_topics())
 
-    def producer(self, bootstrap: str, *, idempotent: bool = False) -> Producer:
+    def producer(self, bootstrap: Bootstrap, *, idempotent: bool = False) -> Producer:
         return KafkaPythonProducer(bootstrap, idempotent)
 
-    def consumer(self, bootstrap: str, group: str, topics: Sequence[str]) -> Consumer:
+    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> Consumer:
         return KafkaPythonConsumer(bootstrap, group, topics)
 
-    def offset_for_time(self, bootstrap: str, topic: str, partition: int, timestamp_ms: int) -> int | None:
-        consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap)
+    def offset_for_time(self, bootstrap: Bootstrap, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        consumer = kafka.KafkaConsumer(**_kafka_python(bootstrap))
         try:
             tp = kafka.structs.TopicPartition(topic, partition)
             found = consumer.offsets_for_times({tp: timestamp_ms})[tp]
@@ -213,13 +257,17 @@ class LoopThread:
 
 
 class AioProducer:
-    def __init__(self, loop: LoopThread, bootstrap: str, idempotent: bool) -> None:
+    def __init__(self, loop: LoopThread, bootstrap: Bootstrap, idempotent: bool) -> None:
         self._loop = loop
 
         async def start() -> aiokafka.AIOKafkaProducer:
-            producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+            producer = aiokafka.AIOKafkaProducer(**_aiokafka(bootstrap), acks="all",
                                                  enable_idempotence=idempotent)
-            await producer.start()
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()  # a refused start (a failed login) leaves nothing open
+                raise
             return producer
 
         self._producer = loop.run(start())
@@ -239,15 +287,19 @@ class AioProducer:
 
 
 class AioConsumer:
-    def __init__(self, loop: LoopThread, bootstrap: str, group: str, topics: Sequence[str]) -> None:
+    def __init__(self, loop: LoopThread, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> None:
         self._loop = loop
 
         async def start() -> aiokafka.AIOKafkaConsumer:
             consumer = aiokafka.AIOKafkaConsumer(
-                *topics, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                *topics, **_aiokafka(bootstrap), group_id=group, auto_offset_reset="earliest",
                 enable_auto_commit=False, session_timeout_ms=SESSION_TIMEOUT_MS,
                 heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)
-            await consumer.start()
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()
+                raise
             return consumer
 
         self._consumer = loop.run(start())
@@ -275,40 +327,40 @@ class AioKafkaClient:
     name: str = "aiokafka"
     _loop: LoopThread = field(default_factory=LoopThread)
 
-    def _admin(self, bootstrap: str, call: str, *args: Any) -> Any:
+    def _admin(self, bootstrap: Bootstrap, call: str, *args: Any) -> Any:
         async def run() -> Any:
-            admin = aiokafka.admin.AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-            await admin.start()
+            admin = aiokafka.admin.AIOKafkaAdminClient(**_aiokafka(bootstrap))
             try:
+                await admin.start()
                 return await getattr(admin, call)(*args)
             finally:
                 await admin.close()
 
         return self._loop.run(run())
 
-    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
+    def create_topic(self, bootstrap: Bootstrap, topic: str, partitions: int) -> None:
         response = self._admin(bootstrap, "create_topics",
                                [aiokafka.admin.NewTopic(topic, num_partitions=partitions, replication_factor=1)])
         errors = [t[1] for t in response.topic_errors if t[1] != 0]  # (name, error_code, ...) per topic
         assert not errors, response
 
-    def delete_topic(self, bootstrap: str, topic: str) -> None:
+    def delete_topic(self, bootstrap: Bootstrap, topic: str) -> None:
         response = self._admin(bootstrap, "delete_topics", [topic])
         errors = [t[1] for t in response.topic_error_codes if t[1] != 0]
         assert not errors, response
 
-    def list_topics(self, bootstrap: str) -> set[str]:
+    def list_topics(self, bootstrap: Bootstrap) -> set[str]:
         return set(self._admin(bootstrap, "list_topics"))
 
-    def producer(self, bootstrap: str, *, idempotent: bool = False) -> Producer:
+    def producer(self, bootstrap: Bootstrap, *, idempotent: bool = False) -> Producer:
         return AioProducer(self._loop, bootstrap, idempotent)
 
-    def consumer(self, bootstrap: str, group: str, topics: Sequence[str]) -> Consumer:
+    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> Consumer:
         return AioConsumer(self._loop, bootstrap, group, topics)
 
-    def offset_for_time(self, bootstrap: str, topic: str, partition: int, timestamp_ms: int) -> int | None:
+    def offset_for_time(self, bootstrap: Bootstrap, topic: str, partition: int, timestamp_ms: int) -> int | None:
         async def run() -> int | None:
-            consumer = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap)
+            consumer = aiokafka.AIOKafkaConsumer(**_aiokafka(bootstrap))
             await consumer.start()
             try:
                 tp = aiokafka.TopicPartition(topic, partition)
@@ -326,13 +378,24 @@ class AioKafkaClient:
 # --- confluent-kafka ------------------------------------------------------------------------------------
 
 
-def _common(bootstrap: str) -> dict[str, Any]:
+def _common(bootstrap: Bootstrap) -> dict[str, Any]:
     # v4: "localhost"-style names aside, librdkafka would also try ::1 first on some hosts.
-    return {"bootstrap.servers": bootstrap, "broker.address.family": "v4"}
+    if isinstance(bootstrap, str):
+        return {"bootstrap.servers": bootstrap, "broker.address.family": "v4"}
+    out: dict[str, Any] = {"bootstrap.servers": bootstrap.address, "broker.address.family": "v4",
+                           "security.protocol": bootstrap.protocol}
+    for key, value in (("ssl.ca.location", bootstrap.cafile), ("ssl.certificate.location", bootstrap.certfile),
+                       ("ssl.key.location", bootstrap.keyfile)):
+        if value is not None:
+            out[key] = value
+    if "SASL" in bootstrap.protocol:
+        out.update({"sasl.mechanisms": bootstrap.mechanism, "sasl.username": bootstrap.user,
+                    "sasl.password": bootstrap.password})
+    return out
 
 
 class ConfluentProducer:
-    def __init__(self, bootstrap: str, idempotent: bool) -> None:
+    def __init__(self, bootstrap: Bootstrap, idempotent: bool) -> None:
         self._producer = confluent_kafka.Producer({**_common(bootstrap), "acks": "all",
                                                    "enable.idempotence": idempotent, "linger.ms": 5})
 
@@ -363,7 +426,7 @@ class ConfluentProducer:
 
 
 class ConfluentConsumer:
-    def __init__(self, bootstrap: str, group: str, topics: Sequence[str]) -> None:
+    def __init__(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> None:
         self._consumer = confluent_kafka.Consumer({
             **_common(bootstrap), "group.id": group, "auto.offset.reset": "earliest",
             "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
@@ -395,31 +458,31 @@ class ConfluentConsumer:
 class ConfluentClient:
     name = "confluent-kafka"
 
-    def _admin(self, bootstrap: str) -> confluent_kafka.admin.AdminClient:
+    def _admin(self, bootstrap: Bootstrap) -> confluent_kafka.admin.AdminClient:
         return confluent_kafka.admin.AdminClient(_common(bootstrap))
 
-    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
+    def create_topic(self, bootstrap: Bootstrap, topic: str, partitions: int) -> None:
         admin = self._admin(bootstrap)  # held until the result: a dropped client fails its futures
         futures = admin.create_topics(
             [confluent_kafka.admin.NewTopic(topic, num_partitions=partitions, replication_factor=1)],
             request_timeout=CALL_TIMEOUT_S)
         futures[topic].result(CALL_TIMEOUT_S)
 
-    def delete_topic(self, bootstrap: str, topic: str) -> None:
+    def delete_topic(self, bootstrap: Bootstrap, topic: str) -> None:
         admin = self._admin(bootstrap)
         futures = admin.delete_topics([topic], request_timeout=CALL_TIMEOUT_S)
         futures[topic].result(CALL_TIMEOUT_S)
 
-    def list_topics(self, bootstrap: str) -> set[str]:
+    def list_topics(self, bootstrap: Bootstrap) -> set[str]:
         return set(self._admin(bootstrap).list_topics(timeout=CALL_TIMEOUT_S).topics)
 
-    def producer(self, bootstrap: str, *, idempotent: bool = False) -> Producer:
+    def producer(self, bootstrap: Bootstrap, *, idempotent: bool = False) -> Producer:
         return ConfluentProducer(bootstrap, idempotent)
 
-    def consumer(self, bootstrap: str, group: str, topics: Sequence[str]) -> Consumer:
+    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> Consumer:
         return ConfluentConsumer(bootstrap, group, topics)
 
-    def offset_for_time(self, bootstrap: str, topic: str, partition: int, timestamp_ms: int) -> int | None:
+    def offset_for_time(self, bootstrap: Bootstrap, topic: str, partition: int, timestamp_ms: int) -> int | None:
         consumer = confluent_kafka.Consumer({**_common(bootstrap), "group.id": "offsets-for-times"})
         try:
             found = consumer.offsets_for_times([confluent_kafka.TopicPartition(topic, partition, timestamp_ms)],

@@ -130,7 +130,7 @@ def test_a_non_loopback_listener_needs_the_explicit_flag(tmp_path: Path) -> None
                           str(tmp_path / "data"), "--listen", "0.0.0.0:0"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2
-    assert "--allow-plaintext-anywhere" in run.stderr and "no authentication" in run.stderr
+    assert "--allow-plaintext-anywhere" in run.stderr and "does not authenticate clients" in run.stderr
     assert not (tmp_path / "data").exists(), "refused before anything is opened"
 
 
@@ -138,14 +138,15 @@ def test_a_non_loopback_listener_needs_the_explicit_flag(tmp_path: Path) -> None
 def test_the_config_file_sets_broker_group_store_and_wal_settings_and_refuses_unknown_ones(tmp_path: Path) -> None:
     from click import BadParameter
 
+    from stratalog.broker.listeners import Listener
     from stratalog.commands.serve import load_config
     from stratalog.wal.config import FsyncPolicy
 
     path = tmp_path / "broker.toml"
     path.write_text("default_partitions = 3\n[groups]\ngroup_initial_rebalance_delay_ms = 0\n"
                     "[store]\nupload_bytes_threshold = 134217728\n[store.wal]\nfsync = \"interval\"\n")
-    config = load_config(path, port=19999)
-    assert (config.default_partitions, config.port) == (3, 19999)
+    config = load_config(path, listeners=(Listener.parse("127.0.0.1:19999"),))
+    assert (config.default_partitions, config.listeners[0].port) == (3, 19999)
     assert config.groups.group_initial_rebalance_delay_ms == 0
     assert config.store.upload_bytes_threshold == 128 << 20
     assert config.store.wal.fsync is FsyncPolicy.INTERVAL

@@ -36,10 +36,10 @@ import pytest
 from brokerkit import BrokerProcess, running_broker
 
 KAFKA_PYTHON_VERSION = importlib.metadata.version("kafka-python")
-#: The release kafka-python infers from the broker's ApiVersions (ListOffsets 7 with Produce 9, Fetch 12: 3.0).
+#: The release kafka-python infers from the broker's ApiVersions (DescribeAcls 3, without Fetch 15: 3.3).
 #: Their ``test_kafka_version_infer`` checks the inference against it, so when the broker serves newer
 #: versions this moves with it.
-KAFKA_VERSION = "3.0"
+KAFKA_VERSION = "3.3"
 #: The broker settings of kafka-python's own test Kafka (its kafka.properties): four partitions a topic,
 #: sessions from 1 s (their group test asks for 3 s), no wait before a group's first rebalance.
 BROKER_CONFIG = """\

@@ -7,7 +7,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
+from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import SPECS, InvalidConfigError, check_configs, effective
 from stratalog.broker.topics import InvalidTopicError, TopicExistsError, UnknownTopicError, check_topic_name
 from stratalog.kafka.codec import Request
@@ -24,7 +26,7 @@ SOURCE_TOPIC = 1
 SOURCE_DEFAULT = 5
 
 
-async def create_topics(broker: Broker, request: Request) -> dict[str, Any]:
+async def create_topics(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     results = []
     for t in body.topics:
@@ -34,6 +36,10 @@ async def create_topics(broker: Broker, request: Request) -> dict[str, Any]:
                                   "configs": []}
         results.append(result)
         configs = {c.name: c.value for c in t.configs}
+        if not session.may_create_topic(t.name):
+            result["error_code"] = ErrorCode.topic_authorization_failed
+            result["error_message"] = f"{session.principal} is not authorized to create topic {t.name}"
+            continue
         try:
             if t.replication_factor not in (DEFAULT_COUNT, 1):
                 result["error_code"] = ErrorCode.invalid_replication_factor
@@ -67,7 +73,7 @@ async def create_topics(broker: Broker, request: Request) -> dict[str, Any]:
     return {"throttle_time": 0, "topics": results}
 
 
-async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
+async def delete_topics(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     names: list[tuple[str | None, Any]]
     if request.api_version >= 6:
@@ -86,6 +92,9 @@ async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
         if name is None:
             result["error_code"] = ErrorCode.unknown_topic_id
             continue
+        if not session.may_topic(Operation.DELETE, name):
+            result["error_code"] = ErrorCode.topic_authorization_failed
+            continue
         try:
             topic = broker.delete_topic(name)
             result["topic_id"] = topic.topic_id
@@ -94,14 +103,16 @@ async def delete_topics(broker: Broker, request: Request) -> dict[str, Any]:
     return {"throttle_time": 0, "responses": results}
 
 
-async def create_partitions(broker: Broker, request: Request) -> dict[str, Any]:
+async def create_partitions(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     results = []
     for t in body.topics:
         result: dict[str, Any] = {"name": t.name, "error_code": ErrorCode.none, "error_message": None}
         results.append(result)
         topic = broker.topics.get(t.name)
-        if topic is None:
+        if not session.may_topic(Operation.ALTER, t.name):
+            result["error_code"] = ErrorCode.topic_authorization_failed
+        elif topic is None:
             result["error_code"] = ErrorCode.unknown_topic_or_partition
         elif t.count <= topic.partitions or t.count > broker.config.partitions_per_topic_max:
             result["error_code"] = ErrorCode.invalid_partitions
@@ -123,7 +134,7 @@ def _on_this_node(broker: Broker, assignments: Any, new_partitions: int) -> bool
     return len(assignments) == new_partitions and all(list(a.broker_ids) == [node] for a in assignments)
 
 
-async def describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
+async def describe_configs(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     documented = getattr(body, "include_documentation", False)
     results = []
@@ -132,12 +143,17 @@ async def describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
                                   "resource_type": r.resource_type, "resource_name": r.resource_name, "configs": []}
         results.append(result)
         if r.resource_type == RESOURCE_BROKER:
+            if not session.may_cluster(Operation.DESCRIBE_CONFIGS):
+                result["error_code"] = ErrorCode.cluster_authorization_failed
             continue  # no broker configs are exposed yet
         if r.resource_type != RESOURCE_TOPIC:
             result["error_code"] = ErrorCode.invalid_request
             result["error_message"] = f"resource type {r.resource_type} is not supported"
             continue
         topic = broker.topics.get(r.resource_name)
+        if not session.may_topic(Operation.DESCRIBE_CONFIGS, r.resource_name):
+            result["error_code"] = ErrorCode.topic_authorization_failed
+            continue
         if topic is None:
             result["error_code"] = ErrorCode.unknown_topic_or_partition
             continue
@@ -151,7 +167,7 @@ async def describe_configs(broker: Broker, request: Request) -> dict[str, Any]:
     return {"throttle_time": 0, "results": results}
 
 
-async def incremental_alter_configs(broker: Broker, request: Request) -> dict[str, Any]:
+async def incremental_alter_configs(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     responses = []
     for r in body.resources:
@@ -162,6 +178,9 @@ async def incremental_alter_configs(broker: Broker, request: Request) -> dict[st
         if r.resource_type != RESOURCE_TOPIC:
             result["error_code"] = ErrorCode.invalid_request
             result["error_message"] = f"resource type {r.resource_type} is not supported"
+            continue
+        if not session.may_topic(Operation.ALTER_CONFIGS, r.resource_name):
+            result["error_code"] = ErrorCode.topic_authorization_failed
             continue
         if topic is None:
             result["error_code"] = ErrorCode.unknown_topic_or_partition

@@ -10,7 +10,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
+from stratalog.broker.session import Session
 from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name
 from stratalog.kafka.codec import Request
 
@@ -20,12 +22,7 @@ KEY_TYPE_GROUP = 0
 NO_TOPIC_ID = uuid.UUID(int=0)
 
 
-def _endpoint(broker: Broker) -> tuple[str, int]:
-    c = broker.config
-    return c.advertised_host or c.host, c.advertised_port or c.port
-
-
-async def api_versions(broker: Broker, request: Request) -> dict[str, Any]:
+async def api_versions(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     return {
         "error_code": ErrorCode.none,
         "api_keys": [{"api_key": api.key, "min_version": api.min_version, "max_version": api.max_version}
@@ -45,7 +42,7 @@ def _topic_metadata(broker: Broker, topic: Topic) -> dict[str, Any]:
     }
 
 
-async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
+async def metadata(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     requested = body.topics
     if request.api_version == 0 and not requested:
@@ -53,7 +50,9 @@ async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
     allow_create = getattr(body, "allow_auto_topic_creation", True)
     topics: list[dict[str, Any]] = []
     if requested is None:
-        topics = [_topic_metadata(broker, t) for t in broker.topics.all()]
+        # Every topic: those the principal may not see are left out, as Kafka does.
+        topics = [_topic_metadata(broker, t) for t in broker.topics.all()
+                  if session.may_topic(Operation.DESCRIBE, t.name)]
     else:
         for wanted in requested:
             name = wanted.name
@@ -72,13 +71,19 @@ async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
                                "topic_id": NO_TOPIC_ID, "is_internal": False, "partitions": []})
                 continue
             assert name is not None
-            topic = broker.auto_create(name) if allow_create else broker.topics.get(name)
+            if not session.may_topic(Operation.DESCRIBE, name):
+                topics.append({"error_code": ErrorCode.topic_authorization_failed, "name": name,
+                               "topic_id": NO_TOPIC_ID, "is_internal": False, "partitions": []})
+                continue
+            topic = broker.topics.get(name)
+            if topic is None and allow_create and session.may_create_topic(name):
+                topic = broker.auto_create(name)
             if topic is None:
                 topics.append({"error_code": ErrorCode.unknown_topic_or_partition, "name": name,
                                "topic_id": NO_TOPIC_ID, "is_internal": False, "partitions": []})
             else:
                 topics.append(_topic_metadata(broker, topic))
-    host, port = _endpoint(broker)
+    host, port = session.listener.endpoint
     return {
         "throttle_time": 0,
         "brokers": [{"node_id": broker.config.node_id, "host": host, "port": port, "rack": None}],
@@ -89,28 +94,38 @@ async def metadata(broker: Broker, request: Request) -> dict[str, Any]:
     }
 
 
-async def describe_cluster(broker: Broker, request: Request) -> dict[str, Any]:
-    host, port = _endpoint(broker)
+async def describe_cluster(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
+    host, port = session.listener.endpoint
+    allowed = session.may_cluster(Operation.DESCRIBE)
     return {
-        "throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "endpoint_type": 1,
+        "throttle_time": 0, "error_code": ErrorCode.none if allowed else ErrorCode.cluster_authorization_failed,
+        "error_message": None, "endpoint_type": 1,
         "cluster_id": broker.config.cluster_id, "controller_id": broker.config.node_id,
         "brokers": [{"broker_id": broker.config.node_id, "host": host, "port": port, "rack": None}],
         "cluster_authorized_operations": -2147483648,
     }
 
 
-async def find_coordinator(broker: Broker, request: Request) -> dict[str, Any]:
+async def find_coordinator(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
-    host, port = _endpoint(broker)
+    host, port = session.listener.endpoint
     key_type = getattr(body, "key_type", KEY_TYPE_GROUP)
-    if key_type == KEY_TYPE_GROUP:
-        error, message, node = ErrorCode.none, None, broker.config.node_id
-    else:
-        error, message, node = ErrorCode.invalid_request, "transactions are not supported", -1
+
+    def answer(key: str) -> tuple[ErrorCode, str | None, int]:
+        if key_type != KEY_TYPE_GROUP:
+            return ErrorCode.invalid_request, "transactions are not supported", -1
+        if not session.may_group(Operation.DESCRIBE, key):
+            return ErrorCode.group_authorization_failed, None, -1
+        return ErrorCode.none, None, broker.config.node_id
+
     if request.api_version >= 4:
-        return {"throttle_time": 0, "coordinators": [
-            {"key": key, "node_id": node, "host": host, "port": port, "error_code": error, "error_message": message}
-            for key in body.coordinator_keys]}
+        coordinators = []
+        for key in body.coordinator_keys:
+            error, message, node = answer(key)
+            coordinators.append({"key": key, "node_id": node, "host": host, "port": port, "error_code": error,
+                                 "error_message": message})
+        return {"throttle_time": 0, "coordinators": coordinators}
+    error, message, node = answer(body.key)
     return {"throttle_time": 0, "error_code": error, "error_message": message, "node_id": node,
             "host": host, "port": port}
 

@@ -10,8 +10,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
 from stratalog.broker.offsets import OffsetEntry
+from stratalog.broker.session import Session
 from stratalog.kafka.codec import Request
 
 #: What DescribeGroups says of authorized operations when nobody asked (no ACLs yet).
@@ -22,13 +24,17 @@ def _ms(value: Any) -> int:
     return int(value.total_seconds() * 1000)
 
 
-async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
+async def join_group(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
+    if not session.may_group(Operation.READ, body.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "generation_id": -1,
+                "protocol_type": None, "protocol_name": "" if request.api_version < 7 else None, "leader": "",
+                "member_id": body.member_id, "members": []}
     session_ms = _ms(body.session_timeout)
     rebalance = getattr(body, "rebalance_timeout", None)
     result = await broker.groups.join(
         body.group_id, body.member_id, getattr(body, "group_instance_id", None), request.client_id or "",
-        "/127.0.0.1", session_ms, _ms(rebalance) if rebalance is not None else session_ms, body.protocol_type,
+        f"/{session.host}", session_ms, _ms(rebalance) if rebalance is not None else session_ms, body.protocol_type,
         [(p.name, p.metadata) for p in body.protocols], request.api_version >= 4)
     protocol_name = result.protocol_name
     if protocol_name is None and request.api_version < 7:
@@ -39,8 +45,10 @@ async def join_group(broker: Broker, request: Request) -> dict[str, Any]:
             "members": [{"member_id": m, "group_instance_id": i, "metadata": md} for m, i, md in result.members]}
 
 
-async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
+async def sync_group(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
+    if not session.may_group(Operation.READ, body.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "assignment": b""}
     result = await broker.groups.sync(
         body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None),
         getattr(body, "protocol_type", None), getattr(body, "protocol_name", None),
@@ -49,15 +57,19 @@ async def sync_group(broker: Broker, request: Request) -> dict[str, Any]:
             "protocol_name": result.protocol_name, "assignment": result.assignment}
 
 
-async def heartbeat(broker: Broker, request: Request) -> dict[str, Any]:
+async def heartbeat(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
+    if not session.may_group(Operation.READ, body.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed}
     error = broker.groups.heartbeat(body.group_id, body.generation_id, body.member_id,
                                     getattr(body, "group_instance_id", None))
     return {"throttle_time": 0, "error_code": error}
 
 
-async def leave_group(broker: Broker, request: Request) -> dict[str, Any]:
+async def leave_group(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
+    if not session.may_group(Operation.READ, body.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "members": []}
     if request.api_version < 3:
         error, members = broker.groups.leave(body.group_id, [(body.member_id, None)])
         return {"throttle_time": 0, "error_code": error or (members[0][2] if members else 0)}
@@ -66,19 +78,25 @@ async def leave_group(broker: Broker, request: Request) -> dict[str, Any]:
         {"member_id": m, "group_instance_id": i, "error_code": e} for m, i, e in members]}
 
 
-async def offset_commit(broker: Broker, request: Request) -> dict[str, Any]:
+async def offset_commit(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     generation = getattr(body, "generation_id_or_member_epoch", -1)
-    error = broker.groups.validate_offset_commit(body.group_id, generation, getattr(body, "member_id", ""),
-                                                 getattr(body, "group_instance_id", None))
+    if session.may_group(Operation.READ, body.group_id):
+        error = broker.groups.validate_offset_commit(body.group_id, generation, getattr(body, "member_id", ""),
+                                                     getattr(body, "group_instance_id", None))
+    else:
+        error = ErrorCode.group_authorization_failed
     now_ms = int(time.time() * 1000)
     topics = []
     entries: list[OffsetEntry] = []
     for t in body.topics:
         partitions = []
         known = broker.topics.get(t.name)
+        readable = session.may_topic(Operation.READ, t.name)
         for p in t.partitions:
             code = error
+            if not code and not readable:
+                code = ErrorCode.topic_authorization_failed
             if not code and (known is None or not 0 <= p.partition_index < known.partitions):
                 code = ErrorCode.unknown_topic_or_partition
             if not code:
@@ -94,12 +112,13 @@ async def offset_commit(broker: Broker, request: Request) -> dict[str, Any]:
     return {"throttle_time": 0, "topics": topics}
 
 
-def _fetch_group(broker: Broker, group_id: str, wanted: Any) -> list[dict[str, Any]]:
+def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: Any) -> list[dict[str, Any]]:
     if wanted is None:
         found = broker.offsets.fetch(group_id, None)
         by_topic: dict[str, list[int]] = {}
         for topic, partition in sorted(found):
-            by_topic.setdefault(topic, []).append(partition)
+            if session.may_topic(Operation.DESCRIBE, topic):  # every topic: the hidden ones left out
+                by_topic.setdefault(topic, []).append(partition)
         pairs = [(topic, parts) for topic, parts in by_topic.items()]
     else:
         pairs = [(t.name, list(t.partition_indexes)) for t in wanted]
@@ -107,6 +126,11 @@ def _fetch_group(broker: Broker, group_id: str, wanted: Any) -> list[dict[str, A
     topics = []
     for name, parts in pairs:
         partitions = []
+        if not session.may_topic(Operation.DESCRIBE, name):
+            topics.append({"name": name, "partitions": [
+                {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "",
+                 "error_code": ErrorCode.topic_authorization_failed} for p in parts]})
+            continue
         for p in parts:
             entry = found.get((name, p))
             partitions.append({"partition_index": p, "committed_offset": entry.offset if entry else -1,
@@ -116,19 +140,27 @@ def _fetch_group(broker: Broker, group_id: str, wanted: Any) -> list[dict[str, A
     return topics
 
 
-async def offset_fetch(broker: Broker, request: Request) -> dict[str, Any]:
+async def offset_fetch(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
+
+    def answer(group_id: str, wanted: Any) -> dict[str, Any]:
+        if not session.may_group(Operation.DESCRIBE, group_id):
+            return {"group_id": group_id, "topics": [], "error_code": ErrorCode.group_authorization_failed}
+        return {"group_id": group_id, "topics": _fetch_group(broker, session, group_id, wanted),
+                "error_code": ErrorCode.none}
+
     if request.api_version >= 8:
-        groups = [{"group_id": g.group_id, "topics": _fetch_group(broker, g.group_id, g.topics),
-                   "error_code": ErrorCode.none} for g in body.groups]
-        return {"throttle_time": 0, "groups": groups}
-    return {"throttle_time": 0, "topics": _fetch_group(broker, body.group_id, body.topics),
-            "error_code": ErrorCode.none}
+        return {"throttle_time": 0, "groups": [answer(g.group_id, g.topics) for g in body.groups]}
+    return {"throttle_time": 0, **answer(body.group_id, body.topics)}
 
 
-async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
-    groups = []
-    for d in broker.groups.describe(list(request.body.groups)):
+async def describe_groups(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
+    groups: list[dict[str, Any]] = []
+    wanted = list(request.body.groups)
+    denied = [g for g in wanted if not session.may_group(Operation.DESCRIBE, g)]
+    groups.extend({"error_code": ErrorCode.group_authorization_failed, "group_id": g, "group_state": "",
+                   "protocol_type": "", "protocol_data": "", "members": []} for g in denied)
+    for d in broker.groups.describe([g for g in wanted if g not in denied]):
         groups.append({"error_code": d.error_code, "group_id": d.group_id, "group_state": d.state,
                        "protocol_type": d.protocol_type, "protocol_data": d.protocol_data,
                        "authorized_operations": OPERATIONS_NOT_ASKED, "members": [
@@ -139,16 +171,21 @@ async def describe_groups(broker: Broker, request: Request) -> dict[str, Any]:
     return {"throttle_time": 0, "groups": groups}
 
 
-async def list_groups(broker: Broker, request: Request) -> dict[str, Any]:
+async def list_groups(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     states = getattr(request.body, "states_filter", ())
     listed = broker.groups.list_groups(set(states) if states else None)
+    if not session.may_cluster(Operation.DESCRIBE):
+        listed = [g for g in listed if session.may_group(Operation.DESCRIBE, g[0])]
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": [
         {"group_id": g, "protocol_type": p, "group_state": s} for g, p, s in listed]}
 
 
-async def delete_groups(broker: Broker, request: Request) -> dict[str, Any]:
-    results = broker.groups.delete_groups(list(request.body.groups_names))
-    return {"throttle_time": 0, "results": [{"group_id": g, "error_code": e} for g, e in results]}
+async def delete_groups(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
+    names = list(request.body.groups_names)
+    denied = [g for g in names if not session.may_group(Operation.DELETE, g)]
+    results = broker.groups.delete_groups([g for g in names if g not in denied])
+    return {"throttle_time": 0, "results": [{"group_id": g, "error_code": ErrorCode.group_authorization_failed}
+                                            for g in denied] + [{"group_id": g, "error_code": e} for g, e in results]}
 
 
 APIS = (

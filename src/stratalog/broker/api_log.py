@@ -15,8 +15,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stratalog.broker.acls import Operation, ResourceType
 from stratalog.broker.broker import Api, Broker
 from stratalog.broker.producers import Verdict
+from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import config_value
 from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClosedError, StoreFailedError
 from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, stored_records
@@ -37,7 +39,7 @@ ACKS_NONE = 0
 ACKS_ALLOWED = (0, 1, -1)
 
 
-async def produce(broker: Broker, request: Request) -> Prebuilt | None:
+async def produce(broker: Broker, request: Request, session: Session) -> Prebuilt | None:
     body = request.body
     acks = body.acks
     timeout_s = min(body.timeout.total_seconds(), broker.config.produce_wait_ms_max / 1000)
@@ -53,10 +55,14 @@ async def produce(broker: Broker, request: Request) -> Prebuilt | None:
     topics = []
     for t in body.topic_data:
         partitions = []
+        writable = session.may_topic(Operation.WRITE, t.name)
         for p in t.partition_data:
             response = ProducePartitionResult(p.index, ErrorCode.none)
             partitions.append(response)
-            outcome = _append(broker, t.name, p.index, p.records, response)
+            if not writable:
+                response.error_code = ErrorCode.topic_authorization_failed
+                continue
+            outcome = _append(broker, session, t.name, p.index, p.records, response)
             if outcome is not None:
                 pending.append((response, *outcome))
         topics.append(ProduceTopicResult(t.name, partitions))
@@ -97,21 +103,23 @@ class _RefusedError(Exception):
         self.message = message
 
 
-def _append(broker: Broker, topic_name: str, index: int, records: bytes | None,
+def _append(broker: Broker, session: Session, topic_name: str, index: int, records: bytes | None,
             response: ProducePartitionResult) -> tuple[asyncio.Future[int], Any] | None:
     """Check and append one partition's batch; fill ``response`` with an error, or return the future of
     the batch's base offset and its stream."""
     try:
-        return _check_and_append(broker, topic_name, index, records)
+        return _check_and_append(broker, session, topic_name, index, records)
     except _RefusedError as e:
         response.error_code = e.error
         response.error_message = e.message
         return None
 
 
-def _check_and_append(broker: Broker, topic_name: str, index: int,
+def _check_and_append(broker: Broker, session: Session, topic_name: str, index: int,
                       records: bytes | None) -> tuple[asyncio.Future[int], Any]:
-    topic = broker.auto_create(topic_name)
+    topic = broker.topics.get(topic_name)
+    if topic is None and session.may_create_topic(topic_name):
+        topic = broker.auto_create(topic_name)
     stream = broker.partition(topic_name, index) if topic is not None else None
     if stream is None or topic is None:
         raise _RefusedError(ErrorCode.unknown_topic_or_partition)
@@ -174,33 +182,38 @@ def as_kafka_batch(batch: StoredBatch) -> bytes | memoryview:
     return encode_batch(list(stored_records(batch)), base_offset=batch.base_offset)
 
 
-async def fetch(broker: Broker, request: Request) -> Prebuilt:
+async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
     body = request.body
     wait_s = min(body.max_wait.total_seconds(), broker.config.fetch_wait_ms_max / 1000)
     deadline = time.monotonic() + wait_s
     response_max = min(getattr(body, "max_bytes", 2**31 - 1), broker.config.fetch_response_bytes_max)
     min_bytes = body.min_bytes
+    denied = {t.topic for t in body.topics if not session.may_topic(Operation.READ, t.topic)}
     while True:
-        topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max)
+        topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, denied)
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or remaining_s <= 0 or not waiting_on or broker.stopping:
             break
         await broker.wait_for_data(waiting_on, remaining_s)
         if time.monotonic() >= deadline:
-            topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max)
+            topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, denied)
             break
     # Encoded here, not by kio: the records stay views of the stored batches up to the socket.
     return Prebuilt(encode_fetch_response(request.correlation_id, request.api_version, throttle_time_ms=0,
                                           error_code=ErrorCode.none, session_id=0, topics=topics))
 
 
-async def _fetch_once(broker: Broker, wanted: Any, response_max: int) -> tuple[list[FetchTopicResult], int, list[int]]:
+async def _fetch_once(broker: Broker, wanted: Any, response_max: int,
+                      denied: set[str]) -> tuple[list[FetchTopicResult], int, list[int]]:
     total = 0
     waiting_on: list[int] = []
     topics = []
     for t in wanted:
         partitions = []
         for p in t.partitions:
+            if t.topic in denied:
+                partitions.append(FetchPartitionResult(p.partition, ErrorCode.topic_authorization_failed, -1))
+                continue
             stream = broker.partition(t.topic, p.partition)
             if stream is None:
                 partitions.append(FetchPartitionResult(p.partition, ErrorCode.unknown_topic_or_partition, -1))
@@ -237,15 +250,19 @@ async def _read(stream: Any, offset: int, max_bytes: int) -> list[StoredBatch]:
 # ListOffsets, DeleteRecords ------------------------------------------------------------------------
 
 
-async def list_offsets(broker: Broker, request: Request) -> dict[str, Any]:
+async def list_offsets(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     topics = []
     for t in request.body.topics:
         partitions = []
+        allowed = session.may_topic(Operation.DESCRIBE, t.name)
         for p in t.partitions:
-            stream = broker.partition(t.name, p.partition_index)
+            stream = broker.partition(t.name, p.partition_index) if allowed else None
             entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
                                      "timestamp": -1, "offset": -1, "leader_epoch": 0}
             partitions.append(entry)
+            if not allowed:
+                entry["error_code"] = ErrorCode.topic_authorization_failed
+                continue
             if stream is None:
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
                 continue
@@ -276,15 +293,19 @@ def _offset_for_time(stream: Any, timestamp_ms: int) -> tuple[int, int] | None:
     return offset, (records[0].timestamp_ms if records else timestamp_ms)
 
 
-async def delete_records(broker: Broker, request: Request) -> dict[str, Any]:
+async def delete_records(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     topics = []
     for t in request.body.topics:
         partitions = []
+        allowed = session.may_topic(Operation.DELETE, t.name)
         for p in t.partitions:
-            stream = broker.partition(t.name, p.partition_index)
+            stream = broker.partition(t.name, p.partition_index) if allowed else None
             entry: dict[str, Any] = {"partition_index": p.partition_index, "low_watermark": -1,
                                      "error_code": ErrorCode.none}
             partitions.append(entry)
+            if not allowed:
+                entry["error_code"] = ErrorCode.topic_authorization_failed
+                continue
             if stream is None:
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
                 continue
@@ -301,10 +322,14 @@ async def delete_records(broker: Broker, request: Request) -> dict[str, Any]:
 # InitProducerId ------------------------------------------------------------------------------------
 
 
-async def init_producer_id(broker: Broker, request: Request) -> dict[str, Any]:
+async def init_producer_id(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     if body.transactional_id is not None:
         return {"throttle_time": 0, "error_code": ErrorCode.transactional_id_authorization_failed,
+                "producer_id": -1, "producer_epoch": -1}
+    # Kafka's rule: IdempotentWrite on the cluster, or Write on some topic.
+    if not (session.may_cluster(Operation.IDEMPOTENT_WRITE) or session.may_some(Operation.WRITE, ResourceType.TOPIC)):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
                 "producer_id": -1, "producer_epoch": -1}
     given = getattr(body, "producer_id", -1)
     if given >= 0:

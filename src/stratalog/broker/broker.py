@@ -16,12 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stratalog.broker.acls import Authorizer
 from stratalog.broker.appender import OrderedAppender
 from stratalog.broker.config import BrokerConfig
+from stratalog.broker.credentials import CredentialStore
 from stratalog.broker.groups import GroupCoordinator
 from stratalog.broker.offsets import CommittedOffsets
 from stratalog.broker.producer_recovery import ProducerSnapshots, replay
 from stratalog.broker.producers import ProducerStates
+from stratalog.broker.sasl import new_secret
+from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicRegistry, check_topic_name, stream_name
 from stratalog.engine import Stream, StreamStore
@@ -31,7 +35,7 @@ from stratalog.kafka.codec import Request
 
 log = logging.getLogger("stratalog.broker")
 
-Handler = Callable[["Broker", Request], Awaitable[Any]]
+Handler = Callable[["Broker", Request, Session], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,10 @@ class Broker:
         self.store = store
         self.data_dir = data_dir
         self.topics = TopicRegistry(data_dir / "broker.sqlite")
+        self.credentials = CredentialStore(data_dir / "broker.sqlite")
+        self.authorizer = Authorizer(data_dir / "broker.sqlite", config.authorizer)
+        #: Keys the stand-in credentials of unknown users (sasl.py): fresh at each start.
+        self.sasl_secret = new_secret()
         self.offsets = CommittedOffsets(data_dir / "offsets.sqlite")
         self.groups = GroupCoordinator(self.offsets, config=config.groups)
         self.producers = ProducerStates(config.producers_max)
@@ -122,6 +130,8 @@ class Broker:
                 if not w.done():
                     w.set_result(None)
         self.topics.close()
+        self.credentials.close()
+        self.authorizer.close()
         self.offsets.close()
         self.store.close()
 

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stratalog.broker.acls import AuthorizerConfig
 from stratalog.broker.groups import GroupConfig
+from stratalog.broker.listeners import Listener, TLSConfig, check_listeners, default_listeners
+from stratalog.broker.sasl import MECHANISMS
 from stratalog.engine.config import StoreConfig
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
-    host: str = "127.0.0.1"
-    port: int = 9092
-    #: Binding anything but loopback needs this: the broker has no authentication yet.
+    #: Where clients connect, each with its security protocol (listeners.py); PLAINTEXT on loopback by
+    #: default.
+    listeners: tuple[Listener, ...] = field(default_factory=default_listeners)
+    #: A listener on an address other than loopback that does not authenticate clients is refused
+    #: unless this is set.
     allow_plaintext_anywhere: bool = False
-    #: The host and port clients are told to connect to (Metadata); None: the listening ones.
-    advertised_host: str | None = None
-    advertised_port: int | None = None
+    #: Certificates of the SSL and SASL_SSL listeners.
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    #: The SASL mechanisms SASL listeners offer (sasl.enabled.mechanisms).
+    sasl_mechanisms: tuple[str, ...] = MECHANISMS
+    #: A failed login is answered after this long, then its connection closes: a password guesser gets
+    #: at most one try per connection and per delay (connection.failed.authentication.delay.ms: 100 ms).
+    authentication_failure_delay_ms: int = 100
+    authorizer: AuthorizerConfig = field(default_factory=AuthorizerConfig)
     node_id: int = 0
     cluster_id: str = "stratalog"
     #: A request larger than this closes its connection before a byte of it is kept
@@ -27,6 +37,8 @@ class BrokerConfig:
     in_flight_requests_max: int = 64
     #: Open connections; more are accepted and closed at once with a log line (max.connections).
     connections_max: int = 4096
+    #: Open connections from one address (max.connections.per.ip); None: only connections_max bounds them.
+    connections_per_address_max: int | None = None
     #: A connection idle this long is closed (connections.max.idle.ms: 10 minutes).
     idle_timeout_s: float = 600.0
     #: A connection whose frame has been arriving for this long is closed: a slow sender cannot hold
@@ -57,6 +69,12 @@ class BrokerConfig:
     groups: GroupConfig = field(default_factory=GroupConfig)
 
     def validate(self) -> None:
+        check_listeners(self.listeners, self.tls, self.allow_plaintext_anywhere)
+        unknown = sorted(set(self.sasl_mechanisms) - set(MECHANISMS))
+        if unknown or not self.sasl_mechanisms:
+            raise ValueError(f"sasl_mechanisms: {', '.join(unknown) or 'none given'}; offered: {', '.join(MECHANISMS)}")
+        if self.connections_per_address_max is not None and self.connections_per_address_max < 1:
+            raise ValueError("connections_per_address_max must be at least 1 (or unset)")
         if self.message_bytes_max + 64 > self.store.wal.record_bytes_max:
             raise ValueError("message_bytes_max must fit a WAL record (store.wal.record_bytes_max - 64)")
         if not 0 < self.default_partitions <= self.partitions_per_topic_max:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import ipaddress
 import logging
 from collections import deque
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.broker import Broker
+from stratalog.broker.listeners import Listener, certificate_principal, check_listeners, server_ssl_context
+from stratalog.broker.session import ANONYMOUS, Session
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import (
     API_VERSIONS_KEY,
@@ -40,53 +41,50 @@ log = logging.getLogger("stratalog.broker")
 
 
 
-class NonLoopbackRefusedError(ValueError):
-    """Binding a non-loopback address without --allow-plaintext-anywhere."""
-
-
-def check_listen_host(host: str, allow_plaintext_anywhere: bool) -> None:
-    if allow_plaintext_anywhere:
-        return
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
-        raise NonLoopbackRefusedError(
-            f"refusing to listen on {host}: the broker has no authentication yet, so it listens on loopback "
-            "only unless you pass --allow-plaintext-anywhere")
+#: What a client on a SASL listener may ask before its login succeeds (Kafka closes the connection on
+#: anything else): ApiVersions, SaslHandshake, SaslAuthenticate.
+BEFORE_LOGIN_API_KEYS = frozenset({API_VERSIONS_KEY, 17, 36})
 
 
 class BrokerServer:
-    """Listens, accepts, serves; ``stop`` drains and closes."""
+    """Listens on every listener, accepts, serves; ``stop`` drains and closes."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._live: set[_KafkaProtocol] = set()
+        self._per_address: dict[str, int] = {}
         self._stopping = False
 
     @property
     def stopping(self) -> bool:
         return self._stopping
 
-    async def start(self) -> tuple[str, int]:
+    async def start(self) -> list[Listener]:
+        """Listen on every listener; returns them with the ports bound (an ephemeral port 0 resolved)."""
         c = self.broker.config
-        check_listen_host(c.host, c.allow_plaintext_anywhere)
+        check_listeners(c.listeners, c.tls, c.allow_plaintext_anywhere)
+        context = server_ssl_context(c.tls) if any(lis.protocol.tls for lis in c.listeners) else None
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _KafkaProtocol(self), c.host, c.port, reuse_address=True)
-        sock = self._server.sockets[0].getsockname()
-        if c.port == 0 and c.advertised_port is None:
+        bound: list[Listener] = []
+        for listener in c.listeners:
+            server = await loop.create_server(
+                functools.partial(_KafkaProtocol, self, len(bound)), listener.host, listener.port,
+                reuse_address=True, ssl=context if listener.protocol.tls else None)
+            self._servers.append(server)
+            port = int(server.sockets[0].getsockname()[1])
             # Listening on an ephemeral port: Metadata must name the port bound, not 0, or every client
             # that follows Metadata (librdkafka, aiokafka) reconnects to port 0 and is refused.
-            self.broker.config = dataclasses.replace(c, advertised_port=int(sock[1]))
-        return str(sock[0]), int(sock[1])
+            bound.append(dataclasses.replace(listener, port=port, advertised_port=listener.advertised_port
+                                             or (port if listener.port == 0 else None)))
+        self.broker.config = dataclasses.replace(c, listeners=tuple(bound))
+        return bound
 
     async def stop(self, drain_s: float = 10.0) -> None:
         """Stop accepting, answer the requests in flight (up to ``drain_s``), close every connection."""
         self._stopping = True
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         # Fetches waiting for data answer now with what they have: a long poll would hold the stop.
         self.broker.stop_waiting()
         live = list(self._live)
@@ -99,18 +97,29 @@ class BrokerServer:
                 log.warning("%d connection(s) still had requests in flight after %.0f s: closed", len(late), drain_s)
                 for connection in live:
                     connection.abort()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
-    def add(self, connection: _KafkaProtocol) -> bool:
-        """Take a new connection, unless ``connections_max`` are open already."""
-        if len(self._live) >= self.broker.config.connections_max:
-            return False
+    def add(self, connection: _KafkaProtocol, address: str) -> str | None:
+        """Take a new connection; or say why not (``connections_max`` or the per-address bound reached)."""
+        c = self.broker.config
+        if len(self._live) >= c.connections_max:
+            return f"{len(self._live)} connections are open (connections_max)"
+        count = self._per_address.get(address, 0)
+        if c.connections_per_address_max is not None and count >= c.connections_per_address_max:
+            return f"{count} connections are open from {address} (connections_per_address_max)"
         self._live.add(connection)
-        return True
+        self._per_address[address] = count + 1
+        return None
 
-    def discard(self, connection: _KafkaProtocol) -> None:
-        self._live.discard(connection)
+    def discard(self, connection: _KafkaProtocol, address: str) -> None:
+        if connection in self._live:
+            self._live.discard(connection)
+            left = self._per_address.get(address, 1) - 1
+            if left > 0:
+                self._per_address[address] = left
+            else:
+                self._per_address.pop(address, None)
 
 
 class _Response:
@@ -128,8 +137,9 @@ class _Response:
 class _KafkaProtocol(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, server: BrokerServer) -> None:
+    def __init__(self, server: BrokerServer, listener_index: int) -> None:
         self.server = server
+        self.listener_index = listener_index
         self.broker = server.broker
         self.config = server.broker.config
         self.loop = asyncio.get_running_loop()
@@ -137,6 +147,7 @@ class _KafkaProtocol(asyncio.Protocol):
         self.responses: deque[_Response] = deque()
         self.transport: asyncio.Transport | None = None
         self.peer: object = None
+        self.session: Session | None = None
         #: No more requests are read: the peer closed its side, sent garbage, or the broker is stopping.
         self.reading_done = False
         self.paused = False
@@ -150,9 +161,14 @@ class _KafkaProtocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
-        if not self.server.add(self):
-            log.warning("connection from %s refused: %d connections are open (connections_max)", self.peer,
-                        self.config.connections_max)
+        host = str(self.peer[0]) if isinstance(self.peer, tuple) else str(self.peer)
+        listener = self.broker.config.listeners[self.listener_index]
+        principal = certificate_principal(transport.get_extra_info("peercert")) if listener.protocol.tls else None
+        self.session = Session(listener, host, self.broker.authorizer, principal=principal or ANONYMOUS,
+                               authenticated=not listener.protocol.sasl)
+        refused = self.server.add(self, host)
+        if refused is not None:
+            log.warning("connection from %s refused: %s", self.peer, refused)
             transport.abort()
             return
         if self.server.stopping:
@@ -182,7 +198,8 @@ class _KafkaProtocol(asyncio.Protocol):
             if response.task is not None:
                 response.task.cancel()
         self.responses.clear()
-        self.server.discard(self)
+        if self.session is not None:
+            self.server.discard(self, self.session.host)
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -228,9 +245,16 @@ class _KafkaProtocol(asyncio.Protocol):
             self.responses.append(response)
             self._send_ready()
             return
+        session = self.session
+        assert session is not None
+        if not session.authenticated and request.api_key not in BEFORE_LOGIN_API_KEYS:
+            api = self.broker.apis[request.api_key]
+            raise KafkaProtocolError(f"{api.name} before authenticating on {session.listener.name} "
+                                     "(a SASL listener serves only ApiVersions, SaslHandshake and SaslAuthenticate "
+                                     "until the login succeeds)")
         response = _Response(request.correlation_id)
         self.responses.append(response)
-        response.task = self.loop.create_task(self._handle(request))
+        response.task = self.loop.create_task(self._handle(request, session))
         response.task.add_done_callback(functools.partial(self._answered, response))
 
     def _api_versions_error(self, correlation_id: int) -> bytes:
@@ -239,9 +263,9 @@ class _KafkaProtocol(asyncio.Protocol):
             for a in sorted(self.broker.apis.values(), key=lambda a: a.key)]}
         return encode_response(correlation_id, build(response_schema(API_VERSIONS_KEY, 0), body))
 
-    async def _handle(self, request: Request) -> EncodedResponse | None:
+    async def _handle(self, request: Request, session: Session) -> EncodedResponse | None:
         api = self.broker.apis[request.api_key]
-        values = await api.handler(self.broker, request)
+        values = await api.handler(self.broker, request, session)
         if values is None:
             return None
         if isinstance(values, Prebuilt):
@@ -271,6 +295,10 @@ class _KafkaProtocol(asyncio.Protocol):
             frame = responses.popleft().frame
             if frame is not None and transport is not None and not transport.is_closing():
                 _write(transport, frame)
+        if self.session is not None and self.session.close_after_response and not self.reading_done:
+            log.info("connection from %s closed after a failed or out-of-order login", self.peer)
+            self._end_reading()
+            return
         if not responses and self.reading_done:
             self._close()
             return

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
+#: One line per listener: "listening on HOST:PORT (PROTOCOL; ...".
+_LISTENER = re.compile(r"listening on ([0-9.]+:\d+) \((\w+)")
 #: How long a broker may take to open its store and listen (a loaded CI machine, a large WAL to replay).
 START_TIMEOUT_S = 60.0
 
@@ -32,6 +34,10 @@ class BrokerProcess:
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def listeners(self) -> dict[str, str]:
+        """Every listener's ``HOST:PORT``, by security protocol (PLAINTEXT, SASL_SSL, ...)."""
+        return {m.group(2): m.group(1) for line in self.output if (m := _LISTENER.search(line))}
 
     def kill9(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -70,6 +76,7 @@ def start_broker(data_dir: Path, *extra: str, port: int = 0) -> BrokerProcess:
             match = _LISTENING.search(line)
             if match and not found:
                 found.append((match.group(1), int(match.group(2))))
+            if found and "bootstrap servers" in line:  # printed after every listener's line
                 ready.set()
         process.stdout.close()  # at EOF: the child is gone
         ready.set()

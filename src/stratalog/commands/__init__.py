@@ -23,12 +23,14 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
         inspect,
         pipeline,
         serve,
+        users,
     )
 
     cli.add_command(demo.demo)
     cli.add_command(inspect.inspect)
     cli.add_command(pipeline.pipeline)
     cli.add_command(serve.serve)
+    cli.add_command(users.users)
     bench.add_command(bench_wal.wal, name="wal")
     bench.add_command(bench_log.log, name="log")
     bench.add_command(bench_catchup.catchup, name="catchup")

@@ -14,10 +14,12 @@ from typing import Any
 
 import click
 
+from stratalog.broker.acls import AuthorizerConfig
 from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.groups import GroupConfig
-from stratalog.broker.server import BrokerServer, NonLoopbackRefusedError, check_listen_host
+from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError, TLSConfig, tls_config_from
+from stratalog.broker.server import BrokerServer
 from stratalog.engine.config import StoreConfig
 from stratalog.io.device import Device, FileDevice
 from stratalog.wal.config import FsyncPolicy, WALConfig
@@ -25,17 +27,29 @@ from stratalog.wal.config import FsyncPolicy, WALConfig
 log = logging.getLogger("stratalog.broker")
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise click.BadParameter(f"{value!r}: expected HOST:PORT, such as 127.0.0.1:9092")
-    return host.strip("[]"), int(port)
+def parse_listeners(listen: tuple[str, ...], advertise: tuple[str, ...]) -> tuple[Listener, ...] | None:
+    """The listeners of ``--listen`` (None: none given), with ``--advertise`` matched to them by protocol."""
+    try:
+        listeners = [Listener.parse(v) for v in listen]
+        for value in advertise:
+            adv = Listener.parse(value)
+            explicit = "://" in value
+            matches = [i for i, lis in enumerate(listeners) if lis.protocol is adv.protocol or not explicit]
+            if len(matches) != 1:
+                raise click.BadParameter(f"{value!r} must name the protocol of exactly one --listen "
+                                         f"(e.g. SASL_SSL://broker.example:9093)", param_hint="--advertise")
+            i = matches[0]
+            listeners[i] = dataclasses.replace(listeners[i], advertised_host=adv.host, advertised_port=adv.port)
+    except ListenerConfigError as e:
+        raise click.BadParameter(str(e)) from None
+    return tuple(listeners) or None
 
 
 def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
     """A BrokerConfig from a TOML file, then the command line's options. Top-level keys are BrokerConfig's
-    field names; the tables ``[groups]``, ``[store]`` and ``[store.wal]`` set GroupConfig's, StoreConfig's
-    and WALConfig's. An unknown name is refused with the known ones."""
+    field names (``listeners`` a list of ``PROTOCOL://HOST:PORT``); the tables ``[groups]``, ``[store]``,
+    ``[store.wal]``, ``[tls]`` and ``[authorizer]`` set GroupConfig's, StoreConfig's, WALConfig's,
+    TLSConfig's and AuthorizerConfig's. An unknown name is refused with the known ones."""
     values: dict[str, Any] = {}
     if path is not None:
         with path.open("rb") as f:
@@ -43,6 +57,7 @@ def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
         values = _settings(BrokerConfig, values, "")
         if "groups" in values:
             values["groups"] = GroupConfig(**_settings(GroupConfig, values["groups"], "[groups] "))
+        _security_settings(values)
         if "store" in values:
             store = _settings(StoreConfig, values["store"], "[store] ")
             if "wal" in store:
@@ -61,8 +76,28 @@ def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
     try:
         config.validate()
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--config") from None
+        raise click.BadParameter(str(e)) from None
     return config
+
+
+def _security_settings(values: dict[str, Any]) -> None:
+    try:
+        if "listeners" in values:
+            values["listeners"] = tuple(Listener.parse(str(v)) for v in values["listeners"])
+        if "tls" in values:
+            tls = _settings(TLSConfig, values["tls"], "[tls] ")
+            if "client_auth" in tls:
+                tls["client_auth"] = ClientAuth(tls["client_auth"])
+            values["tls"] = TLSConfig(**tls)
+        if "authorizer" in values:
+            authorizer = _settings(AuthorizerConfig, values["authorizer"], "[authorizer] ")
+            if "super_users" in authorizer:
+                authorizer["super_users"] = tuple(authorizer["super_users"])
+            values["authorizer"] = AuthorizerConfig(**authorizer)
+        if "sasl_mechanisms" in values:
+            values["sasl_mechanisms"] = tuple(values["sasl_mechanisms"])
+    except (ListenerConfigError, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--config") from None
 
 
 def _settings(cls: type[Any], values: Any, where: str) -> dict[str, Any]:
@@ -97,10 +132,16 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
     broker = Broker.open(data_dir, config, object_store=object_store, wal_device=wal_device)
     server = BrokerServer(broker)
     try:
-        host, port = await server.start()
-        click.echo(f"stratalog broker listening on {host}:{port} (data in {data_dir})")
-        click.echo(f"  connect any Kafka client with bootstrap servers {host}:{port}, e.g.")
-        click.echo(f"  kafka-python: KafkaProducer(bootstrap_servers='{host}:{port}')")
+        listeners = await server.start()
+        for listener in listeners:
+            click.echo(f"stratalog broker listening on {listener.host}:{listener.port} ({listener.protocol.value}; "
+                       f"data in {data_dir})")
+        first = listeners[0]
+        click.echo(f"  connect any Kafka client with bootstrap servers {first.host}:{first.port}, e.g.")
+        click.echo(f"  kafka-python: KafkaProducer(bootstrap_servers='{first.host}:{first.port}')")
+        if config.authorizer.enabled:
+            supers = ", ".join(config.authorizer.super_users) or "none"
+            click.echo(f"  ACLs are checked on every request (super users: {supers})")
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -116,9 +157,13 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
 @click.command()
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"),
               show_default=True, help="Where the WAL, metadata and (by default) objects live.")
-@click.option("--listen", default="127.0.0.1:9092", show_default=True,
-              help="HOST:PORT to listen on. Anything but loopback needs --allow-plaintext-anywhere.")
-@click.option("--advertise", default=None, help="HOST:PORT clients are told to connect to (default: --listen).")
+@click.option("--listen", multiple=True, metavar="[PROTOCOL://]HOST:PORT",
+              help="Where to listen (repeat for several listeners); PROTOCOL is PLAINTEXT (the default), SSL, "
+                   "SASL_PLAINTEXT or SASL_SSL. Default: PLAINTEXT://127.0.0.1:9092. A listener that is not "
+                   "loopback must authenticate clients (SASL, or SSL with --tls-client-auth required).")
+@click.option("--advertise", multiple=True, metavar="[PROTOCOL://]HOST:PORT",
+              help="What clients of the listener with this PROTOCOL are told to connect to (default: where "
+                   "it listens).")
 @click.option("--object-store", default=None,
               help="Object storage URI, e.g. s3://bucket/prefix?endpoint=http://127.0.0.1:8333 "
                    "(default: a directory under --data-dir).")
@@ -127,26 +172,48 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
                    "Everything on it is the broker's.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, help="A TOML file of settings: BrokerConfig's field names, and tables [groups], "
-                                 "[store] and [store.wal] (docs/broker.md).")
+                                 "[store], [store.wal], [tls] and [authorizer] (docs/broker.md).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="The broker's certificate chain (PEM) for SSL and SASL_SSL listeners.")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="The private key of --tls-cert (PEM), if not in the same file.")
+@click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="The CA certificates that sign client certificates (PEM).")
+@click.option("--tls-client-auth", type=click.Choice([a.value for a in ClientAuth]), default=None,
+              help="Ask TLS clients for a certificate; its subject becomes the principal (User:CN=...).")
+@click.option("--acls", is_flag=True, default=False,
+              help="Check ACLs on every request: a principal may do only what an ACL allows "
+                   "(manage them with any Kafka admin client, e.g. kafka-acls).")
+@click.option("--super-user", multiple=True, metavar="User:NAME",
+              help="A principal that may do everything when --acls is on (repeat for several).")
 @click.option("--allow-plaintext-anywhere", is_flag=True, default=False,
-              help="Allow a non-loopback listener without authentication (there is none yet).")
-def serve(data_dir: Path, listen: str, advertise: str | None, object_store: str | None, wal_device: Path | None,
-          config_path: Path | None, allow_plaintext_anywhere: bool) -> None:
+              help="Allow a non-loopback listener that does not authenticate clients.")
+def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], object_store: str | None,
+          wal_device: Path | None, config_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
+          tls_ca: Path | None, tls_client_auth: str | None, acls: bool, super_user: tuple[str, ...],
+          allow_plaintext_anywhere: bool) -> None:
     """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
 
     Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
     kill -9 at any time loses nothing acknowledged. SIGINT or SIGTERM stops it cleanly.
+
+    \b
+    Security: listeners with TLS and SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), users from
+    `stratalog users add`, ACLs with --acls. For example:
+      stratalog users add alice --data-dir data
+      stratalog serve --listen SASL_SSL://0.0.0.0:9093 --tls-cert broker.pem --acls --super-user User:alice
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    host, port = parse_listen(listen)
-    adv_host, adv_port = parse_listen(advertise) if advertise else (None, None)
-    config = load_config(config_path, host=host, port=port, advertised_host=adv_host, advertised_port=adv_port,
-                         allow_plaintext_anywhere=allow_plaintext_anywhere or None)
-    try:
-        check_listen_host(config.host, config.allow_plaintext_anywhere)
-    except NonLoopbackRefusedError as e:
-        raise click.UsageError(str(e)) from None
+    base = load_config(config_path) if config_path else BrokerConfig()
+    authorizer = base.authorizer
+    if acls or super_user:
+        authorizer = dataclasses.replace(authorizer, enabled=authorizer.enabled or acls,
+                                         super_users=authorizer.super_users + super_user)
+    config = load_config(
+        config_path, listeners=parse_listeners(listen, advertise),
+        tls=tls_config_from(tls_cert, tls_key, tls_ca, tls_client_auth, base.tls), authorizer=authorizer,
+        allow_plaintext_anywhere=allow_plaintext_anywhere or None)
     device = FileDevice.open(wal_device) if wal_device is not None else None
     if device is not None:
         # The WAL ring takes the whole device.

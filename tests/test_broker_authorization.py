@@ -1,0 +1,259 @@
+"""Every API checks the principal's ACLs before it touches data, and answers Kafka's error when refused.
+
+The handlers are called in-process with a session per principal (no socket: the wire is covered in
+test_broker_security.py): ``bob`` has no ACLs, ``alice`` the ones each request needs. One row per API;
+a test fails if an API is served that this table does not cover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader
+
+from stratalog.broker.acls import Acl, AuthorizerConfig, Operation, PatternType, Permission, ResourceType
+from stratalog.broker.broker import Broker
+from stratalog.broker.config import BrokerConfig
+from stratalog.broker.listeners import Listener
+from stratalog.broker.session import Session
+from stratalog.kafka.build import build
+from stratalog.kafka.codec import Prebuilt, Request
+from stratalog.kafka.records import encode_batch
+
+TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+TOPIC_DENIED, GROUP_DENIED, CLUSTER_DENIED = (ErrorCode.topic_authorization_failed,
+                                              ErrorCode.group_authorization_failed,
+                                              ErrorCode.cluster_authorization_failed)
+#: The APIs that every client may call: before a login, and to log in.
+OPEN_APIS = {18, 17, 36}
+_ids = itertools.count(1)
+
+
+def call(broker: Broker, session: Session, key: int, version: int, body: dict[str, Any]) -> Any:
+    """The handler's response as a kio object (Prebuilt frames decoded)."""
+    request = Request(key, version, next(_ids), "test", build(load_request_schema(key, version), body), 0)
+
+    async def run() -> Any:
+        return await broker.apis[key].handler(broker, request, session)
+
+    values = asyncio.get_event_loop().run_until_complete(run())
+    schema = load_response_schema(key, version)
+    if isinstance(values, Prebuilt):
+        frame = b"".join(bytes(p) for p in values.pieces)[4:]
+        _, used = entity_reader(schema.__header_schema__)(frame, 0)
+        return entity_reader(schema)(frame, used)[0]
+    return build(schema, values)
+
+
+class World:
+    """A broker with ACLs on, topic ``t`` (one record) and group ``g``, and the sessions of two principals."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        config = BrokerConfig(authorizer=AuthorizerConfig(enabled=True, super_users=("User:admin",)))
+
+        async def open_broker() -> Broker:
+            return Broker.open(tmp_path / "data", config)
+
+        self.broker = self.loop.run_until_complete(open_broker())
+        listener = Listener.parse("SASL_PLAINTEXT://127.0.0.1:9092")
+        self.session = {name: Session(listener, "127.0.0.1", self.broker.authorizer, principal=f"User:{name}")
+                        for name in ("admin", "alice", "bob")}
+        self.broker.create_topic("t", 1, {})
+        produced = self.produce("admin", "t")
+        assert produced == ErrorCode.none, produced
+
+    def produce(self, who: str, topic: str) -> ErrorCode:
+        batch = encode_batch([(None, b"v", (), 1_000)], base_offset=0)
+        response = call(self.broker, self.session[who], 0, 9, {"acks": -1, "timeout": 5000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+        return ErrorCode(response.responses[0].partition_responses[0].error_code)
+
+    def allow(self, resource_type: ResourceType, name: str, *ops: Operation,
+              pattern: PatternType = PatternType.LITERAL) -> None:
+        self.broker.authorizer.add([Acl(resource_type, name, pattern, "User:alice", "*", op, Permission.ALLOW)
+                                    for op in ops])
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.broker.close())
+        self.loop.close()
+        asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Any:
+    made = World(tmp_path)
+    yield made
+    made.close()
+
+
+def end_offset(world: World) -> int:
+    stream = world.broker.partition("t", 0)
+    assert stream is not None
+    return int(stream.end_offset)
+
+
+# One row per API: (key, version, body, what bob gets, the ACLs alice is given, what alice gets).
+Row = tuple[int, int, dict[str, Any], Callable[[Any], Any], list[tuple[ResourceType, str, Operation]], Any, Any]
+FETCH = {"replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+         "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "", "topics": [
+             {"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
+                                            "last_fetched_epoch": -1, "log_start_offset": -1,
+                                            "partition_max_bytes": 1 << 20}]}]}
+ROWS: dict[str, Row] = {
+    "Fetch": (1, 12, FETCH, lambda r: r.responses[0].partitions[0].error_code,
+              [(TOPIC, "t", Operation.READ)], TOPIC_DENIED, ErrorCode.none),
+    "ListOffsets": (2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
+        {"name": "t", "partitions": [{"partition_index": 0, "timestamp": -1}]}]},
+        lambda r: r.topics[0].partitions[0].error_code, [(TOPIC, "t", Operation.DESCRIBE)], TOPIC_DENIED,
+        ErrorCode.none),
+    "Metadata": (3, 12, {"topics": [{"name": "t", "topic_id": None}], "allow_auto_topic_creation": False,
+                         "include_topic_authorized_operations": False},
+                 lambda r: r.topics[0].error_code, [(TOPIC, "t", Operation.DESCRIBE)], TOPIC_DENIED, ErrorCode.none),
+    "OffsetCommit": (8, 8, {"group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "",
+                            "group_instance_id": None, "topics": [
+        {"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
+                                      "committed_metadata": ""}]}]},
+        lambda r: r.topics[0].partitions[0].error_code, [(GROUP, "g", Operation.READ), (TOPIC, "t", Operation.READ)],
+        GROUP_DENIED, ErrorCode.none),
+    "OffsetFetch": (9, 8, {"groups": [{"group_id": "g", "topics": None}], "require_stable": False},
+                    lambda r: r.groups[0].error_code, [(GROUP, "g", Operation.DESCRIBE)], GROUP_DENIED, ErrorCode.none),
+    "FindCoordinator": (10, 4, {"key_type": 0, "coordinator_keys": ["g"]}, lambda r: r.coordinators[0].error_code,
+                        [(GROUP, "g", Operation.DESCRIBE)], GROUP_DENIED, ErrorCode.none),
+    "JoinGroup": (11, 7, {"group_id": "g", "session_timeout": 10_000, "rebalance_timeout": 10_000,
+                          "member_id": "", "group_instance_id": None, "protocol_type": "consumer",
+                          "protocols": [{"name": "range", "metadata": b""}], "reason": None},
+                  lambda r: r.error_code, [(GROUP, "g", Operation.READ)], GROUP_DENIED, ErrorCode.member_id_required),
+    "Heartbeat": (12, 4, {"group_id": "g", "generation_id": 1, "member_id": "m", "group_instance_id": None},
+                  lambda r: r.error_code, [(GROUP, "g", Operation.READ)], GROUP_DENIED, ErrorCode.unknown_member_id),
+    "LeaveGroup": (13, 5, {"group_id": "g", "members": [{"member_id": "m", "group_instance_id": None,
+                                                        "reason": None}]},
+                   lambda r: r.error_code, [(GROUP, "g", Operation.READ)], GROUP_DENIED, None),
+    "SyncGroup": (14, 5, {"group_id": "g", "generation_id": 1, "member_id": "m", "group_instance_id": None,
+                          "protocol_type": "consumer", "protocol_name": "range", "assignments": []},
+                  lambda r: r.error_code, [(GROUP, "g", Operation.READ)], GROUP_DENIED, ErrorCode.unknown_member_id),
+    "DescribeGroups": (15, 5, {"groups": ["g"], "include_authorized_operations": False},
+                       lambda r: r.groups[0].error_code, [(GROUP, "g", Operation.DESCRIBE)], GROUP_DENIED,
+                       ErrorCode.none),
+    "CreateTopics": (19, 7, {"topics": [{"name": "new", "num_partitions": 1, "replication_factor": 1,
+                                         "assignments": [], "configs": []}], "timeout": 5000, "validate_only": False},
+                     lambda r: r.topics[0].error_code, [(TOPIC, "new", Operation.CREATE)], TOPIC_DENIED,
+                     ErrorCode.none),
+    "DeleteTopics": (20, 6, {"topics": [{"name": "t", "topic_id": None}], "timeout": 5000},
+                     lambda r: r.responses[0].error_code, [(TOPIC, "t", Operation.DELETE)], TOPIC_DENIED,
+                     ErrorCode.none),
+    "DeleteRecords": (21, 2, {"topics": [{"name": "t", "partitions": [{"partition_index": 0, "offset": 1}]}],
+                              "timeout": 5000},
+                      lambda r: r.topics[0].partitions[0].error_code, [(TOPIC, "t", Operation.DELETE)],
+                      TOPIC_DENIED, ErrorCode.none),
+    "InitProducerId": (22, 4, {"transactional_id": None, "transaction_timeout": -1, "producer_id": -1,
+                               "producer_epoch": -1},
+                       lambda r: r.error_code, [(CLUSTER, "kafka-cluster", Operation.IDEMPOTENT_WRITE)],
+                       CLUSTER_DENIED, ErrorCode.none),
+    "DescribeAcls": (29, 3, {"resource_type_filter": 1, "resource_name_filter": None, "pattern_type_filter": 1,
+                             "principal_filter": None, "host_filter": None, "operation": 1, "permission_type": 1},
+                     lambda r: r.error_code, [(CLUSTER, "kafka-cluster", Operation.DESCRIBE)], CLUSTER_DENIED,
+                     ErrorCode.none),
+    "CreateAcls": (30, 3, {"creations": [{"resource_type": 2, "resource_name": "x", "resource_pattern_type": 3,
+                                          "principal": "User:carol", "host": "*", "operation": 3,
+                                          "permission_type": 3}]},
+                   lambda r: r.results[0].error_code, [(CLUSTER, "kafka-cluster", Operation.ALTER)], CLUSTER_DENIED,
+                   ErrorCode.none),
+    "DeleteAcls": (31, 3, {"filters": [{"resource_type_filter": 2, "resource_name_filter": "x",
+                                        "pattern_type_filter": 3, "principal_filter": None, "host_filter": None,
+                                        "operation": 1, "permission_type": 1}]},
+                   lambda r: r.filter_results[0].error_code, [(CLUSTER, "kafka-cluster", Operation.ALTER)],
+                   CLUSTER_DENIED, ErrorCode.none),
+    "DescribeConfigs": (32, 4, {"resources": [{"resource_type": 2, "resource_name": "t",
+                                               "configuration_keys": None}],
+                                "include_synonyms": False, "include_documentation": False},
+                        lambda r: r.results[0].error_code, [(TOPIC, "t", Operation.DESCRIBE_CONFIGS)], TOPIC_DENIED,
+                        ErrorCode.none),
+    "CreatePartitions": (37, 3, {"topics": [{"name": "t", "count": 2, "assignments": None}], "timeout": 5000,
+                                 "validate_only": True},
+                         lambda r: r.results[0].error_code, [(TOPIC, "t", Operation.ALTER)], TOPIC_DENIED,
+                         ErrorCode.none),
+    "DeleteGroups": (42, 2, {"groups_names": ["g"]}, lambda r: r.results[0].error_code,
+                     [(GROUP, "g", Operation.DELETE)], GROUP_DENIED, ErrorCode.group_id_not_found),
+    "IncrementalAlterConfigs": (44, 1, {"resources": [{"resource_type": 2, "resource_name": "t", "configs": [
+        {"name": "retention.ms", "config_operation": 0, "value": "60000"}]}], "validate_only": True},
+        lambda r: r.responses[0].error_code, [(TOPIC, "t", Operation.ALTER_CONFIGS)], TOPIC_DENIED, ErrorCode.none),
+    "DescribeUserScramCredentials": (50, 0, {"users": None}, lambda r: r.error_code,
+                                     [(CLUSTER, "kafka-cluster", Operation.DESCRIBE)], CLUSTER_DENIED, ErrorCode.none),
+    "AlterUserScramCredentials": (51, 0, {"deletions": [{"name": "carol", "mechanism": 1}], "upsertions": []},
+                                  lambda r: r.results[0].error_code, [(CLUSTER, "kafka-cluster", Operation.ALTER)],
+                                  CLUSTER_DENIED, ErrorCode.resource_not_found),
+    "DescribeCluster": (60, 1, {"include_cluster_authorized_operations": False, "endpoint_type": 1},
+                        lambda r: r.error_code, [(CLUSTER, "kafka-cluster", Operation.DESCRIBE)], CLUSTER_DENIED,
+                        ErrorCode.none),
+}
+
+
+def test_every_served_api_is_in_the_table(world: World) -> None:
+    names = {api.name for key, api in world.broker.apis.items() if key not in OPEN_APIS}
+    assert names - set(ROWS) == {"Produce", "ListGroups"}  # each has tests of its own below
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_an_api_refuses_a_principal_without_the_acl_and_serves_one_with_it(world: World, name: str) -> None:
+    key, version, body, error_of, acls, refused, served = ROWS[name]
+    assert ErrorCode(error_of(call(world.broker, world.session["bob"], key, version, body))) == refused
+    stream = world.broker.partition("t", 0)
+    assert stream is not None and (stream.start_offset, stream.end_offset) == (0, 1), "the log is untouched"
+    assert world.broker.topics.get("new") is None and world.broker.authorizer.acls() == [], "nothing created"
+    for resource_type, resource, op in acls:
+        world.allow(resource_type, resource, op)
+    got = ErrorCode(error_of(call(world.broker, world.session["alice"], key, version, body)))
+    if served is not None:
+        assert got == served
+    else:
+        assert got not in (TOPIC_DENIED, GROUP_DENIED, CLUSTER_DENIED)
+
+
+def test_list_groups_shows_only_the_groups_a_principal_may_describe(world: World) -> None:
+    world.broker.offsets.commit("g", [])
+    call(world.broker, world.session["admin"], *ROWS["OffsetCommit"][:3])
+    listed = {g.group_id for g in call(world.broker, world.session["admin"], 16, 4, {"states_filter": []}).groups}
+    assert "g" in listed
+    assert call(world.broker, world.session["bob"], 16, 4, {"states_filter": []}).groups == ()
+
+
+def test_a_refused_produce_appends_nothing_and_a_permitted_one_appends(world: World) -> None:
+    assert world.produce("bob", "t") == TOPIC_DENIED
+    assert end_offset(world) == 1
+    world.allow(TOPIC, "t", Operation.WRITE)
+    assert world.produce("alice", "t") == ErrorCode.none
+    assert end_offset(world) == 2
+
+
+def test_a_produce_creates_a_missing_topic_only_for_a_principal_that_may_create_it(world: World) -> None:
+    world.allow(TOPIC, "auto", Operation.WRITE, pattern=PatternType.PREFIXED)
+    assert world.produce("alice", "auto-1") == ErrorCode.unknown_topic_or_partition
+    assert world.broker.topics.get("auto-1") is None
+    world.allow(TOPIC, "auto", Operation.CREATE, pattern=PatternType.PREFIXED)
+    assert world.produce("alice", "auto-1") == ErrorCode.none
+
+
+def test_metadata_of_every_topic_leaves_out_the_hidden_ones(world: World) -> None:
+    world.broker.create_topic("visible", 1, {})
+    world.allow(TOPIC, "visible", Operation.DESCRIBE)
+    everything = call(world.broker, world.session["alice"], 3, 12, {
+        "topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False})
+    assert [t.name for t in everything.topics] == ["visible"]
+
+
+def test_super_users_and_the_authorizer_off_see_everything(tmp_path: Path, world: World) -> None:
+    assert ErrorCode(call(world.broker, world.session["admin"], *ROWS["DescribeCluster"][:3]).error_code) == 0
+    world.broker.authorizer.config = AuthorizerConfig(enabled=False)
+    assert ErrorCode(call(world.broker, world.session["bob"], *ROWS["DescribeCluster"][:3]).error_code) == 0
+    # ACL management needs the authorizer on (Kafka's SECURITY_DISABLED).
+    response = call(world.broker, world.session["admin"], *ROWS["DescribeAcls"][:3])
+    assert ErrorCode(response.error_code) == ErrorCode.security_disabled and "--acls" in response.error_message
