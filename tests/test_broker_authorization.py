@@ -186,6 +186,13 @@ ROWS: dict[str, Row] = {
     "IncrementalAlterConfigs": (44, 1, {"resources": [{"resource_type": 2, "resource_name": "t", "configs": [
         {"name": "retention.ms", "config_operation": 0, "value": "60000"}]}], "validate_only": True},
         lambda r: r.responses[0].error_code, [(TOPIC, "t", Operation.ALTER_CONFIGS)], TOPIC_DENIED, ErrorCode.none),
+    "DescribeClientQuotas": (48, 1, {"components": [], "strict": False}, lambda r: r.error_code,
+                             [(CLUSTER, "kafka-cluster", Operation.DESCRIBE_CONFIGS)], CLUSTER_DENIED, ErrorCode.none),
+    "AlterClientQuotas": (49, 1, {"entries": [{"entity": [{"entity_type": "user", "entity_name": "carol"}],
+                                               "ops": [{"key": "producer_byte_rate", "value": 1e6, "remove": False}]}],
+                                  "validate_only": False},
+                          lambda r: r.entries[0].error_code, [(CLUSTER, "kafka-cluster", Operation.ALTER_CONFIGS)],
+                          CLUSTER_DENIED, ErrorCode.none),
     "DescribeUserScramCredentials": (50, 0, {"users": None}, lambda r: r.error_code,
                                      [(CLUSTER, "kafka-cluster", Operation.DESCRIBE)], CLUSTER_DENIED, ErrorCode.none),
     "AlterUserScramCredentials": (51, 0, {"deletions": [{"name": "carol", "mechanism": 1}], "upsertions": []},
@@ -209,6 +216,7 @@ def test_an_api_refuses_a_principal_without_the_acl_and_serves_one_with_it(world
     stream = world.broker.partition("t", 0)
     assert stream is not None and (stream.start_offset, stream.end_offset) == (0, 1), "the log is untouched"
     assert world.broker.topics.get("new") is None and world.broker.authorizer.acls() == [], "nothing created"
+    assert world.broker.quotas.entities() == {}
     for resource_type, resource, op in acls:
         world.allow(resource_type, resource, op)
     got = ErrorCode(error_of(call(world.broker, world.session["alice"], key, version, body)))
@@ -257,3 +265,19 @@ def test_super_users_and_the_authorizer_off_see_everything(tmp_path: Path, world
     # ACL management needs the authorizer on (Kafka's SECURITY_DISABLED).
     response = call(world.broker, world.session["admin"], *ROWS["DescribeAcls"][:3])
     assert ErrorCode(response.error_code) == ErrorCode.security_disabled and "--acls" in response.error_message
+
+
+def test_quotas_set_through_the_admin_api_are_described_back(world: World) -> None:
+    alter = ROWS["AlterClientQuotas"]
+    assert ErrorCode(call(world.broker, world.session["admin"], alter[0], alter[1], alter[2]).entries[0].error_code) \
+        == ErrorCode.none
+    described = call(world.broker, world.session["admin"], 48, 1, {"components": [
+        {"entity_type": "user", "match_type": 0, "match": "carol"}], "strict": True})
+    [entry] = described.entries
+    assert [(e.entity_type, e.entity_name) for e in entry.entity] == [("user", "carol")]
+    assert [(v.key, v.value) for v in entry.values] == [("producer_byte_rate", 1e6)]
+    refused = call(world.broker, world.session["admin"], 49, 1, {"entries": [{"entity": [
+        {"entity_type": "user", "entity_name": "carol"}], "ops": [{"key": "request_percentage", "value": 5.0,
+                                                                   "remove": False}]}], "validate_only": False})
+    assert ErrorCode(refused.entries[0].error_code) == ErrorCode.invalid_request
+    assert "request_rate" in refused.entries[0].error_message

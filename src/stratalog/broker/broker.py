@@ -24,6 +24,7 @@ from stratalog.broker.groups import GroupCoordinator
 from stratalog.broker.offsets import CommittedOffsets
 from stratalog.broker.producer_recovery import ProducerSnapshots, replay
 from stratalog.broker.producers import ProducerStates
+from stratalog.broker.quotas import Quotas
 from stratalog.broker.sasl import new_secret
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import check_configs, retention
@@ -61,6 +62,7 @@ class Broker:
         self.topics = TopicRegistry(data_dir / "broker.sqlite")
         self.credentials = CredentialStore(data_dir / "broker.sqlite")
         self.authorizer = Authorizer(data_dir / "broker.sqlite", config.authorizer)
+        self.quotas = Quotas(data_dir / "broker.sqlite", config.quotas)
         #: Keys the stand-in credentials of unknown users (sasl.py): fresh at each start.
         self.sasl_secret = new_secret()
         self.offsets = CommittedOffsets(data_dir / "offsets.sqlite")
@@ -132,6 +134,7 @@ class Broker:
         self.topics.close()
         self.credentials.close()
         self.authorizer.close()
+        self.quotas.close()
         self.offsets.close()
         self.store.close()
 

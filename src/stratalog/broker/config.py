@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from stratalog.broker.acls import AuthorizerConfig
 from stratalog.broker.groups import GroupConfig
 from stratalog.broker.listeners import Listener, TLSConfig, check_listeners, default_listeners
+from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.sasl import MECHANISMS
 from stratalog.engine.config import StoreConfig
 
@@ -27,6 +28,9 @@ class BrokerConfig:
     #: at most one try per connection and per delay (connection.failed.authentication.delay.ms: 100 ms).
     authentication_failure_delay_ms: int = 100
     authorizer: AuthorizerConfig = field(default_factory=AuthorizerConfig)
+    #: Default byte and request rates per user and client id; quota entities set through the admin API
+    #: (AlterClientQuotas) override them.
+    quotas: QuotaConfig = field(default_factory=QuotaConfig)
     node_id: int = 0
     cluster_id: str = "stratalog"
     #: A request larger than this closes its connection before a byte of it is kept

@@ -22,6 +22,7 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.broker import Broker
 from stratalog.broker.listeners import Listener, certificate_principal, check_listeners, server_ssl_context
+from stratalog.broker.quotas import PRODUCER_BYTE_RATE, REQUEST_RATE
 from stratalog.broker.session import ANONYMOUS, Session
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import (
@@ -44,6 +45,7 @@ log = logging.getLogger("stratalog.broker")
 #: What a client on a SASL listener may ask before its login succeeds (Kafka closes the connection on
 #: anything else): ApiVersions, SaslHandshake, SaslAuthenticate.
 BEFORE_LOGIN_API_KEYS = frozenset({API_VERSIONS_KEY, 17, 36})
+PRODUCE_KEY = 0
 
 
 class BrokerServer:
@@ -125,13 +127,15 @@ class BrokerServer:
 class _Response:
     """One request's place in its connection's order: its frame once ready (None: no response)."""
 
-    __slots__ = ("correlation_id", "frame", "ready", "task")
+    __slots__ = ("correlation_id", "frame", "ready", "task", "throttle_ms")
 
     def __init__(self, correlation_id: int) -> None:
         self.correlation_id = correlation_id
         self.ready = False
         self.frame: EncodedResponse | None = None
         self.task: asyncio.Task[EncodedResponse | None] | None = None
+        #: The throttle time the response carries: reading stops for as long once it is sent.
+        self.throttle_ms = 0
 
 
 class _KafkaProtocol(asyncio.Protocol):
@@ -152,6 +156,8 @@ class _KafkaProtocol(asyncio.Protocol):
         self.reading_done = False
         self.paused = False
         self.write_blocked = False
+        #: Reading stopped until a throttle time passes (a quota was exceeded).
+        self.muted = False
         self.timer: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = self.loop.create_future()
 
@@ -252,9 +258,12 @@ class _KafkaProtocol(asyncio.Protocol):
             raise KafkaProtocolError(f"{api.name} before authenticating on {session.listener.name} "
                                      "(a SASL listener serves only ApiVersions, SaslHandshake and SaslAuthenticate "
                                      "until the login succeeds)")
+        throttle_ms = self._charge(request, session)
+        if throttle_ms:
+            request = dataclasses.replace(request, throttle_ms=throttle_ms)
         response = _Response(request.correlation_id)
         self.responses.append(response)
-        response.task = self.loop.create_task(self._handle(request, session))
+        response.task = self.loop.create_task(self._handle(request, session, response))
         response.task.add_done_callback(functools.partial(self._answered, response))
 
     def _api_versions_error(self, correlation_id: int) -> bytes:
@@ -263,13 +272,24 @@ class _KafkaProtocol(asyncio.Protocol):
             for a in sorted(self.broker.apis.values(), key=lambda a: a.key)]}
         return encode_response(correlation_id, build(response_schema(API_VERSIONS_KEY, 0), body))
 
-    async def _handle(self, request: Request, session: Session) -> EncodedResponse | None:
+    def _charge(self, request: Request, session: Session) -> int:
+        """Count the request against its quotas (requests/s; bytes/s for Produce): the throttle it earns."""
+        quotas, user, client = self.broker.quotas, session.user, request.client_id or ""
+        throttle_ms = quotas.record(user, client, REQUEST_RATE, 1)
+        if request.api_key == PRODUCE_KEY:
+            throttle_ms = max(throttle_ms, quotas.record(user, client, PRODUCER_BYTE_RATE, request.frame_bytes))
+        return throttle_ms
+
+    async def _handle(self, request: Request, session: Session, response: _Response) -> EncodedResponse | None:
         api = self.broker.apis[request.api_key]
         values = await api.handler(self.broker, request, session)
         if values is None:
             return None
         if isinstance(values, Prebuilt):
+            response.throttle_ms = values.throttle_ms
             return values.pieces
+        if request.throttle_ms and "throttle_time" in values:
+            values["throttle_time"] = response.throttle_ms = request.throttle_ms
         return encode_response(request.correlation_id, build(response_schema(request.api_key, request.api_version),
                                                              values))
 
@@ -291,10 +311,14 @@ class _KafkaProtocol(asyncio.Protocol):
         """Write the oldest responses that are ready, in request order."""
         transport = self.transport
         responses = self.responses
+        throttle_ms = 0
         while responses and responses[0].ready:
-            frame = responses.popleft().frame
-            if frame is not None and transport is not None and not transport.is_closing():
-                _write(transport, frame)
+            done = responses.popleft()
+            if done.frame is not None and transport is not None and not transport.is_closing():
+                _write(transport, done.frame)
+                throttle_ms = max(throttle_ms, done.throttle_ms)
+        if throttle_ms:
+            self._mute(throttle_ms)
         if self.session is not None and self.session.close_after_response and not self.reading_done:
             log.info("connection from %s closed after a failed or out-of-order login", self.peer)
             self._end_reading()
@@ -312,8 +336,18 @@ class _KafkaProtocol(asyncio.Protocol):
             self.paused = True
             self.transport.pause_reading()
 
+    def _mute(self, throttle_ms: int) -> None:
+        """Read nothing more from this client until its throttle time has passed (Kafka's muting)."""
+        self.muted = True
+        self._pause()
+        self.loop.call_later(throttle_ms / 1000, self._unmute)
+
+    def _unmute(self) -> None:
+        self.muted = False
+        self._resume()
+
     def _resume(self) -> None:
-        if (self.paused and not self.write_blocked and not self.reading_done
+        if (self.paused and not self.write_blocked and not self.muted and not self.reading_done
                 and len(self.responses) < self.config.in_flight_requests_max and self.transport is not None):
             self.paused = False
             self.transport.resume_reading()

@@ -28,6 +28,11 @@ class Session:
     #: Close the connection once this response is sent (a failed login, SASL out of order).
     close_after_response: bool = False
 
+    @property
+    def user(self) -> str:
+        """The principal's name, as quotas know it (``alice`` for ``User:alice``)."""
+        return self.principal.partition(":")[2] or self.principal
+
     def may(self, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         return self.authorizer.allowed(self.principal, self.host, operation, resource_type, name)
 

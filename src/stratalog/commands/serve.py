@@ -19,6 +19,7 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.groups import GroupConfig
 from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError, TLSConfig, tls_config_from
+from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
 from stratalog.engine.config import StoreConfig
 from stratalog.io.device import Device, FileDevice
@@ -48,8 +49,8 @@ def parse_listeners(listen: tuple[str, ...], advertise: tuple[str, ...]) -> tupl
 def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
     """A BrokerConfig from a TOML file, then the command line's options. Top-level keys are BrokerConfig's
     field names (``listeners`` a list of ``PROTOCOL://HOST:PORT``); the tables ``[groups]``, ``[store]``,
-    ``[store.wal]``, ``[tls]`` and ``[authorizer]`` set GroupConfig's, StoreConfig's, WALConfig's,
-    TLSConfig's and AuthorizerConfig's. An unknown name is refused with the known ones."""
+    ``[store.wal]``, ``[tls]``, ``[authorizer]`` and ``[quotas]`` set GroupConfig's, StoreConfig's,
+    WALConfig's, TLSConfig's, AuthorizerConfig's and QuotaConfig's. An unknown name is refused with the known ones."""
     values: dict[str, Any] = {}
     if path is not None:
         with path.open("rb") as f:
@@ -94,6 +95,8 @@ def _security_settings(values: dict[str, Any]) -> None:
             if "super_users" in authorizer:
                 authorizer["super_users"] = tuple(authorizer["super_users"])
             values["authorizer"] = AuthorizerConfig(**authorizer)
+        if "quotas" in values:
+            values["quotas"] = QuotaConfig(**_settings(QuotaConfig, values["quotas"], "[quotas] "))
         if "sasl_mechanisms" in values:
             values["sasl_mechanisms"] = tuple(values["sasl_mechanisms"])
     except (ListenerConfigError, ValueError) as e:
@@ -172,7 +175,7 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
                    "Everything on it is the broker's.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, help="A TOML file of settings: BrokerConfig's field names, and tables [groups], "
-                                 "[store], [store.wal], [tls] and [authorizer] (docs/broker.md).")
+                                 "[store], [store.wal], [tls], [authorizer] and [quotas] (docs/broker.md).")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="The broker's certificate chain (PEM) for SSL and SASL_SSL listeners.")
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,

@@ -53,6 +53,9 @@ class Request:
     client_id: str | None
     body: Any
     frame_bytes: int
+    #: How long the response asks the client to wait: set by the server's quota check before the handler
+    #: runs (0: no quota exceeded).
+    throttle_ms: int = 0
 
 
 def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
@@ -103,6 +106,8 @@ class Prebuilt:
     as views of the stored batches (``stratalog.kafka.fetch_response``), which kio would copy twice."""
 
     pieces: list[bytes | memoryview]
+    #: The throttle time the handler wrote into the frame (the server mutes the connection as long).
+    throttle_ms: int = 0
 
 
 def encode_response(correlation_id: int, response: Any) -> bytes:
