@@ -57,7 +57,7 @@ def test_bench_abuse_measures_every_phase_and_the_broker_stays_up(tmp_path: Path
             assert phase["connections"] == CONNECTIONS
             assert phase["hostile"]["ramp"]["connected"] == CONNECTIONS, phase["hostile"]
             report = phase["hostile"]["report"]
-            assert report["stopped"] == "told to stop" and report["task_failures"] == 0, report
+            assert report.get("stopped") == "told to stop" and report["task_failures"] == 0, (phase["name"], report)
             assert sum(f["opened"] for f in report["families"].values()) >= CONNECTIONS
     by_name = {p["name"]: p for p in doc["phases"]}
     for family in ("oversize", "garbage"):  # each refused frame closes its connection

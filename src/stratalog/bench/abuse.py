@@ -53,6 +53,8 @@ ACK_POLL_S = 0.1
 HOSTILE_MARGIN_S = 30.0
 #: How long the hostile process may take to report and exit once told to stop; then it is killed.
 HOSTILE_STOP_TIMEOUT_S = 30.0
+#: A hostile process that has exited may have put its report just before: it is awaited this long more.
+EXITED_REPORT_WAIT_S = 5.0
 #: After a phase, the broker should let go of the hostile connections' sockets within this long.
 SOCKETS_RELEASE_WAIT_S = 15.0
 #: A fresh connection's ApiVersions must be answered within this long for the broker to count as up.
@@ -110,6 +112,15 @@ def read_status_kib(pid: int, key: str) -> int | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds the process has used (/proc/<pid>/stat), or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
 def count_sockets(pid: int) -> int | None:
@@ -291,8 +302,9 @@ def _get(q: Any, process: Any, timeout_s: float) -> Any:
             return q.get(timeout=0.25)
         except queues.Empty:
             if not process.is_alive():
+                # What it put just before exiting may still be on its way through the pipe.
                 with contextlib.suppress(queues.Empty):
-                    return q.get(timeout=0.25)
+                    return q.get(timeout=EXITED_REPORT_WAIT_S)
                 return None
     return None
 
@@ -416,6 +428,7 @@ def _measure(plan: AbuseBenchPlan, broker: BrokerProcess, bar: Any) -> dict[str,
         p99 = phase["produce_ms"]["p99"] if phase["produce_ms"]["samples"] else None
         phase["p99_over_baseline"] = p99 / baseline_p99 if p99 is not None and baseline_p99 else None
     out["broker"]["rss_mib_hwm"] = (read_status_kib(pid, "VmHWM") or 0) / 1024
+    out["broker"]["cpu_s"] = cpu_s(pid)
     out["broker"]["alive_at_end"] = broker.process.poll() is None
     out["phases"] = phases
     return out

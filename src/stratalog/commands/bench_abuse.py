@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from rich.console import Console
 
 from stratalog.bench.abuse_hostile import FAMILIES
 from stratalog.bench.abuse_report import FAMILY_HEADS, PHASE_HEADS, family_rows, markdown_report, phase_cells, targets
-from stratalog.bench.common import write_json
+from stratalog.bench.common import Activity, write_json
 from stratalog.commands.bench_log import bench_dir, make_console, print_machine, progress_bar, table
 
 CONNECTIONS_DEFAULT = 1_000
@@ -56,6 +57,10 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
     b = doc["broker"]
     console.print(f"broker: {b['rss_mib_before']:,.0f} MiB resident before the phases, {b['rss_mib_hwm']:,.0f} MiB "
                   f"at its high-water mark (VmHWM); {'alive' if b['alive_at_end'] else '[red]gone[/]'} at the end")
+    load, other = doc["load_average_1m"], doc["other_activity"]
+    console.print(f"while it ran, other processes used {other['other_cpu_s']:,.1f} CPU-s (the broker's and the "
+                  f"hostile processes' taken out), the hypervisor stole {other['steal_cpu_s']:,.1f} CPU-s; load "
+                  f"average (1 min) {load['start']:.2f} at start, {load['end']:.2f} at end")
     for t in targets(doc):
         verdict = "[green]met[/]" if t["met"] else "[red]missed[/]"
         console.print(f"target {t['name']}: {t['figure_text']}: {verdict}")
@@ -133,8 +138,14 @@ def abuse(connections: int, families: str, phase_s: float, rate_per_s: float, re
                               fetch_topic_bytes=fetch_topic_bytes, ramp_s_max=ramp_s_max,
                               memory_budget_mib=memory_budget_mib, rss_abort_mib=rss_abort_mib, data_dir=target_dir)
         machine = print_machine(console, target_dir)
+        load_start, activity_start = os.getloadavg()[0], Activity.take(machine["disk_device"])
         with progress_bar(console, len(plan.phases()) + 1) as bar:
             measured = run_abuse_bench(plan, bar)
+        other = Activity.take(machine["disk_device"]).others_since(activity_start)
+    # The broker and the hostile processes are this run's, not others': their CPU time is taken out.
+    ours_s = (measured["broker"].get("cpu_s") or 0.0) + sum(
+        p.get("hostile", {}).get("report", {}).get("cpu_s", 0.0) for p in measured["phases"])
+    other["other_cpu_s"] = max(0.0, other["other_cpu_s"] - ours_s)
     doc: dict[str, Any] = {
         "bench": "abuse", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine,
@@ -146,6 +157,7 @@ def abuse(connections: int, families: str, phase_s: float, rate_per_s: float, re
                      "memory_budget_mib": memory_budget_mib, "rss_abort_mib": rss_abort_mib,
                      "percentiles": "numpy, exact over every sample"},
         **measured,
+        "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]}, "other_activity": other,
     }
     doc["targets"] = targets(doc)
     _report(console, doc)
