@@ -23,7 +23,7 @@ def write_config(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-def long_poll_fetch(topic: str, offset: int, wait_ms: int) -> bytes:
+def long_poll_fetch(topic: str, offset: int, wait_ms: int, max_bytes: int = 1 << 20) -> bytes:
     """A Fetch v4 frame for ``topic`` partition 0 from ``offset``, waiting up to ``wait_ms`` for a byte."""
     import datetime
     import io
@@ -38,8 +38,8 @@ def long_poll_fetch(topic: str, offset: int, wait_ms: int) -> bytes:
                                                     correlation_id=i32(77), client_id="t"))
     entity_writer(FetchRequest)(out, FetchRequest(
         replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=wait_ms), min_bytes=i32(1),
-        max_bytes=i32(1 << 20), isolation_level=i8(0), topics=(FetchTopic(topic=topic, partitions=(
-            FetchPartition(partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20)),)),)))
+        max_bytes=i32(max_bytes), isolation_level=i8(0), topics=(FetchTopic(topic=topic, partitions=(
+            FetchPartition(partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(max_bytes)),)),)))
     body = out.getvalue()
     return struct.pack(">i", len(body)) + body
 

@@ -35,6 +35,9 @@ log = logging.getLogger("stratalog.broker")
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
+#: A fetch refused for lack of response memory waits at most this long (its own wait, if shorter) before
+#: it answers with no records.
+MEMORY_WAIT_S_MAX = 0.5
 #: Produce acks: none, the leader's (here: durable in the WAL), all replicas' (the same on one node).
 ACKS_NONE = 0
 ACKS_ALLOWED = (0, 1, -1)
@@ -191,6 +194,13 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
     response_max = min(getattr(body, "max_bytes", 2**31 - 1), broker.config.fetch_response_bytes_max)
     min_bytes = body.min_bytes
     denied = {t.topic for t in body.topics if not session.may_topic(Operation.READ, t.topic)}
+    room = broker.response_memory.left_bytes()
+    if room < response_max:
+        # Responses written and not yet taken by their clients fill the budget: answer with what fits,
+        # and with no records at all (after the wait, so the client does not spin) when nothing does.
+        response_max = room
+        if room <= 0:
+            await asyncio.sleep(min(wait_s, MEMORY_WAIT_S_MAX))
     while True:
         topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, denied)
         remaining_s = deadline - time.monotonic()
@@ -231,7 +241,7 @@ async def _fetch_once(broker: Broker, wanted: Any, response_max: int,
             budget = min(p.partition_max_bytes, response_max - total)
             if offset == high:
                 waiting_on.append(stream.stream_id)
-            elif budget > 0 or not total:
+            elif budget > 0 or (not total and response_max > 0):
                 try:
                     records = [as_kafka_batch(b) for b in await _read(stream, offset, max(budget, 1))]
                 except OffsetOutOfRangeError:

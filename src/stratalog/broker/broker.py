@@ -21,6 +21,7 @@ from stratalog.broker.appender import OrderedAppender
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.credentials import CredentialStore
 from stratalog.broker.groups import GroupCoordinator
+from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.offsets import CommittedOffsets
 from stratalog.broker.producer_recovery import ProducerSnapshots, replay
 from stratalog.broker.producers import ProducerStates
@@ -63,6 +64,8 @@ class Broker:
         self.credentials = CredentialStore(data_dir / "broker.sqlite")
         self.authorizer = Authorizer(data_dir / "broker.sqlite", config.authorizer)
         self.quotas = Quotas(data_dir / "broker.sqlite", config.quotas)
+        #: Response bytes written to sockets and not yet sent, across connections (the server counts them).
+        self.response_memory = MemoryBudget(config.response_memory_bytes_max)
         #: Keys the stand-in credentials of unknown users (sasl.py): fresh at each start.
         self.sasl_secret = new_secret()
         self.offsets = CommittedOffsets(data_dir / "offsets.sqlite")

@@ -43,6 +43,15 @@ class BrokerConfig:
     connections_max: int = 4096
     #: Open connections from one address (max.connections.per.ip); None: only connections_max bounds them.
     connections_per_address_max: int | None = None
+    #: Request bytes held across all connections (read, not yet answered) (queued.max.request.bytes).
+    #: Beyond it the connection holding the most is closed: a thousand slow senders cannot fill memory.
+    request_memory_bytes_max: int = 512 << 20
+    #: Response bytes written and not yet taken by peers, across all connections. While it is reached,
+    #: fetches answer with no records (after their wait): clients that do not read cannot fill memory.
+    response_memory_bytes_max: int = 512 << 20
+    #: A connection whose peer takes none of the responses written to it for this long is closed: the
+    #: responses it leaves unread hold broker memory (response_memory_bytes_max).
+    response_write_timeout_s: float = 30.0
     #: A connection idle this long is closed (connections.max.idle.ms: 10 minutes).
     idle_timeout_s: float = 600.0
     #: A connection whose frame has been arriving for this long is closed: a slow sender cannot hold
@@ -85,4 +94,9 @@ class BrokerConfig:
             raise ValueError("default_partitions must be in [1, partitions_per_topic_max]")
         if self.request_bytes_max < 1024:
             raise ValueError("request_bytes_max must be at least 1 KiB")
+        if self.request_memory_bytes_max < self.request_bytes_max:
+            raise ValueError("request_memory_bytes_max must hold at least one request (request_bytes_max)")
+        if self.response_memory_bytes_max < self.fetch_response_bytes_max:
+            raise ValueError("response_memory_bytes_max must hold at least one fetch response "
+                             "(fetch_response_bytes_max)")
         self.store.validate()

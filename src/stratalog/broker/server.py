@@ -22,6 +22,7 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.broker import Broker
 from stratalog.broker.listeners import Listener, certificate_principal, check_listeners, server_ssl_context
+from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.quotas import PRODUCER_BYTE_RATE, REQUEST_RATE
 from stratalog.broker.session import ANONYMOUS, Session
 from stratalog.kafka.build import build
@@ -57,6 +58,8 @@ class BrokerServer:
         self._live: set[_KafkaProtocol] = set()
         self._per_address: dict[str, int] = {}
         self._stopping = False
+        #: Request bytes every connection holds (partial frames, requests not yet answered).
+        self.request_memory = MemoryBudget(broker.config.request_memory_bytes_max)
 
     @property
     def stopping(self) -> bool:
@@ -114,6 +117,20 @@ class BrokerServer:
         self._per_address[address] = count + 1
         return None
 
+    def relieve_request_memory(self) -> None:
+        """Close the connections holding the most request bytes until all of them hold less than the
+        budget: under a flood of slow or stalled senders, those that hold the most go first."""
+        while self.request_memory.over:
+            largest = self.request_memory.largest()
+            if largest is None:
+                return
+            connection, held_bytes = largest
+            assert isinstance(connection, _KafkaProtocol)
+            log.warning("connection from %s closed: it holds %d bytes of unanswered requests and all connections "
+                        "%d, over request_memory_bytes_max (%d)", connection.peer, held_bytes,
+                        self.request_memory.held_bytes, self.request_memory.bytes_max)
+            connection.evict()
+
     def discard(self, connection: _KafkaProtocol, address: str) -> None:
         if connection in self._live:
             self._live.discard(connection)
@@ -127,10 +144,12 @@ class BrokerServer:
 class _Response:
     """One request's place in its connection's order: its frame once ready (None: no response)."""
 
-    __slots__ = ("correlation_id", "frame", "ready", "task", "throttle_ms")
+    __slots__ = ("correlation_id", "frame", "ready", "request_bytes", "task", "throttle_ms")
 
-    def __init__(self, correlation_id: int) -> None:
+    def __init__(self, correlation_id: int, request_bytes: int) -> None:
         self.correlation_id = correlation_id
+        #: The request's frame: memory held until the response is sent.
+        self.request_bytes = request_bytes
         self.ready = False
         self.frame: EncodedResponse | None = None
         self.task: asyncio.Task[EncodedResponse | None] | None = None
@@ -158,7 +177,11 @@ class _KafkaProtocol(asyncio.Protocol):
         self.write_blocked = False
         #: Reading stopped until a throttle time passes (a quota was exceeded).
         self.muted = False
+        #: Bytes of the requests read and not yet answered.
+        self.in_flight_bytes = 0
         self.timer: asyncio.TimerHandle | None = None
+        #: Armed while the socket takes nothing: a peer that stops reading is closed when it fires.
+        self.write_timer: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = self.loop.create_future()
 
     # Transport events ----------------------------------------------------------------------------------
@@ -187,6 +210,7 @@ class _KafkaProtocol(asyncio.Protocol):
             return
         self.frames.receive_data(data)
         self._read_frames()
+        self._count_request_memory()
 
     def eof_received(self) -> bool:
         self.frames.receive_data(b"")
@@ -200,10 +224,14 @@ class _KafkaProtocol(asyncio.Protocol):
         self.reading_done = True
         if self.timer is not None:
             self.timer.cancel()
+        if self.write_timer is not None:
+            self.write_timer.cancel()
         for response in self.responses:
             if response.task is not None:
                 response.task.cancel()
         self.responses.clear()
+        self.server.request_memory.set(self, 0)
+        self.broker.response_memory.set(self, 0)
         if self.session is not None:
             self.server.discard(self, self.session.host)
         if not self.closed.done():
@@ -214,9 +242,14 @@ class _KafkaProtocol(asyncio.Protocol):
         # do not pile up in the transport's buffer.
         self.write_blocked = True
         self._pause()
+        self._arm_write_timer()
 
     def resume_writing(self) -> None:
         self.write_blocked = False
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
+        self._count_response_memory()
         self._resume()
 
     # Requests ------------------------------------------------------------------------------------------
@@ -246,7 +279,7 @@ class _KafkaProtocol(asyncio.Protocol):
                 served = f"{api.name} versions {api.min_version}-{api.max_version}" if api else "no such API"
                 raise KafkaProtocolError(f"{e} (this broker serves {served})") from None
             # Kafka's rule: answer ApiVersions of an unknown version at v0 with the versions served.
-            response = _Response(e.correlation_id)
+            response = _Response(e.correlation_id, 0)
             response.frame, response.ready = self._api_versions_error(e.correlation_id), True
             self.responses.append(response)
             self._send_ready()
@@ -261,7 +294,8 @@ class _KafkaProtocol(asyncio.Protocol):
         throttle_ms = self._charge(request, session)
         if throttle_ms:
             request = dataclasses.replace(request, throttle_ms=throttle_ms)
-        response = _Response(request.correlation_id)
+        response = _Response(request.correlation_id, len(frame))
+        self.in_flight_bytes += len(frame)
         self.responses.append(response)
         response.task = self.loop.create_task(self._handle(request, session, response))
         response.task.add_done_callback(functools.partial(self._answered, response))
@@ -314,9 +348,12 @@ class _KafkaProtocol(asyncio.Protocol):
         throttle_ms = 0
         while responses and responses[0].ready:
             done = responses.popleft()
+            self.in_flight_bytes -= done.request_bytes
             if done.frame is not None and transport is not None and not transport.is_closing():
                 _write(transport, done.frame)
                 throttle_ms = max(throttle_ms, done.throttle_ms)
+        self._count_request_memory()
+        self._count_response_memory()
         if throttle_ms:
             self._mute(throttle_ms)
         if self.session is not None and self.session.close_after_response and not self.reading_done:
@@ -368,6 +405,21 @@ class _KafkaProtocol(asyncio.Protocol):
             return  # handlers are at work; each has its own bound
         self.timer = self.loop.call_later(delay_s, self._timed_out, f"{what} for {delay_s:.0f} s")
 
+    def _arm_write_timer(self) -> None:
+        assert self.transport is not None
+        delay_s = self.config.response_write_timeout_s
+        self.write_timer = self.loop.call_later(delay_s, self._write_timed_out, delay_s,
+                                                self.transport.get_write_buffer_size())
+
+    def _write_timed_out(self, delay_s: float, unsent_bytes: int) -> None:
+        """The socket took nothing for a while: close, unless the peer reads, if slowly."""
+        self._count_response_memory()
+        if self.transport is not None and self.transport.get_write_buffer_size() < unsent_bytes:
+            self._arm_write_timer()  # it reads, slowly: let it go on
+            return
+        log.warning("connection from %s closed: it took none of its responses for %.0f s", self.peer, delay_s)
+        self.evict()
+
     def _timed_out(self, why: str) -> None:
         log.info("connection from %s closed: %s", self.peer, why)
         self._end_reading()
@@ -390,6 +442,24 @@ class _KafkaProtocol(asyncio.Protocol):
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # after what is buffered has been sent
+
+    def _count_request_memory(self) -> None:
+        memory = self.server.request_memory
+        memory.set(self, self.frames.buffered_bytes + self.in_flight_bytes)
+        if memory.over:
+            self.server.relieve_request_memory()
+
+    def _count_response_memory(self) -> None:
+        # What the transport holds unsent: an upper bound between writes (it drains without telling us
+        # until it falls below its low-water mark, when resume_writing counts again).
+        if self.transport is not None:
+            self.broker.response_memory.set(self, self.transport.get_write_buffer_size())
+
+    def evict(self) -> None:
+        """Close at once, dropping what is in flight (memory pressure)."""
+        self.reading_done = True
+        self.server.request_memory.set(self, 0)
+        self.abort()
 
     def abort(self) -> None:
         if self.transport is not None:
