@@ -198,3 +198,16 @@ def test_fuzz_finding_a_smaller_config_window_keeps_records_past_the_holes() -> 
         "0007000000000000000000000000ff00000000ffffffffffffffffffffffffffffffffffffffffffffffe00000000000"
         "00ffff0000ffff00ff0000000000000000000000ffffff004000000000")
     fuzz_wal.check_recovery(data)
+
+
+def test_fuzz_finding_a_header_window_below_a_block_is_not_a_header() -> None:
+    # Found by `stratalog chaos fuzz` (wal_recovery): a header with trim 0 and a window of 0. Recovery
+    # scanned nothing, the writer resumed at 4 KiB, and the next recovery (with a 16 KiB window) followed
+    # a pad at the start of the ring past the appended, acknowledged record. No writer's window is below
+    # a block: such a header slot is invalid, and a device with no other is refused.
+    data = bytes.fromhex(
+        "03010000000000000eff5206")
+    with pytest.raises(CorruptHeaderError):
+        WriteAheadLog.open(MemDevice(fuzz_wal.CAPACITY_BYTES, image=fuzz_wal.build_device(data)[0]), create=False,
+                           config=fuzz_wal.CONFIG)
+    fuzz_wal.check_recovery(data)

@@ -59,6 +59,13 @@ BODY_BYTES_MAX = ALIGN_BYTES - RECORD_HEADER_BYTES
 
 
 def check_recovery(data: bytes) -> None:
+    image, laid, exact = build_device(data)
+    _recover_and_append(image, laid, exact=exact)
+
+
+def build_device(data: bytes) -> tuple[bytearray, dict[int, bytes], bool]:
+    """The device image an input describes, the records laid out in it (by offset), and whether
+    recovery must return exactly those (nothing damaged, nothing trimmed, the whole ring in the window)."""
     reader = Reader(data)
     control = reader.u8()
     image = bytearray(CAPACITY_BYTES)
@@ -78,7 +85,7 @@ def check_recovery(data: bytes) -> None:
         start = HEADERS_BYTES if control & VALID_HEADER else 0   # without a header, the slots are input too
         raw = reader.take(CAPACITY_BYTES - start)
         image[start:start + len(raw)] = raw
-    _recover_and_append(image, laid, exact=not damaged and trim == TRIM_NONE and window >= RING_BYTES)
+    return image, laid, not damaged and trim == TRIM_NONE and window >= RING_BYTES
 
 
 def _lay_records(reader: Reader, image: bytearray, start: int, laid: dict[int, bytes]) -> bool:
@@ -152,9 +159,11 @@ def _recover_and_append(image: bytearray, laid: dict[int, bytes], *, exact: bool
     # only from beyond the first scan's reach (its header's window past the last valid record): only a
     # crafted device holds those (a writer never writes past its window), and recovery leaves them in
     # place by design (see docs/fuzzing.md, "What the targets do not promise").
-    reach = stats.valid_end + window_bytes
+    # The first scan stopped before this position: a window past the aligned end of the last valid
+    # record (valid_end is that end, or trim + 1 when there was none: the scan started at the trim).
+    reach = align_up(max(stats.valid_end - 1, 0)) + window_bytes
     expected = [*(r for r in recovered if r.offset > again.trim_offset), (appended.offset, b"after recovery")]
-    found = [r for r in second if r in expected or r.offset <= reach]
+    found = [r for r in second if r in expected or r.offset < reach]
     check(found == expected, "the next recovery does not return the records recovered, then the one appended")
 
 

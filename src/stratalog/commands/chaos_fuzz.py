@@ -17,7 +17,7 @@ def figures_table(results: list[TargetFigures], title: str = "Fuzzing") -> Table
     """One row per target: executions, rate, coverage, known issues; findings red unless zero."""
     table = Table(title=title, title_justify="left")
     for column in ("target", "executions", "exec/s", "edges", "features", "corpus", "known", "findings"):
-        table.add_column(column, justify="left" if column == "target" else "right")
+        table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)
     for r in results:
         style = "green" if not r.findings else "bold red"
         table.add_row(r.target, f"{r.executions:,}", f"{r.executions_per_s:,.0f}", f"{r.coverage_edges:,}",
