@@ -23,8 +23,9 @@ from stratalog.kafka.codec import KafkaProtocolError, decode_request
 TARGETS = list(registry())
 #: Each target fuzzes this long in the run below: with two at a time, the whole run takes about 30 s.
 SECONDS_PER_TARGET = 1.5
-#: The slowest target (WAL recovery: open, recover, append, reopen) runs ~500 inputs a second.
-EXECUTIONS_MIN = 300
+#: The slowest target (WAL recovery: open, recover, append, reopen) runs 250-500 inputs a second, less
+#: on a loaded machine: 100 in 1.5 s is far past the seeds and still leaves room.
+EXECUTIONS_MIN = 100
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,7 @@ def test_the_cli_prints_the_table_and_exits_1_on_a_finding(tmp_path: Path) -> No
 
 #: A Metadata v12 request whose header carries tagged field 16383: kio raises KeyError.
 UNKNOWN_TAG_FRAME = bytes.fromhex("000a000300000008000008ffff0002740100")
-#: ListOffsets v6 whose topics array claims 0x35000000 - 1 elements in a frame of 84 bytes.
+#: ListOffsets v6 (89 bytes) whose topics array claims about 0x35000000 elements: kio asks for ~116 GB.
 PREALLOCATION_FRAME = bytes.fromhex(
     "00020006000000" "08ffff0000000001" "01ffffffff35000000010000000100000000000000000000000000000000000000"
     "0000000000000000000000000000000000000000000000000000000000000000000000002101000000")
