@@ -177,6 +177,8 @@ def _header(api_key: int, version: int, client_id: bytes = b"t") -> bytes:
     pytest.param(wire.frame(_header(3, 1) + struct.pack(">i", 2**31 - 1)), id="array claims 2^31 entries"),
     pytest.param(wire.frame(_header(3, 1) + struct.pack(">ih", 1, 32767) + b"abc"), id="string claims 32 KiB"),
     pytest.param(wire.frame(_header(3, 9) + b"\0" + b"\xff" * 10), id="flexible: a varint that never ends"),
+    pytest.param(wire.frame(_header(3, 9) + b"\0" + b"\x80\x80\x80\xa8\x03" + b"\0" * 16),
+                 id="flexible: a compact array claims 0x35000000 entries"),
     pytest.param(wire.frame(_header(1, 4) + struct.pack(">iiiib", -1, 100, 1, 1 << 20, 0) + struct.pack(">i", -7)),
                  id="fetch: negative topic count"),
 ])

@@ -124,7 +124,7 @@ def abuse(connections: int, families: str, phase_s: float, rate_per_s: float, re
     its p99 over the first baseline's, the broker's peak resident memory and sockets, and whether it still
     answers.
     """
-    from stratalog.bench.abuse import AbuseBenchPlan, run_abuse_bench
+    from stratalog.bench.abuse import ACK_WAIT_S, AbuseBenchPlan, run_abuse_bench
 
     if report_path is not None:
         click.echo(markdown_report(json.loads(report_path.read_text())), nl=False)
@@ -154,7 +154,7 @@ def abuse(connections: int, families: str, phase_s: float, rate_per_s: float, re
                      "repeat_interval_s": repeat_interval_s, "slowloris_byte_interval_s": slowloris_byte_interval_s,
                      "slowloris_claim_bytes": SLOWLORIS_CLAIM_BYTES, "pipeline_requests_max": pipeline_requests_max,
                      "fetch_topic_bytes": fetch_topic_bytes, "ramp_s_max": ramp_s_max,
-                     "memory_budget_mib": memory_budget_mib, "rss_abort_mib": rss_abort_mib,
+                     "memory_budget_mib": memory_budget_mib, "rss_abort_mib": rss_abort_mib, "ack_wait_s": ACK_WAIT_S,
                      "percentiles": "numpy, exact over every sample"},
         **measured,
         "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]}, "other_activity": other,
