@@ -1,6 +1,5 @@
 """The fuzzing harness (stratalog.chaos.fuzz*): every target runs briefly under atheris with no finding,
-a planted bug is found, and the issues known in code this harness may not change are still open
-(strict xfail: once fixed, the test fails and the target's KnownIssue entry should go)."""
+a planted bug is found, and the codec's two findings stay fixed."""
 
 from __future__ import annotations
 
@@ -90,29 +89,28 @@ def test_the_cli_prints_the_table_and_exits_1_on_a_finding(tmp_path: Path) -> No
     assert figures["queue_manifest"]["findings"] == [] and figures["queue_manifest"]["executions"] > 0
 
 
-# Known issues in kafka/codec.py (not this harness's to change). --------------------------------------
+# Findings in kafka/codec.py, now regression tests. ---------------------------------------------------
 
-#: A Metadata v12 request whose header carries tagged field 16383: kio raises KeyError.
+#: A FindCoordinator v3 request whose header carries tagged field 16383: kio raised KeyError through the codec.
 UNKNOWN_TAG_FRAME = bytes.fromhex("000a000300000008000008ffff0002740100")
-#: ListOffsets v6 (89 bytes) whose topics array claims about 0x35000000 elements: kio asks for ~116 GB.
+#: ListOffsets v6 (89 bytes) whose topics array claims about 0x35000000 elements: kio asked for ~116 GB
+#: and the process aborted.
 PREALLOCATION_FRAME = bytes.fromhex(
     "00020006000000" "08ffff0000000001" "01ffffffff35000000010000000100000000000000000000000000000000000000"
     "0000000000000000000000000000000000000000000000000000000000000000000000002101000000")
 SERVED = {10: (0, 4), 2: (1, 7)}
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="codec.decode_request lets kio's KeyError out on an "
-                   "unknown tagged field; Kafka skips unknown tags (known issue UNKNOWN_TAG in fuzz_kafka)")
-def test_an_unknown_tagged_field_is_not_a_key_error() -> None:
-    with contextlib.suppress(KafkaProtocolError):
+def test_an_unknown_tagged_field_is_refused_as_a_protocol_error() -> None:
+    with pytest.raises(KafkaProtocolError, match="tagged field"):
         decode_request(UNKNOWN_TAG_FRAME, SERVED)
 
 
-@pytest.mark.xfail(strict=True, reason="kio reserves room for an array's count before reading it: the process "
-                   "aborts (known issue KIO_PREALLOCATES in fuzz_kafka)")
-def test_an_array_count_beyond_the_frame_does_not_abort_the_process() -> None:
+def test_an_array_count_beyond_the_frame_is_refused_before_kio_allocates() -> None:
+    # In a child: were the check missing, the allocation failure would abort the process.
     code = ("import sys\nfrom stratalog.kafka.codec import KafkaProtocolError, decode_request\n"
             f"try:\n    decode_request(bytes.fromhex({PREALLOCATION_FRAME.hex()!r}), {SERVED!r})\n"
-            "except KafkaProtocolError:\n    pass\n")
+            "except KafkaProtocolError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=False, timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-500:]
+    assert b"an array of" in done.stdout

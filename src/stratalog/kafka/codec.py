@@ -21,6 +21,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
 from stratalog.errors import StratalogError
+from stratalog.kafka.array_bounds import check_array_counts
 
 #: api_key:i16 api_version:i16 correlation_id:i32: the part of every request header that all
 #: header versions share, read before the API is known.
@@ -76,9 +77,14 @@ def decode_request(frame: bytes | memoryview, supported: Mapping[int, tuple[int,
     schema = load_request_schema(api_key, api_version)
     try:
         header, header_bytes = entity_reader(schema.__header_schema__)(frame, 0)
+        check_array_counts(frame, header_bytes, schema)  # before kio reserves room for them
         body, _ = entity_reader(schema)(frame, header_bytes)
     except (SerialError, ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError) as e:
         raise KafkaProtocolError(f"API {api_key} v{api_version}: malformed request ({e})") from e
+    except KeyError as e:
+        # kio's reader knows no tagged field beyond the schema's (Kafka's rule is to skip them; no client
+        # sends any in the versions served), and says so with a KeyError.
+        raise KafkaProtocolError(f"API {api_key} v{api_version}: {e.args[0] if e.args else e}") from e
     # Bytes after the body are ignored, as Apache Kafka ignores them (it reads a request's fields and never
     # checks that the frame ends there). librdkafka relies on it: its Metadata v12 for all topics carries
     # 3 bytes after the body, and refusing them failed every confluent-kafka list_topics. The frame
