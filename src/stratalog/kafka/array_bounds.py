@@ -138,7 +138,7 @@ class _Walk:
             self.tagged_fields()
 
 
-def check_array_counts(frame: bytes | memoryview, body_position: int, schema: type[Any]) -> None:
+def check_array_counts(frame: bytes | memoryview, body_position: int, schema: Any) -> None:
     """Refuse (ArrayCountError) a request body whose arrays claim more elements than bytes remain."""
     try:
         _Walk(frame, body_position).entity(_plan(schema))
