@@ -357,3 +357,48 @@ def test_a_fetch_for_everything_is_cut_to_the_broker_bounds(broker: BrokerProces
     assert waited is not None and struct.unpack(">i", waited[:4])[0] == 12
     assert waited_s < FETCH_WAIT_MS_MAX / 1000 * 5, waited_s  # fetch_wait_ms_max, not the 24 days asked
     assert_still_serves(broker)
+
+
+def test_a_frame_trickled_a_byte_at_a_time_is_closed_after_request_read_timeout(broker: BrokerProcess) -> None:
+    """The read timeout runs from a request's first byte: a byte now and then does not keep it open."""
+    with connect(broker) as sock:
+        sock.sendall(wire.slowloris_head(1000))
+        start_s = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - start_s < REQUEST_READ_TIMEOUT_S * 5:
+            sock.settimeout(REQUEST_READ_TIMEOUT_S / 3)
+            try:
+                closed = sock.recv(1) == b""
+            except TimeoutError:
+                sock.sendall(b"\0")  # one more byte of the frame, well before the timeout
+            except ConnectionResetError:
+                closed = True
+    assert closed, f"still open after {REQUEST_READ_TIMEOUT_S * 5:g} s of a frame trickling in"
+    assert_still_serves(broker)
+
+
+def _batch_with_record_claiming_value_bytes(size: int) -> bytes:
+    """A record's value length is a zig-zag varint inside the record: set it to ``size``."""
+    batch = _batch(b"xyz")
+    at = bytes(batch).rindex(b"xyz") - 1  # the one-byte varint of 3 before the value
+    zigzag, varint = size << 1, bytearray()
+    while zigzag >= 0x80:
+        varint.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    varint.append(zigzag)
+    batch[at:at + 1] = varint
+    struct.pack_into(">i", batch, BATCH_LENGTH_AT, len(batch) - 12)
+    return _resign(batch)
+
+
+def test_a_record_claiming_1_gib_inside_a_batch_with_a_right_crc_is_refused(broker: BrokerProcess) -> None:
+    """Every record is checked on produce, as Kafka does: the lie never reaches a consumer."""
+    topic = "lying-record"
+    with good_client(broker, topic) as good, connect(broker) as sock:
+        sock.sendall(_produce_frame(topic, _batch_with_record_claiming_value_bytes(1 << 30)))
+        response = read_frame(sock)
+        assert response is not None
+        decoded, _ = entity_reader(ProduceResponse)(response, 4)
+        assert decoded.responses[0].partition_responses[0].error_code in BATCH_ERRORS
+        good.round_trip(3)
+    assert_still_serves(broker)

@@ -22,11 +22,12 @@ from stratalog.broker.quotas import CONSUMER_BYTE_RATE
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import config_value
 from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClosedError, StoreFailedError
-from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, stored_records
+from stratalog.engine.batch import ENCODING_KAFKA, KAFKA_DECOMPRESSED_BYTES_MAX, StoredBatch, stored_records
 from stratalog.errors import RecordTooLargeError
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
+from stratalog.kafka.record_check import check_records
 from stratalog.kafka.records import KafkaBatchError, check_batch, encode_batch
 
 log = logging.getLogger("stratalog.broker")
@@ -122,6 +123,7 @@ def _append(broker: Broker, session: Session, topic_name: str, index: int, recor
 
 def _check_and_append(broker: Broker, session: Session, topic_name: str, index: int,
                       records: bytes | None) -> tuple[asyncio.Future[int], Any]:
+    validate = broker.config.validate_records
     topic = broker.topics.get(topic_name)
     if topic is None and session.may_create_topic(topic_name):
         topic = broker.auto_create(topic_name)
@@ -137,6 +139,12 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
     if header.batch_bytes != len(view):
         raise _RefusedError(ErrorCode.invalid_record, "a produce request carries exactly one record batch per "
                             "partition")
+    if validate:
+        try:
+            # Bounded as every reader's decompression is: anything stored here, they decode.
+            check_records(view, header, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
+        except KafkaBatchError as e:
+            raise _RefusedError(ErrorCode(e.error_code), str(e)) from None
     if header.is_transactional or header.is_control:
         raise _RefusedError(ErrorCode.invalid_record, "transactional and control batches are not supported")
     loop = asyncio.get_running_loop()

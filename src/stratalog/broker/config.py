@@ -39,6 +39,11 @@ class BrokerConfig:
     #: Requests read ahead of their responses on one connection; the reader waits beyond it, so a
     #: client that pipelines without reading holds at most this many (and their responses) in memory.
     in_flight_requests_max: int = 64
+    #: Requests read and not yet answered, across all connections (Kafka's queued.max.requests). Beyond
+    #: it a connection reads a request only if it has none in flight: a thousand clients pipelining cannot
+    #: queue tens of thousands of requests ahead of everyone else's, and a client with nothing in flight
+    #: (a new group member, a lone producer) is never kept waiting on the others.
+    requests_in_flight_max: int = 1024
     #: Open connections; more are accepted and closed at once with a log line (max.connections).
     connections_max: int = 4096
     #: Open connections from one address (max.connections.per.ip); None: only connections_max bounds them.
@@ -73,6 +78,10 @@ class BrokerConfig:
     #: The largest record batch a producer may send (message.max.bytes: 1 MiB + overhead in Kafka;
     #: here the WAL record bound, less the engine's batch header).
     message_bytes_max: int = (8 << 20) - 64
+    #: Check every record of a produced batch before storing it, as Kafka does (a batch whose CRC is right
+    #: but whose records lie would stop every consumer at it). Costs about 0.8 us a record on the event
+    #: loop; off only where every producer is trusted.
+    validate_records: bool = True
     #: Idempotent producers remembered; the oldest idle one is forgotten beyond it.
     producers_max: int = 100_000
     #: How often idempotent producers' state is snapshotted; a restart reads the batches written since
