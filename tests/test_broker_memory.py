@@ -14,7 +14,7 @@ from kio.schema.errors import ErrorCode
 from brokerkit import BrokerProcess, running_broker
 from stratalog.broker.memory import MemoryBudget
 from test_broker_authorization import ROWS, World, call
-from test_broker_bad_input import read_frame
+from test_broker_bad_input import api_versions_request, read_frame
 from test_broker_lifecycle import long_poll_fetch
 
 with warnings.catch_warnings():
@@ -134,5 +134,31 @@ def test_connections_that_read_none_of_their_responses_are_closed(tmp_path: Path
             response = read_frame(reader)
             assert response is not None and len(response) > 8_000_000, "a reader is served in full"
         for sock in hoarders:
+            sock.close()
+        assert broker.stop() == 0, "".join(broker.output)
+
+
+def test_requests_in_flight_are_bounded_across_connections_without_starving_anyone(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("requests_in_flight_max = 2\n")
+    with running_broker(tmp_path / "data", "--config", str(config)) as broker:
+        produce(broker, "waits", 1, 10)
+        # Two long polls hold the whole bound (each waits 20 s for a record that does not come).
+        pollers = [socket.create_connection((broker.host, broker.port), timeout=30) for _ in range(2)]
+        for sock in pollers:
+            sock.sendall(long_poll_fetch("waits", 1, 20_000))
+        # A pipeliner beside them: each of its requests is read only once the others leave room, yet all
+        # are answered in order.
+        with socket.create_connection((broker.host, broker.port), timeout=30) as pipeliner, \
+                socket.create_connection((broker.host, broker.port), timeout=30) as newcomer:
+            pipeliner.sendall(b"".join(api_versions_request(3, i) for i in range(20)))
+            # A client with nothing in flight is served at once, whatever the others hold.
+            newcomer.sendall(api_versions_request(3, 99))
+            answer = read_frame(newcomer)
+            assert answer is not None and answer[:4] == struct.pack(">i", 99)
+            for i in range(20):
+                answer = read_frame(pipeliner)
+                assert answer is not None and answer[:4] == struct.pack(">i", i)
+        for sock in pollers:
             sock.close()
         assert broker.stop() == 0, "".join(broker.output)

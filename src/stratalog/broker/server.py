@@ -60,6 +60,10 @@ class BrokerServer:
         self._stopping = False
         #: Request bytes every connection holds (partial frames, requests not yet answered).
         self.request_memory = MemoryBudget(broker.config.request_memory_bytes_max)
+        #: Requests read and not yet answered, across connections; and the connections that stopped
+        #: reading because of it, to wake in turn when it falls.
+        self.requests_in_flight = 0
+        self._waiting_room: dict[_KafkaProtocol, None] = {}
 
     @property
     def stopping(self) -> bool:
@@ -117,6 +121,26 @@ class BrokerServer:
         self._per_address[address] = count + 1
         return None
 
+    def may_read_request(self, connection: _KafkaProtocol) -> bool:
+        """Whether a connection may read another request now (see requests_in_flight_max)."""
+        if not connection.responses or self.requests_in_flight < self.broker.config.requests_in_flight_max:
+            return True
+        self._waiting_room[connection] = None
+        return False
+
+    def request_done(self) -> None:
+        self.requests_in_flight -= 1
+        room = self._waiting_room
+        # As many as there is room for, first come first woken (each reads a request, or waits again).
+        for _ in range(min(len(room), self.broker.config.requests_in_flight_max - self.requests_in_flight)):
+            connection = next(iter(room))
+            del room[connection]
+            # Soon, not now: this runs while a connection is sending its responses, maybe this one.
+            asyncio.get_running_loop().call_soon(connection.resume_after_wait)
+
+    def leave_waiting_room(self, connection: _KafkaProtocol) -> None:
+        self._waiting_room.pop(connection, None)
+
     def relieve_request_memory(self) -> None:
         """Close the connections holding the most request bytes until all of them hold less than the
         budget: under a flood of slow or stalled senders, those that hold the most go first."""
@@ -132,6 +156,7 @@ class BrokerServer:
             connection.evict()
 
     def discard(self, connection: _KafkaProtocol, address: str) -> None:
+        self._waiting_room.pop(connection, None)
         if connection in self._live:
             self._live.discard(connection)
             left = self._per_address.get(address, 1) - 1
@@ -144,7 +169,7 @@ class BrokerServer:
 class _Response:
     """One request's place in its connection's order: its frame once ready (None: no response)."""
 
-    __slots__ = ("correlation_id", "frame", "ready", "request_bytes", "task", "throttle_ms")
+    __slots__ = ("correlation_id", "counted", "frame", "ready", "request_bytes", "task", "throttle_ms")
 
     def __init__(self, correlation_id: int, request_bytes: int) -> None:
         self.correlation_id = correlation_id
@@ -155,6 +180,8 @@ class _Response:
         self.task: asyncio.Task[EncodedResponse | None] | None = None
         #: The throttle time the response carries: reading stops for as long once it is sent.
         self.throttle_ms = 0
+        #: Counted in the server's requests_in_flight (until it leaves the connection's queue).
+        self.counted = False
 
 
 class _KafkaProtocol(asyncio.Protocol):
@@ -177,9 +204,14 @@ class _KafkaProtocol(asyncio.Protocol):
         self.write_blocked = False
         #: Reading stopped until a throttle time passes (a quota was exceeded).
         self.muted = False
+        #: Reading stopped until requests in flight across connections fall (requests_in_flight_max).
+        self.waiting_for_room = False
         #: Bytes of the requests read and not yet answered.
         self.in_flight_bytes = 0
         self.timer: asyncio.TimerHandle | None = None
+        #: When the request being read began to arrive (None: no partial request): its whole frame must
+        #: arrive within request_read_timeout_s of that, however it trickles.
+        self.partial_since: float | None = None
         #: Armed while the socket takes nothing: a peer that stops reading is closed when it fires.
         self.write_timer: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = self.loop.create_future()
@@ -229,6 +261,8 @@ class _KafkaProtocol(asyncio.Protocol):
         for response in self.responses:
             if response.task is not None:
                 response.task.cancel()
+            if response.counted:
+                self.server.request_done()
         self.responses.clear()
         self.server.request_memory.set(self, 0)
         self.broker.response_memory.set(self, 0)
@@ -256,11 +290,17 @@ class _KafkaProtocol(asyncio.Protocol):
 
     def _read_frames(self) -> None:
         limit = self.config.in_flight_requests_max
+        server = self.server
         try:
             while not self.reading_done and len(self.responses) < limit:
+                if not server.may_read_request(self):
+                    self.waiting_for_room = True
+                    self._pause()
+                    break
                 frame = self.frames.next_frame()
                 if frame is None:
                     break
+                self.partial_since = None  # the next request's clock starts with its first byte
                 self._start(frame)
         except KafkaProtocolError as e:
             log.warning("connection from %s closed: %s", self.peer, e)
@@ -296,6 +336,8 @@ class _KafkaProtocol(asyncio.Protocol):
             request = dataclasses.replace(request, throttle_ms=throttle_ms)
         response = _Response(request.correlation_id, len(frame))
         self.in_flight_bytes += len(frame)
+        self.server.requests_in_flight += 1
+        response.counted = True
         self.responses.append(response)
         response.task = self.loop.create_task(self._handle(request, session, response))
         response.task.add_done_callback(functools.partial(self._answered, response))
@@ -349,11 +391,16 @@ class _KafkaProtocol(asyncio.Protocol):
         while responses and responses[0].ready:
             done = responses.popleft()
             self.in_flight_bytes -= done.request_bytes
+            if done.counted:
+                self.server.request_done()
             if done.frame is not None and transport is not None and not transport.is_closing():
                 _write(transport, done.frame)
                 throttle_ms = max(throttle_ms, done.throttle_ms)
         self._count_request_memory()
         self._count_response_memory()
+        if self.waiting_for_room and not responses:
+            self.server.leave_waiting_room(self)  # nothing in flight: it may read whatever the others hold
+            self.waiting_for_room = False
         if throttle_ms:
             self._mute(throttle_ms)
         if self.session is not None and self.session.close_after_response and not self.reading_done:
@@ -383,8 +430,13 @@ class _KafkaProtocol(asyncio.Protocol):
         self.muted = False
         self._resume()
 
+    def resume_after_wait(self) -> None:
+        self.waiting_for_room = False
+        self._resume()
+
     def _resume(self) -> None:
         if (self.paused and not self.write_blocked and not self.muted and not self.reading_done
+                and not self.waiting_for_room
                 and len(self.responses) < self.config.in_flight_requests_max and self.transport is not None):
             self.paused = False
             self.transport.resume_reading()
@@ -397,13 +449,22 @@ class _KafkaProtocol(asyncio.Protocol):
             self.timer = None
         if self.reading_done:
             return
+        if self.paused:
+            return  # reading waits on the broker (requests in flight, a full socket, a throttle): not the peer
         if self.frames.buffered_bytes:
-            delay_s, what = self.config.request_read_timeout_s, "in the middle of a request"
+            # From the first byte of the request, not the last: a peer that trickles a byte now and then
+            # is closed all the same.
+            timeout_s = self.config.request_read_timeout_s
+            now = self.loop.time()
+            if self.partial_since is None:
+                self.partial_since = now
+            delay_s, why = max(0.0, self.partial_since + timeout_s - now), \
+                f"a request still incomplete after {timeout_s:.0f} s"
         elif not self.responses:
-            delay_s, what = self.config.idle_timeout_s, "idle"
+            delay_s, why = self.config.idle_timeout_s, f"idle for {self.config.idle_timeout_s:.0f} s"
         else:
             return  # handlers are at work; each has its own bound
-        self.timer = self.loop.call_later(delay_s, self._timed_out, f"{what} for {delay_s:.0f} s")
+        self.timer = self.loop.call_later(delay_s, self._timed_out, why)
 
     def _arm_write_timer(self) -> None:
         assert self.transport is not None
