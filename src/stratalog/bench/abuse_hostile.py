@@ -102,6 +102,9 @@ class _Run:
         self.total = sum(s.connections for s in self.stats.values())
         self.all_connected = asyncio.Event()
         self.writers: set[asyncio.StreamWriter] = set()
+        #: Set before the tasks are cancelled: every loop checks it too, because a cancellation that lands
+        #: as asyncio.wait_for's inner call completes is lost (Python 3.11) and the loop would go on.
+        self.stopping = False
 
     async def connect(self, family: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         stats = self.stats[family]
@@ -165,6 +168,8 @@ class _Run:
         """Hold a connection (trickling a byte each ``byte_interval_s``); reopen it when the broker closes it."""
         stats, seen = self.stats[family], list[bool]()
         for _ in range(ACTIONS_MAX):
+            if self.stopping:
+                return
             opened = await self.connect(family)
             if opened is None:
                 continue
@@ -198,6 +203,8 @@ class _Run:
         """Send a frame the broker must refuse, wait for its close, again each repeat interval."""
         stats, seen = self.stats[family], list[bool]()
         for i in range(ACTIONS_MAX):
+            if self.stopping:
+                return
             opened = await self.connect(family)
             if opened is None:
                 continue
@@ -218,6 +225,8 @@ class _Run:
     async def churn(self, index: int) -> None:
         stats, seen = self.stats["churn"], list[bool]()
         for _ in range(ACTIONS_MAX):
+            if self.stopping:
+                return
             opened = await self.connect("churn")
             if opened is None:
                 continue
@@ -230,6 +239,8 @@ class _Run:
         stats, seen = self.stats["pipeline"], list[bool]()
         opened = None
         while opened is None:
+            if self.stopping:
+                return
             opened = await self.connect("pipeline")
         self.first_open(seen)
         _, writer = opened
@@ -257,6 +268,8 @@ class _Run:
                                      min_bytes=wire.INT32_MAX)
         opened = None
         for _ in range(ACTIONS_MAX):
+            if self.stopping:
+                return
             if opened is None:
                 opened = await self.connect("fetch_all")
                 if opened is None:
@@ -301,6 +314,7 @@ class _Run:
                 why = "parent gone"
                 break
             await asyncio.sleep(STOP_POLL_S)
+        self.stopping = True
         for task in tasks:
             task.cancel()
         done = await asyncio.gather(*tasks, return_exceptions=True)

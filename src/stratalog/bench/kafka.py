@@ -102,6 +102,8 @@ class KafkaBenchPlan:
     messages: int
     producers: int
     data_dir: Path
+    #: A --config file for `stratalog serve` (None: its defaults), e.g. to measure what a setting costs.
+    broker_config: Path | None = None
 
     @property
     def phases(self) -> int:
@@ -203,12 +205,13 @@ def _stop_on_error(process: subprocess.Popen[bytes]) -> None:
     process.wait(STOP_TIMEOUT_S)
 
 
-def start_stratalog(data_dir: Path) -> Server:
+def start_stratalog(data_dir: Path, config: Path | None = None) -> Server:
     store_dir = data_dir / "stratalog"
     log_path = data_dir / "stratalog.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    extra = ["--config", str(config)] if config is not None else []
     process = _launch([sys.executable, "-c", "from stratalog.cli import main; main()", "serve", "--data-dir",
-                       str(store_dir), "--listen", "127.0.0.1:0"], log_path, env)
+                       str(store_dir), "--listen", "127.0.0.1:0", *extra], log_path, env)
     pattern = re.compile(r"listening on (127\.0\.0\.1:\d+)")
 
     def find() -> str | None:
@@ -286,8 +289,10 @@ def start_tansu(data_dir: Path) -> Server:
     return Server("tansu", process, address, log_path, "memory storage: nothing written to disk", version)
 
 
-def start_server(name: str, data_dir: Path) -> Server:
-    starters = {"stratalog": start_stratalog, "nats": start_nats, "tansu": start_tansu}
+def start_server(name: str, data_dir: Path, broker_config: Path | None = None) -> Server:
+    if name == "stratalog":
+        return start_stratalog(data_dir, broker_config)
+    starters = {"nats": start_nats, "tansu": start_tansu}
     return starters[name](data_dir)
 
 
@@ -850,7 +855,7 @@ def run_peer(name: str, plan: KafkaBenchPlan, bar: Any, servers: list[Server]) -
     peer_dir = plan.data_dir / name
     peer_dir.mkdir(parents=True, exist_ok=True)
     try:
-        server = start_server(name, peer_dir)
+        server = start_server(name, peer_dir, plan.broker_config)
     except PeerUnavailableError as e:
         peer.skipped = str(e)
         return peer

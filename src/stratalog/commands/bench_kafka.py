@@ -146,10 +146,14 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
               help="Also write every figure as JSON here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also plot produce latency by percentile as a PNG here (needs matplotlib).")
+@click.option("--broker-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="A --config file for stratalog serve (default: its defaults), e.g. validate_records = false "
+                   "to measure what checking every produced record costs.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Measure nothing: print the tables of this JSON (from --json) as Markdown.")
 def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages: int, producers: int,
-          data_dir: Path | None, json_path: Path | None, plot_path: Path | None, report_path: Path | None) -> None:
+          data_dir: Path | None, json_path: Path | None, plot_path: Path | None, broker_config: Path | None,
+          report_path: Path | None) -> None:
     """stratalog serve beside NATS JetStream and Tansu: latency and throughput.
 
     Latency is measured as "Building a Distributed Log from Scratch, Part 1" measures it.
@@ -179,7 +183,7 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
         plan = KafkaBenchPlan(peers=names, latency_sizes_bytes=parse_sizes(sizes, LATENCY_SIZE_BYTES_MAX),
                               duration_s=duration_s, rate_per_s=rate_per_s,
                               throughput_sizes_bytes=THROUGHPUT_SIZES_BYTES, messages=messages,
-                              producers=producers, data_dir=target_dir)
+                              producers=producers, data_dir=target_dir, broker_config=broker_config)
         machine = print_machine(console, target_dir)
         with progress_bar(console, plan.phases) as bar:
             measured = run_kafka_bench(plan, bar)
@@ -191,6 +195,7 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
                      "latency_sizes_bytes": list(plan.latency_sizes_bytes), "acks": "all",
                      "latency_linger_ms": 0, "throughput_sizes_bytes": list(plan.throughput_sizes_bytes),
                      "messages": messages, "producers": producers, "linger_ms": LINGER_MS,
+                     "broker_config": broker_config.read_text() if broker_config else None,
                      "batch_bytes": 1 << 20, "percentiles": "numpy, exact over every sample",
                      "tail_messages": {str(size): plan.tail_messages(size) for size in plan.throughput_sizes_bytes}},
         "disk_reference": disk, "peers": peers, "ratios": ratios(peers, disk),
