@@ -138,17 +138,18 @@ def test_connections_that_read_none_of_their_responses_are_closed(tmp_path: Path
         assert broker.stop() == 0, "".join(broker.output)
 
 
-def test_requests_in_flight_are_bounded_across_connections_without_starving_anyone(tmp_path: Path) -> None:
+def test_queued_requests_are_bounded_across_connections_without_starving_anyone(tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
-    config.write_text("requests_in_flight_max = 2\n")
+    config.write_text("requests_queued_max = 2\n")
     with running_broker(tmp_path / "data", "--config", str(config)) as broker:
         produce(broker, "waits", 1, 10)
-        # Two long polls hold the whole bound (each waits 20 s for a record that does not come).
+        # Two long polls, as many as the bound, wait 20 s for a record that does not come: waiting on data
+        # is not queued work, so they hold none of it.
         pollers = [socket.create_connection((broker.host, broker.port), timeout=30) for _ in range(2)]
         for sock in pollers:
             sock.sendall(long_poll_fetch("waits", 1, 20_000))
-        # A pipeliner beside them: each of its requests is read only once the others leave room, yet all
-        # are answered in order.
+        # A pipeliner beside them: it reads ahead only while fewer than two requests are queued, yet all
+        # twenty are answered, in order.
         with socket.create_connection((broker.host, broker.port), timeout=30) as pipeliner, \
                 socket.create_connection((broker.host, broker.port), timeout=30) as newcomer:
             pipeliner.sendall(b"".join(api_versions_request(3, i) for i in range(20)))

@@ -39,11 +39,13 @@ class BrokerConfig:
     #: Requests read ahead of their responses on one connection; the reader waits beyond it, so a
     #: client that pipelines without reading holds at most this many (and their responses) in memory.
     in_flight_requests_max: int = 64
-    #: Requests read and not yet answered, across all connections (Kafka's queued.max.requests). Beyond
-    #: it a connection reads a request only if it has none in flight: a thousand clients pipelining cannot
-    #: queue tens of thousands of requests ahead of everyone else's, and a client with nothing in flight
-    #: (a new group member, a lone producer) is never kept waiting on the others.
-    requests_in_flight_max: int = 1024
+    #: Requests read whose handlers have not started, across all connections: the event loop's queue of
+    #: work (Kafka's queued.max.requests, for its handler threads). Beyond it a connection reads another
+    #: request only if it has none in flight: a thousand clients pipelining cannot queue thousands of
+    #: requests ahead of everyone else's (each pipeliner gets a request read in turn), and a client with
+    #: nothing in flight is never held back. Requests waiting on data or the disk (long polls, produces)
+    #: are not queued work.
+    requests_queued_max: int = 64
     #: Open connections; more are accepted and closed at once with a log line (max.connections).
     connections_max: int = 4096
     #: Open connections from one address (max.connections.per.ip); None: only connections_max bounds them.

@@ -60,9 +60,9 @@ class BrokerServer:
         self._stopping = False
         #: Request bytes every connection holds (partial frames, requests not yet answered).
         self.request_memory = MemoryBudget(broker.config.request_memory_bytes_max)
-        #: Requests read and not yet answered, across connections; and the connections that stopped
-        #: reading because of it, to wake in turn when it falls.
-        self.requests_in_flight = 0
+        #: Requests read whose handlers have not started yet, across connections (the event loop's queue
+        #: of work); and the connections that stopped reading because of it, to wake in turn when it falls.
+        self.requests_queued = 0
         self._waiting_room: dict[_KafkaProtocol, None] = {}
 
     @property
@@ -122,17 +122,22 @@ class BrokerServer:
         return None
 
     def may_read_request(self, connection: _KafkaProtocol) -> bool:
-        """Whether a connection may read another request now (see requests_in_flight_max)."""
-        if not connection.responses or self.requests_in_flight < self.broker.config.requests_in_flight_max:
+        """Whether a connection may read another request now (see requests_queued_max): while the queue is
+        full, only a connection that waits on nothing and sent one request, not a pipeline of them."""
+        if connection.admitted:  # woken from the waiting room: its turn, whoever came in meanwhile
+            connection.admitted = False
+            return True
+        if self.requests_queued < self.broker.config.requests_queued_max or not connection.responses:
             return True
         self._waiting_room[connection] = None
         return False
 
-    def request_done(self) -> None:
-        self.requests_in_flight -= 1
+    def request_started(self) -> None:
+        self.requests_queued -= 1
+        # As many as there is room for, first come first woken (a woken connection reads one request
+        # whatever the queue holds then, so its turn is not taken by one that came later).
         room = self._waiting_room
-        # As many as there is room for, first come first woken (each reads a request, or waits again).
-        for _ in range(min(len(room), self.broker.config.requests_in_flight_max - self.requests_in_flight)):
+        for _ in range(min(len(room), self.broker.config.requests_queued_max - self.requests_queued)):
             connection = next(iter(room))
             del room[connection]
             # Soon, not now: this runs while a connection is sending its responses, maybe this one.
@@ -156,7 +161,7 @@ class BrokerServer:
             connection.evict()
 
     def discard(self, connection: _KafkaProtocol, address: str) -> None:
-        self._waiting_room.pop(connection, None)
+        self.leave_waiting_room(connection)
         if connection in self._live:
             self._live.discard(connection)
             left = self._per_address.get(address, 1) - 1
@@ -169,7 +174,7 @@ class BrokerServer:
 class _Response:
     """One request's place in its connection's order: its frame once ready (None: no response)."""
 
-    __slots__ = ("correlation_id", "counted", "frame", "ready", "request_bytes", "task", "throttle_ms")
+    __slots__ = ("correlation_id", "frame", "queued", "ready", "request_bytes", "task", "throttle_ms")
 
     def __init__(self, correlation_id: int, request_bytes: int) -> None:
         self.correlation_id = correlation_id
@@ -180,8 +185,8 @@ class _Response:
         self.task: asyncio.Task[EncodedResponse | None] | None = None
         #: The throttle time the response carries: reading stops for as long once it is sent.
         self.throttle_ms = 0
-        #: Counted in the server's requests_in_flight (until it leaves the connection's queue).
-        self.counted = False
+        #: Counted in the server's requests_queued (until its handler starts).
+        self.queued = False
 
 
 class _KafkaProtocol(asyncio.Protocol):
@@ -204,8 +209,10 @@ class _KafkaProtocol(asyncio.Protocol):
         self.write_blocked = False
         #: Reading stopped until a throttle time passes (a quota was exceeded).
         self.muted = False
-        #: Reading stopped until requests in flight across connections fall (requests_in_flight_max).
+        #: Reading stopped until requests queued across connections fall (requests_queued_max); and, once
+        #: woken in turn, its next request is read whatever the queue holds then.
         self.waiting_for_room = False
+        self.admitted = False
         #: Bytes of the requests read and not yet answered.
         self.in_flight_bytes = 0
         self.timer: asyncio.TimerHandle | None = None
@@ -261,8 +268,8 @@ class _KafkaProtocol(asyncio.Protocol):
         for response in self.responses:
             if response.task is not None:
                 response.task.cancel()
-            if response.counted:
-                self.server.request_done()
+            if response.queued:  # cancelled before its handler started
+                self.server.request_started()
         self.responses.clear()
         self.server.request_memory.set(self, 0)
         self.broker.response_memory.set(self, 0)
@@ -336,8 +343,8 @@ class _KafkaProtocol(asyncio.Protocol):
             request = dataclasses.replace(request, throttle_ms=throttle_ms)
         response = _Response(request.correlation_id, len(frame))
         self.in_flight_bytes += len(frame)
-        self.server.requests_in_flight += 1
-        response.counted = True
+        self.server.requests_queued += 1
+        response.queued = True
         self.responses.append(response)
         response.task = self.loop.create_task(self._handle(request, session, response))
         response.task.add_done_callback(functools.partial(self._answered, response))
@@ -357,6 +364,8 @@ class _KafkaProtocol(asyncio.Protocol):
         return throttle_ms
 
     async def _handle(self, request: Request, session: Session, response: _Response) -> EncodedResponse | None:
+        response.queued = False
+        self.server.request_started()
         api = self.broker.apis[request.api_key]
         values = await api.handler(self.broker, request, session)
         if values is None:
@@ -391,8 +400,6 @@ class _KafkaProtocol(asyncio.Protocol):
         while responses and responses[0].ready:
             done = responses.popleft()
             self.in_flight_bytes -= done.request_bytes
-            if done.counted:
-                self.server.request_done()
             if done.frame is not None and transport is not None and not transport.is_closing():
                 _write(transport, done.frame)
                 throttle_ms = max(throttle_ms, done.throttle_ms)
@@ -432,6 +439,7 @@ class _KafkaProtocol(asyncio.Protocol):
 
     def resume_after_wait(self) -> None:
         self.waiting_for_room = False
+        self.admitted = True
         self._resume()
 
     def _resume(self) -> None:
