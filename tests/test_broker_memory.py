@@ -9,6 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
+import pytest
 from kio.schema.errors import ErrorCode
 
 from brokerkit import BrokerProcess, running_broker
@@ -163,3 +164,15 @@ def test_queued_requests_are_bounded_across_connections_without_starving_anyone(
         for sock in pollers:
             sock.close()
         assert broker.stop() == 0, "".join(broker.output)
+
+
+def test_refused_connections_are_logged_at_a_bounded_rate(caplog: pytest.LogCaptureFixture) -> None:
+    from stratalog.broker.server import RateLimitedLog
+
+    limited = RateLimitedLog(per_s_max=3)
+    with caplog.at_level("WARNING", logger="stratalog.broker"):
+        for i in range(1000):
+            limited.warn("connection %d closed", i)
+    lines = [r.getMessage() for r in caplog.records]
+    assert 3 <= len(lines) <= 6  # three a second, and the run may cross into the next second
+    assert lines[:3] == ["connection 0 closed", "connection 1 closed", "connection 2 closed"]

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import time
 from collections import deque
 
 from kio.schema.errors import ErrorCode
@@ -49,6 +50,35 @@ BEFORE_LOGIN_API_KEYS = frozenset({API_VERSIONS_KEY, 17, 36})
 PRODUCE_KEY = 0
 
 
+#: Connections closed for bad input logged per second at most; the rest are counted in the next line.
+REFUSALS_LOGGED_PER_S_MAX = 10
+
+
+class RateLimitedLog:
+    """Warnings of one kind, at most ``per_s_max`` a second; those left out are counted, and the count
+    logged with the next line that gets through: a flood of bad clients cannot flood the log (nor spend
+    the event loop on writing it)."""
+
+    def __init__(self, per_s_max: int) -> None:
+        self.per_s_max = per_s_max
+        self._second = -1
+        self._logged = 0
+        self._dropped = 0
+
+    def warn(self, message: str, *args: object) -> None:
+        second = int(time.monotonic())
+        if second != self._second:
+            self._second, self._logged = second, 0
+        if self._logged >= self.per_s_max:
+            self._dropped += 1
+            return
+        self._logged += 1
+        if self._dropped:
+            message += f" ({self._dropped} more like it not logged)"
+            self._dropped = 0
+        log.warning(message, *args)
+
+
 class BrokerServer:
     """Listens on every listener, accepts, serves; ``stop`` drains and closes."""
 
@@ -64,6 +94,8 @@ class BrokerServer:
         #: of work); and the connections that stopped reading because of it, to wake in turn when it falls.
         self.requests_queued = 0
         self._waiting_room: dict[_KafkaProtocol, None] = {}
+        #: Connections closed for what they sent: logged, but not a line each under a flood of them.
+        self.refusals = RateLimitedLog(REFUSALS_LOGGED_PER_S_MAX)
 
     @property
     def stopping(self) -> bool:
@@ -310,7 +342,7 @@ class _KafkaProtocol(asyncio.Protocol):
                 self.partial_since = None  # the next request's clock starts with its first byte
                 self._start(frame)
         except KafkaProtocolError as e:
-            log.warning("connection from %s closed: %s", self.peer, e)
+            self.server.refusals.warn("connection from %s closed: %s", self.peer, e)
             self._end_reading()
             return
         if len(self.responses) >= limit:
