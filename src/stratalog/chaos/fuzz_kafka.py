@@ -40,6 +40,7 @@ from stratalog.chaos.fuzz_targets import (
 from stratalog.kafka import records as kr
 from stratalog.kafka.codec import FRAME_SIZE, HEADER_PREFIX, KafkaProtocolError, UnsupportedVersionError, decode_request
 from stratalog.kafka.connection import FrameReader
+from stratalog.kafka.record_check import check_records
 from stratalog.wal.format import crc32c
 
 # ---------------------------------------------------------------------------------------------------
@@ -280,6 +281,21 @@ def check_batches(data: bytes) -> None:
         _check_one_batch(batch, header)
 
 
+def check_produced(data: bytes) -> None:
+    """The produce-time record check agrees with the decoder: a batch it accepts decodes whole."""
+    reader = Reader(data)
+    control = reader.u8()
+    records = reader.rest()
+    if control & RESEAL:
+        records = reseal_batches(records)
+    for position, header in kr.split_batches(records, batch_bytes_max=BATCH_BYTES_MAX):
+        batch = records[position:position + header.batch_bytes]
+        check_records(memoryview(batch), header, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX)
+        decoded = list(kr.decode_records(batch, start_offset=kr.INT64_MIN,
+                                         decompressed_bytes_max=DECOMPRESSED_BYTES_MAX))
+        check(len(decoded) == header.record_count, "the record check accepted a batch the decoder cut short")
+
+
 def _check_one_batch(batch: bytes, header: kr.BatchHeader) -> None:
     # From the first offset there can be: a client may send any baseOffset, negative ones too.
     decoded = list(kr.decode_records(batch, start_offset=kr.INT64_MIN, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX))
@@ -347,5 +363,8 @@ TARGETS = (
                check_frames, (KafkaProtocolError,), frame_seeds, input_bytes_max=FRAMES_INPUT_BYTES_MAX),
     FuzzTarget("kafka_batch", "records.split_batches/decode_records/record_timestamps, decompression bounds, "
                "round trips", check_batches, (kr.KafkaBatchError,), batch_seeds,
+               input_bytes_max=BATCH_BYTES_MAX, allocation_bytes_max=_batch_allocation_bytes_max),
+    FuzzTarget("kafka_record_check", "record_check.check_records (produce): accepts only what decode_records reads",
+               check_produced, (kr.KafkaBatchError,), batch_seeds,
                input_bytes_max=BATCH_BYTES_MAX, allocation_bytes_max=_batch_allocation_bytes_max),
 )
