@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.broker.metadata_db import open_metadata
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -206,10 +207,7 @@ class Authorizer:
     _db: sqlite3.Connection | None = None
 
     def __post_init__(self) -> None:
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._db = open_metadata(self.path, SCHEMA)
         self._acls = [Acl(ResourceType(r[0]), r[1], PatternType(r[2]), r[3], r[4], Operation(r[5]), Permission(r[6]))
                       for r in self._db.execute("SELECT * FROM acls")]
 

@@ -17,11 +17,11 @@ import enum
 import hashlib
 import hmac
 import os
-import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from stratalog.broker.metadata_db import open_metadata
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -44,8 +44,6 @@ DEFAULT_ITERATIONS = 8192
 SALT_BYTES = 32
 #: The longest user name accepted (Kafka bounds none; a name is a row key and part of log lines).
 USER_NAME_CHARS_MAX = 256
-#: How long a writer waits for another process (`stratalog users` beside a running broker).
-BUSY_TIMEOUT_S = 10.0
 
 
 class ScramMechanism(enum.Enum):
@@ -128,10 +126,7 @@ class CredentialStore:
 
     def __init__(self, path: Path) -> None:
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._db = open_metadata(path, SCHEMA)
 
     def close(self) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.broker.metadata_db import open_metadata
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -126,10 +127,7 @@ class Quotas:
     _db: sqlite3.Connection | None = None
 
     def __post_init__(self) -> None:
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._db = open_metadata(self.path, SCHEMA)
         for entity, key, value in self._db.execute("SELECT entity, key, value FROM client_quotas"):
             parsed = tuple((t, n) for t, n in json.loads(entity))
             self._entities.setdefault(parsed, {})[key] = value

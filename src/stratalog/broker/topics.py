@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.broker.metadata_db import open_metadata
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -83,10 +83,7 @@ class TopicRegistry:
 
     def __init__(self, path: Path) -> None:
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._db = open_metadata(path, SCHEMA)
         self._topics: dict[str, Topic] = {}
         self._by_id: dict[uuid.UUID, Topic] = {}
         for name, topic_id, partitions, configs in self._db.execute(
