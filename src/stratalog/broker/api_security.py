@@ -80,19 +80,16 @@ def _security_disabled(broker: Broker) -> str | None:
     return "no authorizer is configured: start the broker with ACLs on ([authorizer] enabled = true, or --acls)"
 
 
-def _filter(fields: Any, version: int, *, prefix: str) -> AclFilter:
-    """The filter of DescribeAcls (``prefix`` "") or one of DeleteAcls, from either's fields."""
-    def get(name: str, default: Any = None) -> Any:
-        return getattr(fields, name, default)
-
+def _filter(fields: Any) -> AclFilter:
+    """The filter of DescribeAcls, or one of DeleteAcls's filters: both name their fields alike."""
     try:
         return AclFilter(
-            resource_type=ResourceType(get(f"resource_type{prefix}")),
-            resource_name=get(f"resource_name{prefix}"),
+            resource_type=ResourceType(fields.resource_type_filter),
+            resource_name=fields.resource_name_filter,
             # v0 knew only literal names
-            pattern_type=PatternType(get("pattern_type_filter", PatternType.LITERAL)),
-            principal=get(f"principal{prefix}"), host=get(f"host{prefix}"),
-            operation=Operation(get("operation")), permission=Permission(get("permission_type"))).check()
+            pattern_type=PatternType(getattr(fields, "pattern_type_filter", PatternType.LITERAL)),
+            principal=fields.principal_filter, host=fields.host_filter,
+            operation=Operation(fields.operation), permission=Permission(fields.permission_type)).check()
     except ValueError as e:
         raise InvalidAclError(str(e)) from None
 
@@ -106,7 +103,7 @@ async def describe_acls(broker: Broker, request: Request, session: Session) -> d
         return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
                 "error_message": _not_authorized(session, "describe ACLs"), "resources": []}
     try:
-        selected = _filter(request.body, request.api_version, prefix="_filter")
+        selected = _filter(request.body)
     except InvalidAclError as e:
         return {"throttle_time": 0, "error_code": ErrorCode.invalid_request, "error_message": str(e), "resources": []}
     resources: dict[tuple[ResourceType, str, PatternType], list[dict[str, Any]]] = {}
@@ -157,7 +154,7 @@ async def delete_acls(broker: Broker, request: Request, session: Session) -> dic
     results: list[dict[str, Any]] = []
     for f in filters:
         try:
-            selected = _filter(f, request.api_version, prefix="_filter")
+            selected = _filter(f)
         except InvalidAclError as e:
             results.append({"error_code": ErrorCode.invalid_request, "error_message": str(e), "matching_acls": []})
             continue
