@@ -10,7 +10,7 @@ from kio.schema.errors import ErrorCode
 from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
 from stratalog.broker.session import Session
-from stratalog.broker.topic_configs import SPECS, InvalidConfigError, check_configs, effective
+from stratalog.broker.topic_configs import SPECS, TYPE_STRING, InvalidConfigError, check_configs, effective
 from stratalog.broker.topics import InvalidTopicError, TopicExistsError, UnknownTopicError, check_topic_name
 from stratalog.kafka.codec import Request
 
@@ -23,7 +23,11 @@ RESOURCE_BROKER = 4
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 #: DescribeConfigs config sources.
 SOURCE_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
+#: The broker config that names its object storage, so a Spark job given only the broker's address reads
+#: cold data straight from objects (stratalog.spark). Credentials are never part of it.
+OBJECT_STORE_CONFIG = "stratalog.object.store.uri"
 
 
 async def create_topics(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
@@ -145,7 +149,16 @@ async def describe_configs(broker: Broker, request: Request, session: Session) -
         if r.resource_type == RESOURCE_BROKER:
             if not session.may_cluster(Operation.DESCRIBE_CONFIGS):
                 result["error_code"] = ErrorCode.cluster_authorization_failed
-            continue  # no broker configs are exposed yet
+            elif r.resource_name not in ("", str(broker.config.node_id)):
+                result["error_code"] = ErrorCode.invalid_request
+                result["error_message"] = f"this is broker {broker.config.node_id}, not {r.resource_name!r}"
+            elif r.configuration_keys is None or OBJECT_STORE_CONFIG in r.configuration_keys:
+                result["configs"] = [
+                    {"name": OBJECT_STORE_CONFIG, "value": broker.object_store_uri, "read_only": True,
+                     "config_source": SOURCE_STATIC_BROKER, "is_default": False, "is_sensitive": False,
+                     "synonyms": [], "config_type": TYPE_STRING,
+                     "documentation": "Where this broker keeps its objects (no credentials)." if documented else None}]
+            continue
         if r.resource_type != RESOURCE_TOPIC:
             result["error_code"] = ErrorCode.invalid_request
             result["error_message"] = f"resource type {r.resource_type} is not supported"

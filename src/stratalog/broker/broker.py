@@ -34,6 +34,7 @@ from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.io.device import Device
 from stratalog.kafka.codec import Request
+from stratalog.objects.uri import without_credentials
 
 log = logging.getLogger("stratalog.broker")
 
@@ -56,10 +57,13 @@ class Api:
 class Broker:
     """State shared by the handlers. Open with ``Broker.open`` inside the event loop; ``close`` it."""
 
-    def __init__(self, data_dir: Path, store: StreamStore, config: BrokerConfig) -> None:
+    def __init__(self, data_dir: Path, store: StreamStore, config: BrokerConfig,
+                 object_store_uri: str | None = None) -> None:
         self.config = config
         self.store = store
         self.data_dir = data_dir
+        #: The object store as other processes open it (DescribeConfigs ``stratalog.object.store.uri``).
+        self.object_store_uri = object_store_uri or without_credentials(None, data_dir)
         self.topics = TopicRegistry(data_dir / "broker.sqlite")
         self.credentials = CredentialStore(data_dir / "broker.sqlite")
         self.authorizer = Authorizer(data_dir / "broker.sqlite", config.authorizer)
@@ -97,7 +101,7 @@ class Broker:
         path = Path(data_dir)
         store = StreamStore.open(path, object_store, config.store, wal_device=wal_device)
         try:
-            broker = cls(path, store, config)
+            broker = cls(path, store, config, without_credentials(object_store, path))
         except BaseException:
             store.close()
             raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore
@@ -26,6 +26,19 @@ def redact(uri: str) -> str:
     """The URI with its secret key hidden, for messages and logs."""
     without_userinfo = re.sub(r"//[^/?#]*@", "//***@", uri)
     return re.sub(r"(secret_key=)[^&#]*", r"\1***", without_userinfo)
+
+
+def without_credentials(uri: str | None, data_dir: Path) -> str:
+    """The URI of the store ``open_object_store(uri, data_dir)`` opens, fit to show to other processes:
+    absolute for a local directory, and without access_key / secret_key (each reader takes its own
+    credentials from its environment)."""
+    if uri is None:
+        return (Path(data_dir).absolute() / LOCAL_DIR_NAME).as_uri()
+    parts = urlsplit(uri)
+    if parts.scheme.lower() != "s3":
+        return uri
+    kept = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ("access_key", "secret_key")]
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept), ""))
 
 
 def open_object_store(uri: str | None, data_dir: Path) -> ObjectStore:

@@ -34,7 +34,6 @@ push down the ``stream`` and ``offset`` filters the same way (a run is read whol
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -45,24 +44,19 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
-    EqualTo,
     Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
     InputPartition,
-    IsNotNull,
-    LessThan,
-    LessThanOrEqual,
 )
 from pyspark.sql.types import StructType
 
 from stratalog.engine.manifest import read_manifest
 from stratalog.spark.columns import spark_schema
+from stratalog.spark.filters import PushedFilters
+from stratalog.spark.location import locate, object_store
+from stratalog.spark.options import include_headers, int_option, option
 from stratalog.spark.plan import (
     BYTES_PER_PARTITION,
     ROWS_PER_PARTITION,
-    OffsetRange,
     ReadPartition,
     filter_by_label,
     plan_partitions,
@@ -72,38 +66,6 @@ from stratalog.spark.queues import QueuePartition, plan_queue_read, read_queue_p
 from stratalog.spark.reader import open_store, read_partition, shared_store
 
 FORMAT_NAME = "stratalog"
-
-
-def option(options: dict[str, str], name: str, default: str | None = None) -> str | None:
-    """Option ``name``: Spark passes options with lower-cased names (they are case-insensitive)."""
-    return options.get(name.lower(), default)
-
-
-def required(options: dict[str, str], name: str) -> str:
-    value = option(options, name)
-    if not value:
-        raise ValueError(f"the stratalog data source needs option {name!r}")
-    return value
-
-
-def include_headers(options: dict[str, str]) -> bool:
-    raw = (option(options, "includeHeaders") or "false").lower()
-    if raw not in ("true", "false"):
-        raise ValueError(f"option 'includeHeaders' must be true or false, not {raw!r}")
-    return raw == "true"
-
-
-def int_option(options: dict[str, str], name: str, default: int) -> int:
-    raw = option(options, name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"option {name!r} must be an integer, not {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"option {name!r} must be at least 1, not {value}")
-    return value
 
 
 class StratalogDataSource(DataSource):
@@ -120,7 +82,13 @@ class StratalogDataSource(DataSource):
         return {str(k).lower(): str(v) for k, v in self.options.items()}
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return StratalogReader(self._options())
+        options = self._options()
+        location = locate(options)
+        if location.broker:
+            from stratalog.spark.broker_source import BrokerBatchReader
+
+            return BrokerBatchReader(location, options)
+        return StratalogReader(options)
 
     def _no_queues(self, what: str) -> None:
         if option(self._options(), "queues") is not None:
@@ -130,7 +98,13 @@ class StratalogDataSource(DataSource):
         from stratalog.spark.stream import StratalogStreamReader
 
         self._no_queues("streaming reads")
-        return StratalogStreamReader(self._options())
+        options = self._options()
+        location = locate(options)
+        if location.broker:
+            from stratalog.spark.broker_source import BrokerStreamReader
+
+            return BrokerStreamReader(location, options)
+        return StratalogStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from stratalog.spark.write import StratalogBatchWriter
@@ -145,77 +119,11 @@ class StratalogDataSource(DataSource):
         return StratalogStreamWriter(self._options(), schema, overwrite)
 
 
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-#: Columns the source never leaves null (only ``key`` may be null).
-_NEVER_NULL = frozenset({("stream",), ("offset",), ("timestamp",), ("value",)})
-#: ... and in a queue read (``timestamp`` and ``key`` are always null there).
-_NEVER_NULL_QUEUES = frozenset({("stream",), ("offset",), ("value",)})
-
-
-class PushedFilters:
-    """What filters on ``stream`` and ``offset`` leave to read: a set of labels and an offset range."""
-
-    def __init__(self, queues: bool = False) -> None:
-        self.never_null = _NEVER_NULL_QUEUES if queues else _NEVER_NULL
-        self.labels: frozenset[str] | None = None
-        self.offsets = OffsetRange()
-        #: Blocks whose newest record is older than this (ms since the epoch) hold no wanted row.
-        self.time_from_ms: int | None = None
-
-    def take(self, item: Filter) -> bool:
-        """Narrow by ``item`` if it is one we apply exactly; False leaves it to Spark."""
-        column = getattr(item, "attribute", ())
-        if isinstance(item, IsNotNull):
-            return column in self.never_null
-        if column == ("stream",):
-            return self._take_stream(item)
-        if column == ("offset",):
-            return self._take_offset(item)
-        if column == ("timestamp",):
-            self._note_time(item)
-        return False
-
-    def _note_time(self, item: Filter) -> None:
-        """Keep a lower bound on ``timestamp`` to skip blocks; the filter itself stays with Spark."""
-        value = getattr(item, "value", None)
-        if not isinstance(item, (GreaterThan, GreaterThanOrEqual, EqualTo)):
-            return
-        if not isinstance(value, datetime.datetime) or value.tzinfo is None:
-            return  # Spark passes timestamps as aware datetimes; anything else is not ours to guess
-        from_ms = (value - _EPOCH) // datetime.timedelta(milliseconds=1)
-        self.time_from_ms = from_ms if self.time_from_ms is None else max(self.time_from_ms, from_ms)
-
-    def _take_stream(self, item: Filter) -> bool:
-        if isinstance(item, EqualTo) and isinstance(item.value, str):
-            return self._labels(frozenset([item.value]))
-        if isinstance(item, In) and all(isinstance(v, str) for v in item.value):
-            return self._labels(frozenset(item.value))
-        return False
-
-    def _take_offset(self, item: Filter) -> bool:
-        value = getattr(item, "value", None)
-        if not isinstance(value, int) or isinstance(value, bool):
-            return False
-        bounds = {
-            EqualTo: (value, value + 1), GreaterThan: (value + 1, None), GreaterThanOrEqual: (value, None),
-            LessThan: (None, value), LessThanOrEqual: (None, value + 1),
-        }.get(type(item))
-        if bounds is None:
-            return False
-        low, high = bounds
-        self.offsets = self.offsets.intersect(max(low or 0, 0), self.offsets.end if high is None else high)
-        return True
-
-    def _labels(self, labels: frozenset[str]) -> bool:
-        self.labels = labels if self.labels is None else self.labels & labels
-        return True
-
-
 class StratalogReader(DataSourceReader):
     """Batch reader: plans on the driver, reads on executors. Picklable (options and plan only)."""
 
     def __init__(self, options: dict[str, str]) -> None:
-        self.uri = required(options, "path")
+        self.uri = object_store(options)
         self.streams = option(options, "streams")
         self.queues = option(options, "queues")
         self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)

@@ -36,6 +36,8 @@ from pyspark.sql.streaming.datasource import (
 
 from stratalog.engine.manifest import Manifest, read_manifest
 from stratalog.objects.store import ObjectStore
+from stratalog.spark.location import object_store
+from stratalog.spark.options import include_headers, int_option, option
 from stratalog.spark.plan import (
     BYTES_PER_PARTITION,
     ROWS_PER_PARTITION,
@@ -104,9 +106,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     """Micro-batch reader. Picklable: Spark ships it to executors for ``read``."""
 
     def __init__(self, options: dict[str, str]) -> None:
-        from stratalog.spark.source import include_headers, int_option, option, required
-
-        self.uri = required(options, "path")
+        self.uri = object_store(options)
         self.streams = option(options, "streams")
         self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
         self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)

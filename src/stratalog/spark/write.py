@@ -88,6 +88,7 @@ from stratalog.engine.store import StreamStore, object_key
 from stratalog.errors import StratalogError
 from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore
+from stratalog.spark.options import int_option, required
 from stratalog.spark.reader import open_store, shared_store
 from stratalog.wal.config import WALConfig
 from stratalog.wal.format import crc32c
@@ -526,8 +527,6 @@ def _partition_id() -> int:
 
 class _WriterBase:
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        from stratalog.spark.source import int_option, required
-
         if overwrite:
             raise ValueError("stratalog streams are append-only: use mode('append')")
         names = set(schema.fieldNames())
@@ -576,8 +575,6 @@ class StratalogStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
     """``df.writeStream.format("stratalog")``: as the batch writer, plus the required option ``sinkId``."""
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        from stratalog.spark.source import required
-
         super().__init__(options, schema, overwrite)
         self.sink_id = required(options, "sinkId")
 

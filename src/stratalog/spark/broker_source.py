@@ -1,0 +1,303 @@
+"""Batch and streaming reads of a running broker (``path`` ``kafka://HOST:PORT`` or option ``bootstrap``).
+
+Options, besides ``path`` / ``bootstrap`` and ``kafka.<setting>`` (location.py):
+
+``topics``
+    Comma list of topics to read; every topic when absent. ``streams`` (``topic/partition`` names) and
+    pushed-down filters on ``stream`` narrow it further.
+``coldReads``
+    ``auto`` (default): uploaded records from the object storage the broker names, when this machine can
+    reach it, else everything from the broker; ``objects``: the same, but an unreachable store is an
+    error; ``broker``: everything through Kafka Fetch.
+``failOnDataLoss``
+    ``true`` (default): a read that finds records it was to return trimmed fails, as Spark's Kafka source
+    does; ``false`` goes on without them.
+``startingOffsets`` (streaming)
+    ``earliest`` (default), ``latest``, or JSON as in Spark's Kafka source:
+    ``{"clicks": {"0": 42, "1": -2}}`` (-2: earliest, -1: latest). Partitions that appear later are read
+    from their start.
+``maxRowsPerTrigger`` (streaming)
+    Records per micro-batch at most, shared among partitions in proportion to what each has waiting.
+
+A streaming offset is ``{"<topic>": {"<partition>": <next offset>}}``, as in Spark's Kafka source: it
+lives in the query's checkpoint, so a driver killed and restarted reads on exactly where the last
+committed micro-batch ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Filter, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from stratalog.engine.manifest import Manifest, ManifestError, read_manifest
+from stratalog.spark.broker_plan import TailPartition, label, plan_broker_read, read_ranges
+from stratalog.spark.filters import PushedFilters
+from stratalog.spark.kafka_client import BrokerView, PartitionEnds, TopicPartition, read_tail
+from stratalog.spark.location import Location
+from stratalog.spark.options import bool_option, include_headers, int_option, option
+from stratalog.spark.plan import BYTES_PER_PARTITION, ROWS_PER_PARTITION, ReadPartition
+from stratalog.spark.reader import open_store, read_partition, shared_store
+
+log = logging.getLogger("stratalog.spark")
+
+COLD_READS = ("auto", "objects", "broker")
+#: Records per micro-batch when the query sets no limit.
+MAX_ROWS_PER_TRIGGER = 1_000_000
+EARLIEST, LATEST = -2, -1
+
+Offsets = dict[str, dict[str, int]]
+
+
+class BrokerRead:
+    """What a read of a broker needs on the driver and in tasks (picklable: settings only)."""
+
+    def __init__(self, location: Location, options: dict[str, str]) -> None:
+        assert location.bootstrap is not None
+        self.bootstrap = location.bootstrap
+        self.kafka = location.kafka
+        self.objects = location.objects
+        raw_topics = option(options, "topics")
+        self.topics = None if raw_topics is None else [t.strip() for t in raw_topics.split(",") if t.strip()]
+        raw_streams = option(options, "streams")
+        self.streams = None if raw_streams is None else frozenset(
+            s.strip() for s in raw_streams.split(",") if s.strip())
+        self.cold_reads = (option(options, "coldReads") or "auto").lower()
+        if self.cold_reads not in COLD_READS:
+            raise ValueError(f"option 'coldReads' must be one of {', '.join(COLD_READS)}, not {self.cold_reads!r}")
+        self.fail_on_data_loss = bool_option(options, "failOnDataLoss", True)
+        self.headers = include_headers(options)
+        self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
+        self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)
+        if option(options, "queues") is not None:
+            raise ValueError("option 'queues' reads a queue store's objects, not a broker")
+
+    # Driver side ---------------------------------------------------------------------------------
+
+    def view(self) -> BrokerView:
+        return BrokerView(self.bootstrap, self.kafka)
+
+    def partitions_of(self, view: BrokerView) -> list[TopicPartition]:
+        counts = view.topics(self.topics)
+        tps = [(topic, p) for topic, count in counts.items() for p in range(count)]
+        return [tp for tp in tps if self.streams is None or label(tp) in self.streams]
+
+    def resolve_objects(self, view: BrokerView) -> None:
+        """Settle where uploaded records are read from (driver, once per query): ``self.objects``."""
+        if self.cold_reads == "broker":
+            self.objects = None
+            return
+        if self.objects is not None:
+            return
+        advertised = view.object_store_uri()
+        if advertised is not None and _reachable(advertised):
+            self.objects = advertised
+            return
+        why = (f"broker {self.bootstrap} keeps its objects at {advertised}, which this machine cannot reach"
+               if advertised else f"broker {self.bootstrap} does not say where its objects are")
+        if self.cold_reads == "objects":
+            raise ValueError(f"{why}: give the object store as option 'path', or set coldReads=broker")
+        log.warning("%s: every record is read through the broker (give the object store as option 'path' "
+                    "to read uploaded records from it)", why)
+
+    def manifest(self) -> Manifest | None:
+        if self.objects is None:
+            return None
+        store = open_store(self.objects)
+        try:
+            return read_manifest(store)
+        except ManifestError:
+            return None  # nothing uploaded yet
+        finally:
+            store.close()
+
+    def plan(self, ranges: dict[TopicPartition, tuple[int, int]],
+             time_from_ms: int | None = None) -> list[ObjectsPartition | TailPartition]:
+        """The tasks; each names where it reads (Spark pickles the reader for tasks before planning)."""
+        plan = plan_broker_read(self.manifest(), ranges, rows_max=self.rows_max, bytes_max=self.bytes_max,
+                                fail_on_data_loss=self.fail_on_data_loss, time_from_ms=time_from_ms)
+        objects = self.objects or ""
+        return [ObjectsPartition(objects, p) if isinstance(p, ReadPartition) else p for p in plan]
+
+    # Executor side -------------------------------------------------------------------------------
+
+    def read(self, value: object) -> Iterator[pa.RecordBatch]:
+        if isinstance(value, TailPartition):
+            yield from read_tail(self.bootstrap, self.kafka, value.topic, value.partition, value.start, value.end,
+                                 headers=self.headers, fail_on_data_loss=self.fail_on_data_loss)
+            return
+        assert isinstance(value, ObjectsPartition)
+        yield from read_partition(shared_store(value.objects), value.part, headers=self.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectsPartition:
+    """A task reading uploaded records from the object store at ``objects``."""
+
+    objects: str
+    part: ReadPartition
+
+
+def _reachable(uri: str) -> bool:
+    """Whether this machine can read the object store ``uri`` (a local directory must exist here)."""
+    if uri.startswith("file://"):
+        return Path(unquote(urlsplit(uri).path)).is_dir()
+    return True
+
+
+class BrokerBatchReader(DataSourceReader):
+    """``spark.read.format("stratalog").option("path", "kafka://...")``: everything acknowledged when the
+    read is planned."""
+
+    def __init__(self, location: Location, options: dict[str, str]) -> None:
+        self.source = BrokerRead(location, options)
+        self.pushed = PushedFilters()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        for f in filters:
+            if not self.pushed.take(f):
+                yield f
+
+    def partitions(self) -> Sequence[InputPartition]:
+        view = self.source.view()
+        try:
+            self.source.resolve_objects(view)
+            ends = view.ends(self.source.partitions_of(view))
+        finally:
+            view.close()
+        ranges = read_ranges(ends, self.pushed.offsets, self.pushed.labels)
+        return [InputPartition(p) for p in self.source.plan(ranges, self.pushed.time_from_ms)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from self.source.read(partition.value)
+
+
+# Streaming -----------------------------------------------------------------------------------------
+
+
+def parse_starting(raw: str | None) -> int | Offsets:
+    """``startingOffsets``: EARLIEST, LATEST, or per-partition offsets."""
+    text = (raw or "earliest").strip()
+    if text.lower() in ("earliest", "latest"):
+        return EARLIEST if text.lower() == "earliest" else LATEST
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        return {str(t): {str(int(p)): int(o) for p, o in parts.items()} for t, parts in doc.items()}
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"startingOffsets must be earliest, latest or JSON such as "
+                         f"{{\"clicks\": {{\"0\": 42, \"1\": -2}}}}, not {text!r} ({e})") from None
+
+
+def share(budget: int, backlog: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """Split ``budget`` records among partitions in proportion to their ``backlog`` (each gets at most
+    its backlog; the rounding remainder goes to the largest backlogs first)."""
+    total = sum(backlog.values())
+    if total <= budget:
+        return dict(backlog)
+    taken = {tp: budget * n // total for tp, n in backlog.items()}
+    left = budget - sum(taken.values())
+    for tp in sorted(backlog, key=lambda t: (-backlog[t], t)):
+        if left <= 0:
+            break
+        if taken[tp] < backlog[tp]:
+            taken[tp] += 1
+            left -= 1
+    return taken
+
+
+def _flat(offsets: Offsets) -> dict[TopicPartition, int]:
+    return {(t, int(p)): o for t, parts in offsets.items() for p, o in parts.items()}
+
+
+def _nested(flat: dict[TopicPartition, int]) -> Offsets:
+    out: Offsets = {}
+    for (t, p), o in sorted(flat.items()):
+        out.setdefault(t, {})[str(p)] = o
+    return out
+
+
+class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("stratalog").option("path", "kafka://...")``: micro-batches of what the
+    broker acknowledged since the last one."""
+
+    def __init__(self, location: Location, options: dict[str, str]) -> None:
+        self.source = BrokerRead(location, options)
+        self.starting = parse_starting(option(options, "startingOffsets"))
+        self.rows_per_trigger = int_option(options, "maxRowsPerTrigger", MAX_ROWS_PER_TRIGGER)
+        self.target: dict[TopicPartition, int] | None = None
+        self._resolved = False
+
+    def _ends(self) -> dict[TopicPartition, PartitionEnds]:
+        view = self.source.view()
+        try:
+            if not self._resolved:
+                self.source.resolve_objects(view)
+                self._resolved = True
+            return view.ends(self.source.partitions_of(view))
+        finally:
+            view.close()
+
+    def initialOffset(self) -> dict[str, Any]:
+        ends = self._ends()
+        if isinstance(self.starting, dict):
+            given = _flat(self.starting)
+            chosen = {}
+            for tp, e in ends.items():
+                wanted = given.get(tp, EARLIEST)
+                chosen[tp] = e.start if wanted == EARLIEST else e.end if wanted == LATEST else wanted
+            return _nested(chosen)
+        return _nested({tp: e.start if self.starting == EARLIEST else e.end for tp, e in ends.items()})
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.rows_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = {tp: e.end for tp, e in self._ends().items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        at = _flat(start)
+        ends = self._ends()
+        backlog = {}
+        for tp, e in ends.items():
+            end = e.end if self.target is None else min(e.end, self.target.get(tp, e.start))
+            first = at.get(tp, e.start)  # a partition that appeared since: from its start
+            backlog[tp] = max(end - first, 0)
+            at.setdefault(tp, first)
+        rows_max = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
+        taken = backlog if rows_max is None else share(rows_max, backlog)
+        return _nested({tp: at[tp] + taken.get(tp, 0) for tp in at})
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, finish = _flat(start), _flat(end)
+        ranges = {tp: (begin.get(tp, 0), stop) for tp, stop in finish.items() if stop > begin.get(tp, 0)}
+        if not ranges:
+            return []
+        if not self._resolved:  # a restarted driver plans the batch it was planning before latestOffset
+            view = self.source.view()
+            try:
+                self.source.resolve_objects(view)
+                self._resolved = True
+            finally:
+                view.close()
+        return [InputPartition(p) for p in self.source.plan(ranges)]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # the offsets live in the checkpoint; nothing is kept elsewhere
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from self.source.read(partition.value)

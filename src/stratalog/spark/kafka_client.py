@@ -1,0 +1,252 @@
+"""The data source as a Kafka client of a running broker (librdkafka, through confluent-kafka).
+
+Driver side, :class:`BrokerView`: the topics and partitions, each partition's first and next offset
+(ListOffsets: the next offset is the high watermark, below which every record is acknowledged), and the
+broker's object storage (DescribeConfigs). Executor side, :func:`read_tail`: the records of one
+partition in an offset range, through Kafka Fetch, as Arrow batches in the source's schema.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from stratalog.errors import StratalogError
+from stratalog.spark.columns import arrow_schema
+
+#: The broker config naming its object storage (broker/api_admin.py).
+OBJECT_STORE_CONFIG = "stratalog.object.store.uri"
+#: How long the driver waits for the broker's answers, and a task for records the broker acknowledged
+#: (they are there: waiting longer only hides a broker that is down).
+REQUEST_TIMEOUT_S = 30.0
+#: Records taken from the client per call: large enough to amortize the call, small enough for a batch.
+ROWS_PER_BATCH = 10_000
+
+TopicPartition = tuple[str, int]
+
+
+class BrokerReadError(StratalogError):
+    """The broker did not answer, or answered with an error."""
+
+
+class DataLossError(BrokerReadError):
+    """Records the read was to return are gone (trimmed by retention or DeleteRecords)."""
+
+
+def _client_settings(bootstrap: str, settings: dict[str, str]) -> dict[str, Any]:
+    return {"bootstrap.servers": bootstrap, "client.id": "stratalog-spark", **settings}
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionEnds:
+    """A partition's first offset (the log start) and next offset (the high watermark)."""
+
+    start: int
+    end: int
+
+
+class BrokerView:
+    """The driver's questions to the broker. Close it when done."""
+
+    def __init__(self, bootstrap: str, settings: dict[str, str]) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.bootstrap = bootstrap
+        self._admin: Any = AdminClient(_client_settings(bootstrap, settings))
+
+    def close(self) -> None:
+        self._admin = None  # librdkafka's admin client has no close; its threads end with the object
+
+    def topics(self, wanted: list[str] | None) -> dict[str, int]:
+        """Partition count of each topic in ``wanted`` (every topic when None). A topic that does not exist
+        raises BrokerReadError naming it."""
+        try:
+            metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+        except Exception as e:
+            raise BrokerReadError(f"broker {self.bootstrap} did not list its topics: {e}") from e
+        found = {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+        if wanted is None:
+            return dict(sorted(found.items()))
+        missing = [name for name in wanted if name not in found]
+        if missing:
+            raise BrokerReadError(f"broker {self.bootstrap} has no topic {', '.join(map(repr, missing))}; "
+                                  f"it has {', '.join(sorted(found)) or 'none'}")
+        return {name: found[name] for name in wanted}
+
+    def ends(self, partitions: list[TopicPartition]) -> dict[TopicPartition, PartitionEnds]:
+        """Each partition's first and next offset, in two ListOffsets round trips."""
+        from confluent_kafka import TopicPartition as KafkaPartition
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+        if not partitions:
+            return {}
+
+        def ask(spec: Any) -> dict[TopicPartition, int]:
+            futures = self._admin.list_offsets({KafkaPartition(t, p): spec for t, p in partitions},
+                                               request_timeout=REQUEST_TIMEOUT_S)
+            out = {}
+            for tp, future in futures.items():
+                try:
+                    out[(tp.topic, tp.partition)] = int(future.result().offset)
+                except Exception as e:
+                    raise BrokerReadError(f"broker {self.bootstrap}: offsets of {tp.topic}/{tp.partition}: {e}") from e
+            return out
+
+        firsts = ask(OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+        nexts = ask(OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        return {tp: PartitionEnds(firsts[tp], nexts[tp]) for tp in partitions}
+
+    def object_store_uri(self) -> str | None:
+        """The broker's object storage as it advertises it (None: it does not say)."""
+        from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+        try:
+            metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+            node = str(next(iter(metadata.brokers)))
+            futures = self._admin.describe_configs([ConfigResource(ResourceType.BROKER, node)],
+                                                   request_timeout=REQUEST_TIMEOUT_S)
+            entries = next(iter(futures.values())).result()
+        except Exception as e:
+            raise BrokerReadError(f"broker {self.bootstrap} did not describe its configs: {e}") from e
+        entry = entries.get(OBJECT_STORE_CONFIG)
+        return None if entry is None or not entry.value else str(entry.value)
+
+
+# Executor side -------------------------------------------------------------------------------------
+
+_consumers: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]] = {}
+_consumers_lock = threading.Lock()
+
+
+def _take_consumer(bootstrap: str, settings: dict[str, str]) -> tuple[Any, tuple[str, tuple[tuple[str, str], ...]]]:
+    """A consumer for these settings: one kept from an earlier task of this Python worker, or a new one
+    (a consumer's bootstrap costs round trips; Spark runs many tasks in one worker)."""
+    key = (bootstrap, tuple(sorted(settings.items())))
+    with _consumers_lock:
+        idle = _consumers.get(key)
+        if idle:
+            return idle.pop(), key
+    from confluent_kafka import Consumer
+
+    config = {**_client_settings(bootstrap, settings), "group.id": "stratalog-spark", "enable.auto.commit": False,
+              "enable.auto.offset.store": False, "auto.offset.reset": "error", "enable.partition.eof": False,
+              "fetch.wait.max.ms": 100}
+    return Consumer(config), key
+
+
+def _give_back(consumer: Any, key: tuple[str, tuple[tuple[str, str], ...]]) -> None:
+    consumer.unassign()
+    with _consumers_lock:
+        _consumers.setdefault(key, []).append(consumer)
+
+
+def read_tail(bootstrap: str, settings: dict[str, str], topic: str, partition: int, start: int, end: int, *,
+              headers: bool = False, fail_on_data_loss: bool = True,
+              timeout_s: float = REQUEST_TIMEOUT_S) -> Iterator[pa.RecordBatch]:
+    """Records ``[start, end)`` of a partition, fetched from the broker, in batches of the source's schema.
+
+    Every offset below the high watermark the driver saw exists unless it was trimmed since: a gap
+    raises DataLossError, or with ``fail_on_data_loss`` False the read goes on from the partition's new
+    start. No record arrives within ``timeout_s``: BrokerReadError.
+    """
+    from confluent_kafka import KafkaError
+    from confluent_kafka import TopicPartition as KafkaPartition
+
+    consumer, key = _take_consumer(bootstrap, settings)
+    healthy = False
+    label = f"{topic}/{partition}"
+    try:
+        consumer.assign([KafkaPartition(topic, partition, start)])
+        at = start
+        rows = _Rows(label, headers)
+        deadline = time.monotonic() + timeout_s
+        while at < end:
+            messages = consumer.consume(num_messages=min(ROWS_PER_BATCH, end - at), timeout=1.0)
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        at = _after_loss(consumer, topic, partition, at, end, fail_on_data_loss)
+                        break
+                    raise BrokerReadError(f"fetching {label} from {bootstrap} at offset {at}: {error.str()}")
+                offset = message.offset()
+                if offset < at:
+                    continue
+                if offset > at and fail_on_data_loss:
+                    raise DataLossError(f"{label}: offsets {at} to {offset - 1} are gone (trimmed during the "
+                                        "read); set failOnDataLoss=false to read on")
+                if offset >= end:
+                    at = end
+                    break
+                rows.add(message)
+                at = offset + 1
+            if len(rows) >= ROWS_PER_BATCH or (at >= end and len(rows)):
+                yield rows.finish()
+                rows = _Rows(label, headers)
+            if messages:
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
+                raise BrokerReadError(f"fetching {label} from {bootstrap}: no record at offset {at} within "
+                                      f"{timeout_s:.0f} s (the driver saw records up to {end - 1})")
+        healthy = True
+    finally:
+        if healthy:
+            _give_back(consumer, key)
+        else:
+            consumer.close()
+
+
+def _after_loss(consumer: Any, topic: str, partition: int, at: int, end: int, fail_on_data_loss: bool) -> int:
+    from confluent_kafka import TopicPartition as KafkaPartition
+
+    first, _ = consumer.get_watermark_offsets(KafkaPartition(topic, partition), timeout=REQUEST_TIMEOUT_S,
+                                              cached=False)
+    if first <= at:
+        raise BrokerReadError(f"{topic}/{partition}: offset {at} is out of range though the partition starts "
+                              f"at {first}")
+    if fail_on_data_loss:
+        raise DataLossError(f"{topic}/{partition}: offsets {at} to {min(first, end) - 1} are gone (trimmed before "
+                            "they were read); set failOnDataLoss=false to read on from the partition's start")
+    at = min(first, end)
+    if at < end:
+        consumer.assign([KafkaPartition(topic, partition, at)])
+    return at
+
+
+class _Rows:
+    """Messages of one partition gathered into a RecordBatch of the source's schema."""
+
+    def __init__(self, label: str, headers: bool) -> None:
+        self.label = label
+        self.headers = headers
+        self.offsets: list[int] = []
+        self.stamps_us: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.header_lists: list[list[dict[str, Any]]] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, message: Any) -> None:
+        self.offsets.append(message.offset())
+        self.stamps_us.append(message.timestamp()[1] * 1000)
+        self.keys.append(message.key())
+        self.values.append(message.value() or b"")
+        if self.headers:
+            self.header_lists.append([{"key": k, "value": v} for k, v in message.headers() or ()])
+
+    def finish(self) -> pa.RecordBatch:
+        count = len(self.offsets)
+        columns: list[Any] = [pa.array([self.label] * count, pa.string()), pa.array(self.offsets, pa.int64()),
+                              pa.array(self.stamps_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                              pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary())]
+        schema = arrow_schema(self.headers)
+        if self.headers:
+            columns.append(pa.array(self.header_lists, schema.field("headers").type))
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
