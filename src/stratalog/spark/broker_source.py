@@ -240,17 +240,24 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting = parse_starting(option(options, "startingOffsets"))
         self.rows_per_trigger = int_option(options, "maxRowsPerTrigger", MAX_ROWS_PER_TRIGGER)
         self.target: dict[TopicPartition, int] | None = None
-        self._resolved = False
+        #: The driver's client, kept from trigger to trigger (never pickled: tasks need none).
+        self._view: BrokerView | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_view"] = None
+        return state
+
+    def _broker(self) -> BrokerView:
+        if self._view is None:
+            view = self.source.view()
+            self.source.resolve_objects(view)
+            self._view = view
+        return self._view
 
     def _ends(self) -> dict[TopicPartition, PartitionEnds]:
-        view = self.source.view()
-        try:
-            if not self._resolved:
-                self.source.resolve_objects(view)
-                self._resolved = True
-            return view.ends(self.source.partitions_of(view))
-        finally:
-            view.close()
+        view = self._broker()
+        return view.ends(self.source.partitions_of(view))
 
     def initialOffset(self) -> dict[str, Any]:
         ends = self._ends()
@@ -287,17 +294,16 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = {tp: (begin.get(tp, 0), stop) for tp, stop in finish.items() if stop > begin.get(tp, 0)}
         if not ranges:
             return []
-        if not self._resolved:  # a restarted driver plans the batch it was planning before latestOffset
-            view = self.source.view()
-            try:
-                self.source.resolve_objects(view)
-                self._resolved = True
-            finally:
-                view.close()
+        self._broker()  # a restarted driver plans the batch it had planned before any latestOffset
         return [InputPartition(p) for p in self.source.plan(ranges)]
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # the offsets live in the checkpoint; nothing is kept elsewhere
+
+    def stop(self) -> None:
+        if self._view is not None:
+            self._view.close()
+            self._view = None
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from self.source.read(partition.value)
