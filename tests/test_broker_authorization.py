@@ -23,9 +23,20 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.listeners import Listener
 from stratalog.broker.session import Session
+from stratalog.engine.batch import NewRecord
+from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.records import encode_batch
+from stratalog.kafka.staged_commit import API_KEY as STAGED_API_KEY
+from stratalog.kafka.staged_commit import (
+    CommitStagedRequest,
+    CommitStagedResponse,
+    StagedObjectEntry,
+    StagedStreamEntry,
+    decode_response,
+)
+from stratalog.spark.write import StagingWriter
 
 TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
 TOPIC_DENIED, GROUP_DENIED, CLUSTER_DENIED = (ErrorCode.topic_authorization_failed,
@@ -206,7 +217,7 @@ ROWS: dict[str, Row] = {
 
 def test_every_served_api_is_in_the_table(world: World) -> None:
     names = {api.name for key, api in world.broker.apis.items() if key not in OPEN_APIS}
-    assert names - set(ROWS) == {"Produce", "ListGroups"}  # each has tests of its own below
+    assert names - set(ROWS) == {"Produce", "ListGroups", "StratalogCommitStaged"}  # tests of their own below
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
@@ -224,6 +235,32 @@ def test_an_api_refuses_a_principal_without_the_acl_and_serves_one_with_it(world
         assert got == served
     else:
         assert got not in (TOPIC_DENIED, GROUP_DENIED, CLUSTER_DENIED)
+
+
+def commit_staged(world: World, who: str, values: list[bytes]) -> CommitStagedResponse:
+    """Stage an object of ``values`` for t/0 as a Spark task would, then ask the broker to commit it."""
+    writer = StagingWriter(world.broker.store.object_store, f"{STAGING_PREFIX}w{next(_ids)}/000000-")
+    writer.add("t/0", [NewRecord(v) for v in values])
+    body = CommitStagedRequest(None, -1, tuple(
+        StagedObjectEntry(0, o.key, o.size_bytes, tuple(StagedStreamEntry(s.name, s.start, s.count) for s in o.streams))
+        for o in writer.finish()))
+    request = Request(STAGED_API_KEY, 0, next(_ids), "test", body, 0)
+
+    async def run() -> Any:
+        return await world.broker.apis[STAGED_API_KEY].handler(world.broker, request, world.session[who])
+
+    answer = world.loop.run_until_complete(run())
+    return decode_response(b"".join(bytes(p) for p in answer.pieces)[4:])[1]
+
+
+def test_a_staged_commit_needs_write_on_every_topic_it_writes(world: World) -> None:
+    refused = commit_staged(world, "bob", [b"x", b"y"])
+    assert (ErrorCode(refused.error_code), refused.committed) == (TOPIC_DENIED, False)
+    assert end_offset(world) == 1
+    world.allow(TOPIC, "t", Operation.WRITE)
+    served = commit_staged(world, "alice", [b"x", b"y"])
+    assert (served.error_code, served.committed, served.records) == (0, True, 2)
+    assert end_offset(world) == 3
 
 
 def test_list_groups_shows_only_the_groups_a_principal_may_describe(world: World) -> None:

@@ -52,7 +52,8 @@ def files(root: Path) -> dict[str, bytes]:
 
 def test_inspect_shows_a_spark_written_object_with_its_real_placement(tmp_path: Path) -> None:
     from stratalog.engine.batch import NewRecord
-    from stratalog.spark.write import StagingWriter, WriteMessage, commit_write
+    from stratalog.engine.staging import commit_staged
+    from stratalog.spark.write import StagingWriter, WriteMessage
 
     store = StreamStore.open(tmp_path, config=small_store_config())
     store.create_stream("first")  # so the written stream's real id differs from its provisional one (0)
@@ -61,7 +62,7 @@ def test_inspect_shows_a_spark_written_object_with_its_real_placement(tmp_path: 
     (staged,) = writer.finish()
     staged_view = run(str(tmp_path), "--object", staged.key, "--verify")
     assert "provisional object" in staged_view and "no metadata names this object" in staged_view
-    commit_write(store, [WriteMessage(0, (staged,))])
+    commit_staged(store, [WriteMessage(0, (staged,))])
     orders = store.open_stream("orders").stream_id
     key = store.metadata.ranges(orders, 0)[0].key
     store.close()

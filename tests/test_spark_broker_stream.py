@@ -1,8 +1,9 @@
-"""A streaming read of a live broker, its driver killed with SIGKILL and restarted from its checkpoint:
-the Parquet sink ends up with every acknowledged record once."""
+"""Streaming reads of and writes into a live broker, their drivers killed with SIGKILL and restarted from
+their checkpoints: every acknowledged record reaches the sink once; every input row reaches the topic once."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from brokerkit import running_broker
 from waiting import wait_until
@@ -78,11 +79,12 @@ class Producing(threading.Thread):
 
 
 @contextmanager
-def stream_driver(tmp_path: Path, bootstrap: str, topic: str, name: str) -> Iterator[subprocess.Popen[bytes]]:
+def stream_driver(tmp_path: Path, bootstrap: str, topic: str, name: str, mode: str = "read",
+                  data: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
     log = (tmp_path / f"{name}.log").open("wb")
     local = tmp_path / f"{name}-local"
     local.mkdir()
-    process = subprocess.Popen([sys.executable, str(DRIVER), bootstrap, topic, str(tmp_path / "sink"),
+    process = subprocess.Popen([sys.executable, str(DRIVER), mode, bootstrap, topic, str(data or tmp_path / "sink"),
                                 str(tmp_path / "checkpoint"), str(local)],
                                stdout=subprocess.PIPE, stderr=log, start_new_session=True)
     try:
@@ -150,3 +152,32 @@ def read_through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: 
         assert not producing.errors
         wait_until(lambda: sink_count() >= len(producing.acked), "the last acknowledged records", timeout_s=180)
         return list(sink().collect())
+
+
+def topic_records(bootstrap: str, topic: str) -> int:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.latest()})
+    return sum(int(f.result(30).offset) for f in futures.values())
+
+
+def test_streaming_write_killed_and_restarted_writes_each_input_row_once(spark: Any, tmp_path: Path) -> None:
+    inputs = tmp_path / "input"
+    inputs.mkdir()
+    rows = 0
+    for n in range(12):  # one file per micro-batch (maxFilesPerTrigger 1)
+        lines = [json.dumps({"id": rows + i, "key": f"user-{(rows + i) % 17}"}) for i in range(400)]
+        (inputs / f"part-{n:03d}.json").write_text("\n".join(lines) + "\n")
+        rows += 400
+    with running_broker(tmp_path / "data") as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic("out", 1)])["out"].result(30)
+        with stream_driver(tmp_path, broker.bootstrap, "out", "writer-1", mode="write", data=inputs):
+            wait_until(lambda: topic_records(broker.bootstrap, "out") >= 1600, "the first micro-batches", timeout_s=120)
+        with stream_driver(tmp_path, broker.bootstrap, "out", "writer-2", mode="write", data=inputs):
+            wait_until(lambda: topic_records(broker.bootstrap, "out") >= rows, "every file written", timeout_s=180)
+        written = spark.read.format("stratalog").option("path", f"kafka://{broker.bootstrap}") \
+            .option("topics", "out").load().collect()
+        assert broker.stop() == 0
+    ids = sorted(int(r.value) for r in written)
+    assert ids == list(range(rows)), "each input row once"
+    assert sorted(r.offset for r in written) == list(range(rows))

@@ -22,19 +22,14 @@ from stratalog.engine.objformat import (
     decode_index,
     placed_batches,
 )
+from stratalog.engine.staging import STAGING_PREFIX, StagedObject, commit_staged
 from stratalog.engine.store import DATA_PREFIX, StreamStore
 from stratalog.objects.faulty import FaultyStore, InjectedFaultError, ObjectFaultPlan
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore
 from stratalog.spark.plan import plan_partitions
 from stratalog.spark.reader import read_partition
-from stratalog.spark.write import (
-    STAGING_PREFIX,
-    StagedObject,
-    StagingWriter,
-    WriteMessage,
-    commit_write,
-)
+from stratalog.spark.write import StagingWriter, WriteMessage
 
 PREFIX = f"{STAGING_PREFIX}w/"
 
@@ -112,7 +107,7 @@ def test_commit_moves_staged_objects_unchanged_and_reads_none_of_their_blocks(tm
     objects.ranges.clear()
     objects.puts.clear()
 
-    result = commit_write(store, messages)
+    result = commit_staged(store, messages)
 
     assert result.committed and result.records == 85 and result.objects == len(staged)
     assert not [key for key in objects.puts if key.startswith(DATA_PREFIX)], "the commit wrote object bytes"
@@ -131,7 +126,7 @@ def test_commit_moves_staged_objects_unchanged_and_reads_none_of_their_blocks(tm
 def test_committed_objects_read_by_their_placement_everywhere(tmp_path: Path) -> None:
     objects = MemoryStore()
     store = with_existing_data(tmp_path, objects)
-    commit_write(store, two_tasks(objects))
+    commit_staged(store, two_tasks(objects))
     b = store.open_stream("b")
     # The timestamp lookup walks a block by its placement: b1's records carry timestamps 5000...
     assert b.offset_for_timestamp(5003) == 33
@@ -155,7 +150,7 @@ def test_staged_objects_say_their_ids_are_provisional_and_metadata_places_them(t
     objects = MemoryStore()
     store = open_store(tmp_path, objects)
     (message,) = [stage(objects, 0, {"x": records("x", 3), "y": records("y", 2)})]
-    commit_write(store, [message])
+    commit_staged(store, [message])
     x, y = store.open_stream("x"), store.open_stream("y")
     rows = store.metadata.ranges(y.stream_id, 0)
     data = objects.get(rows[0].key)
@@ -212,7 +207,7 @@ def test_a_failed_commit_leaves_neither_staged_nor_moved_objects(tmp_path: Path,
     if failure == "metadata commit":
         fail_the_metadata_commit(store, monkeypatch)
     with pytest.raises((ValueError, InjectedFaultError)):
-        commit_write(store, messages)
+        commit_staged(store, messages)
     assert data_and_staged(memory) == before, "a failed commit left objects behind"
     for name in ("a", "c"):
         assert store.open_stream(name).end_offset == 0
@@ -233,11 +228,11 @@ def test_a_crash_between_moving_and_committing_leaves_objects_the_next_open_dele
         raise Crash
 
     monkeypatch.setattr(store, "commit_external_objects", die)
-    monkeypatch.setattr("stratalog.spark.write._delete_unregistered", lambda *_: None)  # dead: nothing runs
+    monkeypatch.setattr("stratalog.engine.staging._delete_unregistered", lambda *_: None)  # dead: nothing runs
     monkeypatch.setattr(objects, "delete", lambda key: None)
     messages = two_tasks(objects)
     with pytest.raises(Crash):
-        commit_write(store, messages)
+        commit_staged(store, messages)
     monkeypatch.undo()
     moved = {key for key in set(objects.objects) - before if key.startswith(DATA_PREFIX)}
     assert len(moved) == sum(len(m.objects) for m in messages)
@@ -254,13 +249,13 @@ def test_a_replayed_batch_moves_nothing_even_when_it_races_the_marker(tmp_path: 
     objects = MemoryStore()
     store = open_store(tmp_path, objects)
     marker = ("spark.sink.copy", 4)
-    assert commit_write(store, [stage(objects, 0, {"e": records("e", 5)})], marker).committed
+    assert commit_staged(store, [stage(objects, 0, {"e": records("e", 5)})], marker).committed
     after_first = data_and_staged(objects)
     # The replay as a plain check sees it ...
-    assert not commit_write(store, [stage(objects, 0, {"e": records("e", 5)})], marker).committed
+    assert not commit_staged(store, [stage(objects, 0, {"e": records("e", 5)})], marker).committed
     # ... and when the check passes (the marker landed in between), the metadata transaction refuses it.
     monkeypatch.setattr(store.metadata, "get_meta", lambda key, default=0: -1)
-    result = commit_write(store, [stage(objects, 0, {"e": records("e", 5)})], marker)
+    result = commit_staged(store, [stage(objects, 0, {"e": records("e", 5)})], marker)
     assert not result.committed and result.records == 0
     monkeypatch.undo()
     assert data_and_staged(objects) == after_first, "a replayed batch left objects"
@@ -276,7 +271,7 @@ def test_a_staged_object_that_does_not_match_its_message_stops_the_commit_before
     lying = WriteMessage(0, (StagedObject(staged.key, staged.size_bytes,
                                           (type(staged.streams[0])("x", 0, 4),)),))
     with pytest.raises(CorruptObjectError, match="reported"):
-        commit_write(store, [lying])
+        commit_staged(store, [lying])
     assert not list(objects.list(DATA_PREFIX))
     assert store.open_stream("x").end_offset == 0
     store.close()
@@ -288,7 +283,7 @@ def test_compaction_gives_moved_blocks_their_real_headers(tmp_path: Path) -> Non
     root = tmp_path / "objects"
     objects = LocalDirStore(root)
     store = open_store(tmp_path / "d", objects)
-    commit_write(store, [stage(objects, 0, {"x": records("x", 3), "y": records("y", 4)})])
+    commit_staged(store, [stage(objects, 0, {"x": records("x", 3), "y": records("y", 4)})])
     y = store.open_stream("y")
     manifest = read_manifest(objects)
     output = CompactionOutput(999, "data/compacted.slo", y.stream_id, tuple(manifest.blocks[y.stream_id]))

@@ -140,7 +140,8 @@ def test_pipeline_command_compacts_and_reports(tmp_path: Path) -> None:
 
 
 def test_retention_can_clean_what_a_dead_write_staged(spark: Any, tmp_path: Path) -> None:
-    from stratalog.spark.write import STAGING_PREFIX, StagingWriter
+    from stratalog.engine.staging import STAGING_PREFIX
+    from stratalog.spark.write import StagingWriter
 
     uri = str(tmp_path / "objects")
     small_objects_store(tmp_path / "d", uri)

@@ -15,6 +15,7 @@ from enginekit import MemoryStore, small_store_config
 from stratalog.engine.batch import BATCH_HEADER_BYTES, NewRecord, encode_batch
 from stratalog.engine.manifest import BlockRef, Manifest, StreamInfo, read_manifest
 from stratalog.engine.objformat import BlockEntry
+from stratalog.engine.staging import assign_bases
 from stratalog.engine.store import StreamStore
 from stratalog.spark.columns import ARROW_SCHEMA, SCHEMA_DDL, SPARK_SCHEMA
 from stratalog.spark.plan import (
@@ -28,11 +29,7 @@ from stratalog.spark.plan import (
 from stratalog.spark.reader import read_partition
 from stratalog.spark.source import PushedFilters, StratalogReader
 from stratalog.spark.stream import StratalogStreamReader, advance, decode_positions, encode_positions
-from stratalog.spark.write import (
-    StagingWriter,
-    WriteMessage,
-    assign_bases,
-)
+from stratalog.spark.write import StagingWriter, WriteMessage
 
 
 def synthetic_manifest(rows_per_stream: dict[int, int], block_rows: int = 100, rows_ts: int = 0) -> Manifest:
@@ -163,11 +160,11 @@ def test_partitions_and_readers_pickle() -> None:
     parts = plan_partitions(manifest, [1, 2], rows_max=200)
     assert pickle.loads(pickle.dumps(parts)) == parts
     assert len(pickle.dumps(parts[0])) < 2000
-    reader = StratalogReader({"path": "/x", "streams": "a"})
+    reader = StratalogReader({"path": "file:///x", "streams": "a"})
     reader.pushed.take(EqualTo(("stream",), "a"))
     again = pickle.loads(pickle.dumps(reader))
-    assert again.pushed.labels == frozenset({"a"}) and again.uri == "/x"
-    stream_reader = StratalogStreamReader({"path": "/x", "maxrowspertrigger": "7"})
+    assert again.pushed.labels == frozenset({"a"}) and again.uri == "file:///x"
+    stream_reader = StratalogStreamReader({"path": "file:///x", "maxrowspertrigger": "7"})
     assert pickle.loads(pickle.dumps(stream_reader)).rows_per_trigger == 7
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from stratalog.broker import api_admin, api_cluster, api_groups, api_log, api_quotas, api_security
+from stratalog.broker import api_admin, api_cluster, api_groups, api_log, api_quotas, api_security, api_staged
 from stratalog.broker.broker import Broker
 
 
 def register_all(broker: Broker) -> None:
-    for module in (api_cluster, api_log, api_admin, api_groups, api_security, api_quotas):
+    for module in (api_cluster, api_log, api_admin, api_groups, api_security, api_quotas, api_staged):
         for api in module.APIS:
             broker.register(api)

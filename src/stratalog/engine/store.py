@@ -44,6 +44,7 @@ from stratalog.engine.metadata import Metadata, NewObject, RangeRow, StreamMeta,
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch, placed_batches
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError, release_frames
+from stratalog.invariant import invariant
 from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore
 from stratalog.wal import WriteAheadLog
@@ -109,6 +110,8 @@ class _StreamState:
     #: Readahead: where a sequential reader will fetch next, and how many blocks to read ahead.
     read_next: int = -1
     readahead_blocks: int = 1
+    #: An external commit is placing objects at this stream's end: appends wait until it is done.
+    fenced: bool = False
 
     def push(self, entry: _Entry) -> None:
         cache = self.cache
@@ -428,7 +431,7 @@ class StreamStore:
         with self._cond:
             while True:
                 self._check_open()
-                if self._cache_bytes < config.log_cache_bytes_max:
+                if self._cache_bytes < config.log_cache_bytes_max and not st.fenced:
                     data, max_ts = encode(st.next_offset)
                     if len(data) > config.wal.record_bytes_max:
                         raise RecordTooLargeError(
@@ -449,6 +452,9 @@ class StreamStore:
                 deadline = deadline or time.monotonic() + wait_s
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    if st.fenced:
+                        raise BackpressureError(f"appends to stream {st.stream_id} waited {wait_s} s for a commit of "
+                                                "external objects (a Spark write) to place its records")
                     raise BackpressureError(
                         f"appends waited {wait_s} s for uploads to free room "
                         f"({self._cache_bytes} bytes not yet in objects): object storage is too slow or failing"
@@ -683,38 +689,65 @@ class StreamStore:
             self._publish([], snapshot=True)
         return seq
 
-    def commit_external_objects(self, objects: Sequence[NewObject], *,
+    def commit_external_objects(self, stream_ids: Sequence[int],
+                                place: Callable[[dict[int, int]], Sequence[NewObject]], *,
                                 marker: tuple[str, int] | None = None) -> int | None:
-        """Register objects written outside this store (Spark writers) and publish them.
+        """Register objects written outside this store (Spark writes) at the ends of ``stream_ids``, while
+        appends may go on, and publish them.
 
-        Each object must already be in the object store under its key, with an id from
-        ``metadata.allocate_object_id()``; each block must start at its stream's end, and those streams
-        must have nothing appended but not yet uploaded (call :meth:`flush` first). ``marker``
-        ``(key, value)`` makes the commit happen once per value (see
-        :meth:`Metadata.commit_external_objects`). Returns the commit sequence, or None when the marker
-        says this commit happened already.
+        Appends to those streams wait (others do not) while their records already appended are made
+        durable and uploaded; ``place(ends)`` is then given each stream's end offset and returns the objects
+        with their blocks placed there (each object already in the object store under its key, with an id
+        from ``metadata.allocate_object_id()``). One metadata transaction registers them and moves the ends;
+        appends resume after them. ``marker`` ``(key, value)`` makes the commit happen once per value (see
+        :meth:`Metadata.commit_external_objects`): returns None, placing nothing, when it happened already.
+        Otherwise returns the commit sequence. ``place`` should be quick and do no I/O: appends wait on it.
         """
         self._check_open()
         with self._upload_lock, self._commit_lock:
-            touched = {b.stream_id for o in objects for b in o.blocks}
-            marker_key, marker_value = marker if marker is not None else (None, 0)
-            # Appends wait for the lock until the new ends are in place, so none takes an offset the
-            # external objects hold.
-            with self._lock:
-                for stream_id in touched:
-                    st = self._streams.get(stream_id)
-                    if st is None or st.cache or st.next_offset != st.committed_end:
-                        raise ValueError(f"stream {stream_id} is unknown or has appends not yet uploaded: "
-                                         "flush the store before committing external objects")
+            with self._cond:
+                fenced = [self._streams[i] for i in sorted(set(stream_ids)) if i in self._streams]
+                if len(fenced) != len(set(stream_ids)):
+                    raise ValueError(f"unknown streams {sorted(set(stream_ids) - self._streams.keys())}")
+                for st in fenced:
+                    st.fenced = True
+                last = self._last_wal_future
+            try:
+                if last is not None:
+                    last.result()  # everything appended before the fence is durable...
+                self._upload_held(trim_wal=True)  # ...and now in objects
+                marker_key, marker_value = marker if marker is not None else (None, 0)
+                if marker_key is not None and self._meta.get_meta(marker_key, -1) >= marker_value:
+                    return None
+                with self._lock:
+                    for st in fenced:
+                        invariant(not st.cache and st.next_offset == st.committed_end,
+                                  "a fenced stream holds appends that were not uploaded")
+                    ends = {st.stream_id: st.next_offset for st in fenced}
+                objects = place(ends)
+                touched = {b.stream_id for o in objects for b in o.blocks}
+                if not touched <= ends.keys():
+                    raise ValueError(f"objects place blocks in streams {sorted(touched - ends.keys())}, which "
+                                     "were not fenced")
                 seq = self._meta.commit_external_objects(objects, marker_key, marker_value)
                 if seq is None:
                     return None
-                metas = [self._meta.stream(stream_id) for stream_id in sorted(touched)]
-                for sm in metas:
-                    st = self._streams[sm.stream_id]
-                    st.committed_end = st.next_offset = st.durable_end = sm.committed_end_offset
-            self._publish(metas, objects)
-        return seq
+                metas = self._meta.streams_by_id(sorted(touched))
+                with self._lock:
+                    for sm in metas:
+                        st = self._streams[sm.stream_id]
+                        st.committed_end = st.next_offset = st.durable_end = sm.committed_end_offset
+                self._cold_rows.invalidate()
+                self._publish(metas, objects)
+                return seq
+            except WALFailedError as e:
+                self._fail(e)
+                raise StoreFailedError(f"the store stopped after an error: {e}") from e
+            finally:
+                with self._cond:
+                    for st in fenced:
+                        st.fenced = False
+                    self._cond.notify_all()
 
     @property
     def metadata(self) -> Metadata:
@@ -741,42 +774,46 @@ class StreamStore:
     def _upload(self, *, trim_wal: bool, everything: bool = False) -> int:
         """Upload what the WAL holds durably; return the bytes uploaded. Serialized by ``_upload_lock``."""
         with self._upload_lock:
-            with self._lock:
-                durable = (1 << 63) if everything else self._wal.durable_offset
-                cached = list(self._cached.values())
-                taken_at = time.monotonic()
-            # Without the lock: appends only add batches at the ends of the lists, with WAL offsets past
-            # ``durable``, and only this thread removes any.
-            taken: list[tuple[_StreamState, list[_Entry]]] = []
-            for st in sorted(cached, key=lambda s: s.stream_id):
-                cache = st.cache
-                count = bisect.bisect_left(cache, durable, key=lambda e: e.wal_offset)
-                if count:
-                    taken.append((st, list(cache[:count])))
-            if not taken:
-                return 0
-            objects = self._write_objects(taken)
-            with self._commit_lock:
-                self._with_retries("committing the upload", lambda: self._meta.commit_objects(objects))
-                self._after_commit(taken, objects)
-            uploaded = sum(len(e.data) for _, entries in taken for e in entries)
-            with self._cond:
-                for st, entries in taken:
-                    st.drop_oldest(len(entries))
-                    st.committed_end = entries[-1].end_offset
-                    if not st.cache:
-                        self._cached.pop(st.stream_id, None)
-                self._cache_bytes -= uploaded
-                # What is left came in about when this upload began (or was not yet durable then).
-                self._cache_oldest = taken_at if self._cached else None
-                self._cond.notify_all()
-            if trim_wal:
-                last_wal = max(entries[-1].wal_offset for _, entries in taken)
-                if last_wal > self._wal.trim_offset:
-                    self._wal.trim(last_wal)
-                    with self._cond:
-                        self._cond.notify_all()  # appenders waiting for WAL room
-            return uploaded
+            return self._upload_held(trim_wal=trim_wal, everything=everything)
+
+    def _upload_held(self, *, trim_wal: bool, everything: bool = False) -> int:
+        """:meth:`_upload`, with ``_upload_lock`` held by the caller."""
+        with self._lock:
+            durable = (1 << 63) if everything else self._wal.durable_offset
+            cached = list(self._cached.values())
+            taken_at = time.monotonic()
+        # Without the lock: appends only add batches at the ends of the lists, with WAL offsets past
+        # ``durable``, and only this thread removes any.
+        taken: list[tuple[_StreamState, list[_Entry]]] = []
+        for st in sorted(cached, key=lambda s: s.stream_id):
+            cache = st.cache
+            count = bisect.bisect_left(cache, durable, key=lambda e: e.wal_offset)
+            if count:
+                taken.append((st, list(cache[:count])))
+        if not taken:
+            return 0
+        objects = self._write_objects(taken)
+        with self._commit_lock:
+            self._with_retries("committing the upload", lambda: self._meta.commit_objects(objects))
+            self._after_commit(taken, objects)
+        uploaded = sum(len(e.data) for _, entries in taken for e in entries)
+        with self._cond:
+            for st, entries in taken:
+                st.drop_oldest(len(entries))
+                st.committed_end = entries[-1].end_offset
+                if not st.cache:
+                    self._cached.pop(st.stream_id, None)
+            self._cache_bytes -= uploaded
+            # What is left came in about when this upload began (or was not yet durable then).
+            self._cache_oldest = taken_at if self._cached else None
+            self._cond.notify_all()
+        if trim_wal:
+            last_wal = max(entries[-1].wal_offset for _, entries in taken)
+            if last_wal > self._wal.trim_offset:
+                self._wal.trim(last_wal)
+                with self._cond:
+                    self._cond.notify_all()  # appenders waiting for WAL room
+        return uploaded
 
     def _write_objects(self, taken: list[tuple[_StreamState, list[_Entry]]]) -> list[NewObject]:
         groups: list[list[tuple[_StreamState, list[_Entry]]]] = []

@@ -10,6 +10,7 @@ Pure functions: no sockets, no clock.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from collections.abc import Mapping
@@ -28,6 +29,8 @@ from stratalog.kafka.array_bounds import check_array_counts
 HEADER_PREFIX = struct.Struct(">hhi")
 FRAME_SIZE = struct.Struct(">i")
 API_VERSIONS_KEY = 18
+#: The broker's own APIs have keys from here up (stratalog.kafka.staged_commit), far above Kafka's.
+OWN_API_KEYS_FROM = 32_000
 
 
 class KafkaProtocolError(StratalogError):
@@ -74,6 +77,8 @@ def decode_request(frame: bytes | memoryview, supported: Mapping[int, tuple[int,
     versions = supported.get(api_key)
     if versions is None or not versions[0] <= api_version <= versions[1]:
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    if api_key >= OWN_API_KEYS_FROM:
+        return _decode_own(frame, api_key, api_version, correlation_id)
     schema = load_request_schema(api_key, api_version)
     try:
         header, header_bytes = entity_reader(schema.__header_schema__)(frame, 0)
@@ -91,6 +96,17 @@ def decode_request(frame: bytes | memoryview, supported: Mapping[int, tuple[int,
     # itself is bounded (request_bytes_max) before it is read.
     client_id = cast(str | None, getattr(header, "client_id", None))
     return Request(api_key, api_version, correlation_id, client_id, body, len(frame))
+
+
+def _decode_own(frame: bytes | memoryview, api_key: int, api_version: int, correlation_id: int) -> Request:
+    """A request of the broker's own APIs (not in Kafka's schemas: their modules say their format)."""
+    from stratalog.kafka import staged_commit
+
+    if api_key != staged_commit.API_KEY:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    _, _, _, client_id, at = staged_commit.decode_request_header(frame)
+    return Request(api_key, api_version, correlation_id, client_id, staged_commit.decode_request_body(frame, at),
+                   len(frame))
 
 
 def response_schema(api_key: int, api_version: int) -> type[Any]:
@@ -128,3 +144,32 @@ def encode_response(correlation_id: int, response: Any) -> bytes:
     FRAME_SIZE.pack_into(frame, 0, len(frame) - FRAME_SIZE.size)
     del frame
     return out.getvalue()
+
+
+# Client side: what a client writes and reads (the Spark driver's client, the fuzzer's seeds).
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: Any) -> bytes:
+    """A request frame (without its size) as a client writes it: the header the API version uses, then
+    the body (a kio request dataclass)."""
+    schema = load_request_schema(api_key, api_version)
+    header_schema = schema.__header_schema__
+    values: dict[str, Any] = {"request_api_key": api_key, "request_api_version": api_version,
+                              "correlation_id": correlation_id}
+    if "client_id" in {f.name for f in dataclasses.fields(header_schema)}:
+        values["client_id"] = client_id
+    out = io.BytesIO()
+    entity_writer(header_schema)(out, header_schema(**values))
+    entity_writer(schema)(out, body)
+    return out.getvalue()
+
+
+def decode_response(frame: bytes | memoryview, api_key: int, api_version: int) -> tuple[int, Any]:
+    """(correlation id, body) of a response frame (without its size); KafkaProtocolError if malformed."""
+    schema = response_schema(api_key, api_version)
+    try:
+        header, at = entity_reader(schema.__header_schema__)(frame, 0)
+        body, _ = entity_reader(schema)(frame, at)
+    except (SerialError, ValueError, TypeError, IndexError, OverflowError, UnicodeDecodeError, KeyError) as e:
+        raise KafkaProtocolError(f"API {api_key} v{api_version}: malformed response ({e})") from e
+    return int(header.correlation_id), body

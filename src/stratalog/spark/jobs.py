@@ -27,10 +27,11 @@ from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import BlockRef, read_manifest
 from stratalog.engine.metadata import NewObject
 from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block, placed_batches
+from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.engine.store import object_key
 from stratalog.spark.plan import FETCH_BYTES_MAX, ReadPartition, StreamSlice, plan_fetches
 from stratalog.spark.reader import shared_store
-from stratalog.spark.write import STAGING_PREFIX, open_data_dir, store_config_for
+from stratalog.spark.write import open_data_dir, store_config_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from stratalog.engine.manifest import MANIFEST_PREFIX
 from stratalog.objects.uri import LOCAL_DIR_NAME, redact
+from stratalog.queues.manifest import QUEUE_MANIFEST_KEY
 from stratalog.spark.options import kafka_options, option
 
 KAFKA_SCHEME = "kafka://"
@@ -46,6 +47,8 @@ class Location:
     bootstrap: str | None = None
     #: Kafka client settings (from ``kafka.*`` options).
     kafka: dict[str, str] = field(default_factory=dict)
+    #: The store's data directory, when ``path`` named one (writes at rest need it).
+    data_dir: str | None = None
 
     @property
     def broker(self) -> bool:
@@ -66,7 +69,8 @@ def locate(options: dict[str, str]) -> Location:
     if objects is None and bootstrap is None:
         raise StoreLocationError(f"the stratalog data source needs option 'path': {EXPECTED}")
     settings = {k: v for k, v in kafka_options(options).items() if k != "bootstrap.servers"}
-    return Location(objects, bootstrap, settings)
+    data_dir = path if path and objects == str(Path(path) / LOCAL_DIR_NAME) else None
+    return Location(objects, bootstrap, settings, data_dir)
 
 
 def _check_bootstrap(bootstrap: str) -> str:
@@ -78,6 +82,11 @@ def _check_bootstrap(bootstrap: str) -> str:
     return ",".join(servers)
 
 
+def _holds_objects(directory: Path) -> bool:
+    """A stream store's object directory (its manifests) or a queue store's (its queue manifest)."""
+    return (directory / MANIFEST_PREFIX).is_dir() or (directory / QUEUE_MANIFEST_KEY).is_file()
+
+
 def _objects(path: str) -> str:
     if "://" in path:
         scheme = path.split("://", 1)[0].lower()
@@ -85,9 +94,9 @@ def _objects(path: str) -> str:
             raise StoreLocationError(f"path {redact(path)!r} has scheme {scheme!r}: expected {EXPECTED}")
         return path
     directory = Path(path)
-    if (directory / MANIFEST_PREFIX).is_dir():
+    if _holds_objects(directory):
         return str(directory)
-    if (directory / LOCAL_DIR_NAME / MANIFEST_PREFIX).is_dir():
+    if _holds_objects(directory / LOCAL_DIR_NAME):
         return str(directory / LOCAL_DIR_NAME)
     if any((directory / marker).exists() for marker in _DATA_DIR_MARKERS):
         raise StoreLocationError(

@@ -52,14 +52,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -73,55 +72,38 @@ from pyspark.sql.types import StructType
 
 from stratalog.engine.batch import BATCH_HEADER, ENCODING_NATIVE, RECORD_HEAD, NewRecord, encode_batch
 from stratalog.engine.config import StoreConfig
-from stratalog.engine.metadata import NewObject
 from stratalog.engine.objformat import (
     FLAG_PROVISIONAL,
-    FOOTER_BYTES,
-    BlockEntry,
-    CorruptObjectError,
     ObjectBuilder,
     StreamBatch,
-    decode_footer,
-    decode_index,
 )
-from stratalog.engine.store import StreamStore, object_key
-from stratalog.errors import StratalogError
+from stratalog.engine.staging import (
+    SINK_MARKER_PREFIX,
+    STAGING_PREFIX,
+    CommitResult,
+    StagedObject,
+    StagedStream,
+    commit_staged,
+    delete_staging,
+)
+from stratalog.engine.store import StreamStore
 from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore
-from stratalog.spark.options import int_option, required
+from stratalog.spark.broker_write import Destinations, choose_partitions, commit_through_broker
+from stratalog.spark.kafka_client import BrokerView
+from stratalog.spark.location import Location, locate
+from stratalog.spark.options import int_option, option, required
 from stratalog.spark.reader import open_store, shared_store
 from stratalog.wal.config import WALConfig
 from stratalog.wal.format import crc32c
 
 log = logging.getLogger("stratalog.spark")
 
-STAGING_PREFIX = "spark-staging/"
-SINK_MARKER_PREFIX = "spark.sink."
-#: A staged object is put once its batches reach this size (a task holds one in memory while it builds it).
 STAGED_OBJECT_BYTES = 64 << 20
 #: Records of one stream are encoded into batches of about this size (the unit inside a data block).
 BATCH_BYTES_TARGET = 256 << 10
-#: Staged objects whose index the driver reads, or that it moves, at once (each call holds a footer or
-#: an index in memory at most; on S3 each is a round trip, so several in flight hide the latency).
-COMMIT_THREADS = 8
 #: A task gathers this much of Spark's input before encoding it, so each stream gets few, large batches.
 ENCODE_BYTES_TARGET = 32 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class StagedStream:
-    name: str
-    #: Task-relative offset of the stream's first record in this object, and how many records it holds.
-    start: int
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class StagedObject:
-    key: str
-    size_bytes: int
-    #: In provisional-id order: provisional id i is streams[i].
-    streams: tuple[StagedStream, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,140 +334,6 @@ def write_task(store: ObjectStore, prefix: str, partition: int, batches: Iterato
 # Driver side -------------------------------------------------------------------------------------
 
 
-def assign_bases(messages: Sequence[WriteMessage], ends: dict[str, int]) -> dict[tuple[int, str], int]:
-    """The offset each task's records of each stream start at: tasks in partition order, each stream
-    continuing from ``ends[name]``. Keys are (partition, name); the value is what a task-relative offset
-    is shifted by."""
-    next_offset = dict(ends)
-    shifts: dict[tuple[int, str], int] = {}
-    for message in sorted(messages, key=lambda m: m.partition):
-        counts: dict[str, int] = {}
-        for staged in message.objects:
-            for s in staged.streams:
-                counts[s.name] = counts.get(s.name, 0) + s.count
-        for name, count in sorted(counts.items()):
-            shifts[(message.partition, name)] = next_offset[name]
-            next_offset[name] += count
-    return shifts
-
-
-def read_staged_index(store: ObjectStore, staged: StagedObject) -> list[BlockEntry]:
-    """A staged object's index as it wrote it (provisional ids, task-relative offsets): two ranged gets,
-    the footer then the index, and no data block."""
-    size = staged.size_bytes
-    footer = decode_footer(store.get(staged.key, size - FOOTER_BYTES, size), size)
-    if not footer.provisional:
-        raise CorruptObjectError(f"{staged.key} is not a staged object (its footer lacks the provisional flag)")
-    return decode_index(store.get(staged.key, footer.index_position, footer.index_position + footer.index_bytes),
-                        footer)
-
-
-def place_entries(staged: StagedObject, entries: Sequence[BlockEntry],
-                  targets: Sequence[tuple[int, int]]) -> list[BlockEntry]:
-    """The index entries of a staged object as metadata registers them: provisional stream ``i`` becomes
-    stream ``targets[i][0]`` with its offsets shifted by ``targets[i][1]``; position, size, counts, time and
-    CRC stay as the task wrote them (the bytes do not move within the object). Raises CorruptObjectError
-    when the index does not hold exactly the records the task reported for each stream."""
-    held: dict[int, tuple[int, int]] = {}
-    placed = []
-    for e in entries:
-        if e.stream_id >= len(targets):
-            raise CorruptObjectError(f"{staged.key}: index names provisional stream {e.stream_id}; the task "
-                                     f"staged {len(targets)} streams")
-        first, end = held.get(e.stream_id, (e.start_offset, e.start_offset))
-        if e.start_offset != end or e.end_offset - e.start_offset != e.record_count:
-            raise CorruptObjectError(f"{staged.key}: blocks of provisional stream {e.stream_id} are not contiguous "
-                                     f"at {e.start_offset}")
-        held[e.stream_id] = (first, e.end_offset)
-        stream_id, shift = targets[e.stream_id]
-        placed.append(replace(e, stream_id=stream_id, start_offset=e.start_offset + shift,
-                              end_offset=e.end_offset + shift))
-    reported = {i: (s.start, s.start + s.count) for i, s in enumerate(staged.streams)}
-    if held != reported:
-        raise CorruptObjectError(f"{staged.key}: its index holds offsets {held} per provisional stream; the task "
-                                 f"reported {reported}")
-    placed.sort(key=lambda e: (e.stream_id, e.start_offset))
-    return placed
-
-
-@dataclass(frozen=True, slots=True)
-class CommitResult:
-    committed: bool
-    records: int
-    objects: int
-
-
-def commit_write(store: StreamStore, messages: Sequence[WriteMessage],
-                 marker: tuple[str, int] | None = None) -> CommitResult:
-    """Register staged objects with dense offsets (driver side), moving each under ``data/`` unchanged.
-
-    With ``marker`` (key, value), a commit that already happened for that value writes nothing. Whatever
-    happens, no staged object is left, and no moved object stays unless the commit registered it.
-    """
-    staged_keys = [o.key for m in messages for o in m.objects]
-    moved_keys: list[str] = []
-    committed = False
-    try:
-        if marker is not None and store.metadata.get_meta(marker[0], -1) >= marker[1]:
-            return CommitResult(False, 0, 0)
-        names = sorted({s.name for m in messages for o in m.objects for s in o.streams})
-        existing = {s.name for s in store.streams()}
-        store.create_streams([name for name in names if name not in existing])
-        store.flush()
-        ids = {name: store.open_stream(name).stream_id for name in names}
-        shifts = assign_bases(messages, {name: store.open_stream(name).end_offset for name in names})
-        objects = store.object_store
-        work = [(staged, [(ids[s.name], shifts[(message.partition, s.name)]) for s in staged.streams],
-                 store.metadata.allocate_object_id())
-                for message in sorted(messages, key=lambda m: m.partition) for staged in message.objects]
-        moved_keys = [object_key(object_id) for _, _, object_id in work]
-
-        def place(item: tuple[StagedObject, list[tuple[int, int]], int]) -> NewObject:
-            staged, targets, object_id = item
-            entries = place_entries(staged, read_staged_index(objects, staged), targets)
-            return NewObject(object_id, object_key(object_id), staged.size_bytes, entries)
-
-        def move(item: tuple[StagedObject, list[tuple[int, int]], int]) -> None:
-            objects.rename(item[0].key, object_key(item[2]))
-
-        # Index gets and renames (server-side copies on S3) wait on the store: a few at once hide the latency.
-        with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="stratalog-commit") as pool:
-            placed = list(pool.map(place, work))  # every index checked before anything moves
-            list(pool.map(move, work))
-        records = sum(s.count for staged, _, _ in work for s in staged.streams)
-        committed = store.commit_external_objects(placed, marker=marker) is not None
-        return CommitResult(committed, records if committed else 0, len(placed) if committed else 0)
-    finally:
-        if not committed:
-            _delete_unregistered(store, moved_keys)
-        for key in staged_keys:
-            store.object_store.delete(key)  # gone already if it moved
-
-
-def _delete_unregistered(store: StreamStore, keys: Sequence[str]) -> None:
-    """Delete the objects at ``keys`` that no commit registered (the commit failed, or a replayed batch was
-    skipped). If metadata cannot say, they stay: the store deletes unregistered ``data/`` objects when it
-    next opens."""
-    if not keys:
-        return
-    try:
-        known = {o.key for o in store.metadata.objects()}
-        for key in keys:
-            if key not in known:
-                store.object_store.delete(key)
-    except (StratalogError, sqlite3.Error) as e:
-        log.warning("could not delete the objects a failed Spark commit moved; the store deletes them when it "
-                    "next opens: %s", e)
-
-
-def delete_staging(store: ObjectStore, prefix: str) -> int:
-    """Delete every staged object under ``prefix`` (an aborted write, or one that committed)."""
-    keys = [info.key for info in store.list(prefix)]
-    for key in keys:
-        store.delete(key)
-    return len(keys)
-
-
 def store_config_for(data_dir: Path) -> StoreConfig:
     """A StoreConfig that opens an existing data directory: the WAL keeps the capacity it was made with,
     and records must fit its ring four times over (a test store's WAL may be a few MiB)."""
@@ -529,23 +377,49 @@ class _WriterBase:
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         if overwrite:
             raise ValueError("stratalog streams are append-only: use mode('append')")
-        names = set(schema.fieldNames())
-        if not {"stream", "value"} <= names:
-            raise ValueError(f"writing to stratalog needs columns 'stream' and 'value'; got {sorted(names)}")
-        self.uri = required(options, "path")
-        self.data_dir = required(options, "data_dir")
+        names = schema.fieldNames()
+        location = locate(options)
+        self.bootstrap = location.bootstrap
+        self.kafka = location.kafka
+        self.destinations: Destinations | None = None
+        if location.broker:
+            self.uri, counts = _broker_objects(location)
+            self.destinations = Destinations(names, option(options, "topic"), counts)
+            self.data_dir = None
+        else:
+            if not {"stream", "value"} <= set(names):
+                raise ValueError(f"writing to stratalog needs columns 'stream' and 'value'; got {sorted(names)}")
+            assert location.objects is not None
+            self.uri = location.objects
+            self.data_dir = option(options, "data_dir") or location.data_dir
+            if self.data_dir is None:
+                raise ValueError("writing to a store at rest needs its data directory: give it as 'path' (or as "
+                                 "option 'data_dir' beside its object store), or write through a broker "
+                                 "(path kafka://HOST:PORT)")
+        if "value" not in names:
+            raise ValueError(f"writing to stratalog needs a 'value' column; got {sorted(names)}")
         self.object_bytes = int_option(options, "objectBytes", STAGED_OBJECT_BYTES)
         self.prefix = f"{STAGING_PREFIX}{uuid.uuid4().hex}/"
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> WriteMessage:
-        return write_task(shared_store(self.uri), self.prefix, _partition_id(), iterator, self.object_bytes)
+        task = _partition_id()
+        if self.destinations is not None:
+            iterator = choose_partitions(self.destinations, iterator, task)
+        return write_task(shared_store(self.uri), self.prefix, task, iterator, self.object_bytes)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None],
                 marker: tuple[str, int] | None) -> CommitResult:
         ours = [m for m in messages if isinstance(m, WriteMessage)]
+        if self.bootstrap is not None:
+            try:
+                sink = None if marker is None else (marker[0][len(SINK_MARKER_PREFIX):], marker[1])
+                return commit_through_broker(self.bootstrap, self.kafka, [(m.partition, m.objects) for m in ours], sink)
+            finally:
+                self._abort()  # the broker moved what it committed; the rest goes
+        assert self.data_dir is not None
         store = open_data_dir(self.data_dir, self.uri)
         try:
-            return commit_write(store, ours, marker)
+            return commit_staged(store, ours, marker)
         finally:
             delete_staging(store.object_store, self.prefix)
             store.close()
@@ -558,8 +432,24 @@ class _WriterBase:
             store.close()
 
 
+def _broker_objects(location: Location) -> tuple[str, dict[str, int]]:
+    """Where tasks stage for a broker (its object storage, reachable from here), and its topics' partition
+    counts (driver side, when the writer is made)."""
+    assert location.bootstrap is not None
+    view = BrokerView(location.bootstrap, location.kafka)
+    try:
+        uri = location.objects or view.object_store_uri()
+        counts = view.topics(None)
+    finally:
+        view.close()
+    if uri is None or (uri.startswith("file://") and not Path(unquote(urlsplit(uri).path)).is_dir()):
+        raise ValueError(f"a write stages objects in the broker's object storage ({uri or 'not named by the broker'}), "
+                         "which this machine cannot reach: give it as option 'path'")
+    return uri, counts
+
+
 class StratalogBatchWriter(_WriterBase, DataSourceArrowWriter):
-    """``df.write.format("stratalog")``: options ``path`` and ``data_dir``; ``objectBytes`` optional."""
+    """``df.write.format("stratalog")``: option ``path`` (a broker, or a data directory); ``objectBytes``."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         return self._write(iterator)

@@ -1,0 +1,139 @@
+"""StratalogCommitStaged: a Spark write's staged objects become the next records of topic partitions.
+
+A Spark job writing to a running broker stages objects in the broker's object storage (its tasks put
+them under ``spark-staging/``); its driver then sends this request, and the broker commits them
+(engine/staging.py): the broker stays the only writer of its metadata. Records land at each partition's
+end after whatever producers appended before; producers to those partitions wait only for the metadata
+commit. A streaming write names its sink and micro-batch: a batch committed before is answered
+``committed = false`` and writes nothing, so a replayed micro-batch is exactly once.
+
+Each topic written needs Write (and Create, when it does not exist and auto-creation is on), as a
+produce would. Object keys must lie under ``spark-staging/``: a client cannot make the broker move any
+other object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kio.schema.errors import ErrorCode
+
+from stratalog.broker.acls import Operation
+from stratalog.broker.broker import Api, Broker
+from stratalog.broker.session import Session
+from stratalog.broker.topics import parse_stream_name
+from stratalog.engine import BackpressureError, StoreClosedError, StoreFailedError
+from stratalog.engine.objformat import CorruptObjectError
+from stratalog.engine.staging import (
+    SINK_MARKER_PREFIX,
+    STAGING_PREFIX,
+    StagedObject,
+    StagedStream,
+    StagedWrite,
+    commit_staged,
+)
+from stratalog.kafka.codec import Prebuilt, Request
+from stratalog.kafka.staged_commit import (
+    API_KEY,
+    API_NAME,
+    CommitStagedRequest,
+    CommitStagedResponse,
+    encode_response,
+)
+from stratalog.objects.local import check_key
+from stratalog.objects.store import ObjectNotFoundError, ObjectStoreError
+
+log = logging.getLogger("stratalog.broker")
+
+
+class _RefusedError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _writes(body: CommitStagedRequest) -> list[StagedWrite]:
+    """The request as staged writes, each value checked; _RefusedError (INVALID_REQUEST) naming the first bad one."""
+    if (body.sink_id is None) != (body.batch_id == -1):
+        raise _RefusedError(ErrorCode.invalid_request, "a streaming write gives a sink id and a batch id >= 0; a batch "
+                                                  "write neither (batch id -1)")
+    if body.sink_id is not None and (not body.sink_id or body.batch_id < 0):
+        raise _RefusedError(ErrorCode.invalid_request, "the sink id must not be empty and the batch id must be >= 0")
+    by_task: dict[int, list[StagedObject]] = {}
+    for o in body.objects:
+        try:
+            check_key(o.key)
+        except ValueError as e:
+            raise _RefusedError(ErrorCode.invalid_request, f"object key {o.key[:100]!r}: {e}") from None
+        if not o.key.startswith(STAGING_PREFIX) or o.size_bytes <= 0 or not o.streams:
+            raise _RefusedError(ErrorCode.invalid_request, f"object {o.key[:100]!r}: staged objects lie under "
+                                                      f"{STAGING_PREFIX}, hold bytes and at least one stream")
+        for s in o.streams:
+            if parse_stream_name(s.name) is None or s.start < 0 or s.count <= 0:
+                raise _RefusedError(ErrorCode.invalid_request,
+                                    f"object {o.key[:100]!r}: stream {s.name[:100]!r} must be named "
+                                    "topic/partition and hold records from offset >= 0")
+        streams = tuple(StagedStream(s.name, s.start, s.count) for s in o.streams)
+        by_task.setdefault(o.partition, []).append(StagedObject(o.key, o.size_bytes, streams))
+    return [StagedWrite(task, tuple(objects)) for task, objects in sorted(by_task.items())]
+
+
+def _check_partitions(broker: Broker, session: Session, writes: list[StagedWrite]) -> list[int]:
+    """The stream ids written, after authorization and existence checks (topics created as a produce would)."""
+    wanted: dict[str, set[int]] = {}
+    for w in writes:
+        for o in w.objects:
+            for s in o.streams:
+                name, partition = parse_stream_name(s.name) or ("", 0)
+                wanted.setdefault(name, set()).add(partition)
+    stream_ids = []
+    for topic_name, partitions in sorted(wanted.items()):
+        if not session.may_topic(Operation.WRITE, topic_name):
+            raise _RefusedError(ErrorCode.topic_authorization_failed,
+                                f"not authorized to write to topic {topic_name!r}")
+        topic = broker.topics.get(topic_name)
+        if topic is None and session.may_create_topic(topic_name):
+            topic = broker.auto_create(topic_name)
+        for p in sorted(partitions):
+            stream = broker.partition(topic_name, p) if topic is not None else None
+            if stream is None:
+                raise _RefusedError(ErrorCode.unknown_topic_or_partition,
+                                    f"no partition {p} of topic {topic_name!r}")
+            stream_ids.append(stream.stream_id)
+    return stream_ids
+
+
+async def commit_staged_request(broker: Broker, request: Request, session: Session) -> Prebuilt:
+    body = request.body
+    assert isinstance(body, CommitStagedRequest)
+
+    def answer(response: CommitStagedResponse) -> Prebuilt:
+        return Prebuilt([encode_response(request.correlation_id, response)], request.throttle_ms)
+
+    try:
+        writes = _writes(body)
+        stream_ids = _check_partitions(broker, session, writes)
+    except _RefusedError as e:
+        return answer(CommitStagedResponse(int(e.code), str(e), throttle_time_ms=request.throttle_ms))
+    marker = (SINK_MARKER_PREFIX + body.sink_id, body.batch_id) if body.sink_id is not None else None
+    try:
+        result = await asyncio.to_thread(commit_staged, broker.store, writes, marker, create_streams=False)
+    except (CorruptObjectError, ObjectNotFoundError) as e:
+        return answer(CommitStagedResponse(int(ErrorCode.invalid_request), f"a staged object is not as reported: {e}",
+                                           throttle_time_ms=request.throttle_ms))
+    except BackpressureError as e:
+        return answer(CommitStagedResponse(int(ErrorCode.request_timed_out), str(e),
+                                           throttle_time_ms=request.throttle_ms))
+    except (StoreFailedError, StoreClosedError, ObjectStoreError) as e:
+        log.error("%s from %s failed: %s", API_NAME, session.host, e)
+        return answer(CommitStagedResponse(int(ErrorCode.kafka_storage_error), str(e),
+                                           throttle_time_ms=request.throttle_ms))
+    if result.committed:
+        for stream_id in stream_ids:
+            broker.data_arrived(stream_id)
+    return answer(CommitStagedResponse(committed=result.committed, records=result.records, objects=result.objects,
+                                       throttle_time_ms=request.throttle_ms))
+
+
+APIS = [Api(API_KEY, API_NAME, 0, 0, commit_staged_request)]
