@@ -91,4 +91,5 @@ def test_batch_read_of_a_live_broker_returns_every_acknowledged_record(spark: An
         assert rows_of(reader.option("coldReads", "broker").load()) == acked, "everything through Kafka Fetch"
         narrowed = reader.load().where("stream = 'clicks/1' AND offset >= 100 AND offset < 1200")
         assert rows_of(narrowed) == [r for r in acked if r[0] == "clicks/1" and 100 <= r[1] < 1200]
+        assert reader.load().where("offset >= 1000000").count() == 0, "an empty plan reads nothing"
         assert broker.stop() == 0

@@ -1,4 +1,4 @@
-"""``stratalog pipeline compact|retention|export``: the store's bulk jobs on Spark (stratalog.spark.jobs)."""
+"""``stratalog pipeline compact|retention|export|materialize``: the store's bulk jobs on Spark."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ _objects = click.option("--objects", "objects_uri", default=None, metavar="URI",
 
 @click.group()
 def pipeline() -> None:
-    """Bulk jobs on Spark: compaction, retention, export. Each is safe to re-run after a crash."""
+    """Bulk jobs on Spark: compaction, retention, export, materialization. Each is safe to re-run after a
+    crash."""
 
 
 @contextmanager
@@ -117,3 +118,28 @@ def export(objects_uri: str, out: str, streams: str | None, queues: str | None, 
     with _session(master) as spark, _bar(console, "exporting: rows") as progress:
         report = run(spark, objects_uri, out, streams=streams, queues=queues, progress=progress)
     console.print(f"exported {report.rows} rows to {out} in {report.seconds:.1f} s")
+
+
+@pipeline.command()
+@click.argument("store")
+@click.option("--topics", default=None, help="Comma list of topics (default: every topic).")
+@click.option("--file-mib", default=128, show_default=True, type=click.IntRange(1, 4096),
+              help="About this much of the store's data per Parquet file (a task holds one file in memory).")
+@_master
+def materialize(store: str, topics: str | None, file_mib: int, master: str) -> None:
+    """Write topics as Parquet files in the store's object storage, for reads at Spark's own speed.
+
+    STORE is a running broker (kafka://HOST:PORT), an object store URI or a data directory. Each run
+    writes the offsets uploaded since the last one, one file per run of offsets of a partition, under
+    tables/<topic>/<partition>/<day>/, and publishes the table manifest listing them; files that retention
+    left behind leave it. Read them with stratalog.spark.materialize.load, which adds every later record.
+    Run one at a time per store; it is safe to re-run after a crash.
+    """
+    from stratalog.spark.materialize import materialize as run
+
+    wanted = None if topics is None else [t.strip() for t in topics.split(",") if t.strip()]
+    console = Console()
+    with _session(master) as spark, _bar(console, "materializing: files written") as progress:
+        report = run(spark, store, wanted, file_bytes_max=file_mib << 20, progress=progress)
+    console.print(f"wrote {report.files_written} files ({report.rows} records, {report.bytes_written / 1e6:.1f} MB), "
+                  f"retired {report.files_retired} in {report.seconds:.1f} s")

@@ -41,15 +41,17 @@ def label(tp: TopicPartition) -> str:
 
 
 def read_ranges(ends: dict[TopicPartition, PartitionEnds], offsets: OffsetRange | None = None,
-                labels: frozenset[str] | None = None) -> dict[TopicPartition, tuple[int, int]]:
-    """What a batch read covers: each partition from its start to its high watermark, narrowed by the
-    pushed-down filters on ``offset`` and ``stream``."""
+                labels: frozenset[str] | None = None,
+                starts: dict[TopicPartition, int] | None = None) -> dict[TopicPartition, tuple[int, int]]:
+    """What a batch read covers: each partition from its start (or ``starts``, when later) to its high
+    watermark, narrowed by the pushed-down filters on ``offset`` and ``stream``."""
     offsets = offsets or OffsetRange()
     out = {}
     for tp, e in sorted(ends.items()):
         if labels is not None and label(tp) not in labels:
             continue
-        start, end = max(e.start, offsets.start), min(e.end, offsets.end)
+        start = max(e.start, offsets.start, (starts or {}).get(tp, 0))
+        end = min(e.end, offsets.end)
         if start < end:
             out[tp] = (start, end)
     return out

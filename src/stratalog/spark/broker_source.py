@@ -12,10 +12,11 @@ Options, besides ``path`` / ``bootstrap`` and ``kafka.<setting>`` (location.py):
 ``failOnDataLoss``
     ``true`` (default): a read that finds records it was to return trimmed fails, as Spark's Kafka source
     does; ``false`` goes on without them.
-``startingOffsets`` (streaming)
+``startingOffsets``
     ``earliest`` (default), ``latest``, or JSON as in Spark's Kafka source:
-    ``{"clicks": {"0": 42, "1": -2}}`` (-2: earliest, -1: latest). Partitions that appear later are read
-    from their start.
+    ``{"clicks": {"0": 42, "1": -2}}`` (-2: earliest, -1: latest; partitions it does not name: earliest).
+    A batch read starts there; a streaming query where it first starts (partitions that appear later are
+    read from their start).
 ``maxRowsPerTrigger`` (streaming)
     Records per micro-batch at most, shared among partitions in proportion to what each has waiting.
 
@@ -135,6 +136,8 @@ class BrokerRead:
     # Executor side -------------------------------------------------------------------------------
 
     def read(self, value: object) -> Iterator[pa.RecordBatch]:
+        if value is None:
+            return  # an empty plan: Spark still runs one task, with no partition value
         if isinstance(value, TailPartition):
             yield from read_tail(self.bootstrap, self.kafka, value.topic, value.partition, value.start, value.end,
                                  headers=self.headers, fail_on_data_loss=self.fail_on_data_loss)
@@ -165,6 +168,7 @@ class BrokerBatchReader(DataSourceReader):
     def __init__(self, location: Location, options: dict[str, str]) -> None:
         self.source = BrokerRead(location, options)
         self.pushed = PushedFilters()
+        self.starting = parse_starting(option(options, "startingOffsets"))
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         for f in filters:
@@ -178,7 +182,7 @@ class BrokerBatchReader(DataSourceReader):
             ends = view.ends(self.source.partitions_of(view))
         finally:
             view.close()
-        ranges = read_ranges(ends, self.pushed.offsets, self.pushed.labels)
+        ranges = read_ranges(ends, self.pushed.offsets, self.pushed.labels, resolve_starting(self.starting, ends))
         return [InputPartition(p) for p in self.source.plan(ranges, self.pushed.time_from_ms)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -201,6 +205,16 @@ def parse_starting(raw: str | None) -> int | Offsets:
     except (ValueError, TypeError, AttributeError) as e:
         raise ValueError(f"startingOffsets must be earliest, latest or JSON such as "
                          f"{{\"clicks\": {{\"0\": 42, \"1\": -2}}}}, not {text!r} ({e})") from None
+
+
+def resolve_starting(starting: int | Offsets, ends: dict[TopicPartition, PartitionEnds]) -> dict[TopicPartition, int]:
+    """Where each partition starts for ``startingOffsets`` (partitions it does not name: earliest)."""
+    given = _flat(starting) if isinstance(starting, dict) else {}
+    chosen = {}
+    for tp, e in ends.items():
+        wanted = given.get(tp, starting if isinstance(starting, int) else EARLIEST)
+        chosen[tp] = e.start if wanted == EARLIEST else e.end if wanted == LATEST else wanted
+    return chosen
 
 
 def share(budget: int, backlog: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -260,15 +274,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return view.ends(self.source.partitions_of(view))
 
     def initialOffset(self) -> dict[str, Any]:
-        ends = self._ends()
-        if isinstance(self.starting, dict):
-            given = _flat(self.starting)
-            chosen = {}
-            for tp, e in ends.items():
-                wanted = given.get(tp, EARLIEST)
-                chosen[tp] = e.start if wanted == EARLIEST else e.end if wanted == LATEST else wanted
-            return _nested(chosen)
-        return _nested({tp: e.start if self.starting == EARLIEST else e.end for tp, e in ends.items()})
+        return _nested(resolve_starting(self.starting, self._ends()))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.rows_per_trigger)

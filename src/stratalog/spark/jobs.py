@@ -50,7 +50,7 @@ _R = TypeVar("_R")
 Progress = Callable[[int, int], None]
 
 
-def _no_progress(done: int, total: int) -> None:
+def no_progress(done: int, total: int) -> None:
     pass
 
 
@@ -148,7 +148,7 @@ def write_compacted(uri: str, outputs: Iterable[CompactionOutput]) -> Iterator[N
 
 def compact(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *,
             object_bytes_max: int = COMPACTED_OBJECT_BYTES_MAX, config: StoreConfig | None = None,
-            progress: Progress = _no_progress) -> CompactReport:
+            progress: Progress = no_progress) -> CompactReport:
     """Merge the store's multi-stream objects into per-stream objects and swap them in atomically."""
     started = time.monotonic()
     store = open_data_dir(data_dir, uri, config)
@@ -163,7 +163,7 @@ def compact(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *,
         for run in runs:
             object_id = store.metadata.allocate_object_id()
             outputs.append(CompactionOutput(object_id, object_key(object_id), run[0].entry.stream_id, tuple(run)))
-        written = _run_tasks(spark, outputs, OUTPUTS_PER_TASK, lambda part: write_compacted(uri, part), progress)
+        written = run_tasks(spark, outputs, OUTPUTS_PER_TASK, lambda part: write_compacted(uri, part), progress)
         ids = {o.key: o.object_id for o in store.metadata.objects()}
         store.replace_objects(sorted(ids[k] for k in keys), written)
         return CompactReport(len(keys), len(written), sum(o.size_bytes for o in written),
@@ -193,7 +193,7 @@ def delete_keys(uri: str, keys: Iterable[str]) -> Iterator[str]:
 
 def retention(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *, now_ms: int | None = None,
               config: StoreConfig | None = None, clean_staging: bool = False,
-              progress: Progress = _no_progress) -> RetentionReport:
+              progress: Progress = no_progress) -> RetentionReport:
     """Apply every stream's time and byte retention as of ``now_ms`` (default: now), then delete (on
     executors) the objects that have been unreferenced for the grace period.
 
@@ -216,7 +216,7 @@ def retention(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *
         gone = store.metadata.collect_unreferenced(wall_ms - int(config.object_grace_s * 1000))
         ids = {o.key: o.object_id for o in gone}
         staged = [info.key for info in store.object_store.list(STAGING_PREFIX)] if clean_staging else []
-        deleted = _run_tasks(spark, sorted(ids) + staged, DELETES_PER_TASK, lambda part: delete_keys(uri, part),
+        deleted = run_tasks(spark, sorted(ids) + staged, DELETES_PER_TASK, lambda part: delete_keys(uri, part),
                              progress)
         for key in deleted:
             if key in ids:
@@ -236,7 +236,7 @@ class ExportReport:
 
 
 def export(spark: SparkSession, uri: str, out: str, *, streams: str | None = None, queues: str | None = None,
-           progress: Progress = _no_progress) -> ExportReport:
+           progress: Progress = no_progress) -> ExportReport:
     """Write the chosen streams (all when None) to Parquet under ``out``, partitioned by stream; with
     ``queues`` (``*`` or a comma list of names), the chosen queues of a queue store instead."""
     from stratalog.spark.source import StratalogReader
@@ -256,7 +256,7 @@ def export(spark: SparkSession, uri: str, out: str, *, streams: str | None = Non
 # Running tasks -----------------------------------------------------------------------------------
 
 
-def _run_tasks(spark: SparkSession, items: Sequence[_T], per_task: int,
+def run_tasks(spark: SparkSession, items: Sequence[_T], per_task: int,
                work: Callable[[list[_T]], Iterable[_R]], progress: Progress) -> list[_R]:
     """Run ``work`` over ``items`` in Spark tasks of ``per_task`` items; collect results as tasks finish."""
     total = len(items)

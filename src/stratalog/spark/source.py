@@ -23,6 +23,9 @@ Options (all strings, as Spark passes them):
     in order; empty when it has none). Off by default, as in Spark's Kafka source.
 ``maxRowsPerTrigger``
     Streaming reads only: see :mod:`stratalog.spark.stream`.
+``startingOffsets``
+    Batch reads of streams named ``topic/partition``: JSON ``{"topic": {"partition": offset}}``, where each
+    named stream starts (as in Spark's Kafka source).
 
 The driver reads the manifest once and plans partitions (:mod:`stratalog.spark.plan`); each task reads
 its blocks from the object store directly (:mod:`stratalog.spark.reader`). Filters ``stream = x``,
@@ -49,7 +52,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from stratalog.engine.manifest import read_manifest
+from stratalog.engine.manifest import Manifest, read_manifest
 from stratalog.spark.columns import spark_schema
 from stratalog.spark.filters import PushedFilters
 from stratalog.spark.location import locate, object_store
@@ -129,6 +132,7 @@ class StratalogReader(DataSourceReader):
         self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
         self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)
         self.headers = include_headers(options)
+        self.starting = option(options, "startingOffsets")
         if self.queues is not None and (self.streams is not None or self.headers):
             raise ValueError("option 'queues' reads a queue store: it does not go with 'streams' or "
                              "'includeHeaders'")
@@ -149,13 +153,30 @@ class StratalogReader(DataSourceReader):
             store.close()
         ids = filter_by_label(manifest, resolve_streams(manifest, self.streams), self.pushed.labels)
         return plan_partitions(manifest, ids, self.pushed.offsets, self.rows_max, self.bytes_max,
-                               time_from_ms=self.pushed.time_from_ms)
+                               time_from_ms=self.pushed.time_from_ms, starts=self._starts(manifest))
+
+    def _starts(self, manifest: Manifest) -> dict[int, int] | None:
+        """Option ``startingOffsets`` (JSON, ``{"topic": {"partition": offset}}``) for streams named
+        ``topic/partition``, by stream id."""
+        if self.starting is None:
+            return None
+        from stratalog.spark.broker_source import parse_starting
+
+        given = parse_starting(self.starting)
+        if not isinstance(given, dict):
+            raise ValueError("a read of a store's objects takes startingOffsets as JSON only: "
+                             '{"topic": {"0": 42}}')
+        by_name = {s.name: s.stream_id for s in manifest.streams.values() if s.name is not None}
+        return {by_name[f"{t}/{p}"]: offset for t, parts in given.items() for p, offset in parts.items()
+                if f"{t}/{p}" in by_name and offset >= 0}
 
     def partitions(self) -> Sequence[InputPartition]:
         return [InputPartition(p) for p in self.plan()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         value: Any = partition.value
+        if value is None:
+            return  # an empty plan: Spark still runs one task, with no partition value
         if isinstance(value, QueuePartition):
             yield from read_queue_partition(shared_store(self.uri), value)
             return

@@ -1,0 +1,255 @@
+"""Topics as Parquet, read at Spark's own speed: ``materialize`` writes them, ``load`` reads them plus the rest.
+
+``materialize(spark, path)`` writes every uploaded offset not yet materialized to Parquet files in the
+store's object storage (spark/tables.py: one file per run of offsets of one partition, under its topic,
+partition and day), then publishes the table manifest that lists them. Run it again and it writes only
+what was uploaded since; run it after a crash and it writes the same files again under the same names
+(a file's name is its offsets) and publishes them once. Files that retention left wholly below their
+partition's start leave the manifest, and are deleted once queries planned before can no longer need them.
+
+``load(spark, path)`` is the read a user calls instead of ``spark.read.format("stratalog")...load()``:
+the materialized files through Spark's vectorized Parquet reader, unioned with every later offset through
+the data source (objects, and a live broker's tail), with the same columns and the same rows as the data
+source alone gives. Offsets below a partition's start (trimmed since a file was written) are filtered out.
+
+Spark must reach the object storage for the Parquet part: a local directory always; S3 through Hadoop's
+S3A connector (``s3a://`` URIs; the hadoop-aws package and its credentials configured in the session).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from stratalog.broker.topics import parse_stream_name
+from stratalog.engine.manifest import Manifest, read_manifest
+from stratalog.spark.broker_source import BrokerRead
+from stratalog.spark.columns import HEADERS_DDL, SCHEMA_DDL, arrow_schema
+from stratalog.spark.jobs import Progress, no_progress, run_tasks
+from stratalog.spark.location import Location, locate
+from stratalog.spark.plan import ReadPartition, plan_partitions
+from stratalog.spark.reader import open_store, read_partition, shared_store
+from stratalog.spark.tables import (
+    TableFile,
+    after_trims,
+    expired,
+    file_key,
+    read_table_manifest,
+    write_table_manifest,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: A file holds at most this many records...
+FILE_ROWS_MAX = 4_000_000
+#: ... and about this many bytes of the store's blocks (a task holds one file in memory while it writes it).
+FILE_BYTES_MAX = 128 << 20
+#: Rows per Parquet row group: Spark's reader parallelizes and skips by row group.
+ROW_GROUP_ROWS = 256_000
+
+
+@dataclass(frozen=True, slots=True)
+class MaterializeReport:
+    files_written: int
+    rows: int
+    bytes_written: int
+    files_retired: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _FileTask:
+    topic: str
+    partition: int
+    part: ReadPartition
+
+
+def _options(path: str, options: dict[str, str]) -> dict[str, str]:
+    return {"path": path, **{k.lower(): str(v) for k, v in options.items()}}
+
+
+def _objects_uri(location: Location, options: dict[str, str]) -> str:
+    """The object storage of the store ``location`` names, reachable from this machine."""
+    if not location.broker:
+        assert location.objects is not None
+        return location.objects
+    source = BrokerRead(location, {**options, "coldreads": "objects"})
+    view = source.view()
+    try:
+        source.resolve_objects(view)
+    finally:
+        view.close()
+    assert source.objects is not None
+    return source.objects
+
+
+def _partitions(manifest: Manifest, topics: list[str] | None) -> dict[str, dict[int, int]]:
+    """topic -> partition -> stream id, for streams named topic/partition (of ``topics``, or all)."""
+    out: dict[str, dict[int, int]] = {}
+    for info in manifest.streams.values():
+        parsed = parse_stream_name(info.name or "")
+        if parsed is not None and (topics is None or parsed[0] in topics):
+            out.setdefault(parsed[0], {})[parsed[1]] = info.stream_id
+    missing = sorted(set(topics or ()) - out.keys())
+    if missing:
+        raise ValueError(f"the store has no topic {', '.join(map(repr, missing))} (streams named topic/partition)")
+    return out
+
+
+def materialize(spark: SparkSession, path: str, topics: list[str] | None = None, *,
+                options: dict[str, str] | None = None, file_rows_max: int = FILE_ROWS_MAX,
+                file_bytes_max: int = FILE_BYTES_MAX, progress: Progress = no_progress,
+                now_ms: int | None = None) -> MaterializeReport:
+    """Write uploaded offsets of ``topics`` (all when None) not yet in their tables as Parquet, and publish
+    each table's manifest. ``path`` names the store as the data source's option does (a broker address, an
+    object store URI, a data directory); one run at a time per store."""
+    began = time.monotonic()
+    opts = _options(path, options or {})
+    uri = _objects_uri(locate(opts), opts)
+    store = open_store(uri)
+    try:
+        manifest = read_manifest(store)
+        by_topic = _partitions(manifest, topics)
+        tables = {topic: read_table_manifest(store, topic) for topic in by_topic}
+    finally:
+        store.close()
+    tasks = []
+    for topic, partitions in sorted(by_topic.items()):
+        done = tables[topic].ends()
+        for partition, stream_id in sorted(partitions.items()):
+            info = manifest.streams[stream_id]
+            first = max(done.get(partition, 0), info.start_offset)
+            if first < info.end_offset:
+                for part in plan_partitions(manifest, [stream_id], rows_max=file_rows_max, bytes_max=file_bytes_max,
+                                            starts={stream_id: first}, ends={stream_id: info.end_offset}):
+                    tasks.append(_FileTask(topic, partition, part))
+    written: list[TableFile] = run_tasks(spark, tasks, 1, _writer(uri), progress)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    retired = 0
+    store = open_store(uri)
+    try:
+        for topic, partitions in sorted(by_topic.items()):
+            starts = {p: manifest.streams[sid].start_offset for p, sid in partitions.items()}
+            old = tables[topic]
+            new = [f for f in written if f.key.startswith(f"tables/{topic}/")]
+            table = after_trims(old, starts, now_ms)
+            retired += len(table.retired) - len(old.retired)
+            table.files = sorted([*table.files, *new], key=lambda f: (f.partition, f.start))
+            gone, table = expired(table, now_ms)
+            if new or gone or table.retired != old.retired:
+                table.seq = old.seq + 1
+                write_table_manifest(store, table)
+            for key in gone:
+                store.delete(key)  # out of the manifest first, then deleted
+    finally:
+        store.close()
+    return MaterializeReport(len(written), sum(f.rows for f in written), sum(f.bytes for f in written), retired,
+                             time.monotonic() - began)
+
+
+def _writer(uri: str) -> Callable[[list[_FileTask]], Iterator[TableFile]]:
+    def write(tasks: list[_FileTask]) -> Iterator[TableFile]:
+        for task in tasks:
+            yield write_file(uri, task.topic, task.partition, task.part)
+
+    return write
+
+
+def write_file(uri: str, topic: str, partition: int, part: ReadPartition) -> TableFile:
+    """Read ``part`` (offsets of one partition) from the store's objects and put it as one Parquet file."""
+    store = shared_store(uri)
+    table = pa.Table.from_batches(list(read_partition(store, part, headers=True)), schema=arrow_schema(True))
+    table = table.sort_by("offset")  # fetches come in object order, not offset order
+    (piece,) = part.slices
+    if table.num_rows != piece.rows:
+        raise ValueError(f"{topic}/{partition}: read {table.num_rows} records of [{piece.start_offset}, "
+                         f"{piece.end_offset})")
+    stamps = table.column("timestamp").cast(pa.int64())
+    first_ms, low, high = stamps[0].as_py() // 1000, pc.min(stamps).as_py(), pc.max(stamps).as_py()
+    out = io.BytesIO()
+    pq.write_table(table, out, row_group_size=ROW_GROUP_ROWS, compression="snappy")
+    key = file_key(topic, partition, piece.start_offset, piece.end_offset, first_ms)
+    data = out.getvalue()
+    store.put(key, data)
+    return TableFile(key, partition, piece.start_offset, piece.end_offset, len(data), low // 1000, high // 1000)
+
+
+def spark_path(uri: str, key: str) -> str:
+    """The URI Spark reads object ``key`` of the store at ``uri`` from."""
+    if uri.startswith("s3://"):
+        parts = urlsplit(uri)
+        prefix = parts.path.strip("/")
+        return f"s3a://{parts.netloc}/{prefix + '/' if prefix else ''}{key}"
+    root = Path(unquote(urlsplit(uri).path)) if uri.startswith("file://") else Path(uri)
+    return (root.absolute() / key).as_uri()
+
+
+def load(spark: SparkSession, path: str, topics: list[str] | None = None, **options: Any) -> DataFrame:
+    """Every record of ``topics`` (all when None): materialized files through Spark's Parquet reader, the
+    rest through the data source. Takes the data source's options (``includeHeaders``, ``kafka.*``, ...)."""
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own spelling
+
+    opts = _options(path, options)
+    location = locate(opts)
+    uri = _objects_uri(location, opts)
+    headers = opts.get("includeheaders", "false").lower() == "true"
+    store = open_store(uri)
+    try:
+        manifest = read_manifest(store)
+        by_topic = _partitions(manifest, topics)
+        tables = {topic: read_table_manifest(store, topic) for topic in by_topic}
+    finally:
+        store.close()
+    starts = _starts(location, opts, manifest, by_topic)
+    files: list[str] = []
+    resume: dict[str, dict[str, int]] = {}
+    cut: list[tuple[str, int]] = []
+    for topic, partitions in sorted(by_topic.items()):
+        done = tables[topic].ends()
+        for partition in sorted(partitions):
+            start = starts[(topic, partition)]
+            resume.setdefault(topic, {})[str(partition)] = max(done.get(partition, 0), start)
+            for f in tables[topic].files:
+                if f.partition == partition and f.end > start:
+                    files.append(spark_path(uri, f.key))
+                    if f.start < start:
+                        cut.append((f"{topic}/{partition}", start))
+    rest_options = {**opts, "startingoffsets": json.dumps(resume)}
+    if location.broker:
+        rest_options["topics"] = ",".join(sorted(by_topic))
+    else:
+        rest_options["streams"] = ",".join(f"{t}/{p}" for t, ps in sorted(by_topic.items()) for p in sorted(ps))
+    rest = spark.read.format("stratalog").options(**rest_options).load()
+    if not files:
+        return rest
+    materialized = spark.read.schema(f"{SCHEMA_DDL}, {HEADERS_DDL}").parquet(*files)
+    for label, start in cut:  # offsets trimmed since their file was written
+        materialized = materialized.where(~((F.col("stream") == label) & (F.col("offset") < start)))
+    if not headers:
+        materialized = materialized.drop("headers")
+    return materialized.unionByName(rest)
+
+
+def _starts(location: Location, options: dict[str, str], manifest: Manifest,
+            by_topic: dict[str, dict[int, int]]) -> dict[tuple[str, int], int]:
+    """Each partition's first offset now: the broker's log start when there is a broker, else the manifest's."""
+    if location.broker:
+        source = BrokerRead(location, options)
+        view = source.view()
+        try:
+            ends = view.ends([(t, p) for t, ps in by_topic.items() for p in ps])
+        finally:
+            view.close()
+        return {tp: e.start for tp, e in ends.items()}
+    return {(t, p): manifest.streams[sid].start_offset for t, ps in by_topic.items() for p, sid in ps.items()}
