@@ -42,6 +42,8 @@ class SparkBenchPlan:
     streams: int
     value_bytes: int
     master: str
+    #: Also write, read, materialize and stream through a live broker (bench/spark_broker.py).
+    broker: bool = True
 
 
 def _timed(step: Callable[[], Any]) -> tuple[float, Any]:
@@ -107,23 +109,31 @@ def run_spark_bench(spark: SparkSession, plan: SparkBenchPlan, work_dir: Path,
     read_s, source_scan = _timed(lambda: scan(spark.read.format("stratalog").option("path", uri).load()))
     if parquet_scan != source_scan or source_scan[0] != plan.records:
         raise RuntimeError(f"the two reads disagree: Parquet {parquet_scan}, stratalog {source_scan}")
+
+    broker = None
+    if plan.broker:
+        from stratalog.bench.spark_broker import run_broker_bench
+
+        broker = run_broker_bench(spark, source, plan.records, work_dir, scan,
+                                  {"write_s": parquet_write_s, "read_s": parquet_read_s}, phase)
     source.unpersist()
 
     phase("compacting")
     report = jobs.compact(spark, data_dir, uri, config=bench_config())
     data_bytes = source_scan[1]
     return {
+        "broker": broker,
         "plan": {"records": plan.records, "streams": plan.streams, "value_bytes": plan.value_bytes,
                  "master": plan.master, "data_bytes": data_bytes},
-        "write": _ratio(plan.records, write_s, parquet_write_s, WRITE_RATIO_TARGET),
-        "read": _ratio(plan.records, read_s, parquet_read_s, READ_RATIO_TARGET),
+        "write": ratio(plan.records, write_s, parquet_write_s, WRITE_RATIO_TARGET),
+        "read": ratio(plan.records, read_s, parquet_read_s, READ_RATIO_TARGET),
         "compact": {"objects_replaced": report.objects_replaced, "objects_written": report.objects_written,
                     "bytes_written": report.bytes_written, "seconds": report.seconds,
                     "mb_per_s": report.mb_per_s},
     }
 
 
-def _ratio(records: int, seconds: float, parquet_seconds: float, target: float) -> dict[str, Any]:
+def ratio(records: int, seconds: float, parquet_seconds: float, target: float) -> dict[str, Any]:
     rows_per_s, parquet_rows_per_s = records / seconds, records / parquet_seconds
     ratio = rows_per_s / parquet_rows_per_s
     return {"seconds": seconds, "rows_per_s": rows_per_s, "parquet_seconds": parquet_seconds,

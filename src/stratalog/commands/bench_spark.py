@@ -12,7 +12,7 @@ from stratalog.commands.bench_log import bench_dir, make_console, print_machine,
 
 RECORDS_DEFAULT = 2_000_000
 RECORDS_QUICK = 200_000
-PHASES = 6
+PHASES = 11
 
 
 @click.command()
@@ -22,17 +22,21 @@ PHASES = 6
 @click.option("--value-bytes", type=click.IntRange(20), default=100, show_default=True)
 @click.option("--master", default="local[*]", show_default=True)
 @click.option("--quick", is_flag=True, help="A short run to check the set-up.")
+@click.option("--broker/--no-broker", default=True, show_default=True,
+              help="Also write, read, materialize and stream through a live broker (stratalog serve).")
 @click.option("--dir", "dir_path", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Work directory (default: a temporary one under the current directory).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def spark(records: int | None, streams: int, value_bytes: int, master: str, quick: bool, dir_path: Path | None,
-          json_path: Path | None) -> None:
-    """Read and write N records through the data source vs Spark's Parquet, and compaction MB/s."""
+def spark(records: int | None, streams: int, value_bytes: int, master: str, quick: bool, broker: bool,
+          dir_path: Path | None, json_path: Path | None) -> None:
+    """Read and write N records through the data source vs Spark's Parquet, and compaction MB/s; with a
+    live broker, writes, reads, materialized reads and a streaming query's latency too."""
     from stratalog.bench.spark import SparkBenchPlan, run_spark_bench
     from stratalog.spark import local_session
 
     console = make_console()
-    plan = SparkBenchPlan(records or (RECORDS_QUICK if quick else RECORDS_DEFAULT), streams, value_bytes, master)
+    plan = SparkBenchPlan(records or (RECORDS_QUICK if quick else RECORDS_DEFAULT), streams, value_bytes, master,
+                          broker)
     with bench_dir(dir_path) as work:
         machine = print_machine(console, work)
         session = local_session(master, app_name="stratalog-bench")
@@ -54,12 +58,23 @@ def _report(console: Any, doc: dict[str, Any]) -> None:
     out = table(f"Spark {p['master']}: {p['records']:,} records of {p['value_bytes']} B over {p['streams']:,} "
                 "streams; Parquet is Spark's own, in the same run", ("step", "seconds", "rows/s",
                 "Parquet s", "Parquet rows/s", "ratio", "target", "verdict"), left=("step", "target", "verdict"))
-    for name in ("write", "read"):
-        r = doc[name]
+    steps = [("write (at rest)", doc["write"]), ("read (at rest)", doc["read"])]
+    b = doc.get("broker")
+    if b:
+        steps += [("write (broker)", b["write"]), ("read (broker)", b["read"]),
+                  ("read (materialized)", b["materialized_read"])]
+    for name, r in steps:
         out.add_row(name, f"{r['seconds']:.2f}", f"{r['rows_per_s']:,.0f}", f"{r['parquet_seconds']:.2f}",
                     f"{r['parquet_rows_per_s']:,.0f}", f"{r['ratio']:.2f}", f">= {r['target']['bound']:g}",
                     verdict(r["target"]))
     console.print(out)
+    if b:
+        m, lat = b["materialize"], b["latency"]
+        console.print(f"materialize: {m['files']} files, {m['bytes'] / 1e6:.1f} MB in {m['seconds']:.2f} s "
+                      f"({m['rows_per_s']:,.0f} rows/s)")
+        console.print(f"acknowledgement -> streaming output ({lat['trigger']} trigger, {lat['seen']:,} of "
+                      f"{lat['records']:,} records): p50 {lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms, "
+                      f"max {lat['max_ms']:.0f} ms")
     c = doc["compact"]
     console.print(f"compaction: {c['objects_replaced']} objects -> {c['objects_written']} per-stream objects, "
                   f"{c['bytes_written'] / 1e6:.1f} MB in {c['seconds']:.2f} s = {c['mb_per_s']:.1f} MB/s")

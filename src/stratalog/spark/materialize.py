@@ -211,7 +211,8 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
         tables = {topic: read_table_manifest(store, topic) for topic in by_topic}
     finally:
         store.close()
-    starts = _starts(location, opts, manifest, by_topic)
+    bounds = _bounds(location, opts, manifest, by_topic)
+    starts = {tp: b[0] for tp, b in bounds.items()}
     files: list[str] = []
     resume: dict[str, dict[str, int]] = {}
     cut: list[tuple[str, int]] = []
@@ -225,6 +226,7 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
                     files.append(spark_path(uri, f.key))
                     if f.start < start:
                         cut.append((f"{topic}/{partition}", start))
+    caught_up = all(resume[t][str(p)] >= bounds[(t, p)][1] for t, ps in by_topic.items() for p in ps)
     rest_options = {**opts, "startingoffsets": json.dumps(resume)}
     if location.broker:
         rest_options["topics"] = ",".join(sorted(by_topic))
@@ -238,12 +240,13 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
         materialized = materialized.where(~((F.col("stream") == label) & (F.col("offset") < start)))
     if not headers:
         materialized = materialized.drop("headers")
-    return materialized.unionByName(rest)
+    return materialized if caught_up else materialized.unionByName(rest)
 
 
-def _starts(location: Location, options: dict[str, str], manifest: Manifest,
-            by_topic: dict[str, dict[int, int]]) -> dict[tuple[str, int], int]:
-    """Each partition's first offset now: the broker's log start when there is a broker, else the manifest's."""
+def _bounds(location: Location, options: dict[str, str], manifest: Manifest,
+            by_topic: dict[str, dict[int, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+    """Each partition's first and next offset now: the broker's log start and high watermark when there is
+    a broker, else the manifest's."""
     if location.broker:
         source = BrokerRead(location, options)
         view = source.view()
@@ -251,5 +254,6 @@ def _starts(location: Location, options: dict[str, str], manifest: Manifest,
             ends = view.ends([(t, p) for t, ps in by_topic.items() for p in ps])
         finally:
             view.close()
-        return {tp: e.start for tp, e in ends.items()}
-    return {(t, p): manifest.streams[sid].start_offset for t, ps in by_topic.items() for p, sid in ps.items()}
+        return {tp: (e.start, e.end) for tp, e in ends.items()}
+    return {(t, p): (manifest.streams[sid].start_offset, manifest.streams[sid].end_offset)
+            for t, ps in by_topic.items() for p, sid in ps.items()}
