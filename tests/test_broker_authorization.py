@@ -30,8 +30,10 @@ from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.records import encode_batch
 from stratalog.kafka.staged_commit import API_KEY as STAGED_API_KEY
 from stratalog.kafka.staged_commit import (
+    REPLACE_API_KEY,
     CommitStagedRequest,
     CommitStagedResponse,
+    ReplaceObjectsRequest,
     StagedObjectEntry,
     StagedStreamEntry,
     decode_response,
@@ -217,7 +219,8 @@ ROWS: dict[str, Row] = {
 
 def test_every_served_api_is_in_the_table(world: World) -> None:
     names = {api.name for key, api in world.broker.apis.items() if key not in OPEN_APIS}
-    assert names - set(ROWS) == {"Produce", "ListGroups", "StratalogCommitStaged"}  # tests of their own below
+    own = {"StratalogCommitStaged", "StratalogReplaceObjects"}
+    assert names - set(ROWS) == {"Produce", "ListGroups", *own}  # tests of their own below
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
@@ -261,6 +264,26 @@ def test_a_staged_commit_needs_write_on_every_topic_it_writes(world: World) -> N
     served = commit_staged(world, "alice", [b"x", b"y"])
     assert (served.error_code, served.committed, served.records) == (0, True, 2)
     assert end_offset(world) == 3
+
+
+def test_replacing_objects_needs_alter_on_the_cluster(world: World) -> None:
+    objects = world.broker.store.metadata.objects()
+    body = ReplaceObjectsRequest(tuple(o.key for o in objects), ((f"{STAGING_PREFIX}c/0.slo", 10),))
+
+    def ask(who: str) -> CommitStagedResponse:
+        request = Request(REPLACE_API_KEY, 0, next(_ids), "test", body, 0)
+
+        async def run() -> Any:
+            return await world.broker.apis[REPLACE_API_KEY].handler(world.broker, request, world.session[who])
+
+        answer = world.loop.run_until_complete(run())
+        return decode_response(b"".join(bytes(p) for p in answer.pieces)[4:])[1]
+
+    assert ErrorCode(ask("bob").error_code) == CLUSTER_DENIED
+    world.allow(CLUSTER, "kafka-cluster", Operation.ALTER)
+    served = ask("alice")  # authorized: refused only because the staged object is not there
+    assert ErrorCode(served.error_code) == ErrorCode.invalid_request and "not replaced" in served.error_message
+    assert end_offset(world) == 1
 
 
 def test_list_groups_shows_only_the_groups_a_principal_may_describe(world: World) -> None:

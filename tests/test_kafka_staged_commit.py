@@ -13,11 +13,14 @@ from stratalog.kafka.codec import KafkaProtocolError, UnsupportedVersionError, d
 from stratalog.kafka.partitioner import murmur2, partition_for_key
 from stratalog.kafka.staged_commit import (
     API_KEY,
+    REPLACE_API_KEY,
     CommitStagedRequest,
     CommitStagedResponse,
+    ReplaceObjectsRequest,
     StagedObjectEntry,
     StagedStreamEntry,
     decode_response,
+    encode_replace_request,
     encode_request,
     encode_response,
 )
@@ -41,6 +44,17 @@ def test_a_request_round_trips_through_the_broker_codec() -> None:
     assert (request.api_key, request.correlation_id, request.client_id, request.body) == (API_KEY, 9, "spark", REQUEST)
     batch = CommitStagedRequest(None, -1, ())
     assert decode_request(encode_request(1, None, batch)[4:], SERVED).body == batch
+
+
+def test_a_replace_request_round_trips_and_its_counts_are_bounded() -> None:
+    request = ReplaceObjectsRequest(("data/1.slo", "data/2.slo"), (("spark-staging/c/0.slo", 4096),))
+    frame = encode_replace_request(3, None, request)[4:]
+    decoded = decode_request(frame, {REPLACE_API_KEY: (0, 0)})
+    assert (decoded.api_key, decoded.body) == (REPLACE_API_KEY, request)
+    lying = bytearray(frame)
+    struct.pack_into(">i", lying, 8 + 2, 1 << 28)  # replaced_count, after the header and a null client id
+    with pytest.raises(KafkaProtocolError, match="replaced objects cannot fit"):
+        decode_request(bytes(lying), {REPLACE_API_KEY: (0, 0)})
 
 
 def test_a_response_round_trips() -> None:

@@ -13,12 +13,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from brokerkit import running_broker
 from stratalog.engine.batch import NewRecord
+from stratalog.engine.manifest import ManifestError, read_manifest
 from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.kafka.partitioner import partition_for_key
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
-from stratalog.spark.broker_write import BrokerWriteError, commit_through_broker
+from stratalog.spark.broker_write import BrokerWriteError, commit_through_broker, replace_through_broker
+from stratalog.spark.jobs import compact_live
 from stratalog.spark.write import StagingWriter
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -86,3 +89,47 @@ def test_a_micro_batch_is_committed_once_however_often_it_is_sent(tmp_path: Path
         with pytest.raises(BrokerWriteError, match="staged objects lie under"):
             commit_through_broker(broker.bootstrap, {}, [(0, [not_staged])], None)
         assert broker.stop() == 0
+
+
+def test_compaction_beside_a_live_broker_swaps_objects_while_producers_write(spark: Any, tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("[store]\nupload_interval_s = 0.2\n")
+    with running_broker(tmp_path / "data", "--config", str(config)) as broker:
+        address = f"kafka://{broker.bootstrap}"
+        acked: list[tuple[str, int, bytes]] = []
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 2})
+
+        def produce(first: int, count: int) -> None:
+            for i in range(first, first + count):
+                producer.produce(f"topic-{i % 5}", value=b"v%d" % i, on_delivery=lambda e, m: acked.append(
+                    (f"{m.topic()}/{m.partition()}", m.offset(), m.value())))
+            producer.flush(30)
+
+        objects = LocalDirStore(broker.data_dir / LOCAL_DIR_NAME)
+        for n in range(3):  # three uploads, each an object holding all five topics
+            produce(500 * n, 500)
+            wait_until(lambda n=n: len(uploaded_objects(objects)) > n, f"upload {n + 1}")
+        before = uploaded_objects(objects)
+        during = threading.Thread(target=produce, args=(1500, 2000))
+        during.start()
+        report = compact_live(spark, address)
+        during.join(60)
+        assert report.objects_replaced >= 3 and report.objects_written >= 5
+        read = spark.read.format("stratalog").option("path", address).load().collect()
+        assert sorted((r.stream, r.offset, r.value) for r in read) == sorted(acked)
+        with pytest.raises(BrokerWriteError, match="no longer in the store"):
+            replace_through_broker(broker.bootstrap, {}, sorted(before), [(f"{STAGING_PREFIX}x/0.slo", 10)])
+        assert broker.stop() == 0
+
+
+def uploaded_objects(objects: LocalDirStore) -> set[str]:
+    """Keys of the multi-stream objects the store's published manifest names."""
+    try:
+        manifest = read_manifest(objects)
+    except ManifestError:
+        return set()
+    streams_of: dict[str, set[int]] = {}
+    for stream_id, refs in manifest.blocks.items():
+        for ref in refs:
+            streams_of.setdefault(ref.key, set()).add(stream_id)
+    return {key for key, streams in streams_of.items() if len(streams) > 1}

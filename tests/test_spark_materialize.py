@@ -13,6 +13,7 @@ from brokerkit import running_broker
 from stratalog.engine import NewRecord, StreamStore
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
+from stratalog.spark.jobs import export
 from stratalog.spark.materialize import load, materialize
 from stratalog.spark.tables import read_table_manifest
 from test_spark_broker_read import broker_config, create_topic, produce, uploaded
@@ -56,6 +57,9 @@ def test_materialized_files_plus_the_tail_read_as_the_data_source_does(spark: An
         trimmed = rows_of(load(spark, address))
         assert trimmed == rows_of(spark.read.format("stratalog").option("path", address).load())
         assert min(r[1] for r in trimmed if r[0] == "clicks/0") == 1000
+
+        exported = export(spark, address, str(tmp_path / "export"))  # the export job reads a live broker too
+        assert exported.rows == len(trimmed) == spark.read.parquet(str(tmp_path / "export")).count()
         assert broker.stop() == 0
 
 

@@ -10,6 +10,12 @@ commit. A streaming write names its sink and micro-batch: a batch committed befo
 Each topic written needs Write (and Create, when it does not exist and auto-creation is on), as a
 produce would. Object keys must lie under ``spark-staging/``: a client cannot make the broker move any
 other object.
+
+StratalogReplaceObjects: a compaction run by Spark beside the broker (``stratalog pipeline compact
+kafka://...``) stages per-stream objects and asks the broker to swap them for the objects they merge. The
+broker swaps them only if they hold exactly the ranges the old objects still hold (engine/staging.py), so a
+trim or upload meanwhile makes the request fail, never lose data. Rewriting stored objects is an
+administrator's act: it needs Alter on the cluster.
 """
 
 from __future__ import annotations
@@ -32,13 +38,18 @@ from stratalog.engine.staging import (
     StagedStream,
     StagedWrite,
     commit_staged,
+    replace_with_staged,
 )
+from stratalog.engine.store import DATA_PREFIX
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.staged_commit import (
     API_KEY,
     API_NAME,
+    REPLACE_API_KEY,
+    REPLACE_API_NAME,
     CommitStagedRequest,
     CommitStagedResponse,
+    ReplaceObjectsRequest,
     encode_response,
 )
 from stratalog.objects.local import check_key
@@ -136,4 +147,45 @@ async def commit_staged_request(broker: Broker, request: Request, session: Sessi
                                        throttle_time_ms=request.throttle_ms))
 
 
-APIS = [Api(API_KEY, API_NAME, 0, 0, commit_staged_request)]
+def _replace_refusal(body: ReplaceObjectsRequest, session: Session) -> tuple[ErrorCode, str] | None:
+    if not session.may_cluster(Operation.ALTER):
+        return ErrorCode.cluster_authorization_failed, "replacing objects needs Alter on the cluster"
+    for key in body.replaced:
+        if not key.startswith(DATA_PREFIX):
+            return ErrorCode.invalid_request, f"{key[:100]!r} is not a data object"
+    for key, size in body.staged:
+        try:
+            check_key(key)
+        except ValueError as e:
+            return ErrorCode.invalid_request, f"{key[:100]!r}: {e}"
+        if not key.startswith(STAGING_PREFIX) or size <= 0:
+            return ErrorCode.invalid_request, f"{key[:100]!r}: staged objects lie under {STAGING_PREFIX}"
+    return None
+
+
+async def replace_objects_request(broker: Broker, request: Request, session: Session) -> Prebuilt:
+    body = request.body
+    assert isinstance(body, ReplaceObjectsRequest)
+
+    def answer(response: CommitStagedResponse) -> Prebuilt:
+        return Prebuilt([encode_response(request.correlation_id, response)], request.throttle_ms)
+
+    refused = _replace_refusal(body, session)
+    if refused is not None:
+        return answer(CommitStagedResponse(int(refused[0]), refused[1], throttle_time_ms=request.throttle_ms))
+    try:
+        result = await asyncio.to_thread(replace_with_staged, broker.store, body.replaced, body.staged)
+    except (ValueError, CorruptObjectError, ObjectNotFoundError) as e:
+        return answer(CommitStagedResponse(int(ErrorCode.invalid_request), f"not replaced: {e}",
+                                           throttle_time_ms=request.throttle_ms))
+    except (StoreFailedError, StoreClosedError, ObjectStoreError) as e:
+        log.error("%s from %s failed: %s", REPLACE_API_NAME, session.host, e)
+        return answer(CommitStagedResponse(int(ErrorCode.kafka_storage_error), str(e),
+                                           throttle_time_ms=request.throttle_ms))
+    log.info("replaced %d objects with %d staged by %s", len(body.replaced), result.objects, session.principal)
+    return answer(CommitStagedResponse(committed=True, records=result.records, objects=result.objects,
+                                       throttle_time_ms=request.throttle_ms))
+
+
+APIS = [Api(API_KEY, API_NAME, 0, 0, commit_staged_request),
+        Api(REPLACE_API_KEY, REPLACE_API_NAME, 0, 0, replace_objects_request)]

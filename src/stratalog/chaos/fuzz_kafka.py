@@ -171,13 +171,20 @@ def request_seeds() -> list[bytes]:
     return seeds
 
 
+_OWN_APIS = {staged_commit.API_KEY: (0, 0), staged_commit.REPLACE_API_KEY: (0, 0)}
+
+
 def check_staged_commit(frame: bytes) -> None:
-    """StratalogCommitStaged through the codec: a decoded request re-encodes to a frame that decodes alike."""
-    request = decode_request(frame, {staged_commit.API_KEY: (0, 0)})
-    again = decode_request(staged_commit.encode_request(request.correlation_id, request.client_id, request.body)[4:],
-                           {staged_commit.API_KEY: (0, 0)})
-    check(again.body == request.body and again.client_id == request.client_id,
-          "a StratalogCommitStaged request re-encoded decodes to another request")
+    """The broker's own requests through the codec: a decoded request re-encodes to a frame that decodes alike."""
+    request = decode_request(frame, _OWN_APIS)
+    body = request.body
+    if isinstance(body, staged_commit.ReplaceObjectsRequest):
+        encoded = staged_commit.encode_replace_request(request.correlation_id, request.client_id, body)
+    else:
+        encoded = staged_commit.encode_request(request.correlation_id, request.client_id, body)
+    again = decode_request(encoded[4:], _OWN_APIS)
+    check(again.body == body and again.client_id == request.client_id,
+          f"a request of API {request.api_key} re-encoded decodes to another request")
 
 
 def staged_commit_seeds() -> list[bytes]:
@@ -187,7 +194,10 @@ def staged_commit_seeds() -> list[bytes]:
                staged_commit.StagedObjectEntry(3, "spark-staging/w/000003-0.slo", 99, (entry("t/7", 5, 1),)))
     return [staged_commit.encode_request(1, "spark", staged_commit.CommitStagedRequest(None, -1, objects))[4:],
             staged_commit.encode_request(2, None, staged_commit.CommitStagedRequest("sink", 41, objects[:1]))[4:],
-            staged_commit.encode_request(3, "", staged_commit.CommitStagedRequest("", 0, ()))[4:]]
+            staged_commit.encode_request(3, "", staged_commit.CommitStagedRequest("", 0, ()))[4:],
+            staged_commit.encode_replace_request(4, "spark", staged_commit.ReplaceObjectsRequest(
+                ("data/00000000000000000001.slo", "data/00000000000000000002.slo"),
+                (("spark-staging/compact-1/000000.slo", 4096),)))[4:]]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -368,9 +378,9 @@ TARGETS = (
     FuzzTarget("kafka_request", "codec.decode_request, every API version the broker serves; re-encode round trip",
                check_request, (KafkaProtocolError, UnsupportedVersionError), request_seeds,
                coverage_functions=lambda: (_request_feature(),)),
-    FuzzTarget("kafka_staged_commit", "codec.decode_request of StratalogCommitStaged (the broker's own API); "
-               "re-encode round trip", check_staged_commit, (KafkaProtocolError, UnsupportedVersionError),
-               staged_commit_seeds),
+    FuzzTarget("kafka_staged_commit", "codec.decode_request of StratalogCommitStaged and StratalogReplaceObjects "
+               "(the broker's own APIs); re-encode round trip", check_staged_commit,
+               (KafkaProtocolError, UnsupportedVersionError), staged_commit_seeds),
     FuzzTarget("kafka_frames", "connection.FrameReader fed in chunks: frames exact, buffering bounded",
                check_frames, (KafkaProtocolError,), frame_seeds, input_bytes_max=FRAMES_INPUT_BYTES_MAX),
     FuzzTarget("kafka_batch", "records.split_batches/decode_records/record_timestamps, decompression bounds, "

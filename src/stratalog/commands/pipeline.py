@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,23 +60,33 @@ def _uri(data_dir: Path, objects_uri: str | None) -> str:
 
 
 @pipeline.command()
-@click.argument("data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("store")
 @_objects
 @_master
 @click.option("--object-mib", default=64, show_default=True, type=click.IntRange(1, 4096),
               help="Largest per-stream object compaction writes.")
-def compact(data_dir: Path, objects_uri: str | None, master: str, object_mib: int) -> None:
+def compact(store: str, objects_uri: str | None, master: str, object_mib: int) -> None:
     """Merge multi-stream objects into per-stream objects and swap them in atomically.
 
-    The store in DATA_DIR must not be open elsewhere. Replaced objects are deleted after the grace period
-    (by `stratalog pipeline retention`, or the store's own background pass).
+    STORE is a running broker (kafka://HOST:PORT: it swaps the objects in if the ones they replace still
+    hold the same records, and needs Alter on the cluster when it checks ACLs) or a data directory (the
+    store must not be open elsewhere). Replaced objects are deleted after the grace period.
     """
     from stratalog.spark.jobs import compact as run
+    from stratalog.spark.jobs import compact_live
 
     console = Console()
     with _session(master) as spark, _bar(console, "compacting: objects written") as progress:
-        report = run(spark, data_dir, _uri(data_dir, objects_uri), object_bytes_max=object_mib << 20,
-                     progress=progress)
+        if store.startswith("kafka://"):
+            report = compact_live(spark, store, objects=objects_uri, object_bytes_max=object_mib << 20,
+                                  progress=progress)
+        else:
+            data_dir = Path(store)
+            if not data_dir.is_dir():
+                raise click.BadParameter(f"{store} is neither kafka://HOST:PORT nor a data directory",
+                                         param_hint="STORE")
+            report = run(spark, data_dir, _uri(data_dir, objects_uri), object_bytes_max=object_mib << 20,
+                         progress=progress)
     console.print(f"replaced {report.objects_replaced} objects with {report.objects_written} per-stream objects "
                   f"({report.bytes_written / 1e6:.1f} MB) in {report.seconds:.1f} s: {report.mb_per_s:.1f} MB/s")
 
@@ -108,9 +119,10 @@ def retention(data_dir: Path, objects_uri: str | None, master: str, clean_stagin
 def export(objects_uri: str, out: str, streams: str | None, queues: str | None, master: str) -> None:
     """Write streams from the store at OBJECTS to Parquet under OUT, partitioned by stream.
 
-    OBJECTS is the store's object storage (DATA_DIR/objects, file:///path or s3://...); the store may be
-    running. OUT is replaced as a whole. With --queues, OBJECTS is a queue store's object storage and each
-    queue is written as a stream (null timestamp and key).
+    OBJECTS is a running broker (kafka://HOST:PORT: everything acknowledged when the export starts) or a
+    store's object storage (DATA_DIR/objects, file:///path or s3://...; the store may be running). OUT is
+    replaced as a whole. With --queues, OBJECTS is a queue store's object storage and each queue is written
+    as a stream (null timestamp and key).
     """
     from stratalog.spark.jobs import export as run
 
@@ -125,8 +137,10 @@ def export(objects_uri: str, out: str, streams: str | None, queues: str | None, 
 @click.option("--topics", default=None, help="Comma list of topics (default: every topic).")
 @click.option("--file-mib", default=128, show_default=True, type=click.IntRange(1, 4096),
               help="About this much of the store's data per Parquet file (a task holds one file in memory).")
+@click.option("--every", "every_s", type=click.FloatRange(min=1.0), default=None, metavar="SECONDS",
+              help="Run again this long after each run ends, until interrupted: a table that keeps up.")
 @_master
-def materialize(store: str, topics: str | None, file_mib: int, master: str) -> None:
+def materialize(store: str, topics: str | None, file_mib: int, every_s: float | None, master: str) -> None:
     """Write topics as Parquet files in the store's object storage, for reads at Spark's own speed.
 
     STORE is a running broker (kafka://HOST:PORT), an object store URI or a data directory. Each run
@@ -139,7 +153,13 @@ def materialize(store: str, topics: str | None, file_mib: int, master: str) -> N
 
     wanted = None if topics is None else [t.strip() for t in topics.split(",") if t.strip()]
     console = Console()
-    with _session(master) as spark, _bar(console, "materializing: files written") as progress:
-        report = run(spark, store, wanted, file_bytes_max=file_mib << 20, progress=progress)
-    console.print(f"wrote {report.files_written} files ({report.rows} records, {report.bytes_written / 1e6:.1f} MB), "
-                  f"retired {report.files_retired} in {report.seconds:.1f} s")
+    with _session(master) as spark:
+        while True:
+            with _bar(console, "materializing: files written") as progress:
+                report = run(spark, store, wanted, file_bytes_max=file_mib << 20, progress=progress)
+            console.print(f"wrote {report.files_written} files ({report.rows} records, "
+                          f"{report.bytes_written / 1e6:.1f} MB), retired {report.files_retired} in "
+                          f"{report.seconds:.1f} s")
+            if every_s is None:
+                return
+            time.sleep(every_s)

@@ -218,3 +218,45 @@ def delete_staging(store: ObjectStore, prefix: str) -> int:
     for key in keys:
         store.delete(key)
     return len(keys)
+
+
+def read_final_index(store: ObjectStore, key: str, size_bytes: int) -> list[BlockEntry]:
+    """The index of an object written with its real stream ids and offsets (a compaction's output), read
+    with two ranged gets; CorruptObjectError for a provisional one."""
+    footer = decode_footer(store.get(key, size_bytes - FOOTER_BYTES, size_bytes), size_bytes)
+    if footer.provisional:
+        raise CorruptObjectError(f"{key} is provisional: a compaction's objects carry their real placement")
+    return decode_index(store.get(key, footer.index_position, footer.index_position + footer.index_bytes), footer)
+
+
+def replace_with_staged(store: StreamStore, replaced_keys: Sequence[str],
+                        staged: Sequence[tuple[str, int]]) -> CommitResult:
+    """Swap the objects at ``replaced_keys`` for the staged objects ``(key, size)`` (a compaction run beside
+    a live store): each staged object is moved under ``data/`` unchanged, then one metadata transaction
+    swaps them in, and refuses (ValueError) unless they hold exactly the ranges the replaced objects still
+    hold: a trim or another compaction since the plan makes the swap a no-op to plan again, never a loss.
+    The replaced objects stay readable until their grace period has passed. Whatever happens, no staged
+    object is left, and no moved one stays unless the swap registered it."""
+    moved_keys: list[str] = []
+    committed = False
+    try:
+        live = {o.key: o.object_id for o in store.metadata.objects() if o.unreferenced_ms is None}
+        gone = [key for key in replaced_keys if key not in live]
+        if gone or not replaced_keys or not staged:
+            raise ValueError(f"nothing to replace, or objects no longer in the store: {gone[:5]}")
+        objects = store.object_store
+        work = [(key, size, store.metadata.allocate_object_id()) for key, size in staged]
+        moved_keys = [object_key(object_id) for _, _, object_id in work]
+        with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="stratalog-commit") as pool:
+            indexes = list(pool.map(lambda w: read_final_index(objects, w[0], w[1]), work))
+            list(pool.map(lambda w: objects.rename(w[0], object_key(w[2])), work))
+        new = [NewObject(object_id, object_key(object_id), size, entries)
+               for (_, size, object_id), entries in zip(work, indexes, strict=True)]
+        store.replace_objects([live[key] for key in replaced_keys], new)
+        committed = True
+        return CommitResult(True, sum(e.record_count for entries in indexes for e in entries), len(new))
+    finally:
+        if not committed:
+            _delete_unregistered(store, moved_keys)
+        for key, _ in staged:
+            store.object_store.delete(key)  # gone already if it moved

@@ -102,11 +102,13 @@ def _decode_own(frame: bytes | memoryview, api_key: int, api_version: int, corre
     """A request of the broker's own APIs (not in Kafka's schemas: their modules say their format)."""
     from stratalog.kafka import staged_commit
 
-    if api_key != staged_commit.API_KEY:
+    decoders = {staged_commit.API_KEY: staged_commit.decode_request_body,
+                staged_commit.REPLACE_API_KEY: staged_commit.decode_replace_body}
+    decode = decoders.get(api_key)
+    if decode is None:
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     _, _, _, client_id, at = staged_commit.decode_request_header(frame)
-    return Request(api_key, api_version, correlation_id, client_id, staged_commit.decode_request_body(frame, at),
-                   len(frame))
+    return Request(api_key, api_version, correlation_id, client_id, decode(frame, at), len(frame))
 
 
 def response_schema(api_key: int, api_version: int) -> type[Any]:

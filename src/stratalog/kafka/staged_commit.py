@@ -1,4 +1,6 @@
-"""StratalogCommitStaged: the broker's own request that commits objects a Spark write staged.
+"""The broker's own requests for Spark jobs: StratalogCommitStaged (a write's staged objects become the
+next records of partitions) and StratalogReplaceObjects (a compaction's staged objects take the place of
+the objects they merge).
 
 Kafka has no request for "these objects, already in your object storage, are the next records of these
 partitions", so the broker serves one of its own under an API key Kafka does not use. It travels in a
@@ -18,7 +20,12 @@ Request v0::
     objects        [partition int32 (the Spark task), key string, size_bytes int64,
                     stream_count int32, streams [name string ("topic/partition"), start int64, count int64]]
 
-Response v0::
+StratalogReplaceObjects request v0::
+
+    replaced_count int32, replaced [key string]      objects under data/ that the staged ones replace
+    staged_count   int32, staged [key string, size_bytes int64]
+
+Response v0 (both)::
 
     throttle_time_ms int32, error_code int16, error_message string (nullable),
     committed int8 (0: the batch was committed before, nothing written), records int64, objects int32
@@ -34,6 +41,8 @@ from stratalog.kafka.codec import FRAME_SIZE, KafkaProtocolError
 #: Outside the numbers Kafka gives its APIs (0 up; under 100 today), so no Kafka release takes it.
 API_KEY = 32_000
 API_NAME = "StratalogCommitStaged"
+REPLACE_API_KEY = 32_001
+REPLACE_API_NAME = "StratalogReplaceObjects"
 VERSION = 0
 #: An object key is at most this long (keys the writers make are under 100 bytes).
 KEY_BYTES_MAX = 1024
@@ -65,6 +74,13 @@ class CommitStagedRequest:
     sink_id: str | None
     batch_id: int
     objects: tuple[StagedObjectEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceObjectsRequest:
+    replaced: tuple[str, ...]
+    #: (key, size in bytes) of each staged object.
+    staged: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +145,33 @@ def decode_request_body(frame: bytes | memoryview, at: int) -> CommitStagedReque
             streams.append(StagedStreamEntry(str(name), r.fixed(_I64), r.fixed(_I64)))
         objects.append(StagedObjectEntry(partition, str(key), size_bytes, tuple(streams)))
     return CommitStagedRequest(sink_id, batch_id, tuple(objects))
+
+
+def decode_replace_body(frame: bytes | memoryview, at: int) -> ReplaceObjectsRequest:
+    """A StratalogReplaceObjects body starting at byte ``at``; KafkaProtocolError for bytes that are not one."""
+    r = _Reader(frame, at)
+    replaced = tuple(str(r.string(bytes_max=KEY_BYTES_MAX)) for _ in range(r.count(2, "replaced objects")))
+    staged = []
+    for _ in range(r.count(2 + 8, "staged objects")):
+        key = str(r.string(bytes_max=KEY_BYTES_MAX))
+        staged.append((key, r.fixed(_I64)))
+    return ReplaceObjectsRequest(replaced, tuple(staged))
+
+
+def encode_replace_request(correlation_id: int, client_id: str | None, request: ReplaceObjectsRequest) -> bytes:
+    """The whole StratalogReplaceObjects frame, its size first."""
+    out = bytearray(FRAME_SIZE.size)
+    out += _HEADER_V1.pack(REPLACE_API_KEY, VERSION, correlation_id)
+    _string(out, client_id)
+    out += _I32.pack(len(request.replaced))
+    for key in request.replaced:
+        _string(out, key)
+    out += _I32.pack(len(request.staged))
+    for key, size in request.staged:
+        _string(out, key)
+        out += _I64.pack(size)
+    FRAME_SIZE.pack_into(out, 0, len(out) - FRAME_SIZE.size)
+    return bytes(out)
 
 
 def decode_request_header(frame: bytes | memoryview) -> tuple[int, int, int, str | None, int]:

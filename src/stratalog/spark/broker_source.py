@@ -154,6 +154,22 @@ class ObjectsPartition:
     part: ReadPartition
 
 
+def reachable_objects(location: Location, options: dict[str, str]) -> str:
+    """The object storage of the store ``location`` names, reachable from this machine (for a broker: the
+    one it advertises, or option ``path``); ValueError when it is not."""
+    if not location.broker:
+        assert location.objects is not None
+        return location.objects
+    source = BrokerRead(location, {**options, "coldreads": "objects"})
+    view = source.view()
+    try:
+        source.resolve_objects(view)
+    finally:
+        view.close()
+    assert source.objects is not None
+    return source.objects
+
+
 def _reachable(uri: str) -> bool:
     """Whether this machine can read the object store ``uri`` (a local directory must exist here)."""
     if uri.startswith("file://"):

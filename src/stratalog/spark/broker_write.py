@@ -19,7 +19,7 @@ Where each row goes, in this order:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -96,12 +96,24 @@ def commit_through_broker(bootstrap: str, settings: dict[str, str],
         tuple(staged_commit.StagedObjectEntry(task, o.key, o.size_bytes, tuple(
             staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in o.streams))
             for task, objects in messages for o in objects))
+    return _ask(bootstrap, settings, lambda cid, client: staged_commit.encode_request(cid, client, request))
+
+
+def replace_through_broker(bootstrap: str, settings: dict[str, str], replaced: Sequence[str],
+                           staged: Sequence[tuple[str, int]]) -> CommitResult:
+    """Ask the broker to swap the objects at ``replaced`` for the staged ``(key, size)`` objects (a
+    compaction). BrokerWriteError when the broker refuses (not authorized, or the objects changed since)."""
+    request = staged_commit.ReplaceObjectsRequest(tuple(replaced), tuple(staged))
+    return _ask(bootstrap, settings, lambda cid, client: staged_commit.encode_replace_request(cid, client, request))
+
+
+def _ask(bootstrap: str, settings: dict[str, str], frame: Callable[[int, str | None], bytes]) -> CommitResult:
     with KafkaConnection(bootstrap, settings) as connection:
         correlation_id = connection.next_correlation_id()
-        frame = connection.exchange(staged_commit.encode_request(correlation_id, connection.client_id, request))
-    answered, response = staged_commit.decode_response(frame)
+        answer = connection.exchange(frame(correlation_id, connection.client_id))
+    answered, response = staged_commit.decode_response(answer)
     if answered != correlation_id:
         raise BrokerWriteError(f"the broker answered request {answered}, not {correlation_id}")
     if response.error_code != 0:
-        raise BrokerWriteError(f"the broker refused the write (error {response.error_code}): {response.error_message}")
+        raise BrokerWriteError(f"the broker refused (error {response.error_code}): {response.error_message}")
     return CommitResult(response.committed, response.records, response.objects)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,8 +30,9 @@ from stratalog.engine.metadata import NewObject
 from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block, placed_batches
 from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.engine.store import object_key
+from stratalog.spark.location import KAFKA_SCHEME
 from stratalog.spark.plan import FETCH_BYTES_MAX, ReadPartition, StreamSlice, plan_fetches
-from stratalog.spark.reader import shared_store
+from stratalog.spark.reader import open_store, shared_store
 from stratalog.spark.write import open_data_dir, store_config_for
 
 if TYPE_CHECKING:
@@ -172,6 +174,52 @@ def compact(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *,
         store.close()
 
 
+def compact_live(spark: SparkSession, address: str, *, objects: str | None = None,
+                 options: dict[str, str] | None = None, object_bytes_max: int = COMPACTED_OBJECT_BYTES_MAX,
+                 progress: Progress = no_progress) -> CompactReport:
+    """Compaction beside a running broker (``address``: ``kafka://HOST:PORT``): tasks write the per-stream
+    objects under ``spark-staging/``, and the broker swaps them in (StratalogReplaceObjects) if the objects
+    they replace still hold the same ranges; otherwise it refuses (BrokerWriteError) and a later run plans
+    again. Needs Alter on the cluster when the broker checks ACLs. ``objects``: the broker's object storage
+    as this machine reaches it, when not where the broker says; ``options``: the data source's (``kafka.*``)."""
+    from stratalog.spark.broker_source import reachable_objects
+    from stratalog.spark.broker_write import replace_through_broker
+    from stratalog.spark.location import locate
+
+    started = time.monotonic()
+    opts = {**{k.lower(): v for k, v in (options or {}).items()}, "path": address}
+    if objects is not None:  # the broker's objects as this machine reaches them
+        opts.update(path=objects, bootstrap=address.removeprefix(KAFKA_SCHEME))
+    location = locate(opts)
+    if location.bootstrap is None:
+        raise ValueError(f"{address!r} names no broker: compact a store at rest with its data directory")
+    uri = reachable_objects(location, opts)
+    store = open_store(uri)
+    try:
+        manifest = read_manifest(store)
+    finally:
+        store.close()
+    keys = compaction_candidates(manifest.blocks, object_bytes_max // 4)
+    runs = plan_compaction(manifest.blocks, keys, object_bytes_max)
+    if not runs:
+        return CompactReport(0, 0, 0, time.monotonic() - started)
+    prefix = f"{STAGING_PREFIX}compact-{uuid.uuid4().hex}/"
+    outputs = [CompactionOutput(0, f"{prefix}{n:06d}.slo", run[0].entry.stream_id, tuple(run))
+               for n, run in enumerate(runs)]
+    try:
+        written = run_tasks(spark, outputs, OUTPUTS_PER_TASK, lambda part: write_compacted(uri, part), progress)
+        replace_through_broker(location.bootstrap, location.kafka, sorted(keys),
+                               [(o.key, o.size_bytes) for o in written])
+    finally:
+        store = open_store(uri)
+        try:
+            for info in store.list(prefix):  # what the broker did not move (it deletes what it took)
+                store.delete(info.key)
+        finally:
+            store.close()
+    return CompactReport(len(keys), len(written), sum(o.size_bytes for o in written), time.monotonic() - started)
+
+
 # Retention ---------------------------------------------------------------------------------------
 
 
@@ -238,17 +286,21 @@ class ExportReport:
 def export(spark: SparkSession, uri: str, out: str, *, streams: str | None = None, queues: str | None = None,
            progress: Progress = no_progress) -> ExportReport:
     """Write the chosen streams (all when None) to Parquet under ``out``, partitioned by stream; with
-    ``queues`` (``*`` or a comma list of names), the chosen queues of a queue store instead."""
+    ``queues`` (``*`` or a comma list of names), the chosen queues of a queue store instead. ``uri`` is
+    anything the data source's ``path`` takes: a live broker's ``kafka://HOST:PORT`` too."""
     from stratalog.spark.source import StratalogReader
 
     if streams is not None and queues is not None:
         raise ValueError("export streams or queues, not both")
     started = time.monotonic()
     options = {"path": uri, **({"streams": streams} if streams else {}), **({"queues": queues} if queues else {})}
-    rows = sum(p.rows for p in StratalogReader(options).plan())
+    at_rest = not uri.startswith(KAFKA_SCHEME)
+    rows = sum(p.rows for p in StratalogReader(options).plan()) if at_rest else 0
     progress(0, rows)
     df = spark.read.format("stratalog").options(**options).load()
     df.write.mode("overwrite").partitionBy("stream").parquet(out)
+    if not at_rest:  # a live broker: what was acknowledged when the read was planned
+        rows = spark.read.parquet(out).count()
     progress(rows, rows)
     return ExportReport(rows, time.monotonic() - started)
 

@@ -38,8 +38,14 @@ class DataLossError(BrokerReadError):
     """Records the read was to return are gone (trimmed by retention or DeleteRecords)."""
 
 
+#: librdkafka logs warnings and errors of the data source's clients, not their routine notices (an admin
+#: client dropped after its answers logs one per unserved event); ``kafka.log_level`` overrides it.
+CLIENT_LOG_LEVEL = 4
+
+
 def _client_settings(bootstrap: str, settings: dict[str, str]) -> dict[str, Any]:
-    return {"bootstrap.servers": bootstrap, "client.id": "stratalog-spark", **settings}
+    return {"bootstrap.servers": bootstrap, "client.id": "stratalog-spark", "log_level": CLIENT_LOG_LEVEL,
+            **settings}
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from stratalog.broker.topics import parse_stream_name
 from stratalog.engine.manifest import Manifest, read_manifest
-from stratalog.spark.broker_source import BrokerRead
+from stratalog.spark.broker_source import BrokerRead, reachable_objects
 from stratalog.spark.columns import HEADERS_DDL, SCHEMA_DDL, arrow_schema
 from stratalog.spark.jobs import Progress, no_progress, run_tasks
 from stratalog.spark.location import Location, locate
@@ -79,21 +79,6 @@ def _options(path: str, options: dict[str, str]) -> dict[str, str]:
     return {"path": path, **{k.lower(): str(v) for k, v in options.items()}}
 
 
-def _objects_uri(location: Location, options: dict[str, str]) -> str:
-    """The object storage of the store ``location`` names, reachable from this machine."""
-    if not location.broker:
-        assert location.objects is not None
-        return location.objects
-    source = BrokerRead(location, {**options, "coldreads": "objects"})
-    view = source.view()
-    try:
-        source.resolve_objects(view)
-    finally:
-        view.close()
-    assert source.objects is not None
-    return source.objects
-
-
 def _partitions(manifest: Manifest, topics: list[str] | None) -> dict[str, dict[int, int]]:
     """topic -> partition -> stream id, for streams named topic/partition (of ``topics``, or all)."""
     out: dict[str, dict[int, int]] = {}
@@ -116,7 +101,7 @@ def materialize(spark: SparkSession, path: str, topics: list[str] | None = None,
     object store URI, a data directory); one run at a time per store."""
     began = time.monotonic()
     opts = _options(path, options or {})
-    uri = _objects_uri(locate(opts), opts)
+    uri = reachable_objects(locate(opts), opts)
     store = open_store(uri)
     try:
         manifest = read_manifest(store)
@@ -202,7 +187,7 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
 
     opts = _options(path, options)
     location = locate(opts)
-    uri = _objects_uri(location, opts)
+    uri = reachable_objects(location, opts)
     headers = opts.get("includeheaders", "false").lower() == "true"
     store = open_store(uri)
     try:

@@ -472,7 +472,11 @@ class StratalogStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         return self._write(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        self._commit(messages, (SINK_MARKER_PREFIX + self.sink_id, batchId))
+        result = self._commit(messages, (SINK_MARKER_PREFIX + self.sink_id, batchId))
+        if not result.committed:
+            log.warning("micro-batch %d of sink %r was committed before, so nothing was written: a batch replayed "
+                        "after a restart. A new query (a new checkpoint) needs a sinkId of its own, or its first "
+                        "batches are taken for replays", batchId, self.sink_id)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         self._abort()
