@@ -28,25 +28,34 @@ PHASES = 11
 @click.option("--quick", is_flag=True, help="A short run to check the set-up.")
 @click.option("--broker/--no-broker", default=True, show_default=True,
               help="Also write, read, materialize and stream through a live broker (stratalog serve).")
+@click.option("--at-rest/--no-at-rest", default=True, show_default=True,
+              help="Write, read and compact a store at rest through the data source (--no-at-rest halves the "
+                   "disk a large run needs).")
 @click.option("--dir", "dir_path", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Work directory (default: a temporary one under the current directory).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--markdown-from", "markdown_from", multiple=True, metavar="JSON",
               type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Run nothing: print the Markdown tables of BENCHMARKS.md from these runs' JSON (repeatable).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --markdown-from: also plot each step's ratio to Parquet as a PNG here (needs matplotlib).")
 def spark(records: int | None, streams: int, value_bytes: int, master: str, driver_memory: str, quick: bool,
-          broker: bool, dir_path: Path | None, json_path: Path | None, markdown_from: tuple[Path, ...]) -> None:
+          broker: bool, at_rest: bool, dir_path: Path | None, json_path: Path | None, markdown_from: tuple[Path, ...],
+          plot_path: Path | None) -> None:
     """Read and write N records through the data source vs Spark's Parquet, and compaction MB/s; with a
     live broker, writes, reads, materialized reads and a streaming query's latency too."""
     if markdown_from:
-        click.echo(markdown([json.loads(p.read_text()) for p in markdown_from]))
+        docs = [json.loads(p.read_text()) for p in markdown_from]
+        click.echo(markdown(docs))
+        if plot_path is not None:
+            plot_ratios(docs, plot_path)
         return
     from stratalog.bench.spark import SparkBenchPlan, run_spark_bench
     from stratalog.spark import local_session
 
     console = make_console()
     plan = SparkBenchPlan(records or (RECORDS_QUICK if quick else RECORDS_DEFAULT), streams, value_bytes, master,
-                          broker)
+                          broker, at_rest)
     with bench_dir(dir_path) as work:
         machine = print_machine(console, work)
         session = local_session(master, app_name="stratalog-bench",
@@ -69,7 +78,7 @@ def _report(console: Any, doc: dict[str, Any]) -> None:
     out = table(f"Spark {p['master']}: {p['records']:,} records of {p['value_bytes']} B over {p['streams']:,} "
                 "streams; Parquet is Spark's own, in the same run", ("step", "seconds", "rows/s",
                 "Parquet s", "Parquet rows/s", "ratio", "target", "verdict"), left=("step", "target", "verdict"))
-    steps = [("write (at rest)", doc["write"]), ("read (at rest)", doc["read"])]
+    steps = [("write (at rest)", doc["write"]), ("read (at rest)", doc["read"])] if "write" in doc else []
     b = doc.get("broker")
     if b:
         steps += [("write (broker)", b["write"]), ("read (broker)", b["read"]),
@@ -86,9 +95,10 @@ def _report(console: Any, doc: dict[str, Any]) -> None:
         console.print(f"acknowledgement -> streaming output ({lat['trigger']} trigger, {lat['seen']:,} of "
                       f"{lat['records']:,} records): p50 {lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms, "
                       f"max {lat['max_ms']:.0f} ms")
-    c = doc["compact"]
-    console.print(f"compaction: {c['objects_replaced']} objects -> {c['objects_written']} per-stream objects, "
-                  f"{c['bytes_written'] / 1e6:.1f} MB in {c['seconds']:.2f} s = {c['mb_per_s']:.1f} MB/s")
+    c = doc.get("compact")
+    if c:
+        console.print(f"compaction: {c['objects_replaced']} objects -> {c['objects_written']} per-stream objects, "
+                      f"{c['bytes_written'] / 1e6:.1f} MB in {c['seconds']:.2f} s = {c['mb_per_s']:.1f} MB/s")
 
 
 def markdown(docs: list[dict[str, Any]]) -> str:
@@ -99,7 +109,7 @@ def markdown(docs: list[dict[str, Any]]) -> str:
              "|---:|---:|---|---|"]
     for doc in docs:
         p, b = doc["plan"], doc.get("broker")
-        steps = [("write, at rest", doc["write"]), ("read, at rest", doc["read"])]
+        steps = [("write, at rest", doc["write"]), ("read, at rest", doc["read"])] if "write" in doc else []
         if b:
             steps += [("write, broker", b["write"]), ("read, broker", b["read"]),
                       ("read, materialized", b["materialized_read"])]
@@ -114,3 +124,39 @@ def markdown(docs: list[dict[str, Any]]) -> str:
                          f"{m['bytes'] / 1e6:,.0f} MB in {m['seconds']:.1f} s | {lat['p50_ms']:.0f} / "
                          f"{lat['p99_ms']:.0f} / {lat['max_ms']:.0f} ms ({lat['seen']:,} records) |")
     return "\n".join([*lines, "", *extra])
+
+
+def _steps(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    steps = [("write\nat rest", doc["write"]), ("read\nat rest", doc["read"])] if "write" in doc else []
+    b = doc.get("broker")
+    if b:
+        steps += [("write\nbroker", b["write"]), ("read\nbroker", b["read"]),
+                  ("read\nmaterialized", b["materialized_read"])]
+    return steps
+
+
+def plot_ratios(docs: list[dict[str, Any]], path: Path) -> None:
+    """Each step's rows/s over Parquet's, one bar per run, each step's target as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name, _ in _steps(docs[0])]
+    width = 0.8 / len(docs)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for n, doc in enumerate(docs):
+        p = doc["plan"]
+        ratios = [r["ratio"] for _, r in _steps(doc)]
+        ax.bar([i + n * width for i in range(len(ratios))], ratios, width,
+               label=f"{p['records'] / 1e6:g} M records of {p['value_bytes']} B")
+    for i, (_, r) in enumerate(_steps(docs[0])):
+        ax.hlines(r["target"]["bound"], i - width / 2, i + width * (len(docs) - 0.5), colors="black",
+                  linestyles="dashed")
+    ax.set_xticks([i + width * (len(docs) - 1) / 2 for i in range(len(names))], names)
+    ax.set_ylabel("rows/s over Spark's Parquet (same run)")
+    ax.set_title("stratalog data source against Spark's Parquet; dashed: targets")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
