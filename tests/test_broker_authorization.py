@@ -24,7 +24,7 @@ from stratalog.broker.config import BrokerConfig
 from stratalog.broker.listeners import Listener
 from stratalog.broker.session import Session
 from stratalog.engine.batch import NewRecord
-from stratalog.engine.staging import STAGING_PREFIX
+from stratalog.engine.staging import STAGED_OBJECTS_MAX, STAGING_PREFIX
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.records import encode_batch
@@ -264,6 +264,19 @@ def test_a_staged_commit_needs_write_on_every_topic_it_writes(world: World) -> N
     served = commit_staged(world, "alice", [b"x", b"y"])
     assert (served.error_code, served.committed, served.records) == (0, True, 2)
     assert end_offset(world) == 3
+
+
+def test_a_staged_commit_naming_too_many_objects_is_refused_before_any_work(world: World) -> None:
+    entry = StagedObjectEntry(0, f"{STAGING_PREFIX}w/0.slo", 10, (StagedStreamEntry("t/0", 0, 1),))
+    body = CommitStagedRequest(None, -1, (entry,) * (STAGED_OBJECTS_MAX + 1))
+    request = Request(STAGED_API_KEY, 0, next(_ids), "test", body, 0)
+
+    async def run() -> Any:
+        return await world.broker.apis[STAGED_API_KEY].handler(world.broker, request, world.session["admin"])
+
+    answer = decode_response(b"".join(bytes(p) for p in world.loop.run_until_complete(run()).pieces)[4:])[1]
+    assert ErrorCode(answer.error_code) == ErrorCode.invalid_request and "at most" in answer.error_message
+    assert end_offset(world) == 1
 
 
 def test_replacing_objects_needs_alter_on_the_cluster(world: World) -> None:

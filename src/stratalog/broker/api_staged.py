@@ -33,7 +33,9 @@ from stratalog.engine import BackpressureError, StoreClosedError, StoreFailedErr
 from stratalog.engine.objformat import CorruptObjectError
 from stratalog.engine.staging import (
     SINK_MARKER_PREFIX,
+    STAGED_OBJECTS_MAX,
     STAGING_PREFIX,
+    CommitResult,
     StagedObject,
     StagedStream,
     StagedWrite,
@@ -71,6 +73,9 @@ def _writes(body: CommitStagedRequest) -> list[StagedWrite]:
                                                   "write neither (batch id -1)")
     if body.sink_id is not None and (not body.sink_id or body.batch_id < 0):
         raise _RefusedError(ErrorCode.invalid_request, "the sink id must not be empty and the batch id must be >= 0")
+    if len(body.objects) > STAGED_OBJECTS_MAX:
+        raise _RefusedError(ErrorCode.invalid_request, f"{len(body.objects)} staged objects in one request; at most "
+                                                       f"{STAGED_OBJECTS_MAX}")
     by_task: dict[int, list[StagedObject]] = {}
     for o in body.objects:
         try:
@@ -115,41 +120,46 @@ def _check_partitions(broker: Broker, session: Session, writes: list[StagedWrite
     return stream_ids
 
 
+def _answer(request: Request, code: ErrorCode = ErrorCode.none, message: str | None = None,
+            result: CommitResult | None = None) -> Prebuilt:
+    """The response frame: an error, or what was committed."""
+    done = result or CommitResult(False, 0, 0)
+    response = CommitStagedResponse(int(code), message, done.committed, done.records, done.objects,
+                                    throttle_time_ms=request.throttle_ms)
+    return Prebuilt([encode_response(request.correlation_id, response)], request.throttle_ms)
+
+
 async def commit_staged_request(broker: Broker, request: Request, session: Session) -> Prebuilt:
     body = request.body
     assert isinstance(body, CommitStagedRequest)
-
-    def answer(response: CommitStagedResponse) -> Prebuilt:
-        return Prebuilt([encode_response(request.correlation_id, response)], request.throttle_ms)
 
     try:
         writes = _writes(body)
         stream_ids = _check_partitions(broker, session, writes)
     except _RefusedError as e:
-        return answer(CommitStagedResponse(int(e.code), str(e), throttle_time_ms=request.throttle_ms))
+        return _answer(request, e.code, str(e))
     marker = (SINK_MARKER_PREFIX + body.sink_id, body.batch_id) if body.sink_id is not None else None
     try:
         result = await asyncio.to_thread(commit_staged, broker.store, writes, marker, create_streams=False)
     except (CorruptObjectError, ObjectNotFoundError) as e:
-        return answer(CommitStagedResponse(int(ErrorCode.invalid_request), f"a staged object is not as reported: {e}",
-                                           throttle_time_ms=request.throttle_ms))
+        return _answer(request, ErrorCode.invalid_request, f"a staged object is not as reported: {e}")
     except BackpressureError as e:
-        return answer(CommitStagedResponse(int(ErrorCode.request_timed_out), str(e),
-                                           throttle_time_ms=request.throttle_ms))
+        return _answer(request, ErrorCode.request_timed_out, str(e))
     except (StoreFailedError, StoreClosedError, ObjectStoreError) as e:
         log.error("%s from %s failed: %s", API_NAME, session.host, e)
-        return answer(CommitStagedResponse(int(ErrorCode.kafka_storage_error), str(e),
-                                           throttle_time_ms=request.throttle_ms))
+        return _answer(request, ErrorCode.kafka_storage_error, str(e))
     if result.committed:
         for stream_id in stream_ids:
             broker.data_arrived(stream_id)
-    return answer(CommitStagedResponse(committed=result.committed, records=result.records, objects=result.objects,
-                                       throttle_time_ms=request.throttle_ms))
+    return _answer(request, result=result)
 
 
 def _replace_refusal(body: ReplaceObjectsRequest, session: Session) -> tuple[ErrorCode, str] | None:
     if not session.may_cluster(Operation.ALTER):
         return ErrorCode.cluster_authorization_failed, "replacing objects needs Alter on the cluster"
+    if len(body.staged) > STAGED_OBJECTS_MAX:
+        return ErrorCode.invalid_request, f"{len(body.staged)} staged objects in one request; at most " \
+                                          f"{STAGED_OBJECTS_MAX}"
     for key in body.replaced:
         if not key.startswith(DATA_PREFIX):
             return ErrorCode.invalid_request, f"{key[:100]!r} is not a data object"
@@ -167,24 +177,18 @@ async def replace_objects_request(broker: Broker, request: Request, session: Ses
     body = request.body
     assert isinstance(body, ReplaceObjectsRequest)
 
-    def answer(response: CommitStagedResponse) -> Prebuilt:
-        return Prebuilt([encode_response(request.correlation_id, response)], request.throttle_ms)
-
     refused = _replace_refusal(body, session)
     if refused is not None:
-        return answer(CommitStagedResponse(int(refused[0]), refused[1], throttle_time_ms=request.throttle_ms))
+        return _answer(request, *refused)
     try:
         result = await asyncio.to_thread(replace_with_staged, broker.store, body.replaced, body.staged)
     except (ValueError, CorruptObjectError, ObjectNotFoundError) as e:
-        return answer(CommitStagedResponse(int(ErrorCode.invalid_request), f"not replaced: {e}",
-                                           throttle_time_ms=request.throttle_ms))
+        return _answer(request, ErrorCode.invalid_request, f"not replaced: {e}")
     except (StoreFailedError, StoreClosedError, ObjectStoreError) as e:
         log.error("%s from %s failed: %s", REPLACE_API_NAME, session.host, e)
-        return answer(CommitStagedResponse(int(ErrorCode.kafka_storage_error), str(e),
-                                           throttle_time_ms=request.throttle_ms))
+        return _answer(request, ErrorCode.kafka_storage_error, str(e))
     log.info("replaced %d objects with %d staged by %s", len(body.replaced), result.objects, session.principal)
-    return answer(CommitStagedResponse(committed=True, records=result.records, objects=result.objects,
-                                       throttle_time_ms=request.throttle_ms))
+    return _answer(request, result=result)
 
 
 APIS = [Api(API_KEY, API_NAME, 0, 0, commit_staged_request),

@@ -31,6 +31,9 @@ from stratalog.objects.store import ObjectStore
 log = logging.getLogger("stratalog.staging")
 
 STAGING_PREFIX = "spark-staging/"
+#: Staged objects one commit or swap may name: a write of 10,000 tasks staging 10 objects each. Each costs
+#: two ranged gets and a rename, so a broker asked for a commit does bounded work.
+STAGED_OBJECTS_MAX = 100_000
 SINK_MARKER_PREFIX = "spark.sink."
 #: A staged object is put once its batches reach this size (a task holds one in memory while it builds it).
 #: Staged objects whose index the driver reads, or that it moves, at once (each call holds a footer or

@@ -28,7 +28,7 @@ from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import BlockRef, read_manifest
 from stratalog.engine.metadata import NewObject
 from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block, placed_batches
-from stratalog.engine.staging import STAGING_PREFIX
+from stratalog.engine.staging import STAGED_OBJECTS_MAX, STAGING_PREFIX
 from stratalog.engine.store import object_key
 from stratalog.spark.location import KAFKA_SCHEME
 from stratalog.spark.plan import FETCH_BYTES_MAX, ReadPartition, StreamSlice, plan_fetches
@@ -180,8 +180,10 @@ def compact_live(spark: SparkSession, address: str, *, objects: str | None = Non
     """Compaction beside a running broker (``address``: ``kafka://HOST:PORT``): tasks write the per-stream
     objects under ``spark-staging/``, and the broker swaps them in (StratalogReplaceObjects) if the objects
     they replace still hold the same ranges; otherwise it refuses (BrokerWriteError) and a later run plans
-    again. Needs Alter on the cluster when the broker checks ACLs. ``objects``: the broker's object storage
-    as this machine reaches it, when not where the broker says; ``options``: the data source's (``kafka.*``)."""
+    again. Needs Alter on the cluster when the broker checks ACLs. A run writes at most STAGED_OBJECTS_MAX
+    objects (the most one request may swap in); a store that needs more is compacted over several runs.
+    ``objects``: the broker's object storage as this machine reaches it, when not where the broker says;
+    ``options``: the data source's (``kafka.*``)."""
     from stratalog.spark.broker_source import reachable_objects
     from stratalog.spark.broker_write import replace_through_broker
     from stratalog.spark.location import locate
@@ -201,6 +203,9 @@ def compact_live(spark: SparkSession, address: str, *, objects: str | None = Non
         store.close()
     keys = compaction_candidates(manifest.blocks, object_bytes_max // 4)
     runs = plan_compaction(manifest.blocks, keys, object_bytes_max)
+    while len(runs) > STAGED_OBJECTS_MAX:  # the most one request may swap in: this run takes fewer objects
+        keys = set(sorted(keys)[:len(keys) // 2])
+        runs = plan_compaction(manifest.blocks, keys, object_bytes_max)
     if not runs:
         return CompactReport(0, 0, 0, time.monotonic() - started)
     prefix = f"{STAGING_PREFIX}compact-{uuid.uuid4().hex}/"

@@ -41,6 +41,7 @@ from stratalog.spark.plan import ReadPartition, plan_partitions
 from stratalog.spark.reader import open_store, read_partition, shared_store
 from stratalog.spark.tables import (
     TableFile,
+    TableManifest,
     after_trims,
     expired,
     file_key,
@@ -92,6 +93,18 @@ def _partitions(manifest: Manifest, topics: list[str] | None) -> dict[str, dict[
     return out
 
 
+def _snapshot(uri: str, topics: list[str] | None) -> tuple[Manifest, dict[str, dict[int, int]],
+                                                             dict[str, TableManifest]]:
+    """The store's manifest, its topics' partitions (stream ids), and each topic's table manifest."""
+    store = open_store(uri)
+    try:
+        manifest = read_manifest(store)
+        by_topic = _partitions(manifest, topics)
+        return manifest, by_topic, {topic: read_table_manifest(store, topic) for topic in by_topic}
+    finally:
+        store.close()
+
+
 def materialize(spark: SparkSession, path: str, topics: list[str] | None = None, *,
                 options: dict[str, str] | None = None, file_rows_max: int = FILE_ROWS_MAX,
                 file_bytes_max: int = FILE_BYTES_MAX, progress: Progress = no_progress,
@@ -102,13 +115,7 @@ def materialize(spark: SparkSession, path: str, topics: list[str] | None = None,
     began = time.monotonic()
     opts = _options(path, options or {})
     uri = reachable_objects(locate(opts), opts)
-    store = open_store(uri)
-    try:
-        manifest = read_manifest(store)
-        by_topic = _partitions(manifest, topics)
-        tables = {topic: read_table_manifest(store, topic) for topic in by_topic}
-    finally:
-        store.close()
+    manifest, by_topic, tables = _snapshot(uri, topics)
     tasks = []
     for topic, partitions in sorted(by_topic.items()):
         done = tables[topic].ends()
@@ -189,13 +196,7 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
     location = locate(opts)
     uri = reachable_objects(location, opts)
     headers = opts.get("includeheaders", "false").lower() == "true"
-    store = open_store(uri)
-    try:
-        manifest = read_manifest(store)
-        by_topic = _partitions(manifest, topics)
-        tables = {topic: read_table_manifest(store, topic) for topic in by_topic}
-    finally:
-        store.close()
+    manifest, by_topic, tables = _snapshot(uri, topics)
     bounds = _bounds(location, opts, manifest, by_topic)
     starts = {tp: b[0] for tp, b in bounds.items()}
     files: list[str] = []
