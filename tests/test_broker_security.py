@@ -333,3 +333,38 @@ def test_a_client_certificate_names_the_principal(tmp_path: Path, pki: Pki) -> N
                 answer = b""
         assert answer == b"", "a client without a certificate got an answer"
         assert process.stop() == 0, "".join(process.output)
+
+
+def spark_settings(pki: Pki, user: str, password: str | None = None) -> dict[str, str]:
+    """The ``kafka.*`` settings of a Spark job logging in as ``user`` (librdkafka's names)."""
+    return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
+            "sasl.password": PASSWORDS[user] if password is None else password, "ssl.ca.location": pki.ca}
+
+
+def test_spark_writes_and_reads_over_sasl_ssl_with_the_writers_acls(broker: BrokerProcess, pki: Pki,
+                                                                    spark: Any) -> None:
+    from stratalog.engine import NewRecord
+    from stratalog.engine.staging import STAGING_PREFIX
+    from stratalog.kafka.client import BrokerConnectionError
+    from stratalog.objects.local import LocalDirStore
+    from stratalog.spark.broker_write import BrokerWriteError, commit_through_broker
+    from stratalog.spark.write import StagingWriter
+
+    address = broker.listeners()["SASL_SSL"]
+    objects = LocalDirStore(broker.data_dir / "objects")
+
+    def staged(n: int) -> list[tuple[int, Any]]:
+        writer = StagingWriter(objects, f"{STAGING_PREFIX}secure-{n}/000000-")
+        writer.add("spark-secure/0", [NewRecord(b"r%d" % i) for i in range(5)])
+        return [(0, writer.finish())]
+
+    with pytest.raises(BrokerConnectionError, match="refused the login"):
+        commit_through_broker(address, spark_settings(pki, "admin", "wrong"), staged(1), None)
+    with pytest.raises(BrokerWriteError, match="not authorized to write to topic 'spark-secure'"):
+        commit_through_broker(address, spark_settings(pki, "bob"), staged(2), None)
+    assert commit_through_broker(address, spark_settings(pki, "admin"), staged(3), None).records == 5
+
+    reader = spark.read.format("stratalog").option("path", f"kafka://{address}").option("topics", "spark-secure")
+    for name, value in spark_settings(pki, "admin").items():
+        reader = reader.option(f"kafka.{name}", value)
+    assert sorted(r.value for r in reader.load().collect()) == [b"r%d" % i for i in range(5)]

@@ -62,14 +62,15 @@ class KafkaConnection:
             except OSError as e:
                 errors.append(f"{server}: {e}")
                 continue
+            self._sock: socket.socket = raw
             try:
-                self._sock: socket.socket = raw
                 if protocol.endswith("SSL"):
                     self._sock = _tls_context(settings).wrap_socket(raw, server_hostname=host)
                 if protocol.startswith("SASL"):
                     self._login(settings)
                 return
             except BaseException:
+                self._sock.close()  # the TLS socket when there is one, which closes the raw one too
                 raw.close()
                 raise
         raise BrokerConnectionError(f"no broker of {bootstrap} accepted a connection: {'; '.join(errors)}")

@@ -47,7 +47,7 @@ from pyspark.sql.streaming.datasource import (
 from stratalog.engine.manifest import Manifest, ManifestError, read_manifest
 from stratalog.spark.broker_plan import TailPartition, label, plan_broker_read, read_ranges
 from stratalog.spark.filters import PushedFilters
-from stratalog.spark.kafka_client import BrokerView, PartitionEnds, TopicPartition, read_tail
+from stratalog.spark.kafka_client import BrokerReadError, BrokerView, PartitionEnds, TopicPartition, read_tail
 from stratalog.spark.location import Location
 from stratalog.spark.options import bool_option, include_headers, int_option, option
 from stratalog.spark.plan import BYTES_PER_PARTITION, ROWS_PER_PARTITION, ReadPartition
@@ -103,12 +103,17 @@ class BrokerRead:
             return
         if self.objects is not None:
             return
-        advertised = view.object_store_uri()
+        try:
+            advertised = view.object_store_uri()
+        except BrokerReadError as e:  # not authorized to describe the broker's configs, say
+            advertised, refused = None, f" ({e})"
+        else:
+            refused = ""
         if advertised is not None and _reachable(advertised):
             self.objects = advertised
             return
         why = (f"broker {self.bootstrap} keeps its objects at {advertised}, which this machine cannot reach"
-               if advertised else f"broker {self.bootstrap} does not say where its objects are")
+               if advertised else f"broker {self.bootstrap} does not say where its objects are{refused}")
         if self.cold_reads == "objects":
             raise ValueError(f"{why}: give the object store as option 'path', or set coldReads=broker")
         log.warning("%s: every record is read through the broker (give the object store as option 'path' "
