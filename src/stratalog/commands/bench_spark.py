@@ -142,16 +142,21 @@ def plot_ratios(docs: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [name for name, _ in _steps(docs[0])]
+    targets: dict[str, float] = {}
+    for doc in docs:  # every step any run has, in the order runs list them
+        for name, r in _steps(doc):
+            targets.setdefault(name, r["target"]["bound"])
+    names = list(targets)
     width = 0.8 / len(docs)
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     for n, doc in enumerate(docs):
         p = doc["plan"]
-        ratios = [r["ratio"] for _, r in _steps(doc)]
-        ax.bar([i + n * width for i in range(len(ratios))], ratios, width,
+        steps = dict(_steps(doc))  # a run without the at-rest steps leaves their places empty
+        at = [i + n * width for i, name in enumerate(names) if name in steps]
+        ax.bar(at, [steps[name]["ratio"] for name in names if name in steps], width,
                label=f"{p['records'] / 1e6:g} M records of {p['value_bytes']} B")
-    for i, (_, r) in enumerate(_steps(docs[0])):
-        ax.hlines(r["target"]["bound"], i - width / 2, i + width * (len(docs) - 0.5), colors="black",
+    for i, name in enumerate(names):
+        ax.hlines(targets[name], i - width / 2, i + width * (len(docs) - 0.5), colors="black",
                   linestyles="dashed")
     ax.set_xticks([i + width * (len(docs) - 1) / 2 for i in range(len(names))], names)
     ax.set_ylabel("rows/s over Spark's Parquet (same run)")
