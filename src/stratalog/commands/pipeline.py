@@ -135,8 +135,8 @@ def export(objects_uri: str, out: str, streams: str | None, queues: str | None, 
 @pipeline.command()
 @click.argument("store")
 @click.option("--topics", default=None, help="Comma list of topics (default: every topic).")
-@click.option("--file-mib", default=128, show_default=True, type=click.IntRange(1, 4096),
-              help="About this much of the store's data per Parquet file (a task holds one file in memory).")
+@click.option("--file-mib", default=512, show_default=True, type=click.IntRange(1, 4096),
+              help="About this much of the store's data per Parquet file (a task holds one, compressed, in memory).")
 @click.option("--every", "every_s", type=click.FloatRange(min=1.0), default=None, metavar="SECONDS",
               help="Run again this long after each run ends, until interrupted: a table that keeps up.")
 @_master

@@ -32,12 +32,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from stratalog.broker.topics import parse_stream_name
-from stratalog.engine.manifest import Manifest, read_manifest
+from stratalog.engine.manifest import BlockRef, Manifest, read_manifest
+from stratalog.objects.store import ObjectStore
 from stratalog.spark.broker_source import BrokerRead, reachable_objects
 from stratalog.spark.columns import HEADERS_DDL, SCHEMA_DDL, arrow_schema
 from stratalog.spark.jobs import Progress, no_progress, run_tasks
 from stratalog.spark.location import Location, locate
-from stratalog.spark.plan import ReadPartition, plan_partitions
+from stratalog.spark.plan import ReadPartition, StreamSlice, plan_partitions
 from stratalog.spark.reader import open_store, read_partition, shared_store
 from stratalog.spark.tables import (
     TableFile,
@@ -54,10 +55,13 @@ if TYPE_CHECKING:
 
 #: A file holds at most this many records...
 FILE_ROWS_MAX = 4_000_000
-#: ... and about this many bytes of the store's blocks (a task holds one file in memory while it writes it).
-FILE_BYTES_MAX = 128 << 20
-#: Rows per Parquet row group: Spark's reader parallelizes and skips by row group.
-ROW_GROUP_ROWS = 256_000
+#: ... and about this many bytes of the store's blocks. A task holds the file as written (compressed) in
+#: memory; the fewer the files, the less Spark's reader pays per file (at 8 MB files it lost a third).
+FILE_BYTES_MAX = 512 << 20
+#: Rows per Parquet row group, at most: Spark's reader parallelizes and skips by row group...
+ROW_GROUP_ROWS = 1_000_000
+#: ... and bytes of records per row group, at most (Spark writes 128 MB ones): what a task holds at once.
+ROW_GROUP_BYTES = 128 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,22 +163,64 @@ def _writer(uri: str) -> Callable[[list[_FileTask]], Iterator[TableFile]]:
 
 
 def write_file(uri: str, topic: str, partition: int, part: ReadPartition) -> TableFile:
-    """Read ``part`` (offsets of one partition) from the store's objects and put it as one Parquet file."""
+    """Read ``part`` (offsets of one partition) from the store's objects and put it as one Parquet file,
+    written a row group at a time: a task holds one row group and the compressed file, not the records."""
     store = shared_store(uri)
-    table = pa.Table.from_batches(list(read_partition(store, part, headers=True)), schema=arrow_schema(True))
-    table = table.sort_by("offset")  # fetches come in object order, not offset order
     (piece,) = part.slices
-    if table.num_rows != piece.rows:
-        raise ValueError(f"{topic}/{partition}: read {table.num_rows} records of [{piece.start_offset}, "
-                         f"{piece.end_offset})")
-    stamps = table.column("timestamp").cast(pa.int64())
-    first_ms, low, high = stamps[0].as_py() // 1000, pc.min(stamps).as_py(), pc.max(stamps).as_py()
     out = io.BytesIO()
-    pq.write_table(table, out, row_group_size=ROW_GROUP_ROWS, compression="snappy")
+    writer = pq.ParquetWriter(out, arrow_schema(True), compression="snappy")
+    held: list[pa.RecordBatch] = []
+    held_bytes = 0
+    expected = piece.start_offset
+    first_ms = low = high = None
+    for batch in _in_offset_order(store, piece):
+        offsets = batch.column("offset")
+        if batch.num_rows and offsets[0].as_py() != expected:
+            raise ValueError(f"{topic}/{partition}: offset {offsets[0].as_py()} read where {expected} was due")
+        expected += batch.num_rows
+        stamps = batch.column("timestamp").cast(pa.int64())
+        if batch.num_rows:
+            first_ms = stamps[0].as_py() // 1000 if first_ms is None else first_ms
+            low = min(pc.min(stamps).as_py(), low if low is not None else 1 << 62)
+            high = max(pc.max(stamps).as_py(), high if high is not None else -(1 << 62))
+        held.append(batch)
+        held_bytes += batch.nbytes
+        if held_bytes >= ROW_GROUP_BYTES:
+            writer.write_table(pa.Table.from_batches(held), row_group_size=ROW_GROUP_ROWS)
+            held, held_bytes = [], 0
+    if held:
+        writer.write_table(pa.Table.from_batches(held), row_group_size=ROW_GROUP_ROWS)
+    writer.close()
+    if expected != piece.end_offset or first_ms is None or low is None or high is None:
+        raise ValueError(f"{topic}/{partition}: read up to {expected} of [{piece.start_offset}, {piece.end_offset})")
     key = file_key(topic, partition, piece.start_offset, piece.end_offset, first_ms)
     data = out.getvalue()
     store.put(key, data)
     return TableFile(key, partition, piece.start_offset, piece.end_offset, len(data), low // 1000, high // 1000)
+
+
+def _in_offset_order(store: ObjectStore, piece: StreamSlice) -> Iterator[pa.RecordBatch]:
+    """The records of ``piece`` in offset order. Its blocks (listed in offset order) are read run by run, a
+    run being blocks that lie one after another in one object, which a ranged get returns in order; a
+    whole partition's fetches would come back in object order (a compacted object holds old offsets under
+    a new key)."""
+    run: list[BlockRef] = []
+
+    def read(blocks: list[BlockRef]) -> Iterator[pa.RecordBatch]:
+        first = max(blocks[0].entry.start_offset, piece.start_offset)
+        end = min(blocks[-1].entry.end_offset, piece.end_offset)
+        one = ReadPartition((StreamSlice(piece.stream_id, piece.name, first, end, tuple(blocks)),))
+        yield from read_partition(store, one, headers=True)
+
+    for ref in piece.blocks:
+        last = run[-1] if run else None
+        if last is not None and (ref.key != last.key or ref.entry.position != last.entry.position
+                                 + last.entry.size_bytes):
+            yield from read(run)
+            run = []
+        run.append(ref)
+    if run:
+        yield from read(run)
 
 
 def spark_path(uri: str, key: str) -> str:
