@@ -37,7 +37,8 @@ from stratalog.objects.store import ObjectStore
 from stratalog.spark.broker_source import BrokerRead, reachable_objects
 from stratalog.spark.columns import HEADERS_DDL, SCHEMA_DDL, arrow_schema
 from stratalog.spark.jobs import Progress, no_progress, run_tasks
-from stratalog.spark.location import Location, locate
+from stratalog.spark.kafka_client import BrokerView
+from stratalog.spark.location import locate
 from stratalog.spark.plan import ReadPartition, StreamSlice, plan_partitions
 from stratalog.spark.reader import open_store, read_partition, shared_store
 from stratalog.spark.tables import (
@@ -240,18 +241,27 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
 
     opts = _options(path, options)
     location = locate(opts)
-    uri = reachable_objects(location, opts)
     headers = opts.get("includeheaders", "false").lower() == "true"
-    manifest, by_topic, tables = _snapshot(uri, topics)
-    bounds = _bounds(location, opts, manifest, by_topic)
-    starts = {tp: b[0] for tp, b in bounds.items()}
+    schema = f"{SCHEMA_DDL}, {HEADERS_DDL}" if headers else SCHEMA_DDL
+    view = BrokerRead(location, {**opts, "coldreads": "objects"}) if location.broker else None
+    client = view.view() if view is not None else None
+    try:  # one client asks the broker where its objects are, then each partition's bounds
+        if view is not None and client is not None:
+            view.resolve_objects(client)
+        uri = view.objects if view is not None else location.objects
+        assert uri is not None
+        manifest, by_topic, tables = _snapshot(uri, topics)
+        bounds = _bounds(client, manifest, by_topic)
+    finally:
+        if client is not None:
+            client.close()
     files: list[str] = []
     resume: dict[str, dict[str, int]] = {}
     cut: list[tuple[str, int]] = []
     for topic, partitions in sorted(by_topic.items()):
         done = tables[topic].ends()
         for partition in sorted(partitions):
-            start = starts[(topic, partition)]
+            start = bounds[(topic, partition)][0]
             resume.setdefault(topic, {})[str(partition)] = max(done.get(partition, 0), start)
             for f in tables[topic].files:
                 if f.partition == partition and f.end > start:
@@ -259,33 +269,31 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
                     if f.start < start:
                         cut.append((f"{topic}/{partition}", start))
     caught_up = all(resume[t][str(p)] >= bounds[(t, p)][1] for t, ps in by_topic.items() for p in ps)
+    materialized = None
+    if files:
+        materialized = spark.read.schema(f"{SCHEMA_DDL}, {HEADERS_DDL}").parquet(*files)
+        for label, start in cut:  # offsets trimmed since their file was written
+            materialized = materialized.where(~((F.col("stream") == label) & (F.col("offset") < start)))
+        if not headers:
+            materialized = materialized.drop("headers")
+        if caught_up:
+            return materialized
     rest_options = {**opts, "startingoffsets": json.dumps(resume)}
     if location.broker:
         rest_options["topics"] = ",".join(sorted(by_topic))
     else:
         rest_options["streams"] = ",".join(f"{t}/{p}" for t, ps in sorted(by_topic.items()) for p in sorted(ps))
-    rest = spark.read.format("stratalog").options(**rest_options).load()
-    if not files:
-        return rest
-    materialized = spark.read.schema(f"{SCHEMA_DDL}, {HEADERS_DDL}").parquet(*files)
-    for label, start in cut:  # offsets trimmed since their file was written
-        materialized = materialized.where(~((F.col("stream") == label) & (F.col("offset") < start)))
-    if not headers:
-        materialized = materialized.drop("headers")
-    return materialized if caught_up else materialized.unionByName(rest)
+    # The schema given, so Spark need not ask a Python worker for it.
+    rest = spark.read.format("stratalog").schema(schema).options(**rest_options).load()
+    return rest if materialized is None else materialized.unionByName(rest)
 
 
-def _bounds(location: Location, options: dict[str, str], manifest: Manifest,
+def _bounds(client: BrokerView | None, manifest: Manifest,
             by_topic: dict[str, dict[int, int]]) -> dict[tuple[str, int], tuple[int, int]]:
     """Each partition's first and next offset now: the broker's log start and high watermark when there is
     a broker, else the manifest's."""
-    if location.broker:
-        source = BrokerRead(location, options)
-        view = source.view()
-        try:
-            ends = view.ends([(t, p) for t, ps in by_topic.items() for p in ps])
-        finally:
-            view.close()
+    if client is not None:
+        ends = client.ends([(t, p) for t, ps in by_topic.items() for p in ps])
         return {tp: (e.start, e.end) for tp, e in ends.items()}
     return {(t, p): (manifest.streams[sid].start_offset, manifest.streams[sid].end_offset)
             for t, ps in by_topic.items() for p, sid in ps.items()}
