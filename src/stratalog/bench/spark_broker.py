@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stratalog.bench.spark import ratio
+from stratalog.bench.spark import ratio, timed, timed_reads
 from stratalog.chaos.broker_process import start_broker
 
 if TYPE_CHECKING:
@@ -39,12 +39,6 @@ PARTITIONS = 8
 LATENCY_RATE_PER_S = 2000
 LATENCY_SECONDS = 20.0
 TRIGGER = "1 second"
-
-
-def _timed(step: Callable[[], Any]) -> tuple[float, Any]:
-    started = time.perf_counter()
-    result = step()
-    return time.perf_counter() - started, result
 
 
 def run_broker_bench(spark: SparkSession, source: DataFrame, records: int, work_dir: Path,
@@ -71,14 +65,14 @@ def run_broker_bench(spark: SparkSession, source: DataFrame, records: int, work_
         scan(spark.read.format("stratalog").option("path", address).option("topics", "warm").load())
 
         phase("broker: writing through the data source")
-        write_s, _ = _timed(lambda: rows.write.format("stratalog").option("path", address).option("topic", "bench")
+        write_s, _ = timed(lambda: rows.write.format("stratalog").option("path", address).option("topic", "bench")
                             .mode("append").save())
         phase("broker: reading through the data source")
         reader = spark.read.format("stratalog").option("path", address).option("topics", "bench")
-        read_s, scanned = _timed(lambda: scan(reader.load()))
+        read_s, scanned = timed_reads(lambda: scan(reader.load()))
         phase("broker: materializing, reading Parquet files")
-        materialize_s, report = _timed(lambda: materialize(spark, address, ["bench"]))
-        load_s, loaded = _timed(lambda: scan(load(spark, address, ["bench"])))
+        materialize_s, report = timed(lambda: materialize(spark, address, ["bench"]))
+        load_s, loaded = timed_reads(lambda: scan(load(spark, address, ["bench"])))
         if scanned[0] != records or loaded != scanned:
             raise RuntimeError(f"reads disagree: {records} written, data source {scanned}, materialized {loaded}")
         phase("broker: latency of a streaming query")
