@@ -146,3 +146,16 @@ def test_starting_offsets_take_kafka_source_forms() -> None:
 def test_plans_travel_to_tasks_by_pickle() -> None:
     plan = plan_broker_read(manifest_of({"t/0": (0, 10)}), {("t", 0): (0, 20)}, rows_max=100, bytes_max=1 << 30)
     assert pickle.loads(pickle.dumps(plan)) == plan
+
+
+def test_pipeline_retention_against_a_broker_says_the_broker_applies_it(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from stratalog.cli import cli
+    from stratalog.commands import register_all
+
+    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
+    refused = CliRunner().invoke(cli, ["pipeline", "retention", "kafka://127.0.0.1:9092"])
+    assert refused.exit_code == 2 and "applies retention itself" in refused.output
+    missing = CliRunner().invoke(cli, ["pipeline", "retention", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "not a store's data directory" in missing.output

@@ -92,19 +92,31 @@ def compact(store: str, objects_uri: str | None, master: str, object_mib: int) -
 
 
 @pipeline.command()
-@click.argument("data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("data_dir", metavar="DATA_DIR")
 @_objects
 @_master
 @click.option("--clean-staging", is_flag=True,
               help="Also delete objects Spark writes staged and left (a driver that died mid-write). Only "
                    "while no Spark write to this store runs.")
-def retention(data_dir: Path, objects_uri: str | None, master: str, clean_staging: bool) -> None:
-    """Apply every stream's time and byte retention; delete objects unreferenced past the grace period."""
+def retention(data_dir: str, objects_uri: str | None, master: str, clean_staging: bool) -> None:
+    """Apply every stream's time and byte retention; delete objects unreferenced past the grace period.
+
+    DATA_DIR is a store at rest. A running broker applies retention itself (topic configs retention.ms
+    and retention.bytes, and DeleteRecords), so there is nothing to run against one.
+    """
     from stratalog.spark.jobs import retention as run
+
+    if data_dir.startswith("kafka://"):
+        raise click.UsageError("a running broker applies retention itself: set the topic configs retention.ms "
+                               "and retention.bytes (kafka-configs, or IncrementalAlterConfigs), or delete "
+                               "records with DeleteRecords")
+    if not Path(data_dir).is_dir():
+        raise click.BadParameter(f"{data_dir} is not a store's data directory", param_hint="DATA_DIR")
 
     console = Console()
     with _session(master) as spark, _bar(console, "retention: objects deleted") as progress:
-        report = run(spark, data_dir, _uri(data_dir, objects_uri), clean_staging=clean_staging, progress=progress)
+        report = run(spark, Path(data_dir), _uri(Path(data_dir), objects_uri), clean_staging=clean_staging,
+                     progress=progress)
     console.print(f"trimmed {report.streams_trimmed} streams, deleted {report.objects_deleted} objects "
                   f"and {report.staged_objects_deleted} staged objects in {report.seconds:.1f} s")
 
