@@ -13,6 +13,7 @@ from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import SPECS, TYPE_STRING, InvalidConfigError, check_configs, effective
 from stratalog.broker.topics import InvalidTopicError, TopicExistsError, UnknownTopicError, check_topic_name
 from stratalog.kafka.codec import Request
+from stratalog.objects.uri import OBJECT_STORE_CONFIG
 
 #: CreateTopics: -1 asks for the broker's default partition count or replication factor.
 DEFAULT_COUNT = -1
@@ -25,9 +26,6 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 SOURCE_TOPIC = 1
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
-#: The broker config that names its object storage, so a Spark job given only the broker's address reads
-#: cold data straight from objects (stratalog.spark). Credentials are never part of it.
-OBJECT_STORE_CONFIG = "stratalog.object.store.uri"
 
 
 async def create_topics(broker: Broker, request: Request, session: Session) -> dict[str, Any]:

@@ -78,13 +78,9 @@ def _writes(body: CommitStagedRequest) -> list[StagedWrite]:
                                                        f"{STAGED_OBJECTS_MAX}")
     by_task: dict[int, list[StagedObject]] = {}
     for o in body.objects:
-        try:
-            check_key(o.key)
-        except ValueError as e:
-            raise _RefusedError(ErrorCode.invalid_request, f"object key {o.key[:100]!r}: {e}") from None
-        if not o.key.startswith(STAGING_PREFIX) or o.size_bytes <= 0 or not o.streams:
-            raise _RefusedError(ErrorCode.invalid_request, f"object {o.key[:100]!r}: staged objects lie under "
-                                                      f"{STAGING_PREFIX}, hold bytes and at least one stream")
+        refused = _staged_key_refusal(o.key, o.size_bytes)
+        if refused is not None or not o.streams:
+            raise _RefusedError(ErrorCode.invalid_request, refused or f"object {o.key[:100]!r} holds no stream")
         for s in o.streams:
             if parse_stream_name(s.name) is None or s.start < 0 or s.count <= 0:
                 raise _RefusedError(ErrorCode.invalid_request,
@@ -164,12 +160,21 @@ def _replace_refusal(body: ReplaceObjectsRequest, session: Session) -> tuple[Err
         if not key.startswith(DATA_PREFIX):
             return ErrorCode.invalid_request, f"{key[:100]!r} is not a data object"
     for key, size in body.staged:
-        try:
-            check_key(key)
-        except ValueError as e:
-            return ErrorCode.invalid_request, f"{key[:100]!r}: {e}"
-        if not key.startswith(STAGING_PREFIX) or size <= 0:
-            return ErrorCode.invalid_request, f"{key[:100]!r}: staged objects lie under {STAGING_PREFIX}"
+        refused = _staged_key_refusal(key, size)
+        if refused is not None:
+            return ErrorCode.invalid_request, refused
+    return None
+
+
+def _staged_key_refusal(key: str, size_bytes: int) -> str | None:
+    """Why a request may not name this staged object, or None: it must be a valid key under
+    ``spark-staging/`` (a client cannot make the broker move any other object) and hold bytes."""
+    try:
+        check_key(key)
+    except ValueError as e:
+        return f"object key {key[:100]!r}: {e}"
+    if not key.startswith(STAGING_PREFIX) or size_bytes <= 0:
+        return f"object {key[:100]!r}: staged objects lie under {STAGING_PREFIX} and hold bytes"
     return None
 
 

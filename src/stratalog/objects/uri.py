@@ -28,6 +28,11 @@ def redact(uri: str) -> str:
     return re.sub(r"(secret_key=)[^&#]*", r"\1***", without_userinfo)
 
 
+#: The broker config that names its object storage as ``without_credentials`` gives it (DescribeConfigs on
+#: the broker resource), so a Spark job given only the broker's address reads uploaded records from objects.
+OBJECT_STORE_CONFIG = "stratalog.object.store.uri"
+
+
 def without_credentials(uri: str | None, data_dir: Path) -> str:
     """The URI of the store ``open_object_store(uri, data_dir)`` opens, fit to show to other processes:
     absolute for a local directory, and without access_key / secret_key (each reader takes its own

@@ -17,10 +17,9 @@ from typing import Any
 import pyarrow as pa
 
 from stratalog.errors import StratalogError
+from stratalog.objects.uri import OBJECT_STORE_CONFIG
 from stratalog.spark.columns import arrow_schema
 
-#: The broker config naming its object storage (broker/api_admin.py).
-OBJECT_STORE_CONFIG = "stratalog.object.store.uri"
 #: How long the driver waits for the broker's answers, and a task for records the broker acknowledged
 #: (they are there: waiting longer only hides a broker that is down).
 REQUEST_TIMEOUT_S = 30.0

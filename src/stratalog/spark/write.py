@@ -58,7 +58,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -89,6 +88,7 @@ from stratalog.engine.staging import (
 from stratalog.engine.store import StreamStore
 from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore
+from stratalog.spark.broker_source import reachable_objects
 from stratalog.spark.broker_write import Destinations, choose_partitions, commit_through_broker
 from stratalog.spark.kafka_client import BrokerView
 from stratalog.spark.location import Location, locate
@@ -433,19 +433,15 @@ class _WriterBase:
 
 
 def _broker_objects(location: Location) -> tuple[str, dict[str, int]]:
-    """Where tasks stage for a broker (its object storage, reachable from here), and its topics' partition
-    counts (driver side, when the writer is made)."""
+    """Where tasks stage for a broker (its object storage, reachable from here: ValueError otherwise), and
+    its topics' partition counts (driver side, when the writer is made)."""
     assert location.bootstrap is not None
+    uri = reachable_objects(location, {})
     view = BrokerView(location.bootstrap, location.kafka)
     try:
-        uri = location.objects or view.object_store_uri()
-        counts = view.topics(None)
+        return uri, view.topics(None)
     finally:
         view.close()
-    if uri is None or (uri.startswith("file://") and not Path(unquote(urlsplit(uri).path)).is_dir()):
-        raise ValueError(f"a write stages objects in the broker's object storage ({uri or 'not named by the broker'}), "
-                         "which this machine cannot reach: give it as option 'path'")
-    return uri, counts
 
 
 class StratalogBatchWriter(_WriterBase, DataSourceArrowWriter):
