@@ -5,11 +5,15 @@ plain-disk references each component is measured against.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import json
 import mmap
 import os
 import platform
+import shlex
+import subprocess
+import sys
 import threading
 import time
 from array import array
@@ -75,11 +79,45 @@ def summarize_latency_ms(latencies_s: npt.NDArray[np.float64]) -> dict[str, floa
 
 
 def write_json(path: str | os.PathLike[str], document: dict[str, Any]) -> None:
-    """Write ``document`` as indented JSON, replacing ``path`` atomically (no half-written results)."""
+    """Write ``document`` as indented JSON, replacing ``path`` atomically (no half-written results).
+
+    The document gets the run's provenance where it lacks it (:func:`provenance`): a table made from
+    the JSON can then say when, on which code and by which command its figures were measured.
+    """
+    for key, value in provenance().items():
+        document.setdefault(key, value)
     target = Path(path)
     partial = target.with_name(target.name + ".partial")
     partial.write_text(json.dumps(document, indent=2) + "\n")
     partial.replace(target)
+
+
+#: How long `git rev-parse` may take before the commit is left out: a bench never waits on git.
+GIT_TIMEOUT_S = 5.0
+
+
+def provenance() -> dict[str, Any]:
+    """When the run ended (UTC), the commit of the code that ran, and the command line that ran it.
+
+    The commit is that of the checkout holding this package (``None`` for an installed package); the
+    working tree may hold changes beyond it, which the commit does not show.
+    """
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": _git_commit(Path(__file__).resolve().parent),
+        "command": shlex.join(["stratalog", *sys.argv[1:]]),
+    }
+
+
+def _git_commit(directory: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=directory, capture_output=True,
+                              text=True, timeout=GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 def machine_info(target_dir: str | os.PathLike[str]) -> dict[str, Any]:
