@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from enginekit import MemoryStore, abandon, small_store_config
+from stratalog.datadir import StoreLockedError
 from stratalog.engine.batch import NewRecord
 from stratalog.engine.blockcache import BlockCache
 from stratalog.engine.manifest import read_manifest
@@ -18,7 +19,6 @@ from stratalog.engine.store import (
     BackpressureError,
     OffsetOutOfRangeError,
     StoreFailedError,
-    StoreLockedError,
     StreamStore,
 )
 from stratalog.errors import StratalogError

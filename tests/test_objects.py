@@ -18,6 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from conftest import SeaweedS3, free_ports
+from stratalog.io import libc
 from stratalog.objects import local as local_module
 from stratalog.objects import s3 as s3_module
 from stratalog.objects.faulty import DELAY_S_MAX, Fault, FaultyStore, InjectedFaultError, ObjectFaultPlan
@@ -364,19 +365,19 @@ def test_local_reader_reads_the_same_bytes_sequentially_and_at_random(tmp_path: 
 
 def test_local_reader_hints_read_ahead_through_libc_keeping_the_gil(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    assert local_module._fadvise_keeping_gil is not None    # Linux: libc's posix_fadvise through ctypes.PyDLL
+    assert libc._fadvise_keeping_gil is not None    # Linux: libc's posix_fadvise through ctypes.PyDLL
     store = LocalDirStore(tmp_path / "root")
     data = secrets.token_bytes(3 * 4096)
     store.put("obj", data)
     reader = store.open_reader("obj")
     calls: list[tuple[int, int, int, int]] = []
-    real = local_module._fadvise_keeping_gil
+    real = libc._fadvise_keeping_gil
 
     def recording(fd: int, offset: int, length: int, advice: int) -> int:
         calls.append((fd, offset, length, advice))
         return real(fd, offset, length, advice)
 
-    monkeypatch.setattr(local_module, "_fadvise_keeping_gil", recording)
+    monkeypatch.setattr(libc, "_fadvise_keeping_gil", recording)
     try:
         reader.will_need(4096, 3 * 4096)
         assert len(calls) == 1 and calls[0][1:] == (4096, 2 * 4096, os.POSIX_FADV_WILLNEED)
@@ -391,7 +392,7 @@ def test_local_reader_hints_read_ahead_through_libc_keeping_the_gil(tmp_path: Pa
 
 def test_local_reader_takes_small_cached_reads_without_the_gil_hand_off(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    assert local_module._preadv2_keeping_gil is not None    # Linux: libc's preadv2 through ctypes.PyDLL
+    assert libc._preadv2_keeping_gil is not None    # Linux: libc's preadv2 through ctypes.PyDLL
     store = LocalDirStore(tmp_path / "root")
     data = secrets.token_bytes(200_000)
     store.put("obj", data)
@@ -430,7 +431,7 @@ def test_cached_reads_past_4_gib_get_the_right_bytes(tmp_path: Path) -> None:
         os.pwrite(fd, b"a" * 4096, 4096)
         os.pwrite(fd, b"b" * 4096, high)
         for offset, byte in ((high, b"b"), (4096, b"a"), (high, b"b")):
-            view = local_module.cached_view(fd, 4096, offset)
+            view = libc.cached_view(fd, 4096, offset)
             assert view is not None and view.tobytes() == byte * 4096
     finally:
         os.close(fd)
@@ -448,11 +449,11 @@ def test_local_reader_peek_gives_cached_bytes_as_a_view_and_none_otherwise(tmp_p
         assert isinstance(view, memoryview) and view == data[4096:12288]
         assert reader.peek(10, 20) == data[10:20]
         assert reader.peek(len(data) - 10, len(data) + 10) is None           # past the end: left to read()
-        assert reader.peek(0, local_module.CACHED_READ_BYTES_MAX + 1) is None  # too large to try
+        assert reader.peek(0, libc.CACHED_READ_BYTES_MAX + 1) is None  # too large to try
         assert reader.peek(5, 5) is None
         with pytest.raises(ValueError, match="must be >= its start"):
             reader.peek(10, 5)
-        monkeypatch.setattr(local_module, "_preadv2_keeping_gil", None)       # no preadv2 here: never cached
+        monkeypatch.setattr(libc, "_preadv2_keeping_gil", None)       # no preadv2 here: never cached
         assert reader.peek(10, 20) is None
     finally:
         reader.close()

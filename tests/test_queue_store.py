@@ -24,7 +24,7 @@ from stratalog.bench.queues import QueueBenchPlan, run_system
 from stratalog.commands.bench_queues import queues as bench_queues_command
 from stratalog.engine.bulkformat import CorruptBulkError
 from stratalog.engine.store import StoreClosedError
-from stratalog.objects import local as local_module
+from stratalog.io import libc
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import (
     QUEUE_NAME_CHARS_MAX,
@@ -428,10 +428,9 @@ def test_committed_positions_are_durable(tmp_path: Path) -> None:
 @pytest.mark.parametrize("page_cache", [True, False], ids=["read-from-page-cache", "read-waiting-for-disk"])
 def test_a_damaged_run_is_detected_never_returned(tmp_path: Path, page_cache: bool,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from stratalog.objects import local
 
     if not page_cache:    # every read takes the path of one that must wait for the disk
-        monkeypatch.setattr(local, "cached_view", lambda fd, size, offset: None)
+        monkeypatch.setattr(libc, "cached_view", lambda fd, size, offset: None)
     with _open(tmp_path) as qs:
         for r in range(20):
             qs.put_many([f"q{q}" for q in range(50)], [_msg(q, r) for q in range(50)])
@@ -491,7 +490,7 @@ def test_gets_the_page_cache_cannot_serve_read_once_and_are_counted(tmp_path: Pa
             tried.append(offset)
             return None      # as if the page cache held none of it
 
-        monkeypatch.setattr(local_module, "cached_view", missed)
+        monkeypatch.setattr(libc, "cached_view", missed)
         before = qs.stats()
         # At offset 1: a random reader's (a consumer's from 0 would be served from read-ahead chunks).
         assert qs.get("q300", 1, 2) == [_msg(300, r) for r in (1, 2)]     # a run in each of two objects
@@ -664,7 +663,6 @@ def test_bench_peers_run_the_same_workload_and_nats_is_stopped(tmp_path: Path) -
 
 def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from stratalog.objects import local
     from stratalog.objects.local import LocalObjectReader
 
     _three_objects_of(tmp_path, 10)
@@ -679,7 +677,7 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
         assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]
         assert hinted == [], "reads served by the page cache hint nothing"
         # The page cache misses from here on: the first read that waits for the disk hints the later runs.
-        monkeypatch.setattr(local, "cached_view", lambda fd, size, offset: None)
+        monkeypatch.setattr(libc, "cached_view", lambda fd, size, offset: None)
         assert qs.get("q4", 1, 1) == [_msg(4, 1)]
         assert hinted == [], "a get inside one run reads ahead nothing"
         assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]

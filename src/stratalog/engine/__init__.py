@@ -9,6 +9,7 @@ store.close()
 ```
 """
 
+from stratalog.datadir import StoreLockedError
 from stratalog.engine.batch import NewRecord, Record
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.store import (
@@ -16,7 +17,6 @@ from stratalog.engine.store import (
     OffsetOutOfRangeError,
     StoreClosedError,
     StoreFailedError,
-    StoreLockedError,
     Stream,
     StreamStore,
 )

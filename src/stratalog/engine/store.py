@@ -11,7 +11,6 @@ metadata says is already in objects, and deletes objects that no commit refers t
 from __future__ import annotations
 
 import bisect
-import fcntl
 import functools
 import logging
 import os
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
 from stratalog.engine.batch import (
     BatchInfo,
     NewRecord,
@@ -69,10 +69,6 @@ class StoreClosedError(StratalogError):
 
 class StoreFailedError(StratalogError):
     """A durability step failed; the store stopped accepting appends. Reopen it to recover."""
-
-
-class StoreLockedError(StratalogError):
-    """Another process has this data directory open."""
 
 
 def object_key(object_id: int) -> str:
@@ -1009,7 +1005,7 @@ class StreamStore:
             self._blocks.close()
             self._meta.close()
             self._objects.close()
-            os.close(self._lock_fd)
+            unlock_data_dir(self._lock_fd)
             release_frames(self._failure)
 
     def __enter__(self) -> StreamStore:
@@ -1030,28 +1026,3 @@ class StreamStore:
 
     def iter_streams(self) -> Iterator[StreamMeta]:
         yield from self._meta.streams()
-
-
-def prepare_data_dir(data_dir: str | os.PathLike[str],
-                     object_store: str | ObjectStore | None) -> tuple[Path, ObjectStore]:
-    """Create ``data_dir`` if needed and open its object store: ``None`` (a local directory under it), a
-    URI, or an ObjectStore as it is."""
-    path = Path(data_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    if object_store is None or isinstance(object_store, str):
-        from stratalog.objects.uri import open_object_store
-
-        return path, open_object_store(object_store, path)
-    return path, object_store
-
-
-def lock_data_dir(data_dir: Path) -> int:
-    """Hold ``data_dir``'s lock file for this process (one store per directory); StoreLockedError if taken."""
-    fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as e:
-        os.close(fd)
-        raise StoreLockedError(f"{data_dir} is open in another process; close it there first") from e
-    return fd
-

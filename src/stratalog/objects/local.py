@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import os
 import secrets
 import stat
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
+from stratalog.io import libc
+from stratalog.io.libc import CACHED_READ_BYTES_MAX
 from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStoreError
 
 #: S3's own limit on a key's length, in UTF-8 bytes; the local store keeps it too so keys stay portable.
@@ -432,68 +430,9 @@ class LocalDirStore:
                                        f"{_advice(exc)}") from exc
 
 
-def _libc_keeping_gil(name: str, argtypes: tuple[Any, ...] | None, restype: Any) -> Any:
-    """libc's function ``name`` through ctypes.PyDLL, which calls it without releasing the GIL (for calls
-    that do not wait on the disk); None where it cannot be loaded. It returns what libc returns (an error
-    number or -1) and never raises. ``argtypes`` None: the caller passes arguments as C types itself."""
-    try:
-        function = getattr(ctypes.PyDLL(ctypes.util.find_library("c")), name)
-    except (OSError, AttributeError, TypeError):
-        return None
-    function.argtypes = argtypes
-    function.restype = restype
-    return function
-
-
-class _IoVec(ctypes.Structure):
-    _fields_ = (("base", ctypes.c_void_p), ("length", ctypes.c_size_t))
-
-
-#: posix_fadvise (returns an error number); None: os.posix_fadvise.
-_fadvise_keeping_gil: Callable[[int, int, int, int], int] | None = _libc_keeping_gil(
-    "posix_fadvise", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int),
-    ctypes.c_int) if hasattr(os, "POSIX_FADV_WILLNEED") else None
-#: preadv2 (returns bytes read, or -1); None: every read through os.pread. No argtypes: converting five
-#: arguments through them cost a sixth of a cached read, so a caller passes the offset as a ctypes.c_int64
-#: and the rest as C ints.
-_preadv2_keeping_gil = _libc_keeping_gil("preadv2", None, ctypes.c_ssize_t) if hasattr(os, "RWF_NOWAIT") else None
-#: Reads up to this size first try the page cache without giving up the GIL (see cached_view).
-CACHED_READ_BYTES_MAX = 64 << 10
-
-
-class _CachedReadBuffer(threading.local):
-    """Each thread's buffer for cached_view, with its I/O vector made once (making them per read cost
-    a third of a cached read), and the box its offsets are passed in (a new ``ctypes.c_int64`` per read
-    cost 0.25 us of a cached 4 KiB read's 1.65)."""
-
-    def __init__(self) -> None:
-        self.buffer = ctypes.create_string_buffer(CACHED_READ_BYTES_MAX)
-        vector = _IoVec(ctypes.addressof(self.buffer), 0)
-        # One attribute of a threading.local to look up per read, not four.
-        self.parts = (vector, ctypes.byref(vector), memoryview(self.buffer).cast("B"), ctypes.c_int64())
-
-
-_cached_read_buffer = _CachedReadBuffer()
-
-
-def cached_view(fd: int, size: int, offset: int) -> memoryview | None:
-    """The ``size`` bytes (at most CACHED_READ_BYTES_MAX) at ``offset`` if the page cache holds them all,
-    read without giving up the GIL (``preadv2`` with ``RWF_NOWAIT``: the kernel answers EAGAIN rather than
-    go to the disk), as a view of this thread's read buffer: valid until the thread's next read. None
-    otherwise. ``os.pread`` releases the GIL even for cached bytes, and with reader threads queueing for
-    it, getting it back cost more than the copy: 8 threads of cached gets, 21 k -> 39 k get/s."""
-    if _preadv2_keeping_gil is None:
-        return None
-    vector, vector_ref, view, offset_box = _cached_read_buffer.parts
-    vector.length = size
-    offset_box.value = offset
-    got: int = _preadv2_keeping_gil(fd, vector_ref, 1, offset_box, os.RWF_NOWAIT)
-    return view[:size] if got == size else None
-
-
 def _pread_cached(fd: int, size: int, offset: int) -> bytes | None:
     """What cached_view reads, as bytes."""
-    view = cached_view(fd, size, offset)
+    view = libc.cached_view(fd, size, offset)
     return None if view is None else view.tobytes()
 
 
@@ -558,8 +497,8 @@ class LocalObjectReader:
 
     @property
     def random_fd(self) -> int:
-        """The descriptor for scattered small reads (for :func:`cached_view`: a random reader's path, a call
-        fewer than :meth:`peek`)."""
+        """The descriptor for scattered small reads (for :func:`stratalog.io.libc.cached_view`: a random
+        reader's path, a call fewer than :meth:`peek`)."""
         return self._random_fd
 
     def peek(self, start: int, end: int, random_access: bool = False) -> memoryview | None:
@@ -569,7 +508,7 @@ class LocalObjectReader:
         if not 0 <= start < end <= start + CACHED_READ_BYTES_MAX:
             check_range(start, end)
             return None
-        return cached_view(self._random_fd if random_access else self._fd, end - start, start)
+        return libc.cached_view(self._random_fd if random_access else self._fd, end - start, start)
 
     def will_need(self, start: int, end: int) -> None:
         """Ask the kernel to read ``start .. end`` ahead (a reader will want it soon). The call only
@@ -579,13 +518,7 @@ class LocalObjectReader:
         173 k keeping the GIL). An empty range asks for nothing (to ``posix_fadvise`` a length of 0 means
         the rest of the file: a consumer hinting an empty run made the kernel walk gigabytes of cached
         pages per get)."""
-        if end <= start:
-            return
-        if _fadvise_keeping_gil is not None:
-            _fadvise_keeping_gil(self._fd, start, end - start, os.POSIX_FADV_WILLNEED)
-            return
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_WILLNEED)
+        libc.will_need(self._fd, start, end - start)
 
     def close(self) -> None:
         if self._random_fd != self._fd:

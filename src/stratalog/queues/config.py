@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stratalog.engine.bulkformat import LAY_OUT_SLICE_BYTES, OBJECT_BYTES_MAX
-from stratalog.objects.local import CACHED_READ_BYTES_MAX
+from stratalog.io.libc import CACHED_READ_BYTES_MAX
 from stratalog.wal.config import WALConfig
 
 #: Longest queue name, in characters (at most 1020 bytes of UTF-8: fits the formats' u16 length).

@@ -17,12 +17,9 @@ store killed with -9 leaves no merge writing behind it.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,13 +30,13 @@ import numpy as np
 
 import stratalog
 from stratalog.engine.bulkformat import CorruptBulkError, U32s
+from stratalog.io import libc
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStoreError, put_parts
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_piece, plan_merge
 
 #: How often a store waiting for its worker checks whether it is closing.
 POLL_S = 0.2
-_PR_SET_PDEATHSIG = 1
 
 
 class MergeWorkerError(ObjectStoreError):
@@ -110,8 +107,7 @@ def run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> MergeAnswer:
 
 
 def _die_with_parent(parent: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc.die_with_parent()
     if os.getppid() != parent:      # the parent was gone before the signal was set up
         os._exit(1)
 

@@ -25,8 +25,8 @@ from stratalog.engine.bulkformat import (
     page_span,
     run_messages,
 )
-from stratalog.objects import local as local_objects
-from stratalog.objects.local import CACHED_READ_BYTES_MAX
+from stratalog.io import libc
+from stratalog.io.libc import CACHED_READ_BYTES_MAX
 from stratalog.objects.store import ObjectStore
 from stratalog.wal.format import crc32c
 
@@ -169,7 +169,7 @@ class RunObject:
         hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
         if reader is None or not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
             return None
-        view = local_objects.cached_view(reader.random_fd, hi - lo, lo)
+        view = libc.cached_view(reader.random_fd, hi - lo, lo)
         if view is None:
             return None
         # One page (most runs): its CRC compared here, one call fewer; the rest, and any mismatch, by

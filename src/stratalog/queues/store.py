@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import itertools
 import logging
@@ -41,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
 from stratalog.engine.bulkformat import (
     I64,
     NAME_HEAD,
@@ -60,10 +59,11 @@ from stratalog.engine.bulkformat import (
     run_messages,
 )
 from stratalog.engine.metadata import Metadata, NewObject
-from stratalog.engine.store import StoreClosedError, StoreFailedError, lock_data_dir, prepare_data_dir
+from stratalog.engine.store import StoreClosedError, StoreFailedError
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, StratalogError, WALFailedError, release_frames
 from stratalog.invariant import invariant
+from stratalog.io import libc
 from stratalog.io.device import Device
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore, made_ahead, put_parts
@@ -879,7 +879,7 @@ class QueueStore:
         del laid
         self._with_retries("committing the upload",
                            lambda: self._meta.commit_objects([NewObject(object_id, key, size, [])]))
-        _return_freed_memory()
+        libc.return_freed_memory()
         return RunObject(object_id, key, self._open_reader(key), size, pages, int(positions[-1])), ends, positions
 
     def _publish_manifest(self) -> None:
@@ -1041,7 +1041,7 @@ class QueueStore:
         log.info("merged %d queue objects (%d MiB) into %d in %.1f s%s%s", len(replaced),
                  sum(r.size_bytes for _, _, r in pieces) >> 20, len(pieces), time.monotonic() - started,
                  " (worker process)" if in_worker else "", " at rest" if at_rest else "")
-        _return_freed_memory()
+        libc.return_freed_memory()
         return True
 
     def _merge_here(self, merge: MergePlan, keys: list[tuple[int, str]]) -> list[MergeResult]:
@@ -1286,7 +1286,7 @@ class QueueStore:
                         obj.reader.close()
                 self._meta.close()
                 self._objects.close()
-                os.close(self._lock_fd)
+                unlock_data_dir(self._lock_fd)
                 release_frames(self._failure)
 
     def __enter__(self) -> QueueStore:
@@ -1346,26 +1346,6 @@ class _RefusedPuts(list[Any]):
 
 class _CompactionCancelledError(Exception):
     """The store is closing: a merge in progress stops (its object is never committed)."""
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
-        return trim
-    except (OSError, AttributeError):
-        return None  # not glibc
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def _return_freed_memory() -> None:
-    """Hand memory freed by an upload back to the OS. glibc keeps freed heap memory for reuse, and an
-    upload frees hundreds of MB in pieces that would otherwise stay resident (measured: ~500 MB at a
-    million queues)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 _first = operator.itemgetter(0)
