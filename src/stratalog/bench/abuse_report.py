@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stratalog.bench.tables import markdown_table, provenance
+
 #: "Other clients keep their latency": a phase's p99 at most this many times the baseline's p99 (same run).
 #: Twice, not equal: on a 2-core machine the hostile process, the broker and the producer share the CPUs,
 #: and the baseline's own p99 moves by tens of percent from one run to the next.
@@ -56,13 +58,9 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _cells(values: list[str]) -> str:
-    return "| " + " | ".join(values) + " |"
-
-
 def _table(heads: tuple[str, ...], rows: list[list[str]], left: int) -> list[str]:
-    align = ["---" if i < left else "---:" for i in range(len(heads))]
-    return [_cells(list(heads)), _cells(align), *(_cells(r) for r in rows), ""]
+    """A Markdown table whose first ``left`` columns are text."""
+    return markdown_table(heads, rows, heads[:left])
 
 
 def phase_cells(p: dict[str, Any]) -> list[str]:
@@ -105,7 +103,8 @@ FAMILY_HEADS = ("family", "opened", "actions", "closed by broker", "refused fram
 
 def markdown_report(doc: dict[str, Any]) -> str:
     s = doc["settings"]
-    lines = [f"One producer, {s['record_bytes']} B records one at a time at {s['rate_per_s']:g}/s, acks=all, for "
+    lines = [provenance(doc), ""]
+    lines += [f"One producer, {s['record_bytes']} B records one at a time at {s['rate_per_s']:g}/s, acks=all, for "
              f"{s['phase_s']:g} s per phase; latency in ms from the send call to the acknowledgement. Each abuse "
              f"phase: {s['connections']:,} hostile connections of one family (`all`: split between the families) "
              "from a separate process. Broker RSS: VmRSS sampled every 0.1 s.", ""]

@@ -7,6 +7,7 @@ from typing import Any
 
 from stratalog.bench.common import size_label
 from stratalog.bench.kafka import ratios
+from stratalog.bench.tables import markdown_table, provenance
 
 #: The targets: stratalog alone, and against each peer (as factors).
 P99_MS_MAX_256 = 1.5
@@ -111,13 +112,9 @@ def throughput_notes(r: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _cells(values: list[str]) -> str:
-    return "| " + " | ".join(values) + " |"
-
-
 def _table(heads: tuple[str, ...], rows: list[list[str]], left: int) -> list[str]:
-    align = ["---" if i < left else "---:" for i in range(len(heads))]
-    return [_cells(list(heads)), _cells(align), *(_cells(r) for r in rows), ""]
+    """A Markdown table whose first ``left`` columns are text."""
+    return markdown_table(heads, rows, heads[:left])
 
 
 def _latency_rows(doc: dict[str, Any], kind: str) -> list[list[str]]:
@@ -151,7 +148,8 @@ def _rate_cells(d: dict[str, Any]) -> list[str]:
 def markdown_report(doc: dict[str, Any]) -> str:
     """Every table of one run as Markdown: latency (with the disk), end to end, throughput, ratios, targets."""
     s = doc["settings"]
-    lines = [f"Produce latency, ms: one producer at {s['rate_per_s']:g} msg/s for {s['duration_s']:g} s per size, "
+    lines = [provenance(doc), ""]
+    lines += [f"Produce latency, ms: one producer at {s['rate_per_s']:g} msg/s for {s['duration_s']:g} s per size, "
              "acks=all, linger.ms=0, from the send call to the acknowledgement. The disk row: the same rate, "
              "one 4 KiB O_DIRECT + O_DSYNC `pwrite` each, on the bare disk under the data directory, before the "
              "servers started.", ""]

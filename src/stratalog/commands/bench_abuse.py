@@ -107,8 +107,9 @@ def _families(text: str) -> tuple[str, ...]:
               help="Where the broker keeps its data [default: a temporary directory under the current one].")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write every figure as JSON here.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Measure nothing: print the tables of this JSON (from --json) as Markdown.")
+@click.option("--markdown-from", "--report", "report_path", metavar="JSON", default=None,
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Measure nothing: print this run's tables (from --json) as Markdown.")
 def abuse(connections: int, families: str, phase_s: float, rate_per_s: float, record_bytes: int,
           repeat_interval_s: float, slowloris_byte_interval_s: float, pipeline_requests_max: int,
           fetch_topic_bytes: int, ramp_s_max: float, memory_budget_mib: int, rss_abort_mib: int,

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from stratalog.bench.catchup import PHASES, CatchupBenchPlan, run_catchup_bench
+from stratalog.bench.catchup_report import markdown_report, tables
 from stratalog.bench.common import MIB_BYTES, write_json
-from stratalog.commands.bench_log import (
-    bench_dir,
-    make_console,
-    ms,
-    print_load,
-    print_machine,
-    progress_bar,
-    table,
-    target_text,
-    verdict,
-)
+from stratalog.commands.bench_log import bench_dir, make_console, print_load, print_machine, progress_bar
 from stratalog.engine.config import StoreConfig
 from stratalog.objects.uri import redact
 from stratalog.wal.config import FsyncPolicy
@@ -34,59 +25,6 @@ RATE_PER_S_DEFAULT = 2000.0
 PRODUCERS_DEFAULT = 4
 
 
-def _produce_table(doc: dict[str, Any]) -> Table:
-    p = doc["produce"]
-    out = table(f"Produce latency (ms): {p['producers']} producers, {p['rate_per_s']:,.0f} x 1 KiB appends/s "
-                "in all, one record per append; 'due' counts from when the record was due, 'call' from "
-                "append()", ("phase", "fsync", "seconds", "count", "due p50", "due p99", "due max",
-                             "call p50", "call p99", "call max"), left=("phase", "fsync"))
-    for name, key in (("A: idle", "idle"), ("B: during catch-up", "catchup")):
-        r = p[key]
-        due, call = r["latency_from_due_ms"], r["latency_ms"]
-        out.add_row(name, doc["fsync"], f"{r['seconds']:.1f}", f"{r['count']:,}", ms(due["p50"]),
-                    ms(due["p99"]), ms(due["max"]), ms(call["p50"]), ms(call["p99"]), ms(call["max"]))
-    return out
-
-
-def _print_idle_windows(console: Console, doc: dict[str, Any]) -> None:
-    idle = doc["produce"]["idle"]
-    w = idle["windows_p99_ms"]
-    console.print(f"idle p99 (from due) in {w['windows']} windows of {w['window_s']:.2f} s (phase B's length): "
-                  f"median {w['median']:.2f} ms, min {w['min']:.2f}, max {w['max']:.2f}; over all of phase A "
-                  f"{idle['latency_from_due_ms']['p99']:.2f} ms. The target compares phase B with the median.")
-
-
-def _read_table(doc: dict[str, Any]) -> Table:
-    read, raw = doc["catchup_read"], doc["raw_ranged_get"]
-    limit = doc["settings"]["cold_read_bytes_per_s_max"]
-    held = "no limit" if limit is None else f"held to {limit / MIB_BYTES:,.0f} MiB/s"
-    out = table(f"Catch-up read of a cold backlog ({read['block_bytes'] / MIB_BYTES:,.0f} MiB of blocks, cold "
-                f"reads {held}) vs the object store's raw {raw['get_bytes'] >> 20} MiB ranged gets of the same "
-                f"bytes; object store: {doc['object_store'].split('?')[0]}, page cache: {doc['page_cache']}",
-                ("reader", "fsync", "seconds", "MiB/s", "payload MiB/s", "consumer CPU ms/MiB", "fetches / gets"),
-                left=("reader", "fsync"))
-    out.add_row("consumer: fetch(max_bytes=1 MiB), while producing", doc["fsync"], f"{read['seconds']:.2f}",
-                f"{read['mib_per_s']:,.1f}", f"{read['payload_mib_per_s']:,.1f}",
-                f"{read['consumer_cpu_ms_per_mib']:.2f}", f"{read['fetches']:,}")
-    alone = doc["catchup_read_alone"]
-    out.add_row("consumer, no producers (phase C, for diagnosis)", doc["fsync"], f"{alone['seconds']:.2f}",
-                f"{alone['mib_per_s']:,.1f}", f"{alone['payload_mib_per_s']:,.1f}",
-                f"{alone['consumer_cpu_ms_per_mib']:.2f}", f"{alone['fetches']:,}")
-    for name in ("sequential", "parallel"):
-        r = raw[name]
-        out.add_row(f"raw gets, {name} ({r['threads']} thread{'s' if r['threads'] > 1 else ''})", "-",
-                    f"{r['seconds']:.2f}", f"{r['mib_per_s']:,.1f}", "-", "-", f"{r['gets']:,}")
-    return out
-
-
-def _targets_table(doc: dict[str, Any]) -> Table:
-    out = table("Targets (produce p99: phase B over the median p99 of idle windows as long as phase B)",
-                ("figure", "fsync", "value", "target", ""), left=("figure", "fsync", "target"))
-    for t in doc["targets"]:
-        out.add_row(t["name"], doc["fsync"], f"{t['figure']:.2f}", target_text(t), verdict(t))
-    return out
-
-
 def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> None:
     backlog = doc["backlog"]
     print_load(console, doc)
@@ -97,10 +35,8 @@ def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> No
     console.print(f"settle before phase A: {settled['seconds']:.1f} s until 4 KiB synced writes took <= 5 ms "
                   f"{'' if settled['quiet'] else '[red](never quiet: figures disturbed)[/] '}"
                   f"(slowest {settled['slowest_write_ms']:.1f} ms)")
-    console.print(_produce_table(doc))
-    _print_idle_windows(console, doc)
-    console.print(_read_table(doc))
-    console.print(_targets_table(doc))
+    for t in tables(doc):
+        console.print(t.rich())
     for t in doc["targets"]:
         if not t["applies"]:
             console.print(f"[yellow]{t['why_not']}[/]")
@@ -138,9 +74,12 @@ def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> No
                                             "phase.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures as JSON here.")
+@click.option("--markdown-from", "markdown_from", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, metavar="JSON", help="Measure nothing: print this run's tables (from --json) as Markdown.")
 def catchup(backlog_mib: int | None, rate: float, producers: int, seconds: float | None,
             object_store: str | None, fsync: str, page_cache: str, reference_threads: int,
-            cold_read_mib_per_s: float | None, dir_path: Path | None, quick: bool, json_path: Path | None) -> None:
+            cold_read_mib_per_s: float | None, dir_path: Path | None, quick: bool, json_path: Path | None,
+            markdown_from: Path | None) -> None:
     """Produce latency while a consumer catches up on a cold backlog, and the catch-up read rate.
 
     Builds a backlog of 4 KiB records in objects, reopens the store (empty block cache), then runs
@@ -148,6 +87,9 @@ def catchup(backlog_mib: int | None, rate: float, producers: int, seconds: float
     (phase B). Compares produce p99 in B with A (target <= 1.5x) and the catch-up rate with raw 1 MiB
     ranged gets of the same bytes (target >= 0.5x).
     """
+    if markdown_from is not None:
+        click.echo(markdown_report(json.loads(markdown_from.read_text())))
+        return
     console = make_console()
     with bench_dir(dir_path) as target_dir:
         backlog = backlog_mib if backlog_mib is not None else (BACKLOG_MIB_QUICK if quick else BACKLOG_MIB_DEFAULT)

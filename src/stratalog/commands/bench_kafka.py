@@ -23,7 +23,8 @@ from stratalog.bench.kafka import (
     ratios,
 )
 from stratalog.bench.kafka_report import markdown_report, targets, throughput_notes
-from stratalog.commands.bench_log import bench_dir, make_console, ms, print_machine, progress_bar, table
+from stratalog.bench.log_report import ms
+from stratalog.commands.bench_log import bench_dir, make_console, print_machine, progress_bar, table
 from stratalog.commands.bench_wal import parse_sizes
 
 DURATION_S_DEFAULT = 30.0
@@ -149,8 +150,9 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
 @click.option("--broker-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="A --config file for stratalog serve (default: its defaults), e.g. validate_records = false "
                    "to measure what checking every produced record costs.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Measure nothing: print the tables of this JSON (from --json) as Markdown.")
+@click.option("--markdown-from", "--report", "report_path", metavar="JSON", default=None,
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Measure nothing: print this run's tables (from --json) as Markdown.")
 def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages: int, producers: int,
           data_dir: Path | None, json_path: Path | None, plot_path: Path | None, broker_config: Path | None,
           report_path: Path | None) -> None:

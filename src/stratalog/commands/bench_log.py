@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from stratalog.bench.log import (
     phase_count,
     run_log_bench,
 )
+from stratalog.bench.log_report import markdown_report, plot_latency, tables
 from stratalog.commands.bench_wal import parse_sizes
 from stratalog.engine.batch import BATCH_HEADER_BYTES, RECORD_HEAD
 from stratalog.engine.config import StoreConfig
@@ -134,45 +136,9 @@ def print_load(console: Console, doc: dict[str, Any]) -> None:
                   f"CPU-s; load average (1 min) {load['start']:.2f} at start, {load['end']:.2f} at end")
 
 
-def ms(value: float) -> str:
-    return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
 
 
 # Tables ----------------------------------------------------------------------------------------------
-
-
-def _latency_table(doc: dict[str, Any]) -> Table:
-    s = doc["settings"]
-    out = table(f"Append latency (ms), one record per append at {s['rate_per_s']:g}/s, from append() to "
-                "its future completing; ref: one 4 KiB O_DIRECT+O_DSYNC write per record",
-                ("record", "fsync", "count", "p50", "p90", "p99", "p99.9", "p99.99", "max", "target", ""),
-                left=("record", "fsync", "target"))
-    goal = doc["targets"][0] if doc["targets"] else None
-    for r in doc["latency"]:
-        lat = r["latency_ms"]
-        mine = goal if r["record_bytes"] == 256 else None
-        out.add_row(size_label(r["record_bytes"]), doc["fsync"], f"{r['count']:,}",
-                    *(ms(lat[k]) for k in ("p50", "p90", "p99", "p99_9", "p99_99", "max")),
-                    target_text(mine), verdict(mine))
-    ref = doc["reference"]
-    if ref is not None:
-        lat = ref["latency_ms"]
-        out.add_row("ref 4 KiB", "O_DSYNC", f"{ref['count']:,}",
-                    *(ms(lat[k]) for k in ("p50", "p90", "p99", "p99_9", "p99_99", "max")), "-", "-")
-    return out
-
-
-def _throughput_table(doc: dict[str, Any]) -> Table:
-    out = table(f"Throughput, every append acknowledged: one record per append, up to "
-                f"{doc['settings']['in_flight_max']} in flight, timed to the last future; and one at a time",
-                ("record", "fsync", "records", "seconds", "records/s", "MiB/s", "1-at-a-time rec/s",
-                 "1-at-a-time MiB/s"), left=("record", "fsync"))
-    for r in doc["throughput"]:
-        one = r["one_at_a_time"]
-        out.add_row(size_label(r["record_bytes"]), doc["fsync"], f"{r['records']:,}", f"{r['seconds']:.2f}",
-                    f"{r['records_per_s']:,.0f}", f"{r['mib_per_s']:,.1f}", f"{one['records_per_s']:,.0f}",
-                    f"{one['mib_per_s']:,.1f}")
-    return out
 
 
 def _print_notes(console: Console, doc: dict[str, Any]) -> None:
@@ -195,8 +161,8 @@ def _print_notes(console: Console, doc: dict[str, Any]) -> None:
 
 def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> None:
     print_load(console, doc)
-    console.print(_latency_table(doc))
-    console.print(_throughput_table(doc))
+    for t in tables(doc):
+        console.print(t.rich())
     _print_notes(console, doc)
     if json_path is not None:
         write_json(json_path, doc)
@@ -236,14 +202,25 @@ def _pick(value: Any, quick: bool, quick_value: Any, default: Any) -> Any:
                                             f"{THROUGHPUT_RECORDS_QUICK:,} records per throughput run.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures as JSON here.")
+@click.option("--markdown-from", "markdown_from", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, metavar="JSON", help="Measure nothing: print this run's tables (from --json) as Markdown.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --markdown-from: also plot latency by percentile as a PNG here (needs matplotlib).")
 def log(sizes: str, rate: float, seconds: float | None, records: int | None, records_mib_max: int | None,
-        in_flight: int, fsync: str, dir_path: Path | None, quick: bool, json_path: Path | None) -> None:
+        in_flight: int, fsync: str, dir_path: Path | None, quick: bool, json_path: Path | None,
+        markdown_from: Path | None, plot_path: Path | None) -> None:
     """Append latency and throughput of a stream, as in "Benchmarking Commit Logs" (Kafka vs NATS).
 
     Latency: one record per append at --rate for --seconds, per size; its p99 for 256 B records is
     compared with the target (1 ms, fsync=always) and with the bare disk (one O_DIRECT+O_DSYNC 4 KiB
     write per record, same pattern). Throughput: --records records per size, every append awaited.
     """
+    if markdown_from is not None:
+        doc = json.loads(markdown_from.read_text())
+        click.echo(markdown_report(doc))
+        if plot_path is not None:
+            plot_latency(doc, plot_path)
+        return
     console = make_console()
     with bench_dir(dir_path) as target_dir:
         plan = LogBenchPlan(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,13 @@ from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextC
 
 from stratalog.bench import disk_reference
 from stratalog.bench.common import MIB_BYTES, write_json
+from stratalog.bench.queues_report import markdown_report, plot_rates, ratios_table, results_table, times
 from stratalog.commands.bench_log import bench_dir, make_console, print_machine, table
 
 QUEUES_DEFAULT = 1_000_000
 MESSAGES_DEFAULT = 100_000_000
 QUEUES_QUICK = 10_000
 MESSAGES_QUICK = 200_000
-TARGETS_PER_S = {"send put": 1_100_000, "send put_many": 3_000_000, "index_check": 100_000, "consume": 3_000_000}
-PEER_RATIO_TARGET = 3.0
 
 
 def _progress(console: Console, plan: Any, names: list[str]) -> tuple[Progress, dict[tuple[str, str], TaskID]]:
@@ -34,38 +34,6 @@ def _progress(console: Console, plan: Any, names: list[str]) -> tuple[Progress, 
     return progress, tasks
 
 
-def _results_table(doc: dict[str, Any]) -> Any:
-    out = table(f"Million queues: {doc['queues']:,} queues, {doc['messages']:,} messages of {doc['message_bytes']} B, "
-                f"{doc['threads']} threads, flush (sync) at the end of send",
-                ("system", "mode", "send s", "send msg/s", "index s", "index get/s", "consume s", "consume msg/s",
-                 "peak RSS MiB", "disk MiB", "ok"), left=("system", "mode"))
-    for s in doc["systems"]:
-        if "phases" not in s:
-            out.add_row(s["name"], "-", *["-"] * 8, f"[red]{s.get('error', 'failed')}[/]")
-            continue
-        p = s["phases"]
-        out.add_row(s["name"], s["mode"], f"{p['send']['seconds']:.1f}", f"{p['send']['per_s']:,.0f}",
-                    f"{p['index_check']['seconds']:.1f}", f"{p['index_check']['per_s']:,.0f}",
-                    f"{p['consume']['seconds']:.1f}", f"{p['consume']['per_s']:,.0f}",
-                    f"{s['peak_rss_bytes'] / MIB_BYTES:,.0f}", f"{s['disk_bytes'] / MIB_BYTES:,.0f}",
-                    "yes" if s["ok"] else "[red]NO[/]")
-    return out
-
-
-def _ratios_table(doc: dict[str, Any]) -> Any:
-    out = table("stratalog over the fastest peer (target >= 3x)", ("phase", "fastest peer", "ratio", ""),
-                left=("phase", "fastest peer"))
-    for phase, r in doc["ratios"].items():
-        out.add_row(phase, r["fastest_peer"], f"{r['ratio']:.2f}x",
-                    "[green]met[/]" if r["ratio"] >= PEER_RATIO_TARGET else "[red]missed[/]")
-    return out
-
-
-def _times(ratio: float) -> str:
-    """12.3x, 1.5x, 0.31x, 0.0041x: two significant digits below 1, where send's ratio often falls."""
-    return f"{ratio:,.1f}x" if ratio >= 1 else f"{ratio:.2g}x"
-
-
 def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
     """stratalog's phases beside the disk references taken in the same run (ratios as in ratios_to_disk)."""
     out = table("stratalog against this disk, same run", ("phase", "phase rate", "disk reference", "reference rate",
@@ -76,10 +44,10 @@ def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
         label = (f"random 4 KiB reads, {reads['threads']} threads: {reads['reads']:,} in {reads['seconds']:.1f} s "
                  f"over {reads['files']} objects ({reads['file_bytes'] / MIB_BYTES:,.0f} MiB)")
         out.add_row("index check", f"{phases['index_check']['per_s']:,.0f} get/s", label,
-                    f"{reads['per_s']:,.0f} reads/s", _times(ratios["index_check"]))
+                    f"{reads['per_s']:,.0f} reads/s", times(ratios["index_check"]))
         out.add_row("consume", f"{phases['consume']['per_s'] * message_bytes / MIB_BYTES:,.1f} MiB/s of messages",
                     "the same reads, in bytes", f"{reads['bytes_per_s'] / MIB_BYTES:,.1f} MiB/s",
-                    _times(ratios["consume"]))
+                    times(ratios["consume"]))
         for phase, per, count in (("index_check", "get", phases["index_check"]["gets"]),
                                   ("consume", "queue", phases["consume"]["messages"] / rounds)):
             if f"{phase}_reads" in ratios:
@@ -91,7 +59,7 @@ def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
                     made += f", {p['disk_read_bytes'] / MIB_BYTES:,.0f} MiB read from it"
                 made += ")"
                 out.add_row(f"{phase.replace('_', ' ')}: its object reads", made, "random 4 KiB reads, as above",
-                            f"{reads['per_s']:,.0f} reads/s", _times(ratios[f"{phase}_reads"]))
+                            f"{reads['per_s']:,.0f} reads/s", times(ratios[f"{phase}_reads"]))
     else:
         why = reads.get("skipped") or reads.get("error") or "no reads"
         out.add_row("index check, consume", "-", f"random 4 KiB reads: {why}", "-", "-")
@@ -101,7 +69,7 @@ def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
                  f"{writes['seconds']:.1f} s")
         out.add_row("send", f"{phases['send']['per_s']:,.0f} msg/s", label,
                     f"{writes['mib_per_s']:,.0f} MiB/s = {writes['messages_per_s']:,.0f} msg/s",
-                    _times(ratios["send"]))
+                    times(ratios["send"]))
     else:
         out.add_row("send", "-", f"sequential writes: {writes.get('error', 'no writes')}", "-", "-")
     return out
@@ -133,9 +101,15 @@ def _disk_table(system: dict[str, Any], message_bytes: int, rounds: int) -> Any:
               show_default=True, help="MiB stratalog's sequential-write reference writes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures as JSON here.")
+@click.option("--markdown-from", "markdown_from", multiple=True, metavar="JSON",
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Measure nothing: print these runs' tables and targets (from --json) as Markdown (repeatable).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --markdown-from: also plot each phase's rate per system as a PNG here (needs matplotlib).")
 def queues(queues: int | None, messages: int | None, message_bytes: int, threads: int, batch: int,
            consume_batch: int, peers: bool, only: str | None, dir_path: Path | None, quick: bool,
-           reference_read_s: float, reference_write_mib: int, json_path: Path | None) -> None:
+           reference_read_s: float, reference_write_mib: int, json_path: Path | None,
+           markdown_from: tuple[Path, ...], plot_path: Path | None) -> None:
     """The 2018 Tianchi million-queue race: send, index check, consume; optionally on peers too.
 
     Each system runs in its own process. send: threads put round after round to their own queues, then
@@ -150,6 +124,12 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
     append, one thread, 2 s), "reference.interpreter_put_loop": on a shared machine a slower send beside
     a slower loop is the machine, not the store.
     """
+    if markdown_from:
+        docs = [json.loads(p.read_text()) for p in markdown_from]
+        click.echo(markdown_report(docs))
+        if plot_path is not None:
+            plot_rates(docs, plot_path)
+        return
     from stratalog.bench.queues import SYSTEMS, QueueBenchPlan, ratios, run_in_process
 
     console = make_console()
@@ -182,9 +162,9 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine,
         "systems": results, "ratios": ratios(results),
     }
-    console.print(_results_table(doc))
+    console.print(results_table([doc]).rich())
     if doc["ratios"]:
-        console.print(_ratios_table(doc))
+        console.print(ratios_table([doc]).rich())
     for s in results:
         if s["name"] == "stratalog" and "reference" in s:
             console.print(_disk_table(s, message_bytes, max(1, plan.total_messages // plan.queues)))

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from stratalog.bench.common import write_json
+from stratalog.bench.tables import markdown_table, provenance
 from stratalog.commands.bench_log import bench_dir, make_console, print_machine, progress_bar, table, verdict
 
 RECORDS_DEFAULT = 2_000_000
@@ -103,27 +104,30 @@ def _report(console: Any, doc: dict[str, Any]) -> None:
 
 def markdown(docs: list[dict[str, Any]]) -> str:
     """BENCHMARKS.md's tables for these runs: each step against Parquet, then materialization and latency."""
-    lines = ["| records | value | step | seconds | rows/s | Parquet rows/s | ratio | target |",
-             "|---:|---:|---|---:|---:|---:|---:|---|"]
-    extra = ["| records | value | materialize | ack -> streaming output, 1 s trigger: p50 / p99 / max |",
-             "|---:|---:|---|---|"]
+    steps, extra = [], []
     for doc in docs:
         p, b = doc["plan"], doc.get("broker")
-        steps = [("write, at rest", doc["write"]), ("read, at rest", doc["read"])] if "write" in doc else []
+        run = [("write, at rest", doc["write"]), ("read, at rest", doc["read"])] if "write" in doc else []
         if b:
-            steps += [("write, broker", b["write"]), ("read, broker", b["read"]),
-                      ("read, materialized", b["materialized_read"])]
-        for name, r in steps:
+            run += [("write, broker", b["write"]), ("read, broker", b["read"]),
+                    ("read, materialized", b["materialized_read"])]
+        for name, r in run:
             t = r["target"]
-            lines.append(f"| {p['records']:,} | {p['value_bytes']} B | {name} | {r['seconds']:.2f} | "
-                         f"{r['rows_per_s']:,.0f} | {r['parquet_rows_per_s']:,.0f} | {r['ratio']:.2f} | "
-                         f">= {t['bound']:g}: {'met' if t['met'] else 'missed'} |")
+            steps.append([f"{p['records']:,}", f"{p['value_bytes']} B", name, f"{r['seconds']:.2f}",
+                          f"{r['rows_per_s']:,.0f}", f"{r['parquet_rows_per_s']:,.0f}", f"{r['ratio']:.2f}",
+                          f">= {t['bound']:g}: {'met' if t['met'] else 'missed'}"])
         if b:
             m, lat = b["materialize"], b["latency"]
-            extra.append(f"| {p['records']:,} | {p['value_bytes']} B | {m['files']} files, "
-                         f"{m['bytes'] / 1e6:,.0f} MB in {m['seconds']:.1f} s | {lat['p50_ms']:.0f} / "
-                         f"{lat['p99_ms']:.0f} / {lat['max_ms']:.0f} ms ({lat['seen']:,} records) |")
-    return "\n".join([*lines, "", *extra])
+            extra.append([f"{p['records']:,}", f"{p['value_bytes']} B",
+                          f"{m['files']} files, {m['bytes'] / 1e6:,.0f} MB in {m['seconds']:.1f} s",
+                          f"{lat['p50_ms']:.0f} / {lat['p99_ms']:.0f} / {lat['max_ms']:.0f} ms "
+                          f"({lat['seen']:,} records)"])
+    return "\n".join([*(f"- {provenance(doc)}" for doc in docs), "",
+                      *markdown_table(("records", "value", "step", "seconds", "rows/s", "Parquet rows/s", "ratio",
+                                       "target"), steps, left=("step", "target")),
+                      *markdown_table(("records", "value", "materialize",
+                                       "ack -> streaming output, 1 s trigger: p50 / p99 / max"), extra,
+                                      left=("materialize", "ack -> streaming output, 1 s trigger: p50 / p99 / max"))])
 
 
 def _steps(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -11,10 +12,10 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from stratalog.bench.common import MIB_BYTES, machine_info, size_label, write_json
 from stratalog.bench.wal import RECOVERY_ROUNDS, SIZES_BYTES_DEFAULT, WalBenchPlan, run_wal_bench
+from stratalog.bench.wal_report import markdown_report, plot_ratios, tables
 from stratalog.wal.config import FsyncPolicy, WALConfig
 
 SECONDS_DEFAULT = 10.0
@@ -73,83 +74,7 @@ def _phases(plan: WalBenchPlan) -> int:
     return 1 + 2 * len(plan.sizes_bytes) + 2 + 2 * RECOVERY_ROUNDS
 
 
-# Tables ----------------------------------------------------------------------------------------------
-
-
-def _verdict(target: dict[str, Any] | None) -> str:
-    if target is None:
-        return "-"
-    return "[green]PASS[/]" if target["met"] else "[red]MISS[/]"
-
-
-def _target_text(target: dict[str, Any] | None) -> str:
-    if target is None:
-        return "-"
-    sign = ">=" if target["at_least"] else "<="
-    bound = target["bound"]
-    return f"{target['name']} {sign} {bound:,.0f}" if bound >= 100 else f"{target['name']} {sign} {bound:g}"
-
-
-def _find_target(result: dict[str, Any], name: str) -> dict[str, Any] | None:
-    return next((t for t in result["targets"] if t["name"] == name), None)
-
-
-def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="left" if column in left else "right")
-    return table
-
-
-def _throughput_table(doc: dict[str, Any]) -> Table:
-    rate = doc["settings"]["rate_mib_per_s"]
-    how = f"at {rate:g} MiB/s" if rate else "flat out"
-    table = _table(f"WAL throughput, {how}, vs the reference (plain O_DIRECT writes of the same size)",
-                   ("record", "fsync", "records/s", "MiB/s", "IOPS", "write KiB", "ref MiB/s", "ratio",
-                    "target", ""), left=("record", "fsync", "target"))
-    for r in doc["results"]:
-        target = _find_target(r, "records/s") or _find_target(r, "ratio")
-        table.add_row(
-            size_label(r["record_bytes"]), doc["fsync"], f"{r['records_per_s']:,.0f}",
-            f"{r['mib_per_s']:,.1f}", f"{r['iops']:,.0f}", f"{r['block_bytes_mean'] / 1024:,.0f}",
-            f"{r['reference_mib_per_s']:,.1f}", f"{r['ratio_to_reference']:.2f}",
-            _target_text(target), _verdict(target),
-        )
-    return table
-
-
-def _latency_table(doc: dict[str, Any]) -> Table:
-    table = _table("WAL append latency (ms): flat out (or at --rate-mib-s), and at half that rate; disk p99: "
-                   "the reference at the same writes/s, acknowledged in order",
-                   ("record", "fsync", "full p99", "half rec/s", "avg", "p50", "p99", "max", "disk p99",
-                    "target", ""), left=("record", "fsync", "target"))
-    for r in doc["results"]:
-        half = r["half_rate_latency_ms"]
-        target = _find_target(r, "p99 ms")
-        table.add_row(
-            size_label(r["record_bytes"]), doc["fsync"], f"{r['latency_ms']['p99']:,.1f}",
-            f"{r['half_rate_records_per_s']:,.0f}", f"{half['avg']:.2f}", f"{half['p50']:.2f}",
-            f"{half['p99']:.2f}", f"{half['max']:.2f}",
-            f"{r['half_rate_reference']['latency_ms_in_order']['p99']:.2f}",
-            _target_text(target), _verdict(target),
-        )
-    return table
-
-
-def _recovery_table(doc: dict[str, Any]) -> Table:
-    rec = doc["recovery"]
-    table = _table(f"WAL recovery: open + recover() of a full log of {rec['record_bytes'] // 1024} KiB "
-                   f"records, vs a plain O_DIRECT sequential read (best of {len(rec['seconds_runs'])} and "
-                   f"{len(rec['reference_mib_per_s_runs'])})",
-                   ("WAL MiB", "fsync", "records", "seconds", "MiB/s", "ref MiB/s", "ratio", "target", ""),
-                   left=("fsync", "target"))
-    target = rec["targets"][0]
-    table.add_row(
-        f"{rec['wal_bytes'] / MIB_BYTES:,.0f}", doc["fsync"], f"{rec['records']:,}", f"{rec['seconds']:.2f}",
-        f"{rec['mib_per_s']:,.1f}", f"{rec['reference_mib_per_s']:,.1f}", f"{rec['ratio_to_reference']:.2f}",
-        _target_text(target), _verdict(target),
-    )
-    return table
+# Output ----------------------------------------------------------------------------------------------
 
 
 def _print_machine(console: Console, machine: dict[str, Any]) -> None:
@@ -200,9 +125,14 @@ def _resolve_plan(sizes: str, seconds: float | None, rate_mib_s: float | None, d
 @click.option("--quick", is_flag=True, help="Short phases and small files: the whole run in under 30 s.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures as JSON here.")
+@click.option("--markdown-from", "markdown_from", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, metavar="JSON", help="Measure nothing: print this run's tables (from --json) as Markdown.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --markdown-from: also plot the ratios to the disk and the half-rate p99 as a PNG here "
+                   "(needs matplotlib).")
 def wal(sizes: str, seconds: float | None, rate_mib_s: float | None, dir_path: Path | None,
         capacity_mib: int | None, fsync: str, io_threads: int, recovery_mib: int | None, quick: bool,
-        json_path: Path | None) -> None:
+        json_path: Path | None, markdown_from: Path | None, plot_path: Path | None) -> None:
     """The write-ahead log against the bare disk: throughput, latency and recovery.
 
     For each record size: flat out (or at --rate-mib-s), taking turns with a plain O_DIRECT pwritev
@@ -210,6 +140,12 @@ def wal(sizes: str, seconds: float | None, rate_mib_s: float | None, dir_path: P
     with the reference paced to the same writes per second. Last, a full log is recovered and compared
     with a plain sequential read of it.
     """
+    if markdown_from is not None:
+        doc = json.loads(markdown_from.read_text())
+        click.echo(markdown_report(doc))
+        if plot_path is not None:
+            plot_ratios(doc, plot_path)
+        return
     console = Console()
     if not console.is_terminal:
         console = Console(width=CONSOLE_WIDTH_PIPED)
@@ -247,9 +183,8 @@ def _report(console: Console, doc: dict[str, Any], json_path: Path | None) -> No
     console.print(f"while it ran, other processes used {other['other_cpu_s']:,.1f} CPU-s and wrote "
                   f"{other['other_disk_write_mib']:,.0f} MiB, the hypervisor stole {other['steal_cpu_s']:,.1f} "
                   f"CPU-s; load average (1 min) {load['start']:.2f} at start, {load['end']:.2f} at end")
-    console.print(_throughput_table(doc))
-    console.print(_latency_table(doc))
-    console.print(_recovery_table(doc))
+    for t in tables(doc):
+        console.print(t.rich())
     if json_path is not None:
         write_json(json_path, doc)
         console.print(f"figures written to {json_path}")
