@@ -23,7 +23,6 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.listeners import Listener
 from stratalog.broker.session import Session
-from stratalog.engine.batch import NewRecord
 from stratalog.engine.staging import STAGED_OBJECTS_MAX, STAGING_PREFIX
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import Prebuilt, Request
@@ -38,6 +37,7 @@ from stratalog.kafka.staged_commit import (
     StagedStreamEntry,
     decode_response,
 )
+from stratalog.records import NewRecord
 from stratalog.spark.write import StagingWriter
 
 TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER

@@ -51,8 +51,8 @@ def files(root: Path) -> dict[str, bytes]:
 
 
 def test_inspect_shows_a_spark_written_object_with_its_real_placement(tmp_path: Path) -> None:
-    from stratalog.engine.batch import NewRecord
     from stratalog.engine.staging import commit_staged
+    from stratalog.records import NewRecord
     from stratalog.spark.write import StagingWriter, WriteMessage
 
     store = StreamStore.open(tmp_path, config=small_store_config())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stratalog.chaos import fuzz_engine
-from stratalog.engine.batch import CorruptBatchError, NewRecord, check_batch, decode_records, encode_batch
+from stratalog.engine.batch import CorruptBatchError, check_batch, decode_records, encode_batch
 from stratalog.engine.manifest import ManifestError
 from stratalog.engine.objformat import (
     FOOTER_BYTES,
@@ -16,6 +16,7 @@ from stratalog.engine.objformat import (
     decode_footer,
     decode_index,
 )
+from stratalog.records import NewRecord
 from stratalog.wal.format import crc32c
 
 FLAG_PROVISIONAL = 1

@@ -33,9 +33,9 @@ from stratalog.chaos.engine_child import (
     stream_tag,
 )
 from stratalog.commands.chaos_engine import engine as chaos_engine_command
-from stratalog.engine.batch import Record
 from stratalog.engine.store import Stream, StreamStore, object_key
 from stratalog.objects.local import TEMP_PREFIX
+from stratalog.records import Record
 
 ITERATIONS = 32
 #: A kill window of 30 to 250 ms keeps 32 rounds near 25 s on two CPUs; 30 ms leaves a loaded machine

@@ -9,7 +9,6 @@ import pytest
 
 from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.datadir import StoreLockedError
-from stratalog.engine.batch import NewRecord
 from stratalog.engine.blockcache import BlockCache
 from stratalog.engine.manifest import read_manifest
 from stratalog.engine.metadata import NewObject, UnknownStreamError
@@ -22,6 +21,7 @@ from stratalog.engine.store import (
     StreamStore,
 )
 from stratalog.errors import StratalogError
+from stratalog.records import NewRecord
 
 
 def open_store(path: Path, mem: MemoryStore, **overrides: object) -> StreamStore:

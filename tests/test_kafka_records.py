@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratalog.engine.batch import Record
 from stratalog.kafka import records as kr
 from stratalog.kafka.records import (
     HEADER_BYTES,
@@ -34,6 +33,7 @@ from stratalog.kafka.records import (
     with_base_offset,
     write_base_offset,
 )
+from stratalog.records import Record
 from stratalog.wal.format import crc32c
 
 with warnings.catch_warnings():

@@ -12,12 +12,12 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from brokerkit import running_broker
-from stratalog.engine.batch import NewRecord
 from stratalog.engine.manifest import ManifestError, read_manifest
 from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.kafka.partitioner import partition_for_key
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
+from stratalog.records import NewRecord
 from stratalog.spark.broker_write import BrokerWriteError, commit_through_broker, replace_through_broker
 from stratalog.spark.jobs import compact_live
 from stratalog.spark.write import StagingWriter

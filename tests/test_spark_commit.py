@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from enginekit import MemoryStore, small_store_config
-from stratalog.engine.batch import BATCH_HEADER, NewRecord, check_batch
+from stratalog.engine.batch import BATCH_HEADER, check_batch
 from stratalog.engine.manifest import read_manifest
 from stratalog.engine.objformat import (
     FOOTER_BYTES,
@@ -27,6 +27,7 @@ from stratalog.engine.store import DATA_PREFIX, StreamStore
 from stratalog.objects.faulty import FaultyStore, InjectedFaultError, ObjectFaultPlan
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore
+from stratalog.records import NewRecord
 from stratalog.spark.plan import plan_partitions
 from stratalog.spark.reader import read_partition
 from stratalog.spark.write import StagingWriter, WriteMessage

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import SeaweedS3
 from enginekit import small_store_config
-from stratalog.engine.batch import NewRecord
 from stratalog.engine.manifest import read_manifest
 from stratalog.engine.store import DATA_PREFIX, StreamStore, object_key
+from stratalog.records import NewRecord
 from stratalog.spark import jobs
 from stratalog.spark.reader import open_store
 

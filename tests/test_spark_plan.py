@@ -12,11 +12,12 @@ from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In,
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from enginekit import MemoryStore, small_store_config
-from stratalog.engine.batch import BATCH_HEADER_BYTES, NewRecord, encode_batch
+from stratalog.engine.batch import BATCH_HEADER_BYTES, encode_batch
 from stratalog.engine.manifest import BlockRef, Manifest, StreamInfo, read_manifest
 from stratalog.engine.objformat import BlockEntry
 from stratalog.engine.staging import assign_bases
 from stratalog.engine.store import StreamStore
+from stratalog.records import NewRecord
 from stratalog.spark.columns import ARROW_SCHEMA, SCHEMA_DDL, SPARK_SCHEMA
 from stratalog.spark.plan import (
     OffsetRange,

@@ -15,10 +15,10 @@ import pytest
 
 from conftest import SeaweedS3
 from enginekit import small_store_config
-from stratalog.engine.batch import NewRecord
 from stratalog.engine.staging import SINK_MARKER_PREFIX, STAGING_PREFIX
 from stratalog.engine.store import StreamStore
 from stratalog.objects.store import ObjectStore
+from stratalog.records import NewRecord
 from stratalog.spark.reader import open_store
 
 pytestmark = pytest.mark.slow

@@ -55,10 +55,10 @@ from stratalog.chaos.engine_child import (
     stream_tag,
 )
 from stratalog.chaos.harness import ChaosHarnessError, MustBeZeroFigures, run_rounds
-from stratalog.engine.batch import Record
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.store import DATA_PREFIX, OffsetOutOfRangeError, RecoveryReport, Stream, StreamStore
 from stratalog.objects.local import TEMP_PREFIX, LocalDirStore
+from stratalog.records import Record
 
 #: The parent opens the store as the child does, but runs no retention pass: it only reads, and a pass
 #: deleting objects while it lists them would make the orphan count race.

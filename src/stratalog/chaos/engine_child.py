@@ -44,10 +44,10 @@ from typing import NoReturn
 
 from stratalog.chaos.lines import LineWriter, complete_lines
 from stratalog.chaos.mix import mix64
-from stratalog.engine.batch import NewRecord, Record
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.store import Stream, StreamStore
+from stratalog.records import NewRecord, Record
 from stratalog.wal import WALConfig
 from stratalog.wal.format import HEADERS_BYTES
 

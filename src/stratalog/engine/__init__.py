@@ -10,7 +10,6 @@ store.close()
 """
 
 from stratalog.datadir import StoreLockedError
-from stratalog.engine.batch import NewRecord, Record
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.store import (
     BackpressureError,
@@ -20,6 +19,7 @@ from stratalog.engine.store import (
     Stream,
     StreamStore,
 )
+from stratalog.records import NewRecord, Record
 
 __all__ = [
     "StreamStore", "Stream", "StoreConfig", "NewRecord", "Record",

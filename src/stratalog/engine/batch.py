@@ -21,10 +21,10 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from stratalog.errors import StratalogError
+from stratalog.records import NewRecord, Record
 from stratalog.wal.format import crc32c
 
 BATCH_HEADER = struct.Struct("<QQIIqB3xI")
@@ -53,27 +53,6 @@ HEADER_NAME_BYTES_MAX = 0xFFFF
 
 class CorruptBatchError(StratalogError):
     """A batch failed its CRC or its structure is inconsistent: the bytes are damaged."""
-
-
-class Record(NamedTuple):
-    """One record of a stream as fetch returns it. A named tuple: a fetch builds one per record, and it
-    costs a third of a frozen dataclass to make."""
-
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes
-    headers: tuple[tuple[str, bytes | None], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class NewRecord:
-    """A record to append, with the optional parts: key, timestamp (default: now), headers."""
-
-    value: bytes
-    key: bytes | None = None
-    timestamp_ms: int | None = None
-    headers: Sequence[tuple[str, bytes | None]] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True, slots=True)

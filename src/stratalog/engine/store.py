@@ -26,8 +26,6 @@ from typing import TypeVar
 from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
 from stratalog.engine.batch import (
     BatchInfo,
-    NewRecord,
-    Record,
     StoredBatch,
     check_batch,
     decode_records,
@@ -47,6 +45,7 @@ from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogEr
 from stratalog.invariant import invariant
 from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore
+from stratalog.records import NewRecord, Record
 from stratalog.wal import WriteAheadLog
 
 log = logging.getLogger("stratalog.engine")

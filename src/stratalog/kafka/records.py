@@ -28,9 +28,9 @@ from typing import ClassVar, NamedTuple
 
 import cramjam
 
-from stratalog.engine.batch import Record
 from stratalog.errors import StratalogError
 from stratalog.invariant import invariant
+from stratalog.records import Record
 from stratalog.wal.format import crc32c
 
 __all__ = [

@@ -27,13 +27,13 @@ from stratalog.engine.batch import (
     ENCODING_KAFKA,
     RECORD_HEAD,
     BatchInfo,
-    NewRecord,
     decode_headers,
     decode_records,
     encode_batch,
     read_batch_info,
 )
 from stratalog.engine.objformat import BlockEntry, CorruptObjectError, placed_batches
+from stratalog.records import NewRecord
 
 #: The data source's schema, as Spark DDL and as a StructType (which needs no JVM to build).
 SCHEMA_DDL = "stream string, offset bigint, timestamp timestamp, key binary, value binary"

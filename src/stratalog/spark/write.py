@@ -69,7 +69,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from stratalog.engine.batch import BATCH_HEADER, ENCODING_NATIVE, RECORD_HEAD, NewRecord, encode_batch
+from stratalog.engine.batch import BATCH_HEADER, ENCODING_NATIVE, RECORD_HEAD, encode_batch
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.objformat import (
     FLAG_PROVISIONAL,
@@ -88,6 +88,7 @@ from stratalog.engine.staging import (
 from stratalog.engine.store import StreamStore
 from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore
+from stratalog.records import NewRecord
 from stratalog.spark.broker_source import reachable_objects
 from stratalog.spark.broker_write import Destinations, choose_partitions, commit_through_broker
 from stratalog.spark.kafka_client import BrokerView
