@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from waiting import wait_until
+
 #: Longest wait for weed mini to answer S3 requests and create the bucket (it takes about 1 s here).
 SEAWEEDFS_START_S_MAX = 60.0
 #: Longest wait for a clean stop after SIGINT before SIGKILL (it takes about 2 s here).
@@ -160,22 +162,23 @@ def run_seaweedfs(base: Path) -> Iterator[SeaweedS3]:
                           connect_timeout=1.0, read_timeout=5.0),
         )
         bucket = "stratalog-tests"
-        deadline = started + SEAWEEDFS_START_S_MAX
-        last_error = "the S3 port never answered"
-        while True:
+        last_error = ["the S3 port never answered"]
+
+        def serving() -> bool:
             if process.poll() is not None:
                 pytest.fail(f"weed mini exited with status {process.returncode} while starting; its log "
                             f"({log_path}) ends:\n{_log_tail(log_path)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"weed mini did not serve S3 at {endpoint_url} within {SEAWEEDFS_START_S_MAX} s "
-                            f"({last_error}); its log ({log_path}) ends:\n{_log_tail(log_path)}")
-            if _answers_http(endpoint_url):
-                try:
-                    client.create_bucket(Bucket=bucket)
-                    break
-                except (ClientError, BotoCoreError) as exc:
-                    last_error = f"create_bucket: {exc}"
-            time.sleep(0.05)
+            if not _answers_http(endpoint_url):
+                return False
+            try:
+                client.create_bucket(Bucket=bucket)
+            except (ClientError, BotoCoreError) as exc:
+                last_error[0] = f"create_bucket: {exc}"
+                return False
+            return True
+
+        wait_until(serving, lambda: f"weed mini to serve S3 at {endpoint_url} ({last_error[0]}); its log "
+                   f"({log_path}) ends:\n{_log_tail(log_path)}", SEAWEEDFS_START_S_MAX, poll_s=0.05)
         start_s = time.monotonic() - started
         client.close()
         yield SeaweedS3(endpoint_url, access_key, secret_key, "us-east-1", bucket, data_dir, log_path, start_s)

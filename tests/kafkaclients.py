@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import warnings
 from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
@@ -23,6 +22,8 @@ import aiokafka.admin
 import aiokafka.helpers
 import confluent_kafka
 import confluent_kafka.admin
+
+from waiting import wait_until
 
 with warnings.catch_warnings():
     # kafka-python 3.0 reads its message schemas with importlib.resources.read_text, deprecated in 3.11.
@@ -516,9 +517,14 @@ def consume_until(consumers: Sequence[Consumer], count: int, timeout_s: float = 
     """Poll ``consumers`` in turn until together they got ``count`` records (more fail the caller's checks);
     each one's records, in the order it got them."""
     got: list[list[Consumed]] = [[] for _ in consumers]
-    deadline = time.monotonic() + timeout_s
-    while sum(len(g) for g in got) < count:
-        assert time.monotonic() < deadline, f"got {sum(len(g) for g in got)} of {count} records in {timeout_s} s"
+
+    def all_in() -> bool:
+        if sum(len(g) for g in got) >= count:
+            return True
         for consumer, into in zip(consumers, got, strict=True):
             into.extend(consumer.poll())
+        return False
+
+    # A poll blocks a while itself: no pause between polls.
+    wait_until(all_in, lambda: f"{count} records (got {sum(len(g) for g in got)} of {count})", timeout_s, poll_s=0)
     return got

@@ -14,7 +14,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -29,6 +28,7 @@ from cryptography import x509
 
 from brokerkit import BrokerProcess, running_broker
 from kafkaclients import CALL_TIMEOUT_S, CLIENTS, Client, Outgoing, Secured, consume_until, make_client
+from waiting import wait_until
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -120,13 +120,14 @@ def allow(admin: kafka.admin.KafkaAdminClient, principal: str, resource_type: An
 
 def refused(call: Callable[[], Any], timeout_s: float = CALL_TIMEOUT_S) -> str:
     """Run ``call`` until it raises (a consumer may poll a few times before its error surfaces); the error."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def error() -> str | None:
         try:
             call()
         except Exception as e:  # each library raises its own type; the message is what is compared
             return f"{type(e).__name__}: {e}"
-    raise AssertionError(f"not refused within {timeout_s} s")
+        return None
+
+    return wait_until(error, "the call to be refused", timeout_s)
 
 
 def test_each_client_logs_in_with_scram_over_tls_and_a_super_user_may_do_everything(
@@ -219,18 +220,21 @@ def test_prefixed_acls_give_a_principal_its_own_topics_only(broker: BrokerProces
 
 
 def login_error(target: Secured) -> str:
-    """What librdkafka reports for a login (its error callback: it retries a failed login for good), or "" if
-    none came within CALL_TIMEOUT_S. kafka-python retries silently until its own timeouts and aiokafka
-    says only that it could not bootstrap (and leaves the refused socket to the garbage collector), so
-    the refusals are asserted through librdkafka, which reports the broker's error at once."""
+    """What librdkafka reports for a login (its error callback: it retries a failed login for good); an
+    AssertionError if none came within CALL_TIMEOUT_S. kafka-python retries silently until its own timeouts
+    and aiokafka says only that it could not bootstrap (and leaves the refused socket to the garbage
+    collector), so the refusals are asserted through librdkafka, which reports the broker's error at once."""
     from kafkaclients import _common
 
     errors: list[Any] = []
     producer = confluent_kafka.Producer({**_common(target), "error_cb": errors.append})
-    deadline = time.monotonic() + CALL_TIMEOUT_S
-    while not errors and time.monotonic() < deadline:
-        producer.poll(0.1)
-    return str(errors[0]) if errors else ""
+
+    def reported() -> str | None:
+        if not errors:
+            producer.poll(0.1)  # blocks up to 0.1 s for a callback: no pause needed between polls
+        return str(errors[0]) if errors else None
+
+    return wait_until(reported, "librdkafka to report the login's error", CALL_TIMEOUT_S, poll_s=0)
 
 
 def test_a_wrong_password_or_unknown_user_is_refused_alike_and_logged(broker: BrokerProcess, pki: Pki) -> None:
@@ -243,8 +247,12 @@ def test_a_wrong_password_or_unknown_user_is_refused_alike_and_logged(broker: Br
         return re.sub(r"\(after \d+ms.*", "", error)
 
     assert said(wrong) == said(unknown)
-    logged = "".join(broker.output[before:])
-    assert "authentication failed" in logged and "'alice'" in logged and "'mallory'" in logged
+
+    def logged() -> bool:  # read from the broker's output by another thread: it may come after the answer
+        said = "".join(broker.output[before:])
+        return "authentication failed" in said and "'alice'" in said and "'mallory'" in said
+
+    wait_until(logged, lambda: "both failed logins to be logged; the broker said:\n" + "".join(broker.output[before:]))
 
 
 def test_plain_logs_in_against_the_same_credentials(broker: BrokerProcess, pki: Pki) -> None:
