@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 from kio.schema.errors import ErrorCode
 
@@ -59,14 +60,16 @@ class RateLimitedLog:
     logged with the next line that gets through: a flood of bad clients cannot flood the log (nor spend
     the event loop on writing it)."""
 
-    def __init__(self, per_s_max: int) -> None:
+    def __init__(self, per_s_max: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.per_s_max = per_s_max
+        #: Seconds, from any origin: a test gives its own to say which second each warning falls in.
+        self._clock = clock
         self._second = -1
         self._logged = 0
         self._dropped = 0
 
     def warn(self, message: str, *args: object) -> None:
-        second = int(time.monotonic())
+        second = int(self._clock())
         if second != self._second:
             self._second, self._logged = second, 0
         if self._logged >= self.per_s_max:
