@@ -70,22 +70,24 @@ def test_offsets_survive_reopening_the_file(tmp_path: Path) -> None:
 def test_a_returned_commit_survives_kill_9_of_its_process(tmp_path: Path) -> None:
     path = tmp_path / "offsets.sqlite"
     child = textwrap.dedent(f"""
-        import sys, time
+        import sys
         from stratalog.broker.offsets import CommittedOffsets, OffsetEntry
         offsets = CommittedOffsets({str(path)!r})
         offsets.commit("g", [OffsetEntry("t", 0, 7, -1, None, 1)])
         print("committed", flush=True)
-        time.sleep(60)
+        sys.stdin.read()  # holds still until killed (or, should this test die first, until stdin closes)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "committed"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
     with CommittedOffsets(path) as reopened:
         assert reopened.fetch("g") == {("t", 0): OffsetEntry("t", 0, 7, -1, None, 1)}
