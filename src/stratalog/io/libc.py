@@ -3,7 +3,7 @@
 Each is loaded once through ctypes; where the C library lacks it (not glibc, an old kernel), the name is
 None or the function does nothing, and callers fall back to ``os``. Calls made through ``ctypes.PyDLL``
 keep the GIL: they are for calls that do not wait on the disk, where giving the GIL up and getting it back
-costs more than the call (figures in each docstring).
+costs more than the call.
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ _preadv2_keeping_gil = _libc_keeping_gil("preadv2", None, ctypes.c_ssize_t) if h
 
 
 class _CachedReadBuffer(threading.local):
-    """Each thread's buffer for cached_view, with its I/O vector made once (making them per read cost
-    a third of a cached read), and the box its offsets are passed in (a new ``ctypes.c_int64`` per read
-    cost 0.25 us of a cached 4 KiB read's 1.65)."""
+    """Each thread's buffer for cached_view, with its I/O vector made once and the box its offsets are
+    passed in: making either per read cost a large part of a cached read."""
 
     def __init__(self) -> None:
         self.buffer = ctypes.create_string_buffer(CACHED_READ_BYTES_MAX)
@@ -71,7 +70,7 @@ def cached_view(fd: int, size: int, offset: int) -> memoryview | None:
     read without giving up the GIL (``preadv2`` with ``RWF_NOWAIT``: the kernel answers EAGAIN rather than
     go to the disk), as a view of this thread's read buffer: valid until the thread's next read. None
     otherwise. ``os.pread`` releases the GIL even for cached bytes, and with reader threads queueing for
-    it, getting it back cost more than the copy: 8 threads of cached gets, 21 k -> 39 k get/s."""
+    it, getting it back cost more than the copy (cached gets from 8 threads nearly doubled keeping it)."""
     if _preadv2_keeping_gil is None:
         return None
     vector, vector_ref, view, offset_box = _cached_read_buffer.parts
@@ -115,7 +114,7 @@ _MALLOC_TRIM = _load_malloc_trim()
 
 def return_freed_memory() -> None:
     """Hand freed heap memory back to the OS (glibc's malloc_trim; nothing elsewhere). glibc keeps freed
-    memory for reuse, and a queue store's upload frees hundreds of MB in pieces that would otherwise stay
+    memory for reuse, and a queue store's upload frees a great deal of it in pieces that would otherwise stay
     resident."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)

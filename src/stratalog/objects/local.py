@@ -71,9 +71,8 @@ def check_range(start: int, end: int | None) -> None:
 
 
 #: A put writes and syncs this much at a time. One fsync of a whole object queues all of it at the disk
-#: at once, and a WAL write on the same disk waits behind it; synced piecewise, it waits for one piece.
-#: Appends of 4 KiB at 2,000/s across uploads of about 40 MiB, three paired 12 s rounds (BENCHMARKS.md):
-#: p99 10.1 -> 3.9 ms, p99.9 39.8 -> 20.2 ms; 256 KiB pieces were no better than 1 MiB.
+#: at once, and a WAL write on the same disk waits behind it; synced piecewise, it waits for one piece
+#: (the append p99 during uploads fell by more than half; smaller pieces did no better).
 SYNC_EVERY_BYTES = 1 << 20
 
 
@@ -513,11 +512,10 @@ class LocalObjectReader:
     def will_need(self, start: int, end: int) -> None:
         """Ask the kernel to read ``start .. end`` ahead (a reader will want it soon). The call only
         queues the reads, so it keeps the GIL: ``os.posix_fadvise`` lets it go, and with threads waiting
-        for it, getting it back cost more than the hint saved (a cold consume of 20,000 queues from 8
-        threads: 97 k to 143 k msg/s with ``os.posix_fadvise``, 151 k to 168 k with no hint, 172 k to
-        173 k keeping the GIL). An empty range asks for nothing (to ``posix_fadvise`` a length of 0 means
-        the rest of the file: a consumer hinting an empty run made the kernel walk gigabytes of cached
-        pages per get)."""
+        for it, getting it back cost more than the hint saved (a cold consume from 8 threads was slower
+        with ``os.posix_fadvise`` than with no hint at all, and fastest keeping the GIL). An empty range
+        asks for nothing (to ``posix_fadvise`` a length of 0 means the rest of the file: a consumer
+        hinting an empty run made the kernel walk gigabytes of cached pages per get)."""
         libc.will_need(self._fd, start, end - start)
 
     def close(self) -> None:
