@@ -219,3 +219,76 @@ def test_queues_tables_targets_and_plot(tmp_path: Path) -> None:
     # The small run is for the peers: the race's absolute bars are not applied to it.
     assert not any("2,103,548 (" in line for line in lines)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _peer(name: str, p99_256: float, msg_per_s_100: float, tail_mb_per_s_1k: float) -> dict[str, Any]:
+    def rates(msg_per_s: float, size: int) -> dict[str, Any]:
+        return {"messages": 200_000, "msg_per_s": msg_per_s, "mb_per_s": msg_per_s * size / 1e6, "ok": True}
+
+    cold: dict[str, Any] = {"not_applicable": "no objects"} if name == "tansu" else rates(msg_per_s_100 / 2, 100)
+    return {"name": name, "status": "ran",
+            "latency": [{"message_bytes": 256, "produce_ms": _latency(p99_256 / 2, p99_256),
+                         "end_to_end_ms": _latency(p99_256 / 2 + 0.2, p99_256 + 0.2)}],
+            "throughput": [{"message_bytes": 100, "produce": rates(msg_per_s_100, 100),
+                            "consume_tail": rates(msg_per_s_100, 100), "consume_cold": cold,
+                            "tail_run": {"is_produce_run": True, "messages": 200_000}},
+                           {"message_bytes": 1024, "produce": rates(msg_per_s_100 / 5, 1024),
+                            "consume_tail": rates(tail_mb_per_s_1k * 1e6 / 1024, 1024), "consume_cold": cold,
+                            "tail_run": {"is_produce_run": False, "messages": 32_768}}]}
+
+
+def kafka_doc() -> dict[str, Any]:
+    return {"bench": "kafka", "command": "stratalog bench kafka", **PROVENANCE,
+            "settings": {"rate_per_s": 50.0, "duration_s": 30.0, "producers": 2, "linger_ms": 5,
+                         "batch_bytes": 1 << 20},
+            "disk_reference": {"name": "disk (4 KiB O_DIRECT+O_DSYNC write)", "produce_ms": _latency(0.39, 0.8)},
+            "peers": [_peer("stratalog", 3.33, 1_260_712.0, 373.7), _peer("nats", 1.86, 5194.0, 131.5),
+                      _peer("tansu", 2.58, 1_242_225.0, 554.4)]}
+
+
+def test_kafka_tables(tmp_path: Path) -> None:
+    lines = _render(tmp_path, "kafka", [kafka_doc()])
+    assert lines[0] == PROVENANCE_LINE.format(command="stratalog bench kafka")
+    assert ("| disk (4 KiB O_DIRECT+O_DSYNC write) | 4 KiB | 1,500 | 0.39 | 0.59 | 0.80 | 1.80 | 3.80 | 1.00x | - "
+            "| - |") in lines
+    assert "| stratalog | 256 B | 1,500 | 1.67 | 2.50 | 3.33 | 4.33 | 6.33 | 4.16x | 1.86 | 3.53 |" in lines
+    assert ("| stratalog | 100 B | 200,000 | 1,260,712 | 126.1 | 200,000 | 1,260,712 | 126.1 | 630,356 | 63.0 |  |"
+            in lines)
+    assert ("| tansu | 1 KiB | 200,000 | 248,445 | 254.4 | 200,000 | 541,406 | 554.4 | n/a | n/a | tail run: a topic "
+            "of its own (32,768 messages) |") in lines
+    assert "| produce p99 <= 1.5 ms at 256 B, fsync always | 3.33 ms; the disk's own p99 in the same run: 0.80 ms " \
+           "| **missed** |" in lines
+    assert "| 100 B produce msg/s >= 3x NATS JetStream | 242.72x (stratalog 1,260,712 vs 5,194 msg/s) | met |" in lines
+    assert ("| tail consume MB/s (1 KiB) within 0.5x of Tansu (no disk) | 0.67x (stratalog 374 vs 554 MB/s) "
+            "| met |") in lines
+
+
+def abuse_doc() -> dict[str, Any]:
+    def phase(name: str, connections: int, p99: float, rss: float) -> dict[str, Any]:
+        p: dict[str, Any] = {"name": name, "connections": connections, "families": [name] if connections else [],
+                             "produce_ms": _latency(1.0, p99), "p99_over_baseline": p99 / 2.08,
+                             "broker_rss_mib_peak": rss, "broker_sockets_peak": 4 + connections,
+                             "broker_log_lines": 7, "broker_up": True, "error_count": 0, "aborted": False}
+        if connections:
+            p["hostile"] = {"ramp": {"connected": connections},
+                            "report": {"cpu_s": 0.7, "families": {name: {
+                                "opened": connections, "actions": 6684, "closed_by_broker": 0, "not_closed": 0,
+                                "connect_errors": 0, "held_s_max": None, "first_error": ""}}}}
+        return p
+
+    return {"bench": "abuse", "command": "stratalog bench abuse", **PROVENANCE,
+            "settings": {"record_bytes": 256, "rate_per_s": 200.0, "phase_s": 20.0, "connections": 1000,
+                         "memory_budget_mib": 1024},
+            "phases": [phase("baseline", 0, 2.08, 102.0), phase("slowloris", 1000, 3.61, 105.0),
+                       phase("pipeline", 1000, 440.64, 127.0)]}
+
+
+def test_abuse_tables(tmp_path: Path) -> None:
+    lines = _render(tmp_path, "abuse", [abuse_doc()])
+    assert lines[0] == PROVENANCE_LINE.format(command="stratalog bench abuse")
+    assert "| baseline | 0 | 1,500 | 1.00 | 2.08 | 3.08 | 5.08 | 1.00x | 102 | 4 | 7 | yes |" in lines
+    assert "| slowloris | 1,000 of 1,000 | 1,500 | 1.00 | 3.61 | 4.61 | 6.61 | 1.74x | 105 | 1,004 | 7 | yes |" in lines
+    assert "| slowloris | 1,000 | 6,684 | 0 | 0 | 0 | - | 0.7 |  |" in lines
+    assert "| slowloris: p99 <= 2x the baseline's | 1.74x (3.61 ms against 2.08) | met |" in lines
+    assert "| pipeline: p99 <= 2x the baseline's | 211.85x (440.64 ms against 2.08) | **missed** |" in lines
+    assert "| broker RSS <= 1,024 MiB in every phase | 127 MiB at the peak (pipeline) | met |" in lines

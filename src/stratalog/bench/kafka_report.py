@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from stratalog.bench.common import size_label
-from stratalog.bench.kafka import ratios
 from stratalog.bench.tables import markdown_table, provenance
 
 #: The targets: stratalog alone, and against each peer (as factors).
@@ -117,23 +116,33 @@ def _table(heads: tuple[str, ...], rows: list[list[str]], left: int) -> list[str
     return markdown_table(heads, rows, heads[:left])
 
 
-def _latency_rows(doc: dict[str, Any], kind: str) -> list[list[str]]:
+#: BENCHMARKS.md's latency columns; the JSON holds p0 to p99.9999, and `--plot` draws them all.
+REPORT_LATENCY_KEYS = ("p50", "p90", "p99", "p99_9", "max")
+REPORT_LATENCY_HEADS = ("p50", "p90", "p99", "p99.9", "max")
+
+
+def _latency_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """Produce latency per peer and size, its p99 over the disk's, and end-to-end p50 and p99."""
     rows = []
-    disk = doc.get("disk_reference", {})
-    if kind == "produce_ms" and disk.get("produce_ms", {}).get("samples"):
-        lat = disk["produce_ms"]
-        rows.append([disk["name"], "4 KiB", f"{lat['samples']:,}", *(f"{lat[k]:.2f}" for k in LATENCY_KEYS)])
+    blank = [""] * (len(REPORT_LATENCY_KEYS) + 3)
+    disk = doc.get("disk_reference", {}).get("produce_ms", {})
+    disk_p99 = disk.get("p99") if disk.get("samples") else None
+    if disk_p99 is not None:
+        rows.append([doc["disk_reference"]["name"], "4 KiB", f"{disk['samples']:,}",
+                     *(f"{disk[k]:.2f}" for k in REPORT_LATENCY_KEYS), "1.00x", "-", "-"])
     for peer in doc["peers"]:
         if peer["status"] != "ran":
-            rows.append([peer["name"], "skipped", "", *[""] * len(LATENCY_KEYS)])
+            rows.append([peer["name"], "skipped", "", *blank])
             continue
         for r in peer["latency"]:
-            lat = r.get(kind, {})
+            lat, e2e = r.get("produce_ms", {}), r.get("end_to_end_ms", {})
             if not lat.get("samples"):
-                rows.append([peer["name"], size_label(r["message_bytes"]), "0", *["-"] * len(LATENCY_KEYS)])
+                rows.append([peer["name"], size_label(r["message_bytes"]), "0", *["-"] * len(blank)])
                 continue
+            over = f"{lat['p99'] / disk_p99:.2f}x" if disk_p99 else "-"
+            ends = [f"{e2e[k]:.2f}" for k in ("p50", "p99")] if e2e.get("samples") else ["-", "-"]
             rows.append([peer["name"], size_label(r["message_bytes"]), f"{lat['samples']:,}",
-                         *(f"{lat[k]:.2f}" for k in LATENCY_KEYS)])
+                         *(f"{lat[k]:.2f}" for k in REPORT_LATENCY_KEYS), over, *ends])
     return rows
 
 
@@ -146,17 +155,16 @@ def _rate_cells(d: dict[str, Any]) -> list[str]:
 
 
 def markdown_report(doc: dict[str, Any]) -> str:
-    """Every table of one run as Markdown: latency (with the disk), end to end, throughput, ratios, targets."""
+    """One run as Markdown: latency (beside the disk's, and end to end), throughput, and the targets (with
+    the ratios to the peers they are about)."""
     s = doc["settings"]
     lines = [provenance(doc), ""]
     lines += [f"Produce latency, ms: one producer at {s['rate_per_s']:g} msg/s for {s['duration_s']:g} s per size, "
              "acks=all, linger.ms=0, from the send call to the acknowledgement. The disk row: the same rate, "
              "one 4 KiB O_DIRECT + O_DSYNC `pwrite` each, on the bare disk under the data directory, before the "
-             "servers started.", ""]
-    heads = ("peer", "size", "samples", *LATENCY_HEADS)
-    lines += _table(heads, _latency_rows(doc, "produce_ms"), 2)
-    lines += ["End-to-end latency, ms: from the send call to a consumer beside the producer receiving it.", ""]
-    lines += _table(heads, _latency_rows(doc, "end_to_end_ms"), 2)
+             "servers started. End to end: from the send call to a consumer beside the producer receiving it.", ""]
+    lines += _table(("peer", "size", "samples", *REPORT_LATENCY_HEADS, "p99 / disk p99", "end-to-end p50",
+                     "end-to-end p99"), _latency_rows(doc), 2)
     lines += [f"Throughput: {s['producers']} producer processes, acks=all, linger.ms={s['linger_ms']}, batch.size "
               f"{s['batch_bytes'] >> 20} MiB (NATS: publish_async, 4,000 in flight). Tail: a run of at most half the "
               "broker's upload threshold read back at once, from the log cache; cold: the same topic read again "
@@ -173,15 +181,6 @@ def markdown_report(doc: dict[str, Any]) -> str:
                          "; ".join(throughput_notes(r))])
     lines += _table(("peer", "size", "produced", "produce msg/s", "produce MB/s", "tail read", "tail msg/s",
                      "tail MB/s", "cold msg/s", "cold MB/s", "note"), rows, 2)
-    # Derived, so recomputed: a run's JSON holds what was measured; the ratios follow the current rules.
-    ratio_doc = ratios(doc["peers"], doc.get("disk_reference"))
-    pairs = list(ratio_doc)
-    if pairs:
-        lines += ["stratalog's figure over the other's: latency below 1x and throughput above 1x mean stratalog "
-                  "is faster; `stratalog/disk` is each size's produce p50 and p99 over the disk's.", ""]
-        keys = list(dict.fromkeys(k for pair in pairs for k in ratio_doc[pair]))
-        lines += _table(("figure", *pairs), [[k, *(f"{ratio_doc[pair][k]:.2f}x" if k in ratio_doc[pair]
-                                                    else "-" for pair in pairs)] for k in keys], 1)
     lines += _table(("target", "measured", ""), [[t["name"], t["figure_text"], "met" if t["met"] else "**missed**"]
                                                  for t in targets(doc)], 2)
     return "\n".join(lines)
