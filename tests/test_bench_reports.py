@@ -21,7 +21,7 @@ PROVENANCE = {"date": "2026-11-26T07:30:00+00:00", "commit": "abc1234", "machine
               "other_activity": {"other_cpu_s": 1.25, "steal_cpu_s": 0.5, "other_disk_write_mib": 3.0}}
 PROVENANCE_LINE = ("Measured 2026-11-26 07:30:00 UTC, at commit abc1234, by `{command}`. Machine: 2 x AMD EPYC, "
                    "24 GiB, Linux 6.18.44, Python 3.11.7, ext4 on /dev/vda. Meanwhile other processes used 1.2 CPU-s "
-                   "and the hypervisor stole 0.5.")
+                   "and wrote 3 MiB to the disk, and the hypervisor stole 0.5 CPU-s.")
 
 
 def _render(tmp_path: Path, bench: str, docs: list[dict[str, Any]], *extra: str) -> list[str]:

@@ -97,8 +97,10 @@ def provenance(doc: dict[str, Any]) -> str:
                  f"Linux {m['kernel']}, Python {m['python']}, {m['filesystem']} on {m['disk_device']}")
     other = doc.get("other_activity")
     if other:
-        line += (f". Meanwhile other processes used {other['other_cpu_s']:,.1f} CPU-s and the hypervisor stole "
-                 f"{other['steal_cpu_s']:,.1f}")
+        line += f". Meanwhile other processes used {other['other_cpu_s']:,.1f} CPU-s"
+        if "other_disk_write_mib" in other:
+            line += f" and wrote {other['other_disk_write_mib']:,.0f} MiB to the disk"
+        line += f", and the hypervisor stole {other['steal_cpu_s']:,.1f} CPU-s"
     return line + "."
 
 

@@ -104,10 +104,11 @@ def plot_ratios(doc: dict[str, Any], path: Path) -> None:
     bounds = {t["bound"] for r in doc["results"] for t in r["targets"] if t["name"] == "p99 ms"}
     for bound in bounds:
         right.axhline(bound, color="tab:red", linestyle="dashed", linewidth=0.8)
+    right.set_yscale("log")
     right.set_xticks(at, labels)
-    right.set_ylabel("ms")
+    right.set_ylabel("ms (log scale)")
     right.set_title("Append p99 at half the flat-out rate; dashed: target")
-    right.legend()
+    right.legend(fontsize="small", loc="best", framealpha=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
