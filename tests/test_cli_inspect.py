@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -14,6 +13,7 @@ from stratalog.commands import register_all
 from stratalog.engine.store import StreamStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
+from waiting import wait_until
 
 
 def run(*args: str, exit_code: int = 0) -> str:
@@ -83,12 +83,8 @@ def test_inspect_shows_and_checks_a_queue_stores_run_objects(tmp_path: Path) -> 
         for r in range(6):
             qs.put_many([f"q{q}" for q in range(300)], [bytes([r]) * (60 + q % 40) for q in range(300)])
             qs.flush()
-            deadline = time.monotonic() + 10
-            while qs.stats()["log_cache_records"] and time.monotonic() < deadline:
-                time.sleep(0.01)
-        deadline = time.monotonic() + 10
-        while (qs._retired or qs._plan_compaction(qs._view[0]) is not None) and time.monotonic() < deadline:
-            time.sleep(0.01)
+            wait_until(lambda: not qs.stats()["log_cache_records"], f"round {r} to be uploaded")
+        wait_until(lambda: not qs._retired and qs._plan_compaction(qs._view[0]) is None, "the merges to settle")
         keys = [o.key for o in qs._view[0]]
     pieces = [k for k in keys if "-" in k]
     assert len(pieces) >= 2, keys

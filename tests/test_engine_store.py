@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from stratalog.engine.store import (
 )
 from stratalog.errors import StratalogError
 from stratalog.records import NewRecord
+from waiting import wait_until
 
 
 def open_store(path: Path, mem: MemoryStore, **overrides: object) -> StreamStore:
@@ -130,16 +133,23 @@ def test_blocks_read_to_the_end_are_evicted_first(tmp_path: Path) -> None:
         cache.close()
 
 
+def uploader_parked(store: StreamStore) -> bool:
+    """Whether the store's uploader waits in its loop for something to come due: the innermost Python frame
+    of its thread is Condition.wait (blocked on the lock inside it), called from the loop."""
+    frame = sys._current_frames().get(store._uploader.ident or -1)
+    return (frame is not None and frame.f_code is threading.Condition.wait.__code__
+            and frame.f_back is not None and frame.f_back.f_code.co_name == "_uploader_loop")
+
+
 def test_a_quiet_store_uploads_after_upload_interval(tmp_path: Path) -> None:
     mem = MemoryStore()
     with open_store(tmp_path, mem, upload_interval_s=0.2) as store:
         s = store.create_stream("s")
-        time.sleep(0.5)  # the uploader goes to sleep with nothing cached
+        # The uploader goes to sleep with nothing cached (until retention is due, an hour away): the first
+        # append must wake it.
+        wait_until(lambda: uploader_parked(store), "the uploader to wait with nothing cached")
         s.append([b"lonely"]).result()
-        deadline = time.monotonic() + 10
-        while store.stats()["log_cache_bytes"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert store.stats()["log_cache_bytes"] == 0, "a quiet store kept its data out of objects"
+        wait_until(lambda: not store.stats()["log_cache_bytes"], "a quiet store to upload its data")
         assert any(k.startswith(DATA_PREFIX) for k in mem.objects)
 
 

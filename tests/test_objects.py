@@ -7,7 +7,6 @@ import os
 import random
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from stratalog.objects.store import (
     put_parts,
 )
 from stratalog.objects.uri import open_object_store, redact
+from waiting import wait_until
 
 MiB = 1 << 20
 real_content_md5 = s3_module._content_md5
@@ -922,9 +922,7 @@ def test_parts_made_ahead_come_in_order_one_ahead_in_another_thread() -> None:
     for part in made_ahead(parts(), "ahead-test"):
         taken.append(part[0])
         # While the caller holds part i, part i + 1 is made and no further (two parts at most).
-        deadline = time.monotonic() + 5
-        while len(made) < min(part[0] + 2, 5) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_until(lambda part=part: len(made) >= min(part[0] + 2, 5), f"part {part[0] + 1} to be made")
         assert len(made) == min(part[0] + 2, 5)
     assert taken == list(range(5))
     assert all(name.startswith("ahead-test") for _, name in made)
