@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean postgres-server
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
-test: lint
+# The tests start PostgreSQL servers of their own on 127.0.0.1, from the binaries of Debian's package.
+POSTGRES_SERVER := $(firstword $(wildcard /usr/lib/postgresql/*/bin/postgres))
+
+postgres-server:
+ifeq ($(POSTGRES_SERVER),)
+	@if [ "$$(id -u)" != 0 ]; then echo "the tests need PostgreSQL's server: apt-get install postgresql (as root)"; exit 1; fi
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
+endif
+
+test: lint postgres-server
 	$(BIN)/pytest
 
 bench: $(STAMP)

@@ -1,13 +1,12 @@
-"""Metadata in SQLite: streams, objects, the ranges of each stream in each object, and a commit sequence.
+"""The stream store's metadata: streams, objects, the ranges of each stream in each object, and a commit
+sequence, in SQLite (the data directory's ``meta.sqlite``) or PostgreSQL (engine/metadata_backends.py).
 
-Every change that readers can see (an upload's commit, a trim, an object replacement) is one SQLite
-transaction and bumps ``commit_seq``. The database runs in WAL mode with ``synchronous=FULL``: a commit
-is durable when the call returns.
+Every change that readers can see (an upload's commit, a trim, an object replacement) is one transaction
+and bumps ``commit_seq``; a commit is durable when the call returns. The SQL is written once, for both.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -15,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from stratalog.engine.metadata_backends import Backend, DuplicateError, PostgresBackend, SqliteBackend, is_postgres_uri
 from stratalog.engine.objformat import BlockEntry
 from stratalog.errors import StratalogError
 
@@ -117,38 +117,40 @@ _RANGE_COLUMNS = ("r.stream_id, r.start_offset, r.end_offset, r.object_id, o.key
 
 
 class Metadata:
-    """The store's metadata. Thread-safe: one connection behind a lock."""
+    """The store's metadata. Thread-safe: one connection behind a lock.
 
-    def __init__(self, path: Path, read_only: bool = False) -> None:
+    ``location``: a SQLite file's path, or a PostgreSQL URI (``postgresql://user:password@host/db``).
+    ``read_only`` (SQLite only): for inspection beside a running store.
+    """
+
+    def __init__(self, location: Path | str, read_only: bool = False) -> None:
         self._lock = threading.RLock()
-        if read_only:
-            # For inspection beside a running store: SQLite's WAL mode lets readers in while it writes.
-            self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
-                                       isolation_level=None)
-            return
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._db: Backend
+        if isinstance(location, str) and is_postgres_uri(location):
+            if read_only:
+                raise ValueError("read_only is for a SQLite file beside a running store")
+            self._db = PostgresBackend(location, SCHEMA)
+        else:
+            self._db = SqliteBackend(Path(location), SCHEMA, read_only)
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> Iterator[Backend]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.begin_writer()
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.rollback()
                 raise
-            self._db.execute("COMMIT")
+            self._db.commit()
 
-    def _bump_seq(self, db: sqlite3.Connection) -> int:
+    def _bump_seq(self, db: Backend) -> int:
         db.execute("INSERT INTO meta VALUES ('commit_seq', 1) "
-                   "ON CONFLICT(key) DO UPDATE SET value = value + 1")
+                   "ON CONFLICT(key) DO UPDATE SET value = meta.value + 1")
         return int(db.execute("SELECT value FROM meta WHERE key = 'commit_seq'").fetchone()[0])
 
     def get_meta(self, key: str, default: int = 0) -> int:
@@ -173,12 +175,12 @@ class Metadata:
         with self._tx() as db:
             if name is not None and db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone():
                 raise ValueError(f"a stream named {name!r} exists already")
-            cur = db.execute(
-                "INSERT INTO streams (name, created_ms, retention_ms, retention_bytes) VALUES (?, ?, ?, ?)",
-                (name, int(time.time() * 1000), retention_ms, retention_bytes),
-            )
+            # The id SQLite gave before ids were taken here (largest + 1): the same on either database.
+            stream_id = int(db.execute("SELECT COALESCE(MAX(stream_id), 0) + 1 FROM streams").fetchone()[0])
+            db.execute("INSERT INTO streams (stream_id, name, created_ms, retention_ms, retention_bytes) "
+                       "VALUES (?, ?, ?, ?, ?)", (stream_id, name, int(time.time() * 1000), retention_ms,
+                                                  retention_bytes))
             self._bump_seq(db)
-            stream_id = int(cur.lastrowid or 0)
         return self.stream(stream_id)
 
     def create_streams(self, names: Sequence[str]) -> list[StreamMeta]:
@@ -198,7 +200,7 @@ class Metadata:
                 db.executemany("INSERT INTO streams (stream_id, name, created_ms) VALUES (?, ?, ?)",
                                ((first + i, name, now) for i, name in enumerate(names)))
                 self._bump_seq(db)
-        except sqlite3.IntegrityError:
+        except DuplicateError:
             with self._lock:  # rolled back: the names found now are the ones that existed before
                 taken = next(n for n in names
                              if self._db.execute("SELECT 1 FROM streams WHERE name = ?", (n,)).fetchone())
@@ -241,13 +243,15 @@ class Metadata:
         """A fresh object id, durable, so no key is ever reused even after a crash."""
         with self._tx() as db:
             db.execute("INSERT INTO meta VALUES ('next_object_id', 2) "
-                       "ON CONFLICT(key) DO UPDATE SET value = value + 1")
+                       "ON CONFLICT(key) DO UPDATE SET value = meta.value + 1")
             return int(db.execute("SELECT value FROM meta WHERE key = 'next_object_id'").fetchone()[0]) - 1
 
     def commit_objects(self, objects: Sequence[NewObject]) -> int:
         """Register uploaded objects and move each stream's committed end past their blocks."""
         now = int(time.time() * 1000)
         with self._tx() as db:
+            if _committed_already(db, objects):
+                return int(db.execute("SELECT value FROM meta WHERE key = 'commit_seq'").fetchone()[0])
             _append_objects(db, objects, now)
             return self._bump_seq(db)
 
@@ -400,7 +404,7 @@ class Metadata:
         return [(int(a), int(b), int(c)) for a, b, c in rows]
 
 
-def _append_objects(db: sqlite3.Connection, objects: Sequence[NewObject], now_ms: int) -> None:
+def _append_objects(db: Backend, objects: Sequence[NewObject], now_ms: int) -> None:
     """Register objects whose blocks extend their streams, each block starting at its stream's committed end
     (or at the end of the block before it in ``objects``). A few statements for any number of blocks."""
     blocks = [(obj.object_id, b) for obj in objects for b in obj.blocks]
@@ -425,6 +429,23 @@ def _append_objects(db: sqlite3.Connection, objects: Sequence[NewObject], now_ms
                      b.record_count, b.max_timestamp_ms, b.crc) for object_id, b in blocks])
     db.executemany("UPDATE streams SET committed_end_offset = ?, committed_bytes = committed_bytes + ? "
                    "WHERE stream_id = ?", [(ends[sid], size, sid) for sid, size in added.items()])
+
+
+def _committed_already(db: Backend, objects: Sequence[NewObject]) -> bool:
+    """Whether a commit of ``objects`` is already in: a retry after a commit whose answer was lost (the
+    connection to PostgreSQL broke after the server committed) must not append the blocks twice. Object
+    ids are never reused, so finding them all means this very commit went through."""
+    ids = sorted({o.object_id for o in objects})
+    if not ids:
+        return False
+    found = 0
+    for i in range(0, len(ids), _IN_LIST_MAX):
+        chunk = ids[i:i + _IN_LIST_MAX]
+        found += int(db.execute(f"SELECT COUNT(*) FROM objects WHERE object_id IN ({','.join('?' * len(chunk))})",
+                                chunk).fetchone()[0])
+    if found not in (0, len(ids)):
+        raise ValueError(f"{found} of the {len(ids)} objects of this commit are registered already")
+    return found == len(ids)
 
 
 def _coverage(rows: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

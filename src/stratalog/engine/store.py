@@ -276,12 +276,16 @@ class StreamStore:
     """Durable streams on one machine's WAL, with object storage as main storage."""
 
     def __init__(self, data_dir: Path, objects: ObjectStore, config: StoreConfig,
-                 wal_device: Device | None = None) -> None:
+                 wal_device: Device | None = None, metadata: str | None = None) -> None:
         self._dir = data_dir
         self._config = config
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
-        self._meta = Metadata(data_dir / "meta.sqlite")
+        try:
+            self._meta = Metadata(data_dir / "meta.sqlite" if metadata is None else metadata)
+        except BaseException:
+            unlock_data_dir(self._lock_fd)
+            raise
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._upload_lock = threading.Lock()
@@ -323,18 +327,20 @@ class StreamStore:
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
-             config: StoreConfig | None = None, *, wal_device: Device | None = None) -> StreamStore:
+             config: StoreConfig | None = None, *, wal_device: Device | None = None,
+             metadata: str | None = None) -> StreamStore:
         """Open (or create) the store in ``data_dir``.
 
         ``object_store``: None for a local directory under ``data_dir``, a URI such as
         ``s3://bucket/prefix?endpoint=http://127.0.0.1:8333``, or an ObjectStore. ``wal_device``: the
         WAL on a raw block device (or any Device) instead of the file ``data_dir/wal``; the caller keeps
-        ownership and closes it after the store.
+        ownership and closes it after the store. ``metadata``: None for ``data_dir/meta.sqlite``, or a
+        PostgreSQL URI (``postgresql://user:password@host:port/database``; needs psycopg).
         """
         config = config or StoreConfig()
         config.validate()
         path, objects = prepare_data_dir(data_dir, object_store)
-        return cls(path, objects, config, wal_device)
+        return cls(path, objects, config, wal_device, metadata)
 
     def _add_state(self, sm: StreamMeta) -> _StreamState:
         st = _StreamState(sm.stream_id, sm.name, sm.start_offset, sm.committed_end_offset,

@@ -1,0 +1,197 @@
+"""A real PostgreSQL server as a child process on 127.0.0.1, for the tests, the cluster harness and the
+cluster bench: a fresh cluster made with ``initdb``, password-authenticated (SCRAM), ready once the server
+says so, restarted or killed by its owner, and removed when it stops.
+
+The server binaries come from the machine (Debian's ``postgresql`` package puts them under
+``/usr/lib/postgresql/<version>/bin``; ``make test`` installs it where it is missing). PostgreSQL refuses
+to run as root, so as root the server runs as the ``postgres`` user that package creates, in a directory
+of its own under the system's temporary directory (a pytest directory is private to root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stratalog.errors import StratalogError
+
+#: Where Debian's packages put each major version's server binaries.
+DEBIAN_BIN_GLOB = "/usr/lib/postgresql/*/bin"
+#: The user the server runs as when this process is root (Debian's package creates it).
+SERVER_USER = "postgres"
+#: The role and database the server is made with.
+ROLE = "stratalog"
+DATABASE = "stratalog"
+#: How long initdb and a start may take on a loaded machine.
+START_TIMEOUT_S = 60.0
+#: The server's log line once it accepts connections.
+READY_LINE = "database system is ready to accept connections"
+
+
+class PostgresUnavailableError(StratalogError):
+    """No PostgreSQL server binaries on this machine, or the server would not start."""
+
+
+def find_bin_dir() -> Path:
+    """The newest PostgreSQL server's binary directory: ``pg_config --bindir`` if it has ``postgres``,
+    else Debian's newest ``/usr/lib/postgresql/<version>/bin``."""
+    candidates = sorted(Path("/").glob(DEBIAN_BIN_GLOB.lstrip("/")),
+                        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            bindir = Path(subprocess.run([pg_config, "--bindir"], check=True, capture_output=True,
+                                         text=True).stdout.strip())
+            candidates.append(bindir)
+    for directory in reversed(candidates):
+        if (directory / "postgres").is_file() and (directory / "initdb").is_file():
+            return directory
+    raise PostgresUnavailableError(
+        "no PostgreSQL server found (looked for initdb and postgres in pg_config --bindir and "
+        f"{DEBIAN_BIN_GLOB}): install Debian's postgresql package (make test does, as root)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class PostgresServer:
+    """One PostgreSQL cluster and (while it runs) its server process."""
+
+    bin_dir: Path
+    root: Path
+    port: int
+    password: str
+    run_as: str | None
+    process: subprocess.Popen[str] | None = None
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def dsn(self) -> str:
+        """A libpq connection URI for the stratalog role and database."""
+        return f"postgresql://{ROLE}:{self.password}@127.0.0.1:{self.port}/{DATABASE}"
+
+    def _command(self, *argv: str) -> list[str]:
+        # setpriv execs the command itself (runuser forks it), so a kill of this process is a kill of
+        # the server.
+        if not self.run_as:
+            return list(argv)
+        return ["setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--init-groups", "--", *argv]
+
+    def init(self) -> None:
+        password_file = self.root / "password"
+        password_file.write_text(self.password + "\n")
+        self._own(password_file)
+        result = subprocess.run(
+            self._command(str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", ROLE, "-E", "UTF8",
+                          "--auth=scram-sha-256", f"--pwfile={password_file}", "--no-instructions"),
+            check=False, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        password_file.unlink()
+        if result.returncode != 0:
+            raise PostgresUnavailableError(f"initdb failed ({result.returncode}): {result.stderr.strip()}")
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections (its own log line says so)."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError("the server is running already")
+        ready = threading.Event()   # this process's own: a killed one's log may still be draining
+        self.process = subprocess.Popen(
+            self._command(str(self.bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
+                          "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
+                          "-c", "logging_collector=off", "-c", "max_connections=200"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        threading.Thread(target=self._pump, args=(self.process, ready), name="stratalog-postgres-log",
+                         daemon=True).start()
+        if not ready.wait(START_TIMEOUT_S) or self.process.poll() is not None:
+            self.kill9()
+            tail = "\n".join(self.log[-20:])
+            raise PostgresUnavailableError(f"PostgreSQL did not become ready on 127.0.0.1:{self.port}:\n{tail}")
+
+    def create_database(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+
+    def _pump(self, process: subprocess.Popen[str], ready: threading.Event) -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            self.log.append(line.rstrip("\n"))
+            if READY_LINE in line:
+                ready.set()
+        process.stderr.close()
+        ready.set()   # it ended: nobody waits for a line that will not come
+
+    def stop(self) -> None:
+        """A fast shutdown (SIGINT: open transactions roll back, everything committed is on disk)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=START_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        self.process = None
+
+    def kill9(self) -> None:
+        """SIGKILL the server and its children (a crash: what was committed survives, by its own WAL)."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=START_TIMEOUT_S)
+        self.process = None
+        # Its children (backends) died with the group; the postmaster.pid it left is stale and the next
+        # start removes it.
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _own(self, path: Path) -> None:
+        if self.run_as:
+            entry = pwd.getpwnam(self.run_as)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+@contextlib.contextmanager
+def running_postgres() -> Iterator[PostgresServer]:
+    """A fresh PostgreSQL server on 127.0.0.1 with role and database ``stratalog``; stopped and removed
+    when the block ends."""
+    bin_dir = find_bin_dir()
+    run_as = None
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(SERVER_USER)
+        except KeyError:
+            raise PostgresUnavailableError(f"PostgreSQL will not run as root and there is no {SERVER_USER!r} "
+                                           "user to run it as (Debian's postgresql package creates one)") from None
+        run_as = SERVER_USER
+    root = Path(tempfile.mkdtemp(prefix="stratalog-postgres-"))
+    server = PostgresServer(bin_dir, root, _free_port(), secrets.token_urlsafe(18), run_as)
+    try:
+        server._own(root)
+        server.init()
+        server.start()
+        server.create_database()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,151 @@
+"""The stream store with its metadata in PostgreSQL, a real server the tests start on 127.0.0.1: the same
+behaviour as SQLite's (streams, uploads, trims, deletes, recovery after a crash), a commit whose answer
+was lost is not applied twice, and a database restart in the middle of an upload loses nothing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from enginekit import MemoryStore, abandon, small_store_config
+from stratalog.chaos.postgres import PostgresServer, running_postgres
+from stratalog.engine import StreamStore
+from stratalog.engine.metadata import Metadata, NewObject
+from stratalog.engine.metadata_backends import MetadataUnavailableError, postgres_schema
+from stratalog.engine.objformat import BlockEntry
+from waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def database(postgres: PostgresServer) -> Iterator[str]:
+    """A database of its own for one test, dropped after it."""
+    name = f"t{threading.get_ident() % 10**9}_{id(object())}"
+    admin = postgres.dsn.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def metadata(request: pytest.FixtureRequest) -> str | None:
+    """Where a store's metadata lives: None (the data directory's SQLite file) or a PostgreSQL URI."""
+    if request.param == "sqlite":
+        return None
+    uri: str = request.getfixturevalue("database")
+    return uri
+
+
+def _open(path: Path, objects: MemoryStore, metadata: str | None, **overrides: object) -> StreamStore:
+    return StreamStore.open(path, objects, small_store_config(**overrides), metadata=metadata)
+
+
+def test_schema_in_postgres_words() -> None:
+    schema = postgres_schema("CREATE TABLE t (a INTEGER PRIMARY KEY, b INTEGER NOT NULL) WITHOUT ROWID;")
+    assert schema == "CREATE TABLE t (a BIGINT PRIMARY KEY, b BIGINT NOT NULL);"
+
+
+def test_streams_uploads_trims_and_deletes_read_back_the_same(tmp_path: Path, metadata: str | None) -> None:
+    objects = MemoryStore()
+    with _open(tmp_path, objects, metadata) as store:
+        orders = store.create_stream("orders", retention_ms=86_400_000)
+        clicks = store.create_stream("clicks")
+        store.create_streams(["a", "b"])
+        with pytest.raises(ValueError, match="exists already"):
+            store.create_stream("orders")
+        with pytest.raises(ValueError, match="exists already"):
+            store.create_streams(["c", "orders"])
+        for i in range(30):
+            orders.append([f"o{i}".encode()]).result()
+            clicks.append([f"c{i}".encode()]).result()
+        store.flush()
+        orders.trim(10)
+        store.flush()
+        store.delete_stream(clicks)
+        assert [s.name for s in store.streams()] == ["orders", "a", "b"]
+    with _open(tmp_path, objects, metadata) as store:
+        orders = store.open_stream("orders")
+        assert [r.value for r in orders.fetch(10)] == [f"o{i}".encode() for i in range(10, 30)]
+        assert [s.name for s in store.streams()] == ["orders", "a", "b"]
+        assert store.create_stream("d").stream_id == 5
+
+
+def test_recovery_after_a_crash_replays_what_metadata_does_not_hold(tmp_path: Path, metadata: str | None) -> None:
+    objects = MemoryStore()
+    store = _open(tmp_path, objects, metadata)
+    s = store.create_stream("s")
+    for i in range(20):
+        s.append([f"{i}".encode()]).result()
+    store.flush()                        # 0..19 in objects and committed
+    for i in range(20, 35):
+        s.append([f"{i}".encode()]).result()
+    abandon(store)                       # 20..34 only in the WAL
+    with _open(tmp_path, objects, metadata) as store:
+        assert [r.value for r in store.open_stream("s").fetch(0)] == [f"{i}".encode() for i in range(35)]
+
+
+def test_a_commit_retried_after_its_answer_was_lost_is_applied_once(database: str) -> None:
+    meta = Metadata(database)
+    try:
+        stream = meta.create_stream("s")
+        block = BlockEntry(stream.stream_id, 0, 5, 0, 100, 5, 1, 7)
+        obj = NewObject(meta.allocate_object_id(), "data/x", 100, [block])
+        seq = meta.commit_objects([obj])
+        assert meta.commit_objects([obj]) == seq                 # the retry finds it in and changes nothing
+        assert meta.stream(stream.stream_id).committed_end_offset == 5
+        assert len(meta.ranges(stream.stream_id, 0)) == 1
+    finally:
+        meta.close()
+
+
+def test_a_database_restart_during_an_upload_loses_nothing(tmp_path: Path, postgres: PostgresServer,
+                                                           database: str, caplog: pytest.LogCaptureFixture) -> None:
+    objects = MemoryStore()
+    # Enough attempts, backing off, to outlast a restart.
+    config = {"upload_attempts_max": 12, "upload_backoff_s": 0.05}
+    with _open(tmp_path, objects, database, **config) as store:
+        s = store.create_stream("s")
+        for i in range(50):
+            s.append([f"{i}".encode()]).result()
+        postgres.stop()
+        flushed = threading.Event()
+        failure: list[BaseException] = []
+
+        def flush() -> None:
+            try:
+                store.flush()
+            except BaseException as e:   # reported below
+                failure.append(e)
+            flushed.set()
+
+        caplog.set_level(logging.WARNING, logger="stratalog")
+        flusher = threading.Thread(target=flush)
+        flusher.start()
+        wait_until(lambda: "failed (attempt" in caplog.text, "an upload step failing on the stopped database")
+        assert not flushed.is_set(), "nothing is committed while the database is down"
+        postgres.start()
+        flusher.join(timeout=120)
+        assert flushed.is_set() and not failure, failure
+        s.append([b"after"]).result()
+    with _open(tmp_path, objects, database, **config) as store:
+        values = [r.value for r in store.open_stream("s").fetch(0)]
+        assert values == [f"{i}".encode() for i in range(50)] + [b"after"]
+
+
+def test_an_unreachable_database_is_a_clear_error_and_frees_the_directory(tmp_path: Path) -> None:
+    with pytest.raises(MetadataUnavailableError, match="cannot reach the metadata database"):
+        StreamStore.open(tmp_path, MemoryStore(), small_store_config(),
+                         metadata="postgresql://nobody:x@127.0.0.1:9/none?connect_timeout=2")
+    StreamStore.open(tmp_path, MemoryStore(), small_store_config()).close()   # the lock was let go
