@@ -11,7 +11,7 @@ import stratalog
 
 #: Lowest first. Packages in one layer may not import each other, except as PEERS says.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "invariant", "records"}),     # shared types, no I/O
+    frozenset({"errors", "invariant", "records", "caching"}),   # shared types and helpers, no I/O
     frozenset({"io"}),                                 # devices and libc: the only pread/pwrite/fdatasync
     frozenset({"wal", "objects"}),                     # the write-ahead log; object storage
     frozenset({"kafka"}),                              # Kafka's wire and record-batch formats, sans-I/O
