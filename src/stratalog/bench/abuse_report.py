@@ -1,5 +1,5 @@
 """`stratalog bench abuse`'s targets and its Markdown tables, computed from the run's JSON only, so a table in
-BENCHMARKS.md cannot say anything the run did not measure (`stratalog bench abuse --report`)."""
+BENCHMARKS.md cannot say anything the run did not measure (`stratalog bench abuse --markdown-from JSON`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`stratalog bench kafka`'s targets and its Markdown report, both computed from the run's JSON only, so a
-table in BENCHMARKS.md cannot say anything the run did not measure (`stratalog bench kafka --report`)."""
+table in BENCHMARKS.md cannot say anything the run did not measure (`stratalog bench kafka --markdown-from JSON`)."""
 
 from __future__ import annotations
 

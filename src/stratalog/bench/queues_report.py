@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stratalog.bench.common import MIB_BYTES
-from stratalog.bench.tables import FigureTable, Verdict, provenance, targets_table
+from stratalog.bench.tables import FigureTable, Verdict, provenance_lines, targets_table
 
 #: The 2018 Tianchi million-queue race's bars, as the issue sets them for 2 cores, at 1 M queues x 100 M.
 SEND_PUT_PER_S_MIN = 1_100_000
@@ -147,22 +147,13 @@ def targets(docs: Sequence[dict[str, Any]]) -> list[tuple[str, str, bool | None]
     return out
 
 
-def tables(docs: Sequence[dict[str, Any]]) -> list[FigureTable]:
-    out = [results_table(docs)]
-    if any(doc["ratios"] for doc in docs):
-        out.append(ratios_table(docs))
-    for made in (disk_table(docs), recovery_table(docs)):
-        if made.rows:
-            out.append(made)
-    return out
-
-
 def markdown_report(docs: Sequence[dict[str, Any]]) -> str:
-    """Every run's provenance, then the tables over all runs, then the targets."""
-    lines = [f"- {provenance(doc)}" for doc in docs]
+    """Every run's provenance, then the tables over all runs, then the targets (the ratios to the peers
+    among them)."""
     found = targets(docs)
-    every = [*tables(docs), *([targets_table(found)] if found else [])]
-    return "\n".join([*lines, "", *(t.markdown() for t in every)])
+    every = [results_table(docs), disk_table(docs), recovery_table(docs),
+             *([targets_table(found)] if found else [])]
+    return "\n".join([*provenance_lines(docs), "", *(t.markdown() for t in every if t.rows)])
 
 
 def plot_rates(docs: Sequence[dict[str, Any]], path: Path) -> None:

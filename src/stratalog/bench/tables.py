@@ -80,28 +80,40 @@ def targets_table(rows: Sequence[tuple[str, str, bool | None]]) -> FigureTable:
     return out
 
 
-def provenance(doc: dict[str, Any]) -> str:
-    """One Markdown line: when and on which code the figures were measured, by which command, on what
-    machine, and how much else ran meanwhile (every figure is a ratio against a reference measured in
-    the same run for that reason)."""
-    date = str(doc.get("date") or "date not recorded").replace("T", " ").replace("+00:00", " UTC")
+def provenance(doc: dict[str, Any], machine: bool = True) -> str:
+    """One Markdown sentence: when and on which code the figures were measured, by which command, on what
+    machine (unless ``machine`` is false), and how much else ran meanwhile (every figure is a ratio against
+    a reference measured in the same run for that reason)."""
     commit = doc.get("commit")
-    command = doc.get("command")
-    parts = [f"Measured {date}", f"at commit {commit}" if commit else "commit not recorded"]
-    line = ", ".join(parts)
-    if command:
-        line += f", by `{command}`"
+    date = doc.get("date")
+    # ISO 8601 in UTC, as write_json stamps it: to the minute is enough here.
+    line = f"Measured {date[:16].replace('T', ' ')} UTC" if date else "Measured on a date not recorded"
+    line += f" at commit {commit}" if commit else " (commit not recorded)"
+    if doc.get("command"):
+        line += f" by `{doc['command']}`"
     m = doc.get("machine")
-    if m:
-        line += (f". Machine: {m['cpus']} x {m['cpu_model']}, {m['memory_mib'] / MIB_PER_GIB:,.0f} GiB, "
-                 f"Linux {m['kernel']}, Python {m['python']}, {m['filesystem']} on {m['disk_device']}")
+    if m and machine:
+        line += f" on {machine_text(m)}"
     other = doc.get("other_activity")
     if other:
-        line += f". Meanwhile other processes used {other['other_cpu_s']:,.1f} CPU-s"
+        line += f"; meanwhile other processes used {other['other_cpu_s']:,.0f} CPU-s"
         if "other_disk_write_mib" in other:
             line += f" and wrote {other['other_disk_write_mib']:,.0f} MiB to the disk"
-        line += f", and the hypervisor stole {other['steal_cpu_s']:,.1f} CPU-s"
     return line + "."
+
+
+def machine_text(m: dict[str, Any]) -> str:
+    """2 x AMD EPYC, 24 GiB, ext4 on /dev/vda."""
+    return (f"{m['cpus']} x {m['cpu_model']}, {m['memory_mib'] / MIB_PER_GIB:,.0f} GiB, {m['filesystem']} on "
+            f"{m['disk_device']}")
+
+
+def provenance_lines(docs: Sequence[dict[str, Any]]) -> list[str]:
+    """Several runs' provenance as a list; the machine said once when every run had the same."""
+    machines = {machine_text(d["machine"]) for d in docs if d.get("machine")}
+    if len(machines) != 1:
+        return [f"- {provenance(d)}" for d in docs]
+    return [f"- {provenance(d, machine=False)}" for d in docs] + ["", f"All on {machines.pop()}."]
 
 
 def report(doc: dict[str, Any], tables: Sequence[FigureTable]) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from stratalog.bench.common import write_json
-from stratalog.bench.tables import markdown_table, provenance
+from stratalog.bench.tables import markdown_table, provenance_lines
 from stratalog.commands.bench_log import bench_dir, make_console, print_machine, progress_bar, table, verdict
 
 RECORDS_DEFAULT = 2_000_000
@@ -122,7 +122,7 @@ def markdown(docs: list[dict[str, Any]]) -> str:
                           f"{m['files']} files, {m['bytes'] / 1e6:,.0f} MB in {m['seconds']:.1f} s",
                           f"{lat['p50_ms']:.0f} / {lat['p99_ms']:.0f} / {lat['max_ms']:.0f} ms "
                           f"({lat['seen']:,} records)"])
-    return "\n".join([*(f"- {provenance(doc)}" for doc in docs), "",
+    return "\n".join([*provenance_lines(docs), "",
                       *markdown_table(("records", "value", "step", "seconds", "rows/s", "Parquet rows/s", "ratio",
                                        "target"), steps, left=("step", "target")),
                       *markdown_table(("records", "value", "materialize",
