@@ -13,10 +13,12 @@ import stratalog
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "invariant", "records", "caching"}),   # shared types and helpers, no I/O
     frozenset({"io"}),                                 # devices and libc: the only pread/pwrite/fdatasync
-    frozenset({"wal", "objects"}),                     # the write-ahead log; object storage
+    frozenset({"objects"}),                            # object storage: a local directory, any S3 API
+    frozenset({"wal"}),                                # the write-ahead logs: on a device, in objects
     frozenset({"kafka"}),                              # Kafka's wire and record-batch formats, sans-I/O
     frozenset({"datadir"}),                            # a store's directory: lock and object store
     frozenset({"engine"}),                             # StreamStore
+    frozenset({"cluster"}),                            # leases and holders in PostgreSQL
     frozenset({"queues", "broker"}),                   # QueueStore; the Kafka-compatible broker
     frozenset({"spark"}),                              # the data source and its jobs
     frozenset({"chaos", "bench", "commands", "cli", "__init__"}),   # tools on top of it all

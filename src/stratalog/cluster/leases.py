@@ -1,0 +1,263 @@
+"""Brokers' leases and who holds what, in PostgreSQL: the cluster's one source of truth, no consensus of
+its own.
+
+Every broker *joins* with an id; each join is a new *incarnation* (its epoch goes up by one), and holds
+a lease that it renews well before it runs out. Time is the database's (``clock_timestamp()``), so the
+brokers' clocks need not agree. A broker whose renewal finds its lease gone (it paused longer than the
+lease, or the database was out of reach that long) is *fenced*: it must stop serving and join again.
+
+Each partition and each group's coordination is held by one broker incarnation, with a *leader epoch*
+that goes up at every change of holder (Kafka's leader epoch). Any broker may *reconcile*: read the live
+brokers and the holders, plan (assignment.py) and apply the moves, in one transaction. Every change here,
+and every metadata commit a broker makes for a stream it leads (``check_holds``), runs under the same
+transaction-scoped writer lock as the stream store's metadata (metadata_backends.py), so a check and the
+commit it guards cannot be split by a takeover: a broker that lost a partition can no longer commit
+anything for it, even if it still runs.
+
+Tables (PostgreSQL; created if missing)::
+
+    cluster_brokers  broker_id, epoch, host, port, lease_expires_ms, left_clean
+    cluster_leaders  kind, name, broker_id, broker_epoch, leader_epoch, handing_to_id, handing_to_epoch
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from stratalog.cluster.assignment import Holder, Kind, Move, MoveType, Resource, plan
+from stratalog.engine.metadata_backends import Backend, PostgresBackend
+from stratalog.errors import StratalogError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cluster_brokers (
+    broker_id INTEGER PRIMARY KEY,
+    epoch INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    lease_expires_ms INTEGER NOT NULL,
+    left_clean INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS cluster_leaders (
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    broker_id INTEGER,
+    broker_epoch INTEGER,
+    leader_epoch INTEGER NOT NULL,
+    handing_to_id INTEGER,
+    handing_to_epoch INTEGER,
+    PRIMARY KEY (kind, name)
+);
+"""
+#: The database's clock in milliseconds: leases are measured on one clock, whatever the brokers' say.
+NOW_MS = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
+
+class ClusterError(StratalogError):
+    """Base of the cluster's errors."""
+
+
+class BrokerIdTakenError(ClusterError):
+    """Another live broker holds this broker id's lease."""
+
+
+class LeaseLostError(ClusterError):
+    """This broker's lease ran out (or a newer incarnation joined with its id): it is fenced and must
+    stop serving, then join again."""
+
+
+class NotHolderError(ClusterError):
+    """This broker does not hold (all of) the resources a change was for: another broker leads them now."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    broker_id: int
+    epoch: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Who holds a resource, at which leader epoch, and whom it is being handed to (if anyone)."""
+
+    resource: Resource
+    holder: Holder | None
+    leader_epoch: int
+    handing_to: Holder | None
+
+
+class Cluster:
+    """One broker's view of the cluster tables: its own lease, and the holders of every resource.
+    Thread-safe: one connection behind a lock."""
+
+    def __init__(self, database_uri: str, broker_id: int, lease_ms: int) -> None:
+        if broker_id < 0:
+            raise ValueError("broker ids are >= 0")
+        if lease_ms <= 0:
+            raise ValueError("lease_ms must be positive")
+        self._db: Backend = PostgresBackend(database_uri, SCHEMA)
+        self._lock = threading.Lock()
+        self.broker_id = broker_id
+        self.lease_ms = lease_ms
+        self.epoch = 0          # 0: not joined
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Backend]:
+        with self._lock:
+            self._db.begin_writer()
+            try:
+                yield self._db
+            except BaseException:
+                self._db.rollback()
+                raise
+            self._db.commit()
+
+    # This broker's lease --------------------------------------------------------------------------
+
+    def join(self, host: str, port: int) -> int:
+        """Register as a new incarnation of this broker id and take a lease; returns the epoch."""
+        with self._tx() as db:
+            row = db.execute(f"SELECT epoch, host, port, lease_expires_ms > {NOW_MS} FROM cluster_brokers "
+                             "WHERE broker_id = ?", (self.broker_id,)).fetchone()
+            if row is not None and row[3]:
+                raise BrokerIdTakenError(f"broker id {self.broker_id} is live at {row[1]}:{row[2]}; stop that "
+                                         "broker or give this one another id")
+            epoch = 1 if row is None else int(row[0]) + 1
+            db.execute(f"INSERT INTO cluster_brokers VALUES (?, ?, ?, ?, {NOW_MS} + ?, 0) "
+                       "ON CONFLICT (broker_id) DO UPDATE SET epoch = excluded.epoch, host = excluded.host, "
+                       "port = excluded.port, lease_expires_ms = excluded.lease_expires_ms, left_clean = 0",
+                       (self.broker_id, epoch, host, port, self.lease_ms))
+        self.epoch = epoch
+        return epoch
+
+    def renew(self) -> None:
+        """Extend the lease by ``lease_ms`` from now; LeaseLostError if it had run out already."""
+        with self._tx() as db:
+            renewed = db.execute(f"UPDATE cluster_brokers SET lease_expires_ms = {NOW_MS} + ? WHERE broker_id = ? "
+                                 f"AND epoch = ? AND lease_expires_ms > {NOW_MS}",
+                                 (self.lease_ms, self.broker_id, self.epoch)).rowcount
+        if renewed != 1:
+            raise LeaseLostError(f"broker {self.broker_id} (epoch {self.epoch}) lost its lease: it must stop "
+                                 "serving and join again")
+
+    def leave(self, clean: bool) -> None:
+        """End the lease now, so others take over at once. ``clean``: everything this broker acknowledged
+        is in objects and committed (its write-ahead log needs no replay)."""
+        with self._tx() as db:
+            db.execute("UPDATE cluster_brokers SET lease_expires_ms = 0, left_clean = ? WHERE broker_id = ? "
+                       "AND epoch = ?", (int(clean), self.broker_id, self.epoch))
+
+    def live(self) -> dict[int, BrokerInfo]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT broker_id, epoch, host, port FROM cluster_brokers "
+                                    f"WHERE lease_expires_ms > {NOW_MS} ORDER BY broker_id").fetchall()
+        return {int(r[0]): BrokerInfo(int(r[0]), int(r[1]), r[2], int(r[3])) for r in rows}
+
+    # Holders ----------------------------------------------------------------------------------------
+
+    def holds(self, kind: Kind | None = None) -> dict[Resource, Hold]:
+        with self._lock:
+            return _holds(self._db, kind)
+
+    def reconcile(self, resources: Iterable[Resource], not_ready: Collection[Resource] = ()) -> list[Move]:
+        """Plan and apply, in one transaction, the moves that make ``resources`` served and balanced
+        across the live brokers (see assignment.py). Takeovers take effect at once (the leader epoch goes
+        up); handoffs are recorded for their holder to carry out (:meth:`release`)."""
+        resources = list(resources)
+        with self._tx() as db:
+            live = {int(r[0]): int(r[1]) for r in db.execute(
+                f"SELECT broker_id, epoch FROM cluster_brokers WHERE lease_expires_ms > {NOW_MS}").fetchall()}
+            holds = _holds(db, None)
+            holders = {r: h.holder for r, h in holds.items() if h.holder is not None}
+            handing = {r: h.handing_to for r, h in holds.items() if h.handing_to is not None}
+            moves = plan(resources, holders, live, not_ready, handing)
+            for move in moves:
+                if move.type is MoveType.TAKEOVER:
+                    db.execute("INSERT INTO cluster_leaders VALUES (?, ?, ?, ?, 1, NULL, NULL) "
+                               "ON CONFLICT (kind, name) DO UPDATE SET broker_id = excluded.broker_id, "
+                               "broker_epoch = excluded.broker_epoch, "
+                               "leader_epoch = cluster_leaders.leader_epoch + 1, "
+                               "handing_to_id = NULL, handing_to_epoch = NULL",
+                               (move.resource.kind.value, move.resource.name, move.to.broker_id,
+                                move.to.broker_epoch))
+                else:
+                    db.execute("UPDATE cluster_leaders SET handing_to_id = ?, handing_to_epoch = ? "
+                               "WHERE kind = ? AND name = ?",
+                               (move.to.broker_id, move.to.broker_epoch, move.resource.kind.value,
+                                move.resource.name))
+        return moves
+
+    def release(self, resource: Resource) -> Hold:
+        """Hand a resource this broker holds to the broker it is being handed to (call once everything
+        this broker acknowledged for it is committed). NotHolderError if it no longer holds it or no
+        handoff is recorded."""
+        with self._tx() as db:
+            self._check_lease(db)
+            changed = db.execute(
+                "UPDATE cluster_leaders SET broker_id = handing_to_id, broker_epoch = handing_to_epoch, "
+                "leader_epoch = leader_epoch + 1, handing_to_id = NULL, handing_to_epoch = NULL "
+                "WHERE kind = ? AND name = ? AND broker_id = ? AND broker_epoch = ? AND handing_to_id IS NOT NULL",
+                (resource.kind.value, resource.name, self.broker_id, self.epoch)).rowcount
+            if changed != 1:
+                raise NotHolderError(f"broker {self.broker_id} has no handoff of {resource.kind.value} "
+                                     f"{resource.name!r} to make")
+            return _holds(db, resource.kind, resource.name)[resource]
+
+    # Fencing ----------------------------------------------------------------------------------------
+
+    def check_holds(self, db: Backend, kind: Kind, names: Sequence[str]) -> None:
+        """Inside another writer transaction on the same database: raise if this incarnation does not
+        hold every one of ``names`` under a live lease (LeaseLostError, NotHolderError). The writer lock
+        that transaction holds keeps a takeover out until it ends."""
+        self._check_lease(db)
+        unique = sorted(set(names))
+        held = 0
+        for i in range(0, len(unique), 500):
+            chunk = unique[i:i + 500]
+            held += int(db.execute(
+                f"SELECT COUNT(*) FROM cluster_leaders WHERE kind = ? AND broker_id = ? AND broker_epoch = ? "
+                f"AND name IN ({','.join('?' * len(chunk))})",
+                (kind.value, self.broker_id, self.epoch, *chunk)).fetchone()[0])
+        if held != len(unique):
+            raise NotHolderError(f"broker {self.broker_id} (epoch {self.epoch}) no longer holds all of "
+                                 f"{len(unique)} {kind.value}s it is committing for")
+
+    def _check_lease(self, db: Backend) -> None:
+        row = db.execute(f"SELECT 1 FROM cluster_brokers WHERE broker_id = ? AND epoch = ? "
+                         f"AND lease_expires_ms > {NOW_MS}", (self.broker_id, self.epoch)).fetchone()
+        if row is None:
+            raise LeaseLostError(f"broker {self.broker_id} (epoch {self.epoch}) has no live lease")
+
+    @contextmanager
+    def fenced(self, kind: Kind, names: Sequence[str]) -> Iterator[Backend]:
+        """A writer transaction that commits only if this broker holds ``names`` throughout it."""
+        with self._tx() as db:
+            self.check_holds(db, kind, names)
+            yield db
+
+
+def _holds(db: Backend, kind: Kind | None, name: str | None = None) -> dict[Resource, Hold]:
+    sql = ("SELECT kind, name, broker_id, broker_epoch, leader_epoch, handing_to_id, handing_to_epoch "
+           "FROM cluster_leaders")
+    params: tuple[str, ...] = ()
+    if kind is not None:
+        sql += " WHERE kind = ?"
+        params = (kind.value,)
+        if name is not None:
+            sql += " AND name = ?"
+            params += (name,)
+    holds = {}
+    for k, n, broker_id, broker_epoch, leader_epoch, to_id, to_epoch in db.execute(sql, params).fetchall():
+        resource = Resource(Kind(k), n)
+        holder = None if broker_id is None else Holder(int(broker_id), int(broker_epoch))
+        handing_to = None if to_id is None else Holder(int(to_id), int(to_epoch))
+        holds[resource] = Hold(resource, holder, int(leader_epoch), handing_to)
+    return holds

@@ -1,0 +1,149 @@
+"""Leases and holders in a real PostgreSQL server (cluster/leases.py): joins, renewals and lost leases on
+the database's clock; takeovers that raise the leader epoch; handoffs carried out by their holder; and the
+fence: a broker that lost a partition can no longer commit for it, even while it still runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from stratalog.chaos.postgres import PostgresServer, running_postgres
+from stratalog.cluster.assignment import Holder, Kind, MoveType, Resource
+from stratalog.cluster.leases import BrokerIdTakenError, Cluster, LeaseLostError, NotHolderError
+from waiting import wait_until
+
+#: Short enough for a test to watch a lease run out; long enough for a loaded machine to renew in time.
+SHORT_LEASE_MS = 400
+LONG_LEASE_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def database(postgres: PostgresServer) -> Iterator[str]:
+    name = f"cluster_{threading.get_ident() % 10**6}_{id(object())}"
+    admin = postgres.dsn.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def brokers() -> Iterator[list[Cluster]]:
+    """The brokers a test makes (with make_broker), closed after it."""
+    made: list[Cluster] = []
+    yield made
+    for cluster in made:
+        cluster.close()
+
+
+def make_broker(made: list[Cluster], database: str, broker_id: int, lease_ms: int = LONG_LEASE_MS) -> Cluster:
+    cluster = Cluster(database, broker_id, lease_ms)
+    made.append(cluster)
+    cluster.join("127.0.0.1", 9000 + broker_id)
+    return cluster
+
+
+def partitions(n: int) -> list[Resource]:
+    return [Resource(Kind.PARTITION, f"t/{p}") for p in range(n)]
+
+
+def test_a_join_is_a_new_incarnation_and_an_id_is_one_brokers(brokers: list[Cluster], database: str) -> None:
+    first = make_broker(brokers, database, 1)
+    assert first.epoch == 1
+    assert set(first.live()) == {1}
+    with pytest.raises(BrokerIdTakenError, match=r"broker id 1 is live at 127\.0\.0\.1:9001"):
+        make_broker(brokers, database, 1)
+    first.leave(clean=True)
+    again = make_broker(brokers, database, 1)
+    assert again.epoch == 2 and first.live()[1].epoch == 2
+
+
+def test_a_lease_not_renewed_runs_out_and_its_broker_is_fenced(brokers: list[Cluster], database: str) -> None:
+    short = make_broker(brokers, database, 1, SHORT_LEASE_MS)
+    other = make_broker(brokers, database, 2)
+    short.renew()
+    wait_until(lambda: 1 not in other.live(), "broker 1's lease to run out on the database's clock")
+    with pytest.raises(LeaseLostError, match="must stop serving and join again"):
+        short.renew()
+
+
+def test_takeovers_raise_the_leader_epoch_and_fence_the_old_holder(brokers: list[Cluster], database: str) -> None:
+    b1 = make_broker(brokers, database, 1, SHORT_LEASE_MS)
+    res = partitions(4)
+    moves = b1.reconcile(res)
+    assert [m.type for m in moves] == [MoveType.TAKEOVER] * 4
+    assert all(h.holder == Holder(1, 1) and h.leader_epoch == 1 for h in b1.holds().values())
+    with b1.fenced(Kind.PARTITION, ["t/0", "t/1"]):
+        pass                                                # it holds them: the fence lets it commit
+    b2 = make_broker(brokers, database, 2)
+    wait_until(lambda: 1 not in b2.live(), "broker 1's lease to run out")
+    moves = b2.reconcile(res)
+    assert {m.resource for m in moves} == set(res) and all(m.to == Holder(2, 1) for m in moves)
+    assert all(h.holder == Holder(2, 1) and h.leader_epoch == 2 for h in b2.holds().values())
+    # Broker 1 still runs (it paused past its lease): its commits for the partitions are refused.
+    with pytest.raises(LeaseLostError), b1.fenced(Kind.PARTITION, ["t/0"]):
+        pass
+    b1.join("127.0.0.1", 9001)                               # a new incarnation holds nothing yet
+    with pytest.raises(NotHolderError, match="no longer holds"), b1.fenced(Kind.PARTITION, ["t/0"]):
+        pass
+
+
+def test_a_fenced_transaction_writes_nothing(brokers: list[Cluster], database: str) -> None:
+    b1 = make_broker(brokers, database, 1)
+    b1.reconcile(partitions(1))
+    with pytest.raises(NotHolderError), b1.fenced(Kind.PARTITION, ["t/0", "t/9"]) as db:
+        db.execute("CREATE TABLE written (x INTEGER)")
+    with psycopg.connect(database) as conn:
+        assert conn.execute("SELECT to_regclass('written')").fetchone() == (None,)
+
+
+def test_a_joining_broker_gets_its_share_by_handoffs_its_holder_makes(brokers: list[Cluster],
+                                                                    database: str) -> None:
+    b1 = make_broker(brokers, database, 1)
+    res = partitions(4)
+    b1.reconcile(res)
+    b2 = make_broker(brokers, database, 2)
+    moves = b2.reconcile(res)
+    assert [m.type for m in moves] == [MoveType.HANDOFF] * 2
+    assert b2.reconcile(res) == [], "a handoff under way is not planned twice"
+    moving = [m.resource for m in moves]
+    with pytest.raises(NotHolderError):
+        b2.release(moving[0])                                # only the holder hands over
+    for resource in moving:
+        hold = b1.release(resource)
+        assert hold.holder == Holder(2, 1) and hold.leader_epoch == 2 and hold.handing_to is None
+    holders = [h.holder for h in b1.holds().values()]
+    assert holders.count(Holder(1, 1)) == 2 and holders.count(Holder(2, 1)) == 2
+    with pytest.raises(NotHolderError):
+        b1.release(moving[0])                                # nothing left to hand over
+
+
+def test_concurrent_reconciles_agree(brokers: list[Cluster], database: str) -> None:
+    members = [make_broker(brokers, database, i) for i in range(3)]
+    res = partitions(30)
+    done = threading.Barrier(3)
+
+    def run(cluster: Cluster) -> None:
+        done.wait()
+        cluster.reconcile(res)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    holds = members[0].holds()
+    assert len(holds) == 30 and all(h.leader_epoch == 1 for h in holds.values()), "each taken over once"
+    per_broker = [sum(1 for h in holds.values() if h.holder is not None and h.holder.broker_id == i)
+                  for i in range(3)]
+    assert per_broker == [10, 10, 10]
