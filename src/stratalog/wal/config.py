@@ -80,3 +80,56 @@ class WALConfig:
         """Largest block the writer can produce: one record of the largest size, aligned."""
         biggest_record = RECORD_HEADER_BYTES + self.record_bytes_max
         return max(self.block_bytes_soft_max, (biggest_record + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectWALConfig:
+    """Every bound of the object WAL (:mod:`stratalog.wal.object_wal`), with the reason for its default."""
+
+    #: Records gather this long after the first one before their object is put. A put to S3 takes tens of
+    #: milliseconds, so 5 ms adds little to an acknowledgement, and it bounds the puts one owner makes (and
+    #: pays for) to about 200 a second however many small records arrive.
+    linger_s: float = 0.005
+    #: ... or until the object holds this many record bytes. 4 MiB: under the S3 store's multipart
+    #: threshold (16 MiB), so an object is always one PutObject, and at 100 MiB/s still 25 puts a second.
+    object_bytes_soft_max: int = 4 << 20
+    #: Puts under way at once. Acknowledgement waits for the slowest of them; with puts of ~40 ms and a
+    #: 5 ms linger, 8 keep one owner's log moving without queueing.
+    puts_in_flight_max: int = 8
+    #: Tries per object put (the first included) before the log stops, with ``put_backoff_s`` before the
+    #: second and doubling after. The S3 client retries throttling and 5xx itself; these cover the rest
+    #: (a local store's transient error), bounded because every later acknowledgement waits on them.
+    put_attempts_max: int = 3
+    put_backoff_s: float = 0.05
+    #: Tries per get or list during recovery and per delete, with the same backoff.
+    read_attempts_max: int = 3
+    #: Largest record body accepted: the device WAL's default, so either WAL takes the engine's batches.
+    record_bytes_max: int = 8 << 20
+    #: Bytes appended but not yet acknowledged. When full, append waits up to ``append_wait_s_max`` for
+    #: puts to finish, then raises OverCapacityError.
+    buffered_bytes_max: int = 64 << 20
+    append_wait_s_max: float = 30.0
+    #: Objects read ahead during recovery, each by its own thread: recovery runs at the store's parallel
+    #: rate, not one round trip per object.
+    recovery_gets_in_flight_max: int = 8
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bound that makes no sense."""
+        if not 0 <= self.linger_s <= 1.0:
+            raise ValueError("linger_s must be within 0..1 s")
+        if self.object_bytes_soft_max < 1:
+            raise ValueError("object_bytes_soft_max must be >= 1")
+        if not 1 <= self.puts_in_flight_max <= 256:
+            raise ValueError("puts_in_flight_max must be within 1..256")
+        if not 1 <= self.put_attempts_max <= 20 or not 1 <= self.read_attempts_max <= 20:
+            raise ValueError("put_attempts_max and read_attempts_max must be within 1..20")
+        if not 0 <= self.put_backoff_s <= 10.0:
+            raise ValueError("put_backoff_s must be within 0..10 s")
+        if not 1 <= self.record_bytes_max <= (1 << 31):
+            raise ValueError("record_bytes_max must be within 1..2 GiB")
+        if self.buffered_bytes_max < self.record_bytes_max + RECORD_HEADER_BYTES:
+            raise ValueError("buffered_bytes_max must hold the largest record")
+        if self.append_wait_s_max < 0:
+            raise ValueError("append_wait_s_max must be >= 0")
+        if not 1 <= self.recovery_gets_in_flight_max <= 256:
+            raise ValueError("recovery_gets_in_flight_max must be within 1..256")
