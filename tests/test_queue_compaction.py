@@ -18,18 +18,6 @@ import numpy as np
 import pytest
 
 from queuekit import one_object_per_round, small_queue_config
-from stratalog.engine.bulkformat import (
-    I64,
-    PAGE_BYTES,
-    U32,
-    CorruptBulkError,
-    build_object,
-    check_pages,
-    decode_footer,
-    decode_index,
-    decode_run,
-    page_crcs,
-)
 from stratalog.errors import StratalogError
 from stratalog.objects.local import SPARES_DIR_NAME, TEMP_PREFIX, LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
@@ -42,6 +30,18 @@ from stratalog.queues.compaction import (
     merge_piece,
     plan_merge,
     tier_merge_start,
+)
+from stratalog.queues.format import (
+    I64,
+    PAGE_BYTES,
+    U32,
+    CorruptBulkError,
+    build_object,
+    check_pages,
+    decode_footer,
+    decode_index,
+    decode_run,
+    page_crcs,
 )
 from stratalog.queues.merge_worker import (
     MergeAnswer,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stratalog.chaos import fuzz_engine, fuzz_queues
-from stratalog.engine.bulkformat import (
+from stratalog.queues.format import (
     OBJECT_FOOTER_BYTES,
     PAGE_BYTES,
     CorruptBulkError,
@@ -248,14 +248,14 @@ def test_bulk_record_round_trip_and_bad_lengths() -> None:
 
 
 def test_run_messages_keeps_its_caches_bounded_whatever_the_sizes() -> None:
-    from stratalog.engine import bulkformat
+    from stratalog.queues import format as queue_format
 
     for size in range(1, 400):
         messages = [bytes([size % 251]) * size] * 700
         assert run_messages(_run(messages), 700, 0, 700) == messages
-        fields = sum(n for _, n in bulkformat._fixed_structs)
-        assert fields == bulkformat._fixed_fields[0] <= bulkformat._FIXED_FIELDS_MAX
-        assert len(bulkformat._multiples_of) <= bulkformat._MULTIPLES_SIZES_MAX
+        fields = sum(n for _, n in queue_format._fixed_structs)
+        assert fields == queue_format._fixed_fields[0] <= queue_format._FIXED_FIELDS_MAX
+        assert len(queue_format._multiples_of) <= queue_format._MULTIPLES_SIZES_MAX
 
 
 def test_fuzz_finding_a_bulk_record_name_that_is_not_utf8_is_corrupt() -> None:

@@ -10,10 +10,10 @@ import pytest
 
 from queuekit import small_queue_config
 from stratalog.chaos import fuzz_queues
-from stratalog.engine.bulkformat import CorruptBulkError
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
+from stratalog.queues.format import CorruptBulkError
 from stratalog.queues.manifest import (
     QUEUE_MANIFEST_KEY,
     QueueManifest,

@@ -22,7 +22,6 @@ import stratalog
 from queuekit import one_object_per_round, small_queue_config
 from stratalog.bench.queues import QueueBenchPlan, run_system
 from stratalog.commands.bench_queues import queues as bench_queues_command
-from stratalog.engine.bulkformat import CorruptBulkError
 from stratalog.engine.store import StoreClosedError
 from stratalog.io import libc
 from stratalog.objects.uri import LOCAL_DIR_NAME
@@ -34,6 +33,7 @@ from stratalog.queues import (
     QueueStore,
 )
 from stratalog.queues import store as queue_store
+from stratalog.queues.format import CorruptBulkError
 from stratalog.queues.merge_worker import MergeAnswer, MergeJob
 from stratalog.queues.objects import QUEUE_PREFIX
 

@@ -14,10 +14,10 @@ import pytest
 from pyspark.sql.datasource import EqualTo, In, IsNotNull, LessThan
 
 from queuekit import small_queue_config
-from stratalog.engine.bulkformat import U32, CorruptBulkError
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
+from stratalog.queues.format import U32, CorruptBulkError
 from stratalog.queues.manifest import QueueManifest, QueueObjectRef
 from stratalog.spark.columns import ARROW_SCHEMA
 from stratalog.spark.plan import OffsetRange, UnknownStreamsError

@@ -11,7 +11,7 @@ CorruptObjectError or CorruptBatchError.
 ``engine_manifest``: ``manifest.read_manifest`` over a snapshot and deltas (JSON documents from the
 input); ManifestError, and the manifest it returns holds only well-typed streams and blocks.
 
-``bulk_record``: ``bulkformat.decode_bulk`` (the queue store's WAL record); CorruptBulkError, message
+``bulk_record``: ``queues.format.decode_bulk`` (the queue store's WAL record); CorruptBulkError, message
 ends that rise to the data's end; round trip through ``encode_bulk``.
 """
 
@@ -24,10 +24,10 @@ import numpy as np
 
 from stratalog.chaos.fuzz_targets import FuzzTarget, Reader, check, put
 from stratalog.engine import batch as eb
-from stratalog.engine import bulkformat as bf
 from stratalog.engine import objformat as of
 from stratalog.engine.manifest import MANIFEST_PREFIX, ManifestError, read_manifest
 from stratalog.objects.store import ObjectInfo, ObjectNotFoundError
+from stratalog.queues import format as bf
 from stratalog.wal.format import crc32c
 
 RESEAL = 0x01
@@ -269,6 +269,6 @@ TARGETS = (
                check_object, (of.CorruptObjectError, eb.CorruptBatchError), object_seeds),
     FuzzTarget("engine_manifest", "manifest.read_manifest over a fuzzed snapshot and deltas", check_manifest,
                (ManifestError,), manifest_seeds),
-    FuzzTarget("bulk_record", "bulkformat.decode_bulk (the queue store's WAL record); round trip", check_bulk,
+    FuzzTarget("bulk_record", "queues.format.decode_bulk (the queue store's WAL record); round trip", check_bulk,
                (bf.CorruptBulkError,), bulk_seeds),
 )

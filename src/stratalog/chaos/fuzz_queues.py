@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from stratalog.chaos.fuzz_targets import FuzzTarget, Reader, check
-from stratalog.engine import bulkformat as bf
+from stratalog.queues import format as bf
 from stratalog.queues.index import RunIndex
 from stratalog.queues.manifest import (
     MANIFEST_CRC,

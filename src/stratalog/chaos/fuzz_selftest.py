@@ -9,7 +9,7 @@ allocates 64 MiB for an input starting with ``B``, far beyond its bound; its see
 from __future__ import annotations
 
 from stratalog.chaos.fuzz_targets import FuzzTarget
-from stratalog.engine.bulkformat import CorruptBulkError
+from stratalog.queues.format import CorruptBulkError
 from stratalog.queues.manifest import QueueManifest, decode_manifest, encode_manifest
 
 PLANTED_PREFIX = b"BUG!"

@@ -11,15 +11,15 @@ from rich.progress import track
 from rich.table import Table
 
 from stratalog.engine.batch import CorruptBatchError, read_batch_info
-from stratalog.engine.bulkformat import OBJECT_FOOTER_BYTES as RUN_FOOTER_BYTES
-from stratalog.engine.bulkformat import OBJECT_VERSION as RUN_OBJECT_VERSION
-from stratalog.engine.bulkformat import PAGE_BYTES as RUN_PAGE_BYTES
-from stratalog.engine.bulkformat import CorruptBulkError, page_crcs
-from stratalog.engine.bulkformat import decode_footer as decode_run_footer
-from stratalog.engine.bulkformat import decode_index as decode_run_index
 from stratalog.engine.metadata import Metadata, RangeRow
 from stratalog.engine.objformat import FOOTER_BYTES, CorruptObjectError, check_block, decode_footer, decode_index
 from stratalog.objects.store import ObjectStore
+from stratalog.queues.format import OBJECT_FOOTER_BYTES as RUN_FOOTER_BYTES
+from stratalog.queues.format import OBJECT_VERSION as RUN_OBJECT_VERSION
+from stratalog.queues.format import PAGE_BYTES as RUN_PAGE_BYTES
+from stratalog.queues.format import CorruptBulkError, page_crcs
+from stratalog.queues.format import decode_footer as decode_run_footer
+from stratalog.queues.format import decode_index as decode_run_index
 from stratalog.wal.inspect import open_read_only, read_headers, read_records
 from stratalog.wal.recovery import RecoveryStats
 

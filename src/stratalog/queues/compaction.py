@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from stratalog.engine.bulkformat import (
+from stratalog.queues.format import (
     I64,
     OBJECT_BYTES_MAX,
     OBJECT_FOOTER_BYTES,

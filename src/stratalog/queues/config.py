@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stratalog.engine.bulkformat import LAY_OUT_SLICE_BYTES, OBJECT_BYTES_MAX
 from stratalog.io.libc import CACHED_READ_BYTES_MAX
+from stratalog.queues.format import LAY_OUT_SLICE_BYTES, OBJECT_BYTES_MAX
 from stratalog.wal.config import WALConfig
 
 #: Longest queue name, in characters (at most 1020 bytes of UTF-8: fits the formats' u16 length).
@@ -65,7 +65,7 @@ class QueueConfig:
     #: ... or once the oldest waiting data is this old.
     upload_interval_s: float = 10.0
     #: An upload lays its object out this many bytes at a time (each slice fresh memory beside the log
-    #: cache; see bulkformat.LAY_OUT_SLICE_BYTES).
+    #: cache; see format.LAY_OUT_SLICE_BYTES).
     upload_slice_bytes: int = LAY_OUT_SLICE_BYTES
     #: Checked runs kept for sequential readers: a consumer reads a whole run (all of a queue's messages
     #: in one object) once and takes its next gets from here. Random reads are not kept.

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stratalog.engine.bulkformat import U32, U32s
 from stratalog.invariant import invariant
+from stratalog.queues.format import U32, U32s
 
 #: Columns (objects) are added in chunks of at least this many, rows (streams) grown by a quarter:
 #: a reallocation copies the matrices, so it must be rare, and spare room costs 8 bytes per cell.

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from stratalog.engine.bulkformat import Ids
+from stratalog.queues.format import Ids
 
 
 @dataclass(slots=True, eq=False)

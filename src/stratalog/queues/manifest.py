@@ -22,9 +22,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stratalog.engine.bulkformat import CorruptBulkError
 from stratalog.errors import StratalogError
 from stratalog.objects.store import ObjectNotFoundError, ObjectStore
+from stratalog.queues.format import CorruptBulkError
 from stratalog.wal.format import crc32c
 
 QUEUE_MANIFEST_KEY = "queue-manifest"

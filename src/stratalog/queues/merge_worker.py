@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 
 import stratalog
-from stratalog.engine.bulkformat import CorruptBulkError, U32s
 from stratalog.io import libc
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStoreError, put_parts
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_piece, plan_merge
+from stratalog.queues.format import CorruptBulkError, U32s
 
 #: How often a store waiting for its worker checks whether it is closing.
 POLL_S = 0.2

@@ -27,8 +27,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from stratalog.engine.bulkformat import I64, Ids
 from stratalog.invariant import invariant
+from stratalog.queues.format import I64, Ids
 
 U64 = np.uint64
 Hashes = npt.NDArray[np.uint64]

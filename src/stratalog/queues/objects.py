@@ -16,7 +16,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from stratalog.engine.bulkformat import (
+from stratalog.io import libc
+from stratalog.io.libc import CACHED_READ_BYTES_MAX
+from stratalog.objects.store import ObjectStore
+from stratalog.queues.format import (
     PAGE_BYTES,
     CorruptBulkError,
     U32s,
@@ -25,9 +28,6 @@ from stratalog.engine.bulkformat import (
     page_span,
     run_messages,
 )
-from stratalog.io import libc
-from stratalog.io.libc import CACHED_READ_BYTES_MAX
-from stratalog.objects.store import ObjectStore
 from stratalog.wal.format import crc32c
 
 #: Every queue object's key starts so (an upload's and a merge's).

@@ -40,24 +40,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
-from stratalog.engine.bulkformat import (
-    I64,
-    NAME_HEAD,
-    OBJECT_FOOTER_BYTES,
-    STREAM_MESSAGES_MAX,
-    U32,
-    BulkRecord,
-    CorruptBulkError,
-    Ids,
-    ObjectParts,
-    U32s,
-    decode_bulk,
-    decode_footer,
-    decode_index,
-    encode_bulk,
-    lay_out_object,
-    run_messages,
-)
 from stratalog.engine.metadata import Metadata, NewObject
 from stratalog.engine.store import StoreClosedError, StoreFailedError
 from stratalog.engine.upkeep import delete_orphans, with_retries
@@ -82,6 +64,24 @@ from stratalog.queues.errors import (
     PutBackpressureError,
     QueueError,
     check_name,
+)
+from stratalog.queues.format import (
+    I64,
+    NAME_HEAD,
+    OBJECT_FOOTER_BYTES,
+    STREAM_MESSAGES_MAX,
+    U32,
+    BulkRecord,
+    CorruptBulkError,
+    Ids,
+    ObjectParts,
+    U32s,
+    decode_bulk,
+    decode_footer,
+    decode_index,
+    encode_bulk,
+    lay_out_object,
+    run_messages,
 )
 from stratalog.queues.index import RunIndex, TailIndex
 from stratalog.queues.logcache import CachedRecord, runs_in

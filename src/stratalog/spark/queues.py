@@ -34,7 +34,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from stratalog.engine.bulkformat import (
+from stratalog.errors import StratalogError
+from stratalog.objects.store import ObjectNotFoundError, ObjectStore
+from stratalog.queues.format import (
     I64,
     OBJECT_FOOTER_BYTES,
     PAGE_BYTES,
@@ -48,8 +50,6 @@ from stratalog.engine.bulkformat import (
     page_span,
     u32_at,
 )
-from stratalog.errors import StratalogError
-from stratalog.objects.store import ObjectNotFoundError, ObjectStore
 from stratalog.queues.manifest import QueueManifest, read_queue_manifest
 from stratalog.spark.columns import ARROW_SCHEMA, gather_binary
 from stratalog.spark.plan import BYTES_PER_PARTITION, ROWS_PER_PARTITION, OffsetRange, UnknownStreamsError
