@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
+from enginekit import MemoryStore, small_store_config
 from stratalog.chaos.postgres import PostgresServer, running_postgres
 from stratalog.cluster.assignment import Holder, Kind, MoveType, Resource
 from stratalog.cluster.leases import BrokerIdTakenError, Cluster, LeaseLostError, NotHolderError
+from stratalog.engine import StreamStore
 from waiting import wait_until
 
 #: Short enough for a test to watch a lease run out; long enough for a loaded machine to renew in time.
@@ -147,3 +150,43 @@ def test_concurrent_reconciles_agree(brokers: list[Cluster], database: str) -> N
     per_broker = [sum(1 for h in holds.values() if h.holder is not None and h.holder.broker_id == i)
                   for i in range(3)]
     assert per_broker == [10, 10, 10]
+
+
+def test_a_broker_that_lost_its_partition_commits_nothing_for_it(brokers: list[Cluster], database: str,
+                                                                 tmp_path: Path) -> None:
+    """Two stores over one database and one object store, as two brokers: the first leads t/0 until its
+    lease runs out and the second takes t/0 over; the first, still running, then fails its upload instead
+    of committing, and the second carries on from what was committed."""
+    objects = MemoryStore()
+    config = small_store_config(upload_attempts_max=2)
+    b1 = make_broker(brokers, database, 1, SHORT_LEASE_MS)
+    paused = threading.Event()
+
+    def renew_until_paused() -> None:      # as a broker does, four times per lease
+        while not paused.wait(SHORT_LEASE_MS / 4000):
+            b1.renew()
+
+    renewer = threading.Thread(target=renew_until_paused)
+    renewer.start()
+    first = StreamStore.open(tmp_path / "b1", objects, config, metadata=database, fence=b1.stream_fence)
+    stream = first.create_stream("t/0")
+    b1.reconcile(partitions(1))
+    for i in range(10):
+        stream.append([f"{i}".encode()]).result()
+    first.flush()                                              # it holds t/0: committed
+    paused.set()                                               # it pauses: no more renewals
+    renewer.join()
+    b2 = make_broker(brokers, database, 2)
+    wait_until(lambda: 1 not in b2.live(), "broker 1's lease to run out")
+    assert [m.to for m in b2.reconcile(partitions(1))] == [Holder(2, 1)]
+    stream.append([b"from a broker that lost t/0"]).result()  # durable in its own WAL only
+    with pytest.raises(LeaseLostError):
+        first.flush()
+    with pytest.raises(LeaseLostError):
+        first.close()                                          # its last upload is refused too
+    with StreamStore.open(tmp_path / "b2", objects, config, metadata=database, fence=b2.stream_fence) as second:
+        taken = second.open_stream("t/0")
+        assert [r.value for r in taken.fetch(0)] == [f"{i}".encode() for i in range(10)]
+        taken.append([b"10"]).result()
+        second.flush()
+        assert [r.value for r in taken.fetch(0)][-1] == b"10"

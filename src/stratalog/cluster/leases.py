@@ -236,6 +236,18 @@ class Cluster:
         if row is None:
             raise LeaseLostError(f"broker {self.broker_id} (epoch {self.epoch}) has no live lease")
 
+    def stream_fence(self, db: Backend, stream_ids: Sequence[int]) -> None:
+        """The stream store's fence (``StreamStore.open(..., fence=cluster.stream_fence)``): a change of
+        streams' data commits only while this broker holds their partitions (streams ``<topic>/<p>``)."""
+        names: list[str] = []
+        for i in range(0, len(stream_ids), 500):
+            chunk = list(stream_ids[i:i + 500])
+            names += [r[0] for r in db.execute(
+                f"SELECT name FROM streams WHERE stream_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()]
+        if len(names) != len(set(stream_ids)) or any(name is None for name in names):
+            raise NotHolderError(f"streams {list(stream_ids)[:5]} are not all named partitions of this cluster")
+        self.check_holds(db, Kind.PARTITION, names)
+
     @contextmanager
     def fenced(self, kind: Kind, names: Sequence[str]) -> Iterator[Backend]:
         """A writer transaction that commits only if this broker holds ``names`` throughout it."""

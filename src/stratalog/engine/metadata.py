@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS ranges (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ranges_by_object ON ranges (object_id);
 """
+
+
+#: A check run inside a metadata transaction for the streams it changes (see Metadata).
+Fence = Callable[[Backend, Sequence[int]], None]
 
 
 class UnknownStreamError(StratalogError, KeyError):
@@ -120,11 +124,15 @@ class Metadata:
     """The store's metadata. Thread-safe: one connection behind a lock.
 
     ``location``: a SQLite file's path, or a PostgreSQL URI (``postgresql://user:password@host/db``).
-    ``read_only`` (SQLite only): for inspection beside a running store.
+    ``read_only`` (SQLite only): for inspection beside a running store. ``fence``: called inside every
+    transaction that changes streams' data (commits of objects, replacements, trims, deletes) with the
+    ids of the streams it changes; raising aborts the transaction (a broker that no longer leads a
+    stream commits nothing for it: cluster/leases.py).
     """
 
-    def __init__(self, location: Path | str, read_only: bool = False) -> None:
+    def __init__(self, location: Path | str, read_only: bool = False, fence: Fence | None = None) -> None:
         self._lock = threading.RLock()
+        self._fence = fence
         self._db: Backend
         if isinstance(location, str) and is_postgres_uri(location):
             if read_only:
@@ -147,6 +155,10 @@ class Metadata:
                 self._db.rollback()
                 raise
             self._db.commit()
+
+    def _check_fence(self, db: Backend, stream_ids: Sequence[int]) -> None:
+        if self._fence is not None and stream_ids:
+            self._fence(db, sorted(set(stream_ids)))
 
     def _bump_seq(self, db: Backend) -> int:
         db.execute("INSERT INTO meta VALUES ('commit_seq', 1) "
@@ -252,6 +264,7 @@ class Metadata:
         with self._tx() as db:
             if _committed_already(db, objects):
                 return int(db.execute("SELECT value FROM meta WHERE key = 'commit_seq'").fetchone()[0])
+            self._check_fence(db, [b.stream_id for o in objects for b in o.blocks])
             _append_objects(db, objects, now)
             return self._bump_seq(db)
 
@@ -268,6 +281,7 @@ class Metadata:
             old = db.execute(f"SELECT stream_id, start_offset, end_offset FROM ranges WHERE object_id IN ({marks}) "
                              "ORDER BY stream_id, start_offset", tuple(old_object_ids)).fetchall()
             new = sorted((b.stream_id, b.start_offset, b.end_offset) for o in new_objects for b in o.blocks)
+            self._check_fence(db, [row[0] for row in old])
             if _coverage(old) != _coverage(new):
                 raise ValueError("the new objects do not cover exactly the ranges of the old ones")
             db.execute(f"DELETE FROM ranges WHERE object_id IN ({marks})", tuple(old_object_ids))
@@ -298,6 +312,7 @@ class Metadata:
                     return None
                 db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                            (marker_key, marker_value))
+            self._check_fence(db, [b.stream_id for o in objects for b in o.blocks])
             _append_objects(db, objects, now)
             return self._bump_seq(db)
 
@@ -367,6 +382,7 @@ class Metadata:
         """Move a stream's start forward; drop blocks wholly below it; mark objects nothing needs."""
         now = int(time.time() * 1000)
         with self._tx() as db:
+            self._check_fence(db, [stream_id])
             row = db.execute("SELECT start_offset FROM streams WHERE stream_id = ?", (stream_id,)).fetchone()
             if row is None:
                 raise UnknownStreamError(f"no stream {stream_id}")
@@ -386,6 +402,7 @@ class Metadata:
         """Forget a stream and its blocks; mark objects nothing needs any more."""
         now = int(time.time() * 1000)
         with self._tx() as db:
+            self._check_fence(db, [stream_id])
             objects = [r[0] for r in db.execute("SELECT DISTINCT object_id FROM ranges WHERE stream_id = ?",
                                                 (stream_id,)).fetchall()]
             db.execute("DELETE FROM ranges WHERE stream_id = ?", (stream_id,))

@@ -38,7 +38,7 @@ from stratalog.engine.batch import (
 from stratalog.engine.blockcache import BlockCache
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.manifest import ManifestPublisher
-from stratalog.engine.metadata import Metadata, NewObject, RangeRow, StreamMeta, UnknownStreamError
+from stratalog.engine.metadata import Fence, Metadata, NewObject, RangeRow, StreamMeta, UnknownStreamError
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch, placed_batches
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError, release_frames
@@ -276,13 +276,15 @@ class StreamStore:
     """Durable streams on one machine's WAL, with object storage as main storage."""
 
     def __init__(self, data_dir: Path, objects: ObjectStore, config: StoreConfig,
-                 wal_device: Device | None = None, metadata: str | None = None) -> None:
+                 wal_device: Device | None = None, metadata: str | None = None,
+                 fence: Fence | None = None) -> None:
         self._dir = data_dir
         self._config = config
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
         try:
-            self._meta = Metadata(data_dir / "meta.sqlite" if metadata is None else metadata)
+            self._meta = Metadata(data_dir / "meta.sqlite" if metadata is None else metadata, fence=fence)
+            self._shared_objects = fence is not None
         except BaseException:
             unlock_data_dir(self._lock_fd)
             raise
@@ -328,19 +330,23 @@ class StreamStore:
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
              config: StoreConfig | None = None, *, wal_device: Device | None = None,
-             metadata: str | None = None) -> StreamStore:
+             metadata: str | None = None, fence: Fence | None = None) -> StreamStore:
         """Open (or create) the store in ``data_dir``.
 
         ``object_store``: None for a local directory under ``data_dir``, a URI such as
         ``s3://bucket/prefix?endpoint=http://127.0.0.1:8333``, or an ObjectStore. ``wal_device``: the
         WAL on a raw block device (or any Device) instead of the file ``data_dir/wal``; the caller keeps
         ownership and closes it after the store. ``metadata``: None for ``data_dir/meta.sqlite``, or a
-        PostgreSQL URI (``postgresql://user:password@host:port/database``; needs psycopg).
+        PostgreSQL URI (``postgresql://user:password@host:port/database``; needs psycopg). ``fence``: a
+        check every metadata change of a stream's data must pass (a broker of a cluster commits only for
+        the partitions it leads: stratalog.cluster.leases); it also means other writers share the object
+        store, so objects metadata does not know are left alone at open (they may be another broker's
+        upload in flight).
         """
         config = config or StoreConfig()
         config.validate()
         path, objects = prepare_data_dir(data_dir, object_store)
-        return cls(path, objects, config, wal_device, metadata)
+        return cls(path, objects, config, wal_device, metadata, fence)
 
     def _add_state(self, sm: StreamMeta) -> _StreamState:
         st = _StreamState(sm.stream_id, sm.name, sm.start_offset, sm.committed_end_offset,
@@ -972,7 +978,11 @@ class StreamStore:
                     "were dropped", stream_id, st.next_offset, low, high - 1)
 
     def _delete_orphans(self) -> int:
-        """Delete objects an interrupted upload wrote but never committed, and the pieces of cut-off puts."""
+        """Delete objects an interrupted upload wrote but never committed, and the pieces of cut-off puts.
+        Not when other writers share the object store: an object unknown to metadata may be one of theirs,
+        put and not yet committed."""
+        if self._shared_objects:
+            return 0
         return delete_orphans(self._objects, self._meta, DATA_PREFIX)
 
     # Lifecycle -------------------------------------------------------------------------------------
