@@ -47,6 +47,7 @@ from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore
 from stratalog.records import NewRecord, Record
 from stratalog.wal import WriteAheadLog
+from stratalog.wal.protocol import WAL
 
 log = logging.getLogger("stratalog.engine")
 
@@ -277,7 +278,8 @@ class StreamStore:
 
     def __init__(self, data_dir: Path, objects: ObjectStore, config: StoreConfig,
                  wal_device: Device | None = None, metadata: str | None = None,
-                 fence: Fence | None = None) -> None:
+                 fence: Fence | None = None,
+                 wal: WAL | None = None) -> None:
         self._dir = data_dir
         self._config = config
         self._objects = objects
@@ -320,9 +322,13 @@ class StreamStore:
         self._last_retention = time.monotonic()
         for sm in self._meta.streams():
             self._add_state(sm)
-        wal_path = data_dir / "wal" if wal_device is None else wal_device
-        self._wal = WriteAheadLog.open(wal_path, capacity_bytes=config.wal_capacity_bytes, create=True,
-                                       config=config.wal)
+        self._wal: WAL
+        if wal is not None:
+            self._wal = wal
+        else:
+            wal_path = data_dir / "wal" if wal_device is None else wal_device
+            self._wal = WriteAheadLog.open(wal_path, capacity_bytes=config.wal_capacity_bytes, create=True,
+                                           config=config.wal)
         self.recovery = self._recover()
         self._uploader = threading.Thread(target=self._uploader_loop, name="stratalog-uploader", daemon=True)
         self._uploader.start()
@@ -330,7 +336,7 @@ class StreamStore:
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
              config: StoreConfig | None = None, *, wal_device: Device | None = None,
-             metadata: str | None = None, fence: Fence | None = None) -> StreamStore:
+             metadata: str | None = None, fence: Fence | None = None, wal: WAL | None = None) -> StreamStore:
         """Open (or create) the store in ``data_dir``.
 
         ``object_store``: None for a local directory under ``data_dir``, a URI such as
@@ -342,11 +348,17 @@ class StreamStore:
         the partitions it leads: stratalog.cluster.leases); it also means other writers share the object
         store, so objects metadata does not know are left alone at open (they may be another broker's
         upload in flight).
+        ``wal``: a log made by the caller instead of the device WAL, such as an
+        :class:`~stratalog.wal.object_wal.ObjectWAL` (records that outlive the machine); not yet recovered,
+        as the store recovers it, and closes it when it closes. A data directory is recovered by the kind of
+        WAL it was written with: close a store cleanly (which uploads everything) before switching.
         """
+        if wal is not None and wal_device is not None:
+            raise ValueError("pass wal or wal_device, not both")
         config = config or StoreConfig()
         config.validate()
         path, objects = prepare_data_dir(data_dir, object_store)
-        return cls(path, objects, config, wal_device, metadata, fence)
+        return cls(path, objects, config, wal_device, metadata, fence, wal=wal)
 
     def _add_state(self, sm: StreamMeta) -> _StreamState:
         st = _StreamState(sm.stream_id, sm.name, sm.start_offset, sm.committed_end_offset,
