@@ -11,20 +11,19 @@ allow or deny), as in Apache Kafka. The rules are Kafka's:
 - a resource that no ACL names at all is refused, unless ``allow_everyone_if_no_acl_found``.
 
 With the authorizer off (the default for a loopback broker) every request is allowed. ACLs are durable
-in ``broker.sqlite`` and held in memory; decisions are cached per (principal, host, operation, resource)
-until the ACLs change, so a produce pays a dict lookup per topic.
+in the broker's metadata (``broker.sqlite``, or PostgreSQL) and held in memory; decisions are cached per
+(principal, host, operation, resource) until the ACLs change, so a produce pays a dict lookup per topic.
 """
 
 from __future__ import annotations
 
 import enum
-import sqlite3
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from stratalog.broker.metadata_db import open_metadata
+from stratalog.broker.metadata_db import Location, open_metadata
+from stratalog.engine.metadata_backends import Backend, writing
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -197,19 +196,19 @@ class AuthorizerConfig:
 @dataclass(slots=True)
 class Authorizer:
     """The ACLs, durable, and the decisions made from them. Thread-safe for changes; ``allowed`` runs on
-    the event loop."""
+    the event loop. ``location``: ``broker.sqlite``'s path, or a PostgreSQL URI."""
 
-    path: Path
+    location: Location
     config: AuthorizerConfig = field(default_factory=AuthorizerConfig)
     _acls: list[Acl] = field(default_factory=list)
     _decisions: dict[tuple[str, str, Operation, ResourceType, str], bool] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _db: sqlite3.Connection | None = None
+    _db: Backend | None = None
 
     def __post_init__(self) -> None:
-        self._db = open_metadata(self.path, SCHEMA)
+        self._db = open_metadata(self.location, SCHEMA)
         self._acls = [Acl(ResourceType(r[0]), r[1], PatternType(r[2]), r[3], r[4], Operation(r[5]), Permission(r[6]))
-                      for r in self._db.execute("SELECT * FROM acls")]
+                      for r in self._db.execute("SELECT * FROM acls").fetchall()]
 
     def close(self) -> None:
         with self._lock:
@@ -268,8 +267,9 @@ class Authorizer:
             if len(self._acls) + len(fresh) > ACLS_MAX:
                 raise InvalidAclError(f"the broker holds at most {ACLS_MAX} ACLs")
             assert self._db is not None
-            self._db.executemany("INSERT OR IGNORE INTO acls VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 [_row(a) for a in fresh])
+            with writing(self._db):   # all or none: the ACLs held stay those stored
+                self._db.executemany("INSERT INTO acls VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                                     [_row(a) for a in fresh])
             self._acls.extend(fresh)
             self._decisions.clear()
 
@@ -278,9 +278,10 @@ class Authorizer:
         with self._lock:
             doomed = [a for a in self._acls if selected.matches(a)]
             assert self._db is not None
-            self._db.executemany("DELETE FROM acls WHERE resource_type = ? AND resource_name = ? AND pattern_type = ? "
-                                 "AND principal = ? AND host = ? AND operation = ? AND permission = ?",
-                                 [_row(a) for a in doomed])
+            with writing(self._db):
+                self._db.executemany("DELETE FROM acls WHERE resource_type = ? AND resource_name = ? "
+                                     "AND pattern_type = ? AND principal = ? AND host = ? AND operation = ? "
+                                     "AND permission = ?", [_row(a) for a in doomed])
             gone = set(doomed)
             self._acls = [a for a in self._acls if a not in gone]
             self._decisions.clear()

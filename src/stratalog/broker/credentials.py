@@ -1,4 +1,5 @@
-"""Users' SCRAM credentials, salted and hashed, durable in the broker's metadata (``broker.sqlite``).
+"""Users' SCRAM credentials, salted and hashed, durable in the broker's metadata (``broker.sqlite``, or
+PostgreSQL: metadata_db.py).
 
 What is kept of a password is what SCRAM (RFC 5802, RFC 7677) needs and no more: a random salt, the
 iteration count, StoredKey = H(HMAC(SaltedPassword, "Client Key")) and ServerKey = HMAC(SaltedPassword,
@@ -19,20 +20,21 @@ import hmac
 import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
-from stratalog.broker.metadata_db import open_metadata
+from stratalog.broker.metadata_db import Location, open_metadata
 from stratalog.errors import StratalogError
 
+# "user" in quotes: PostgreSQL reserves the word (unquoted it is the session's user); SQLite names the
+# column the same either way.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS scram_credentials (
-    user TEXT NOT NULL,
+    "user" TEXT NOT NULL,
     mechanism TEXT NOT NULL,
     salt BLOB NOT NULL,
     iterations INTEGER NOT NULL,
     stored_key BLOB NOT NULL,
     server_key BLOB NOT NULL,
-    PRIMARY KEY (user, mechanism)
+    PRIMARY KEY ("user", mechanism)
 );
 """
 #: Kafka's bounds on SCRAM iterations: 4096 is RFC 7677's minimum recommendation; 16384 caps the work a
@@ -122,11 +124,13 @@ def password_matches(credential: ScramCredential, password: str) -> bool:
 
 
 class CredentialStore:
-    """The users' credentials. Thread-safe; a change is durable when the call returns."""
+    """The users' credentials. Thread-safe; a change is durable when the call returns.
 
-    def __init__(self, path: Path) -> None:
+    ``location``: ``broker.sqlite``'s path, or a PostgreSQL URI."""
+
+    def __init__(self, location: Location) -> None:
         self._lock = threading.Lock()
-        self._db = open_metadata(path, SCHEMA)
+        self._db = open_metadata(location, SCHEMA)
 
     def close(self) -> None:
         with self._lock:
@@ -135,7 +139,10 @@ class CredentialStore:
     def put(self, user: str, credential: ScramCredential) -> None:
         check_user_name(user)
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO scram_credentials VALUES (?, ?, ?, ?, ?, ?)",
+            self._db.execute("INSERT INTO scram_credentials VALUES (?, ?, ?, ?, ?, ?) "
+                             'ON CONFLICT ("user", mechanism) DO UPDATE SET salt = excluded.salt, '
+                             "iterations = excluded.iterations, stored_key = excluded.stored_key, "
+                             "server_key = excluded.server_key",
                              (user, credential.mechanism.sasl_name, credential.salt, credential.iterations,
                               credential.stored_key, credential.server_key))
 
@@ -143,17 +150,18 @@ class CredentialStore:
         """Remove a user's credential of ``mechanism`` (None: all of them); returns how many went."""
         with self._lock:
             if mechanism is None:
-                cursor = self._db.execute("DELETE FROM scram_credentials WHERE user = ?", (user,))
+                cursor = self._db.execute('DELETE FROM scram_credentials WHERE "user" = ?', (user,))
             else:
-                cursor = self._db.execute("DELETE FROM scram_credentials WHERE user = ? AND mechanism = ?",
+                cursor = self._db.execute('DELETE FROM scram_credentials WHERE "user" = ? AND mechanism = ?',
                                           (user, mechanism.sasl_name))
             return cursor.rowcount
 
     def get(self, user: str, mechanism: ScramMechanism) -> ScramCredential | None:
         with self._lock:
             row = self._db.execute("SELECT salt, iterations, stored_key, server_key FROM scram_credentials "
-                                   "WHERE user = ? AND mechanism = ?", (user, mechanism.sasl_name)).fetchone()
-        return None if row is None else ScramCredential(mechanism, row[0], row[1], row[2], row[3])
+                                   'WHERE "user" = ? AND mechanism = ?', (user, mechanism.sasl_name)).fetchone()
+        return None if row is None else ScramCredential(mechanism, bytes(row[0]), row[1], bytes(row[2]),
+                                                        bytes(row[3]))
 
     def any_of(self, user: str) -> ScramCredential | None:
         """One credential of the user, whichever mechanism (for PLAIN)."""
@@ -166,9 +174,9 @@ class CredentialStore:
     def users(self) -> dict[str, list[tuple[ScramMechanism, int]]]:
         """Every user, with the mechanisms and iteration counts of their credentials."""
         with self._lock:
-            rows = self._db.execute("SELECT user, mechanism, iterations FROM scram_credentials "
-                                    "ORDER BY user, mechanism").fetchall()
+            rows = self._db.execute('SELECT "user", mechanism, iterations FROM scram_credentials').fetchall()
         out: dict[str, list[tuple[ScramMechanism, int]]] = {}
-        for user, mechanism, iterations in rows:
+        # Sorted here, by code point: a PostgreSQL database's collation may order text otherwise.
+        for user, mechanism, iterations in sorted(rows):
             out.setdefault(user, []).append((ScramMechanism.named(mechanism), iterations))
         return out

@@ -1,8 +1,12 @@
-"""Consumer groups' committed offsets, durable in one SQLite file.
+"""Consumer groups' committed offsets, durable in one SQLite file (``offsets.sqlite``) or a PostgreSQL
+database (metadata_db.py).
 
-A commit is one SQLite transaction in WAL mode with ``synchronous=FULL``: the WAL is fsynced before
-``commit`` returns, so an acknowledged commit survives kill -9 and power loss. Every method takes one lock
-(the connection is shared by the broker's event loop and the threads it hands blocking calls to).
+A commit is one transaction, durable before ``commit`` returns: in SQLite, WAL mode with
+``synchronous=FULL`` (the WAL is fsynced at the commit); in PostgreSQL, a synchronous commit. An
+acknowledged commit survives kill -9 and power loss. When PostgreSQL cannot be reached (a restart, a lost
+connection) a call fails with :class:`OffsetsUnavailableError` and stores nothing, so OffsetCommit answers
+a retriable error, never success; the next call reconnects. Every method takes one lock (the connection
+is shared by the broker's event loop and the threads it hands blocking calls to).
 
 Retention follows Kafka's ``offsets.retention.minutes`` with one difference, written down in
 :meth:`CommittedOffsets.expire`: an offset goes once its group has been empty *and* the offset itself has
@@ -21,14 +25,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from stratalog.broker.metadata_db import BROKER_WRITER_LOCK_KEY
+from stratalog.engine.metadata_backends import (
+    Backend,
+    MetadataUnavailableError,
+    PostgresBackend,
+    SqliteBackend,
+    is_postgres_uri,
+    postgres_schema,
+    without_password,
+    writing,
+)
 from stratalog.errors import StratalogError
 
 #: Kafka's OFFSET_METADATA_TOO_LARGE error code: what OffsetCommit answers for a partition whose
 #: metadata string is over the bound.
 OFFSET_METADATA_TOO_LARGE = 12
 
-#: The version of the table layout below, kept in SQLite's ``user_version``.
+#: The version of the table layout below: SQLite's ``user_version`` of the file; in PostgreSQL the row
+#: ``SCHEMA_NAME`` of ``schema_versions``.
 SCHEMA_VERSION = 1
+SCHEMA_NAME = "committed_offsets"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS committed_offsets (
@@ -77,6 +94,12 @@ class OffsetsSchemaError(OffsetsStoreError):
     at another file."""
 
 
+class OffsetsUnavailableError(OffsetsStoreError, MetadataUnavailableError):
+    """The database holding the offsets cannot be reached now (PostgreSQL restarting, the connection
+    lost): the call stored nothing, or stored what a retry stores again. Retry; OffsetCommit answers
+    COORDINATOR_NOT_AVAILABLE, which clients retry."""
+
+
 class OffsetMetadataTooLargeError(OffsetsStoreError, ValueError):
     """A commit carried metadata over ``offset_metadata_bytes_max``. Request handlers check each partition
     with :meth:`CommittedOffsets.metadata_error` first and answer OFFSET_METADATA_TOO_LARGE for it."""
@@ -95,19 +118,6 @@ def metadata_error(metadata: str | None, offset_metadata_bytes_max: int) -> int:
     return OFFSET_METADATA_TOO_LARGE
 
 
-@contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction (IMMEDIATE: it takes the write lock at once, so it cannot fail half way
-    for a lock another process holds); rolled back when its body raises."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
 def _fsync_parent_dir(path: Path) -> None:
     # A new database file's directory entry is not synced by SQLite (only its journals' are): without
     # this, power lost soon after the first commit could leave a WAL with no database beside it.
@@ -119,65 +129,107 @@ def _fsync_parent_dir(path: Path) -> None:
 
 
 class CommittedOffsets:
-    """Committed offsets of every consumer group, keyed by (group, topic, partition)."""
+    """Committed offsets of every consumer group, keyed by (group, topic, partition).
 
-    def __init__(self, path: str | os.PathLike[str], config: OffsetsConfig | None = None) -> None:
+    ``location``: the SQLite file's path, or a PostgreSQL URI (``postgresql://user:password@host/db``).
+    Write transactions take the database's writer lock at once (SQLite's ``BEGIN IMMEDIATE``, a
+    PostgreSQL advisory lock), so none fails half way for a lock another process holds."""
+
+    def __init__(self, location: str | os.PathLike[str], config: OffsetsConfig | None = None) -> None:
         self._config = config or OffsetsConfig()
-        self._path = Path(path)
         self._lock = threading.Lock()
-        created = not self._path.exists()
-        try:
-            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as e:
-            raise OffsetsStoreError(f"cannot open the committed-offsets file {self._path}: {e}") from e
-        try:
-            self._prepare(conn)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn: sqlite3.Connection | None = conn
-        if created:
-            _fsync_parent_dir(self._path)
+        self._path: Path | None = None
+        if isinstance(location, str) and is_postgres_uri(location):
+            self._shown = without_password(location)
+            db = self._open_postgres(location)
+        else:
+            self._path = Path(location)
+            self._shown = str(self._path)
+            db = self._open_sqlite(self._path)
+        self._conn: Backend | None = db
 
-    def _prepare(self, conn: sqlite3.Connection) -> None:
+    def _open_sqlite(self, path: Path) -> Backend:
+        created = not path.exists()
         try:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            # FULL: the WAL is fsynced at every commit (NORMAL would sync only at checkpoints, and a power
-            # cut could take acknowledged commits with it).
-            conn.execute("PRAGMA synchronous=FULL")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            db = SqliteBackend(path, "")
         except sqlite3.Error as e:
-            raise OffsetsStoreError(f"{self._path} is not a usable SQLite database: {e}") from e
-        if str(mode).lower() != "wal":
-            raise OffsetsStoreError(f"{self._path}: SQLite refused WAL journal mode (got {mode!r}); "
-                                    "use a local file system")
+            raise OffsetsStoreError(f"cannot open the committed-offsets file {path}: {e}") from e
+        try:
+            try:
+                mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+            except sqlite3.Error as e:
+                raise OffsetsStoreError(f"{path} is not a usable SQLite database: {e}") from e
+            if str(mode).lower() != "wal":
+                raise OffsetsStoreError(f"{path}: SQLite refused WAL journal mode (got {mode!r}); "
+                                        "use a local file system")
+            self._prepare(db, _SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        if created:
+            _fsync_parent_dir(path)
+        return db
+
+    def _open_postgres(self, uri: str) -> Backend:
+        try:
+            db = PostgresBackend(uri, "", writer_lock_key=BROKER_WRITER_LOCK_KEY)
+        except MetadataUnavailableError as e:
+            raise OffsetsUnavailableError(f"committed offsets in {self._shown}: {e}") from e
+        try:
+            self._prepare(db, postgres_schema(_SCHEMA))
+        except MetadataUnavailableError as e:
+            db.close()
+            raise OffsetsUnavailableError(f"committed offsets in {self._shown}: {e}") from e
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _prepare(self, db: Backend, schema: str) -> None:
+        try:
+            version = db.schema_version(SCHEMA_NAME)
+        except sqlite3.Error as e:
+            raise OffsetsStoreError(f"{self._shown} is not a usable SQLite database: {e}") from e
         if version > SCHEMA_VERSION:
-            raise OffsetsSchemaError(f"{self._path} has schema version {version}; this stratalog knows "
+            raise OffsetsSchemaError(f"{self._shown} has schema version {version}; this stratalog knows "
                                      f"{SCHEMA_VERSION}")
         if version < SCHEMA_VERSION:
-            with _transaction(conn):
-                # Statement by statement: executescript would commit the transaction first.
-                for statement in _SCHEMA.split(";"):
+            with writing(db):
+                # Statement by statement: SQLite's executescript would commit the transaction first.
+                for statement in schema.split(";"):
                     if statement.strip():
-                        conn.execute(statement)
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                        db.execute(statement)
+                db.set_schema_version(SCHEMA_NAME, SCHEMA_VERSION)
 
     @property
     def config(self) -> OffsetsConfig:
         return self._config
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Path | None:
+        """The SQLite file, or None for PostgreSQL."""
         return self._path
 
     def metadata_error(self, metadata: str | None) -> int:
         """0, or OFFSET_METADATA_TOO_LARGE when ``metadata`` is over this store's bound."""
         return metadata_error(metadata, self._config.offset_metadata_bytes_max)
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self) -> Backend:
         if self._conn is None:
-            raise OffsetsClosedError(f"the committed-offsets store {self._path} is closed")
+            raise OffsetsClosedError(f"the committed-offsets store {self._shown} is closed")
         return self._conn
+
+    @contextlib.contextmanager
+    def _database(self) -> Iterator[Backend]:
+        """The connection, under the lock; a database out of reach is OffsetsUnavailableError."""
+        with self._lock:
+            db = self._connection()
+            try:
+                yield db
+            except OffsetsUnavailableError:
+                raise
+            except MetadataUnavailableError as e:
+                raise OffsetsUnavailableError(f"committed offsets in {self._shown}: {e}") from e
 
     def commit(self, group_id: str, entries: Sequence[OffsetEntry]) -> None:
         """Store ``entries`` (replacing what the group had for those partitions) in one durable transaction.
@@ -189,48 +241,40 @@ class CommittedOffsets:
                     f"{self._config.offset_metadata_bytes_max} bytes")
         rows = [(group_id, e.topic, e.partition, e.offset, e.leader_epoch, e.metadata, e.commit_time_ms)
                 for e in entries]
-        with self._lock:
-            conn = self._connection()
-            with _transaction(conn):
-                conn.executemany(f"INSERT OR REPLACE INTO committed_offsets (group_id, {_COLUMNS}) "
-                                 "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        with self._database() as db, writing(db):
+            db.executemany(f"INSERT INTO committed_offsets (group_id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                           "ON CONFLICT (group_id, topic, partition) DO UPDATE SET "
+                           "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "
+                           "metadata = excluded.metadata, commit_time_ms = excluded.commit_time_ms", rows)
 
     def fetch(self, group_id: str,
               partitions: Sequence[tuple[str, int]] | None = None) -> dict[tuple[str, int], OffsetEntry]:
         """The group's committed offsets of ``partitions`` (``None``: all of them). A partition with no
         committed offset is absent from the result."""
-        with self._lock:
-            conn = self._connection()
-            if partitions is None:
-                rows = conn.execute(f"SELECT {_COLUMNS} FROM committed_offsets WHERE group_id = ?",
-                                    (group_id,)).fetchall()
-            else:
-                rows = []
-                for topic, partition in partitions:
-                    rows.extend(conn.execute(
-                        f"SELECT {_COLUMNS} FROM committed_offsets "
-                        "WHERE group_id = ? AND topic = ? AND partition = ?",
-                        (group_id, topic, partition)).fetchall())
-        return {(row[0], row[1]): OffsetEntry(*row) for row in rows}
+        with self._database() as db:
+            # The group's every row in one query (one round trip to PostgreSQL), the partitions picked here.
+            rows = db.execute(f"SELECT {_COLUMNS} FROM committed_offsets WHERE group_id = ?",
+                              (group_id,)).fetchall()
+        found = {(row[0], row[1]): OffsetEntry(*row) for row in rows}
+        if partitions is None:
+            return found
+        return {key: found[key] for key in partitions if key in found}
 
     def groups(self) -> list[str]:
         """Every group with at least one committed offset, sorted."""
-        with self._lock:
-            rows = self._connection().execute(
-                "SELECT DISTINCT group_id FROM committed_offsets ORDER BY group_id").fetchall()
-        return [row[0] for row in rows]
+        with self._database() as db:
+            rows = db.execute("SELECT DISTINCT group_id FROM committed_offsets").fetchall()
+        # Sorted here, by code point: a PostgreSQL database's collation may order text otherwise.
+        return sorted(row[0] for row in rows)
 
     def has_group(self, group_id: str) -> bool:
-        with self._lock:
-            row = self._connection().execute(
-                "SELECT 1 FROM committed_offsets WHERE group_id = ? LIMIT 1", (group_id,)).fetchone()
+        with self._database() as db:
+            row = db.execute("SELECT 1 FROM committed_offsets WHERE group_id = ? LIMIT 1", (group_id,)).fetchone()
         return row is not None
 
     def _delete(self, where: str, params: Sequence[object]) -> int:
-        with self._lock:
-            conn = self._connection()
-            with _transaction(conn):
-                removed: int = conn.execute(f"DELETE FROM committed_offsets WHERE {where}", params).rowcount
+        with self._database() as db, writing(db):
+            removed: int = db.execute(f"DELETE FROM committed_offsets WHERE {where}", params).rowcount
         return removed
 
     def delete_group(self, group_id: str) -> int:
@@ -239,14 +283,12 @@ class CommittedOffsets:
 
     def delete_partitions(self, group_id: str, partitions: Sequence[tuple[str, int]]) -> int:
         """Drop the group's offsets of these partitions (OffsetDelete); returns how many were dropped."""
-        with self._lock:
-            conn = self._connection()
-            removed = 0
-            with _transaction(conn):
-                for topic, partition in partitions:
-                    removed += conn.execute(
-                        "DELETE FROM committed_offsets WHERE group_id = ? AND topic = ? AND partition = ?",
-                        (group_id, topic, partition)).rowcount
+        removed = 0
+        with self._database() as db, writing(db):
+            for topic, partition in partitions:
+                removed += db.execute(
+                    "DELETE FROM committed_offsets WHERE group_id = ? AND topic = ? AND partition = ?",
+                    (group_id, topic, partition)).rowcount
         return removed
 
     def delete_topic(self, topic: str) -> int:
@@ -262,9 +304,8 @@ class CommittedOffsets:
         time and the offset's commit time are at least ``retention_ms`` before ``now_ms``.
         """
         cutoff_ms = now_ms - retention_ms
-        with self._lock:
-            conn = self._connection()
-            names = [row[0] for row in conn.execute("SELECT DISTINCT group_id FROM committed_offsets")]
+        with self._database() as db:
+            names = [row[0] for row in db.execute("SELECT DISTINCT group_id FROM committed_offsets").fetchall()]
             expiring = []
             for group_id in names:
                 since_ms = empty_since_ms(group_id)
@@ -272,9 +313,9 @@ class CommittedOffsets:
                     expiring.append((group_id, cutoff_ms))
             removed = 0
             if expiring:
-                with _transaction(conn):
+                with writing(db):
                     for params in expiring:
-                        removed += conn.execute(
+                        removed += db.execute(
                             "DELETE FROM committed_offsets WHERE group_id = ? AND commit_time_ms <= ?",
                             params).rowcount
         return removed

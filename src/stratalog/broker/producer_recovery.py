@@ -1,9 +1,10 @@
 """Idempotent producers' state across restarts: a periodic snapshot, then the batches written after it.
 
 Every ``producer_snapshot_interval_s`` the broker writes each producer's last batches per partition and
-each partition's end offset into SQLite (one transaction). At start it loads the last snapshot and
-reads each partition's batches from the snapshot's end offset to its end (Kafka batch headers only:
-producer id, epoch, base sequence, count), recording them as a live broker would have. A producer that
+each partition's end offset into ``producers.sqlite`` or PostgreSQL (metadata_db.py), in one
+transaction. At start it loads the last snapshot and reads each partition's batches from the snapshot's
+end offset to its end (Kafka batch headers only: producer id, epoch, base sequence, count), recording
+them as a live broker would have. A producer that
 retries a batch across a kill -9 then gets the offset the batch got before, not a second copy; the
 work at start is bounded by what was written during one snapshot interval.
 """
@@ -11,14 +12,14 @@ work at start is bounded by what was written during one snapshot interval.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from collections.abc import Iterable
-from pathlib import Path
 
+from stratalog.broker.metadata_db import Location, open_metadata
 from stratalog.broker.producers import ProducerStates
 from stratalog.engine import Stream
 from stratalog.engine.batch import ENCODING_KAFKA
+from stratalog.engine.metadata_backends import writing
 from stratalog.kafka.records import HEADER
 
 SCHEMA = """
@@ -33,12 +34,12 @@ REPLAY_READ_BYTES = 4 << 20
 
 
 class ProducerSnapshots:
-    def __init__(self, path: Path) -> None:
+    """The last snapshot. ``location``: ``producers.sqlite``'s path, or a PostgreSQL URI."""
+
+    def __init__(self, location: Location) -> None:
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # a lost snapshot costs a longer replay, nothing else
-        self._db.executescript(SCHEMA)
+        # NORMAL: a snapshot lost to a power cut costs a longer replay, nothing else.
+        self._db = open_metadata(location, SCHEMA, synchronous="NORMAL")
 
     def close(self) -> None:
         with self._lock:
@@ -48,22 +49,16 @@ class ProducerSnapshots:
              ends: dict[int, int]) -> None:
         rows = [(pid, int(partition), epoch, json.dumps(batches))  # type: ignore[call-overload]
                 for pid, partition, epoch, batches in entries]
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("DELETE FROM producer_snapshot")
-                self._db.executemany("INSERT INTO producer_snapshot VALUES (?, ?, ?, ?)", rows)
-                self._db.execute("DELETE FROM producer_snapshot_ends")
-                self._db.executemany("INSERT INTO producer_snapshot_ends VALUES (?, ?)", list(ends.items()))
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, writing(self._db):
+            self._db.execute("DELETE FROM producer_snapshot")
+            self._db.executemany("INSERT INTO producer_snapshot VALUES (?, ?, ?, ?)", rows)
+            self._db.execute("DELETE FROM producer_snapshot_ends")
+            self._db.executemany("INSERT INTO producer_snapshot_ends VALUES (?, ?)", list(ends.items()))
 
     def load(self, states: ProducerStates) -> dict[int, int]:
         """Restore the snapshot into ``states``; return each stream's end offset at the snapshot."""
         with self._lock:
-            for pid, stream_id, epoch, batches in self._db.execute("SELECT * FROM producer_snapshot"):
+            for pid, stream_id, epoch, batches in self._db.execute("SELECT * FROM producer_snapshot").fetchall():
                 states.restore(pid, stream_id, epoch, [tuple(b) for b in json.loads(batches)])
             return dict(self._db.execute("SELECT stream_id, end_offset FROM producer_snapshot_ends").fetchall())
 

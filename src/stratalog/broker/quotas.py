@@ -19,15 +19,14 @@ not Kafka's share of thread time, request_percentage, which it refuses).
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from stratalog.broker.metadata_db import open_metadata
+from stratalog.broker.metadata_db import Location, open_metadata
+from stratalog.engine.metadata_backends import Backend, writing
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -116,19 +115,20 @@ class Rate:
 
 @dataclass
 class Quotas:
-    """Quota entities (durable in broker.sqlite) and the rates they are measured against."""
+    """Quota entities (durable in the broker's metadata: ``broker.sqlite``'s path, or a PostgreSQL URI) and
+    the rates they are measured against."""
 
-    path: Path
+    location: Location
     config: QuotaConfig = field(default_factory=QuotaConfig)
     clock_s: Callable[[], float] = time.monotonic
     _entities: dict[Entity, dict[str, float]] = field(default_factory=dict)
     _rates: OrderedDict[tuple[str, str | None, str | None], Rate] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _db: sqlite3.Connection | None = None
+    _db: Backend | None = None
 
     def __post_init__(self) -> None:
-        self._db = open_metadata(self.path, SCHEMA)
-        for entity, key, value in self._db.execute("SELECT entity, key, value FROM client_quotas"):
+        self._db = open_metadata(self.location, SCHEMA)
+        for entity, key, value in self._db.execute("SELECT entity, key, value FROM client_quotas").fetchall():
             parsed = tuple((t, n) for t, n in json.loads(entity))
             self._entities.setdefault(parsed, {})[key] = value
 
@@ -158,16 +158,12 @@ class Quotas:
         with self._lock:
             assert self._db is not None
             name = json.dumps([list(c) for c in entity])
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany("INSERT OR REPLACE INTO client_quotas VALUES (?, ?, ?)",
+            with writing(self._db):
+                self._db.executemany("INSERT INTO client_quotas VALUES (?, ?, ?) ON CONFLICT (entity, key) "
+                                     "DO UPDATE SET value = excluded.value",
                                      [(name, k, v) for k, v in checked.items()])
                 self._db.executemany("DELETE FROM client_quotas WHERE entity = ? AND key = ?",
                                      [(name, k) for k in remove])
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
             values = self._entities.setdefault(entity, {})
             values.update(checked)
             for key in remove:

@@ -1,4 +1,5 @@
-"""Topics: names, ids, partition counts and configs, durable in SQLite beside the store.
+"""Topics: names, ids, partition counts and configs, durable in the broker's metadata (``broker.sqlite``
+beside the store, or PostgreSQL: metadata_db.py).
 
 A topic's partition *p* is the engine stream named ``"<topic>/<p>"`` (a topic name cannot hold a
 ``/``). Creating a topic creates its streams first (or takes the empty ones a create cut short by a
@@ -16,9 +17,9 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from stratalog.broker.metadata_db import open_metadata
+from stratalog.broker.metadata_db import Location, open_metadata
+from stratalog.engine.metadata_backends import DuplicateError, writing
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -79,16 +80,18 @@ def parse_stream_name(name: str) -> tuple[str, int] | None:
 
 
 class TopicRegistry:
-    """The broker's topics. Thread-safe; every change is durable when the call returns."""
+    """The broker's topics. Thread-safe; every change is durable when the call returns.
 
-    def __init__(self, path: Path) -> None:
+    ``location``: ``broker.sqlite``'s path, or a PostgreSQL URI."""
+
+    def __init__(self, location: Location) -> None:
         self._lock = threading.Lock()
-        self._db = open_metadata(path, SCHEMA)
+        self._db = open_metadata(location, SCHEMA)
         self._topics: dict[str, Topic] = {}
         self._by_id: dict[uuid.UUID, Topic] = {}
         for name, topic_id, partitions, configs in self._db.execute(
-                "SELECT name, topic_id, partitions, configs FROM topics"):
-            self._remember(Topic(name, uuid.UUID(bytes=topic_id), partitions, json.loads(configs)))
+                "SELECT name, topic_id, partitions, configs FROM topics").fetchall():
+            self._remember(Topic(name, uuid.UUID(bytes=bytes(topic_id)), partitions, json.loads(configs)))
 
     def close(self) -> None:
         with self._lock:
@@ -113,8 +116,13 @@ class TopicRegistry:
         with self._lock:
             if name in self._topics:
                 raise TopicExistsError(f"topic {name!r} already exists")
-            self._db.execute("INSERT INTO topics VALUES (?, ?, ?, ?, ?)",
-                             (name, topic.topic_id.bytes, partitions, json.dumps(configs), int(time.time() * 1000)))
+            try:
+                self._db.execute("INSERT INTO topics VALUES (?, ?, ?, ?, ?)",
+                                 (name, topic.topic_id.bytes, partitions, json.dumps(configs),
+                                  int(time.time() * 1000)))
+            except DuplicateError:
+                # Another broker sharing the metadata database made it meanwhile.
+                raise TopicExistsError(f"topic {name!r} already exists") from None
             self._remember(topic)
         return topic
 
@@ -124,22 +132,18 @@ class TopicRegistry:
             topic = self._topics.get(name)
             if topic is None:
                 raise UnknownTopicError(f"no topic {name!r}")
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with writing(self._db):
                 self._db.execute("DELETE FROM topics WHERE name = ?", (name,))
-                self._db.executemany("INSERT OR IGNORE INTO doomed_streams VALUES (?)",
+                self._db.executemany("INSERT INTO doomed_streams VALUES (?) ON CONFLICT (name) DO NOTHING",
                                      [(stream_name(name, p),) for p in range(topic.partitions)])
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
             del self._topics[name]
             del self._by_id[topic.topic_id]
         return topic
 
     def doomed_streams(self) -> list[str]:
         with self._lock:
-            return [r[0] for r in self._db.execute("SELECT name FROM doomed_streams ORDER BY name")]
+            # Sorted here, by code point: a PostgreSQL database's collation may order text otherwise.
+            return sorted(r[0] for r in self._db.execute("SELECT name FROM doomed_streams").fetchall())
 
     def forget_doomed(self, names: Iterable[str]) -> None:
         with self._lock:
@@ -166,6 +170,7 @@ class TopicRegistry:
     def next_counter(self, name: str) -> int:
         """A durable counter (producer ids): each call returns one more than the last, across restarts."""
         with self._lock:
-            self._db.execute("INSERT INTO counters VALUES (?, 0) ON CONFLICT(name) DO UPDATE SET value = value + 1",
-                             (name,))
-            return int(self._db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()[0])
+            # One statement: brokers sharing a database never read the same value.
+            rows = self._db.execute("INSERT INTO counters VALUES (?, 0) ON CONFLICT (name) DO UPDATE "
+                                    "SET value = counters.value + 1 RETURNING value", (name,)).fetchall()
+            return int(rows[0][0])

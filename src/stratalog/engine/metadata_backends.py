@@ -7,6 +7,12 @@ errors onto one set. Both give the same guarantee: a transaction is durable when
 in WAL mode with ``synchronous=FULL``; PostgreSQL with ``synchronous_commit`` on, its default), and
 writers run one at a time (SQLite's ``BEGIN IMMEDIATE``; in PostgreSQL a transaction-scoped advisory
 lock, so ids taken as "largest + 1" never collide between brokers).
+
+The broker's own tables (broker/metadata_db.py) run on the same backends. SQL meant for both uses what
+both accept: ``INSERT ... ON CONFLICT (...) DO UPDATE SET c = excluded.c`` or ``DO NOTHING`` rather than
+SQLite's ``INSERT OR REPLACE`` / ``OR IGNORE``, a column named with its table in an upsert's ``SET``
+(``counters.value + 1``), ``RETURNING`` rather than a second query, double quotes around a column name
+that PostgreSQL reserves (``"user"``), and :func:`postgres_schema` for the types.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from stratalog.errors import StratalogError
 
@@ -29,7 +36,17 @@ WRITER_LOCK_KEY = 0x5354524C   # "STRL"
 #: must fail the commit, so the store stops acknowledging, rather than hang it).
 CONNECT_TIMEOUT_S = 10
 
-_INTEGER = re.compile(r"\bINTEGER\b")
+#: SQLite's default wait for another connection's write lock (Python's ``sqlite3.connect`` timeout).
+SQLITE_BUSY_TIMEOUT_S = 5.0
+#: Schema versions in PostgreSQL, one row per versioned schema (SQLite keeps its file's ``user_version``:
+#: each versioned schema there has a file of its own).
+SCHEMA_VERSIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_versions (name TEXT PRIMARY KEY, version INTEGER NOT NULL);
+"""
+
+#: SQLite's types and PostgreSQL's: 64-bit integers, bytes, 8-byte floats (PostgreSQL's REAL has 4).
+_TYPES = {"INTEGER": "BIGINT", "BLOB": "BYTEA", "REAL": "DOUBLE PRECISION"}
+_TYPE_NAMES = re.compile(r"\b(INTEGER|BLOB|REAL)\b")
 _WITHOUT_ROWID = re.compile(r"\)\s*WITHOUT ROWID")
 
 
@@ -68,19 +85,49 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
+    def schema_version(self, name: str) -> int:
+        """The version of the schema ``name`` (0: never written)."""
+
+    def set_schema_version(self, name: str, version: int) -> None:
+        """Record the version of schema ``name``, inside the writer's transaction."""
+
+
+@contextlib.contextmanager
+def writing(db: Backend) -> Iterator[None]:
+    """One write transaction on ``db``: committed when the body returns, rolled back when it raises."""
+    db.begin_writer()
+    try:
+        yield
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()
+
 
 class SqliteBackend:
-    """A SQLite file; ``read_only`` opens it beside a running store (WAL mode lets readers in)."""
+    """A SQLite file; ``read_only`` opens it beside a running store (WAL mode lets readers in).
 
-    def __init__(self, path: Path, schema: str, read_only: bool = False) -> None:
+    ``synchronous``: FULL syncs the WAL at every commit (a commit is durable when it returns); NORMAL
+    only at checkpoints, for what a crash may lose (a snapshot that is rebuilt). ``busy_timeout_s``: how
+    long a writer waits for another connection's transaction (other processes may write the same file).
+    """
+
+    def __init__(self, path: Path, schema: str, read_only: bool = False, *, synchronous: str = "FULL",
+                 busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
         if read_only:
             self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
                                        isolation_level=None)
             return
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(schema)
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous is FULL or NORMAL, not {synchronous!r}")
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._db.executescript(schema)
+        except BaseException:
+            self._db.close()
+            raise
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         try:
@@ -106,17 +153,40 @@ class SqliteBackend:
     def close(self) -> None:
         self._db.close()
 
+    def schema_version(self, name: str) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def set_schema_version(self, name: str, version: int) -> None:
+        self._db.execute(f"PRAGMA user_version={int(version)}")
+
 
 def postgres_schema(sqlite_schema: str) -> str:
-    """The SQLite schema in PostgreSQL's words: 64-bit integers, no ``WITHOUT ROWID``."""
-    return _WITHOUT_ROWID.sub(")", _INTEGER.sub("BIGINT", sqlite_schema))
+    """The SQLite schema in PostgreSQL's words: 64-bit integers, BYTEA for BLOB, 8-byte floats for REAL,
+    no ``WITHOUT ROWID``."""
+    return _WITHOUT_ROWID.sub(")", _TYPE_NAMES.sub(lambda m: _TYPES[m.group(1)], sqlite_schema))
+
+
+def without_password(uri: str) -> str:
+    """A PostgreSQL URI fit for logs and messages: the password gone from the user part and the query
+    (libpq takes it in either)."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        netloc = f"{userinfo.split(':', 1)[0]}@{host}"
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 class PostgresBackend:
     """A PostgreSQL database named by a libpq URI. The connection is remade after it is lost (a server
-    restart), on the next call: the call that found it lost fails with MetadataUnavailableError."""
+    restart), on the next call: the call that found it lost fails with MetadataUnavailableError.
 
-    def __init__(self, uri: str, schema: str) -> None:
+    ``writer_lock_key``: the advisory lock that serialises this database's writers of one kind (every
+    backend with the same key waits for the others' transactions; other keys do not).
+    """
+
+    def __init__(self, uri: str, schema: str, *, writer_lock_key: int = WRITER_LOCK_KEY) -> None:
         try:
             import psycopg
         except ImportError as e:
@@ -124,10 +194,13 @@ class PostgresBackend:
                 from e
         self._psycopg = psycopg
         self._uri = uri
+        self._secrets = _passwords(uri)
+        self._writer_lock_key = writer_lock_key
         self._conn: Any = None
         self.begin_writer()
         try:
-            self._connect().execute(postgres_schema(schema))   # no parameters: several statements in one go
+            # No parameters: several statements in one go.
+            self._connect().execute(postgres_schema(SCHEMA_VERSIONS_TABLE + schema))
         except BaseException:
             self.rollback()
             raise
@@ -138,8 +211,15 @@ class PostgresBackend:
             try:
                 self._conn = self._psycopg.connect(self._uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
             except self._psycopg.OperationalError as e:
-                raise MetadataUnavailableError(f"cannot reach the metadata database: {e}") from e
+                raise MetadataUnavailableError(f"cannot reach the metadata database: {self._scrub(e)}") from None
         return self._conn
+
+    def _scrub(self, error: BaseException) -> str:
+        """The error's message without the URI's password (libpq may quote the connection string)."""
+        message = str(error)
+        for secret in self._secrets:
+            message = message.replace(secret, "***")
+        return message
 
     def _run(self, sql: str, params: Sequence[Any], many: bool = False) -> Any:
         statement = sql.replace("?", "%s")
@@ -154,7 +234,7 @@ class PostgresBackend:
             raise DuplicateError(str(e)) from e
         except self._psycopg.OperationalError as e:
             self._drop()
-            raise MetadataUnavailableError(f"the metadata database failed a statement: {e}") from e
+            raise MetadataUnavailableError(f"the metadata database failed a statement: {self._scrub(e)}") from e
 
     def _drop(self) -> None:
         if self._conn is not None:
@@ -171,7 +251,7 @@ class PostgresBackend:
 
     def begin_writer(self) -> None:
         self._run("BEGIN", ())
-        self._run("SELECT pg_advisory_xact_lock(?)", (WRITER_LOCK_KEY,))
+        self._run("SELECT pg_advisory_xact_lock(?)", (self._writer_lock_key,))
 
     def commit(self) -> None:
         self._run("COMMIT", ())
@@ -185,6 +265,22 @@ class PostgresBackend:
 
     def close(self) -> None:
         self._drop()
+
+    def schema_version(self, name: str) -> int:
+        row = self.execute("SELECT version FROM schema_versions WHERE name = ?", (name,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def set_schema_version(self, name: str, version: int) -> None:
+        self.execute("INSERT INTO schema_versions VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
+                     "version = excluded.version", (name, version))
+
+
+def _passwords(uri: str) -> list[str]:
+    parts = urlsplit(uri)
+    found = [v for k, v in parse_qsl(parts.query) if k == "password" and v]
+    if parts.password:
+        found.append(parts.password)
+    return found
 
 
 def is_postgres_uri(location: str) -> bool:
