@@ -15,6 +15,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
         bench_spark,
         bench_streams,
         bench_wal,
+        bench_wal_objects,
         chaos_broker,
         chaos_engine,
         chaos_fuzz,
@@ -32,6 +33,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     cli.add_command(serve.serve)
     cli.add_command(users.users)
     bench.add_command(bench_wal.wal, name="wal")
+    bench.add_command(bench_wal_objects.wal_objects, name="wal-objects")
     bench.add_command(bench_log.log, name="log")
     bench.add_command(bench_catchup.catchup, name="catchup")
     bench.add_command(bench_spark.spark, name="spark")
