@@ -31,7 +31,6 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -96,6 +95,7 @@ from stratalog.queues.objects import (
     queue_object_key,
 )
 from stratalog.queues.puts import as_bytes, messages_as_arrow, names_as_arrow, plain_name
+from stratalog.queues.recovery import ACTIONS, Action, QueueRecoveryReport, classify
 from stratalog.wal import WriteAheadLog
 
 log = logging.getLogger("stratalog.queues")
@@ -119,24 +119,6 @@ _T = TypeVar("_T")
 
 
 _View = tuple[tuple[RunObject, ...], tuple[CachedRecord, ...], RunIndex]
-
-
-@dataclass(slots=True)
-class QueueRecoveryReport:
-    objects: int = 0
-    index_bytes: int = 0
-    wal_records: int = 0
-    records_in_objects: int = 0
-    records_replayed: int = 0
-    messages_replayed: int = 0
-    #: Records after the first one that does not follow on (a hole the WAL skipped): never acknowledged.
-    records_dropped: int = 0
-    orphan_objects_deleted: int = 0
-    #: Objects a merge replaced whose deletion a crash or a close cut off.
-    merged_away_deleted: int = 0
-    #: Objects that are merges of several uploads.
-    merged_objects: int = 0
-    seconds: float = 0.0
 
 
 class QueueStore:
@@ -1131,14 +1113,15 @@ class QueueStore:
                 continue
             body = bytes(rec.data)
             bulk = decode_bulk(body)
-            verdict = self._follows_on(bulk)
-            if verdict == "in objects":
+            action = ACTIONS[classify(bulk, self._next, self._stream_count, self._ids)]
+            if action is Action.SKIP:
                 report.records_in_objects += 1
                 continue
-            if verdict == "hole":
+            if action is Action.DROP_REST:
                 stopped = True
                 report.records_dropped += 1
                 continue
+            self._grow(bulk.stream_count)
             self._replay(bulk, body, rec.offset)
             report.records_replayed += 1
             report.messages_replayed += len(bulk.ends)
@@ -1176,31 +1159,6 @@ class QueueStore:
             report.objects += 1
             report.index_bytes += ends.nbytes + positions.nbytes + pages.nbytes
         return loaded, index
-
-    def _follows_on(self, bulk: BulkRecord) -> str:
-        """"in objects", "follows" (replay it) or "hole" (this record does not continue the queues)."""
-        ids = bulk.stream_ids
-        if len(ids) and int(ids.max()) >= bulk.stream_count:
-            return "hole"
-        known = ids < len(self._next)
-        nxt = np.where(known, self._next[np.where(known, ids, 0)], 0)
-        if len(ids) and bool(np.all(known)) and bool(np.all(bulk.base_offsets + bulk.counts <= nxt)):
-            return "in objects"
-        new = [i for i, _ in bulk.names]
-        if new and new[-1] < self._stream_count and all(self._ids.get(name) == i for i, name in bulk.names):
-            # Names the objects already hold (a record of names an upload took, still in the WAL because
-            # the trim after the upload was not yet durable). Taken for a hole, it dropped every record
-            # after it, flushed ones too.
-            if not len(ids):
-                return "in objects"
-            new = []
-        if (new and new != list(range(self._stream_count, self._stream_count + len(new)))) \
-                or bulk.stream_count != self._stream_count + len(new):
-            return "hole"
-        self._grow(bulk.stream_count)
-        if not bool(np.all(bulk.base_offsets == self._next[ids])):
-            return "hole"
-        return "follows"
 
     def _replay(self, bulk: BulkRecord, body: bytes, wal_offset: int) -> None:
         for stream_id, name in bulk.names:
