@@ -6,6 +6,8 @@ import struct
 
 import pytest
 
+from enginekit import MemoryStore
+from owalkit import PREFIX, key, new_wal, reopen
 from stratalog.wal.format import crc32c
 from stratalog.wal.object_format import (
     FOOTER_BYTES,
@@ -22,6 +24,7 @@ from stratalog.wal.object_format import (
     offset_of_key,
     owner_prefix,
 )
+from waiting import wait_until
 
 #: The worked example of docs/formats/object-wal.md: "hello" and "world" from offset 0, written by a
 #: writer with 8 puts in flight.
@@ -138,3 +141,20 @@ def test_a_newer_version_says_upgrade() -> None:
 def test_a_damaged_trim_marker_is_refused(damaged: bytes) -> None:
     with pytest.raises(DamagedObjectError):
         decode_trim_marker(damaged)
+
+
+def test_the_writer_produces_the_worked_example_of_the_spec() -> None:
+    store = MemoryStore()
+    wal = new_wal(store, linger_s=1.0, object_bytes_soft_max=1 << 20, puts_in_flight_max=8)
+    hello, world = wal.append(b"hello"), wal.append(b"world")
+    wal.close()
+    assert hello.future.result(0) == world.future.result(0) == 2
+    assert store.objects == {key(0): HELLO_WORLD}
+    _, wal, store = reopen(store.objects)
+    wal.trim(1)
+    assert store.objects[PREFIX + "trim"] == bytes.fromhex("534c575401000000" "0100000000000000" "82f98423")
+    wait_until(lambda: key(0) not in store.objects, "the trimmed object's delete")
+    wal.close()
+    records, again, _ = reopen(store.objects)
+    assert records == [] and again.append(b"next").offset == 2
+    again.close()
