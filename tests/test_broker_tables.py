@@ -178,6 +178,23 @@ def test_offsets_out_of_reach_fail_the_call_and_come_back_with_the_database(
         assert offsets.fetch("g") == {("t", 0): entry("t", 0, 3)}
 
 
+def test_tables_opened_before_a_database_restart_work_at_their_first_call_after_it(
+        pg_server: PostgresServer, pg_database: str) -> None:
+    registry, offsets = TopicRegistry(pg_database), CommittedOffsets(pg_database)
+    credentials = CredentialStore(pg_database)
+    try:
+        registry.add("before", 1, {})
+        pg_server.restart()   # closes every connection while it is idle
+        registry.add("after", 1, {})
+        assert registry.next_counter("producer_id") == 0
+        offsets.commit("g", [entry("after", 0, 1)])
+        assert credentials.users() == {}
+    finally:
+        registry.close()
+        offsets.close()
+        credentials.close()
+
+
 # Topics, counters, doomed streams ------------------------------------------------------------------------
 
 def test_topics_survive_reopening_with_their_ids_partitions_and_configs(tables_at: Path | str) -> None:

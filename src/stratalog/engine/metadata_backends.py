@@ -44,6 +44,9 @@ SCHEMA_VERSIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS schema_versions (name TEXT PRIMARY KEY, version INTEGER NOT NULL);
 """
 
+#: SQLSTATEs of a session the server ended before a statement ran: admin_shutdown, crash_shutdown,
+#: idle_session_timeout.
+_SESSION_ENDED_SQLSTATES = frozenset({"57P01", "57P02", "57P05"})
 #: SQLite's types and PostgreSQL's: 64-bit integers, bytes, 8-byte floats (PostgreSQL's REAL has 4).
 _TYPES = {"INTEGER": "BIGINT", "BLOB": "BYTEA", "REAL": "DOUBLE PRECISION"}
 _TYPE_NAMES = re.compile(r"\b(INTEGER|BLOB|REAL)\b")
@@ -197,6 +200,7 @@ class PostgresBackend:
         self._secrets = _passwords(uri)
         self._writer_lock_key = writer_lock_key
         self._conn: Any = None
+        self._in_transaction = False
         self.begin_writer()
         try:
             # No parameters: several statements in one go.
@@ -223,20 +227,35 @@ class PostgresBackend:
 
     def _run(self, sql: str, params: Sequence[Any], many: bool = False) -> Any:
         statement = sql.replace("?", "%s")
-        conn = self._connect()
-        try:
-            if many:
-                with conn.cursor() as cursor:
-                    cursor.executemany(statement, params)
-                return None
-            return conn.execute(statement, params)
-        except self._psycopg.errors.UniqueViolation as e:
-            raise DuplicateError(str(e)) from e
-        except self._psycopg.OperationalError as e:
-            self._drop()
-            raise MetadataUnavailableError(f"the metadata database failed a statement: {self._scrub(e)}") from e
+        for attempt in (1, 2):
+            conn = self._connect()
+            try:
+                if many:
+                    with conn.cursor() as cursor:
+                        cursor.executemany(statement, params)
+                    return None
+                return conn.execute(statement, params)
+            except self._psycopg.errors.UniqueViolation as e:
+                raise DuplicateError(str(e)) from e
+            except self._psycopg.OperationalError as e:
+                in_transaction = self._in_transaction
+                self._drop()
+                # A connection a server restart closed while it was idle says so at its next use: the
+                # statement did not run, so outside a transaction it goes once more on a new connection
+                # (else every connection would fail one call after each restart). BEGIN changes nothing.
+                if attempt == 1 and not in_transaction and (sql == "BEGIN" or self._session_ended(e)):
+                    continue
+                raise MetadataUnavailableError(
+                    f"the metadata database failed a statement: {self._scrub(e)}") from e
+        raise AssertionError("unreachable")
+
+    def _session_ended(self, error: BaseException) -> bool:
+        """Whether the server ended the session before the statement ran (SQLSTATE 57P01, 57P02, 57P05:
+        a shutdown, a crash of another backend, an idle timeout)."""
+        return getattr(getattr(error, "diag", None), "sqlstate", None) in _SESSION_ENDED_SQLSTATES
 
     def _drop(self) -> None:
+        self._in_transaction = False
         if self._conn is not None:
             with contextlib.suppress(self._psycopg.Error):
                 self._conn.close()
@@ -251,12 +270,15 @@ class PostgresBackend:
 
     def begin_writer(self) -> None:
         self._run("BEGIN", ())
+        self._in_transaction = True
         self._run("SELECT pg_advisory_xact_lock(?)", (self._writer_lock_key,))
 
     def commit(self) -> None:
         self._run("COMMIT", ())
+        self._in_transaction = False
 
     def rollback(self) -> None:
+        self._in_transaction = False
         if self._conn is not None and not self._conn.closed:
             try:
                 self._conn.execute("ROLLBACK")
