@@ -280,3 +280,21 @@ def test_the_context_manager_closes_and_acknowledges() -> None:
 def test_config_bounds_that_make_no_sense_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ObjectWALConfig(**bad).validate()  # type: ignore[arg-type]
+
+
+def test_a_log_closed_while_recovering_changes_nothing_and_takes_no_appends() -> None:
+    store = MemoryStore()
+    wal = new_wal(store)
+    for body in (b"a", b"b"):
+        wal.append(body).future.result(WAIT_S)
+    wal.close()
+    store.objects[key(5)] = store.objects[key(1)]  # a stale object recovery would delete (past a gap)
+    image = dict(store.objects)
+    reopened = ObjectWAL.open(store, OWNER, small_config())
+    records = reopened.recover()
+    assert next(records).data == b"a"
+    reopened.close()
+    assert [r.data for r in records] == [b"b"]
+    assert store.objects == image
+    with pytest.raises(WALClosedError):
+        reopened.append(b"c")

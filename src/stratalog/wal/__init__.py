@@ -1,4 +1,5 @@
-"""The Delta WAL: a durable write-ahead log on a preallocated file or raw block device.
+"""The Delta WAL: a durable write-ahead log on a preallocated file or raw block device; and the object WAL
+(:class:`ObjectWAL`, docs/formats/object-wal.md), the same interface over object storage.
 
 ```python
 wal = WriteAheadLog.open(path, capacity_bytes=1 << 30, create=True)
@@ -22,12 +23,15 @@ from stratalog.errors import (
     WALFailedError,
     WALStateError,
 )
-from stratalog.wal.config import FsyncPolicy, WALConfig
+from stratalog.wal.config import FsyncPolicy, ObjectWALConfig, WALConfig
 from stratalog.wal.log import AppendResult, WriteAheadLog
+from stratalog.wal.object_wal import ObjectWAL
+from stratalog.wal.protocol import WAL
 from stratalog.wal.recovery import RecoveredRecord, RecoveryStats
 
 __all__ = [
-    "WriteAheadLog", "AppendResult", "RecoveredRecord", "RecoveryStats", "WALConfig", "FsyncPolicy",
+    "WriteAheadLog", "ObjectWAL", "WAL", "AppendResult", "RecoveredRecord", "RecoveryStats", "WALConfig",
+    "ObjectWALConfig", "FsyncPolicy",
     "WALError", "OverCapacityError", "WALFailedError", "WALClosedError", "WALStateError",
     "RecordTooLargeError", "CorruptHeaderError", "CapacityMismatchError", "RecoveryReadError",
 ]

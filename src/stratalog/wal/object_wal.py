@@ -160,6 +160,8 @@ class ObjectWAL:
         yield from scan_objects(self._store, self._prefix, self._config, self.recovery_stats, cleanup)
         # Before the first put: new objects reuse the offsets of the ones removed here, and a stale object
         # left in place would overlap them at the next recovery.
+        if self._state is not _State.RECOVERING:
+            return  # closed while recovering: change nothing, start nothing
         for key in cleanup.move_aside:
             aside = f"{self._prefix}{DAMAGED_DIR}/{key[len(self._prefix):]}-{time.time_ns()}"
             self._change(f"moving damaged WAL object {key} aside", functools.partial(self._store.rename, key, aside))
@@ -421,9 +423,10 @@ class ObjectWAL:
             future.exception()  # wait; a failure is already recorded in self._failure
         if self._sealer is not None:
             self._sealer.join()
-        for pool in (self._puts, self._deletes):
-            if pool is not None:
-                pool.shutdown(wait=True)
+        with self._trim_lock:  # a trim under way hands its deletes over before the pool stops
+            for pool in (self._puts, self._deletes):
+                if pool is not None:
+                    pool.shutdown(wait=True)
         with self._lock:
             self._state = _State.CLOSED
         release_frames(self._failure)
