@@ -93,8 +93,10 @@ class ObjectWALConfig:
     #: ... or until the object holds this many record bytes. 4 MiB: under the S3 store's multipart
     #: threshold (16 MiB), so an object is always one PutObject, and at 100 MiB/s still 25 puts a second.
     object_bytes_soft_max: int = 4 << 20
-    #: Puts under way at once. Acknowledgement waits for the slowest of them; with puts of ~40 ms and a
-    #: 5 ms linger, 8 keep one owner's log moving without queueing.
+    #: Batches put or being put and not yet acknowledged (so also the most puts under way at once).
+    #: Acknowledgement waits for the slowest of them; with puts of ~40 ms and a 5 ms linger, 8 keep one
+    #: owner's log moving without queueing. Recovery relies on it: at most this many minus one objects
+    #: can lie past one missing after a crash.
     puts_in_flight_max: int = 8
     #: Tries per object put (the first included) before the log stops, with ``put_backoff_s`` before the
     #: second and doubling after. The S3 client retries throttling and 5xx itself; these cover the rest

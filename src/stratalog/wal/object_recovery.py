@@ -17,9 +17,9 @@ the offset the next object must start at; objects are taken in key (= offset) or
 | 10| a newer format version                                            | RecoveryReadError (upgrade)  |
 | 11| a get or list fails ``read_attempts_max`` times, or a listed object is gone | RecoveryReadError |
 
-W is the largest ``puts_in_flight_max`` the objects after the gap were written with: the writer has at
-most W puts under way and acknowledges in offset order, so after a crash at most W - 1 objects can lie
-past a missing one without any of them having been acknowledged.
+W is the largest ``puts_in_flight_max`` the objects after the gap were written with: the writer puts no
+object more than W - 1 batches past the oldest unacknowledged one (its window) and acknowledges in offset
+order, so after a crash at most W - 1 objects can lie past a missing one, none of them acknowledged.
 """
 
 from __future__ import annotations
