@@ -33,17 +33,3 @@ def test_bench_log_prints_and_writes_its_figures(tmp_path: Path) -> None:
     for row in doc["throughput"]:
         assert row["records"] == 300 and row["records_per_s"] > 0 and row["mib_per_s"] > 0
     assert not [p for p in tmp_path.iterdir() if p.name != "log.json"], "the bench left files behind"
-
-
-def test_bench_streams_creates_touches_and_reopens_every_stream(tmp_path: Path) -> None:
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
-    out = tmp_path / "streams.json"
-    result = CliRunner().invoke(cli, ["bench", "streams", "--streams", "3000", "--dir", str(tmp_path / "run"),
-                                      "--json", str(out)], catch_exceptions=False, terminal_width=200)
-    assert result.exit_code == 0, result.output
-    doc = json.loads(out.read_text())
-    assert doc["bench"] == "streams" and doc["streams"] == 3000 and doc["sampled_streams"] == 1000
-    assert set(doc["seconds"]) == {"create_s", "append_s", "flush_s", "read_sample_s", "close_s", "reopen_s"}
-    assert all(v > 0 for v in doc["streams_per_s"].values())
-    # One 58 B record per stream: metadata, object and manifest bytes stay within a few hundred bytes each.
-    assert 100 < doc["disk_bytes_per_stream_without_wal"] < 4000
