@@ -5,6 +5,7 @@ translate requests of every version to its calls and its results to responses.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -12,12 +13,14 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
-from stratalog.broker.offsets import OffsetEntry
+from stratalog.broker.offsets import OffsetEntry, OffsetsUnavailableError
 from stratalog.broker.session import Session
 from stratalog.kafka.codec import Request
 
 #: What DescribeGroups says of authorized operations when nobody asked (no ACLs yet).
 OPERATIONS_NOT_ASKED = -2147483648
+
+log = logging.getLogger("stratalog.broker")
 
 
 def _ms(value: Any) -> int:
@@ -107,8 +110,17 @@ async def offset_commit(broker: Broker, request: Request, session: Session) -> d
             partitions.append({"partition_index": p.partition_index, "error_code": code})
         topics.append({"name": t.name, "partitions": partitions})
     if entries:
-        # Durable (SQLite, synchronous=FULL) before the response: a commit survives kill -9.
-        await asyncio.to_thread(broker.offsets.commit, body.group_id, entries)
+        # Durable (SQLite synchronous=FULL, or a PostgreSQL commit) before the response: a commit survives
+        # kill -9.
+        try:
+            await asyncio.to_thread(broker.offsets.commit, body.group_id, entries)
+        except OffsetsUnavailableError as e:
+            # Nothing acknowledged: Kafka's answer when the offsets cannot be written, which clients retry.
+            log.warning("OffsetCommit of group %s refused: %s", body.group_id, e)
+            for topic in topics:
+                for partition in topic["partitions"]:
+                    if partition["error_code"] == ErrorCode.none:
+                        partition["error_code"] = ErrorCode.coordinator_not_available
     return {"throttle_time": 0, "topics": topics}
 
 
@@ -146,8 +158,16 @@ async def offset_fetch(broker: Broker, request: Request, session: Session) -> di
     def answer(group_id: str, wanted: Any) -> dict[str, Any]:
         if not session.may_group(Operation.DESCRIBE, group_id):
             return {"group_id": group_id, "topics": [], "error_code": ErrorCode.group_authorization_failed}
-        return {"group_id": group_id, "topics": _fetch_group(broker, session, group_id, wanted),
-                "error_code": ErrorCode.none}
+        try:
+            topics = _fetch_group(broker, session, group_id, wanted)
+        except OffsetsUnavailableError as e:
+            log.warning("OffsetFetch of group %s refused: %s", group_id, e)
+            unavailable = ErrorCode.coordinator_not_available
+            return {"group_id": group_id, "error_code": unavailable, "topics": [] if wanted is None else [
+                {"name": t.name, "partitions": [
+                    {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "",
+                     "error_code": unavailable} for p in t.partition_indexes]} for t in wanted]}
+        return {"group_id": group_id, "topics": topics, "error_code": ErrorCode.none}
 
     if request.api_version >= 8:
         return {"throttle_time": 0, "groups": [answer(g.group_id, g.topics) for g in body.groups]}

@@ -22,6 +22,7 @@ from stratalog.broker.config import BrokerConfig
 from stratalog.broker.credentials import CredentialStore
 from stratalog.broker.groups import GroupCoordinator
 from stratalog.broker.memory import MemoryBudget
+from stratalog.broker.metadata_db import BrokerTables
 from stratalog.broker.offsets import CommittedOffsets
 from stratalog.broker.producer_recovery import ProducerSnapshots, replay
 from stratalog.broker.producers import ProducerStates
@@ -32,6 +33,7 @@ from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicRegistry, check_topic_name, stream_name
 from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
+from stratalog.engine.metadata_backends import MetadataUnavailableError
 from stratalog.io.device import Device
 from stratalog.kafka.codec import Request
 from stratalog.objects.uri import without_credentials
@@ -64,19 +66,21 @@ class Broker:
         self.data_dir = data_dir
         #: The object store as other processes open it (DescribeConfigs ``stratalog.object.store.uri``).
         self.object_store_uri = object_store_uri or without_credentials(None, data_dir)
-        self.topics = TopicRegistry(data_dir / "broker.sqlite")
-        self.credentials = CredentialStore(data_dir / "broker.sqlite")
-        self.authorizer = Authorizer(data_dir / "broker.sqlite", config.authorizer)
-        self.quotas = Quotas(data_dir / "broker.sqlite", config.quotas)
+        #: Where the broker's tables live: the data directory's files, or config.metadata's database.
+        self.tables = BrokerTables(data_dir, config.metadata)
+        self.topics = TopicRegistry(self.tables.broker)
+        self.credentials = CredentialStore(self.tables.broker)
+        self.authorizer = Authorizer(self.tables.broker, config.authorizer)
+        self.quotas = Quotas(self.tables.broker, config.quotas)
         #: Response bytes written to sockets and not yet sent, across connections (the server counts them).
         self.response_memory = MemoryBudget(config.response_memory_bytes_max)
         #: Keys the stand-in credentials of unknown users (sasl.py): fresh at each start.
         self.sasl_secret = new_secret()
-        self.offsets = CommittedOffsets(data_dir / "offsets.sqlite")
+        self.offsets = CommittedOffsets(self.tables.offsets)
         self.groups = GroupCoordinator(self.offsets, config=config.groups)
         self.producers = ProducerStates(config.producers_max)
         self.appender = OrderedAppender()
-        self._snapshots = ProducerSnapshots(data_dir / "producers.sqlite")
+        self._snapshots = ProducerSnapshots(self.tables.producers)
         self._snapshot_task: asyncio.Task[None] | None = None
         #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
         #: retry arriving meanwhile waits for the first one's offset.
@@ -99,7 +103,7 @@ class Broker:
         config = config or BrokerConfig()
         config.validate()
         path = Path(data_dir)
-        store = StreamStore.open(path, object_store, config.store, wal_device=wal_device)
+        store = StreamStore.open(path, object_store, config.store, wal_device=wal_device, metadata=config.metadata)
         try:
             broker = cls(path, store, config, without_credentials(object_store, path))
         except BaseException:
@@ -132,7 +136,10 @@ class Broker:
                 await self._snapshot_task
         await self.groups.close()
         self.appender.close()
-        self._save_producers()
+        try:
+            self._save_producers()
+        except MetadataUnavailableError as e:   # the store still closes; the next start replays more
+            log.warning("idempotent producers' snapshot not saved at the stop: %s", e)
         self._snapshots.close()
         for waiters in self._waiters.values():
             for w in waiters:
@@ -258,7 +265,11 @@ class Broker:
             await asyncio.sleep(self.config.producer_snapshot_interval_s)
             ends = {s.stream_id: s.end_offset for s in self._partition_streams()}
             entries = self.producers.entries()
-            await asyncio.to_thread(self._snapshots.save, entries, ends)
+            try:
+                await asyncio.to_thread(self._snapshots.save, entries, ends)
+            except MetadataUnavailableError as e:
+                # The last snapshot stands; a restart replays more batches after it. The next one retries.
+                log.warning("idempotent producers' snapshot not saved: %s", e)
 
     # Waiting for data --------------------------------------------------------------------------------
 

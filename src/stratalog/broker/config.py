@@ -10,6 +10,7 @@ from stratalog.broker.listeners import Listener, TLSConfig, check_listeners, def
 from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.sasl import MECHANISMS
 from stratalog.engine.config import StoreConfig
+from stratalog.engine.metadata_backends import is_postgres_uri
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +92,17 @@ class BrokerConfig:
     producer_snapshot_interval_s: float = 2.0
     store: StoreConfig = field(default_factory=StoreConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
+    #: Where topics, committed offsets, users, ACLs, quotas, producer snapshots and the stream store's
+    #: metadata live: None for SQLite files in the data directory, or a PostgreSQL URI
+    #: (postgresql://USER:PASSWORD@HOST:PORT/DATABASE), the database several brokers will share. Left
+    #: out of the config's repr: it may hold a password.
+    metadata: str | None = field(default=None, repr=False)
 
     def validate(self) -> None:
+        if self.metadata is not None and not is_postgres_uri(self.metadata):
+            # Not echoed: a mistyped scheme may still hold a password.
+            raise ValueError("metadata must be a PostgreSQL URI (postgresql://USER:PASSWORD@HOST:PORT/DATABASE), "
+                             "or unset for SQLite files in the data directory")
         check_listeners(self.listeners, self.tls, self.allow_plaintext_anywhere)
         unknown = sorted(set(self.sasl_mechanisms) - set(MECHANISMS))
         if unknown or not self.sasl_mechanisms:

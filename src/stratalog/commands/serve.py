@@ -22,6 +22,7 @@ from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError
 from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
 from stratalog.engine.config import StoreConfig
+from stratalog.engine.metadata_backends import MetadataUnavailableError, without_password
 from stratalog.io.device import Device, FileDevice
 from stratalog.wal.config import FsyncPolicy, WALConfig
 
@@ -48,9 +49,10 @@ def parse_listeners(listen: tuple[str, ...], advertise: tuple[str, ...]) -> tupl
 
 def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
     """A BrokerConfig from a TOML file, then the command line's options. Top-level keys are BrokerConfig's
-    field names (``listeners`` a list of ``PROTOCOL://HOST:PORT``); the tables ``[groups]``, ``[store]``,
-    ``[store.wal]``, ``[tls]``, ``[authorizer]`` and ``[quotas]`` set GroupConfig's, StoreConfig's,
-    WALConfig's, TLSConfig's, AuthorizerConfig's and QuotaConfig's. An unknown name is refused with the known ones."""
+    field names (``listeners`` a list of ``PROTOCOL://HOST:PORT``, ``metadata`` a PostgreSQL URI); the
+    tables ``[groups]``, ``[store]``, ``[store.wal]``, ``[tls]``, ``[authorizer]`` and ``[quotas]`` set
+    GroupConfig's, StoreConfig's, WALConfig's, TLSConfig's, AuthorizerConfig's and QuotaConfig's. An unknown
+    name is refused with the known ones."""
     values: dict[str, Any] = {}
     if path is not None:
         with path.open("rb") as f:
@@ -142,6 +144,9 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
         first = listeners[0]
         click.echo(f"  connect any Kafka client with bootstrap servers {first.host}:{first.port}, e.g.")
         click.echo(f"  kafka-python: KafkaProducer(bootstrap_servers='{first.host}:{first.port}')")
+        if config.metadata is not None:
+            click.echo(f"  topics, offsets, users, ACLs, quotas and stream metadata in "
+                       f"{without_password(config.metadata)}")
         if config.authorizer.enabled:
             supers = ", ".join(config.authorizer.super_users) or "none"
             click.echo(f"  ACLs are checked on every request (super users: {supers})")
@@ -191,10 +196,16 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
               help="A principal that may do everything when --acls is on (repeat for several).")
 @click.option("--allow-plaintext-anywhere", is_flag=True, default=False,
               help="Allow a non-loopback listener that does not authenticate clients.")
+@click.option("--metadata", metavar="postgresql://USER:PASSWORD@HOST:PORT/DATABASE", envvar="STRATALOG_METADATA",
+              default=None, show_envvar=True,
+              help="Keep topics, committed offsets, users, ACLs, quotas, producer snapshots and the stream "
+                   "store's metadata in this PostgreSQL database instead of SQLite files in --data-dir (the "
+                   "WAL and, by default, objects stay there). The password is never logged; give the URI "
+                   "in the environment variable to keep it off the command line.")
 def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], object_store: str | None,
           wal_device: Path | None, config_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
           tls_ca: Path | None, tls_client_auth: str | None, acls: bool, super_user: tuple[str, ...],
-          allow_plaintext_anywhere: bool) -> None:
+          allow_plaintext_anywhere: bool, metadata: str | None) -> None:
     """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
 
     Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
@@ -216,7 +227,7 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
     config = load_config(
         config_path, listeners=parse_listeners(listen, advertise),
         tls=tls_config_from(tls_cert, tls_key, tls_ca, tls_client_auth, base.tls), authorizer=authorizer,
-        allow_plaintext_anywhere=allow_plaintext_anywhere or None)
+        allow_plaintext_anywhere=allow_plaintext_anywhere or None, metadata=metadata)
     device = FileDevice.open(wal_device) if wal_device is not None else None
     if device is not None:
         # The WAL ring takes the whole device.
@@ -229,6 +240,8 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
             raise click.UsageError(f"--wal-device {wal_device}: {e}") from None
     try:
         asyncio.run(run_broker(data_dir, config, object_store, wal_device=device))
+    except MetadataUnavailableError as e:   # its message names the database without the password
+        raise click.ClickException(str(e)) from None
     finally:
         if device is not None:
             device.close()

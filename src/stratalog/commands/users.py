@@ -1,7 +1,8 @@
 """``stratalog users``: the SASL users of a broker's data directory (SCRAM credentials, also used by PLAIN).
 
-The credentials live in the broker's metadata (DATA_DIR/broker.sqlite), salted and hashed. These
-commands may run while the broker runs: it reads the table at each login.
+The credentials live in the broker's metadata (DATA_DIR/broker.sqlite, or the PostgreSQL database of
+``stratalog serve --metadata``), salted and hashed. These commands may run while the broker runs: it
+reads the table at each login.
 """
 
 from __future__ import annotations
@@ -23,12 +24,24 @@ from stratalog.broker.credentials import (
     check_user_name,
     make_credential,
 )
+from stratalog.engine.metadata_backends import MetadataUnavailableError, is_postgres_uri
 
 _DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"),
                          show_default=True, help="The broker's data directory.")
+_METADATA = click.option("--metadata", metavar="postgresql://USER:PASSWORD@HOST:PORT/DATABASE",
+                         envvar="STRATALOG_METADATA", default=None, show_envvar=True,
+                         help="The broker's PostgreSQL metadata database (as `stratalog serve --metadata`); "
+                              "then --data-dir is not used.")
 
 
-def _store(data_dir: Path, create: bool) -> CredentialStore:
+def _store(data_dir: Path, create: bool, metadata: str | None) -> CredentialStore:
+    if metadata is not None:
+        if not is_postgres_uri(metadata):
+            raise click.BadParameter("expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE", param_hint="--metadata")
+        try:
+            return CredentialStore(metadata)
+        except MetadataUnavailableError as e:   # its message names the database without the password
+            raise click.ClickException(str(e)) from None
     if not (data_dir / "broker.sqlite").exists() and not create:
         raise click.UsageError(f"{data_dir} holds no broker metadata (broker.sqlite): is --data-dir the one "
                                "`stratalog serve` uses?")
@@ -50,13 +63,15 @@ def users() -> None:
 @users.command()
 @click.argument("name")
 @_DATA_DIR
+@_METADATA
 @click.option("--password-stdin", is_flag=True, help="Read the password from standard input (one line).")
 @click.option("--mechanism", "mechanisms", multiple=True, type=click.Choice([m.sasl_name for m in ScramMechanism]),
               help="Store credentials for this SCRAM mechanism (repeatable; default: both).")
 @click.option("--iterations", type=click.IntRange(ITERATIONS_MIN, ITERATIONS_MAX), default=DEFAULT_ITERATIONS,
               show_default=True, help="PBKDF2 iterations: more make a stolen table harder to crack and each "
                                       "login slower.")
-def add(name: str, data_dir: Path, password_stdin: bool, mechanisms: tuple[str, ...], iterations: int) -> None:
+def add(name: str, data_dir: Path, metadata: str | None, password_stdin: bool, mechanisms: tuple[str, ...],
+        iterations: int) -> None:
     """Add user NAME, or set a new password. The password is never stored, only salted keys."""
     try:
         check_user_name(name)
@@ -68,7 +83,7 @@ def add(name: str, data_dir: Path, password_stdin: bool, mechanisms: tuple[str, 
         password = click.prompt(f"password for {name}", hide_input=True, confirmation_prompt=True)
     if not password:
         raise click.UsageError("the password must not be empty")
-    store = _store(data_dir, create=True)
+    store = _store(data_dir, create=True, metadata=metadata)
     try:
         chosen = [ScramMechanism.named(m) for m in mechanisms] or list(ScramMechanism)
         for mechanism in chosen:
@@ -81,9 +96,10 @@ def add(name: str, data_dir: Path, password_stdin: bool, mechanisms: tuple[str, 
 @users.command()
 @click.argument("name")
 @_DATA_DIR
-def remove(name: str, data_dir: Path) -> None:
+@_METADATA
+def remove(name: str, data_dir: Path, metadata: str | None) -> None:
     """Remove user NAME: its next login fails (connections open now stay open)."""
-    store = _store(data_dir, create=False)
+    store = _store(data_dir, create=False, metadata=metadata)
     try:
         removed = store.remove(name)
     finally:
@@ -95,9 +111,10 @@ def remove(name: str, data_dir: Path) -> None:
 
 @users.command(name="list")
 @_DATA_DIR
-def list_users(data_dir: Path) -> None:
+@_METADATA
+def list_users(data_dir: Path, metadata: str | None) -> None:
     """List users and their mechanisms."""
-    store = _store(data_dir, create=False)
+    store = _store(data_dir, create=False, metadata=metadata)
     try:
         found = store.users()
     finally:

@@ -1,0 +1,190 @@
+"""`stratalog serve --metadata postgresql://...`: a real broker process whose topics, offsets, producer
+snapshots and stream metadata live in a real PostgreSQL server (pgkit.py), both on 127.0.0.1.
+
+Everything a client did is there after a restart of the broker, nothing of it is in SQLite files, and
+the password is never printed. While PostgreSQL restarts, an offset commit is refused with a retriable
+error (never acknowledged without being stored) and commits work again once it is back.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import psycopg
+import pytest
+from click.testing import CliRunner
+from kio.schema.offset_commit.v2.request import (
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+)
+from kio.schema.offset_fetch.v3.request import OffsetFetchRequest, OffsetFetchRequestTopic
+from kio.schema.types import GroupId, TopicName
+from kio.static.primitive import i32, i64, i64Timedelta
+
+from brokerkit import BrokerProcess, running_broker
+from kafkaclients import Client, Outgoing, consume_until, make_client
+from stratalog.chaos.postgres import PostgresServer
+from stratalog.commands.serve import load_config
+from stratalog.commands.users import users
+from stratalog.kafka.client import KafkaConnection
+
+pytest_plugins = ["pgkit"]
+
+OFFSET_COMMIT, OFFSET_FETCH = 8, 9
+COORDINATOR_NOT_AVAILABLE = 15
+#: Enough upload attempts, backing off from 0.2 s, to outlast a PostgreSQL restart on a loaded machine.
+OUTLASTING_CONFIG = "[store]\nupload_attempts_max = 12\n"
+
+
+@pytest.fixture
+def client() -> Iterator[Client]:
+    made = make_client("confluent-kafka")
+    yield made
+    made.close()
+
+
+def _rows(uri: str, sql: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(uri) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def _values(n: int, first: int = 0) -> list[bytes]:
+    return [f"v{i}".encode() for i in range(first, first + n)]
+
+
+def test_a_broker_over_postgres_keeps_topics_records_and_offsets_across_a_restart(
+        tmp_path: Path, pg_server: PostgresServer, pg_database: str, client: Client) -> None:
+    data_dir = tmp_path / "data"
+    with running_broker(data_dir, "--metadata", pg_database) as broker:
+        client.create_topic(broker.bootstrap, "orders", 2)
+        producer = client.producer(broker.bootstrap, idempotent=True)
+        producer.send_all([Outgoing(i % 2, None, v) for i, v in enumerate(_values(20))], "orders")
+        producer.close()
+        consumer = client.consumer(broker.bootstrap, "g", ["orders"])
+        got = consume_until([consumer], 20)[0]
+        consumer.commit()
+        consumer.close()
+        assert sorted(r.value for r in got) == sorted(_values(20))
+        assert broker.stop() == 0
+        first_output = "".join(broker.output)
+
+    assert pg_server.password not in first_output
+    assert "in postgresql://stratalog@127.0.0.1" in first_output
+    assert sorted(p.name for p in data_dir.glob("*.sqlite*")) == [], "no table of the broker's is a file"
+    assert _rows(pg_database, "SELECT name, partitions FROM topics") == [("orders", 2)]
+    assert _rows(pg_database, "SELECT topic, partition, committed_offset FROM committed_offsets "
+                              "WHERE group_id = 'g' ORDER BY partition") == [("orders", 0, 10), ("orders", 1, 10)]
+    assert sorted(_rows(pg_database, "SELECT name FROM streams")) == [("orders/0",), ("orders/1",)]
+    assert _rows(pg_database, "SELECT count(*) FROM producer_snapshot")[0][0] >= 1
+
+    with running_broker(data_dir, "--metadata", pg_database) as broker:
+        assert "orders" in client.list_topics(broker.bootstrap)
+        producer = client.producer(broker.bootstrap)
+        producer.send_all([Outgoing(i % 2, None, v) for i, v in enumerate(_values(6, first=20))], "orders")
+        producer.close()
+        resumed = client.consumer(broker.bootstrap, "g", ["orders"])
+        newest = consume_until([resumed], 6)[0]
+        resumed.close()
+        assert sorted(r.value for r in newest) == sorted(_values(6, first=20)), "g resumed at its commits"
+        everything = client.consumer(broker.bootstrap, "fresh", ["orders"])
+        all_records = consume_until([everything], 26)[0]
+        everything.close()
+        assert sorted(r.value for r in all_records) == sorted(_values(26))
+        assert broker.stop() == 0
+        assert pg_server.password not in "".join(broker.output)
+
+
+def _commit(connection: KafkaConnection, offset: int) -> int:
+    """A standalone consumer's OffsetCommit of orders-0; the partition's error code."""
+    response = connection.call(OFFSET_COMMIT, 2, OffsetCommitRequest(
+        group_id=GroupId("standalone"), generation_id_or_member_epoch=i32(-1), member_id="",
+        retention_time=i64Timedelta.parse(datetime.timedelta(milliseconds=-1)),
+        topics=(OffsetCommitRequestTopic(name=TopicName("orders"), partitions=(
+            OffsetCommitRequestPartition(partition_index=i32(0), committed_offset=i64(offset),
+                                         committed_metadata=None),)),)))
+    return int(response.topics[0].partitions[0].error_code)
+
+
+def _fetch(connection: KafkaConnection) -> tuple[int, int]:
+    """OffsetFetch of orders-0: (the group's error code, the committed offset)."""
+    response = connection.call(OFFSET_FETCH, 3, OffsetFetchRequest(
+        group_id=GroupId("standalone"),
+        topics=(OffsetFetchRequestTopic(name=TopicName("orders"), partition_indexes=(i32(0),)),)))
+    return int(response.error_code), int(response.topics[0].partitions[0].committed_offset)
+
+
+def test_offset_commits_fail_retriably_while_postgres_restarts_and_work_after(
+        tmp_path: Path, pg_server: PostgresServer, pg_database: str, client: Client) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(OUTLASTING_CONFIG)
+    with running_broker(tmp_path / "data", "--metadata", pg_database, "--config", str(config)) as broker:
+        client.create_topic(broker.bootstrap, "orders", 1)
+        with KafkaConnection(broker.bootstrap, {}) as connection:
+            assert _commit(connection, 1) == 0
+            pg_server.stop()
+            try:
+                assert _commit(connection, 2) == COORDINATOR_NOT_AVAILABLE
+                assert _commit(connection, 3) == COORDINATOR_NOT_AVAILABLE, "and again while it is down"
+                assert _fetch(connection)[0] == COORDINATOR_NOT_AVAILABLE
+            finally:
+                pg_server.start()
+            assert _fetch(connection) == (0, 1), "nothing refused was stored"
+            assert _commit(connection, 4) == 0
+            assert _fetch(connection) == (0, 4)
+        _check_consumer_commits(client, broker)
+        assert broker.stop() == 0
+        output = "".join(broker.output)
+    assert "OffsetCommit of group standalone refused" in output
+    assert pg_server.password not in output
+    assert _rows(pg_database, "SELECT committed_offset FROM committed_offsets WHERE group_id = 'standalone'") == \
+        [(4,)]
+
+
+def _check_consumer_commits(client: Client, broker: BrokerProcess) -> None:
+    """A real client's group commit goes through once the database is back."""
+    producer = client.producer(broker.bootstrap)
+    producer.send_all([Outgoing(0, None, v) for v in _values(3)], "orders")
+    producer.close()
+    consumer = client.consumer(broker.bootstrap, "after", ["orders"])
+    consume_until([consumer], 3)
+    consumer.commit()
+    consumer.close()
+
+
+def test_users_are_managed_in_the_metadata_database(pg_server: PostgresServer, pg_database: str) -> None:
+    runner = CliRunner()
+    added = runner.invoke(users, ["add", "alice", "--metadata", pg_database, "--password-stdin"],
+                          input="wonderland\n")
+    assert added.exit_code == 0, added.output
+    listed = runner.invoke(users, ["list"], env={"STRATALOG_METADATA": pg_database})
+    assert listed.exit_code == 0 and "alice" in listed.output and "SCRAM-SHA-512" in listed.output
+    assert _rows(pg_database, 'SELECT DISTINCT "user" FROM scram_credentials') == [("alice",)]
+    removed = runner.invoke(users, ["remove", "alice", "--metadata", pg_database])
+    assert removed.exit_code == 0, removed.output
+    assert _rows(pg_database, "SELECT count(*) FROM scram_credentials") == [(0,)]
+    for result in (added, listed, removed):
+        assert pg_server.password not in result.output
+
+
+def test_an_unreachable_metadata_database_is_named_without_its_password(tmp_path: Path) -> None:
+    result = CliRunner().invoke(users, ["list", "--metadata",
+                                        "postgresql://nobody:hunter2@127.0.0.1:9/none?connect_timeout=2"])
+    assert result.exit_code != 0
+    assert "cannot reach the metadata database" in result.output and "hunter2" not in result.output
+
+
+def test_the_config_file_names_the_database_and_the_config_does_not_show_its_password(tmp_path: Path) -> None:
+    toml = tmp_path / "broker.toml"
+    toml.write_text('metadata = "postgresql://broker:hunter2@db.example:5432/meta"\n')
+    config = load_config(toml)
+    assert config.metadata == "postgresql://broker:hunter2@db.example:5432/meta"
+    assert "hunter2" not in repr(config)
+    toml.write_text('metadata = "postgersql://broker:hunter2@db.example/meta"\n')
+    with pytest.raises(click.BadParameter, match="PostgreSQL URI") as refused:
+        load_config(toml)
+    assert "hunter2" not in str(refused.value)
