@@ -28,6 +28,7 @@ from stratalog.engine import objformat as of
 from stratalog.engine.manifest import MANIFEST_PREFIX, ManifestError, read_manifest
 from stratalog.objects.store import ObjectInfo, ObjectNotFoundError
 from stratalog.queues import format as bf
+from stratalog.records import NewRecord, Record
 from stratalog.wal.format import crc32c
 
 RESEAL = 0x01
@@ -78,12 +79,12 @@ def _check_engine_batch(buf: bytes | memoryview, position: int, info: eb.BatchIn
     check(list(eb.stored_records(stored)) == records, "stored_records disagrees with decode_records")
 
 
-def _records(reader: Reader) -> Iterator[eb.NewRecord]:
+def _records(reader: Reader) -> Iterator[NewRecord]:
     for _ in range(1 + reader.below(12)):
         headers = tuple((reader.take(reader.below(8)).decode("utf-8", "replace"),
                          None if reader.u8() & 1 else reader.take(reader.below(16)))
                         for _ in range(reader.below(3)))
-        yield eb.NewRecord(reader.take(reader.below(200)), None if reader.u8() & 1 else reader.take(reader.below(20)),
+        yield NewRecord(reader.take(reader.below(200)), None if reader.u8() & 1 else reader.take(reader.below(20)),
                            reader.uint(6) - (1 << 40), headers)
 
 
@@ -93,13 +94,13 @@ def _round_trip_engine_batch(reader: Reader) -> None:
     raw, _ = eb.encode_batch(stream_id, base, records)
     ((position, info),) = list(eb.iter_batches(raw))
     back = list(eb.decode_records(raw, position, info))
-    want = [eb.Record(base + i, r.timestamp_ms or 0, r.key, r.value, tuple(r.headers)) for i, r in enumerate(records)]
+    want = [Record(base + i, r.timestamp_ms or 0, r.key, r.value, tuple(r.headers)) for i, r in enumerate(records)]
     check(back == want, "records encoded then decoded are not the records")
 
 
 def engine_batch_seeds() -> list[bytes]:
-    golden, _ = eb.encode_batch(1, 0, [eb.NewRecord(b"v", b"k", 5, (("h", b"x"), ("n", None)))])
-    two, _ = eb.encode_batch(2, 7, [b"a", b"bb", eb.NewRecord(b"c", None, 9)], now_ms=1000)
+    golden, _ = eb.encode_batch(1, 0, [NewRecord(b"v", b"k", 5, (("h", b"x"), ("n", None)))])
+    two, _ = eb.encode_batch(2, 7, [b"a", b"bb", NewRecord(b"c", None, 9)], now_ms=1000)
     from stratalog.kafka.records import encode_batch as encode_kafka
     kafka = eb.wrap_kafka_batch(3, 40, 2, 1005, encode_kafka([(b"k", b"hi", (), 1000), (None, b"yo", (), 1005)],
                                                               base_offset=0))
@@ -155,7 +156,7 @@ def object_seeds() -> list[bytes]:
     for stream_id in (1, 2):
         batches = []
         for base in (0, 2):
-            raw, max_ts = eb.encode_batch(stream_id, base, [b"x" * base, eb.NewRecord(b"y", b"k", 3)], now_ms=1)
+            raw, max_ts = eb.encode_batch(stream_id, base, [b"x" * base, NewRecord(b"y", b"k", 3)], now_ms=1)
             batches.append(of.StreamBatch(base, 2, max_ts, raw))
         builder.add_stream(stream_id, batches)
     obj = builder.finish()
