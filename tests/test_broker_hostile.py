@@ -376,8 +376,11 @@ def test_a_fetch_for_everything_is_cut_to_the_broker_bounds(broker: BrokerProces
         good.round_trip(20)  # served while the fetch waits
         waited = read_frame(sock)
         waited_s = time.monotonic() - start_s
+    # Answered at all: the cap of fetch_wait_ms_max, not the 24 days asked (nor the default cap of 30 s, beyond
+    # the socket's EVENT_WAIT_S, whose timeout fails the read). After waiting the cap out: timed from before
+    # the send, so a slow machine can only make it longer.
     assert waited is not None and struct.unpack(">i", waited[:4])[0] == 12
-    assert waited_s < FETCH_WAIT_MS_MAX / 1000 * 5, waited_s  # fetch_wait_ms_max, not the 24 days asked
+    assert waited_s >= FETCH_WAIT_MS_MAX / 1000 * 0.9, waited_s
     assert_still_serves(broker)
 
 
