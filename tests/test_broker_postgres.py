@@ -17,6 +17,8 @@ import click
 import psycopg
 import pytest
 from click.testing import CliRunner
+from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
+from kio.schema.list_groups.v4.request import ListGroupsRequest
 from kio.schema.offset_commit.v2.request import (
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
@@ -35,7 +37,7 @@ from stratalog.kafka.client import KafkaConnection
 
 pytest_plugins = ["pgkit"]
 
-OFFSET_COMMIT, OFFSET_FETCH = 8, 9
+OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUPS, LIST_GROUPS = 8, 9, 15, 16
 COORDINATOR_NOT_AVAILABLE = 15
 #: Enough upload attempts, backing off from 0.2 s, to outlast a PostgreSQL restart on a loaded machine.
 OUTLASTING_CONFIG = "[store]\nupload_attempts_max = 12\n"
@@ -118,6 +120,14 @@ def _fetch(connection: KafkaConnection) -> tuple[int, int]:
     return int(response.error_code), int(response.topics[0].partitions[0].committed_offset)
 
 
+def _groups_errors(connection: KafkaConnection) -> tuple[int, int]:
+    """ListGroups' error code, and DescribeGroups' for the standalone group (known by its offsets only)."""
+    listed = connection.call(LIST_GROUPS, 4, ListGroupsRequest(states_filter=()))
+    described = connection.call(DESCRIBE_GROUPS, 5, DescribeGroupsRequest(
+        groups=(GroupId("standalone"),), include_authorized_operations=False))
+    return int(listed.error_code), int(described.groups[0].error_code)
+
+
 def test_offset_commits_fail_retriably_while_postgres_restarts_and_work_after(
         tmp_path: Path, pg_server: PostgresServer, pg_database: str, client: Client) -> None:
     config = tmp_path / "broker.toml"
@@ -131,9 +141,11 @@ def test_offset_commits_fail_retriably_while_postgres_restarts_and_work_after(
                 assert _commit(connection, 2) == COORDINATOR_NOT_AVAILABLE
                 assert _commit(connection, 3) == COORDINATOR_NOT_AVAILABLE, "and again while it is down"
                 assert _fetch(connection)[0] == COORDINATOR_NOT_AVAILABLE
+                assert _groups_errors(connection) == (COORDINATOR_NOT_AVAILABLE, COORDINATOR_NOT_AVAILABLE)
             finally:
                 pg_server.start()
             assert _fetch(connection) == (0, 1), "nothing refused was stored"
+            assert _groups_errors(connection) == (0, 0)
             assert _commit(connection, 4) == 0
             assert _fetch(connection) == (0, 4)
         _check_consumer_commits(client, broker)

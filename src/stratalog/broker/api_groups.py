@@ -13,6 +13,7 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
+from stratalog.broker.group_state import GroupDescription
 from stratalog.broker.offsets import OffsetEntry, OffsetsUnavailableError
 from stratalog.broker.session import Session
 from stratalog.kafka.codec import Request
@@ -124,9 +125,11 @@ async def offset_commit(broker: Broker, request: Request, session: Session) -> d
     return {"throttle_time": 0, "topics": topics}
 
 
-def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: Any) -> list[dict[str, Any]]:
+async def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: Any) -> list[dict[str, Any]]:
+    # The read in a worker thread: with the offsets in PostgreSQL it is a round trip, which would hold
+    # every connection's requests on the loop meanwhile.
     if wanted is None:
-        found = broker.offsets.fetch(group_id, None)
+        found = await asyncio.to_thread(broker.offsets.fetch, group_id, None)
         by_topic: dict[str, list[int]] = {}
         for topic, partition in sorted(found):
             if session.may_topic(Operation.DESCRIBE, topic):  # every topic: the hidden ones left out
@@ -134,7 +137,8 @@ def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: Any) -
         pairs = [(topic, parts) for topic, parts in by_topic.items()]
     else:
         pairs = [(t.name, list(t.partition_indexes)) for t in wanted]
-        found = broker.offsets.fetch(group_id, [(name, p) for name, parts in pairs for p in parts])
+        found = await asyncio.to_thread(broker.offsets.fetch, group_id,
+                                        [(name, p) for name, parts in pairs for p in parts])
     topics = []
     for name, parts in pairs:
         partitions = []
@@ -155,11 +159,11 @@ def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: Any) -
 async def offset_fetch(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
 
-    def answer(group_id: str, wanted: Any) -> dict[str, Any]:
+    async def answer(group_id: str, wanted: Any) -> dict[str, Any]:
         if not session.may_group(Operation.DESCRIBE, group_id):
             return {"group_id": group_id, "topics": [], "error_code": ErrorCode.group_authorization_failed}
         try:
-            topics = _fetch_group(broker, session, group_id, wanted)
+            topics = await _fetch_group(broker, session, group_id, wanted)
         except OffsetsUnavailableError as e:
             log.warning("OffsetFetch of group %s refused: %s", group_id, e)
             unavailable = ErrorCode.coordinator_not_available
@@ -170,8 +174,8 @@ async def offset_fetch(broker: Broker, request: Request, session: Session) -> di
         return {"group_id": group_id, "topics": topics, "error_code": ErrorCode.none}
 
     if request.api_version >= 8:
-        return {"throttle_time": 0, "groups": [answer(g.group_id, g.topics) for g in body.groups]}
-    return {"throttle_time": 0, **answer(body.group_id, body.topics)}
+        return {"throttle_time": 0, "groups": [await answer(g.group_id, g.topics) for g in body.groups]}
+    return {"throttle_time": 0, **(await answer(body.group_id, body.topics))}
 
 
 async def describe_groups(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
@@ -180,7 +184,13 @@ async def describe_groups(broker: Broker, request: Request, session: Session) ->
     denied = [g for g in wanted if not session.may_group(Operation.DESCRIBE, g)]
     groups.extend({"error_code": ErrorCode.group_authorization_failed, "group_id": g, "group_state": "",
                    "protocol_type": "", "protocol_data": "", "members": []} for g in denied)
-    for d in broker.groups.describe([g for g in wanted if g not in denied]):
+    try:
+        described = broker.groups.describe([g for g in wanted if g not in denied])
+    except OffsetsUnavailableError as e:   # a group known by its offsets only could not be looked up
+        log.warning("DescribeGroups refused: %s", e)
+        described = [GroupDescription(int(ErrorCode.coordinator_not_available), g, "", "", "", [])
+                     for g in wanted if g not in denied]
+    for d in described:
         groups.append({"error_code": d.error_code, "group_id": d.group_id, "group_state": d.state,
                        "protocol_type": d.protocol_type, "protocol_data": d.protocol_data,
                        "authorized_operations": OPERATIONS_NOT_ASKED, "members": [
@@ -193,7 +203,11 @@ async def describe_groups(broker: Broker, request: Request, session: Session) ->
 
 async def list_groups(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     states = getattr(request.body, "states_filter", ())
-    listed = broker.groups.list_groups(set(states) if states else None)
+    try:
+        listed = broker.groups.list_groups(set(states) if states else None)
+    except OffsetsUnavailableError as e:
+        log.warning("ListGroups refused: %s", e)
+        return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available, "groups": []}
     if not session.may_cluster(Operation.DESCRIBE):
         listed = [g for g in listed if session.may_group(Operation.DESCRIBE, g[0])]
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": [
@@ -203,7 +217,11 @@ async def list_groups(broker: Broker, request: Request, session: Session) -> dic
 async def delete_groups(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     names = list(request.body.groups_names)
     denied = [g for g in names if not session.may_group(Operation.DELETE, g)]
-    results = broker.groups.delete_groups([g for g in names if g not in denied])
+    try:
+        results = broker.groups.delete_groups([g for g in names if g not in denied])
+    except OffsetsUnavailableError as e:   # a retry finds the groups deleted before it GROUP_ID_NOT_FOUND
+        log.warning("DeleteGroups refused: %s", e)
+        results = [(g, int(ErrorCode.coordinator_not_available)) for g in names if g not in denied]
     return {"throttle_time": 0, "results": [{"group_id": g, "error_code": ErrorCode.group_authorization_failed}
                                             for g in denied] + [{"group_id": g, "error_code": e} for g, e in results]}
 
