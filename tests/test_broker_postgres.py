@@ -28,7 +28,7 @@ from kio.schema.offset_fetch.v3.request import OffsetFetchRequest, OffsetFetchRe
 from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import i32, i64, i64Timedelta
 
-from brokerkit import BrokerProcess, running_broker
+from brokerkit import BrokerProcess, running_broker, start_broker
 from kafkaclients import Client, Outgoing, consume_until, make_client
 from stratalog.chaos.postgres import PostgresServer
 from stratalog.commands.serve import load_config
@@ -181,6 +181,13 @@ def test_users_are_managed_in_the_metadata_database(pg_server: PostgresServer, p
     assert _rows(pg_database, "SELECT count(*) FROM scram_credentials") == [(0,)]
     for result in (added, listed, removed):
         assert pg_server.password not in result.output
+
+
+def test_a_broker_whose_metadata_database_is_unreachable_says_so_without_the_password(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="did not start") as failed:
+        start_broker(tmp_path / "data", "--metadata", "postgresql://nobody:hunter2@127.0.0.1:9/none")
+    assert "cannot reach the metadata database" in str(failed.value)
+    assert "hunter2" not in str(failed.value)
 
 
 def test_an_unreachable_metadata_database_is_named_without_its_password(tmp_path: Path) -> None:
