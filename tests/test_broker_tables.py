@@ -10,7 +10,9 @@ they are.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sqlite3
 import threading
 import uuid
@@ -63,6 +65,7 @@ from test_broker_quotas import (  # the quotas' cases, run on both databases
     test_the_rate_forgets_what_falls_out_of_its_windows,  # noqa: F401
     test_throttle_time_is_the_excess_over_the_quota_times_the_span,  # noqa: F401
 )
+from waiting import wait_until
 
 pytest_plugins = ["pgkit"]
 
@@ -178,13 +181,30 @@ def test_offsets_out_of_reach_fail_the_call_and_come_back_with_the_database(
         assert offsets.fetch("g") == {("t", 0): entry("t", 0, 3)}
 
 
+def _accepts(uri: str) -> bool:
+    try:
+        with psycopg.connect(uri) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("how", ["restart", "a backend killed"])
 def test_tables_opened_before_a_database_restart_work_at_their_first_call_after_it(
-        pg_server: PostgresServer, pg_database: str) -> None:
+        pg_server: PostgresServer, pg_database: str, how: str) -> None:
     registry, offsets = TopicRegistry(pg_database), CommittedOffsets(pg_database)
     credentials = CredentialStore(pg_database)
     try:
         registry.add("before", 1, {})
-        pg_server.restart()   # closes every connection while it is idle
+        if how == "restart":
+            pg_server.restart()   # every idle connection is told it ends, at its next use
+        else:
+            # The registry's backend dies without a word (the OOM killer's way); PostgreSQL then restarts
+            # every other backend, whose connections are told so.
+            pid = registry._db.execute("SELECT pg_backend_pid()").fetchone()[0]
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: _accepts(pg_database), "PostgreSQL accepting connections after a backend's crash")
         registry.add("after", 1, {})
         assert registry.next_counter("producer_id") == 0
         offsets.commit("g", [entry("after", 0, 1)])

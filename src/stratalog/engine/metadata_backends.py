@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -211,12 +212,23 @@ class PostgresBackend:
         self.commit()
 
     def _connect(self) -> Any:
+        if self._conn is not None and not self._conn.closed and not self._in_transaction and self._hung_up():
+            self._drop()
         if self._conn is None or self._conn.closed:
             try:
                 self._conn = self._psycopg.connect(self._uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
             except self._psycopg.OperationalError as e:
                 raise MetadataUnavailableError(f"cannot reach the metadata database: {self._scrub(e)}") from None
         return self._conn
+
+    def _hung_up(self) -> bool:
+        """Whether the server closed this idle connection: it has something to read (a server's goodbye,
+        or the end of the stream after it was killed) though no statement is outstanding."""
+        try:
+            readable, _, _ = select.select([self._conn.fileno()], [], [], 0)
+        except (OSError, ValueError, self._psycopg.Error):
+            return True
+        return bool(readable)
 
     def _scrub(self, error: BaseException) -> str:
         """The error's message without the URI's password (libpq may quote the connection string)."""
