@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from queuekit import one_object_per_round, small_queue_config
+from stratalog.engine.metadata import Metadata
 from stratalog.errors import StratalogError
 from stratalog.objects.local import SPARES_DIR_NAME, TEMP_PREFIX, LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
@@ -51,6 +52,7 @@ from stratalog.queues.merge_worker import (
     run_merge_job,
 )
 from stratalog.queues.objects import QUEUE_PREFIX
+from stratalog.queues.pending import PendingPuts
 
 
 def _objects(rng: random.Random, rounds: int, streams_per_round: list[int]) -> tuple[list[bytes], list[list[bytes]]]:
@@ -251,8 +253,9 @@ def test_the_store_merges_objects_and_reads_the_same(tmp_path: Path) -> None:
         # Settled: nothing left to upload or merge, nothing waiting to be deleted, and the deletes done (a
         # retired object leaves the list before its file goes) (an idle upload may split a round, so there
         # can be more than 12 uploads and more than 6 merges).
-        _wait(lambda: qs.stats()["compactions"] >= 6 and not qs._retired and not qs._view[1]
-              and qs._plan_compaction(qs._view[0]) is None and len(_files(tmp_path)) == len(qs._view[0]))
+        _wait(lambda: qs.stats()["compactions"] >= 6 and not qs.compactor.retiring and not qs.log_cache.view.records
+              and qs.compactor.plan(qs.log_cache.view.objects) is None
+              and len(_files(tmp_path)) == len(qs.log_cache.view.objects))
         stats = qs.stats()
         # 12 uploads of one tier, merged two by two, then the merged ones two by two: at most one object per tier.
         assert stats["objects"] <= 4, stats
@@ -286,16 +289,16 @@ def test_merged_away_files_are_written_over_by_later_uploads_and_merges(tmp_path
                                 compact_in_worker=in_worker, spare_bytes_max=1 << 20)
     with QueueStore.open(tmp_path, config=config) as qs:
         _fill(qs, model, rng, 12, 300)
-        _wait(lambda: qs.stats()["compactions"] >= 6 and not qs._retired and not qs._view[1])
+        _wait(lambda: qs.stats()["compactions"] >= 6 and not qs.compactor.retiring and not qs.log_cache.view.records)
         assert qs.compaction_error is None
         # Merged-away files went to the spares (within their bound), and uploads or merges (in the worker
         # process, or here) took some of them (a put takes a spare the moment it finds one).
         spares = os.listdir(tmp_path / LOCAL_DIR_NAME / SPARES_DIR_NAME)
         assert sum(pooled) > len(spares), (pooled, spares)
-        assert 0 <= qs._objects.spare_bytes() <= config.spare_bytes_max
+        assert 0 <= qs.stats()["spare_bytes"] <= config.spare_bytes_max
         _check(qs, model, rng)
         # No puts for compact_idle_s: the spares go (they only serve writes).
-        _wait(lambda: qs._objects.spare_bytes() == 0, seconds=10)
+        _wait(lambda: qs.stats()["spare_bytes"] == 0, seconds=10)
         _fill(qs, model, rng, 4, 300)
     assert os.listdir(tmp_path / LOCAL_DIR_NAME / SPARES_DIR_NAME) == []     # and none outlive a close
     with QueueStore.open(tmp_path, config=config) as qs:
@@ -305,32 +308,33 @@ def test_merged_away_files_are_written_over_by_later_uploads_and_merges(tmp_path
 def test_merged_away_objects_go_once_no_get_is_in_flight_and_not_before(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     entered, release = threading.Event(), threading.Event()
-    real_get = QueueStore._get
+    real_waiting = PendingPuts.waiting
 
-    def held_get(store: QueueStore, name: str, offset: int, num: int) -> list[bytes]:
-        if name == "held":
+    def held_waiting(pending: PendingPuts) -> bool:
+        # A get asks this once it has begun (it counts as in flight) and before it takes its view.
+        if threading.current_thread().name == "held-get":
             entered.set()
             release.wait(20)
-        return real_get(store, name, offset, num)
+        return real_waiting(pending)
 
-    monkeypatch.setattr(QueueStore, "_get", held_get)
+    monkeypatch.setattr(PendingPuts, "waiting", held_waiting)
     rng = random.Random(14)
     model: dict[str, list[bytes]] = {}
     # A grace period far longer than the test: only "no get in flight" can let the objects go early.
     config = small_queue_config(compact_fanout=2, upload_idle_s=0.01, compact_idle_bytes_max=0, compact_retire_s=600)
     with QueueStore.open(tmp_path, config=config) as qs:
-        reader = threading.Thread(target=qs.get, args=("held", 0, 1))
+        reader = threading.Thread(target=qs.get, args=("held", 0, 1), name="held-get")
         reader.start()
         assert entered.wait(10)
         _fill(qs, model, rng, 4, 100)
-        _wait(lambda: qs.compactions >= 1 and bool(qs._retired))
+        _wait(lambda: qs.compactions >= 1 and qs.compactor.retiring > 0)
         time.sleep(1.5)                      # the compactor looks at least once a second
-        assert qs._retired, "merged-away objects went while a get that may hold them was in flight"
+        assert qs.compactor.retiring, "merged-away objects went while a get that may hold them was in flight"
         release.set()
         reader.join(10)
         # (The compactor takes them off the list, then deletes their files: wait for both.)
-        _wait(lambda: not qs._retired and len(_files(tmp_path)) == len(qs._view[0]), seconds=10)
-        assert len(_files(tmp_path)) == len(qs._view[0])
+        _wait(lambda: not qs.compactor.retiring and len(_files(tmp_path)) == len(qs.log_cache.view.objects), seconds=10)
+        assert len(_files(tmp_path)) == len(qs.log_cache.view.objects)
         _check(qs, model, rng)
 
 
@@ -340,8 +344,8 @@ def test_with_no_room_for_spares_merged_away_files_are_deleted(tmp_path: Path) -
     config = small_queue_config(compact_fanout=2, upload_idle_s=0.01, compact_idle_bytes_max=0, spare_bytes_max=0)
     with QueueStore.open(tmp_path, config=config) as qs:
         _fill(qs, model, rng, 6, 300)
-        _wait(lambda: qs.stats()["compactions"] >= 3 and not qs._retired and not qs._view[1])
-        assert qs._objects.spare_bytes() == 0
+        _wait(lambda: qs.stats()["compactions"] >= 3 and not qs.compactor.retiring and not qs.log_cache.view.records)
+        assert qs.stats()["spare_bytes"] == 0
         _check(qs, model, rng)
 
 
@@ -356,10 +360,10 @@ def test_merges_cut_into_pieces_read_the_same_and_survive_a_reopen(tmp_path: Pat
                                 compact_object_bytes_max=48 << 10, compact_in_worker=False)
     with QueueStore.open(tmp_path, config=config) as qs:
         _fill(qs, model, rng, 8, 400)
-        _wait(lambda: qs.stats()["compactions"] >= 3 and not qs._retired and not qs._view[1]
-              and qs._plan_compaction(qs._view[0]) is None)
+        _wait(lambda: qs.stats()["compactions"] >= 3 and not qs.compactor.retiring and not qs.log_cache.view.records
+              and qs.compactor.plan(qs.log_cache.view.objects) is None)
         assert qs.compaction_error is None
-        objects = qs._view[0]
+        objects = qs.log_cache.view.objects
         places = [o.key.split("/")[-1].split("-")[0] for o in objects]
         assert len(set(places)) < len(places), "some merge made several pieces"
         assert all(o.size_bytes <= 48 << 10 for o in objects if "-" in o.key), [(o.key, o.size_bytes) for o in objects]
@@ -421,20 +425,20 @@ def test_a_store_at_rest_merges_its_newest_objects(tmp_path: Path, idle: str) ->
         "readers-busy": {"compact_idle_s": 0.3},
     }[idle]
     with QueueStore.open(tmp_path, config=small_queue_config(compact_fanout=4, **overrides)) as qs:
-        assert len(qs._view[0]) == 3
+        assert len(qs.log_cache.view.objects) == 3
         if idle == "readers-busy":
             # A get every 50 ms: never at rest, so nothing merges; once the gets stop, the merge comes.
             until = time.monotonic() + 2.0
             while time.monotonic() < until:
                 assert qs.get("q7", 0, 3) == model["q7"]
                 time.sleep(0.05)
-            assert qs.stats()["compactions"] == 0 and len(qs._view[0]) == 3
+            assert qs.stats()["compactions"] == 0 and len(qs.log_cache.view.objects) == 3
         if idle in ("merges", "readers-busy"):
-            _wait(lambda: qs.stats()["compactions"] == 1 and len(qs._view[0]) == 1)
+            _wait(lambda: qs.stats()["compactions"] == 1 and len(qs.log_cache.view.objects) == 1)
             assert qs.stats()["compactions_at_rest"] == 1
         else:
             time.sleep(1.5)    # the compactor looks every second, and the store has been at rest 0.2 s
-            assert qs.stats()["compactions"] == 0 and len(qs._view[0]) == 3
+            assert qs.stats()["compactions"] == 0 and len(qs.log_cache.view.objects) == 3
         for name, messages in model.items():
             assert qs.get(name, 0, 10) == messages
             assert qs.get(name, 1, 1) == messages[1:2]
@@ -460,14 +464,14 @@ def test_a_merge_waits_for_a_due_upload_to_go_first(tmp_path: Path) -> None:
     with QueueStore.open(tmp_path, config=config) as qs:
         qs.put("q", b"m")
         qs.flush()
-        assert not qs._upload_due()
-        qs._let_uploads_go_first()   # nothing due: no wait
+        assert not qs.uploader.due()
+        qs.compactor.let_uploads_go_first()   # nothing due: no wait
         returned = threading.Event()
-        with qs._upload_lock:        # the uploader blocks on it, as behind a merge
+        with qs.uploader.lock:        # the uploader blocks on it, as behind a merge
             qs.put_many(["q"] * 100, [bytes(1000)] * 100)
             qs.flush()
-            assert qs._upload_due()  # the log cache is past upload_bytes_threshold
-            waiter = threading.Thread(target=lambda: (qs._let_uploads_go_first(), returned.set()))
+            assert qs.uploader.due()  # the log cache is past upload_bytes_threshold
+            waiter = threading.Thread(target=lambda: (qs.compactor.let_uploads_go_first(), returned.set()))
             waiter.start()
             assert not returned.wait(0.3), "a merge must not start while an upload is due"
         assert returned.wait(5), "once the upload is done the merge goes"
@@ -514,8 +518,8 @@ def test_a_merge_that_fails_to_commit_loses_nothing(tmp_path: Path, monkeypatch:
     def refuse(*args: object) -> int:
         raise MetadataCommitError("the disk is full")
 
+    monkeypatch.setattr(Metadata, "replace_objects", refuse)
     with QueueStore.open(tmp_path, config=config) as qs:
-        monkeypatch.setattr(qs._meta, "replace_objects", refuse)
         _fill(qs, model, rng, 4, 100)
         _wait(lambda: qs.compaction_error is not None)
         assert qs.stats()["compactions"] == 0
@@ -555,8 +559,9 @@ def test_a_merge_stops_at_a_damaged_run_and_reads_report_it(tmp_path: Path) -> N
             except CorruptBulkError:
                 failed.add(name)
         # Exactly the queues with a run in the damaged page fail; every other read is whole.
-        positions = qs._view[2].positions[:, 0].astype(int)
-        in_page = {name for name, s in qs._ids.items() if positions[s] < positions[s + 1] and positions[s] < PAGE_BYTES}
+        positions = qs.log_cache.view.index.positions[:, 0].astype(int)
+        in_page = {name for name, s in qs.writer.ids.items()
+                   if positions[s] < positions[s + 1] and positions[s] < PAGE_BYTES}
         assert failed == in_page and 1 <= len(failed) < len(model)
 
 
@@ -738,8 +743,8 @@ def _alive(pid: int) -> bool:
 
 def test_closing_the_store_stops_its_worker_merge_and_loses_nothing(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from stratalog.queues import compactor as compactor_module
     from stratalog.queues import merge_worker as merge_worker_module
-    from stratalog.queues import store as store_module
 
     started = threading.Event()
     outcomes: list[str] = []
@@ -763,7 +768,7 @@ def test_closing_the_store_stops_its_worker_merge_and_loses_nothing(tmp_path: Pa
             outcomes.append(repr(exc))
             raise
 
-    monkeypatch.setattr(store_module, "run_merge_job", merge_until_closed)
+    monkeypatch.setattr(compactor_module, "run_merge_job", merge_until_closed)
     # Poll at once: a worker with a merge this small can finish within the default poll (0.2 s), and a merge
     # that finishes during the close is committed (safe, but not the cancellation this test is about).
     monkeypatch.setattr(merge_worker_module, "POLL_S", 0.001)

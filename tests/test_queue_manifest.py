@@ -93,9 +93,9 @@ def test_manifest_follows_uploads_merges_and_reopen(tmp_path: Path) -> None:
             qs.flush()
             _wait(lambda: qs.stats()["log_cache_records"] == 0)
         # The manifest follows each change of the view (and merged-away objects go after a grace period).
-        _wait(lambda: qs.stats()["compactions"] >= 2 and not qs._retired
-              and [o.key for o in _manifest(tmp_path).objects] == [o.key for o in qs._view[0]]
-              and len(_live_keys(tmp_path)) == len(qs._view[0]))
+        _wait(lambda: qs.stats()["compactions"] >= 2 and not qs.compactor.retiring
+              and [o.key for o in _manifest(tmp_path).objects] == [o.key for o in qs.log_cache.view.objects]
+              and len(_live_keys(tmp_path)) == len(qs.log_cache.view.objects))
         merged = _manifest(tmp_path)
         assert merged.seq > first.seq
         assert merged.stream_count == 55
@@ -108,7 +108,7 @@ def test_manifest_follows_uploads_merges_and_reopen(tmp_path: Path) -> None:
         reopened = _manifest(tmp_path)
         # Orphan cleanup at open must leave the manifest (it lies outside queues/), and open publishes anew.
         assert reopened.seq > closed.seq
-        assert [o.key for o in reopened.objects] == [o.key for o in qs._view[0]]
+        assert [o.key for o in reopened.objects] == [o.key for o in qs.log_cache.view.objects]
         assert reopened.stream_count == 55
     assert (tmp_path / LOCAL_DIR_NAME / QUEUE_MANIFEST_KEY).exists()
 

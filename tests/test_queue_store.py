@@ -32,10 +32,12 @@ from stratalog.queues import (
     QueueConfig,
     QueueStore,
 )
-from stratalog.queues import store as queue_store
-from stratalog.queues.format import CorruptBulkError
+from stratalog.queues import reader as queue_reader
+from stratalog.queues.format import U32, CorruptBulkError
+from stratalog.queues.logcache import CachedRecord, LogCache
 from stratalog.queues.merge_worker import MergeAnswer, MergeJob
-from stratalog.queues.objects import QUEUE_PREFIX
+from stratalog.queues.objects import CHUNKS_PER_OBJECT_MIN, QUEUE_PREFIX, RunObject
+from stratalog.wal import WriteAheadLog
 
 
 def _open(path: Path, **overrides: object) -> QueueStore:
@@ -87,18 +89,17 @@ def test_a_get_waits_for_puts_the_writer_has_taken_but_not_yet_written(tmp_path:
     # The writer thread takes the pending puts, then writes them: a get in between must wait for that
     # write (once, a get in the middle of it returned only the messages of earlier writes).
     entered, release = threading.Event(), threading.Event()
-    real_write = QueueStore._write
+    real_append = WriteAheadLog.append
 
-    def held_write(store: QueueStore, ids: Any, batch: Any) -> None:
-        if threading.current_thread() is store._writer:
+    def held_append(wal: WriteAheadLog, body: Any) -> Any:
+        if threading.current_thread().name == "stratalog-queue-writer":
             entered.set()
             release.wait(10)
-        real_write(store, ids, batch)
+        return real_append(wal, body)
 
-    monkeypatch.setattr(QueueStore, "_write", held_write)
+    monkeypatch.setattr(WriteAheadLog, "append", held_append)
     with _open(tmp_path) as qs:
         qs.put_many(["x", "x"], [b"1", b"2"])
-        qs._wake.set()
         assert entered.wait(10), "the writer never took the puts"
         got: list[bytes] = []
         reader = threading.Thread(target=lambda: got.extend(qs.get("x", 0, 10)))
@@ -209,7 +210,7 @@ def test_three_phases_with_a_restart_in_the_middle(tmp_path: Path) -> None:
     stats = qs.stats()
     assert stats["queues"] == queues and stats["messages"] == queues * rounds
     # The batch name index was rebuilt at the open and holds every queue, in a few dozen bytes each.
-    assert len(qs._names) == queues and 0 < stats["name_index_bytes"] <= 64 * queues + (64 << 10)
+    assert len(qs.writer.names) == queues and 0 < stats["name_index_bytes"] <= 64 * queues + (64 << 10)
 
     rng = random.Random(4)
     for q in rng.sample(range(queues), queues):  # index check: every queue, random offsets
@@ -267,11 +268,11 @@ def test_log_cache_reads_start_at_their_offset_and_an_upload_lets_the_records_go
         for t in threads:
             t.join()
         assert not errors, errors[0]
-        assert qs._tail.records, "the reads built the log cache's index"
-        uploaded = qs._tail.records
-        qs._upload(everything=True)
+        assert qs.log_cache.tail.records, "the reads built the log cache's index"
+        uploaded = qs.log_cache.tail.records
+        qs.uploader.upload(everything=True)
         assert qs.stats()["log_cache_records"] == 0
-        assert not set(map(id, qs._tail.records)) & set(map(id, uploaded))
+        assert not set(map(id, qs.log_cache.tail.records)) & set(map(id, uploaded))
         assert qs.get("q3", 28, 5) == [_msg(3, 28), _msg(3, 29)]
 
 
@@ -281,23 +282,41 @@ def _six_records_in_the_log_cache(path: Path) -> QueueStore:
     for r in range(6):
         qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])
         qs.flush()
-    assert len(qs._view[1]) >= 6
+    assert len(qs.log_cache.view.records) >= 6
     return qs
+
+
+def _log_cache_of(records: tuple[CachedRecord, ...]) -> LogCache:
+    """A log cache holding ``records`` (a store's), for reads through its public calls."""
+    cache = LogCache(1 << 30, 1.0)
+    for rec in records:
+        cache.add(rec)
+    return cache
+
+
+def _upload_of(cache: LogCache, taken: tuple[CachedRecord, ...]) -> None:
+    """``taken`` leave the log cache as an upload's records do (the object itself plays no part here)."""
+    streams = taken[-1].stream_count
+    obj = RunObject(1, "queues/0000000000000001.slq", None, 0, np.zeros(0, U32), 0)
+    cache.uploaded(taken, obj, np.zeros(streams, U32), np.zeros(streams + 1, U32))
 
 
 def test_a_get_with_an_older_view_than_the_tail_index_reads_every_record(tmp_path: Path) -> None:
     """A get holds the view it started with; if meanwhile an upload took records and another reader built
     the log cache's index from the later view, that index lacks records this get still reads: it must
     look them up itself, never start a run at the wrong offset."""
-    from stratalog.queues.index import TailIndex
-
     with _six_records_in_the_log_cache(tmp_path) as qs:
-        records = qs._view[1]
-        stream_id = qs._ids["q5"]
-        qs._tail = TailIndex.build(records[2:])   # as built by a reader whose view had lost two records
-        out: list[bytes] = []
-        qs._get_tail(records, stream_id, 0, 10, out)
-        assert out == [_msg(5, r) for r in range(6)]
+        records = qs.log_cache.view.records
+        stream_id = qs.writer.ids["q5"]
+    cache = _log_cache_of(records)
+    out: list[bytes] = []
+    cache.read(records[2:], stream_id, 2, 10, out)   # a reader whose view had lost two records builds it
+    assert out == [_msg(5, r) for r in range(2, 6)]
+    built = cache.tail
+    assert built.first_seq == records[2].seq and built.last_seq == records[-1].seq
+    out = []
+    cache.read(records, stream_id, 0, 10, out)
+    assert out == [_msg(5, r) for r in range(6)] and cache.tail is built
 
 
 def test_a_record_of_names_already_uploaded_but_still_in_the_wal_is_not_a_hole(tmp_path: Path,
@@ -312,8 +331,8 @@ def test_a_record_of_names_already_uploaded_but_still_in_the_wal_is_not_a_hole(t
     with _open(live, upload_idle_s=3600.0, upload_interval_s=3600.0, compact_fanout=0) as qs:
         qs.put_many([f"q{q}" for q in range(30)], [_msg(q, 0) for q in range(30)])     # names, then round 0
         qs.flush()
-        monkeypatch.setattr(qs._wal, "trim", lambda offset: None)   # the trim never became durable
-        assert qs._upload() == 30
+        monkeypatch.setattr(WriteAheadLog, "trim", lambda wal, offset: None)   # the trim never became durable
+        assert qs.uploader.upload() == 30
         for r in (1, 2):
             qs.put_many([f"q{q}" for q in range(30)], [_msg(q, r) for q in range(30)])
         qs.flush()
@@ -332,32 +351,37 @@ def test_an_upload_drops_its_records_from_the_tail_index_and_keeps_the_rest(tmp_
     from stratalog.queues.index import TailIndex
 
     with _six_records_in_the_log_cache(tmp_path) as qs:
-        records = qs._view[1]
-        sid = qs._ids["q5"]
-        built = TailIndex.build(records)
-        kept = built.without_through(records[2].seq)
-        assert kept.records[:3] == (None, None, None) and kept.records[3:] == records[3:]
-        assert kept.starts is built.starts and kept.run_end is built.run_end     # nothing rebuilt
-        qs._tail = kept
-        out: list[bytes] = []
-        qs._get_tail(records[3:], sid, 3, 10, out)       # a view after the upload: rounds 3 .. 5 here
-        assert out == [_msg(5, r) for r in range(3, 6)] and qs._tail is kept
-        out = []
-        qs._get_tail(records, sid, 0, 10, out)           # a view from before it: 0 .. 2 looked up one by one
-        assert out == [_msg(5, r) for r in range(6)] and qs._tail is kept
-        assert built.without_through(records[-1].seq).records == ()
+        records = qs.log_cache.view.records
+        sid = qs.writer.ids["q5"]
+    built = TailIndex.build(records)
+    kept = built.without_through(records[2].seq)
+    assert kept.records[:3] == (None, None, None) and kept.records[3:] == records[3:]
+    assert kept.starts is built.starts and kept.run_end is built.run_end     # nothing rebuilt
+    assert built.without_through(records[-1].seq).records == ()
 
-        # A rebuild from a view older than the store's drops what was uploaded since that view.
-        objects, _, index = qs._view
-        qs._tail = TailIndex.empty()
-        qs._view = (objects, records[3:], index)
-        try:
-            out = []
-            qs._get_tail(records, sid, 0, 10, out)
-            assert out == [_msg(5, r) for r in range(6)]
-            assert qs._tail.records[:3] == (None, None, None) and qs._tail.records[3:] == records[3:]
-        finally:
-            qs._view = (objects, records, index)
+    cache = _log_cache_of(records)
+    out: list[bytes] = []
+    cache.read(records, sid, 0, 10, out)                 # builds the index of all six
+    assert out == [_msg(5, r) for r in range(6)]
+    built = cache.tail
+    _upload_of(cache, records[:3])
+    kept = cache.tail
+    assert kept.records[:3] == (None, None, None) and kept.records[3:] == records[3:]
+    assert kept.starts is built.starts and kept.run_end is built.run_end     # nothing rebuilt
+    out = []
+    cache.read(records[3:], sid, 3, 10, out)             # a view after the upload: rounds 3 .. 5 here
+    assert out == [_msg(5, r) for r in range(3, 6)] and cache.tail is kept
+    out = []
+    cache.read(records, sid, 0, 10, out)                 # a view from before it: 0 .. 2 looked up one by one
+    assert out == [_msg(5, r) for r in range(6)] and cache.tail is kept
+
+    # A rebuild from a view older than the log cache's drops what was uploaded since that view.
+    cache = _log_cache_of(records)
+    _upload_of(cache, records[:3])
+    out = []
+    cache.read(records, sid, 0, 10, out)
+    assert out == [_msg(5, r) for r in range(6)]
+    assert cache.tail.records[:3] == (None, None, None) and cache.tail.records[3:] == records[3:]
 
 
 def test_readers_beside_a_writer_uploads_and_merges_get_exactly_what_was_put(tmp_path: Path) -> None:
@@ -461,7 +485,7 @@ def test_consumers_walking_the_queues_in_order_read_ahead_of_them(tmp_path: Path
     queues = 3000
     _three_objects_of(tmp_path, queues)
     with _open(tmp_path, compact_fanout=0, read_ahead_bytes=ahead) as qs:
-        assert len(qs._view[0]) == 3
+        assert len(qs.log_cache.view.objects) == 3
         before = qs.stats()["object_reads"]
         for q in range(0, queues, 2):      # every other queue, in order, as a consumer of many would
             assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
@@ -514,17 +538,17 @@ def test_read_ahead_evicts_its_oldest_chunk_while_other_threads_add_theirs(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     queues = 3000
     _three_objects_of(tmp_path, queues)
-    monkeypatch.setattr(queue_store, "CHUNKS_PER_OBJECT_MIN", 1)
+    monkeypatch.setattr(queue_reader, "CHUNKS_PER_OBJECT_MIN", 1)
     with _open(tmp_path, compact_fanout=0, read_ahead_bytes=4096, read_ahead_cache_bytes=0) as qs:
-        for obj in qs._view[0]:
+        for obj in qs.log_cache.view.objects:
             obj.chunks = _ChunksAddedMeanwhile()
         for q in range(0, queues, 2):
             assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
 
-        assert all(len(obj.chunks) <= 2 for obj in qs._view[0])
+        assert all(len(obj.chunks) <= 2 for obj in qs.log_cache.view.objects)
 
 
-@pytest.mark.parametrize(("budget_chunks", "per_object"), [(0, queue_store.CHUNKS_PER_OBJECT_MIN), (24 * 3, 24)])
+@pytest.mark.parametrize(("budget_chunks", "per_object"), [(0, CHUNKS_PER_OBJECT_MIN), (24 * 3, 24)])
 def test_read_ahead_keeps_the_chunks_its_budget_allows(tmp_path: Path, budget_chunks: int, per_object: int) -> None:
     queues = 3000       # ~38 chunks of 4 KiB an object
     _three_objects_of(tmp_path, queues)
@@ -533,7 +557,7 @@ def test_read_ahead_keeps_the_chunks_its_budget_allows(tmp_path: Path, budget_ch
             assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
             assert qs.stats()["read_ahead_bytes"] <= 3 * per_object * 4096
         # Each of the three objects its share (at least the minimum): the walk over every queue filled it.
-        assert [len(obj.chunks) for obj in qs._view[0]] == [per_object] * 3
+        assert [len(obj.chunks) for obj in qs.log_cache.view.objects] == [per_object] * 3
 
 
 @pytest.mark.parametrize("ahead", [-4096, 1000, (64 << 10) + 4096, 1 << 20])
@@ -670,7 +694,8 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
     monkeypatch.setattr(LocalObjectReader, "will_need",
                         lambda self, start, end: hinted.append((self._key, start, end)))
     with _open(tmp_path, compact_fanout=0) as qs:
-        objects, _, index = qs._view
+        view = qs.log_cache.view
+        objects, index = view.objects, view.index
         assert len(objects) == 3
         _, starts, stops = index.lookup(3)
         # Everything is in the page cache (just written): no read waits for the disk, so none hints.
@@ -694,7 +719,8 @@ def test_a_consumer_at_the_end_of_a_run_hints_the_next_run_with_messages(tmp_pat
     monkeypatch.setattr(LocalObjectReader, "will_need",
                         lambda self, start, end: hinted.append((self._key, start, end)))
     with _open(tmp_path, compact_fanout=0) as qs:
-        objects, _, index = qs._view
+        view = qs.log_cache.view
+        objects, index = view.objects, view.index
         _, starts, stops = index.lookup(3)
         assert len(objects) == 3 and starts[1] == stops[1] and stops[2] > starts[2]
         assert qs.get("q3", 0, 1) == [_msg(3, 0)]
@@ -705,11 +731,12 @@ def test_a_consumer_at_the_end_of_a_run_hints_the_next_run_with_messages(tmp_pat
 @pytest.mark.parametrize("in_worker", [False, True], ids=["merge-in-thread", "merge-in-worker"])
 def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_path: Path, in_worker: bool,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from stratalog.queues import store as store_module
+    from stratalog.queues import compactor as compactor_module
+    from stratalog.queues import uploader as uploader_module
 
     steps: list[int | None] = []
-    real_put_parts = store_module.put_parts
-    real_run_merge_job = store_module.run_merge_job
+    real_put_parts = uploader_module.put_parts
+    real_run_merge_job = compactor_module.run_merge_job
 
     def recording_put_parts(store: object, key: str, parts: object, *, sync_every_bytes: int | None = None,
                             size_hint: int | None = None) -> None:
@@ -721,8 +748,9 @@ def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_pat
         steps.append(job.sync_every_bytes)     # the worker passes it to put_parts
         return real_run_merge_job(job, cancelled)
 
-    monkeypatch.setattr(store_module, "put_parts", recording_put_parts)
-    monkeypatch.setattr(store_module, "run_merge_job", recording_run_merge_job)
+    monkeypatch.setattr(uploader_module, "put_parts", recording_put_parts)     # uploads
+    monkeypatch.setattr(compactor_module, "put_parts", recording_put_parts)    # merges in a thread
+    monkeypatch.setattr(compactor_module, "run_merge_job", recording_run_merge_job)
     with _open(tmp_path, upload_sync_bytes=12345, compact_fanout=2, compact_in_worker=in_worker) as qs:
         for r in range(2):
             qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])

@@ -32,13 +32,13 @@ def merged_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Model]:
         for r in range(ROUNDS - 1):
             _put_round(qs, model, r)
         deadline = time.monotonic() + 20
-        while qs.compactions < 2 or qs._retired:
+        while qs.compactions < 2 or qs.compactor.retiring:
             assert time.monotonic() < deadline
             time.sleep(0.02)
     # One more upload that no merge takes: the read spans merged objects and a later upload.
     with QueueStore.open(path, config=small_queue_config(compact_fanout=0, upload_idle_s=0.01)) as qs:
         _put_round(qs, model, ROUNDS - 1)
-        keys = [o.key for o in qs._view[0]]
+        keys = [o.key for o in qs.log_cache.view.objects]
         assert len(keys) >= 2 and "-" in keys[0], keys
     return str(path / LOCAL_DIR_NAME), model
 

@@ -63,7 +63,8 @@ def _fill(path: Path, queues: int, rounds: int, fanout: int = 0, piece_bytes_max
         config = small_queue_config(compact_fanout=fanout, compact_idle_bytes_max=0, compact_in_worker=False,
                                     **once, **pieces)
         with QueueStore.open(path, config=config) as qs:
-            wait_until(lambda: qs.compactions > 0 and not qs._retired and qs._plan_compaction(qs._view[0]) is None,
+            wait_until(lambda: qs.compactions > 0 and not qs.compactor.retiring
+                       and qs.compactor.plan(qs.log_cache.view.objects) is None,
                        "the merges to settle")
     return model
 
@@ -200,7 +201,7 @@ def test_a_task_planned_before_a_merge_reads_from_the_merged_object(tmp_path: Pa
     parts = plan_queue_read(store, "*", None, OffsetRange(), 10_000, 4 << 10)
     config = small_queue_config(compact_fanout=2, compact_retire_s=0.0, compact_idle_bytes_max=0)
     with QueueStore.open(tmp_path, config=config) as qs:
-        wait_until(lambda: qs.compactions >= 2 and not qs._retired, "two merges, their sources deleted")
+        wait_until(lambda: qs.compactions >= 2 and not qs.compactor.retiring, "two merges, their sources deleted")
     merged = read_layout(store)
     gone = {p.key for p in parts} - {o.key for o in merged.objects}
     assert len(gone) >= 2 and not any(list(store.list(key)) for key in gone)
@@ -217,7 +218,7 @@ def test_a_task_that_reads_a_merged_away_file_written_over_reads_from_the_merged
     sizes = {p.key: (tmp_path / LOCAL_DIR_NAME / p.key).stat().st_size for p in parts}
     config = small_queue_config(compact_fanout=2, compact_retire_s=0.0, compact_idle_bytes_max=0)
     with QueueStore.open(tmp_path, config=config) as qs:
-        wait_until(lambda: qs.compactions >= 2 and not qs._retired, "two merges, their sources deleted")
+        wait_until(lambda: qs.compactions >= 2 and not qs.compactor.retiring, "two merges, their sources deleted")
     gone = {p.key for p in parts} - {o.key for o in read_layout(store).objects}
     assert len(gone) >= 2
     for key in gone:    # what the task's read found in the file: another object's bytes

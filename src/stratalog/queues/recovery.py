@@ -18,17 +18,40 @@ New names already known under the same ids (row 3's, beside runs) count as none 
 Skipped records are in objects already: the WAL trim after the upload that took them was not durable
 before the crash. A dropped record lies after a hole the WAL skipped: a record lost before it was never
 acknowledged, so neither was this one nor any after it.
+
+:func:`recover` runs it all: objects, the WAL, then the upload of what was replayed and the deletion of
+objects no commit names.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
-from stratalog.queues.format import BulkRecord, Ids
+from stratalog.engine.metadata import Metadata
+from stratalog.engine.upkeep import delete_orphans
+from stratalog.objects.store import ObjectStore
+from stratalog.queues.format import (
+    I64,
+    OBJECT_FOOTER_BYTES,
+    BulkRecord,
+    CorruptBulkError,
+    Ids,
+    decode_bulk,
+    decode_footer,
+    decode_index,
+)
+from stratalog.queues.index import RunIndex
+from stratalog.queues.logcache import CachedRecord, LogCache
+from stratalog.queues.objects import QUEUE_PREFIX, RunObject, object_order
+from stratalog.queues.uploader import Uploader
+from stratalog.queues.writer import Writer
+from stratalog.wal import WriteAheadLog
 
 
 class Action(Enum):
@@ -106,3 +129,94 @@ class QueueRecoveryReport:
     #: Objects that are merges of several uploads.
     merged_objects: int = 0
     seconds: float = 0.0
+
+
+def recover(*, objects: ObjectStore, meta: Metadata, wal: WriteAheadLog, writer: Writer, log_cache: LogCache,
+            uploader: Uploader, upload_bytes_threshold: int) -> QueueRecoveryReport:
+    """Bring a store's queues back: load the objects' indexes, replay the WAL into the log cache, upload
+    what was replayed, trim the WAL and delete what no commit names (docs/formats/queues.md)."""
+    report = QueueRecoveryReport()
+    started = time.monotonic()
+    loaded, index = _load_objects(objects, meta, writer, uploader, report)
+    writer.adopt_ends(index.last_ends())
+    log_cache.set_objects(tuple(loaded), index)
+    last_wal_offset = -1
+    stopped = False
+    for rec in wal.recover():
+        report.wal_records += 1
+        last_wal_offset = rec.offset
+        if stopped:
+            report.records_dropped += 1
+            continue
+        body = bytes(rec.data)
+        bulk = decode_bulk(body)
+        action = ACTIONS[classify(bulk, writer.next_offsets, writer.stream_count, writer.ids)]
+        if action is Action.SKIP:
+            report.records_in_objects += 1
+            continue
+        if action is Action.DROP_REST:
+            stopped = True
+            report.records_dropped += 1
+            continue
+        _replay(bulk, body, rec.offset, writer, log_cache)
+        report.records_replayed += 1
+        report.messages_replayed += len(bulk.ends)
+        if log_cache.cache_bytes >= upload_bytes_threshold:
+            uploader.upload(everything=True)
+    uploader.upload(everything=True)
+    writer.index_names()
+    if last_wal_offset > wal.trim_offset:
+        wal.trim(last_wal_offset)
+    # Before deleting merged-away objects: a manifest published before a crash may still name them.
+    uploader.publish_manifest()
+    _delete_orphans(objects, meta, report)
+    report.merged_objects = sum("-" in o.key for o in log_cache.view.objects)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _load_objects(objects: ObjectStore, meta: Metadata, writer: Writer, uploader: Uploader,
+                  report: QueueRecoveryReport) -> tuple[list[RunObject], RunIndex]:
+    """Each committed object's footer and index section (never its runs), in the order of their places."""
+    loaded: list[RunObject] = []
+    index = RunIndex.empty()
+    live = [m for m in meta.objects() if m.key.startswith(QUEUE_PREFIX) and m.unreferenced_ms is None]
+    for row in sorted(live, key=lambda m: object_order(m.key, m.object_id)):
+        size = row.size_bytes
+        footer = decode_footer(objects.get(row.key, size - OBJECT_FOOTER_BYTES, size), size)
+        raw = objects.get(row.key, footer.names_position, size - OBJECT_FOOTER_BYTES)
+        names, ends, positions, pages = decode_index(raw, footer)
+        if footer.first_stream != writer.stream_count:
+            raise CorruptBulkError(f"queue object {row.key} names streams from {footer.first_stream}; "
+                                   f"{writer.stream_count} are known")
+        writer.adopt_object_names(names, footer.stream_count)
+        loaded.append(RunObject(row.object_id, row.key, uploader.open_reader(row.key), size, pages,
+                                footer.names_position))
+        index = index.with_object(ends, positions)
+        report.objects += 1
+        report.index_bytes += ends.nbytes + positions.nbytes + pages.nbytes
+    return loaded, index
+
+
+def _replay(bulk: BulkRecord, body: bytes, wal_offset: int, writer: Writer, log_cache: LogCache) -> None:
+    writer.replay(bulk)
+    message_at = np.zeros(len(bulk.ends) + 1, np.int32)
+    message_at[1:] = bulk.ends
+    first_msg = np.zeros(len(bulk.stream_ids) + 1, I64)
+    np.cumsum(bulk.counts, out=first_msg[1:])
+    done: Future[int] = Future()
+    done.set_result(wal_offset)
+    log_cache.add(CachedRecord(log_cache.next_seq(), wal_offset, done, bulk.stream_ids, bulk.base_offsets,
+                               bulk.counts, first_msg, bulk.data, message_at.data, bulk.names, bulk.stream_count,
+                               len(body), time.monotonic()))
+
+
+def _delete_orphans(objects: ObjectStore, meta: Metadata, report: QueueRecoveryReport) -> None:
+    """Delete objects an interrupted upload or merge wrote but never committed, the pieces of cut-off
+    puts, and objects a merge replaced (nothing reads them before the open returns)."""
+    for row in meta.collect_unreferenced(int(time.time() * 1000) + 1):
+        if row.key.startswith(QUEUE_PREFIX):
+            objects.delete(row.key)
+            meta.forget_object(row.object_id)
+            report.merged_away_deleted += 1
+    report.orphan_objects_deleted = delete_orphans(objects, meta, QUEUE_PREFIX)

@@ -1,0 +1,94 @@
+"""One cache bounded by bytes, for every in-memory cache of blocks, runs and rows.
+
+An ``OrderedDict`` underneath, oldest entry first: a hit is one C call (``dict.get``), so the cache costs
+a reader what a bare dict would. Two orders: ``lru=True`` moves a hit to the newest end (a block cache,
+whose hot blocks must outlive a scan); ``lru=False`` leaves it (first in, first out, as the million-queue
+race's cycle cache: no bookkeeping on a hit, for caches each entry of which is read a few times soon
+after it came). Adds, evictions and LRU moves take a lock; gets do not (a ``dict.get`` is atomic under
+the GIL), so any number of threads may share one cache.
+
+Why not a library: ``cachetools`` bounds by a ``getsizeof`` too, but its gets are Python calls and it is
+not thread-safe, and the block cache needs to add read-ahead at the cold end (``newest=False``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class BoundedCache(Generic[K, V]):
+    """Values up to ``bytes_max`` bytes in all (each sized by ``sizeof``), the oldest evicted first."""
+
+    __slots__ = ("_entries", "_lock", "_lru", "_sizeof", "bytes_max", "nbytes")
+
+    def __init__(self, bytes_max: int, sizeof: Callable[[V], int], *, lru: bool) -> None:
+        if bytes_max < 0:
+            raise ValueError("a cache's bytes_max must be >= 0")
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._lru = lru
+        self._sizeof = sizeof
+        self.bytes_max = bytes_max
+        #: Bytes of the values held, as ``sizeof`` counts them.
+        self.nbytes = 0
+
+    def get(self, key: K) -> V | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if self._lru:
+            with self._lock, contextlib.suppress(KeyError):    # (evicted meanwhile: it was still a hit)
+                self._entries.move_to_end(key)
+        return entry[0]
+
+    def put(self, key: K, value: V, *, newest: bool = True) -> None:
+        """Add (or replace) ``key``; ``newest=False`` puts it at the end evicted first (read-ahead no one
+        has asked for yet must not push out what readers use). A value larger than the bound is not kept."""
+        size = self._sizeof(value)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= old[1]
+            if size > self.bytes_max:
+                return
+            self._entries[key] = (value, size)
+            if not newest:
+                self._entries.move_to_end(key, last=False)
+            self.nbytes += size
+            while self.nbytes > self.bytes_max:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.nbytes -= evicted
+
+    def pop(self, key: K) -> V | None:
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return None
+            self.nbytes -= entry[1]
+            return entry[0]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+    def keys(self) -> list[K]:
+        """The keys, oldest first (a copy: one C call, safe beside other threads)."""
+        return list(self._entries)
+
+    def values(self) -> Iterator[V]:
+        """The values, oldest first, from a copy taken at once."""
+        return (value for value, _ in list(self._entries.values()))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
