@@ -90,6 +90,10 @@ def test_takeovers_raise_the_leader_epoch_and_fence_the_old_holder(brokers: list
         pass                                                # it holds them: the fence lets it commit
     b2 = make_broker(brokers, database, 2)
     wait_until(lambda: 1 not in b2.live(), "broker 1's lease to run out")
+    assert b2.reconcile(res) == [], "a dead broker's partitions wait until its log is replayed"
+    dead = b2.claim_dead_log()
+    assert dead == Holder(1, 1) and b2.claim_dead_log() is None
+    b2.finish_recovery(dead)
     moves = b2.reconcile(res)
     assert {m.resource for m in moves} == set(res) and all(m.to == Holder(2, 1) for m in moves)
     assert all(h.holder == Holder(2, 1) and h.leader_epoch == 2 for h in b2.holds().values())
@@ -178,6 +182,9 @@ def test_a_broker_that_lost_its_partition_commits_nothing_for_it(brokers: list[C
     renewer.join()
     b2 = make_broker(brokers, database, 2)
     wait_until(lambda: 1 not in b2.live(), "broker 1's lease to run out")
+    dead = b2.claim_dead_log()
+    assert dead is not None
+    b2.finish_recovery(dead)            # its log is on its own disk here: the fence is what is tested
     assert [m.to for m in b2.reconcile(partitions(1))] == [Holder(2, 1)]
     stream.append([b"from a broker that lost t/0"]).result()  # durable in its own WAL only
     with pytest.raises(LeaseLostError):

@@ -18,6 +18,14 @@ Tables (PostgreSQL; created if missing)::
 
     cluster_brokers  broker_id, epoch, host, port, lease_expires_ms, left_clean
     cluster_leaders  kind, name, broker_id, broker_epoch, leader_epoch, handing_to_id, handing_to_epoch
+    cluster_logs     broker_id, epoch, state, claimed_by_id, claimed_by_epoch
+
+**Failover.** Each incarnation writes its own write-ahead log (in object storage, so it outlives the
+machine) and has a row in ``cluster_logs``. When an incarnation's lease runs out without a clean leave,
+its partitions are *not ready*: no reconcile hands them to anyone until a live broker has claimed its log
+(:meth:`Cluster.claim_dead_log`), replayed it and committed what it held under :meth:`recovery_fence`
+(which lets the claimant commit for exactly the dead incarnation's partitions), and marked it recovered
+(:meth:`finish_recovery`). A claimant that dies in turn loses its claim with its lease.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from stratalog.cluster.assignment import Holder, Kind, Move, MoveType, Resource, plan
+from stratalog.engine.metadata import Fence
 from stratalog.engine.metadata_backends import Backend, PostgresBackend
 from stratalog.errors import StratalogError
 
@@ -50,7 +59,19 @@ CREATE TABLE IF NOT EXISTS cluster_leaders (
     handing_to_epoch INTEGER,
     PRIMARY KEY (kind, name)
 );
+CREATE TABLE IF NOT EXISTS cluster_logs (
+    broker_id INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    claimed_by_id INTEGER,
+    claimed_by_epoch INTEGER,
+    PRIMARY KEY (broker_id, epoch)
+);
 """
+#: States of an incarnation's write-ahead log (cluster_logs.state).
+LOG_OPEN = "open"              # its broker writes it, or died with it: records may be in it alone
+LOG_CLEAN = "clean"            # its broker left after committing everything: nothing to replay
+LOG_RECOVERED = "recovered"    # another broker replayed it and committed what it held
 #: The database's clock in milliseconds: leases are measured on one clock, whatever the brokers' say.
 NOW_MS = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
 
@@ -135,6 +156,7 @@ class Cluster:
                        "ON CONFLICT (broker_id) DO UPDATE SET epoch = excluded.epoch, host = excluded.host, "
                        "port = excluded.port, lease_expires_ms = excluded.lease_expires_ms, left_clean = 0",
                        (self.broker_id, epoch, host, port, self.lease_ms))
+            db.execute("INSERT INTO cluster_logs VALUES (?, ?, ?, NULL, NULL)", (self.broker_id, epoch, LOG_OPEN))
         self.epoch = epoch
         return epoch
 
@@ -154,6 +176,9 @@ class Cluster:
         with self._tx() as db:
             db.execute("UPDATE cluster_brokers SET lease_expires_ms = 0, left_clean = ? WHERE broker_id = ? "
                        "AND epoch = ?", (int(clean), self.broker_id, self.epoch))
+            if clean:
+                db.execute("UPDATE cluster_logs SET state = ? WHERE broker_id = ? AND epoch = ?",
+                           (LOG_CLEAN, self.broker_id, self.epoch))
 
     def live(self) -> dict[int, BrokerInfo]:
         with self._lock:
@@ -178,7 +203,11 @@ class Cluster:
             holds = _holds(db, None)
             holders = {r: h.holder for r, h in holds.items() if h.holder is not None}
             handing = {r: h.handing_to for r, h in holds.items() if h.handing_to is not None}
-            moves = plan(resources, holders, live, not_ready, handing)
+            unreplayed = {(int(r[0]), int(r[1])) for r in db.execute(
+                "SELECT broker_id, epoch FROM cluster_logs WHERE state = ?", (LOG_OPEN,)).fetchall()}
+            waiting = {r for r, h in holders.items() if r.kind is Kind.PARTITION
+                       and (h.broker_id, h.broker_epoch) in unreplayed and live.get(h.broker_id) != h.broker_epoch}
+            moves = plan(resources, holders, live, waiting.union(not_ready), handing)
             for move in moves:
                 if move.type is MoveType.TAKEOVER:
                     db.execute("INSERT INTO cluster_leaders VALUES (?, ?, ?, ?, 1, NULL, NULL) "
@@ -211,6 +240,68 @@ class Cluster:
                                      f"{resource.name!r} to make")
             return _holds(db, resource.kind, resource.name)[resource]
 
+    # Failover ---------------------------------------------------------------------------------------
+
+    def claim_dead_log(self) -> Holder | None:
+        """Claim the write-ahead log of one incarnation that died without a clean leave and that no live
+        broker has claimed (the oldest first); None when there is none. The claimant replays it, commits
+        what it holds under :meth:`recovery_fence`, then calls :meth:`finish_recovery`."""
+        with self._tx() as db:
+            self._check_lease(db)
+            row = db.execute(
+                "SELECT l.broker_id, l.epoch FROM cluster_logs l "
+                "LEFT JOIN cluster_brokers b ON b.broker_id = l.broker_id "
+                "LEFT JOIN cluster_brokers c ON c.broker_id = l.claimed_by_id "
+                f"WHERE l.state = ? AND NOT (b.epoch = l.epoch AND b.lease_expires_ms > {NOW_MS}) "
+                "AND (l.claimed_by_id IS NULL "
+                f"OR NOT (c.epoch = l.claimed_by_epoch AND c.lease_expires_ms > {NOW_MS})) "
+                "ORDER BY l.broker_id, l.epoch LIMIT 1", (LOG_OPEN,)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE cluster_logs SET claimed_by_id = ?, claimed_by_epoch = ? WHERE broker_id = ? "
+                       "AND epoch = ?", (self.broker_id, self.epoch, row[0], row[1]))
+            return Holder(int(row[0]), int(row[1]))
+
+    def recovery_fence(self, dead: Holder) -> Fence:
+        """The stream store's fence while replaying ``dead``'s log: a change commits only while this
+        broker's lease is live, it holds the claim on that log, and every stream changed is a partition
+        the dead incarnation held."""
+
+        def check(db: Backend, stream_ids: Sequence[int]) -> None:
+            self._check_lease(db)
+            claimed = db.execute("SELECT 1 FROM cluster_logs WHERE broker_id = ? AND epoch = ? AND state = ? "
+                                 "AND claimed_by_id = ? AND claimed_by_epoch = ?",
+                                 (dead.broker_id, dead.broker_epoch, LOG_OPEN, self.broker_id, self.epoch)).fetchone()
+            if claimed is None:
+                raise NotHolderError(f"broker {self.broker_id} (epoch {self.epoch}) no longer holds the claim on "
+                                     f"the log of broker {dead.broker_id} (epoch {dead.broker_epoch})")
+            names = _stream_names(db, stream_ids)
+            held = 0
+            for i in range(0, len(names), 500):
+                chunk = names[i:i + 500]
+                held += int(db.execute(
+                    "SELECT COUNT(*) FROM cluster_leaders WHERE kind = ? AND broker_id = ? AND broker_epoch = ? "
+                    f"AND name IN ({','.join('?' * len(chunk))})",
+                    (Kind.PARTITION.value, dead.broker_id, dead.broker_epoch, *chunk)).fetchone()[0])
+            if held != len(names):
+                raise NotHolderError(f"the log of broker {dead.broker_id} (epoch {dead.broker_epoch}) holds "
+                                     "records of partitions that incarnation did not hold")
+
+        return check
+
+    def finish_recovery(self, dead: Holder) -> None:
+        """Mark ``dead``'s log replayed (its partitions become ready to take over); NotHolderError if this
+        broker no longer holds the claim."""
+        with self._tx() as db:
+            self._check_lease(db)
+            done = db.execute("UPDATE cluster_logs SET state = ? WHERE broker_id = ? AND epoch = ? AND state = ? "
+                              "AND claimed_by_id = ? AND claimed_by_epoch = ?",
+                              (LOG_RECOVERED, dead.broker_id, dead.broker_epoch, LOG_OPEN, self.broker_id,
+                               self.epoch)).rowcount
+        if done != 1:
+            raise NotHolderError(f"broker {self.broker_id} does not hold the claim on the log of broker "
+                                 f"{dead.broker_id} (epoch {dead.broker_epoch})")
+
     # Fencing ----------------------------------------------------------------------------------------
 
     def check_holds(self, db: Backend, kind: Kind, names: Sequence[str]) -> None:
@@ -239,14 +330,7 @@ class Cluster:
     def stream_fence(self, db: Backend, stream_ids: Sequence[int]) -> None:
         """The stream store's fence (``StreamStore.open(..., fence=cluster.stream_fence)``): a change of
         streams' data commits only while this broker holds their partitions (streams ``<topic>/<p>``)."""
-        names: list[str] = []
-        for i in range(0, len(stream_ids), 500):
-            chunk = list(stream_ids[i:i + 500])
-            names += [r[0] for r in db.execute(
-                f"SELECT name FROM streams WHERE stream_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()]
-        if len(names) != len(set(stream_ids)) or any(name is None for name in names):
-            raise NotHolderError(f"streams {list(stream_ids)[:5]} are not all named partitions of this cluster")
-        self.check_holds(db, Kind.PARTITION, names)
+        self.check_holds(db, Kind.PARTITION, _stream_names(db, stream_ids))
 
     @contextmanager
     def fenced(self, kind: Kind, names: Sequence[str]) -> Iterator[Backend]:
@@ -254,6 +338,20 @@ class Cluster:
         with self._tx() as db:
             self.check_holds(db, kind, names)
             yield db
+
+
+def _stream_names(db: Backend, stream_ids: Sequence[int]) -> list[str]:
+    """The names of streams (partitions are streams ``<topic>/<p>``); NotHolderError for a stream with no
+    name or none at all."""
+    names: list[str] = []
+    ids = sorted(set(stream_ids))
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        names += [r[0] for r in db.execute(
+            f"SELECT name FROM streams WHERE stream_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()]
+    if len(names) != len(ids) or any(name is None for name in names):
+        raise NotHolderError(f"streams {ids[:5]} are not all named partitions of this cluster")
+    return sorted(names)
 
 
 def _holds(db: Backend, kind: Kind | None, name: str | None = None) -> dict[Resource, Hold]:

@@ -11,6 +11,7 @@ metadata says is already in objects, and deletes objects that no commit refers t
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import logging
 import os
@@ -285,11 +286,27 @@ class StreamStore:
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
         try:
-            self._meta = Metadata(data_dir / "meta.sqlite" if metadata is None else metadata, fence=fence)
-            self._shared_objects = fence is not None
+            self._open(data_dir, objects, config, wal_device, metadata, fence, wal)
         except BaseException:
+            # Whatever opened before the failure is let go, so a failed open leaks no connection, thread
+            # or lock (the caller may retry at once, as a broker replaying another's log does).
+            for part in ("_wal", "_blocks", "_meta"):
+                opened = getattr(self, part, None)
+                if opened is not None:
+                    with contextlib.suppress(Exception):
+                        opened.close()
+            if wal is not None and getattr(self, "_wal", None) is None:
+                with contextlib.suppress(Exception):
+                    wal.close()
             unlock_data_dir(self._lock_fd)
             raise
+        self._uploader = threading.Thread(target=self._uploader_loop, name="stratalog-uploader", daemon=True)
+        self._uploader.start()
+
+    def _open(self, data_dir: Path, objects: ObjectStore, config: StoreConfig, wal_device: Device | None,
+              metadata: str | None, fence: Fence | None, wal: WAL | None) -> None:
+        self._meta = Metadata(data_dir / "meta.sqlite" if metadata is None else metadata, fence=fence)
+        self._shared_objects = fence is not None
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._upload_lock = threading.Lock()
@@ -330,8 +347,6 @@ class StreamStore:
             self._wal = WriteAheadLog.open(wal_path, capacity_bytes=config.wal_capacity_bytes, create=True,
                                            config=config.wal)
         self.recovery = self._recover()
-        self._uploader = threading.Thread(target=self._uploader_loop, name="stratalog-uploader", daemon=True)
-        self._uploader.start()
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], object_store: str | ObjectStore | None = None,
