@@ -9,6 +9,7 @@ from typing import Any
 
 from stratalog.broker.appender import OrderedAppender
 from stratalog.engine import BackpressureError
+from waiting import WAIT_S
 
 
 class FullThenFreeStream:
@@ -25,7 +26,7 @@ class FullThenFreeStream:
         if not self.room.is_set():
             if wait_s_max == 0:
                 raise BackpressureError("full")
-            assert self.room.wait(10), "the worker waits for room"
+            assert self.room.wait(WAIT_S), "the worker waits for room"
         with self.lock:
             self.appended.append(batch)
             offset, self.next_offset = self.next_offset, self.next_offset + count

@@ -42,6 +42,7 @@ from stratalog.errors import StratalogError
 from stratalog.io.faulty import FaultPlan, MemDevice, flip_bit
 from stratalog.wal import WALConfig
 from stratalog.wal.format import HEADERS_BYTES, RECORD_HEADER, RECORD_HEADER_BYTES
+from waiting import WAIT_S
 
 #: A 512 KiB ring with 16 KiB blocks: uploads trim it often and appends wrap it many times per scenario.
 RING_BYTES = 512 << 10
@@ -595,7 +596,7 @@ def test_bit_flips_outside_the_live_wal_return_nothing_corrupt_and_lose_nothing(
             live.store.flush()  # trims the WAL: the ring fills with trimmed records and wraps
         scenario.append_burst(live.store, rng.randint(1, 20))
         for a in scenario.appends:
-            a.future.result(timeout=10)
+            a.future.result(timeout=WAIT_S)
         with live.store._upload_lock:
             state = scenario.capture(live, "flips outside the live log", hold_upload_lock=False)
             # Everything was acknowledged, so the durable image holds it all.
@@ -640,7 +641,7 @@ def test_flipped_bit_in_an_acknowledged_wal_batch_is_detected_and_never_returned
         rng = scenario.rng
         scenario.append_burst(live.store, rng.randint(10, 25))
         for a in scenario.appends:
-            a.future.result(timeout=10)
+            a.future.result(timeout=WAIT_S)
         with live.store._upload_lock:
             cached = [(sid, st.cache) for sid, st in live.store._streams.items() if st.cache]
             sid, cache = rng.choice(cached)

@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.engine.store import DATA_PREFIX, StreamStore
+from waiting import WAIT_S
 
 STREAMS_MAX = 6
 
@@ -46,7 +47,7 @@ class EngineMachine(RuleBasedStateMachine):
         stream_id = sorted(self.model)[pick % len(self.model)]
         future = self.store.open_stream(stream_id).append(batch)
         if wait:
-            assert future.result(timeout=10) == len(self.model[stream_id])
+            assert future.result(timeout=WAIT_S) == len(self.model[stream_id])
         self.model[stream_id].extend(batch)
 
     @precondition(lambda self: self.model)

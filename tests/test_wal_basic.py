@@ -102,13 +102,13 @@ def test_a_record_on_an_idle_device_is_written_without_waiting_for_the_linger() 
 def test_without_seal_when_idle_a_lone_record_waits_for_the_linger() -> None:
     wal, _ = new_wal(seal_when_idle=False, block_linger_s=0.3)
     started = time.monotonic()
-    wal.append(b"alone").future.result(timeout=10)
+    wal.append(b"alone").future.result(timeout=WAIT_S)
     assert time.monotonic() - started >= 0.25
     wal.close()
 
 
 def test_records_gather_into_one_block_while_every_io_thread_is_busy() -> None:
-    wal, device = new_wal(seal_when_idle=True, block_linger_s=30.0, io_threads=2)
+    wal, device = new_wal(seal_when_idle=True, block_linger_s=3600.0, io_threads=2)
     device.stall_syncs()
     first = wal.append(b"a")  # each takes a free I/O thread at once, then waits in sync
     second = wal.append(b"b")
@@ -117,16 +117,16 @@ def test_records_gather_into_one_block_while_every_io_thread_is_busy() -> None:
     assert len({r.future for r in gathered}) == 1, "records sealed one by one while no thread was free"
     assert gathered[0].future is not second.future
     device.release_syncs()
-    # Sealed when a thread came free, long before the 30 s linger.
-    assert gathered[-1].future.result(timeout=10) >= gathered[-1].offset
-    assert first.future.result(timeout=1) < second.future.result(timeout=1)
+    # Sealed when a thread came free, long before the hour's linger (a wait for it times out here).
+    assert gathered[-1].future.result(timeout=WAIT_S) >= gathered[-1].offset
+    assert first.future.result(timeout=WAIT_S) < second.future.result(timeout=WAIT_S)
     wal.close()
 
 
 def test_future_result_is_the_durable_offset() -> None:
     wal, _ = new_wal()
     res = wal.append(b"x" * 100)
-    durable = res.future.result(timeout=5)
+    durable = res.future.result(timeout=WAIT_S)
     assert durable > res.offset
     assert wal.durable_offset >= durable
     wal.close()

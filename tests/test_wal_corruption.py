@@ -18,6 +18,7 @@ from stratalog.wal.format import (
     WALHeader,
     encode_header,
 )
+from waiting import WAIT_S
 from walkit import (
     CAPACITY_BYTES,
     RING_BYTES,
@@ -94,7 +95,7 @@ def test_a_torn_record_after_the_last_valid_one_is_erased_before_its_offsets_are
     assert wal.recovery_stats.stale_bytes_erased >= len(bodies[2])
     appended = [wal.append(b"new%d" % i * 50) for i in range(5)]
     for res in appended:
-        res.future.result(timeout=5)
+        res.future.result(timeout=WAIT_S)
     again = recover_image(wal.device.durable_image())  # type: ignore[attr-defined]
     wal.close()
     assert [r.offset for r in again] == [*offsets[:2], *(res.offset for res in appended)]

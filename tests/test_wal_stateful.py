@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from stratalog.errors import OverCapacityError
 from stratalog.io.faulty import MemDevice
 from stratalog.wal import RecoveredRecord, WriteAheadLog
+from waiting import WAIT_S
 from walkit import acknowledged, new_wal, small_config
 
 
@@ -42,7 +43,7 @@ class WALMachine(RuleBasedStateMachine):
     @rule()
     def wait_all(self) -> None:
         if self.session:
-            self.session[-1][2].result(timeout=10)
+            self.session[-1][2].result(timeout=WAIT_S)
         self.durable.update(acknowledged(self.session))
 
     @rule(fraction=st.floats(0.0, 1.0))
