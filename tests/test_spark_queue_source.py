@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -15,6 +14,7 @@ from queuekit import small_queue_config
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
 from stratalog.spark import jobs
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 QUEUES = 3000
@@ -31,14 +31,11 @@ def merged_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Model]:
     with QueueStore.open(path, config=config) as qs:
         for r in range(ROUNDS - 1):
             _put_round(qs, model, r)
-        deadline = time.monotonic() + 20
-        while qs.compactions < 2 or qs.compactor.retiring:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: qs.compactions >= 2 and not qs._retired, "two merges, their sources deleted")
     # One more upload that no merge takes: the read spans merged objects and a later upload.
     with QueueStore.open(path, config=small_queue_config(compact_fanout=0, upload_idle_s=0.01)) as qs:
         _put_round(qs, model, ROUNDS - 1)
-        keys = [o.key for o in qs.log_cache.view.objects]
+        keys = [o.key for o in qs._view[0]]
         assert len(keys) >= 2 and "-" in keys[0], keys
     return str(path / LOCAL_DIR_NAME), model
 
@@ -55,10 +52,7 @@ def _upload(qs: QueueStore, model: Model, names: list[str], messages: list[bytes
     for n, m in zip(names, messages, strict=True):
         model.setdefault(n, []).append(m)
     qs.flush()
-    deadline = time.monotonic() + 20
-    while qs.stats()["log_cache_records"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(lambda: not qs.stats()["log_cache_records"], "the messages to be uploaded")
 
 
 def _queues(spark: Any, uri: str, queues: str = "*", **options: str) -> Any:
@@ -118,9 +112,6 @@ def test_spark_reads_queues_from_an_s3_store(spark: Any, seaweedfs: SeaweedS3, t
         for r in range(4):
             names = [f"s3q{i:04d}" for i in range(400) if (i + r) % 3]
             _upload(qs, model, names, [b"%s/%d" % (n.encode(), r) for n in names])
-        deadline = time.monotonic() + 20
-        while qs.compactions < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: qs.compactions >= 1, "a merge")
     rows = _queues(spark, uri, rowsPerPartition="300").collect()
     assert sorted((r.stream, r.offset, bytes(r.value)) for r in rows) == _expected(model)
