@@ -31,11 +31,11 @@ def merged_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Model]:
     with QueueStore.open(path, config=config) as qs:
         for r in range(ROUNDS - 1):
             _put_round(qs, model, r)
-        wait_until(lambda: qs.compactions >= 2 and not qs._retired, "two merges, their sources deleted")
+        wait_until(lambda: qs.compactions >= 2 and not qs.compactor.retiring, "two merges, their sources deleted")
     # One more upload that no merge takes: the read spans merged objects and a later upload.
     with QueueStore.open(path, config=small_queue_config(compact_fanout=0, upload_idle_s=0.01)) as qs:
         _put_round(qs, model, ROUNDS - 1)
-        keys = [o.key for o in qs._view[0]]
+        keys = [o.key for o in qs.log_cache.view.objects]
         assert len(keys) >= 2 and "-" in keys[0], keys
     return str(path / LOCAL_DIR_NAME), model
 
