@@ -109,8 +109,6 @@ def markdown_report(doc: dict[str, Any]) -> str:
              f"phase: {s['connections']:,} hostile connections of one family (`all`: split between the families) "
              "from a separate process. Broker RSS: VmRSS sampled every 0.1 s.", ""]
     lines += _table(PHASE_HEADS, [phase_cells(p) for p in doc["phases"]], 2)
-    lines += ["What the hostile process did per family (actions: frames, reconnects, fetches or trickled bytes).", ""]
-    lines += _table(FAMILY_HEADS, family_rows(doc), 1)
     lines += _table(("target", "measured", ""), [[t["name"], t["figure_text"], "met" if t["met"] else "**missed**"]
                                                  for t in targets(doc)], 2)
     return "\n".join(lines)

@@ -13,10 +13,10 @@ from stratalog.bench.tables import FigureTable, Verdict, report
 def produce_table(doc: dict[str, Any]) -> FigureTable:
     p = doc["produce"]
     w = p["idle"]["windows_p99_ms"]
-    out = FigureTable(f"Produce latency, ms: {p['producers']} producers, {p['rate_per_s']:,.0f} x 1 KiB appends/s in "
-                      "all, one record per append; 'due' counts from when the record was due, 'call' from append(). "
-                      f"Idle p99 in {w['windows']} windows as long as phase B ({w['window_s']:.2f} s): median "
-                      f"{w['median']:.2f}, min {w['min']:.2f}, max {w['max']:.2f}",
+    out = FigureTable(f"Produce latency, ms, {p['producers']} producers, {p['rate_per_s']:,.0f} x 1 KiB appends/s in "
+                      "all; 'due' from when a record was due, 'call' from append(). Idle p99 in "
+                      f"{w['windows']} windows as long as phase B ({w['window_s']:.2f} s): median {w['median']:.2f}, "
+                      f"min {w['min']:.2f}, max {w['max']:.2f}",
                       ("phase", "fsync", "seconds", "count", "due p50", "due p99", "due max", "call p50", "call p99",
                        "call max"), left=("phase", "fsync"))
     for name, key in (("A: idle", "idle"), ("B: during catch-up", "catchup")):
@@ -30,11 +30,10 @@ def produce_table(doc: dict[str, Any]) -> FigureTable:
 def read_table(doc: dict[str, Any]) -> FigureTable:
     read, raw = doc["catchup_read"], doc["raw_ranged_get"]
     limit = doc["settings"]["cold_read_bytes_per_s_max"]
-    held = "no limit" if limit is None else f"held to {limit / MIB_BYTES:,.0f} MiB/s"
-    out = FigureTable(f"Catch-up read of a cold backlog ({read['block_bytes'] / MIB_BYTES:,.0f} MiB of blocks, cold "
-                      f"reads {held}) against the object store's raw {raw['get_bytes'] >> 20} MiB ranged gets of the "
-                      f"same bytes; object store: {doc['object_store'].split('?')[0]}, page cache: "
-                      f"{doc['page_cache']}",
+    held = "not held to a rate" if limit is None else f"held to {limit / MIB_BYTES:,.0f} MiB/s"
+    out = FigureTable(f"Reading {read['block_bytes'] / MIB_BYTES:,.0f} MiB of cold blocks ({held}), and raw "
+                      f"{raw['get_bytes'] >> 20} MiB ranged gets of the same bytes; object store: "
+                      f"{doc['object_store'].split('?')[0]}, page cache: {doc['page_cache']}",
                       ("reader", "fsync", "seconds", "MiB/s", "payload MiB/s", "consumer CPU ms/MiB",
                        "fetches / gets"), left=("reader", "fsync"))
     out.add("consumer: fetch(max_bytes=1 MiB), while producing", doc["fsync"], f"{read['seconds']:.2f}",
@@ -52,8 +51,8 @@ def read_table(doc: dict[str, Any]) -> FigureTable:
 
 
 def targets_table(doc: dict[str, Any]) -> FigureTable:
-    out = FigureTable("Targets (produce p99: phase B over the median p99 of idle windows as long as phase B; the "
-                      "read: consumer MiB/s over one thread's raw gets)", ("figure", "fsync", "value", "target", ""),
+    out = FigureTable("Targets: produce p99 in phase B over the idle windows' median p99; the read's MiB/s over one "
+                      "thread's raw gets", ("figure", "fsync", "value", "target", ""),
                       left=("figure", "fsync", "target"))
     for t in doc["targets"]:
         sign = ">=" if t["at_least"] else "<="
