@@ -72,6 +72,10 @@ class StoreFailedError(StratalogError):
     """A durability step failed; the store stopped accepting appends. Reopen it to recover."""
 
 
+class UnflushedStreamError(StratalogError):
+    """A stream still holds appends here that are not committed: it cannot be reloaded from metadata."""
+
+
 def object_key(object_id: int) -> str:
     return f"{DATA_PREFIX}{object_id:016x}.slo"
 
@@ -413,6 +417,34 @@ class StreamStore:
             st = self._streams.get(stream_id) if stream_id is not None else None
         if st is None:
             raise UnknownStreamError(f"no stream {id_or_name!r}")
+        return Stream(self, st)
+
+    def reload_stream(self, name: str) -> Stream:
+        """Serve the stream ``name`` from its committed end as the metadata says it now.
+
+        For a store sharing its metadata with other writers (a broker of a cluster): a stream another
+        writer led until now was appended to and committed there, so what this store holds of it (from
+        its open, or from an earlier time it led it) is stale, or missing if the stream was made since.
+        The stream must hold nothing here that is not committed (its last writer here flushed it before
+        handing it over): UnflushedStreamError otherwise. Handles already open see the new state."""
+        self._check_open()
+        sm = self._meta.stream(name)
+        with self._cond:
+            old_id = self._by_name.get(name)
+            if old_id is not None and old_id != sm.stream_id:
+                self._streams.pop(old_id, None)   # a stream of that name deleted elsewhere, then made again
+            st = self._streams.get(sm.stream_id)
+            if st is None:
+                st = self._add_state(sm)
+            elif st.cache or st.next_offset != st.durable_end:
+                raise UnflushedStreamError(f"stream {name!r} holds appends that are not committed here; "
+                                           "flush the store before another writer takes the stream")
+            else:
+                st.start_offset = sm.start_offset
+                st.committed_end = st.next_offset = st.durable_end = sm.committed_end_offset
+                st.read_next, st.readahead_blocks = -1, 1
+                self._by_name[name] = sm.stream_id
+        self._cold_rows.invalidate()   # rows read while another writer was adding blocks after them
         return Stream(self, st)
 
     def streams(self) -> list[Stream]:
