@@ -84,8 +84,9 @@ def test_inspect_shows_and_checks_a_queue_stores_run_objects(tmp_path: Path) -> 
             qs.put_many([f"q{q}" for q in range(300)], [bytes([r]) * (60 + q % 40) for q in range(300)])
             qs.flush()
             wait_until(lambda: not qs.stats()["log_cache_records"], f"round {r} to be uploaded")
-        wait_until(lambda: not qs._retired and qs._plan_compaction(qs._view[0]) is None, "the merges to settle")
-        keys = [o.key for o in qs._view[0]]
+        wait_until(lambda: not qs.compactor.retiring and qs.compactor.plan(qs.log_cache.view.objects) is None,
+                   "the merges to settle")
+        keys = [o.key for o in qs.log_cache.view.objects]
     pieces = [k for k in keys if "-" in k]
     assert len(pieces) >= 2, keys
     first = run(str(tmp_path), "--object", pieces[0], "--verify")
