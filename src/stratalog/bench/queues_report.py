@@ -28,8 +28,16 @@ def times(ratio: float) -> str:
     return f"{ratio:,.1f}x" if ratio >= 1 else f"{ratio:.2g}x"
 
 
+def _count(n: int) -> str:
+    """1000000 -> "1 M", 100000 -> "100 k", 2500 -> "2.5 k", 200 -> "200"."""
+    if n >= 1_000_000:
+        return f"{n / 1e6:g} M"
+    return f"{n / 1e3:g} k" if n >= 1000 else str(n)
+
+
 def _scale(doc: dict[str, Any]) -> str:
-    return f"{doc['queues']:,} x {doc['messages']:,}"
+    """Queues x messages, as "1 M x 100 M"."""
+    return f"{_count(doc['queues'])} x {_count(doc['messages'])}"
 
 
 def results_table(docs: Sequence[dict[str, Any]]) -> FigureTable:
@@ -175,9 +183,7 @@ def plot_rates(docs: Sequence[dict[str, Any]], path: Path) -> None:
             for s in doc["systems"]:
                 if "phases" not in s:
                     continue
-                queues = doc["queues"]
-                scale = f"{queues / 1e6:g} M" if queues >= 1_000_000 else f"{queues / 1000:g} k"
-                labels.append(f"{s['name']} {s['mode']}\n{scale} queues")
+                labels.append(f"{s['name']} {s['mode']}\n{_count(doc['queues'])} queues")
                 values.append(s["phases"][phase]["per_s"])
                 colors.append("tab:blue" if s["name"] == "stratalog" else "tab:gray")
         ax.barh(range(len(values)), values, color=colors)
