@@ -6,17 +6,14 @@ the next claimant without duplicating what was committed."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from enginekit import MemoryStore, abandon, small_store_config
-from stratalog.chaos.postgres import PostgresServer, running_postgres
 from stratalog.cluster.assignment import Holder, Kind, MoveType, Resource
 from stratalog.cluster.failover import log_owner, replay_dead_log
-from stratalog.cluster.leases import Cluster
+from stratalog.cluster.leases import Cluster, LeaseLostError
 from stratalog.engine import StreamStore
 from stratalog.engine.metadata import Metadata
 from stratalog.errors import WALFailedError
@@ -25,26 +22,13 @@ from stratalog.wal.config import ObjectWALConfig
 from stratalog.wal.object_wal import ObjectWAL
 from waiting import wait_until
 
-SHORT_LEASE_MS = 400
+pytest_plugins = ["pgkit"]
+
+#: The lease of a broker a test lets die: renewed four times per lease, it outlives a loaded machine's
+#: pauses, and runs out within seconds once renewals stop.
+SHORT_LEASE_MS = 2000
 LONG_LEASE_MS = 60_000
 TOPIC_PARTITIONS = 3
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    with running_postgres() as server:
-        yield server
-
-
-@pytest.fixture
-def database(postgres: PostgresServer) -> Iterator[str]:
-    name = f"failover_{threading.get_ident() % 10**6}_{id(object())}"
-    admin = postgres.dsn.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 def partitions() -> list[Resource]:
@@ -58,19 +42,24 @@ def wal_config() -> ObjectWALConfig:
 class Broker:
     """What a broker keeps for failover: its lease, and a stream store on its own object log."""
 
-    def __init__(self, database: str, broker_id: int, lease_ms: int, objects: MemoryStore, data_dir: Path) -> None:
-        self.cluster = Cluster(database, broker_id, lease_ms)
+    def __init__(self, pg_database: str, broker_id: int, lease_ms: int, objects: MemoryStore, data_dir: Path) -> None:
+        self.cluster = Cluster(pg_database, broker_id, lease_ms)
         self.epoch = self.cluster.join("127.0.0.1", 9000 + broker_id)
         self.paused = threading.Event()
+        self.lost: LeaseLostError | None = None
         self._renewer = threading.Thread(target=self._renew, daemon=True)
         self._renewer.start()
         wal = ObjectWAL.open(objects, log_owner(broker_id, self.epoch), wal_config())
-        self.store = StreamStore.open(data_dir, objects, small_store_config(), metadata=database,
+        self.store = StreamStore.open(data_dir, objects, small_store_config(), metadata=pg_database,
                                       fence=self.cluster.stream_fence, wal=wal)
 
     def _renew(self) -> None:
         while not self.paused.wait(self.cluster.lease_ms / 4000):
-            self.cluster.renew()
+            try:
+                self.cluster.renew()
+            except LeaseLostError as e:          # checked by close(): a broker meant to live lost its lease
+                self.lost = e
+                return
 
     def die(self) -> None:
         """kill -9: no more renewals, no final upload; its log keeps what was not uploaded."""
@@ -82,6 +71,7 @@ class Broker:
     def close(self) -> None:
         self.paused.set()
         self._renewer.join()
+        assert self.lost is None, f"a broker meant to stay alive lost its lease: {self.lost}"
         self.store.close()
         self.cluster.leave(clean=True)
         self.cluster.close()
@@ -92,9 +82,9 @@ def values(store: StreamStore, name: str) -> list[bytes]:
 
 
 def test_a_dead_brokers_acknowledged_records_are_replayed_before_its_partitions_move(
-        database: str, tmp_path: Path) -> None:
+        pg_database: str, tmp_path: Path) -> None:
     objects = MemoryStore()
-    first = Broker(database, 1, SHORT_LEASE_MS, objects, tmp_path / "b1")
+    first = Broker(pg_database, 1, SHORT_LEASE_MS, objects, tmp_path / "b1")
     streams = first.store.create_streams([r.name for r in partitions()])
     assert [m.type for m in first.cluster.reconcile(partitions())] == [MoveType.TAKEOVER] * TOPIC_PARTITIONS
     expected: dict[str, list[bytes]] = {s.name: [] for s in streams if s.name}
@@ -106,20 +96,20 @@ def test_a_dead_brokers_acknowledged_records_are_replayed_before_its_partitions_
             first.store.flush()                   # 0..9 committed; 10..29 acknowledged, in the log alone
     first.die()
 
-    second = Broker(database, 2, LONG_LEASE_MS, objects, tmp_path / "b2")
+    second = Broker(pg_database, 2, LONG_LEASE_MS, objects, tmp_path / "b2")
     try:
         wait_until(lambda: 1 not in second.cluster.live(), "broker 1's lease to run out")
         assert second.cluster.reconcile(partitions()) == [], "nobody serves them before the replay"
-        replayed = replay_dead_log(second.cluster, objects, database, tmp_path / "scratch", small_store_config(),
+        replayed = replay_dead_log(second.cluster, objects, pg_database, tmp_path / "scratch", small_store_config(),
                                    wal_config())
         assert replayed is not None and replayed.dead == Holder(1, 1)
         assert replayed.report.batches_replayed == 20 * TOPIC_PARTITIONS
-        assert replay_dead_log(second.cluster, objects, database, tmp_path / "scratch") is None
+        assert replay_dead_log(second.cluster, objects, pg_database, tmp_path / "scratch") is None
         moves = second.cluster.reconcile(partitions())
         assert [m.to for m in moves] == [Holder(2, second.epoch)] * TOPIC_PARTITIONS
         # The survivor's store sees what the replay committed (it reads the metadata anew at open).
         second.store.close()
-        second.store = StreamStore.open(tmp_path / "b2", objects, small_store_config(), metadata=database,
+        second.store = StreamStore.open(tmp_path / "b2", objects, small_store_config(), metadata=pg_database,
                                         fence=second.cluster.stream_fence,
                                         wal=ObjectWAL.open(objects, log_owner(2, second.epoch), wal_config()))
         for name, want in expected.items():
@@ -132,40 +122,40 @@ def test_a_dead_brokers_acknowledged_records_are_replayed_before_its_partitions_
         second.close()
 
 
-def test_a_replay_cut_short_is_done_again_without_duplicates(database: str, tmp_path: Path) -> None:
+def test_a_replay_cut_short_is_done_again_without_duplicates(pg_database: str, tmp_path: Path) -> None:
     objects = MemoryStore()
-    first = Broker(database, 1, SHORT_LEASE_MS, objects, tmp_path / "b1")
+    first = Broker(pg_database, 1, SHORT_LEASE_MS, objects, tmp_path / "b1")
     (stream,) = first.store.create_streams(["t/0"])
     first.cluster.reconcile([Resource(Kind.PARTITION, "t/0")])
     for i in range(40):
         stream.append([f"{i}".encode()]).result()
     first.die()
 
-    second = Broker(database, 2, SHORT_LEASE_MS, objects, tmp_path / "b2")
+    second = Broker(pg_database, 2, SHORT_LEASE_MS, objects, tmp_path / "b2")
     wait_until(lambda: 1 not in second.cluster.live(), "broker 1's lease to run out")
     # The first claimant's puts fail after its first (the replayed object, then committed): the log's trim
     # marker is refused, the replay stops and the log stays open, its records already in objects.
     faulty = FaultyStore(objects, plan=ObjectFaultPlan(fail_before={"put": set(range(2, 10_000))}))
     with pytest.raises(WALFailedError, match="injected fault"):
-        replay_dead_log(second.cluster, faulty, database, tmp_path / "scratch",
+        replay_dead_log(second.cluster, faulty, pg_database, tmp_path / "scratch",
                         small_store_config(upload_attempts_max=1, upload_bytes_threshold=1 << 10),
                         wal_config())
-    meta = Metadata(database)
+    meta = Metadata(pg_database)
     assert meta.stream("t/0").committed_end_offset == 40, "the replay committed before it failed"
     meta.close()
     second.die()                                # and it dies holding the claim
 
-    third = Broker(database, 3, LONG_LEASE_MS, objects, tmp_path / "b3")
+    third = Broker(pg_database, 3, LONG_LEASE_MS, objects, tmp_path / "b3")
     try:
         wait_until(lambda: 2 not in third.cluster.live(), "broker 2's lease to run out")
         done = []
-        while (replayed := replay_dead_log(third.cluster, objects, database, tmp_path / "scratch",
+        while (replayed := replay_dead_log(third.cluster, objects, pg_database, tmp_path / "scratch",
                                            small_store_config(), wal_config())) is not None:
             done.append(replayed.dead)
         assert Holder(1, 1) in done
         third.cluster.reconcile([Resource(Kind.PARTITION, "t/0")])
         third.store.close()
-        third.store = StreamStore.open(tmp_path / "b3", objects, small_store_config(), metadata=database,
+        third.store = StreamStore.open(tmp_path / "b3", objects, small_store_config(), metadata=pg_database,
                                        fence=third.cluster.stream_fence,
                                        wal=ObjectWAL.open(objects, log_owner(3, third.epoch), wal_config()))
         assert values(third.store, "t/0") == [f"{i}".encode() for i in range(40)]

@@ -12,32 +12,17 @@ import psycopg
 import pytest
 
 from enginekit import MemoryStore, small_store_config
-from stratalog.chaos.postgres import PostgresServer, running_postgres
 from stratalog.cluster.assignment import Holder, Kind, MoveType, Resource
 from stratalog.cluster.leases import BrokerIdTakenError, Cluster, LeaseLostError, NotHolderError
 from stratalog.engine import StreamStore
 from waiting import wait_until
 
-#: Short enough for a test to watch a lease run out; long enough for a loaded machine to renew in time.
-SHORT_LEASE_MS = 400
+pytest_plugins = ["pgkit"]
+
+#: Short enough for a test to watch a lease run out within seconds; long enough that a loaded machine
+#: gets a broker's next steps (or renewals, four per lease) done before it does.
+SHORT_LEASE_MS = 2000
 LONG_LEASE_MS = 60_000
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    with running_postgres() as server:
-        yield server
-
-
-@pytest.fixture
-def database(postgres: PostgresServer) -> Iterator[str]:
-    name = f"cluster_{threading.get_ident() % 10**6}_{id(object())}"
-    admin = postgres.dsn.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture
@@ -49,8 +34,8 @@ def brokers() -> Iterator[list[Cluster]]:
         cluster.close()
 
 
-def make_broker(made: list[Cluster], database: str, broker_id: int, lease_ms: int = LONG_LEASE_MS) -> Cluster:
-    cluster = Cluster(database, broker_id, lease_ms)
+def make_broker(made: list[Cluster], pg_database: str, broker_id: int, lease_ms: int = LONG_LEASE_MS) -> Cluster:
+    cluster = Cluster(pg_database, broker_id, lease_ms)
     made.append(cluster)
     cluster.join("127.0.0.1", 9000 + broker_id)
     return cluster
@@ -60,35 +45,35 @@ def partitions(n: int) -> list[Resource]:
     return [Resource(Kind.PARTITION, f"t/{p}") for p in range(n)]
 
 
-def test_a_join_is_a_new_incarnation_and_an_id_is_one_brokers(brokers: list[Cluster], database: str) -> None:
-    first = make_broker(brokers, database, 1)
+def test_a_join_is_a_new_incarnation_and_an_id_is_one_brokers(brokers: list[Cluster], pg_database: str) -> None:
+    first = make_broker(brokers, pg_database, 1)
     assert first.epoch == 1
     assert set(first.live()) == {1}
     with pytest.raises(BrokerIdTakenError, match=r"broker id 1 is live at 127\.0\.0\.1:9001"):
-        make_broker(brokers, database, 1)
+        make_broker(brokers, pg_database, 1)
     first.leave(clean=True)
-    again = make_broker(brokers, database, 1)
+    again = make_broker(brokers, pg_database, 1)
     assert again.epoch == 2 and first.live()[1].epoch == 2
 
 
-def test_a_lease_not_renewed_runs_out_and_its_broker_is_fenced(brokers: list[Cluster], database: str) -> None:
-    short = make_broker(brokers, database, 1, SHORT_LEASE_MS)
-    other = make_broker(brokers, database, 2)
+def test_a_lease_not_renewed_runs_out_and_its_broker_is_fenced(brokers: list[Cluster], pg_database: str) -> None:
+    short = make_broker(brokers, pg_database, 1, SHORT_LEASE_MS)
+    other = make_broker(brokers, pg_database, 2)
     short.renew()
     wait_until(lambda: 1 not in other.live(), "broker 1's lease to run out on the database's clock")
     with pytest.raises(LeaseLostError, match="must stop serving and join again"):
         short.renew()
 
 
-def test_takeovers_raise_the_leader_epoch_and_fence_the_old_holder(brokers: list[Cluster], database: str) -> None:
-    b1 = make_broker(brokers, database, 1, SHORT_LEASE_MS)
+def test_takeovers_raise_the_leader_epoch_and_fence_the_old_holder(brokers: list[Cluster], pg_database: str) -> None:
+    b1 = make_broker(brokers, pg_database, 1, SHORT_LEASE_MS)
     res = partitions(4)
     moves = b1.reconcile(res)
     assert [m.type for m in moves] == [MoveType.TAKEOVER] * 4
     assert all(h.holder == Holder(1, 1) and h.leader_epoch == 1 for h in b1.holds().values())
     with b1.fenced(Kind.PARTITION, ["t/0", "t/1"]):
         pass                                                # it holds them: the fence lets it commit
-    b2 = make_broker(brokers, database, 2)
+    b2 = make_broker(brokers, pg_database, 2)
     wait_until(lambda: 1 not in b2.live(), "broker 1's lease to run out")
     assert b2.reconcile(res) == [], "a dead broker's partitions wait until its log is replayed"
     dead = b2.claim_dead_log()
@@ -105,21 +90,21 @@ def test_takeovers_raise_the_leader_epoch_and_fence_the_old_holder(brokers: list
         pass
 
 
-def test_a_fenced_transaction_writes_nothing(brokers: list[Cluster], database: str) -> None:
-    b1 = make_broker(brokers, database, 1)
+def test_a_fenced_transaction_writes_nothing(brokers: list[Cluster], pg_database: str) -> None:
+    b1 = make_broker(brokers, pg_database, 1)
     b1.reconcile(partitions(1))
     with pytest.raises(NotHolderError), b1.fenced(Kind.PARTITION, ["t/0", "t/9"]) as db:
         db.execute("CREATE TABLE written (x INTEGER)")
-    with psycopg.connect(database) as conn:
+    with psycopg.connect(pg_database) as conn:
         assert conn.execute("SELECT to_regclass('written')").fetchone() == (None,)
 
 
 def test_a_joining_broker_gets_its_share_by_handoffs_its_holder_makes(brokers: list[Cluster],
-                                                                    database: str) -> None:
-    b1 = make_broker(brokers, database, 1)
+                                                                    pg_database: str) -> None:
+    b1 = make_broker(brokers, pg_database, 1)
     res = partitions(4)
     b1.reconcile(res)
-    b2 = make_broker(brokers, database, 2)
+    b2 = make_broker(brokers, pg_database, 2)
     moves = b2.reconcile(res)
     assert [m.type for m in moves] == [MoveType.HANDOFF] * 2
     assert b2.reconcile(res) == [], "a handoff under way is not planned twice"
@@ -135,8 +120,8 @@ def test_a_joining_broker_gets_its_share_by_handoffs_its_holder_makes(brokers: l
         b1.release(moving[0])                                # nothing left to hand over
 
 
-def test_concurrent_reconciles_agree(brokers: list[Cluster], database: str) -> None:
-    members = [make_broker(brokers, database, i) for i in range(3)]
+def test_concurrent_reconciles_agree(brokers: list[Cluster], pg_database: str) -> None:
+    members = [make_broker(brokers, pg_database, i) for i in range(3)]
     res = partitions(30)
     done = threading.Barrier(3)
 
@@ -156,14 +141,14 @@ def test_concurrent_reconciles_agree(brokers: list[Cluster], database: str) -> N
     assert per_broker == [10, 10, 10]
 
 
-def test_a_broker_that_lost_its_partition_commits_nothing_for_it(brokers: list[Cluster], database: str,
+def test_a_broker_that_lost_its_partition_commits_nothing_for_it(brokers: list[Cluster], pg_database: str,
                                                                  tmp_path: Path) -> None:
-    """Two stores over one database and one object store, as two brokers: the first leads t/0 until its
+    """Two stores over one pg_database and one object store, as two brokers: the first leads t/0 until its
     lease runs out and the second takes t/0 over; the first, still running, then fails its upload instead
     of committing, and the second carries on from what was committed."""
     objects = MemoryStore()
     config = small_store_config(upload_attempts_max=2)
-    b1 = make_broker(brokers, database, 1, SHORT_LEASE_MS)
+    b1 = make_broker(brokers, pg_database, 1, SHORT_LEASE_MS)
     paused = threading.Event()
 
     def renew_until_paused() -> None:      # as a broker does, four times per lease
@@ -172,7 +157,7 @@ def test_a_broker_that_lost_its_partition_commits_nothing_for_it(brokers: list[C
 
     renewer = threading.Thread(target=renew_until_paused)
     renewer.start()
-    first = StreamStore.open(tmp_path / "b1", objects, config, metadata=database, fence=b1.stream_fence)
+    first = StreamStore.open(tmp_path / "b1", objects, config, metadata=pg_database, fence=b1.stream_fence)
     stream = first.create_stream("t/0")
     b1.reconcile(partitions(1))
     for i in range(10):
@@ -180,7 +165,7 @@ def test_a_broker_that_lost_its_partition_commits_nothing_for_it(brokers: list[C
     first.flush()                                              # it holds t/0: committed
     paused.set()                                               # it pauses: no more renewals
     renewer.join()
-    b2 = make_broker(brokers, database, 2)
+    b2 = make_broker(brokers, pg_database, 2)
     wait_until(lambda: 1 not in b2.live(), "broker 1's lease to run out")
     dead = b2.claim_dead_log()
     assert dead is not None
@@ -191,7 +176,7 @@ def test_a_broker_that_lost_its_partition_commits_nothing_for_it(brokers: list[C
         first.flush()
     with pytest.raises(LeaseLostError):
         first.close()                                          # its last upload is refused too
-    with StreamStore.open(tmp_path / "b2", objects, config, metadata=database, fence=b2.stream_fence) as second:
+    with StreamStore.open(tmp_path / "b2", objects, config, metadata=pg_database, fence=b2.stream_fence) as second:
         taken = second.open_stream("t/0")
         assert [r.value for r in taken.fetch(0)] == [f"{i}".encode() for i in range(10)]
         taken.append([b"10"]).result()

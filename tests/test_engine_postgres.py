@@ -1,42 +1,24 @@
 """The stream store with its metadata in PostgreSQL, a real server the tests start on 127.0.0.1: the same
 behaviour as SQLite's (streams, uploads, trims, deletes, recovery after a crash), a commit whose answer
-was lost is not applied twice, and a database restart in the middle of an upload loses nothing."""
+was lost is not applied twice, and a pg_database restart in the middle of an upload loses nothing."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from enginekit import MemoryStore, abandon, small_store_config
-from stratalog.chaos.postgres import PostgresServer, running_postgres
+from stratalog.chaos.postgres import PostgresServer
 from stratalog.engine import StreamStore
 from stratalog.engine.metadata import Metadata, NewObject
 from stratalog.engine.metadata_backends import MetadataUnavailableError, postgres_schema
 from stratalog.engine.objformat import BlockEntry
 from waiting import wait_until
 
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    with running_postgres() as server:
-        yield server
-
-
-@pytest.fixture
-def database(postgres: PostgresServer) -> Iterator[str]:
-    """A database of its own for one test, dropped after it."""
-    name = f"t{threading.get_ident() % 10**9}_{id(object())}"
-    admin = postgres.dsn.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield postgres.dsn.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+pytest_plugins = ["pgkit"]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -44,7 +26,7 @@ def metadata(request: pytest.FixtureRequest) -> str | None:
     """Where a store's metadata lives: None (the data directory's SQLite file) or a PostgreSQL URI."""
     if request.param == "sqlite":
         return None
-    uri: str = request.getfixturevalue("database")
+    uri: str = request.getfixturevalue("pg_database")
     return uri
 
 
@@ -96,8 +78,8 @@ def test_recovery_after_a_crash_replays_what_metadata_does_not_hold(tmp_path: Pa
         assert [r.value for r in store.open_stream("s").fetch(0)] == [f"{i}".encode() for i in range(35)]
 
 
-def test_a_commit_retried_after_its_answer_was_lost_is_applied_once(database: str) -> None:
-    meta = Metadata(database)
+def test_a_commit_retried_after_its_answer_was_lost_is_applied_once(pg_database: str) -> None:
+    meta = Metadata(pg_database)
     try:
         stream = meta.create_stream("s")
         block = BlockEntry(stream.stream_id, 0, 5, 0, 100, 5, 1, 7)
@@ -110,16 +92,16 @@ def test_a_commit_retried_after_its_answer_was_lost_is_applied_once(database: st
         meta.close()
 
 
-def test_a_database_restart_during_an_upload_loses_nothing(tmp_path: Path, postgres: PostgresServer,
-                                                           database: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_database_restart_during_an_upload_loses_nothing(tmp_path: Path, pg_server: PostgresServer,
+                                                           pg_database: str, caplog: pytest.LogCaptureFixture) -> None:
     objects = MemoryStore()
     # Enough attempts, backing off, to outlast a restart.
     config = {"upload_attempts_max": 12, "upload_backoff_s": 0.05}
-    with _open(tmp_path, objects, database, **config) as store:
+    with _open(tmp_path, objects, pg_database, **config) as store:
         s = store.create_stream("s")
         for i in range(50):
             s.append([f"{i}".encode()]).result()
-        postgres.stop()
+        pg_server.stop()
         flushed = threading.Event()
         failure: list[BaseException] = []
 
@@ -134,12 +116,12 @@ def test_a_database_restart_during_an_upload_loses_nothing(tmp_path: Path, postg
         flusher = threading.Thread(target=flush)
         flusher.start()
         wait_until(lambda: "failed (attempt" in caplog.text, "an upload step failing on the stopped database")
-        assert not flushed.is_set(), "nothing is committed while the database is down"
-        postgres.start()
+        assert not flushed.is_set(), "nothing is committed while the pg_database is down"
+        pg_server.start()
         flusher.join(timeout=120)
         assert flushed.is_set() and not failure, failure
         s.append([b"after"]).result()
-    with _open(tmp_path, objects, database, **config) as store:
+    with _open(tmp_path, objects, pg_database, **config) as store:
         values = [r.value for r in store.open_stream("s").fetch(0)]
         assert values == [f"{i}".encode() for i in range(50)] + [b"after"]
 
