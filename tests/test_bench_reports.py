@@ -293,3 +293,27 @@ def test_abuse_tables(tmp_path: Path) -> None:
     assert "| slowloris: p99 <= 2x the baseline's | 1.74x (3.61 ms against 2.08) | met |" in lines
     assert "| pipeline: p99 <= 2x the baseline's | 211.85x (440.64 ms against 2.08) | **missed** |" in lines
     assert "| broker RSS <= 1,024 MiB in every phase | 127 MiB at the peak (pipeline) | met |" in lines
+
+
+def wal_objects_doc() -> dict[str, Any]:
+    def phase(per_s: float, p50: float, p99: float) -> dict[str, Any]:
+        return {"records": int(per_s * 3), "seconds": 3.0, "records_per_s": per_s, "mib_per_s": per_s * 4096 / 2**20,
+                "latency_ms": _latency(p50, p99), "trims": 6}
+
+    return {"benchmark": "wal-objects", "command": "stratalog bench wal-objects", **PROVENANCE, "record_bytes": 4096,
+            "seconds_per_phase": 3.0, "outstanding_max": 1024,
+            "object_wal_config": {"linger_s": 0.005, "object_bytes_soft_max": 4 << 20, "puts_in_flight_max": 8},
+            "targets": [{"target": "device WAL (file, fsync always)", "serial": phase(787.2, 0.17, 14.13),
+                         "flat_out": phase(50_935.4, 15.19, 65.36)},
+                        {"target": "object WAL, local directory", "serial": phase(81.0, 10.29, 33.72),
+                         "flat_out": phase(30_655.0, 26.22, 67.84)}]}
+
+
+def test_wal_objects_table(tmp_path: Path) -> None:
+    lines = _render(tmp_path, "wal-objects", [wal_objects_doc()])
+    assert lines[0] == PROVENANCE_LINE.format(command="stratalog bench wal-objects")
+    assert ("4,096 B records, 3 s a phase (serial: one append at a time; flat out: 1,024 in flight); object WAL: "
+            "linger 5 ms, 8 puts in flight.") in lines
+    assert "| device WAL (file, fsync always) | serial | 787 | 3.1 | 0.17 | 14.13 | 17.13 |" in lines
+    assert "| device WAL (file, fsync always) | flat out | 50,935 | 199.0 | 15.19 | 65.36 | 68.36 |" in lines
+    assert "| object WAL, local directory | serial | 81 | 0.3 | 10.29 | 33.72 | 36.72 |" in lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -13,11 +14,11 @@ from rich.table import Table
 
 from stratalog.bench.common import write_json
 from stratalog.bench.wal_objects import WalObjectsBenchPlan, run_wal_objects_bench
+from stratalog.bench.wal_objects_report import markdown_report, targets_table
 from stratalog.wal.config import ObjectWALConfig
 
 #: Output to a file or pipe is laid out this wide, so no column is cut.
 CONSOLE_WIDTH_PIPED = 140
-PHASES = (("serial", "serial"), ("flat_out", "flat out"))
 
 
 @click.command(name="wal-objects")
@@ -37,13 +38,18 @@ PHASES = (("serial", "serial"), ("flat_out", "flat out"))
                    "the current one, so on its disk rather than a tmpfs /tmp].")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures as JSON here.")
+@click.option("--markdown-from", "markdown_from", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, metavar="JSON", help="Measure nothing: print this run's table (from --json) as Markdown.")
 def wal_objects(s3_uri: str | None, record_bytes: int, seconds: float, outstanding_max: int, linger_ms: float,
-                dir_path: Path | None, json_path: Path | None) -> None:
+                dir_path: Path | None, json_path: Path | None, markdown_from: Path | None) -> None:
     """The object WAL (local directory store, and an S3 API store with --s3) against the device WAL.
 
     Per target: one append at a time (the latency of a lone record), then flat out with --outstanding
     appends in flight (throughput, and latency under load), trimming every 0.5 s as uploads do.
     """
+    if markdown_from is not None:
+        click.echo(markdown_report(json.loads(markdown_from.read_text())))
+        return
     console = Console()
     if not console.is_terminal:
         console = Console(width=CONSOLE_WIDTH_PIPED)
@@ -66,15 +72,6 @@ def wal_objects(s3_uri: str | None, record_bytes: int, seconds: float, outstandi
 
 
 def table(doc: dict[str, Any]) -> Table:
-    config = doc["object_wal_config"]
-    out = Table(title=f"{doc['record_bytes']}-byte records, {doc['seconds_per_phase']:g} s a phase; object WAL: "
-                      f"linger {config['linger_s'] * 1000:g} ms, {config['puts_in_flight_max']} puts in flight")
-    for column in ("target", "phase", "records/s", "MiB/s", "p50 ms", "p99 ms", "max ms"):
-        out.add_column(column, justify="left" if column in ("target", "phase") else "right")
-    for target in doc["targets"]:
-        for key, label in PHASES:
-            figures = target[key]
-            latency = figures["latency_ms"]
-            out.add_row(target["target"], label, f"{figures['records_per_s']:,.0f}", f"{figures['mib_per_s']:,.1f}",
-                        f"{latency['p50']:.2f}", f"{latency['p99']:.2f}", f"{latency['max']:.2f}")
-    return out
+    """The run's table for the console (the Markdown one is made from the same rows)."""
+    made: Table = targets_table(doc).rich()
+    return made
