@@ -4,7 +4,7 @@ the metadata holds, whatever the second store held of it before."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ from stratalog.engine import StreamStore
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.metadata_backends import Backend
 from stratalog.engine.store import UnflushedStreamError
+from stratalog.errors import StratalogError
 
 pytest_plugins = ["pgkit"]
 
@@ -74,3 +75,42 @@ def test_a_stream_with_appends_not_committed_here_is_not_reloaded(tmp_path: Path
         assert store.reload_stream("t/0").end_offset == 1
     finally:
         store.close()
+
+
+class _NotYoursError(StratalogError):
+    pass
+
+
+def test_retention_of_a_stream_another_writer_leads_is_left_to_it(tmp_path: Path, pg_database: str) -> None:
+    objects = MemoryStore()
+    leads: dict[str, set[int]] = {"a": set(), "b": set()}
+
+    def fence(who: str) -> Callable[[Backend, Sequence[int]], None]:
+        def check(db: Backend, stream_ids: Sequence[int]) -> None:
+            if not set(stream_ids) <= leads[who]:
+                raise _NotYoursError(f"{who} does not lead {sorted(stream_ids)}")
+        return check
+
+    first = StreamStore.open(tmp_path / "a", objects, small_store_config(), metadata=pg_database, fence=fence("a"))
+    try:
+        stream = first.create_streams(["t/0"])[0]
+        leads["a"].add(stream.stream_id)
+        first.set_retention(stream, retention_ms=None, retention_bytes=1)
+        for i in range(3):
+            stream.append([b"x" * 100, str(i).encode()]).result()
+            first.flush()
+        second = StreamStore.open(tmp_path / "b", objects, small_store_config(), metadata=pg_database,
+                                  fence=fence("b"))
+        try:
+            second.apply_retention()                       # refused by the fence: left alone, store still up
+            assert second.open_stream("t/0").start_offset == 0
+            own = second.create_streams(["t/1"])[0]
+            leads["b"].add(own.stream_id)
+            own.append([b"still appending"]).result()
+            second.flush()
+            first.apply_retention()
+            assert stream.start_offset == 6                # the leader applies it: every uploaded block goes
+        finally:
+            second.close()
+    finally:
+        first.close()

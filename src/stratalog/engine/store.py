@@ -734,8 +734,19 @@ class StreamStore:
                 kept_bytes -= size
             st = self._streams.get(sm.stream_id)
             if st is not None and new_start > sm.start_offset:
-                self._trim(st, new_start)
+                self._trim_retained(st, new_start)
         return self.delete_unreferenced(now_ms)
+
+    def _trim_retained(self, st: _StreamState, new_start: int) -> None:
+        if not self._shared_objects:
+            self._trim(st, new_start)
+            return
+        try:
+            self._trim(st, new_start)
+        except StratalogError as e:
+            # Shared metadata: the fence lets each writer trim only the streams it leads (a broker of a
+            # cluster, its partitions); the others' retention is theirs to apply.
+            log.debug("retention of stream %d left to its writer: %s", st.stream_id, e)
 
     def delete_unreferenced(self, now_ms: int | None = None) -> int:
         """Delete objects that nothing has referred to for ``object_grace_s``."""
