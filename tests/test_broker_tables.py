@@ -299,6 +299,44 @@ def test_a_producer_snapshot_is_loaded_as_saved_and_the_next_one_replaces_it(tab
         again.close()
 
 
+def test_brokers_sharing_the_snapshot_replace_only_the_partitions_they_lead(tables_at: Path | str) -> None:
+    first, second = ProducerSnapshots(tables_at), ProducerSnapshots(tables_at)
+    try:
+        first.save([(7, 1, 0, [(0, 4, 10)]), (7, 2, 0, [(0, 0, 3)])], {1: 11}, partitions_only=True)
+        second.save([(8, 2, 3, [(5, 9, 20)])], {2: 21}, partitions_only=True)
+        first.save([(7, 1, 1, [(0, 4, 10), (5, 5, 15)])], {1: 16}, partitions_only=True)
+
+        states = ProducerStates(10)
+        assert first.load(states) == {1: 16, 2: 21}
+        assert sorted(states.entries()) == [(7, 1, 1, [(0, 4, 10), (5, 5, 15)]), (8, 2, 3, [(5, 9, 20)])]
+        gained = ProducerStates(10)
+        assert second.load_partition(gained, 1) == 16
+        assert gained.entries() == [(7, 1, 1, [(0, 4, 10), (5, 5, 15)])]
+        assert second.load_partition(ProducerStates(10), 3) == 0     # never snapshotted
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_topic_another_broker_made_is_found_on_a_miss_and_at_a_refresh(tables_at: Path | str) -> None:
+    here, there = TopicRegistry(tables_at, shared=True), TopicRegistry(tables_at)
+    try:
+        made = there.add("orders", 6, {})
+        assert here.all() == []
+        assert here.get("orders") == made                  # a miss reads the table
+        there.add("payments", 2, {})
+        there.set_partitions("orders", 8)
+        here.refresh()
+        assert [(t.name, t.partitions) for t in here.all()] == [("orders", 8), ("payments", 2)]
+        alone = TopicRegistry(tables_at)
+        there.add("audit", 1, {})
+        assert alone.get("audit") is None                  # a broker alone trusts what it holds
+        alone.close()
+    finally:
+        here.close()
+        there.close()
+
+
 # ACLs, quotas ----------------------------------------------------------------------------------------------
 
 def test_acls_survive_reopening_and_removal(tables_at: Path | str, authorizer: Authorizer) -> None:

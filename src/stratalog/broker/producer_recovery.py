@@ -7,6 +7,10 @@ end offset to its end (Kafka batch headers only: producer id, epoch, base sequen
 them as a live broker would have. A producer that
 retries a batch across a kill -9 then gets the offset the batch got before, not a second copy; the
 work at start is bounded by what was written during one snapshot interval.
+
+Rows are kept per partition (stream id). A broker of a cluster snapshots only the partitions it leads
+and replaces only their rows, so brokers sharing the tables never delete each other's; a broker that
+gains a partition loads that partition's rows and replays its batches after them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ CREATE TABLE IF NOT EXISTS producer_snapshot (
 );
 CREATE TABLE IF NOT EXISTS producer_snapshot_ends (stream_id INTEGER PRIMARY KEY, end_offset INTEGER NOT NULL);
 """
+#: Stream ids per ``IN (...)`` list: well under SQLite's bound on a statement's parameters.
+IN_LIST_MAX = 500
 #: Bytes of batches read per step while replaying a partition after its snapshot.
 REPLAY_READ_BYTES = 4 << 20
 
@@ -46,13 +52,25 @@ class ProducerSnapshots:
             self._db.close()
 
     def save(self, entries: Iterable[tuple[int, object, int, list[tuple[int, int, int]]]],
-             ends: dict[int, int]) -> None:
+             ends: dict[int, int], *, partitions_only: bool = False) -> None:
+        """Replace the snapshot by ``entries`` and ``ends``. ``partitions_only``: replace only the rows of
+        the streams in ``ends`` (a broker of a cluster snapshots the partitions it leads, and leaves the
+        rows of the others' partitions alone); ``entries`` of other streams are left out."""
         rows = [(pid, int(partition), epoch, json.dumps(batches))  # type: ignore[call-overload]
                 for pid, partition, epoch, batches in entries]
         with self._lock, writing(self._db):
-            self._db.execute("DELETE FROM producer_snapshot")
+            if partitions_only:
+                rows = [r for r in rows if r[1] in ends]
+                ids = list(ends)
+                for i in range(0, len(ids), IN_LIST_MAX):
+                    chunk = ids[i:i + IN_LIST_MAX]
+                    marks = ",".join("?" * len(chunk))
+                    self._db.execute(f"DELETE FROM producer_snapshot WHERE stream_id IN ({marks})", chunk)
+                    self._db.execute(f"DELETE FROM producer_snapshot_ends WHERE stream_id IN ({marks})", chunk)
+            else:
+                self._db.execute("DELETE FROM producer_snapshot")
+                self._db.execute("DELETE FROM producer_snapshot_ends")
             self._db.executemany("INSERT INTO producer_snapshot VALUES (?, ?, ?, ?)", rows)
-            self._db.execute("DELETE FROM producer_snapshot_ends")
             self._db.executemany("INSERT INTO producer_snapshot_ends VALUES (?, ?)", list(ends.items()))
 
     def load(self, states: ProducerStates) -> dict[int, int]:
@@ -61,6 +79,18 @@ class ProducerSnapshots:
             for pid, stream_id, epoch, batches in self._db.execute("SELECT * FROM producer_snapshot").fetchall():
                 states.restore(pid, stream_id, epoch, [tuple(b) for b in json.loads(batches)])
             return dict(self._db.execute("SELECT stream_id, end_offset FROM producer_snapshot_ends").fetchall())
+
+    def load_partition(self, states: ProducerStates, stream_id: int) -> int:
+        """Restore one stream's rows into ``states`` (a partition this broker just gained); return the
+        stream's end offset at its last snapshot (0 when it has none)."""
+        with self._lock:
+            for pid, epoch, batches in self._db.execute(
+                    "SELECT producer_id, epoch, batches FROM producer_snapshot WHERE stream_id = ?",
+                    (stream_id,)).fetchall():
+                states.restore(pid, stream_id, epoch, [tuple(b) for b in json.loads(batches)])
+            row = self._db.execute("SELECT end_offset FROM producer_snapshot_ends WHERE stream_id = ?",
+                                   (stream_id,)).fetchone()
+        return 0 if row is None else int(row[0])
 
 
 def replay(states: ProducerStates, stream: Stream, from_offset: int) -> int:

@@ -79,30 +79,51 @@ def parse_stream_name(name: str) -> tuple[str, int] | None:
     return topic, int(partition)
 
 
+def _topic(name: str, topic_id: bytes, partitions: int, configs: str) -> Topic:
+    return Topic(name, uuid.UUID(bytes=bytes(topic_id)), partitions, json.loads(configs))
+
+
 class TopicRegistry:
     """The broker's topics. Thread-safe; every change is durable when the call returns.
 
     ``location``: ``broker.sqlite``'s path, or a PostgreSQL URI."""
 
-    def __init__(self, location: Location) -> None:
+    def __init__(self, location: Location, *, shared: bool = False) -> None:
         self._lock = threading.Lock()
         self._db = open_metadata(location, SCHEMA)
+        #: Other brokers change the table too (a cluster): a name not known here is looked up in it.
+        self._shared = shared
         self._topics: dict[str, Topic] = {}
         self._by_id: dict[uuid.UUID, Topic] = {}
-        for name, topic_id, partitions, configs in self._db.execute(
-                "SELECT name, topic_id, partitions, configs FROM topics").fetchall():
-            self._remember(Topic(name, uuid.UUID(bytes=bytes(topic_id)), partitions, json.loads(configs)))
+        self.refresh()
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def refresh(self) -> None:
+        """Read every topic again (a broker of a cluster does it periodically, for the topics other
+        brokers made, changed or deleted). Safe from any thread: the maps are replaced whole."""
+        with self._lock:
+            rows = self._db.execute("SELECT name, topic_id, partitions, configs FROM topics").fetchall()
+            topics = [_topic(*row) for row in rows]
+            self._topics = {t.name: t for t in topics}
+            self._by_id = {t.topic_id: t for t in topics}
 
     def _remember(self, topic: Topic) -> None:
         self._topics[topic.name] = topic
         self._by_id[topic.topic_id] = topic
 
     def get(self, name: str) -> Topic | None:
-        return self._topics.get(name)
+        topic = self._topics.get(name)
+        if topic is None and self._shared:
+            with self._lock:
+                row = self._db.execute("SELECT name, topic_id, partitions, configs FROM topics WHERE name = ?",
+                                       (name,)).fetchone()
+                if row is not None:
+                    topic = _topic(*row)
+                    self._remember(topic)
+        return topic
 
     def by_id(self, topic_id: uuid.UUID) -> Topic | None:
         return self._by_id.get(topic_id)
@@ -136,8 +157,8 @@ class TopicRegistry:
                 self._db.execute("DELETE FROM topics WHERE name = ?", (name,))
                 self._db.executemany("INSERT INTO doomed_streams VALUES (?) ON CONFLICT (name) DO NOTHING",
                                      [(stream_name(name, p),) for p in range(topic.partitions)])
-            del self._topics[name]
-            del self._by_id[topic.topic_id]
+            self._topics.pop(name, None)
+            self._by_id.pop(topic.topic_id, None)
         return topic
 
     def doomed_streams(self) -> list[str]:
