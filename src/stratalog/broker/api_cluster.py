@@ -1,6 +1,8 @@
 """The cluster APIs: ApiVersions, Metadata, DescribeCluster, FindCoordinator.
 
-One broker is the whole cluster: it leads every partition and coordinates every group.
+Alone, a broker is the whole cluster: it leads every partition and coordinates every group. A broker of
+a cluster (``--cluster``) names the live brokers, each partition's leader and leader epoch, and each
+group's coordinator, as the cluster's tables say (broker/cluster_node.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from kio.schema.errors import ErrorCode
 from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
 from stratalog.broker.session import Session
-from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name
+from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name, stream_name
 from stratalog.kafka.codec import Request
 
 #: FindCoordinator key types: 0 a consumer group, 1 a transactional id (refused: no transactions).
@@ -32,14 +34,31 @@ async def api_versions(broker: Broker, request: Request, session: Session) -> di
 
 
 def _topic_metadata(broker: Broker, topic: Topic) -> dict[str, Any]:
-    node = broker.config.node_id
     return {
         "error_code": ErrorCode.none, "name": topic.name, "topic_id": topic.topic_id, "is_internal": False,
-        "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": node, "leader_epoch": 0,
-                        "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
-                       for p in range(topic.partitions)],
+        "partitions": [_partition_metadata(broker, topic.name, p) for p in range(topic.partitions)],
         "topic_authorized_operations": -2147483648,
     }
+
+
+def _partition_metadata(broker: Broker, topic: str, partition: int) -> dict[str, Any]:
+    leader, epoch = broker.config.node_id, 0
+    if broker.node is not None:
+        led = broker.node.leader(stream_name(topic, partition))
+        if led is None:   # between a leader's death and its takeover: clients ask again
+            return {"error_code": ErrorCode.leader_not_available, "partition_index": partition, "leader_id": -1,
+                    "leader_epoch": -1, "replica_nodes": [], "isr_nodes": [], "offline_replicas": []}
+        leader, epoch = led
+    return {"error_code": ErrorCode.none, "partition_index": partition, "leader_id": leader, "leader_epoch": epoch,
+            "replica_nodes": [leader], "isr_nodes": [leader], "offline_replicas": []}
+
+
+def _brokers(broker: Broker, session: Session) -> list[tuple[int, str, int]]:
+    """(id, host, port) of every live broker: this one alone, or the cluster's as they registered."""
+    if broker.node is None:
+        host, port = session.listener.endpoint
+        return [(broker.config.node_id, host, port)]
+    return [(b.broker_id, b.host, b.port) for b in broker.node.live.values()]
 
 
 async def metadata(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
@@ -83,25 +102,25 @@ async def metadata(broker: Broker, request: Request, session: Session) -> dict[s
                                "topic_id": NO_TOPIC_ID, "is_internal": False, "partitions": []})
             else:
                 topics.append(_topic_metadata(broker, topic))
-    host, port = session.listener.endpoint
+    brokers = _brokers(broker, session)
     return {
         "throttle_time": 0,
-        "brokers": [{"node_id": broker.config.node_id, "host": host, "port": port, "rack": None}],
+        "brokers": [{"node_id": i, "host": host, "port": port, "rack": None} for i, host, port in brokers],
         "cluster_id": broker.config.cluster_id,
-        "controller_id": broker.config.node_id,
+        "controller_id": min((i for i, _, _ in brokers), default=-1),
         "topics": topics,
         "cluster_authorized_operations": -2147483648,
     }
 
 
 async def describe_cluster(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
-    host, port = session.listener.endpoint
+    brokers = _brokers(broker, session)
     allowed = session.may_cluster(Operation.DESCRIBE)
     return {
         "throttle_time": 0, "error_code": ErrorCode.none if allowed else ErrorCode.cluster_authorization_failed,
         "error_message": None, "endpoint_type": 1,
-        "cluster_id": broker.config.cluster_id, "controller_id": broker.config.node_id,
-        "brokers": [{"broker_id": broker.config.node_id, "host": host, "port": port, "rack": None}],
+        "cluster_id": broker.config.cluster_id, "controller_id": min((i for i, _, _ in brokers), default=-1),
+        "brokers": [{"broker_id": i, "host": host, "port": port, "rack": None} for i, host, port in brokers],
         "cluster_authorized_operations": -2147483648,
     }
 
@@ -111,23 +130,28 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
     host, port = session.listener.endpoint
     key_type = getattr(body, "key_type", KEY_TYPE_GROUP)
 
-    def answer(key: str) -> tuple[ErrorCode, str | None, int]:
+    async def answer(key: str) -> tuple[ErrorCode, str | None, int, str, int]:
         if key_type != KEY_TYPE_GROUP:
-            return ErrorCode.invalid_request, "transactions are not supported", -1
+            return ErrorCode.invalid_request, "transactions are not supported", -1, host, port
         if not session.may_group(Operation.DESCRIBE, key):
-            return ErrorCode.group_authorization_failed, None, -1
-        return ErrorCode.none, None, broker.config.node_id
+            return ErrorCode.group_authorization_failed, None, -1, host, port
+        if broker.node is None:
+            return ErrorCode.none, None, broker.config.node_id, host, port
+        found = await broker.node.coordinator(key)
+        if found is None:
+            return ErrorCode.coordinator_not_available, "no live broker coordinates the group yet", -1, host, port
+        return ErrorCode.none, None, found.broker_id, found.host, found.port
 
     if request.api_version >= 4:
         coordinators = []
         for key in body.coordinator_keys:
-            error, message, node = answer(key)
-            coordinators.append({"key": key, "node_id": node, "host": host, "port": port, "error_code": error,
+            error, message, node, at_host, at_port = await answer(key)
+            coordinators.append({"key": key, "node_id": node, "host": at_host, "port": at_port, "error_code": error,
                                  "error_message": message})
         return {"throttle_time": 0, "coordinators": coordinators}
-    error, message, node = answer(body.key)
+    error, message, node, at_host, at_port = await answer(body.key)
     return {"throttle_time": 0, "error_code": error, "error_message": message, "node_id": node,
-            "host": host, "port": port}
+            "host": at_host, "port": at_port}
 
 
 APIS = (

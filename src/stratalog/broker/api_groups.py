@@ -24,14 +24,22 @@ OPERATIONS_NOT_ASKED = -2147483648
 log = logging.getLogger("stratalog.broker")
 
 
+def _elsewhere(broker: Broker, group_id: str) -> bool:
+    """The group is coordinated by another broker of the cluster: its APIs answer NOT_COORDINATOR here, so
+    the client finds the coordinator again (FindCoordinator)."""
+    return broker.node is not None and not broker.node.coordinates(group_id)
+
+
 def _ms(value: Any) -> int:
     return int(value.total_seconds() * 1000)
 
 
 async def join_group(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
-    if not session.may_group(Operation.READ, body.group_id):
-        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "generation_id": -1,
+    refused = ErrorCode.group_authorization_failed if not session.may_group(Operation.READ, body.group_id) \
+        else ErrorCode.not_coordinator if _elsewhere(broker, body.group_id) else None
+    if refused is not None:
+        return {"throttle_time": 0, "error_code": refused, "generation_id": -1,
                 "protocol_type": None, "protocol_name": "" if request.api_version < 7 else None, "leader": "",
                 "member_id": body.member_id, "members": []}
     session_ms = _ms(body.session_timeout)
@@ -53,6 +61,8 @@ async def sync_group(broker: Broker, request: Request, session: Session) -> dict
     body = request.body
     if not session.may_group(Operation.READ, body.group_id):
         return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "assignment": b""}
+    if _elsewhere(broker, body.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "assignment": b""}
     result = await broker.groups.sync(
         body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None),
         getattr(body, "protocol_type", None), getattr(body, "protocol_name", None),
@@ -65,6 +75,8 @@ async def heartbeat(broker: Broker, request: Request, session: Session) -> dict[
     body = request.body
     if not session.may_group(Operation.READ, body.group_id):
         return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed}
+    if _elsewhere(broker, body.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator}
     error = broker.groups.heartbeat(body.group_id, body.generation_id, body.member_id,
                                     getattr(body, "group_instance_id", None))
     return {"throttle_time": 0, "error_code": error}
@@ -74,6 +86,8 @@ async def leave_group(broker: Broker, request: Request, session: Session) -> dic
     body = request.body
     if not session.may_group(Operation.READ, body.group_id):
         return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "members": []}
+    if _elsewhere(broker, body.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "members": []}
     if request.api_version < 3:
         error, members = broker.groups.leave(body.group_id, [(body.member_id, None)])
         return {"throttle_time": 0, "error_code": error or (members[0][2] if members else 0)}
@@ -85,7 +99,10 @@ async def leave_group(broker: Broker, request: Request, session: Session) -> dic
 async def offset_commit(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     generation = getattr(body, "generation_id_or_member_epoch", -1)
-    if session.may_group(Operation.READ, body.group_id):
+    error: int
+    if _elsewhere(broker, body.group_id) and session.may_group(Operation.READ, body.group_id):
+        error = ErrorCode.not_coordinator
+    elif session.may_group(Operation.READ, body.group_id):
         error = broker.groups.validate_offset_commit(body.group_id, generation, getattr(body, "member_id", ""),
                                                      getattr(body, "group_instance_id", None))
     else:
@@ -156,6 +173,10 @@ async def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: 
     return topics
 
 
+class _NotCoordinatorError(Exception):
+    """Another broker of the cluster coordinates the group."""
+
+
 async def offset_fetch(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
 
@@ -163,10 +184,14 @@ async def offset_fetch(broker: Broker, request: Request, session: Session) -> di
         if not session.may_group(Operation.DESCRIBE, group_id):
             return {"group_id": group_id, "topics": [], "error_code": ErrorCode.group_authorization_failed}
         try:
+            if _elsewhere(broker, group_id):
+                raise _NotCoordinatorError
             topics = await _fetch_group(broker, session, group_id, wanted)
-        except OffsetsUnavailableError as e:
-            log.warning("OffsetFetch of group %s refused: %s", group_id, e)
-            unavailable = ErrorCode.coordinator_not_available
+        except (OffsetsUnavailableError, _NotCoordinatorError) as e:
+            unavailable = ErrorCode.not_coordinator if isinstance(e, _NotCoordinatorError) \
+                else ErrorCode.coordinator_not_available
+            if unavailable == ErrorCode.coordinator_not_available:
+                log.warning("OffsetFetch of group %s refused: %s", group_id, e)
             return {"group_id": group_id, "error_code": unavailable, "topics": [] if wanted is None else [
                 {"name": t.name, "partitions": [
                     {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "",
@@ -184,6 +209,10 @@ async def describe_groups(broker: Broker, request: Request, session: Session) ->
     denied = [g for g in wanted if not session.may_group(Operation.DESCRIBE, g)]
     groups.extend({"error_code": ErrorCode.group_authorization_failed, "group_id": g, "group_state": "",
                    "protocol_type": "", "protocol_data": "", "members": []} for g in denied)
+    elsewhere = [g for g in wanted if g not in denied and _elsewhere(broker, g)]
+    groups.extend({"error_code": ErrorCode.not_coordinator, "group_id": g, "group_state": "",
+                   "protocol_type": "", "protocol_data": "", "members": []} for g in elsewhere)
+    denied += elsewhere
     try:
         described = broker.groups.describe([g for g in wanted if g not in denied])
     except OffsetsUnavailableError as e:   # a group known by its offsets only could not be looked up
@@ -217,11 +246,13 @@ async def list_groups(broker: Broker, request: Request, session: Session) -> dic
 async def delete_groups(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     names = list(request.body.groups_names)
     denied = [g for g in names if not session.may_group(Operation.DELETE, g)]
+    elsewhere = [(g, int(ErrorCode.not_coordinator)) for g in names if g not in denied and _elsewhere(broker, g)]
+    names = [g for g in names if g not in {e[0] for e in elsewhere}]
     try:
-        results = broker.groups.delete_groups([g for g in names if g not in denied])
+        results = elsewhere + broker.groups.delete_groups([g for g in names if g not in denied])
     except OffsetsUnavailableError as e:   # a retry finds the groups deleted before it GROUP_ID_NOT_FOUND
         log.warning("DeleteGroups refused: %s", e)
-        results = [(g, int(ErrorCode.coordinator_not_available)) for g in names if g not in denied]
+        results = elsewhere + [(g, int(ErrorCode.coordinator_not_available)) for g in names if g not in denied]
     return {"throttle_time": 0, "results": [{"group_id": g, "error_code": ErrorCode.group_authorization_failed}
                                             for g in denied] + [{"group_id": g, "error_code": e} for g, e in results]}
 

@@ -129,7 +129,7 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
         topic = broker.auto_create(topic_name)
     stream = broker.partition(topic_name, index) if topic is not None else None
     if stream is None or topic is None:
-        raise _RefusedError(ErrorCode.unknown_topic_or_partition)
+        raise _RefusedError(ErrorCode(broker.partition_error(topic_name, index)))
     limit = min(int(config_value(topic.configs, "max.message.bytes")), broker.config.message_bytes_max)
     view = memoryview(records or b"")
     try:
@@ -238,7 +238,8 @@ async def _fetch_once(broker: Broker, wanted: Any, response_max: int,
                 continue
             stream = broker.partition(t.topic, p.partition)
             if stream is None:
-                partitions.append(FetchPartitionResult(p.partition, ErrorCode.unknown_topic_or_partition, -1))
+                partitions.append(FetchPartitionResult(p.partition, ErrorCode(broker.partition_error(
+                    t.topic, p.partition)), -1))
                 continue
             high, start = stream.end_offset, stream.start_offset
             error = ErrorCode.none
@@ -280,13 +281,14 @@ async def list_offsets(broker: Broker, request: Request, session: Session) -> di
         for p in t.partitions:
             stream = broker.partition(t.name, p.partition_index) if allowed else None
             entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
-                                     "timestamp": -1, "offset": -1, "leader_epoch": 0}
+                                     "timestamp": -1, "offset": -1,
+                                     "leader_epoch": broker.leader_epoch(t.name, p.partition_index)}
             partitions.append(entry)
             if not allowed:
                 entry["error_code"] = ErrorCode.topic_authorization_failed
                 continue
             if stream is None:
-                entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                entry["error_code"] = broker.partition_error(t.name, p.partition_index)
                 continue
             ts = p.timestamp
             if ts == LATEST_TIMESTAMP:
@@ -329,7 +331,7 @@ async def delete_records(broker: Broker, request: Request, session: Session) -> 
                 entry["error_code"] = ErrorCode.topic_authorization_failed
                 continue
             if stream is None:
-                entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                entry["error_code"] = broker.partition_error(t.name, p.partition_index)
                 continue
             target = stream.end_offset if p.offset == -1 else p.offset
             if not 0 <= target <= stream.end_offset:

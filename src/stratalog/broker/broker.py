@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from stratalog.broker.acls import Authorizer
 from stratalog.broker.appender import OrderedAppender
+from stratalog.broker.cluster_node import ClusterNode
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.credentials import CredentialStore
 from stratalog.broker.groups import GroupCoordinator
@@ -31,14 +34,37 @@ from stratalog.broker.sasl import new_secret
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicRegistry, check_topic_name, stream_name
+from stratalog.cluster.failover import log_owner
+from stratalog.datadir import prepare_data_dir
 from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.metadata_backends import MetadataUnavailableError
 from stratalog.io.device import Device
 from stratalog.kafka.codec import Request
 from stratalog.objects.uri import without_credentials
+from stratalog.wal.object_wal import ObjectWAL
 
 log = logging.getLogger("stratalog.broker")
+
+
+def _open_cluster_store(path: Path, config: BrokerConfig, object_store: str | None) -> tuple[ClusterNode, StreamStore]:
+    """Join the cluster, then open the stream store on this incarnation's log in the shared object store,
+    its metadata commits fenced by the partitions this incarnation holds."""
+    assert config.metadata is not None
+    if object_store is None:
+        raise ValueError("a broker of a cluster needs an object store the others reach too (--object-store)")
+    host, port = config.listeners[0].endpoint
+    node = ClusterNode(config.cluster, config.metadata, host, port)
+    epoch = node.join()
+    try:
+        path, objects = prepare_data_dir(path, object_store)
+        wal = ObjectWAL.open(objects, log_owner(config.cluster.broker_id, epoch))
+        store = StreamStore.open(path, objects, config.store, metadata=config.metadata,
+                                 fence=node.cluster.stream_fence, wal=wal)
+    except BaseException:
+        node.leave(clean=False)
+        raise
+    return node, store
 
 Handler = Callable[["Broker", Request, Session], Awaitable[Any]]
 
@@ -60,15 +86,17 @@ class Broker:
     """State shared by the handlers. Open with ``Broker.open`` inside the event loop; ``close`` it."""
 
     def __init__(self, data_dir: Path, store: StreamStore, config: BrokerConfig,
-                 object_store_uri: str | None = None) -> None:
+                 object_store_uri: str | None = None, node: ClusterNode | None = None) -> None:
         self.config = config
         self.store = store
+        #: This broker's membership of a cluster (``--cluster``), or None: alone, it leads everything.
+        self.node = node
         self.data_dir = data_dir
         #: The object store as other processes open it (DescribeConfigs ``stratalog.object.store.uri``).
         self.object_store_uri = object_store_uri or without_credentials(None, data_dir)
         #: Where the broker's tables live: the data directory's files, or config.metadata's database.
         self.tables = BrokerTables(data_dir, config.metadata)
-        self.topics = TopicRegistry(self.tables.broker)
+        self.topics = TopicRegistry(self.tables.broker, shared=node is not None)
         self.credentials = CredentialStore(self.tables.broker)
         self.authorizer = Authorizer(self.tables.broker, config.authorizer)
         self.quotas = Quotas(self.tables.broker, config.quotas)
@@ -81,6 +109,7 @@ class Broker:
         self.producers = ProducerStates(config.producers_max)
         self.appender = OrderedAppender()
         self._snapshots = ProducerSnapshots(self.tables.producers)
+        self.producer_snapshots = self._snapshots
         self._snapshot_task: asyncio.Task[None] | None = None
         #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
         #: retry arriving meanwhile waits for the first one's offset.
@@ -92,8 +121,11 @@ class Broker:
         #: api key -> (min, max) version served: what every request is checked against.
         self.supported_versions: dict[int, tuple[int, int]] = {}
         self._stopping = False
-        self._finish_deletes()
-        self._recover_producers()
+        if node is None:
+            # In a cluster, each partition's producers are loaded when this broker gains it, and a doomed
+            # stream is deleted by whoever deletes its topic.
+            self._finish_deletes()
+            self._recover_producers()
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], config: BrokerConfig | None = None, *,
@@ -103,17 +135,26 @@ class Broker:
         config = config or BrokerConfig()
         config.validate()
         path = Path(data_dir)
-        store = StreamStore.open(path, object_store, config.store, wal_device=wal_device, metadata=config.metadata)
+        node = None
+        if config.cluster.enabled:
+            node, store = _open_cluster_store(path, config, object_store)
+        else:
+            store = StreamStore.open(path, object_store, config.store, wal_device=wal_device,
+                                     metadata=config.metadata)
         try:
-            broker = cls(path, store, config, without_credentials(object_store, path))
+            broker = cls(path, store, config, without_credentials(object_store, path), node)
         except BaseException:
             store.close()
+            if node is not None:
+                node.leave(clean=False)
             raise
         from stratalog.broker.apis import register_all
 
         register_all(broker)
         broker.groups.start()
         broker._snapshot_task = asyncio.get_running_loop().create_task(broker._snapshot_periodically())
+        if node is not None:
+            node.start(broker)
         return broker
 
     @property
@@ -130,6 +171,8 @@ class Broker:
         self._waiters.clear()
 
     async def close(self) -> None:
+        if self.node is not None:
+            await self.node.stop()
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -150,7 +193,16 @@ class Broker:
         self.authorizer.close()
         self.quotas.close()
         self.offsets.close()
+        clean = False
+        if self.node is not None:
+            try:
+                self.store.flush()   # everything acknowledged committed: the log needs no replay
+                clean = True
+            except Exception as e:  # the log keeps it: another broker replays it
+                log.warning("the last upload before leaving the cluster failed: %s", e)
         self.store.close()
+        if self.node is not None:
+            self.node.leave(clean)
 
     def register(self, api: Api) -> None:
         self.apis[api.key] = api
@@ -163,12 +215,33 @@ class Broker:
         stream = self._streams.get((topic, partition))
         if stream is not None:
             return stream
+        if self.node is not None:   # a cluster: only the partitions this broker leads now
+            return self.node.stream(stream_name(topic, partition))
         t = self.topics.get(topic)
         if t is None or not 0 <= partition < t.partitions:
             return None
         stream = self.store.open_stream(stream_name(topic, partition))
         self._streams[(topic, partition)] = stream
         return stream
+
+    def partition_error(self, topic: str, partition: int) -> int:
+        """Why ``partition`` gave no stream: NOT_LEADER_OR_FOLLOWER for a partition another broker of the
+        cluster leads (the client refreshes its metadata), else UNKNOWN_TOPIC_OR_PARTITION."""
+        t = self.topics.get(topic)
+        if self.node is not None and t is not None and 0 <= partition < t.partitions:
+            return int(ErrorCode.not_leader_or_follower)
+        return int(ErrorCode.unknown_topic_or_partition)
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch: 0 alone, the cluster's count of leader changes in a cluster."""
+        if self.node is None:
+            return 0
+        led = self.node.leader(stream_name(topic, partition))
+        return -1 if led is None else led[1]
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """This broker no longer leads the partition (a cluster's handoff)."""
+        self._streams.pop((topic, partition), None)
 
     def create_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> Topic:
         """Create a topic with its streams; raises InvalidTopicError, TopicExistsError, InvalidConfigError,
@@ -182,7 +255,10 @@ class Broker:
 
             raise TopicExistsError(f"topic {name!r} already exists")
         self._create_streams(name, 0, partitions, checked)
-        return self.topics.add(name, partitions, checked)
+        topic = self.topics.add(name, partitions, checked)
+        if self.node is not None:
+            self.node.poke()   # its partitions get leaders at once, not at the next reconcile
+        return topic
 
     def _create_streams(self, name: str, first: int, count: int, configs: dict[str, str]) -> None:
         names = [stream_name(name, p) for p in range(first, first + count)]
@@ -210,6 +286,11 @@ class Broker:
         topic = self.topics.set_configs(name, configs)
         retention_ms, retention_bytes = retention(configs)
         for p in range(topic.partitions):
+            if self.node is not None:
+                # Every partition's row, led here or not: the retention is the stream's, whoever leads it.
+                meta = self.store.metadata
+                meta.set_retention(meta.stream(stream_name(name, p)).stream_id, retention_ms, retention_bytes)
+                continue
             stream = self.partition(name, p)
             if stream is not None:
                 self.store.set_retention(stream, retention_ms=retention_ms, retention_bytes=retention_bytes)
@@ -247,6 +328,8 @@ class Broker:
     # Idempotent producers across restarts -----------------------------------------------------------
 
     def _partition_streams(self) -> list[Stream]:
+        if self.node is not None:
+            return self.node.served()
         return [s for t in self.topics.all() for p in range(t.partitions) if (s := self.partition(t.name, p))]
 
     def _recover_producers(self) -> None:
@@ -258,7 +341,7 @@ class Broker:
     def _save_producers(self) -> None:
         # Ends first: a batch settled after this read is replayed at the next start, never missed.
         ends = {s.stream_id: s.end_offset for s in self._partition_streams()}
-        self._snapshots.save(self.producers.entries(), ends)
+        self._snapshots.save(self.producers.entries(), ends, partitions_only=self.node is not None)
 
     async def _snapshot_periodically(self) -> None:
         while True:
@@ -266,7 +349,7 @@ class Broker:
             ends = {s.stream_id: s.end_offset for s in self._partition_streams()}
             entries = self.producers.entries()
             try:
-                await asyncio.to_thread(self._snapshots.save, entries, ends)
+                await asyncio.to_thread(self._snapshots.save, entries, ends, partitions_only=self.node is not None)
             except MetadataUnavailableError as e:
                 # The last snapshot stands; a restart replays more batches after it. The next one retries.
                 log.warning("idempotent producers' snapshot not saved: %s", e)

@@ -14,6 +14,42 @@ from stratalog.engine.metadata_backends import is_postgres_uri
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """One broker of several over shared object storage and one PostgreSQL (``stratalog serve --cluster``;
+    docs/cluster.md). Off by default: a broker alone leads everything."""
+
+    enabled: bool = False
+    #: This broker's id, unique in the cluster; each start is a new incarnation of it.
+    broker_id: int = 0
+    #: How long a lease lasts without renewal: a broker that stops renewing (killed, paused, cut off from
+    #: the database) has its partitions taken over this long after its last renewal. 3 s: failover waits
+    #: about this long, and a renewal is a one-row update, so even a loaded database renews in time.
+    lease_ms: int = 3000
+    #: Between renewals: four chances per lease, so one slow round trip or a short database hiccup does
+    #: not cost the lease.
+    renew_interval_ms: int = 750
+    #: Between reconciles (dead logs replayed, orphaned partitions taken over, loads evened out, handoffs
+    #: carried out): the other part of failover time, and of how soon a new topic's partitions are served.
+    #: A reconcile is a few queries in one transaction.
+    reconcile_interval_ms: int = 500
+    #: The longest a handoff waits for the partition's queued appends before it flushes it anyway.
+    handoff_wait_ms_max: int = 10_000
+
+    def validate(self) -> None:
+        if not self.enabled:
+            return
+        if self.broker_id < 0:
+            raise ValueError("cluster broker_id must be >= 0")
+        if self.lease_ms < 100:
+            raise ValueError("cluster lease_ms must be at least 100")
+        if not 0 < self.renew_interval_ms * 2 <= self.lease_ms:
+            raise ValueError("cluster renew_interval_ms must be positive and at most half of lease_ms, so a "
+                             "renewal that is late once does not lose the lease")
+        if self.reconcile_interval_ms <= 0 or self.handoff_wait_ms_max <= 0:
+            raise ValueError("cluster reconcile_interval_ms and handoff_wait_ms_max must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     #: Where clients connect, each with its security protocol (listeners.py); PLAINTEXT on loopback by
     #: default.
@@ -97,8 +133,16 @@ class BrokerConfig:
     #: (postgresql://USER:PASSWORD@HOST:PORT/DATABASE), the database several brokers will share. Left
     #: out of the config's repr: it may hold a password.
     metadata: str | None = field(default=None, repr=False)
+    #: One broker of several (``--cluster``): needs ``metadata`` and a shared object store.
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def validate(self) -> None:
+        self.cluster.validate()
+        if self.cluster.enabled and self.metadata is None:
+            raise ValueError("a broker of a cluster needs its metadata in PostgreSQL (--metadata)")
+        if self.cluster.enabled and self.listeners[0].endpoint[1] == 0:
+            raise ValueError("a broker of a cluster registers where clients reach it: listen on a fixed port, or "
+                             "give it with --advertise")
         if self.metadata is not None and not is_postgres_uri(self.metadata):
             # Not echoed: a mistyped scheme may still hold a password.
             raise ValueError("metadata must be a PostgreSQL URI (postgresql://USER:PASSWORD@HOST:PORT/DATABASE), "

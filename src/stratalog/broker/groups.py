@@ -628,6 +628,17 @@ class GroupCoordinator:
             results.append((group_id, int(E.NONE)))
         return results
 
+    def unload(self, group_id: str) -> bool:
+        """Forget a group's membership: its coordination moved to another broker (a cluster). Whoever waits
+        in a join or sync is answered NOT_COORDINATOR, so clients find the new coordinator and join there;
+        committed offsets stay (they are shared). Returns whether the group was known here."""
+        group = self._groups.pop(group_id, None)
+        if group is None:
+            return False
+        self._drop_group(group, E.NOT_COORDINATOR)
+        logger.info("group %s unloaded: its coordinator is another broker now", group_id)
+        return True
+
     def expire_offsets(self) -> int:
         """Drop the committed offsets past retention (see :meth:`CommittedOffsets.expire`), and Empty groups
         past retention that have none left; returns how many offsets were dropped. Runs every

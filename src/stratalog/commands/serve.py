@@ -16,7 +16,7 @@ import click
 
 from stratalog.broker.acls import AuthorizerConfig
 from stratalog.broker.broker import Broker
-from stratalog.broker.config import BrokerConfig
+from stratalog.broker.config import BrokerConfig, ClusterConfig
 from stratalog.broker.groups import GroupConfig
 from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError, TLSConfig, tls_config_from
 from stratalog.broker.quotas import QuotaConfig
@@ -50,9 +50,9 @@ def parse_listeners(listen: tuple[str, ...], advertise: tuple[str, ...]) -> tupl
 def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
     """A BrokerConfig from a TOML file, then the command line's options. Top-level keys are BrokerConfig's
     field names (``listeners`` a list of ``PROTOCOL://HOST:PORT``, ``metadata`` a PostgreSQL URI); the
-    tables ``[groups]``, ``[store]``, ``[store.wal]``, ``[tls]``, ``[authorizer]`` and ``[quotas]`` set
-    GroupConfig's, StoreConfig's, WALConfig's, TLSConfig's, AuthorizerConfig's and QuotaConfig's. An unknown
-    name is refused with the known ones."""
+    tables ``[groups]``, ``[cluster]``, ``[store]``, ``[store.wal]``, ``[tls]``, ``[authorizer]`` and
+    ``[quotas]`` set GroupConfig's, ClusterConfig's, StoreConfig's, WALConfig's, TLSConfig's,
+    AuthorizerConfig's and QuotaConfig's. An unknown name is refused with the known ones."""
     values: dict[str, Any] = {}
     if path is not None:
         with path.open("rb") as f:
@@ -60,6 +60,8 @@ def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
         values = _settings(BrokerConfig, values, "")
         if "groups" in values:
             values["groups"] = GroupConfig(**_settings(GroupConfig, values["groups"], "[groups] "))
+        if "cluster" in values:
+            values["cluster"] = ClusterConfig(**_settings(ClusterConfig, values["cluster"], "[cluster] "))
         _security_settings(values)
         if "store" in values:
             store = _settings(StoreConfig, values["store"], "[store] ")
@@ -147,6 +149,9 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
         if config.metadata is not None:
             click.echo(f"  topics, offsets, users, ACLs, quotas and stream metadata in "
                        f"{without_password(config.metadata)}")
+        if broker.node is not None:
+            click.echo(f"  broker {broker.node.broker_id} of a cluster (incarnation {broker.node.epoch}; lease "
+                       f"{config.cluster.lease_ms} ms)")
         if config.authorizer.enabled:
             supers = ", ".join(config.authorizer.super_users) or "none"
             click.echo(f"  ACLs are checked on every request (super users: {supers})")
@@ -202,10 +207,16 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
                    "store's metadata in this PostgreSQL database instead of SQLite files in --data-dir (the "
                    "WAL and, by default, objects stay there). The password is never logged; give the URI "
                    "in the environment variable to keep it off the command line.")
+@click.option("--cluster", "cluster", is_flag=True, default=False,
+              help="Serve as one broker of several over --metadata and a shared --object-store: each partition "
+                   "is led, and each group coordinated, by one live broker; the WAL is in the object store "
+                   "(docs/cluster.md). Exits with status 75 if its lease is lost: restart it.")
+@click.option("--broker-id", type=click.IntRange(min=0), default=None,
+              help="This broker's id in the cluster (unique among the brokers).")
 def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], object_store: str | None,
           wal_device: Path | None, config_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
           tls_ca: Path | None, tls_client_auth: str | None, acls: bool, super_user: tuple[str, ...],
-          allow_plaintext_anywhere: bool, metadata: str | None) -> None:
+          allow_plaintext_anywhere: bool, metadata: str | None, cluster: bool, broker_id: int | None) -> None:
     """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
 
     Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
@@ -224,10 +235,20 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
     if acls or super_user:
         authorizer = dataclasses.replace(authorizer, enabled=authorizer.enabled or acls,
                                          super_users=authorizer.super_users + super_user)
+    cluster_config = base.cluster
+    if cluster or broker_id is not None:
+        if broker_id is None and not cluster_config.enabled:
+            raise click.UsageError("--cluster needs --broker-id (or broker_id in the config's [cluster] table)")
+        cluster_config = dataclasses.replace(cluster_config, enabled=True,
+                                             broker_id=cluster_config.broker_id if broker_id is None else broker_id)
+    if cluster_config.enabled and wal_device is not None:
+        raise click.UsageError("a broker of a cluster keeps its WAL in the object store: --wal-device does not apply")
     config = load_config(
         config_path, listeners=parse_listeners(listen, advertise),
         tls=tls_config_from(tls_cert, tls_key, tls_ca, tls_client_auth, base.tls), authorizer=authorizer,
-        allow_plaintext_anywhere=allow_plaintext_anywhere or None, metadata=metadata)
+        allow_plaintext_anywhere=allow_plaintext_anywhere or None, metadata=metadata, cluster=cluster_config)
+    if cluster_config.enabled:
+        config = dataclasses.replace(config, node_id=cluster_config.broker_id)
     device = FileDevice.open(wal_device) if wal_device is not None else None
     if device is not None:
         # The WAL ring takes the whole device.

@@ -1,0 +1,325 @@
+"""One broker of several (``stratalog serve --cluster``): its lease, what it leads, and the work that keeps
+the cluster served (docs/cluster.md).
+
+PostgreSQL decides (stratalog.cluster.leases); this module follows what it says:
+
+- **Lease.** The broker joins as a new incarnation and a thread of its own renews the lease every
+  ``renew_interval_ms``. A renewal that finds the lease gone means another broker may already serve this
+  one's partitions: the process exits at once with :data:`EXIT_LEASE_LOST`, and whatever supervises it
+  starts a new incarnation. Commits it still had under way are refused by the database (fenced), and
+  its acknowledged records are in its object log, which another broker replays.
+- **Reconcile** (a task on the event loop, its database calls in worker threads, every
+  ``reconcile_interval_ms``): replay the logs of dead incarnations, re-read the topics, reconcile the
+  holders of every partition and of every group that has a coordinator, then follow the result:
+
+  - it holds a partition it does not serve yet: it reloads the stream from its committed end and the
+    partition's idempotent producers (their snapshot, then the batches after it), then serves it;
+  - it holds a partition being handed over: it stops taking produce for it, waits for its queued
+    appends, flushes the store, snapshots the partition's producers and releases it;
+  - another broker holds a partition it serves: it stops serving it (it can only have lost it by its own
+    release; the fence refuses its commits in any other case);
+  - it holds a group being handed over, or another broker holds a group it knows: it forgets the group's
+    members (NOT_COORDINATOR: they join at the new coordinator), and releases the group if asked.
+
+The handlers ask :meth:`ClusterNode.stream` (the stream of a partition this broker serves, or None) and
+:meth:`coordinates`; Metadata and FindCoordinator read :attr:`live` and :attr:`holds`. Everything here but
+the renewal thread runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stratalog.broker.config import ClusterConfig
+from stratalog.broker.producer_recovery import replay
+from stratalog.broker.producers import ProducerStates
+from stratalog.broker.topics import parse_stream_name, stream_name
+from stratalog.cluster.assignment import Holder, Kind, Resource
+from stratalog.cluster.failover import replay_dead_log
+from stratalog.cluster.leases import BrokerInfo, Cluster, Hold, LeaseLostError, NotHolderError
+from stratalog.engine import Stream
+from stratalog.wal.config import ObjectWALConfig
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
+
+log = logging.getLogger("stratalog.cluster")
+
+#: The exit status of a broker whose lease ran out: fenced, it must not serve; restart it (a new
+#: incarnation). EX_TEMPFAIL: a supervisor should try again.
+EXIT_LEASE_LOST = 75
+#: Between checks of the appender's queue while a handoff waits for a partition's queued appends.
+HANDOFF_POLL_S = 0.01
+
+
+class ClusterNode:
+    """This broker's membership. ``join`` before the stream store opens (its log is named after the
+    incarnation), ``start`` once the broker is open, ``stop`` then ``leave`` at the end."""
+
+    def __init__(self, config: ClusterConfig, database_uri: str, host: str, port: int) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self._host, self._port = host, port
+        self._database_uri = database_uri
+        #: Reconciles, holds, releases, replays: the loop's worker threads take turns on its connection.
+        self.cluster = Cluster(database_uri, config.broker_id, config.lease_ms)
+        #: Renewals only, on a connection of their own, so a long reconcile never delays one.
+        self._renewer = Cluster(database_uri, config.broker_id, config.lease_ms)
+        self._renewing = threading.Event()
+        self._renew_thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._poked: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._broker: Broker | None = None
+        #: What the last reconcile read: the live brokers, and who holds what.
+        self.live: dict[int, BrokerInfo] = {}
+        self.holds: dict[Resource, Hold] = {}
+        #: Partitions this broker serves: stream name -> its stream, reloaded when it was gained.
+        self._served: dict[str, Stream] = {}
+
+    @property
+    def epoch(self) -> int:
+        return self.cluster.epoch
+
+    @property
+    def me(self) -> Holder:
+        return Holder(self.broker_id, self.cluster.epoch)
+
+    # The lease ------------------------------------------------------------------------------------
+
+    def join(self) -> int:
+        """Join as a new incarnation and start renewing; returns the epoch."""
+        epoch = self.cluster.join(self._host, self._port)
+        self._renewer.epoch = epoch
+        self._renew_thread = threading.Thread(target=self._renew_forever, name="stratalog-lease", daemon=True)
+        self._renew_thread.start()
+        self.live = self.cluster.live()
+        log.info("broker %d joined the cluster (incarnation %d) as %s:%d", self.broker_id, epoch, self._host,
+                 self._port)
+        return epoch
+
+    def _renew_forever(self) -> None:
+        interval_s = self.config.renew_interval_ms / 1000
+        last_ok = time.monotonic()
+        while not self._renewing.wait(interval_s):
+            try:
+                self._renewer.renew()
+                last_ok = time.monotonic()
+            except LeaseLostError as e:
+                self._fenced(str(e))
+            except Exception as e:  # the database out of reach: the lease may still stand
+                if time.monotonic() - last_ok > self.config.lease_ms / 1000:
+                    self._fenced(f"no renewal for longer than the lease ({e})")
+                log.warning("lease renewal failed, retrying: %s", e)
+
+    def _fenced(self, why: str) -> None:
+        # Exits at once: another broker may already lead this one's partitions, so nothing may be served
+        # or acknowledged from here on. What was acknowledged is in the object log, replayed by others.
+        message = (f"stratalog broker {self.broker_id} (incarnation {self.cluster.epoch}) is fenced and stops: "
+                   f"{why}; restart it to join again")
+        log.critical(message)
+        print(message, file=sys.stderr, flush=True)
+        os._exit(EXIT_LEASE_LOST)
+
+    def leave(self, clean: bool) -> None:
+        """Stop renewing and end the lease, so the others take over at once; ``clean``: everything this
+        broker acknowledged is committed (its log needs no replay)."""
+        self._renewing.set()
+        if self._renew_thread is not None:
+            self._renew_thread.join()
+        try:
+            self.cluster.leave(clean)
+        except Exception as e:  # the lease runs out by itself; a replay finds nothing
+            log.warning("leaving the cluster failed (the lease will run out): %s", e)
+        self.cluster.close()
+        self._renewer.close()
+
+    # Following the database -----------------------------------------------------------------------
+
+    def start(self, broker: Broker) -> None:
+        self._broker = broker
+        self._loop = asyncio.get_running_loop()
+        self._poked = asyncio.Event()
+        self._task = self._loop.create_task(self._reconcile_forever())
+
+    async def stop(self) -> None:
+        """Stop reconciling and serving partitions (the broker is stopping)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._served.clear()
+
+    def poke(self) -> None:
+        """Reconcile soon (a topic was made): callable from any thread."""
+        if self._loop is not None and self._poked is not None:
+            self._loop.call_soon_threadsafe(self._poked.set)
+
+    async def _reconcile_forever(self) -> None:
+        assert self._poked is not None
+        while True:
+            try:
+                await self.reconcile_once()
+            except asyncio.CancelledError:
+                raise
+            except LeaseLostError as e:
+                self._fenced(str(e))
+            except Exception:
+                log.exception("reconcile failed; retrying at the next interval")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), self.config.reconcile_interval_ms / 1000)
+            self._poked.clear()
+
+    async def reconcile_once(self) -> None:
+        broker = self._broker
+        assert broker is not None
+        while await asyncio.to_thread(self._replay_one):
+            pass
+        await asyncio.to_thread(broker.topics.refresh)
+        before = await asyncio.to_thread(self.cluster.holds)
+        resources = [Resource(Kind.PARTITION, stream_name(t.name, p))
+                     for t in broker.topics.all() for p in range(t.partitions)]
+        resources += [r for r in before if r.kind is Kind.GROUP]
+        await asyncio.to_thread(self.cluster.reconcile, resources)
+        self.holds = await asyncio.to_thread(self.cluster.holds)
+        self.live = await asyncio.to_thread(self.cluster.live)
+        await self._follow(broker)
+
+    def _replay_one(self) -> bool:
+        broker = self._broker
+        assert broker is not None
+        replayed = replay_dead_log(self.cluster, broker.store.object_store, self._database_uri,
+                                   Path(broker.data_dir) / "replays", broker.config.store, ObjectWALConfig())
+        if replayed is not None:
+            log.warning("broker %d replayed the log of broker %d (incarnation %d): %d batches in %.2f s",
+                        self.broker_id, replayed.dead.broker_id, replayed.dead.broker_epoch,
+                        replayed.report.batches_replayed, replayed.seconds)
+        return replayed is not None
+
+    async def _follow(self, broker: Broker) -> None:
+        me = self.me
+        held = set()
+        for resource, hold in sorted(self.holds.items()):
+            mine = hold.holder == me
+            if resource.kind is Kind.GROUP:
+                if mine and hold.handing_to is not None:
+                    broker.groups.unload(resource.name)
+                    with contextlib.suppress(NotHolderError):
+                        await asyncio.to_thread(self.cluster.release, resource)
+                elif not mine:
+                    broker.groups.unload(resource.name)
+                continue
+            if not mine:
+                continue
+            held.add(resource.name)
+            if hold.handing_to is not None:
+                await self._hand_off(broker, resource)
+            elif resource.name not in self._served:
+                await self._gain(broker, resource, hold)
+        for name in [n for n in self._served if n not in held]:
+            log.warning("broker %d no longer leads %s", self.broker_id, name)
+            self._drop(broker, name)
+
+    async def _gain(self, broker: Broker, resource: Resource, hold: Hold) -> None:
+        """Serve a partition this broker was given: its stream from the committed end, its producers."""
+        started = time.monotonic()
+        stream = await asyncio.to_thread(broker.store.reload_stream, resource.name)
+        states = ProducerStates(broker.config.producers_max)
+        replayed = await asyncio.to_thread(self._load_producers, broker, states, stream)
+        broker.producers.forget_partition(stream.stream_id)
+        for producer_id, partition, epoch, batches in states.entries():
+            broker.producers.restore(producer_id, partition, epoch, batches)
+        self._served[resource.name] = stream
+        log.info("broker %d leads %s (leader epoch %d) from offset %d; %d producer batches replayed in %.3f s",
+                 self.broker_id, resource.name, hold.leader_epoch, stream.end_offset, replayed,
+                 time.monotonic() - started)
+
+    @staticmethod
+    def _load_producers(broker: Broker, states: ProducerStates, stream: Stream) -> int:
+        end = broker.producer_snapshots.load_partition(states, stream.stream_id)
+        return replay(states, stream, end)
+
+    async def _hand_off(self, broker: Broker, resource: Resource) -> None:
+        """Hand a partition over once everything acknowledged for it is committed."""
+        stream = self._served.pop(resource.name, None)   # from here on, produce answers NOT_LEADER
+        if stream is None:
+            stream = await asyncio.to_thread(broker.store.reload_stream, resource.name)
+        deadline = time.monotonic() + self.config.handoff_wait_ms_max / 1000
+        while broker.appender.queued and time.monotonic() < deadline:
+            await asyncio.sleep(HANDOFF_POLL_S)   # appends queued for room may hold this partition's
+        if broker.appender.queued:
+            self._served[resource.name] = stream
+            log.warning("handoff of %s put off: appends still wait for room", resource.name)
+            return
+        await asyncio.to_thread(broker.store.flush)
+        entries = [e for e in broker.producers.entries() if e[1] == stream.stream_id]
+        await asyncio.to_thread(broker.producer_snapshots.save, entries, {stream.stream_id: stream.end_offset},
+                                partitions_only=True)
+        try:
+            hold = await asyncio.to_thread(self.cluster.release, resource)
+        except NotHolderError as e:
+            log.warning("handoff of %s not made: %s", resource.name, e)
+            return   # still held (the target went away): served again from the next reconcile
+        self._drop(broker, resource.name)
+        log.info("broker %d handed %s to broker %s at offset %d", self.broker_id, resource.name,
+                 hold.holder.broker_id if hold.holder else "?", stream.end_offset)
+
+    def _drop(self, broker: Broker, name: str) -> None:
+        stream = self._served.pop(name, None)
+        parsed = parse_stream_name(name)
+        if parsed is not None:
+            broker.forget_partition(*parsed)
+        if stream is not None:
+            broker.producers.forget_partition(stream.stream_id)
+
+    # What the handlers ask ------------------------------------------------------------------------
+
+    def stream(self, name: str) -> Stream | None:
+        """The stream of a partition this broker serves now, or None."""
+        return self._served.get(name)
+
+    def served(self) -> list[Stream]:
+        return list(self._served.values())
+
+    def leader(self, name: str) -> tuple[int, int] | None:
+        """The live leader of a partition and its leader epoch, or None while it has none."""
+        hold = self.holds.get(Resource(Kind.PARTITION, name))
+        if hold is None or hold.holder is None:
+            return None
+        info = self.live.get(hold.holder.broker_id)
+        if info is None or info.epoch != hold.holder.broker_epoch:
+            return None
+        return hold.holder.broker_id, hold.leader_epoch
+
+    def coordinates(self, group_id: str) -> bool:
+        hold = self.holds.get(Resource(Kind.GROUP, group_id))
+        return hold is not None and hold.holder == self.me
+
+    async def coordinator(self, group_id: str) -> BrokerInfo | None:
+        """The live broker that coordinates a group; a group with none (new, or its coordinator died) is
+        given one now, through a reconcile of every group. None if none could be given."""
+        resource = Resource(Kind.GROUP, group_id)
+        found = self._live_holder(resource)
+        if found is not None:
+            return found
+        groups = {r for r in self.holds if r.kind is Kind.GROUP} | {resource}
+        await asyncio.to_thread(self.cluster.reconcile, sorted(groups))
+        self.holds = await asyncio.to_thread(self.cluster.holds)
+        self.live = await asyncio.to_thread(self.cluster.live)
+        return self._live_holder(resource)
+
+    def _live_holder(self, resource: Resource) -> BrokerInfo | None:
+        hold = self.holds.get(resource)
+        if hold is None or hold.holder is None:
+            return None
+        info = self.live.get(hold.holder.broker_id)
+        return info if info is not None and info.epoch == hold.holder.broker_epoch else None

@@ -1,0 +1,138 @@
+"""`stratalog serve --cluster`: three real brokers over one PostgreSQL and one S3 bucket (SeaweedFS), all on
+127.0.0.1. A topic's partitions spread over the brokers; every broker's Metadata names the live brokers
+and the same leader for each partition; a broker asked for a partition it does not lead answers
+NOT_LEADER_OR_FOLLOWER; every broker names the same coordinator for a group, and the others answer the
+group's requests NOT_COORDINATOR; Kafka clients given any one broker produce to and consume from all."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import click
+import psycopg
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+from clusterkit import (
+    NONE,
+    NOT_COORDINATOR,
+    NOT_LEADER_OR_FOLLOWER,
+    BrokerCluster,
+    PartitionView,
+    find_coordinator,
+    heartbeat_error,
+    list_offsets_error,
+    metadata,
+    produce_error,
+    running_cluster,
+)
+from conftest import SeaweedS3
+from stratalog.broker.listeners import Listener
+from stratalog.commands.serve import load_config
+from waiting import wait_until
+
+pytest_plugins = ["pgkit"]
+
+TOPIC, PARTITIONS = "orders", 6
+
+
+def settled(cluster: BrokerCluster, topic: str, partitions: int) -> dict[int, PartitionView] | None:
+    """Each partition's leader once every broker says the same and each leader answers for it."""
+    views = []
+    for broker_id in cluster.brokers:
+        with cluster.connect(broker_id) as connection:
+            _, view = metadata(connection, topic)
+        views.append(view)
+    first = views[0]
+    if len(first) != partitions or any(v != first for v in views) or any(p.error_code for p in first.values()):
+        return None
+    for partition, view in first.items():
+        with cluster.connect(view.leader_id) as connection:
+            if list_offsets_error(connection, topic, partition) != NONE:
+                return None
+    return first
+
+
+def test_three_brokers_share_a_topic_route_clients_and_refuse_what_they_do_not_lead(
+        tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
+    with running_cluster(tmp_path, pg_database, seaweedfs, 3) as cluster:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(timeout=60)
+
+        leaders = wait_until(lambda: settled(cluster, TOPIC, PARTITIONS), "every partition served by one leader")
+        assert sorted(Counter(v.leader_id for v in leaders.values()).values()) == [2, 2, 2]
+        with cluster.connect(2) as connection:
+            brokers, _ = metadata(connection, TOPIC)
+        assert brokers == {i: ("127.0.0.1", cluster.ports[i]) for i in (1, 2, 3)}
+
+        for partition, view in leaders.items():
+            other = next(i for i in cluster.brokers if i != view.leader_id)
+            with cluster.connect(other) as connection:
+                assert produce_error(connection, TOPIC, partition) == NOT_LEADER_OR_FOLLOWER
+                assert list_offsets_error(connection, TOPIC, partition) == NOT_LEADER_OR_FOLLOWER
+
+        answers = set()
+        for broker_id in cluster.brokers:
+            with cluster.connect(broker_id) as connection:
+                answers.add(find_coordinator(connection, "audit"))
+        assert len(answers) == 1
+        error, coordinator, host, port = answers.pop()
+        assert (error, host, port) == (NONE, "127.0.0.1", cluster.ports[coordinator])
+        for broker_id in cluster.brokers:
+            with cluster.connect(broker_id) as connection:
+                expected = NOT_COORDINATOR if broker_id != coordinator else 25   # UNKNOWN_MEMBER_ID
+                assert heartbeat_error(connection, "audit") == expected
+
+        producer = Producer({"bootstrap.servers": cluster.bootstrap(3), "enable.idempotence": True})
+        for partition in range(PARTITIONS):
+            for i in range(10):
+                producer.produce(TOPIC, value=f"{partition}:{i}".encode(), partition=partition)
+        assert producer.flush(60) == 0
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap(2), "group.id": "audit",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer.subscribe([TOPIC])
+        got: list[tuple[int, bytes]] = []
+
+        def consumed_all() -> bool:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append((message.partition(), message.value()))
+            return len(got) >= PARTITIONS * 10
+
+        wait_until(consumed_all, lambda: f"60 records consumed through the group (got {len(got)})", poll_s=0)
+        consumer.commit(asynchronous=False)
+        consumer.close()
+        for partition in range(PARTITIONS):
+            assert [v for p, v in got if p == partition] == [f"{partition}:{i}".encode() for i in range(10)]
+
+        # A topic's retention is every partition's, whichever broker leads it and whichever is asked.
+        retained = ConfigResource("topic", TOPIC, incremental_configs=[
+            ConfigEntry("retention.ms", "86400000", incremental_operation=AlterConfigOpType.SET)])
+        admin.incremental_alter_configs([retained])[retained].result(timeout=60)
+        with psycopg.connect(pg_database) as conn:
+            rows = conn.execute("SELECT name, retention_ms FROM streams WHERE name LIKE 'orders/%'").fetchall()
+        assert sorted(rows) == [(f"{TOPIC}/{p}", 86_400_000) for p in range(PARTITIONS)]
+
+
+def test_the_cluster_table_of_the_config_is_read_and_its_bounds_checked(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text('metadata = "postgresql://u:p@127.0.0.1:5432/db"\n'
+                    "[cluster]\nenabled = true\nbroker_id = 4\nlease_ms = 6000\nrenew_interval_ms = 1000\n")
+    config = load_config(path, listeners=(Listener.parse("127.0.0.1:19092"),))
+    assert (config.cluster.broker_id, config.cluster.lease_ms, config.cluster.renew_interval_ms) == (4, 6000, 1000)
+
+    path.write_text('metadata = "postgresql://u:p@127.0.0.1:5432/db"\n'
+                    "[cluster]\nenabled = true\nlease_ms = 1000\nrenew_interval_ms = 600\n")
+    with pytest.raises(click.BadParameter, match="at most half of lease_ms"):
+        load_config(path, listeners=(Listener.parse("127.0.0.1:19092"),))
+    path.write_text("[cluster]\nenabled = true\n")
+    with pytest.raises(click.BadParameter, match="needs its metadata in PostgreSQL"):
+        load_config(path, listeners=(Listener.parse("127.0.0.1:19092"),))
+    path.write_text('metadata = "postgresql://u:p@127.0.0.1:5432/db"\n[cluster]\nenabled = true\n')
+    with pytest.raises(click.BadParameter, match="listen on a fixed port"):
+        load_config(path, listeners=(Listener.parse("127.0.0.1:0"),))
+    path.write_text("[cluster]\nlease = 3000\n")
+    with pytest.raises(click.BadParameter, match="unknown \\[cluster\\] settings lease"):
+        load_config(path)
