@@ -29,6 +29,7 @@ from clusterkit import (
     running_cluster,
 )
 from conftest import SeaweedS3
+from stratalog.broker.cluster_node import EXIT_LEASE_LOST
 from stratalog.broker.listeners import Listener
 from stratalog.commands.serve import load_config
 from waiting import wait_until
@@ -136,3 +137,28 @@ def test_the_cluster_table_of_the_config_is_read_and_its_bounds_checked(tmp_path
     path.write_text("[cluster]\nlease = 3000\n")
     with pytest.raises(click.BadParameter, match="unknown \\[cluster\\] settings lease"):
         load_config(path)
+
+
+def test_a_clean_stop_hands_everything_over_and_a_lost_lease_stops_the_broker(
+        tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
+    with running_cluster(tmp_path, pg_database, seaweedfs, 2) as cluster:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
+        admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(timeout=60)
+        leaders = wait_until(lambda: settled(cluster, TOPIC, 2), "both partitions served")
+        assert sorted(v.leader_id for v in leaders.values()) == [1, 2]
+
+        stopped = cluster.brokers.pop(2)
+        assert stopped.stop() == 0, "".join(stopped.output)
+        with psycopg.connect(pg_database) as conn:
+            states = conn.execute("SELECT state FROM cluster_logs WHERE broker_id = 2").fetchall()
+        assert states == [("clean",)]          # everything committed: no replay needed
+        after = wait_until(lambda: settled(cluster, TOPIC, 2), "broker 1 leading both partitions")
+        assert {v.leader_id for v in after.values()} == {1}
+
+        # Another incarnation of broker 1's id took over its row: its next renewal finds the lease gone.
+        with psycopg.connect(pg_database) as conn:
+            conn.execute("UPDATE cluster_brokers SET epoch = epoch + 1 WHERE broker_id = 1")
+        fenced = cluster.brokers[1]
+        assert fenced.process.wait(timeout=60) == EXIT_LEASE_LOST
+        fenced.close_output()
+        assert any("is fenced and stops" in line for line in fenced.output), "".join(fenced.output)
