@@ -7,6 +7,7 @@ group's coordinator, as the cluster's tables say (broker/cluster_node.py).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -94,7 +95,10 @@ async def metadata(broker: Broker, request: Request, session: Session) -> dict[s
                 topics.append({"error_code": ErrorCode.topic_authorization_failed, "name": name,
                                "topic_id": NO_TOPIC_ID, "is_internal": False, "partitions": []})
                 continue
-            topic = broker.topics.get(name)
+            topic = broker.topics.cached(name)
+            if topic is None and broker.node is not None:
+                # Perhaps made by another broker: a round trip to the table, off the event loop.
+                topic = await asyncio.to_thread(broker.topics.get, name)
             if topic is None and allow_create and session.may_create_topic(name):
                 topic = broker.auto_create(name)
             if topic is None:

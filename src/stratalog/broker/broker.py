@@ -33,7 +33,7 @@ from stratalog.broker.quotas import Quotas
 from stratalog.broker.sasl import new_secret
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import check_configs, retention
-from stratalog.broker.topics import Topic, TopicRegistry, check_topic_name, stream_name
+from stratalog.broker.topics import Topic, TopicExistsError, TopicRegistry, check_topic_name, stream_name
 from stratalog.cluster.failover import log_owner
 from stratalog.datadir import prepare_data_dir
 from stratalog.engine import Stream, StreamStore
@@ -251,8 +251,6 @@ class Broker:
             raise ValueError(f"a topic has 1 to {self.config.partitions_per_topic_max} partitions, not {partitions}")
         checked = check_configs(configs)
         if self.topics.get(name) is not None:
-            from stratalog.broker.topics import TopicExistsError
-
             raise TopicExistsError(f"topic {name!r} already exists")
         self._create_streams(name, 0, partitions, checked)
         topic = self.topics.add(name, partitions, checked)
@@ -320,6 +318,8 @@ class Broker:
             return topic
         try:
             topic = self.create_topic(name, self.config.default_partitions, {})
+        except TopicExistsError:
+            return self.topics.get(name)   # another broker of the cluster made it meanwhile
         except ValueError:
             return None
         log.info("created topic %s (%d partitions) on first use", name, topic.partitions)

@@ -114,6 +114,10 @@ class TopicRegistry:
         self._topics[topic.name] = topic
         self._by_id[topic.topic_id] = topic
 
+    def cached(self, name: str) -> Topic | None:
+        """The topic as this broker last read it, without asking the table."""
+        return self._topics.get(name)
+
     def get(self, name: str) -> Topic | None:
         topic = self._topics.get(name)
         if topic is None and self._shared:
