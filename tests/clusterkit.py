@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kio.schema.delete_records.v0.request import DeleteRecordsPartition, DeleteRecordsRequest, DeleteRecordsTopic
+from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.find_coordinator.v2.request import FindCoordinatorRequest
 from kio.schema.heartbeat.v1.request import HeartbeatRequest
 from kio.schema.list_offsets.v1.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
@@ -25,7 +27,7 @@ from conftest import SeaweedS3, free_ports
 from stratalog.kafka.client import KafkaConnection
 from stratalog.kafka.records import encode_batch
 
-PRODUCE, LIST_OFFSETS, METADATA, FIND_COORDINATOR, HEARTBEAT = 0, 2, 3, 10, 12
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, HEARTBEAT, DELETE_RECORDS = 0, 1, 2, 3, 10, 12, 21
 NONE, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR = 0, 5, 6, 16
 #: Leases and intervals of the test brokers: the defaults (a 3 s lease), reconciles a little more often.
 CLUSTER_TOML = """
@@ -125,6 +127,23 @@ def produce_error(connection: KafkaConnection, topic: str, partition: int) -> in
             TopicProduceData(name=TopicName(topic), partition_data=(
                 PartitionProduceData(index=i32(partition), records=batch),)),)))
     return int(response.responses[0].partition_responses[0].error_code)
+
+
+def fetch_error(connection: KafkaConnection, topic: str, partition: int) -> int:
+    response = connection.call(FETCH, 4, FetchRequest(
+        max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), topics=(
+            FetchTopic(topic=TopicName(topic), partitions=(
+                FetchPartition(partition=i32(partition), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)),)),)))
+    return int(response.responses[0].partitions[0].error_code)
+
+
+def delete_records_error(connection: KafkaConnection, topic: str, partition: int) -> int:
+    """DeleteRecords up to offset 0 (deletes nothing where it is allowed)."""
+    response = connection.call(DELETE_RECORDS, 0, DeleteRecordsRequest(
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)), topics=(
+            DeleteRecordsTopic(name=TopicName(topic), partitions=(
+                DeleteRecordsPartition(partition_index=i32(partition), offset=i64(0)),)),)))
+    return int(response.topics[0].partitions[0].error_code)
 
 
 def find_coordinator(connection: KafkaConnection, group: str) -> tuple[int, int, str, int]:

@@ -21,6 +21,8 @@ from clusterkit import (
     NOT_LEADER_OR_FOLLOWER,
     BrokerCluster,
     PartitionView,
+    delete_records_error,
+    fetch_error,
     find_coordinator,
     heartbeat_error,
     list_offsets_error,
@@ -72,7 +74,12 @@ def test_three_brokers_share_a_topic_route_clients_and_refuse_what_they_do_not_l
             other = next(i for i in cluster.brokers if i != view.leader_id)
             with cluster.connect(other) as connection:
                 assert produce_error(connection, TOPIC, partition) == NOT_LEADER_OR_FOLLOWER
+                assert fetch_error(connection, TOPIC, partition) == NOT_LEADER_OR_FOLLOWER
                 assert list_offsets_error(connection, TOPIC, partition) == NOT_LEADER_OR_FOLLOWER
+                assert delete_records_error(connection, TOPIC, partition) == NOT_LEADER_OR_FOLLOWER
+            with cluster.connect(view.leader_id) as connection:
+                assert fetch_error(connection, TOPIC, partition) == NONE
+                assert delete_records_error(connection, TOPIC, partition) == NONE
 
         answers = set()
         for broker_id in cluster.brokers:
