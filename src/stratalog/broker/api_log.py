@@ -161,6 +161,8 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
         if verdict is not Verdict.APPEND:
             raise _RefusedError(ErrorCode.invalid_producer_epoch if verdict is Verdict.FENCED
                                 else ErrorCode.out_of_order_sequence_number, verdict.value)
+    # Before the first append since the broker started: nothing of this stream is in flight yet.
+    broker.settled_ends.setdefault(stream.stream_id, stream.end_offset)
     try:
         future = broker.appender.append(stream, view, header.record_count, header.max_timestamp_ms)
     except RecordTooLargeError as e:
@@ -181,7 +183,14 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
             else:
                 broker.producers.forget(producer_id, stream_id)
         future.add_done_callback(settle)
-    future.add_done_callback(lambda f: broker.data_arrived(stream_id))
+    count = header.record_count
+
+    def arrived(f: asyncio.Future[int]) -> None:
+        # After settle (callbacks run in the order added): the batch is recorded before it counts here.
+        if not f.cancelled() and f.exception() is None:
+            broker.settled_ends[stream_id] = max(broker.settled_ends.get(stream_id, 0), f.result() + count)
+        broker.data_arrived(stream_id)
+    future.add_done_callback(arrived)
     return future, stream
 
 

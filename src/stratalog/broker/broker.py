@@ -39,6 +39,7 @@ from stratalog.datadir import prepare_data_dir
 from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.metadata_backends import MetadataUnavailableError
+from stratalog.errors import StratalogError
 from stratalog.io.device import Device
 from stratalog.kafka.codec import Request
 from stratalog.objects.uri import without_credentials
@@ -114,6 +115,11 @@ class Broker:
         #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
         #: retry arriving meanwhile waits for the first one's offset.
         self.producing: dict[tuple[int, int, int], asyncio.Future[int]] = {}
+        #: Per stream: offsets below were acknowledged *and* their idempotent producers' batches recorded,
+        #: on the loop. A stream's durable end moves on a WAL thread, before the loop settles the batch, so
+        #: a snapshot taken between the two with the durable end would skip a batch its producer states do
+        #: not hold yet (and the producer's next batch after a restart would be out of order).
+        self.settled_ends: dict[int, int] = {}
         self._streams: dict[tuple[str, int], Stream] = {}
         #: Fetches waiting for data, by stream id.
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
@@ -295,6 +301,7 @@ class Broker:
         return topic
 
     def delete_topic(self, name: str) -> Topic:
+        self.topics.get(name)   # a topic another broker of the cluster made: known here from now on
         topic = self.topics.remove(name)
         for p in range(topic.partitions):
             stream = self._streams.pop((name, p), None)
@@ -306,10 +313,36 @@ class Broker:
 
     def _finish_deletes(self) -> None:
         doomed = self.topics.doomed_streams()
+        deleted = []
         for n in doomed:
-            with contextlib.suppress(UnknownStreamError):  # deleted before a crash cut the cleanup short
-                self.store.delete_stream(self.store.open_stream(n))
-        self.topics.forget_doomed(doomed)
+            try:
+                self._delete_stream(n)
+            except StratalogError as e:
+                if self.node is None:
+                    raise
+                # A cluster: only the partition's last leader may change its stream (the fence); it deletes
+                # it at its next reconcile.
+                log.info("the stream %s of a deleted topic is left to its leader: %s", n, e)
+                continue
+            deleted.append(n)
+        self.topics.forget_doomed(deleted)
+
+    def finish_deletes(self) -> None:
+        """Delete the streams of deleted topics this broker may delete (a cluster's reconcile calls it)."""
+        self._finish_deletes()
+
+    def _delete_stream(self, name: str) -> None:
+        try:
+            stream = self.store.open_stream(name)
+        except UnknownStreamError:
+            if self.node is None:
+                return   # deleted before a crash cut the cleanup short
+            try:
+                stream = self.store.reload_stream(name)   # made by another broker of the cluster
+            except UnknownStreamError:
+                return   # deleted already, by whichever broker could
+        with contextlib.suppress(UnknownStreamError):
+            self.store.delete_stream(stream)
 
     def auto_create(self, name: str) -> Topic | None:
         """The topic, created with the defaults if auto-creation is on and the name is valid."""
@@ -334,19 +367,26 @@ class Broker:
 
     def _recover_producers(self) -> None:
         ends = self._snapshots.load(self.producers)
-        replayed = sum(replay(self.producers, s, ends.get(s.stream_id, 0)) for s in self._partition_streams())
+        streams = self._partition_streams()
+        replayed = sum(replay(self.producers, s, ends.get(s.stream_id, 0)) for s in streams)
+        self.settled_ends.update((s.stream_id, s.end_offset) for s in streams)
         if replayed:
             log.info("idempotent producers: %d batches replayed after the last snapshot", replayed)
 
+    def _snapshot_ends(self) -> dict[int, int]:
+        """Where the snapshot taken now ends for each partition: at the end of what the loop has settled,
+        so every batch past it is replayed at the next start, none skipped."""
+        return {s.stream_id: min(s.end_offset, self.settled_ends.get(s.stream_id, s.end_offset))
+                for s in self._partition_streams()}
+
     def _save_producers(self) -> None:
-        # Ends first: a batch settled after this read is replayed at the next start, never missed.
-        ends = {s.stream_id: s.end_offset for s in self._partition_streams()}
+        ends = self._snapshot_ends()
         self._snapshots.save(self.producers.entries(), ends, partitions_only=self.node is not None)
 
     async def _snapshot_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.config.producer_snapshot_interval_s)
-            ends = {s.stream_id: s.end_offset for s in self._partition_streams()}
+            ends = self._snapshot_ends()         # in the same loop step as the entries: they agree
             entries = self.producers.entries()
             try:
                 await asyncio.to_thread(self._snapshots.save, entries, ends, partitions_only=self.node is not None)
