@@ -29,8 +29,9 @@ ifeq ($(POSTGRES_SERVER),)
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
 endif
 
+# Two workers, each module's tests on one of them (its module-scoped servers are started once).
 test: lint postgres-server
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadscope
 
 bench: $(STAMP)
 	$(BIN)/stratalog bench wal --json bench-wal.json
