@@ -123,6 +123,21 @@ def test_three_brokers_share_a_topic_route_clients_and_refuse_what_they_do_not_l
             rows = conn.execute("SELECT name, retention_ms FROM streams WHERE name LIKE 'orders/%'").fetchall()
         assert sorted(rows) == [(f"{TOPIC}/{p}", 86_400_000) for p in range(PARTITIONS)]
 
+        # A deleted topic's streams are deleted by their leaders, whichever broker was asked.
+        admin.create_topics([NewTopic("scratch", 3, 1)])["scratch"].result(timeout=60)
+        wait_until(lambda: settled(cluster, "scratch", 3), "the scratch topic served")
+        elsewhere = AdminClient({"bootstrap.servers": cluster.bootstrap(2)})
+        elsewhere.delete_topics(["scratch"])["scratch"].result(timeout=60)
+
+        def scratch_left() -> tuple[int, int]:
+            with psycopg.connect(pg_database) as conn:
+                streams = conn.execute("SELECT count(*) FROM streams WHERE name LIKE 'scratch/%'").fetchone()
+                doomed = conn.execute("SELECT count(*) FROM doomed_streams").fetchone()
+            assert streams is not None and doomed is not None
+            return int(streams[0]), int(doomed[0])
+
+        wait_until(lambda: scratch_left() == (0, 0), lambda: f"the scratch streams deleted ({scratch_left()} left)")
+
 
 def test_the_cluster_table_of_the_config_is_read_and_its_bounds_checked(tmp_path: Path) -> None:
     path = tmp_path / "broker.toml"

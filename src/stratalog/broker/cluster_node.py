@@ -185,6 +185,7 @@ class ClusterNode:
         while await asyncio.to_thread(self._replay_one):
             pass
         await asyncio.to_thread(broker.topics.refresh)
+        await asyncio.to_thread(broker.finish_deletes)
         before = await asyncio.to_thread(self.cluster.holds)
         resources = [Resource(Kind.PARTITION, stream_name(t.name, p))
                      for t in broker.topics.all() for p in range(t.partitions)]
@@ -192,7 +193,7 @@ class ClusterNode:
         await asyncio.to_thread(self.cluster.reconcile, resources)
         self.holds = await asyncio.to_thread(self.cluster.holds)
         self.live = await asyncio.to_thread(self.cluster.live)
-        await self._follow(broker)
+        await self._follow(broker, set(resources))
 
     def _replay_one(self) -> bool:
         broker = self._broker
@@ -205,29 +206,43 @@ class ClusterNode:
                         replayed.report.batches_replayed, replayed.seconds)
         return replayed is not None
 
-    async def _follow(self, broker: Broker) -> None:
-        me = self.me
-        held = set()
+    async def _follow(self, broker: Broker, resources: set[Resource]) -> None:
+        held: set[str] = set()
         for resource, hold in sorted(self.holds.items()):
-            mine = hold.holder == me
-            if resource.kind is Kind.GROUP:
-                if mine and hold.handing_to is not None:
-                    broker.groups.unload(resource.name)
-                    with contextlib.suppress(NotHolderError):
-                        await asyncio.to_thread(self.cluster.release, resource)
-                elif not mine:
-                    broker.groups.unload(resource.name)
-                continue
-            if not mine:
-                continue
-            held.add(resource.name)
-            if hold.handing_to is not None:
-                await self._hand_off(broker, resource)
-            elif resource.name not in self._served:
-                await self._gain(broker, resource, hold)
+            if resource.kind is Kind.PARTITION and resource not in resources:
+                continue   # a deleted topic's partition: its row outlives it
+            try:
+                await self._follow_one(broker, resource, hold, held)
+            except (LeaseLostError, asyncio.CancelledError):
+                raise
+            except Exception:
+                # One partition that cannot be gained or handed over now holds up none of the others.
+                log.exception("broker %d could not follow %s %s; retrying at the next reconcile", self.broker_id,
+                              resource.kind.value, resource.name)
+                if resource.kind is Kind.PARTITION:
+                    held.add(resource.name)
         for name in [n for n in self._served if n not in held]:
             log.warning("broker %d no longer leads %s", self.broker_id, name)
             self._drop(broker, name)
+
+    async def _follow_one(self, broker: Broker, resource: Resource, hold: Hold, held: set[str]) -> None:
+        """Do what the database says of one resource (see the module's doc)."""
+        mine = hold.holder == self.me
+        if resource.kind is Kind.GROUP:
+            if mine and hold.handing_to is not None:
+                broker.groups.unload(resource.name)
+                with contextlib.suppress(NotHolderError):
+                    await asyncio.to_thread(self.cluster.release, resource)
+            elif not mine:
+                broker.groups.unload(resource.name)
+            return
+        if not mine:
+            return
+        held.add(resource.name)
+        if hold.handing_to is not None:
+            await self._hand_off(broker, resource)
+        elif resource.name not in self._served:
+            await self._gain(broker, resource, hold)
 
     async def _gain(self, broker: Broker, resource: Resource, hold: Hold) -> None:
         """Serve a partition this broker was given: its stream from the committed end, its producers."""
