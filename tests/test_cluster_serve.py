@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import psycopg
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
@@ -33,7 +34,7 @@ from clusterkit import (
 from conftest import SeaweedS3
 from stratalog.broker.cluster_node import EXIT_LEASE_LOST
 from stratalog.broker.listeners import Listener
-from stratalog.commands.serve import load_config
+from stratalog.commands.serve import load_config, serve
 from waiting import wait_until
 
 pytest_plugins = ["pgkit"]
@@ -184,3 +185,15 @@ def test_a_clean_stop_hands_everything_over_and_a_lost_lease_stops_the_broker(
         assert fenced.process.wait(timeout=60) == EXIT_LEASE_LOST
         fenced.close_output()
         assert any("is fenced and stops" in line for line in fenced.output), "".join(fenced.output)
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--cluster"], "--cluster needs --broker-id"),
+    (["--cluster", "--broker-id", "1"], "needs --object-store"),
+    (["--cluster", "--broker-id", "1", "--object-store", "s3://bucket/prefix"], "needs its metadata in PostgreSQL"),
+])
+def test_serve_refuses_a_cluster_broker_it_cannot_run(tmp_path: Path, args: list[str], said: str) -> None:
+    result = CliRunner().invoke(serve, ["--data-dir", str(tmp_path / "data"), "--listen", "127.0.0.1:19092", *args],
+                                env={"STRATALOG_METADATA": ""})
+    assert result.exit_code == 2, result.output
+    assert said in result.output

@@ -237,12 +237,15 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
                                          super_users=authorizer.super_users + super_user)
     cluster_config = base.cluster
     if cluster or broker_id is not None:
-        if broker_id is None and not cluster_config.enabled:
+        if broker_id is None and config_path is None:
             raise click.UsageError("--cluster needs --broker-id (or broker_id in the config's [cluster] table)")
         cluster_config = dataclasses.replace(cluster_config, enabled=True,
                                              broker_id=cluster_config.broker_id if broker_id is None else broker_id)
     if cluster_config.enabled and wal_device is not None:
         raise click.UsageError("a broker of a cluster keeps its WAL in the object store: --wal-device does not apply")
+    if cluster_config.enabled and object_store is None:
+        raise click.UsageError("a broker of a cluster needs --object-store: an S3 bucket (or prefix) every broker "
+                               "reaches")
     config = load_config(
         config_path, listeners=parse_listeners(listen, advertise),
         tls=tls_config_from(tls_cert, tls_key, tls_ca, tls_client_auth, base.tls), authorizer=authorizer,
