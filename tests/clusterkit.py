@@ -61,13 +61,15 @@ class BrokerCluster:
     database: str
     objects: str
     ports: dict[int, int]
+    #: The brokers' --config file.
+    config_toml: str = CLUSTER_TOML
     brokers: dict[int, BrokerProcess] = field(default_factory=dict)
     #: Every process started, so the test's end stops them all, restarted ones included.
     started: list[BrokerProcess] = field(default_factory=list)
 
     def start(self, broker_id: int) -> BrokerProcess:
         config = self.base / "broker.toml"
-        config.write_text(CLUSTER_TOML)
+        config.write_text(self.config_toml)
         broker = start_broker(self.base / f"broker-{broker_id}", "--cluster", "--broker-id", str(broker_id),
                               "--metadata", self.database, "--object-store", self.objects, "--config", str(config),
                               port=self.ports[broker_id])
@@ -90,10 +92,11 @@ class BrokerCluster:
 
 
 @contextmanager
-def running_cluster(base: Path, database: str, seaweedfs: SeaweedS3, count: int) -> Iterator[BrokerCluster]:
+def running_cluster(base: Path, database: str, seaweedfs: SeaweedS3, count: int,
+                    config_toml: str = CLUSTER_TOML) -> Iterator[BrokerCluster]:
     ports = free_ports(count)
     cluster = BrokerCluster(base, database, object_store_uri(seaweedfs),
-                            {i + 1: port for i, port in enumerate(ports)})
+                            {i + 1: port for i, port in enumerate(ports)}, config_toml)
     try:
         for broker_id in sorted(cluster.ports):
             cluster.start(broker_id)

@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from clusterkit import (
+    CLUSTER_TOML,
     NONE,
     NOT_COORDINATOR,
     NOT_LEADER_OR_FOLLOWER,
@@ -164,17 +165,28 @@ def test_the_cluster_table_of_the_config_is_read_and_its_bounds_checked(tmp_path
 
 def test_a_clean_stop_hands_everything_over_and_a_lost_lease_stops_the_broker(
         tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
-    with running_cluster(tmp_path, pg_database, seaweedfs, 2) as cluster:
+    # No periodic snapshot of idempotent producers: the one the stop takes is the only one.
+    config = "producer_snapshot_interval_s = 3600\n" + CLUSTER_TOML
+    with running_cluster(tmp_path, pg_database, seaweedfs, 2, config) as cluster:
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
         admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(timeout=60)
         leaders = wait_until(lambda: settled(cluster, TOPIC, 2), "both partitions served")
         assert sorted(v.leader_id for v in leaders.values()) == [1, 2]
+        led_by_2 = next(p for p, v in leaders.items() if v.leader_id == 2)
+        producer = Producer({"bootstrap.servers": cluster.bootstrap(1), "enable.idempotence": True})
+        for i in range(5):
+            producer.produce(TOPIC, value=str(i).encode(), partition=led_by_2)
+        assert producer.flush(60) == 0
 
         stopped = cluster.brokers.pop(2)
         assert stopped.stop() == 0, "".join(stopped.output)
         with psycopg.connect(pg_database) as conn:
             states = conn.execute("SELECT state FROM cluster_logs WHERE broker_id = 2").fetchall()
+            snapshot = conn.execute("SELECT e.end_offset FROM producer_snapshot_ends e JOIN streams s "
+                                    "ON s.stream_id = e.stream_id WHERE s.name = %s",
+                                    (f"{TOPIC}/{led_by_2}",)).fetchall()
         assert states == [("clean",)]          # everything committed: no replay needed
+        assert snapshot == [(5,)]              # its partition's producers, snapshotted as it left
         after = wait_until(lambda: settled(cluster, TOPIC, 2), "broker 1 leading both partitions")
         assert {v.leader_id for v in after.values()} == {1}
 

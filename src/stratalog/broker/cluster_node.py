@@ -151,13 +151,13 @@ class ClusterNode:
         self._task = self._loop.create_task(self._reconcile_forever())
 
     async def stop(self) -> None:
-        """Stop reconciling and serving partitions (the broker is stopping)."""
+        """Stop reconciling (the broker is stopping). The partitions served stay known, so the last
+        snapshot of their producers is taken before the broker leaves."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._served.clear()
 
     def poke(self) -> None:
         """Reconcile soon (a topic was made): callable from any thread."""
