@@ -18,8 +18,8 @@ import pytest
 from brokerkit import BrokerProcess, running_broker
 from kafkaclients import CALL_TIMEOUT_S, CLIENTS, Client, Consumed, Outgoing, consume_until, make_client
 from stratalog.engine import StreamStore
-from stratalog.engine.batch import NewRecord, Record
 from stratalog.kafka.records import check_batch
+from stratalog.records import NewRecord, Record
 from waiting import wait_until
 
 #: Well after 2001 and well before now: a timestamp no client would make up by itself.
