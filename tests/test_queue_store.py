@@ -8,8 +8,7 @@ import random
 import subprocess
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +31,10 @@ from stratalog.queues import (
     QueueConfig,
     QueueStore,
 )
-from stratalog.queues import reader as queue_reader
 from stratalog.queues.format import U32, CorruptBulkError
 from stratalog.queues.logcache import CachedRecord, LogCache
 from stratalog.queues.merge_worker import MergeAnswer, MergeJob
-from stratalog.queues.objects import CHUNKS_PER_OBJECT_MIN, QUEUE_PREFIX, RunObject
+from stratalog.queues.objects import QUEUE_PREFIX, RunObject
 from stratalog.wal import WriteAheadLog
 
 
@@ -288,7 +286,7 @@ def _six_records_in_the_log_cache(path: Path) -> QueueStore:
 
 def _log_cache_of(records: tuple[CachedRecord, ...]) -> LogCache:
     """A log cache holding ``records`` (a store's), for reads through its public calls."""
-    cache = LogCache(1 << 30, 1.0)
+    cache = LogCache(QueueConfig())
     for rec in records:
         cache.add(rec)
     return cache
@@ -524,31 +522,47 @@ def test_gets_the_page_cache_cannot_serve_read_once_and_are_counted(tmp_path: Pa
         assert len(tried) == 2  # one try of the page cache per run; the read that waits does not try again
 
 
-class _ChunksAddedMeanwhile(OrderedDict[int, list[Any]]):
-    """Chunks that another reader thread adds to while this one walks them (as it may between any two
-    bytecodes)."""
-
-    def __iter__(self) -> Iterator[int]:
-        keys = super().__iter__()
-        self[-1 - len(self)] = [b"", 0]
-        return keys
-
-
-def test_read_ahead_evicts_its_oldest_chunk_while_other_threads_add_theirs(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_ahead_keeps_its_bound_while_threads_add_chunks_at_once(tmp_path: Path) -> None:
+    """Consumer threads walking the same objects add and evict chunks at once (once, one of them walked the
+    chunks while another added one and raised "dictionary changed size"): every get is right and no
+    object ever holds more chunks than its bound."""
     queues = 3000
     _three_objects_of(tmp_path, queues)
-    monkeypatch.setattr(queue_reader, "CHUNKS_PER_OBJECT_MIN", 1)
-    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=4096, read_ahead_cache_bytes=0) as qs:
-        for obj in qs.log_cache.view.objects:
-            obj.chunks = _ChunksAddedMeanwhile()
-        for q in range(0, queues, 2):
-            assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
+    with _open(tmp_path, compact_fanout=0, read_ahead_bytes=4096, read_ahead_cache_bytes=0,
+               read_ahead_chunks_per_object_min=1) as qs:
+        objects = qs.log_cache.view.objects
+        errors: list[BaseException] = []
+        most = 0
+        done = threading.Event()
 
-        assert all(len(obj.chunks) <= 2 for obj in qs.log_cache.view.objects)
+        def consume(first: int) -> None:
+            try:
+                for q in range(first, queues, 4):
+                    assert qs.get(f"q{q}", 0, 10) == [_msg(q, r) for r in range(3)]
+            except BaseException as e:
+                errors.append(e)
+
+        def watch() -> None:
+            nonlocal most
+            while not done.is_set():
+                most = max([most, *(len(obj.chunks) for obj in objects)])
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        threads = [threading.Thread(target=consume, args=(first,)) for first in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done.set()
+        watcher.join()
+        assert not errors, errors[0]
+        assert qs.stats()["read_ahead_bytes"] > 0, "the consumers read ahead"
+        assert most == 1 and all(len(obj.chunks) == 1 for obj in objects)
 
 
-@pytest.mark.parametrize(("budget_chunks", "per_object"), [(0, CHUNKS_PER_OBJECT_MIN), (24 * 3, 24)])
+@pytest.mark.parametrize(("budget_chunks", "per_object"),
+                         [(0, QueueConfig().read_ahead_chunks_per_object_min), (24 * 3, 24)])
 def test_read_ahead_keeps_the_chunks_its_budget_allows(tmp_path: Path, budget_chunks: int, per_object: int) -> None:
     queues = 3000       # ~38 chunks of 4 KiB an object
     _three_objects_of(tmp_path, queues)

@@ -1,14 +1,16 @@
-"""One cache bounded by bytes, for every in-memory cache of blocks, runs and rows.
+"""One bounded cache, for every in-memory cache of blocks, runs, chunks and rows.
 
-An ``OrderedDict`` underneath, oldest entry first: a hit is one C call (``dict.get``), so the cache costs
-a reader what a bare dict would. Two orders: ``lru=True`` moves a hit to the newest end (a block cache,
-whose hot blocks must outlive a scan); ``lru=False`` leaves it (first in, first out, as the million-queue
-race's cycle cache: no bookkeeping on a hit, for caches each entry of which is read a few times soon
-after it came). Adds, evictions and LRU moves take a lock; gets do not (a ``dict.get`` is atomic under
-the GIL), so any number of threads may share one cache.
+Bounded by the sum of ``sizeof`` over its values: their bytes (``len``) for caches of data, 1 each for a
+cache bounded in entries. An ``OrderedDict`` underneath, oldest entry first: a hit is one C call
+(``dict.get``), so the cache costs a reader what a bare dict would. Two orders: ``lru=True`` moves a hit
+to the newest end (a block cache, whose hot blocks must outlive a scan); ``lru=False`` leaves it (first
+in, first out, as the million-queue race's cycle cache: no bookkeeping on a hit, for caches each entry of
+which is read a few times soon after it came). Either may put an entry at the cold end (read-ahead nobody
+has asked for yet, a block read to its end) so that it goes first. Adds, evictions and LRU moves take a
+lock; gets do not (a ``dict.get`` is atomic under the GIL), so any number of threads may share one cache.
 
 Why not a library: ``cachetools`` bounds by a ``getsizeof`` too, but its gets are Python calls and it is
-not thread-safe, and the block cache needs to add read-ahead at the cold end (``newest=False``).
+not thread-safe, and nothing in it puts an entry at the cold end.
 """
 
 from __future__ import annotations
@@ -24,20 +26,22 @@ V = TypeVar("V")
 
 
 class BoundedCache(Generic[K, V]):
-    """Values up to ``bytes_max`` bytes in all (each sized by ``sizeof``), the oldest evicted first."""
+    """Values up to ``size_max`` in all (each sized by ``sizeof``), the oldest evicted first."""
 
-    __slots__ = ("_entries", "_lock", "_lru", "_sizeof", "bytes_max", "nbytes")
+    __slots__ = ("_entries", "_lock", "_lru", "_sizeof", "size", "size_max")
 
-    def __init__(self, bytes_max: int, sizeof: Callable[[V], int], *, lru: bool) -> None:
-        if bytes_max < 0:
-            raise ValueError("a cache's bytes_max must be >= 0")
+    def __init__(self, size_max: int, sizeof: Callable[[V], int], *, lru: bool) -> None:
+        if size_max < 0:
+            raise ValueError("a cache's size_max must be >= 0")
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._lock = threading.Lock()
         self._lru = lru
         self._sizeof = sizeof
-        self.bytes_max = bytes_max
-        #: Bytes of the values held, as ``sizeof`` counts them.
-        self.nbytes = 0
+        #: The bound; a plain attribute, so a cache whose bound follows something else (a share of a budget)
+        #: may be given a new one (it applies from the next put).
+        self.size_max = size_max
+        #: The values held, as ``sizeof`` counts them.
+        self.size = 0
 
     def get(self, key: K) -> V | None:
         entry = self._entries.get(key)
@@ -48,36 +52,45 @@ class BoundedCache(Generic[K, V]):
                 self._entries.move_to_end(key)
         return entry[0]
 
-    def put(self, key: K, value: V, *, newest: bool = True) -> None:
-        """Add (or replace) ``key``; ``newest=False`` puts it at the end evicted first (read-ahead no one
-        has asked for yet must not push out what readers use). A value larger than the bound is not kept."""
+    def put(self, key: K, value: V, *, newest: bool = True) -> int:
+        """Add (or replace) ``key``; return how many entries went to make room. ``newest=False`` puts it
+        at the end evicted first. A value larger than the bound is not kept."""
         size = self._sizeof(value)
+        evicted = 0
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self.nbytes -= old[1]
-            if size > self.bytes_max:
-                return
+                self.size -= old[1]
+            if size > self.size_max:
+                return 0
             self._entries[key] = (value, size)
             if not newest:
                 self._entries.move_to_end(key, last=False)
-            self.nbytes += size
-            while self.nbytes > self.bytes_max:
-                _, (_, evicted) = self._entries.popitem(last=False)
-                self.nbytes -= evicted
+            self.size += size
+            while self.size > self.size_max:
+                _, (_, gone) = self._entries.popitem(last=False)
+                self.size -= gone
+                evicted += 1
+        return evicted
+
+    def make_oldest(self, key: K) -> None:
+        """Move ``key`` (if held) to the end evicted first: a block read to its end by a sequential reader
+        should go before blocks not yet read."""
+        with self._lock, contextlib.suppress(KeyError):
+            self._entries.move_to_end(key, last=False)
 
     def pop(self, key: K) -> V | None:
         with self._lock:
             entry = self._entries.pop(key, None)
             if entry is None:
                 return None
-            self.nbytes -= entry[1]
+            self.size -= entry[1]
             return entry[0]
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self.nbytes = 0
+            self.size = 0
 
     def keys(self) -> list[K]:
         """The keys, oldest first (a copy: one C call, safe beside other threads)."""

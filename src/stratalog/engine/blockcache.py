@@ -9,10 +9,10 @@ each block it has read to the end, which then goes first when room is needed (fr
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from stratalog.caching import BoundedCache
 from stratalog.engine.metadata import RangeRow
 from stratalog.engine.objformat import check_block
 from stratalog.objects.store import ObjectStore
@@ -32,9 +32,7 @@ class BlockCacheStats:
 class BlockCache:
     def __init__(self, store: ObjectStore, bytes_max: int, io_threads: int = 4) -> None:
         self._store = store
-        self._bytes_max = bytes_max
-        self._lru: OrderedDict[_Key, bytes] = OrderedDict()
-        self._bytes = 0
+        self._blocks: BoundedCache[_Key, bytes] = BoundedCache(bytes_max, len, lru=True)
         self._inflight: dict[_Key, Future[bytes]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="stratalog-blockcache")
@@ -44,9 +42,8 @@ class BlockCache:
         """The data block ``row`` describes, CRC-checked. Raises CorruptObjectError or ObjectStoreError."""
         key = (row.key, row.position)
         with self._lock:
-            data = self._lru.get(key)
+            data = self._blocks.get(key)
             if data is not None:
-                self._lru.move_to_end(key)
                 self.stats.hits += 1
                 return data
             future = self._inflight.get(key)
@@ -66,7 +63,7 @@ class BlockCache:
         for row in rows:
             key = (row.key, row.position)
             with self._lock:
-                if key in self._lru or key in self._inflight:
+                if key in self._blocks or key in self._inflight:
                     continue
                 future: Future[bytes] = Future()
                 self._inflight[key] = future
@@ -76,9 +73,7 @@ class BlockCache:
     def release(self, row: RangeRow) -> None:
         """A sequential reader has read this block to its end: evict it before blocks not yet read."""
         with self._lock:
-            key = (row.key, row.position)
-            if key in self._lru:
-                self._lru.move_to_end(key, last=False)
+            self._blocks.make_oldest((row.key, row.position))
 
     def _load(self, key: _Key, row: RangeRow, future: Future[bytes]) -> None:
         try:
@@ -91,27 +86,19 @@ class BlockCache:
         with self._lock:
             del self._inflight[key]
             self.stats.fetched_bytes += len(data)
-            if len(data) <= self._bytes_max:
-                self._lru[key] = data
-                self._bytes += len(data)
-                while self._bytes > self._bytes_max:
-                    _, old = self._lru.popitem(last=False)
-                    self._bytes -= len(old)
-                    self.stats.evicted_blocks += 1
+            self.stats.evicted_blocks += self._blocks.put(key, data)
         future.set_result(data)
 
     def drop_object(self, object_key: str) -> None:
         """Forget every cached block of an object that was deleted."""
         with self._lock:
-            for key in [k for k in self._lru if k[0] == object_key]:
-                self._bytes -= len(self._lru.pop(key))
+            for key in [k for k in self._blocks.keys() if k[0] == object_key]:  # noqa: SIM118 (keys() copies: safe beside other threads)
+                self._blocks.pop(key)
 
     @property
     def cached_bytes(self) -> int:
-        return self._bytes
+        return self._blocks.size
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            self._lru.clear()
-            self._bytes = 0
+        self._blocks.clear()

@@ -24,6 +24,11 @@ class StoreConfig:
     #: Cold data blocks kept in memory, and readahead depth for sequential readers.
     block_cache_bytes_max: int = 128 << 20
     readahead_blocks_max: int = 8
+    #: Streams whose next blocks' metadata rows are kept for cold readers (a reader asks the metadata once
+    #: per ``range_rows_per_query`` blocks, not once per block); the stream whose rows were fetched longest
+    #: ago goes first.
+    range_rows_streams_max: int = 4096
+    range_rows_per_query: int = 32
     block_cache_io_threads: int = 4
     #: Bytes per second that cold reads (from objects) may return, all readers together; None: no limit.
     #: A catch-up reader takes CPU the producers need (on 2 vCPUs their p99 doubled at 200 MiB/s and
@@ -47,6 +52,8 @@ class StoreConfig:
             raise ValueError("upload_bytes_threshold must not exceed log_cache_bytes_max")
         if self.log_cache_bytes_max < self.wal.record_bytes_max:
             raise ValueError("log_cache_bytes_max must hold the largest batch (wal.record_bytes_max)")
+        if self.range_rows_streams_max < 0 or self.range_rows_per_query < 1:
+            raise ValueError("range_rows_streams_max must be >= 0 and range_rows_per_query >= 1")
         if self.cold_read_bytes_per_s_max is not None and self.cold_read_bytes_per_s_max <= 0:
             raise ValueError("cold_read_bytes_per_s_max must be positive (or None for no limit)")
         if self.upload_attempts_max < 1:

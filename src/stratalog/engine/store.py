@@ -17,13 +17,13 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from stratalog.caching import BoundedCache
 from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
 from stratalog.engine.batch import (
     BatchInfo,
@@ -155,17 +155,21 @@ class _Pacer:
             time.sleep(wait_s)
 
 
+def _one(rows: list[RangeRow]) -> int:
+    """The range-row cache counts streams, not bytes: each stream's rows are a few dozen at most."""
+    return 1
+
+
 class _RangeRowCache:
     """The next blocks of streams being read cold, so a sequential reader asks the metadata once per
     ``rows_per_query`` blocks rather than once per block. Bounded in streams; emptied when objects are
     replaced (compaction), since rows may then name objects on their way out."""
 
-    def __init__(self, meta: Metadata, streams_max: int = 4096, rows_per_query: int = 32) -> None:
+    def __init__(self, meta: Metadata, streams_max: int, rows_per_query: int) -> None:
         self._meta = meta
-        self._streams_max = streams_max
         self._rows_per_query = rows_per_query
-        self._lock = threading.Lock()
-        self._rows: OrderedDict[int, list[RangeRow]] = OrderedDict()
+        self._lock = threading.Lock()    # the epoch, and the rows stored with the epoch they were read in
+        self._rows: BoundedCache[int, list[RangeRow]] = BoundedCache(streams_max, _one, lru=False)
         self._epoch = 0
 
     def invalidate(self) -> None:
@@ -185,10 +189,7 @@ class _RangeRowCache:
         fresh = self._meta.ranges(stream_id, pos, limit=max(want, self._rows_per_query))
         with self._lock:
             if epoch == self._epoch:
-                self._rows[stream_id] = fresh
-                self._rows.move_to_end(stream_id)
-                while len(self._rows) > self._streams_max:
-                    self._rows.popitem(last=False)
+                self._rows.put(stream_id, fresh)
         return fresh[:want]
 
 
@@ -333,7 +334,7 @@ class StreamStore:
         # its own sequence number and manifests go out in commit order.
         self._commit_lock = threading.RLock()
         self._blocks = BlockCache(objects, config.block_cache_bytes_max, config.block_cache_io_threads)
-        self._cold_rows = _RangeRowCache(self._meta)
+        self._cold_rows = _RangeRowCache(self._meta, config.range_rows_streams_max, config.range_rows_per_query)
         limit = config.cold_read_bytes_per_s_max
         self._cold_pacer = _Pacer(limit) if limit is not None else None
         # Readahead never asks for more than half the block cache, or blocks fetched ahead would evict

@@ -12,11 +12,17 @@ qs.close()
 """
 
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
-from stratalog.queues.errors import InvalidQueueNameError, MessageTooLargeError, PutBackpressureError, QueueError
+from stratalog.queues.errors import (
+    InvalidQueueNameError,
+    MessageTooLargeError,
+    PutBackpressureError,
+    QueueError,
+    TooManyQueuesError,
+)
 from stratalog.queues.recovery import QueueRecoveryReport
 from stratalog.queues.store import QueueStore
 
 __all__ = [
     "QueueStore", "QueueConfig", "QueueRecoveryReport", "QUEUE_NAME_CHARS_MAX", "GROUP_NAME_CHARS_MAX",
-    "QueueError", "InvalidQueueNameError", "MessageTooLargeError", "PutBackpressureError",
+    "QueueError", "InvalidQueueNameError", "MessageTooLargeError", "PutBackpressureError", "TooManyQueuesError",
 ]

@@ -239,8 +239,8 @@ def merge_objects(sources: Sequence[MergeSource], prev_ends: U32s, slice_bytes: 
 
 class _SliceBuffer:
     """The bytes one slice of a merge is gathered from (every source's pages, then the new runs' message
-    ends), reused by the next slice: a fresh buffer per slice faults in new pages each time (~2 us a page
-    here, where freed memory goes back to the host)."""
+    ends), reused by the next slice: a fresh buffer per slice faults in new pages each time (a fault a
+    page where freed memory goes back to a VM's host)."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
@@ -255,8 +255,8 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
                  header_bytes: np.ndarray, data_bytes: np.ndarray, result: MergeResult,
                  scratch: _SliceBuffer) -> memoryview:
     """The merged runs of streams ``lo .. hi``, as a view of the Arrow buffer they were laid out in (it
-    stays alive while the view does), not a copy: a copy is a fresh buffer of a slice's size, and a merge
-    of 2.2 GiB spent ~1 of its 10-12 s copying and faulting in fresh pages for those copies.
+    stays alive while the view does), not a copy: a copy is a fresh buffer of a slice's size, and copying
+    and faulting in fresh pages for those copies took a sizeable share of a merge's time (BENCHMARKS.md).
 
     The sources' pages and the new runs' message ends go into ``scratch`` one after the other, and one
     Arrow array over it is what both takes gather from: a take on a chunked array (a chunk per source)

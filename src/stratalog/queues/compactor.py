@@ -90,8 +90,8 @@ class Compactor:
             # A merge in a thread goes one at a time with uploads: their working sets (each a few hundred
             # MiB at a million queues) never add up, and producers wait for a merge that has fallen behind.
             # Merges in a thread beside uploads were measured: beside busy producers a merge gets the GIL a
-            # few milliseconds at a time and falls behind (24 objects after 100 M puts instead of 7). A
-            # merge in the worker process has its own.
+            # few milliseconds at a time and falls behind (several times the objects after a long send).
+            # A merge in the worker process has its own.
             self.let_uploads_go_first()
             if not self.merge_once():
                 break
@@ -254,8 +254,8 @@ class Compactor:
     def retire_due(self, *, everything: bool = False) -> None:
         """Close and delete merged-away objects once no get can still be reading them: after
         compact_retire_s, or as soon as no get is in flight (every get then holds a newer view). A writer
-        with no readers gets its spares at once (put_many of 100 M messages: 6-9 of 29 uploads over a
-        spare with a 10 s wait, 15 of 29 at once)."""
+        with no readers gets its spares at once (waiting compact_retire_s, half as many uploads found a
+        spare to write over)."""
         quiet = everything or self._reader.no_get_in_flight()
         cutoff = math.inf if quiet else time.monotonic() - self._config.compact_retire_s
         with self._cache.lock:

@@ -12,6 +12,8 @@ from stratalog.wal.config import WALConfig
 QUEUE_NAME_CHARS_MAX = 255
 #: Longest consumer group name, in characters.
 GROUP_NAME_CHARS_MAX = 255
+#: Most queues a store can hold: queue ids are dense u32 in the formats, and ``stream_count`` a u32.
+QUEUES_FORMAT_MAX = (1 << 32) - 1
 
 
 def _queue_wal() -> WALConfig:
@@ -25,13 +27,22 @@ class QueueConfig:
     #: Largest message. 64 KiB: queues here carry small messages (the million-queue race's are ~58 bytes); a bound
     #: keeps one bulk record, and the buffer of puts not yet written, within known sizes.
     message_bytes_max: int = 64 << 10
+    #: Messages up to this size take put's lock-free path and count as one pending message each; larger
+    #: ones count by their bytes too, so ``pending_bytes_max`` bounds what big messages can hold.
+    small_message_bytes_max: int = 1024
+    #: Queues at most. Each queue costs about 200 bytes of memory (its name twice, its state, 8 bytes per
+    #: object in the index) whether or not it holds messages: lower it to bound that. At most
+    #: QUEUES_FORMAT_MAX. A put_many that would pass it raises TooManyQueuesError and puts nothing; a single
+    #: put's queue is made by the writer, after put returned, so the store stops with that error instead
+    #: (flush and every later call raise it: the puts after it are never acknowledged).
+    queues_max: int = QUEUES_FORMAT_MAX
     #: Puts not yet handed to the WAL. The writer wakes once this many wait (or after ``linger_s``) ...
     pending_messages_wake: int = 32768
     #: ... and put waits (up to ``put_wait_s_max``) once this many wait, or once messages above 1 KiB and
     #: bulk puts hold ``pending_bytes_max``: the writer is behind. Beside many producer threads the writer
     #: gets the GIL for one switch interval in several, so this bound is what keeps the puts it takes
-    #: recent enough to be in the CPU's caches: 64 Ki sends 6-9% more than 256 Ki at a million queues
-    #: with 8 threads (1 Mi put a million-queue run at 3.8 GiB peak RSS).
+    #: recent enough to be in the CPU's caches: 64 Ki sent more than 256 Ki at a million queues with 8
+    #: threads, and larger bounds take more memory (BENCHMARKS.md).
     pending_messages_max: int = 1 << 16
     pending_bytes_max: int = 64 << 20
     linger_s: float = 0.05
@@ -48,17 +59,16 @@ class QueueConfig:
     #: Twice an upload, so the writer goes on while one is made.
     log_cache_bytes_max: int = 512 << 20
     #: A local object store syncs an upload or merge this often as it writes it (its own default, 1 MiB,
-    #: keeps the stream engine's append latency low during uploads). 16 MiB: the disk writes an object at
-    #: ~1.3 GiB/s instead of ~0.5, and put_many at a million queues sends 11-14% more (BENCHMARKS.md).
+    #: keeps the stream engine's append latency low during uploads). 16 MiB: the disk writes an object
+    #: faster in fewer syncs, and put_many at a million queues sends more (BENCHMARKS.md).
     upload_sync_bytes: int = 16 << 20
     #: Upload once this much waits (one object per upload, so this sets objects' size and with it the
     #: number of index entries per queue, 8 bytes per queue per object, and how many objects the merges
     #: have to catch up with) ... What a send leaves in the log cache is read from there, a run per
     #: record (a queue's messages spread over every record), until it is uploaded. 384 MiB with a log
     #: cache of 768 was measured (BENCHMARKS.md): a put_many send to a million queues left 6-7 objects
-    #: instead of 9-13 and its consumers read 2.4-3.4 M msg/s instead of 1.8-2.5 M, but the put layout's
-    #: reads lost 10-20%, and at 100 k queues x 10 M, whose data then stayed in the log cache, index checks
-    #: and consumers lost 45-60%.
+    #: instead of 9-13 and its consumers were faster, but the put layout's reads were slower, and at 100 k
+    #: queues x 10 M, whose data then stayed in the log cache, index checks and consumers much slower.
     upload_bytes_threshold: int = 256 << 20
     #: ... or once no put came for this long (a finished producer's tail goes to objects soon) ...
     upload_idle_s: float = 0.5
@@ -75,11 +85,30 @@ class QueueConfig:
     #: multiple of 4 KiB, at most CACHED_READ_BYTES_MAX (so it is taken from the page cache without
     #: giving up the GIL).
     read_ahead_bytes: int = 64 << 10
-    #: The chunks kept, all objects together (each object its share, at least 16 chunks): consumer threads
+    #: The chunks kept, all objects together (each object its share, at least
+    #: ``read_ahead_chunks_per_object_min``): consumer threads
     #: that share the walk drift apart, and a chunk dropped before the slowest reached it is read again.
-    #: 8 threads consuming 20% of a million queues in 13 objects: 16 chunks an object (13 MiB), 6.3 object
-    #: reads per queue, 1.56 M msg/s; 128 chunks (104 MiB) 3.1, 1.93 M; 256 (208 MiB) 2.0, 2.06 M.
+    #: 8 threads consuming 20% of a million queues in 13 objects made 6.3 object reads per queue with 16
+    #: chunks an object (13 MiB), 3.1 with 128 (104 MiB), 2.0 with 256 (208 MiB); their rates: BENCHMARKS.md.
     read_ahead_cache_bytes: int = 128 << 20
+    #: A read of the log cache rebuilds its index of runs at most this often (a build sorts every cached
+    #: run); records written since the last build are searched one by one ...
+    tail_rebuild_s: float = 0.05
+    #: ... and a reader that would search more than this many records one by one waits for the rebuild.
+    tail_lookups_max: int = 16
+    #: A log-cache read cuts up to this many messages of one run in a Python loop, more with one Arrow
+    #: slice (whose fixed cost is that of several messages cut in the loop).
+    tail_loop_messages_max: int = 8
+    #: Read-ahead across queues starts where a sequential reader's run starts within 1/this of
+    #: ``read_ahead_bytes`` of where the last sequential read in its object ended (consumers walking the
+    #: queues in order) ...
+    read_ahead_walk_span: int = 16
+    #: ... and goes on into the next chunk while the last one served at least this many runs: a chunk costs
+    #: what several reads of one run do (the copy and a CRC per page), so it must serve well more.
+    read_ahead_walk_runs_min: int = 16
+    #: Each object keeps at least this many chunks read ahead, whatever its share of
+    #: ``read_ahead_cache_bytes``: reader threads sharing a walk drift apart by a few chunks.
+    read_ahead_chunks_per_object_min: int = 16
     #: Object uploads retry a failed step this many times, backing off, before the store stops.
     upload_attempts_max: int = 5
     upload_backoff_s: float = 0.2
@@ -92,17 +121,16 @@ class QueueConfig:
     #: u32: at most 4 GiB) ...
     compact_object_bytes_max: int = 2 << 30
     #: ... and a merge takes at most this many bytes of objects: each tier rewrites the data once more, and
-    #: a merge of 16 GiB already takes minutes.
+    #: a merge of 16 GiB already rewrites 16 GiB.
     compact_merge_bytes_max: int = 16 << 30
-    #: Once no put and no get has come for ``compact_idle_s`` and the log cache is empty, the newest merge
-    #: units are merged into one even if the tiers would not yet: a store at rest will serve its next
-    #: readers from fewer runs. After a 100 M-message send to a million queues the tiers leave 5-7 objects
-    #: and a consumer reads 4-6 runs per queue; merging the newest (2.3-2.5 GB, 10 s in the worker) leaves
-    #: 2: consume 2.2 -> 3.3-3.6 M msg/s and index checks 62-65 -> 70 k get/s (BENCHMARKS.md). An older
-    #: unit joins the merge only while it is at most ``compact_fanout`` times the newer ones it would
-    #: join (so a trickle of small uploads never rewrites a big old object: each byte is rewritten a
-    #: bounded number of times, as the tiers do) and the merge stays within ``compact_idle_bytes_max``
-    #: (0: no merges at rest), short enough to end before the store is busy again.
+    #: Once no put and no get has come for ``compact_idle_s`` and the log cache is empty, the newest merge units are
+    #: merged into one even if the tiers would not yet: a store at rest will serve its next readers from fewer runs.
+    #: After a 100 M-message send to a million queues the tiers leave 5-7 objects and a consumer reads 4-6 runs per
+    #: queue; merging the newest (2.3-2.5 GB) leaves 2, and consumers and index checks are faster for it
+    #: (BENCHMARKS.md). An older unit joins the merge only while it is at most ``compact_fanout`` times the newer ones
+    #: it would join (so a trickle of small uploads never rewrites a big old object: each byte is rewritten a bounded
+    #: number of times, as the tiers do) and the merge stays within ``compact_idle_bytes_max`` (0: no merges at rest),
+    #: short enough to end before the store is busy again.
     compact_idle_s: float = 1.0
     compact_idle_bytes_max: int = 4 << 30
     #: A merge reads about this much of its sources at a time; its working memory is about 3x this.
@@ -122,6 +150,16 @@ class QueueConfig:
     spare_bytes_max: int = 2 << 30
 
     def validate(self) -> None:
+        if not 1 <= self.queues_max <= QUEUES_FORMAT_MAX:
+            raise ValueError(f"queues_max must be within 1 .. {QUEUES_FORMAT_MAX} (queue ids are u32)")
+        if self.small_message_bytes_max < 0:
+            raise ValueError("small_message_bytes_max must be >= 0")
+        if self.tail_rebuild_s < 0 or self.tail_lookups_max < 0 or self.tail_loop_messages_max < 0:
+            raise ValueError("tail_rebuild_s, tail_lookups_max and tail_loop_messages_max must be >= 0")
+        if self.read_ahead_walk_span < 1 or self.read_ahead_walk_runs_min < 0 \
+                or self.read_ahead_chunks_per_object_min < 1:
+            raise ValueError("read_ahead_walk_span and read_ahead_chunks_per_object_min must be >= 1, "
+                             "read_ahead_walk_runs_min >= 0")
         if not 1 <= self.message_bytes_max <= self.record_bytes_target:
             raise ValueError("message_bytes_max must be within 1 .. record_bytes_target")
         if self.record_bytes_target * 3 // 2 > self.wal.record_bytes_max:

@@ -22,6 +22,17 @@ class PutBackpressureError(QueueError):
     """Puts outran the writer and the uploads for ``put_wait_s_max``."""
 
 
+class TooManyQueuesError(QueueError):
+    """A put would create more queues than ``QueueConfig.queues_max``."""
+
+
+def too_many_queues(queues: int, new: int, queues_max: int) -> TooManyQueuesError:
+    return TooManyQueuesError(
+        f"making {new} new queue{'s' if new != 1 else ''} beside the {queues} that exist would pass "
+        f"queues_max={queues_max}: put to queues that exist, or reopen the store with a larger "
+        "QueueConfig.queues_max (each queue holds about 200 bytes of memory)")
+
+
 def check_name(name: object, what: str = "queue") -> str:
     if type(name) is not str or not 0 < len(name) <= QUEUE_NAME_CHARS_MAX:
         raise InvalidQueueNameError(f"a {what} name must be a str of 1 to {QUEUE_NAME_CHARS_MAX} characters, "

@@ -503,7 +503,7 @@ def run_messages(raw: bytes | memoryview, count: int, first: int, stop: int, key
     as frame_run would (one call fewer for a reader that reads each run once). Where they are all as long
     as the run's first message (the common case: a queue's messages are often of one size), one ``struct``
     call cuts them out; otherwise a plain loop over the ends (for ten messages or a hundred, twice as fast
-    as building the slices with map). 100 messages of 58 bytes: 7.3 us by the loop, 1.9 us by the struct."""
+    as building the slices with map)."""
     at = 4 * count
     if key is not None and len(raw) < at:
         frame_run(raw, count, key, stream_id)      # raises: shorter than its message ends

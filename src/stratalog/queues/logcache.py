@@ -21,18 +21,11 @@ import numpy as np
 import pyarrow as pa
 
 from stratalog.invariant import invariant
+from stratalog.queues.config import QueueConfig
 from stratalog.queues.errors import PutBackpressureError
 from stratalog.queues.format import Ids, U32s
 from stratalog.queues.index import RunIndex, TailIndex
 from stratalog.queues.objects import RunObject
-
-#: A read of the log cache rebuilds the tail index at most this often; records written since the last
-#: build are searched one by one.
-TAIL_REBUILD_S = 0.05
-#: ... and a reader that would look up more than this many records one by one waits for the rebuild.
-TAIL_LOOKUPS_MAX = 16
-#: A log-cache run's messages are cut in a loop up to this many, beyond by Arrow.
-TAIL_LOOP_MESSAGES_MAX = 8
 
 
 @dataclass(slots=True, eq=False)
@@ -96,9 +89,12 @@ class LogCache:
     Its lock (:attr:`lock`, a condition) guards every change of the view and of the counts here; the
     writer waits on it for room, the uploader for work, the compactor for an upload to pass."""
 
-    def __init__(self, cache_bytes_max: int, wait_s_max: float) -> None:
-        self._bytes_max = cache_bytes_max
-        self._wait_s_max = wait_s_max
+    def __init__(self, config: QueueConfig) -> None:
+        self._bytes_max = config.log_cache_bytes_max
+        self._wait_s_max = config.put_wait_s_max
+        self._rebuild_s = config.tail_rebuild_s
+        self._lookups_max = config.tail_lookups_max
+        self._loop_messages_max = config.tail_loop_messages_max
         self.lock = threading.Condition(threading.Lock())
         self.view = View.empty()
         #: Bytes of the records held (under the lock).
@@ -196,10 +192,10 @@ class LogCache:
         # the rest go on with it, as after a send, while the log cache is uploaded under them). One reader
         # rebuilds it at a time (a build of a full log cache at a million queues takes a few hundred MB for
         # a moment); the others meanwhile look up the newer records one by one, or, if there are more than
-        # TAIL_LOOKUPS_MAX of them, wait for the build (each lookup searches a record's runs: after a send
-        # to 100 k queues, ~80 records, ~100 us a get).
-        if tail.last_seq < records[-1].seq and time.monotonic() - tail.built_at >= TAIL_REBUILD_S \
-                and self._tail_lock.acquire(blocking=records[-1].seq - tail.last_seq > TAIL_LOOKUPS_MAX):
+        # tail_lookups_max of them, wait for the build (each lookup searches a record's runs: after a send
+        # to 100 k queues, about 80 records a get).
+        if tail.last_seq < records[-1].seq and time.monotonic() - tail.built_at >= self._rebuild_s \
+                and self._tail_lock.acquire(blocking=records[-1].seq - tail.last_seq > self._lookups_max):
             try:
                 tail = self._tail
                 if tail.last_seq < records[-1].seq:     # (a reader that waited may find it built)
@@ -226,9 +222,9 @@ class LogCache:
             invariant(base <= pos, "the log cache's runs of a stream follow on from where its reader is")
             first = run_first + pos - base
             n = min(stop, end) - pos
-            if n < TAIL_LOOP_MESSAGES_MAX:
+            if n < self._loop_messages_max:
                 # A few messages (most runs here: at many queues a record holds a message or two of each):
-                # sliced one by one, ~0.25 us each, against ~1.5 us for an Arrow slice.
+                # sliced one by one, each cheaper than an Arrow slice's fixed cost.
                 data, message_at = rec.data, rec.message_at
                 lo = message_at[first]
                 for m in range(first + 1, first + n + 1):

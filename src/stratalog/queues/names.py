@@ -1,8 +1,8 @@
 """Queue names to ids for a whole batch at once: a hash table in NumPy arrays.
 
-``put_many`` must find the id of every name in its batch. A dict lookup per name costs ~300 ns at a million
-queues (a cache miss each on the name's str, the dict's index, its entry and the id's int), which alone held
-put_many under 1.5 M messages/s. ``NameIndex`` answers the batch in a few NumPy passes instead: the names as
+``put_many`` must find the id of every name in its batch. A dict lookup per name at a million queues takes a
+cache miss each on the name's str, the dict's index, its entry and the id's int, which alone held put_many
+to a fraction of its rate (BENCHMARKS.md). ``NameIndex`` answers the batch in a few NumPy passes instead: the names as
 one Arrow string array (UTF-8 bytes and offsets), a 64-bit hash of each computed eight bytes at a time, an
 open-addressing table whose slot holds 31 bits of a name's hash and its id in one word (one cache miss a
 probe), and an exact check of every hit against the stored bytes of the name, so a hash collision (by
@@ -69,8 +69,8 @@ def name_array(names: Any) -> Any:
     if isinstance(names, pa.ChunkedArray):
         names = names.combine_chunks()
     if isinstance(names, list | tuple) and _all_str(names):
-        # The type given: Arrow's inference of it costs ~230 ns a name, the conversion itself ~45 (at
-        # 10 k names a put_many, a third of the send's time under the GIL went to the inference).
+        # The type given: Arrow's inference of it costs several times the conversion itself (at 10 k
+        # names a put_many, a large share of the send's time under the GIL went to the inference).
         names = pa.array(names, pa.string())
     elif not isinstance(names, pa.Array):
         names = pa.array(names)
@@ -82,7 +82,7 @@ def name_array(names: Any) -> Any:
 
 
 def _all_str(names: list[Any] | tuple[Any, ...]) -> bool:
-    """Whether every item is a str, in one C loop (~5 ns a name). Arrow converts bytes to ``string`` too
+    """Whether every item is a str, in one C loop. Arrow converts bytes to ``string`` too
     when told the type, so this is checked first: bytes names must stay ``binary`` and be refused."""
     try:
         "".join(names)

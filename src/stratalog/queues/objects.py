@@ -11,11 +11,10 @@ store) only when the page cache does not hold the pages.
 
 from __future__ import annotations
 
-import contextlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from stratalog.caching import BoundedCache
 from stratalog.io import libc
 from stratalog.io.libc import CACHED_READ_BYTES_MAX
 from stratalog.objects.store import ObjectStore
@@ -53,19 +52,10 @@ def object_order(key: str, object_id: int) -> tuple[int, int]:
         raise CorruptBulkError(f"queue object key {key!r} does not name its place") from None
 
 
-#: Read-ahead across queues (see RunObject.read_run_ahead). A walk starts where a sequential reader's run
-#: starts within 1/WALK_SPAN of the read-ahead size (4 KiB of 64 KiB) of where the last sequential read in
-#: its object ended, and goes on into the next chunk while the last one served at least WALK_RUNS_MIN runs.
-#: A chunk of 64 KiB costs what four or five reads of one run do (the copy and a CRC per page), so it must
-#: serve well more than that. Each object keeps its last chunks (QueueConfig.read_ahead_cache_bytes, at
-#: least CHUNKS_PER_OBJECT_MIN), for reader threads that drift apart. Measured on 1 M queues in 7 objects,
-#: 20% consumed in order (the bench's consume): one thread 2.54 -> 2.77 M msg/s (6 -> 1.1 object reads per
-#: queue). 8 threads, each taking every 8th queue, drift apart by more than 16 chunks: with 16 per object,
-#: 13 objects, they read a chunk ~3 times as often as one thread does and were slower than with no
-#: read-ahead (1.3-1.5 vs 1.75 M msg/s); with 128-256 per object, 1.9-2.1 M.
-WALK_SPAN = 16
-WALK_RUNS_MIN = 16
-CHUNKS_PER_OBJECT_MIN = 16
+#: Read-ahead across queues (see RunObject.read_run_ahead; its bounds are QueueConfig's read_ahead_*): a
+#: walk starts where a sequential reader's run starts near where the last sequential read in its object
+#: ended, and goes on into the next chunk while the last one served enough runs. Each object keeps its
+#: last chunks, for reader threads that drift apart. Measured: BENCHMARKS.md and docs/formats/queues.md.
 
 
 @dataclass(slots=True, eq=False)
@@ -81,22 +71,25 @@ class RunObject:
     runs_bytes: int
     #: Where the last run a sequential reader read here ended, and the chunks read ahead for readers walking
     #: this object's runs in order: chunk c is bytes ``c * read_ahead_bytes ..`` of the runs, its pages
-    #: checked, with the runs it has served (``[bytes, runs]``), oldest first. Shared by reader threads
-    #: without a lock: entries are added and removed whole, and a lost update costs a read, never a
-    #: wrong answer.
+    #: checked, with the runs it has served (``[bytes, runs]``), oldest out first, counted against the
+    #: object's share of QueueConfig.read_ahead_cache_bytes. Shared by reader threads: a lost update of a
+    #: chunk's count of runs costs a read, never a wrong answer.
     walk_end: int = -1
-    chunks: OrderedDict[int, list[Any]] = field(default_factory=OrderedDict)
+    chunks: BoundedCache[int, list[Any]] = field(default_factory=lambda: BoundedCache(0, _one_chunk, lru=False))
 
     def read_run_ahead(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
-                       ahead_bytes: int, chunks_max: int) -> tuple[bytes, int] | None:
+                       ahead_bytes: int, chunks_max: int, walk_span: int, walk_runs_min: int
+                       ) -> tuple[bytes, int] | None:
         """Bytes ``start .. end`` of the runs (one run of ``count`` messages of ``stream_id``) for a sequential
         reader, checked and framed, and the bytes read: from a chunk read ahead if one holds them; else,
         if readers are walking this object's runs in order, read with the rest of its chunk (keeping at
         most ``chunks_max``): consumers of neighbouring queues then read their runs from memory, as the
-        queues share this object's pages. None: neither (read just the run)."""
+        queues share this object's pages. None: neither (read just the run). A walk starts where the run
+        starts within ``ahead_bytes / walk_span`` of where the last sequential read here ended, and goes on
+        while the chunk before served at least ``walk_runs_min`` runs."""
         c = start // ahead_bytes
         chunks = self.chunks
-        if chunks:
+        if chunks.size:
             held = chunks.get(c)
             if held is not None and end <= (c + 1) * ahead_bytes:
                 held[1] += 1
@@ -106,9 +99,9 @@ class RunObject:
                 return raw, 0
         walked = self.walk_end
         self.walk_end = end
-        if not -ahead_bytes <= WALK_SPAN * (start - walked) <= ahead_bytes:
-            before = chunks.get(c - 1) if chunks else None
-            if before is None or before[1] < WALK_RUNS_MIN:
+        if not -ahead_bytes <= walk_span * (start - walked) <= ahead_bytes:
+            before = chunks.get(c - 1) if chunks.size else None
+            if before is None or before[1] < walk_runs_min:
                 return None
         if (end - 1) // ahead_bytes != c:
             return None    # across two chunks (rare: a run is a few KiB at most here)
@@ -123,12 +116,9 @@ class RunObject:
         except CorruptBulkError:
             return None    # a damaged page, maybe not this run's: the run is read and checked alone
         data = data.tobytes() if isinstance(data, memoryview) else data
-        chunks[c] = [data, 1]
-        if len(chunks) > chunks_max:
-            # The oldest, in one call: reader threads share the chunks, and taking the first key through
-            # an iterator raised "dictionary changed size" when another thread added one in between.
-            with contextlib.suppress(KeyError):
-                chunks.popitem(last=False)
+        # The bound is the object's share of the read-ahead budget, which changes with the number of objects.
+        chunks.size_max = chunks_max
+        chunks.put(c, [data, 1])
         raw = data[start - lo:end - lo]
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
@@ -191,3 +181,8 @@ class RunObject:
         raw = pages[start - lo:end - lo] if hi - lo != end - start else pages
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
+
+
+def _one_chunk(held: list[Any]) -> int:
+    """Chunks are counted, not sized: each is ``read_ahead_bytes`` (the object's last one at most)."""
+    return 1

@@ -5,7 +5,8 @@ for its id to one flat list (the writer finds the ids of all it takes at once, N
 adds its batch (names, the ids its caller found, messages) with a marker in the id slot. One extend of a
 tuple is atomic under the GIL, so a put's slots are never split; the tuple comes from CPython's free
 list and dies at once: no object per pending put, nothing for the cyclic GC to track. The slots are this
-module's business: the writer gets the taken puts as :class:`SinglePuts` and :class:`BulkPut`, in order.
+module's business (QueueStore.put inlines :meth:`PendingPuts.add`): the writer gets the taken puts as
+:class:`SinglePuts` and :class:`BulkPut`, in order.
 
 Small messages count against ``pending_messages_max``; large ones and bulk puts also by their bytes
 (``pending_bytes_max``). Once the store stops, :meth:`PendingPuts.refuse` makes every later put raise the
@@ -31,7 +32,7 @@ PUT_SLOTS = 3
 #: The id slot of a put_many (its first slot holds the batch): compared by identity only.
 _BULK = object()
 #: The id slot of a single put: its id is the writer's to find.
-_UNKNOWN = -1
+UNKNOWN_ID = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +86,11 @@ class PendingPuts:
     of large and bulk puts. Any thread adds; one drain at a time takes (the writer's lock)."""
 
     def __init__(self, messages_wake: int, messages_max: int, bytes_max: int) -> None:
-        self._slots: list[Any] = []
-        self._wake_slots = PUT_SLOTS * messages_wake
+        #: The flat list of slots: single puts add ``(name, message, UNKNOWN_ID)``, put_many its batch. Read
+        #: it anew for each put (:meth:`refuse` swaps it).
+        self.slots: list[Any] = []
+        #: Slots at which the writer should wake.
+        self.wake_slots = PUT_SLOTS * messages_wake
         self._max_slots = PUT_SLOTS * messages_max
         self._bytes_max = bytes_max
         # Large and bulk puts add under it, so what take resets is exactly what it takes.
@@ -97,16 +101,17 @@ class PendingPuts:
 
     def add(self, name: str, message: bytes) -> bool:
         """Add a single put (a checked name, a small message); True once the writer should wake. No lock:
-        an extend of a tuple is atomic under the GIL, and take only ever removes a prefix."""
-        slots = self._slots
-        slots.extend((name, message, _UNKNOWN))
-        return len(slots) >= self._wake_slots
+        an extend of a tuple is atomic under the GIL, and take only ever removes a prefix. (QueueStore.put
+        does the same inline: one Python call is a tenth of a put's cost.)"""
+        slots = self.slots
+        slots.extend((name, message, UNKNOWN_ID))
+        return len(slots) >= self.wake_slots
 
     def add_large(self, name: str, message: bytes) -> None:
         """Add a single put whose message counts by its bytes too."""
         with self._cond:
             self._large_bytes += len(message)
-            self._slots.extend((name, message, _UNKNOWN))
+            self.slots.extend((name, message, UNKNOWN_ID))
 
     def add_bulk(self, names: Any, known: Ids, messages: Any, size_bytes: int) -> None:
         """Add a put_many: names (an Arrow string array), the ids its caller found (-1: not known), the
@@ -114,17 +119,17 @@ class PendingPuts:
         with self._cond:
             self._large_bytes += size_bytes
             self._bulk_count += 1
-            self._slots.extend(((names, known, messages), None, _BULK))
+            self.slots.extend(((names, known, messages), None, _BULK))
 
     def waiting(self) -> bool:
         """Puts are pending or taken and not yet written: a get must drain first to see them."""
-        return bool(self._slots) or self._in_flight
+        return bool(self.slots) or self._in_flight
 
     def empty(self) -> bool:
-        return not self._slots
+        return not self.slots
 
     def full(self) -> bool:
-        return len(self._slots) >= self._max_slots or self._large_bytes >= self._bytes_max
+        return len(self.slots) >= self._max_slots or self._large_bytes >= self._bytes_max
 
     def wait_for_room(self, wait_s_max: float, check_open: Callable[[], None]) -> None:
         """Wait while the pending puts are at their bound; PutBackpressureError after ``wait_s_max``."""
@@ -142,13 +147,13 @@ class PendingPuts:
         """Take every pending put (None: there was none); :meth:`written` once they are written."""
         with self._cond:
             # Lock-free puts may add meanwhile; they land after the prefix taken here.
-            slots = self._slots
+            slots = self.slots
             taken = len(slots)
             # Set before the puts leave the list: a get that finds it empty then sees them in flight and
             # waits for this drain (a get sees every put made before it).
             self._in_flight = taken > 0
-            # Each slot straight from the list (a copy of the prefix first, then of its slots, cost ~35 ns
-            # a put more under the GIL); the id slots are needed only beside bulk puts.
+            # Each slot straight from the list (a copy of the prefix first, then of its slots, cost more
+            # under the GIL); the id slots are needed only beside bulk puts.
             names, messages = slots[0:taken:PUT_SLOTS], slots[1:taken:PUT_SLOTS]
             known = slots[2:taken:PUT_SLOTS] if self._bulk_count else []
             del slots[:taken]
@@ -167,7 +172,7 @@ class PendingPuts:
     def refuse(self, check_open: Callable[[], None]) -> None:
         """From now on every put raises what ``check_open`` raises (the store's error). A put that read the
         list before the swap lands in the old one: never written, never acknowledged."""
-        self._slots = _RefusedPuts(check_open)
+        self.slots = _RefusedPuts(check_open)
         with self._cond:
             self._cond.notify_all()
 

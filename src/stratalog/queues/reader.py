@@ -17,11 +17,12 @@ import threading
 
 from stratalog.caching import BoundedCache
 from stratalog.objects.store import ObjectStore
+from stratalog.queues.config import QueueConfig
 from stratalog.queues.errors import check_name
 from stratalog.queues.format import run_messages
 from stratalog.queues.lifecycle import Lifecycle
 from stratalog.queues.logcache import LogCache
-from stratalog.queues.objects import CHUNKS_PER_OBJECT_MIN, RunObject
+from stratalog.queues.objects import RunObject
 from stratalog.queues.pending import PendingPuts
 from stratalog.queues.writer import Writer
 
@@ -30,8 +31,7 @@ class Reader:
     """Gets of a store's queues; thread-safe (any number of threads read at once)."""
 
     def __init__(self, *, objects: ObjectStore, pending: PendingPuts, writer: Writer, log_cache: LogCache,
-                 lifecycle: Lifecycle, run_cache: BoundedCache[tuple[int, int], bytes], read_ahead_bytes: int,
-                 read_ahead_cache_bytes: int) -> None:
+                 lifecycle: Lifecycle, config: QueueConfig) -> None:
         self._objects = objects
         self._pending = pending
         self._writer = writer
@@ -39,10 +39,15 @@ class Reader:
         self._queues = writer.queues
         self._cache = log_cache
         self._lifecycle = lifecycle
-        self._ahead = read_ahead_bytes
-        self._ahead_cache_bytes = read_ahead_cache_bytes
-        #: Checked runs kept for sequential readers, by (object id, stream id).
-        self.run_cache = run_cache
+        self._ahead = config.read_ahead_bytes
+        self._ahead_cache_bytes = config.read_ahead_cache_bytes
+        self._chunks_min = config.read_ahead_chunks_per_object_min
+        self._walk_span = config.read_ahead_walk_span
+        self._walk_runs_min = config.read_ahead_walk_runs_min
+        #: Checked runs kept for sequential readers, by (object id, stream id), first in first out: a
+        #: consumer reads each run a few times soon after it came (QueueConfig.read_cache_bytes_max).
+        self.run_cache: BoundedCache[tuple[int, int], bytes] = BoundedCache(
+            config.read_cache_bytes_max, _run_entry_bytes, lru=False)
         self._counts_lock = threading.Lock()
         #: Reads of objects by gets, the bytes (whole pages) they read, and of them the reads the page cache
         #: could not serve (the disk's).
@@ -105,7 +110,7 @@ class Reader:
                 capacity = index.capacity
                 runs = self.run_cache
                 ahead = self._ahead
-                chunks_max = max(CHUNKS_PER_OBJECT_MIN, self._ahead_cache_bytes // (ahead * len(objects))) \
+                chunks_max = max(self._chunks_min, self._ahead_cache_bytes // (ahead * len(objects))) \
                     if sequential and ahead else 0
                 reads = read_bytes = waited = 0
                 start = ends[k - 1] if k else 0
@@ -126,14 +131,15 @@ class Reader:
                                 start = end
                                 k += 1
                                 continue
-                        cached = runs.get((obj.object_id, stream_id)) if sequential and runs.nbytes else None
+                        cached = runs.get((obj.object_id, stream_id)) if sequential and runs.size else None
                         if cached is not None:
                             raw = cached
                         else:
                             run_start = positions[k]
                             run_stop = positions[capacity + k]
                             got = obj.read_run_ahead(self._objects, run_start, run_stop, end - start, stream_id,
-                                                     ahead, chunks_max) if sequential and ahead else None
+                                                     ahead, chunks_max, self._walk_span, self._walk_runs_min) \
+                                if sequential and ahead else None
                             if got is None and sequential:   # (a random reader tried the page cache above)
                                 got = obj.read_run_cached(run_start, run_stop, end - start, stream_id)
                             if got is None:
@@ -181,3 +187,8 @@ class Reader:
             start, stop = positions[j], positions[capacity + j]
             if stop > start and reader is not None and (objects[j].object_id, stream_id) not in self.run_cache:
                 reader.will_need(start, stop)
+
+
+def _run_entry_bytes(raw: bytes) -> int:
+    """A kept run's share of read_cache_bytes_max: its bytes and about 100 of entry, key and object heads."""
+    return len(raw) + 100

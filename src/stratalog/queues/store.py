@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from stratalog.caching import BoundedCache
 from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
 from stratalog.engine.metadata import Metadata
 from stratalog.engine.store import StoreFailedError
@@ -42,10 +41,10 @@ from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore
 from stratalog.queues.compactor import CompactionCancelledError, Compactor
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
-from stratalog.queues.errors import MessageTooLargeError, check_name
+from stratalog.queues.errors import MessageTooLargeError, check_name, too_many_queues
 from stratalog.queues.lifecycle import Lifecycle
 from stratalog.queues.logcache import LogCache
-from stratalog.queues.pending import PendingPuts
+from stratalog.queues.pending import UNKNOWN_ID, PendingPuts
 from stratalog.queues.puts import as_bytes, messages_as_arrow, names_as_arrow, plain_name
 from stratalog.queues.reader import Reader
 from stratalog.queues.recovery import QueueRecoveryReport, recover
@@ -55,9 +54,6 @@ from stratalog.wal import WriteAheadLog
 
 log = logging.getLogger("stratalog.queues")
 
-#: Messages up to this size take put's fast path (no lock) and count as one pending message each;
-#: larger ones are also counted by their bytes, so pending_bytes_max bounds what big messages can hold.
-SMALL_MESSAGE_BYTES_MAX = 1024
 _COMMIT_KEY = "queue-commit:{}:{}:{}"
 
 
@@ -72,7 +68,7 @@ class QueueStore:
         self._objects = objects
         self._lock_fd = lock_data_dir(data_dir)
         self._meta = Metadata(data_dir / "meta.sqlite")
-        self._small_max = min(SMALL_MESSAGE_BYTES_MAX, config.message_bytes_max)
+        self._small_max = min(config.small_message_bytes_max, config.message_bytes_max)
         # Lock order, outermost first (a thread holding one takes only those after it):
         #   1. Writer.lock (one drain at a time)  or  Uploader.lock (uploads, merge commits, manifests):
         #      never held together;
@@ -82,8 +78,8 @@ class QueueStore:
         #      cache's lock, the Reader's counts lock.
         self.pending = PendingPuts(config.pending_messages_wake, config.pending_messages_max,
                                    config.pending_bytes_max)
-        self._add = self.pending.add
-        self.log_cache = LogCache(config.log_cache_bytes_max, config.put_wait_s_max)
+        self._wake_slots = self.pending.wake_slots
+        self.log_cache = LogCache(config)
         self._lifecycle = Lifecycle(self.pending, self.log_cache)
         self._wake = threading.Event()          # wakes the writer thread
         # Whether a put has set _wake since the writer last cleared it: a plain attribute, so the puts that
@@ -93,15 +89,11 @@ class QueueStore:
         self._compact_wake = threading.Event()  # wakes the compactor thread (an upload, close)
         self._wal = WriteAheadLog.open(data_dir / "wal" if wal_device is None else wal_device,
                                        capacity_bytes=config.wal_capacity_bytes, create=True, config=config.wal)
-        run_cache: BoundedCache[tuple[int, int], bytes] = BoundedCache(
-            config.read_cache_bytes_max, _run_entry_bytes, lru=False)
         self.writer = Writer(record_bytes_target=config.record_bytes_target, wal_wait_s_max=config.put_wait_s_max,
-                             wal=self._wal, log_cache=self.log_cache, lifecycle=self._lifecycle,
-                             queues=QueueArrays())
+                             queues_max=config.queues_max, wal=self._wal, log_cache=self.log_cache,
+                             lifecycle=self._lifecycle, queues=QueueArrays())
         self.reader = Reader(objects=objects, pending=self.pending, writer=self.writer, log_cache=self.log_cache,
-                             lifecycle=self._lifecycle, run_cache=run_cache,
-                             read_ahead_bytes=config.read_ahead_bytes,
-                             read_ahead_cache_bytes=config.read_ahead_cache_bytes)
+                             lifecycle=self._lifecycle, config=config)
         self.uploader = Uploader(config, objects, self._meta, self._wal, self.log_cache, self.writer,
                                  self._compact_wake)
         self.compactor = Compactor(config=config, objects=objects, meta=self._meta, log_cache=self.log_cache,
@@ -143,7 +135,11 @@ class QueueStore:
         if type(queue_name) is not str or not 0 < len(queue_name) <= QUEUE_NAME_CHARS_MAX \
                 or not queue_name.isascii():
             check_name(queue_name)
-        if self._add(queue_name, message):
+        # PendingPuts.add, inlined (a Python call more cost a tenth of a put): one extend of a tuple, atomic
+        # under the GIL, no lock.
+        slots = self.pending.slots
+        slots.extend((queue_name, message, UNKNOWN_ID))
+        if len(slots) >= self._wake_slots:
             self._backpressure()
 
     def _put_large(self, queue_name: str, message: object) -> None:
@@ -186,6 +182,11 @@ class QueueStore:
         if not all(map(plain_name, unknown)):
             for name in unknown:
                 check_name(name)
+        # Refused here, before any of the batch is put, when its new queues alone pass the bound (the
+        # writer checks again: single puts and concurrent batches may create queues meanwhile).
+        queues, queues_max = self.writer.stream_count, self._config.queues_max
+        if unknown and queues + len(unknown) > queues_max and queues + len(set(unknown)) > queues_max:
+            raise too_many_queues(queues, len(set(unknown)), queues_max)
         self.pending.add_bulk(names, known, batch, int(pc.sum(lengths).as_py() or 0))
         self._backpressure()
 
@@ -360,9 +361,8 @@ class QueueStore:
             "name_index_bytes": writer.names.nbytes,
             "log_cache_bytes": self.log_cache.cache_bytes,
             "log_cache_records": len(view.records),
-            "read_cache_bytes": reader.run_cache.nbytes,
-            # list(): one C call, so a reader adding or dropping a chunk meanwhile changes no dict mid-loop
-            "read_ahead_bytes": sum(len(chunk[0]) for obj in objects for chunk in list(obj.chunks.values())),
+            "read_cache_bytes": reader.run_cache.size,
+            "read_ahead_bytes": sum(len(held[0]) for obj in objects for held in obj.chunks.values()),
             "object_reads": reader.object_reads,
             "object_read_bytes": reader.object_read_bytes,
             "object_reads_waited": reader.object_reads_waited,
@@ -373,7 +373,3 @@ class QueueStore:
             "spare_bytes": self._objects.spare_bytes() if isinstance(self._objects, LocalDirStore) else 0,
         }
 
-
-def _run_entry_bytes(raw: bytes) -> int:
-    """A kept run's share of read_cache_bytes_max: its bytes and about 100 of entry, key and object heads."""
-    return len(raw) + 100

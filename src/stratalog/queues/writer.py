@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from stratalog.engine.store import StoreFailedError
 from stratalog.errors import OverCapacityError, WALFailedError
-from stratalog.queues.errors import QueueError
+from stratalog.queues.errors import QueueError, TooManyQueuesError, too_many_queues
 from stratalog.queues.format import I64, NAME_HEAD, STREAM_MESSAGES_MAX, BulkRecord, Ids, encode_bulk
 from stratalog.queues.lifecycle import Lifecycle
 from stratalog.queues.logcache import CachedRecord, LogCache
@@ -69,9 +69,10 @@ class Writer:
     change under :attr:`lock` only; readers read them without it (a queue's id, once in :attr:`ids`,
     never changes, and its entries in the per-queue arrays exist before it is there)."""
 
-    def __init__(self, *, record_bytes_target: int, wal_wait_s_max: float, wal: WriteAheadLog,
+    def __init__(self, *, record_bytes_target: int, wal_wait_s_max: float, queues_max: int, wal: WriteAheadLog,
                  log_cache: LogCache, lifecycle: Lifecycle, queues: QueueArrays) -> None:
         self._record_bytes_target = record_bytes_target
+        self._queues_max = queues_max
         self._wal_wait_s_max = wal_wait_s_max
         self._wal = wal
         self._cache = log_cache
@@ -113,6 +114,11 @@ class Writer:
                         arrays.append(part.messages)
                 ids = id_parts[0] if len(id_parts) == 1 else np.concatenate(id_parts)
                 self._write(ids, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays))
+            except TooManyQueuesError as e:
+                # The puts taken are lost: were the store to go on, a flush after them would say they were
+                # durable. It stops, and every later call says why.
+                self._lifecycle.fail(e)
+                raise
             finally:
                 pending.written()
 
@@ -145,6 +151,8 @@ class Writer:
         # New names in the order of their first put, each once; every step a C loop.
         new = list(dict.fromkeys(itertools.filterfalse(ids.__contains__, names)))
         first = self.stream_count
+        if first + len(new) > self._queues_max:
+            raise too_many_queues(first, len(new), self._queues_max)
         self.queues.grow(first + len(new))   # before the ids: a get that finds an id indexes the per-queue arrays
         ids.update(zip(new, range(first, first + len(new)), strict=True))
         self.names.add(new, np.arange(first, first + len(new)))
