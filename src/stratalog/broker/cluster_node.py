@@ -253,6 +253,7 @@ class ClusterNode:
         broker.producers.forget_partition(stream.stream_id)
         for producer_id, partition, epoch, batches in states.entries():
             broker.producers.restore(producer_id, partition, epoch, batches)
+        broker.settled_ends[stream.stream_id] = stream.end_offset   # nothing of it in flight here yet
         self._served[resource.name] = stream
         log.info("broker %d leads %s (leader epoch %d) from offset %d; %d producer batches replayed in %.3f s",
                  self.broker_id, resource.name, hold.leader_epoch, stream.end_offset, replayed,
@@ -277,7 +278,8 @@ class ClusterNode:
             return
         await asyncio.to_thread(broker.store.flush)
         entries = [e for e in broker.producers.entries() if e[1] == stream.stream_id]
-        await asyncio.to_thread(broker.producer_snapshots.save, entries, {stream.stream_id: stream.end_offset},
+        end = min(stream.end_offset, broker.settled_ends.get(stream.stream_id, stream.end_offset))
+        await asyncio.to_thread(broker.producer_snapshots.save, entries, {stream.stream_id: end},
                                 partitions_only=True)
         try:
             hold = await asyncio.to_thread(self.cluster.release, resource)
