@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from stratalog.cluster.assignment import Holder, Kind, Move, MoveType, Resource, plan
 from stratalog.engine.metadata import Fence
-from stratalog.engine.metadata_backends import Backend, PostgresBackend
+from stratalog.engine.metadata_backends import Backend, PostgresBackend, writing
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -132,14 +132,8 @@ class Cluster:
 
     @contextmanager
     def _tx(self) -> Iterator[Backend]:
-        with self._lock:
-            self._db.begin_writer()
-            try:
-                yield self._db
-            except BaseException:
-                self._db.rollback()
-                raise
-            self._db.commit()
+        with self._lock, writing(self._db):
+            yield self._db
 
     # This broker's lease --------------------------------------------------------------------------
 

@@ -14,7 +14,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stratalog.engine.metadata_backends import Backend, DuplicateError, PostgresBackend, SqliteBackend, is_postgres_uri
+from stratalog.engine.metadata_backends import (
+    Backend,
+    DuplicateError,
+    PostgresBackend,
+    SqliteBackend,
+    is_postgres_uri,
+    writing,
+)
 from stratalog.engine.objformat import BlockEntry
 from stratalog.errors import StratalogError
 
@@ -147,14 +154,8 @@ class Metadata:
 
     @contextmanager
     def _tx(self) -> Iterator[Backend]:
-        with self._lock:
-            self._db.begin_writer()
-            try:
-                yield self._db
-            except BaseException:
-                self._db.rollback()
-                raise
-            self._db.commit()
+        with self._lock, writing(self._db):
+            yield self._db
 
     def _check_fence(self, db: Backend, stream_ids: Sequence[int]) -> None:
         if self._fence is not None and stream_ids:
