@@ -76,6 +76,9 @@ class Compactor:
         self.merge_worker_peak_rss_bytes = 0
         #: What stopped merging (the objects stay as they are and reads go on), or None.
         self.compaction_error: BaseException | None = None
+        #: Looks the compactor has finished (returns of :meth:`work`): whoever must know that it has looked at
+        #: the store since some moment waits for this to go up by two (a look may be under way at that moment).
+        self.looks = 0
 
     @property
     def retiring(self) -> int:
@@ -98,6 +101,7 @@ class Compactor:
             self.retire_due()
         if not self.writing():
             self.drop_spares()
+        self.looks += 1
 
     def let_uploads_go_first(self) -> None:
         """Wait while an upload is due, until one is done: uploads and merges take turns. The upload lock is
