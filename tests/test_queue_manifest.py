@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from stratalog.queues.manifest import (
     read_queue_manifest,
 )
 from stratalog.queues.objects import QUEUE_PREFIX
+from waiting import wait_until
 
 #: The worked example of docs/formats/queues.md, "Queue manifest".
 GOLDEN = QueueManifest(7, 3, (QueueObjectRef("queues/0000000000000001-0000000000000005.slq", 1000),
@@ -64,13 +63,6 @@ def test_a_store_without_manifest_says_so(tmp_path: Path) -> None:
         read_queue_manifest(LocalDirStore(tmp_path))
 
 
-def _wait(predicate: Callable[[], bool], seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def _live_keys(tmp_path: Path) -> list[str]:
     root = tmp_path / LOCAL_DIR_NAME
     return sorted(str(p.relative_to(root)) for p in (root / QUEUE_PREFIX).glob("*.slq"))
@@ -81,21 +73,23 @@ def _manifest(tmp_path: Path) -> QueueManifest:
 
 
 def test_manifest_follows_uploads_merges_and_reopen(tmp_path: Path) -> None:
-    config = small_queue_config(compact_fanout=2, upload_idle_s=0.01)
+    config = small_queue_config(compact_fanout=2, upload_idle_s=3600.0)   # uploads when this test asks
     with QueueStore.open(tmp_path, config=config) as qs:
         qs.put_many([f"q{i}" for i in range(50)], [b"m" * 100] * 50)
         qs.flush()
-        _wait(lambda: _manifest(tmp_path).stream_count == 50)  # published just after the upload's commit
+        qs.uploader.upload()
+        assert _manifest(tmp_path).stream_count == 50   # published with the upload's commit
         first = _manifest(tmp_path)
         assert len(first.objects) >= 1
         for round_ in range(1, 6):
             qs.put_many([f"q{i}" for i in range(50 + round_)], [b"n" * 3000] * (50 + round_))
             qs.flush()
-            _wait(lambda: qs.stats()["log_cache_records"] == 0)
+            qs.uploader.upload()
         # The manifest follows each change of the view (and merged-away objects go after a grace period).
-        _wait(lambda: qs.stats()["compactions"] >= 2 and not qs.compactor.retiring
-              and [o.key for o in _manifest(tmp_path).objects] == [o.key for o in qs.log_cache.view.objects]
-              and len(_live_keys(tmp_path)) == len(qs.log_cache.view.objects))
+        wait_until(lambda: qs.stats()["compactions"] >= 2 and not qs.compactor.retiring
+                   and [o.key for o in _manifest(tmp_path).objects] == [o.key for o in qs.log_cache.view.objects]
+                   and len(_live_keys(tmp_path)) == len(qs.log_cache.view.objects),
+                   lambda: f"two merges in the manifest: {qs.stats()}, {_manifest(tmp_path)}")
         merged = _manifest(tmp_path)
         assert merged.seq > first.seq
         assert merged.stream_count == 55
