@@ -175,7 +175,7 @@ def test_object_store_faults_are_retried_and_one_that_persists_stops_the_store_l
             store.flush()
             flushed = r + 1
             if r % 4 == 3:
-                time.sleep(0.1)
+                time.sleep(0.1)    # past upload_idle_s: an upload at idle starts and must get through the faults
         store.flush()
         seen["transient_faults"] += faulty.faults.total()
         seen["uploads_through_them"] += store.stats()["objects"] > 0
@@ -195,7 +195,7 @@ def test_object_store_faults_are_retried_and_one_that_persists_stops_the_store_l
             r += 1
             flushed = r
             if r % 4 == 0:
-                time.sleep(0.05)
+                time.sleep(0.05)   # about upload_idle_s: uploads at idle start (and fail) between the puts
         assert isinstance(stopped, StoreFailedError), f"seed {seed}: {stopped!r}"
         with pytest.raises(StoreFailedError):
             store.put("q0", b"after the stop")

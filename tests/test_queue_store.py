@@ -31,6 +31,7 @@ from stratalog.queues.logcache import CachedRecord, LogCache
 from stratalog.queues.merge_worker import MergeAnswer, MergeJob
 from stratalog.queues.objects import QUEUE_PREFIX, RunObject
 from stratalog.wal import WriteAheadLog
+from waiting import wait_until
 
 
 def _open(path: Path, **overrides: object) -> QueueStore:
@@ -224,10 +225,8 @@ def test_reads_see_puts_before_flush_and_after_upload(tmp_path: Path) -> None:
         for r in range(50):
             qs.put_many([f"q{q}" for q in range(200)], [_msg(q, r) for q in range(200)])
         qs.flush()
-        deadline = time.monotonic() + 10
-        while qs.stats()["objects"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert qs.stats()["objects"] >= 1, "the byte threshold should have started uploads"
+        wait_until(lambda: qs.stats()["objects"] >= 1,
+                   lambda: f"the byte threshold to start an upload: {qs.stats()}")
         qs.put_many([f"q{q}" for q in range(200)], [_msg(q, 50) for q in range(200)])
         qs.put("q7", _msg(7, 51))
         qs.flush()
@@ -408,6 +407,8 @@ def test_readers_beside_a_writer_uploads_and_merges_get_exactly_what_was_put(tmp
         threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
         for t in threads:
             t.start()
+        # Puts for 3 s, not a number of rounds: long enough for many uploads and merges under the readers
+        # however fast this machine puts (the assertions below check that they came).
         deadline = time.monotonic() + 3.0
         r = 0
         while time.monotonic() < deadline and not errors:
@@ -675,16 +676,13 @@ def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_pat
     monkeypatch.setattr(uploader_module, "put_parts", recording_put_parts)     # uploads
     monkeypatch.setattr(compactor_module, "put_parts", recording_put_parts)    # merges in a thread
     monkeypatch.setattr(compactor_module, "run_merge_job", recording_run_merge_job)
-    with _open(tmp_path, upload_sync_bytes=12345, compact_fanout=2, compact_in_worker=in_worker) as qs:
+    with _open(tmp_path, upload_sync_bytes=12345, compact_fanout=2, compact_in_worker=in_worker,
+               upload_idle_s=3600.0) as qs:     # uploads when this test asks: one per round
         for r in range(2):
             qs.put_many([f"q{q}" for q in range(20)], [_msg(q, r) for q in range(20)])
             qs.flush()
-            deadline = time.monotonic() + 10
-            while qs.stats()["objects"] + qs.stats()["compactions"] <= r and time.monotonic() < deadline:
-                time.sleep(0.01)
-        deadline = time.monotonic() + 10
-        while qs.stats()["compactions"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+            qs.uploader.upload()
+        wait_until(lambda: qs.stats()["compactions"] >= 1, lambda: f"two uploads' merge: {qs.stats()}")
         assert qs.stats()["compactions"] == 1
     assert len(steps) >= 3 and set(steps) == {12345}    # two uploads and a merge
     with pytest.raises(ValueError, match="upload_sync_bytes"):
