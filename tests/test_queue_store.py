@@ -235,6 +235,26 @@ def test_reads_see_puts_before_flush_and_after_upload(tmp_path: Path) -> None:
         assert qs.get("q199", 45, 100) == [_msg(199, r) for r in range(45, 51)]
 
 
+@pytest.mark.parametrize("after", ["upload_idle_s", "upload_interval_s"])
+def test_an_upload_by_time_comes_when_its_time_has_passed_and_not_before(tmp_path: Path, after: str) -> None:
+    """What is in the log cache goes to an object once no put has come for upload_idle_s, or once its
+    oldest record is upload_interval_s old; seen on a clock of the uploader's that the test sets ahead."""
+    due_s = 600.0
+    times = {"upload_idle_s": 7200.0, "upload_interval_s": 7200.0, after: due_s}
+    ahead_s = 0.0
+    with _open(tmp_path, compact_fanout=0, **times) as qs:
+        qs.uploader.clock = lambda: time.monotonic() + ahead_s
+        qs.put_many([f"q{q}" for q in range(20)], [_msg(q, 0) for q in range(20)])
+        qs.flush()
+        assert not qs.uploader.due()
+        ahead_s = due_s / 2     # well short of due_s, however slowly this test runs
+        assert not qs.uploader.due() and qs.stats()["objects"] == 0
+        ahead_s = due_s
+        wait_until(lambda: qs.stats()["objects"] == 1 and not qs.stats()["log_cache_records"],
+                   lambda: f"an upload after {after}: {qs.stats()}")
+        assert qs.get("q7", 0, 2) == [_msg(7, 0)]
+
+
 def test_log_cache_reads_start_at_their_offset_and_an_upload_lets_the_records_go(tmp_path: Path) -> None:
     """Gets from the log cache at any offset, from several reader threads; once the records are uploaded
     the log cache's index no longer holds them (nor their messages)."""

@@ -111,6 +111,9 @@ class Uploader:
         self._writer = writer
         self._uploaded = uploaded
         self.lock = threading.Lock()
+        #: The time :meth:`due` compares the writer's times (time.monotonic) with: a test sets a clock that
+        #: runs ahead, to see uploads by time come when they should without waiting for them.
+        self.clock: Callable[[], float] = time.monotonic
         # The queue manifest readers without this process use (Spark); published under the lock.
         self._manifest_seq = last_manifest_seq(objects)
 
@@ -120,7 +123,7 @@ class Uploader:
         config = self._config
         cache = self._cache
         records = cache.view.records
-        now = time.monotonic()
+        now = self.clock()
         return bool(records) and (cache.upload_wanted or cache.cache_bytes >= config.upload_bytes_threshold
                                   or now - self._writer.last_write >= config.upload_idle_s
                                   or now - records[0].written_at >= config.upload_interval_s)
