@@ -316,7 +316,7 @@ def test_merged_away_objects_go_once_no_get_is_in_flight_and_not_before(tmp_path
         # A get asks this once it has begun (it counts as in flight) and before it takes its view.
         if threading.current_thread().name == "held-get":
             entered.set()
-            release.wait(20)
+            release.wait(WAIT_S)   # the test lets it go (this bound only if the test fails first)
         return real_waiting(pending)
 
     monkeypatch.setattr(PendingPuts, "waiting", held_waiting)
@@ -327,7 +327,7 @@ def test_merged_away_objects_go_once_no_get_is_in_flight_and_not_before(tmp_path
     with QueueStore.open(tmp_path, config=config) as qs:
         reader = threading.Thread(target=qs.get, args=("held", 0, 1), name="held-get")
         reader.start()
-        assert entered.wait(10)
+        assert entered.wait(WAIT_S)
         _fill(qs, model, rng, 4, 100)
         wait_until(lambda: qs.compactions >= 1 and qs.compactor.retiring > 0,
                    lambda: f"a merge with objects to retire: {qs.stats()}")
@@ -335,7 +335,7 @@ def test_merged_away_objects_go_once_no_get_is_in_flight_and_not_before(tmp_path
         wait_until(lambda: qs.compactor.looks >= looks + 2, "two more looks of the compactor")
         assert qs.compactor.retiring, "merged-away objects went while a get that may hold them was in flight"
         release.set()
-        reader.join(10)
+        reader.join(WAIT_S)
         # (The compactor takes them off the list, then deletes their files: wait for both.)
         wait_until(lambda: not qs.compactor.retiring and len(_files(tmp_path)) == len(qs.log_cache.view.objects),
                    lambda: f"the merged-away objects to go: {qs.compactor.retiring} retiring, {_files(tmp_path)}")
@@ -485,7 +485,7 @@ def test_a_merge_waits_for_a_due_upload_to_go_first(tmp_path: Path) -> None:
             waiter = threading.Thread(target=lambda: (qs.compactor.let_uploads_go_first(), returned.set()))
             waiter.start()
             assert not returned.wait(0.3), "a merge must not start while an upload is due"
-        assert returned.wait(5), "once the upload is done the merge goes"
+        assert returned.wait(WAIT_S), "once the upload is done the merge goes"
         waiter.join()
         assert qs.stats()["objects"] >= 1 and qs.get("q", 0, 2) == [b"m", bytes(1000)]
 
