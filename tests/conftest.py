@@ -23,6 +23,15 @@ import pytest
 
 from waiting import wait_until
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a slow test run first (the order is otherwise kept): ``make test``'s workers take
+    whole modules in this order, so the long ones start at once and the run does not wait at its end for
+    one that started last."""
+    slow = {item.module.__name__ for item in items
+            if isinstance(item, pytest.Function) and item.get_closest_marker("slow")}
+    items.sort(key=lambda item: not (isinstance(item, pytest.Function) and item.module.__name__ in slow))
+
 #: Longest wait for weed mini to answer S3 requests and create the bucket (it takes about 1 s here).
 SEAWEEDFS_START_S_MAX = 60.0
 #: Longest wait for a clean stop after SIGINT before SIGKILL (it takes about 2 s here).

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -216,6 +217,7 @@ def committed(bootstrap: str) -> dict[int, int]:
     return {tp.partition: tp.offset for tp in found}
 
 
+@pytest.mark.slow
 def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_when_it_returns(
         tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
     with running_cluster(tmp_path, pg_database, seaweedfs, 3) as cluster:
