@@ -1,6 +1,7 @@
-"""Several `stratalog serve --cluster` brokers for tests: real processes on 127.0.0.1 over one PostgreSQL
-database (pgkit.py) and one SeaweedFS bucket prefix (conftest.py), started and stopped by the test, and a
-few raw requests to ask each broker what it says (librdkafka hides which broker answered what)."""
+"""Several `stratalog serve --cluster` brokers for tests (``stratalog.chaos.cluster_process``): real
+processes on 127.0.0.1 over one PostgreSQL database (pgkit.py) and one SeaweedFS bucket prefix
+(conftest.py), started and stopped by the test, and a few raw requests to ask each broker what it says
+(librdkafka hides which broker answered what)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import datetime
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,111 +16,32 @@ from kio.schema.delete_records.v0.request import DeleteRecordsPartition, DeleteR
 from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.find_coordinator.v2.request import FindCoordinatorRequest
 from kio.schema.heartbeat.v1.request import HeartbeatRequest
-from kio.schema.list_offsets.v1.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
-from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
-from brokerkit import BrokerProcess, start_broker
-from conftest import SeaweedS3, free_ports
+from conftest import SeaweedS3
+from stratalog.chaos import cluster_process
+from stratalog.chaos.cluster_probe import NONE, PartitionView, list_offsets_error, metadata
+from stratalog.chaos.cluster_process import CLUSTER_TOML, BrokerCluster, S3Endpoint
 from stratalog.kafka.client import KafkaConnection
 from stratalog.kafka.records import encode_batch
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, HEARTBEAT, DELETE_RECORDS = 0, 1, 2, 3, 10, 12, 21
-NONE, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR = 0, 5, 6, 16
-#: Leases and intervals of the test brokers: the defaults (a 3 s lease), reconciles a little more often.
-CLUSTER_TOML = """
-[cluster]
-lease_ms = 3000
-renew_interval_ms = 500
-reconcile_interval_ms = 300
-"""
+PRODUCE, FETCH, FIND_COORDINATOR, HEARTBEAT, DELETE_RECORDS = 0, 1, 10, 12, 21
+LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR = 5, 6, 16
 
 
 def object_store_uri(seaweedfs: SeaweedS3) -> str:
     """A fresh prefix of the session's bucket: this test's cluster alone writes there."""
-    return (f"s3://{seaweedfs.bucket}/cluster-{secrets.token_hex(4)}?endpoint={seaweedfs.endpoint_url}"
-            f"&region={seaweedfs.region}&access_key={seaweedfs.access_key}&secret_key={seaweedfs.secret_key}")
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionView:
-    """What one broker's Metadata says of a partition."""
-
-    error_code: int
-    leader_id: int
-    leader_epoch: int
-
-
-@dataclass
-class BrokerCluster:
-    """Brokers 1..n, each on its own fixed port (a restarted broker comes back where it was)."""
-
-    base: Path
-    database: str
-    objects: str
-    ports: dict[int, int]
-    #: The brokers' --config file.
-    config_toml: str = CLUSTER_TOML
-    brokers: dict[int, BrokerProcess] = field(default_factory=dict)
-    #: Every process started, so the test's end stops them all, restarted ones included.
-    started: list[BrokerProcess] = field(default_factory=list)
-
-    def start(self, broker_id: int) -> BrokerProcess:
-        config = self.base / "broker.toml"
-        config.write_text(self.config_toml)
-        broker = start_broker(self.base / f"broker-{broker_id}", "--cluster", "--broker-id", str(broker_id),
-                              "--metadata", self.database, "--object-store", self.objects, "--config", str(config),
-                              port=self.ports[broker_id])
-        self.brokers[broker_id] = broker
-        self.started.append(broker)
-        return broker
-
-    def bootstrap(self, *broker_ids: int) -> str:
-        return ",".join(self.brokers[i].bootstrap for i in broker_ids or sorted(self.brokers))
-
-    def connect(self, broker_id: int) -> KafkaConnection:
-        return KafkaConnection(self.brokers[broker_id].bootstrap, {}, client_id="cluster-test")
-
-    def stop_all(self) -> None:
-        for broker in self.started:
-            if broker.process.poll() is None:
-                broker.process.kill()
-                broker.process.wait(timeout=30)
-            broker.close_output()
+    return S3Endpoint(seaweedfs.endpoint_url, seaweedfs.access_key, seaweedfs.secret_key, seaweedfs.region,
+                      seaweedfs.bucket).uri(f"cluster-{secrets.token_hex(4)}")
 
 
 @contextmanager
 def running_cluster(base: Path, database: str, seaweedfs: SeaweedS3, count: int,
                     config_toml: str = CLUSTER_TOML) -> Iterator[BrokerCluster]:
-    ports = free_ports(count)
-    cluster = BrokerCluster(base, database, object_store_uri(seaweedfs),
-                            {i + 1: port for i, port in enumerate(ports)}, config_toml)
-    try:
-        for broker_id in sorted(cluster.ports):
-            cluster.start(broker_id)
+    with cluster_process.running_cluster(base, database, object_store_uri(seaweedfs), count, config_toml) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
-
-
-def metadata(connection: KafkaConnection, topic: str) -> tuple[dict[int, tuple[str, int]], dict[int, PartitionView]]:
-    """One broker's Metadata of ``topic``: the brokers it names (id -> host, port) and each partition."""
-    response = connection.call(METADATA, 9, MetadataRequest(
-        topics=(MetadataRequestTopic(name=TopicName(topic)),), allow_auto_topic_creation=False,
-        include_cluster_authorized_operations=False, include_topic_authorized_operations=False))
-    brokers = {int(b.node_id): (b.host, int(b.port)) for b in response.brokers}
-    partitions = {int(p.partition_index): PartitionView(int(p.error_code), int(p.leader_id), int(p.leader_epoch))
-                  for t in response.topics for p in t.partitions}
-    return brokers, partitions
-
-
-def list_offsets_error(connection: KafkaConnection, topic: str, partition: int) -> int:
-    response = connection.call(LIST_OFFSETS, 1, ListOffsetsRequest(replica_id=BrokerId(-1), topics=(
-        ListOffsetsTopic(name=TopicName(topic), partitions=(
-            ListOffsetsPartition(partition_index=i32(partition), timestamp=i64(-1)),)),)))
-    return int(response.topics[0].partitions[0].error_code)
 
 
 def produce_error(connection: KafkaConnection, topic: str, partition: int) -> int:
@@ -159,3 +80,7 @@ def heartbeat_error(connection: KafkaConnection, group: str) -> int:
     response = connection.call(HEARTBEAT, 1, HeartbeatRequest(group_id=GroupId(group), generation_id=i32(1),
                                                               member_id="nobody"))
     return int(response.error_code)
+
+
+__all__ = ["CLUSTER_TOML", "NONE", "BrokerCluster", "PartitionView", "list_offsets_error", "metadata",
+           "object_store_uri", "running_cluster"]

@@ -11,17 +11,12 @@ broker then comes back as a new incarnation and gets partitions back by handoffs
 
 from __future__ import annotations
 
-import functools
-import itertools
-import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from clusterkit import (
@@ -29,11 +24,11 @@ from clusterkit import (
     BrokerCluster,
     PartitionView,
     find_coordinator,
-    list_offsets_error,
-    metadata,
     running_cluster,
 )
 from conftest import SeaweedS3
+from stratalog.chaos import cluster_load, cluster_probe
+from stratalog.chaos.cluster_load import GroupReader, Load, read_log
 from waiting import wait_until
 
 pytest_plugins = ["pgkit"]
@@ -48,173 +43,14 @@ FAILOVER_S_MAX = 45.0
 AFTER_STEP_RECORDS = 600
 
 
-#: The kafka-python producer runs in a child process (tests/kafka_python_load.py says why).
-KAFKA_PYTHON_LOAD = Path(__file__).with_name("kafka_python_load.py")
-
-
-class Load:
-    """Two idempotent producers writing ``<producer>:<partition>:<seq>`` in rounds until stopped:
-    confluent-kafka in a thread here, kafka-python in a child process."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self.acked: dict[str, set[tuple[int, int]]] = {"c": set(), "k": set()}
-        self.failed: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._confluent = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                                    "linger.ms": 5, "message.timeout.ms": 120_000})
-        self._kafka_python = subprocess.Popen(
-            [sys.executable, "-W", "ignore", str(KAFKA_PYTHON_LOAD), bootstrap, TOPIC, str(PARTITIONS), str(ROUND_S)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._threads = [threading.Thread(target=self._run_confluent, daemon=True),
-                         threading.Thread(target=self._run_kafka_python, daemon=True)]
-        for thread in self._threads:
-            thread.start()
-
-    def acked_count(self) -> int:
-        with self._lock:
-            return sum(len(v) for v in self.acked.values())
-
-    def _acked(self, producer: str, partition: int, seq: int) -> None:
-        with self._lock:
-            self.acked[producer].add((partition, seq))
-
-    def _failed(self, what: str) -> None:
-        with self._lock:
-            self.failed.append(what)
-
-    def _run_confluent(self) -> None:
-        def delivered(error: object, message: object, partition: int, seq: int) -> None:
-            if error is None:
-                self._acked("c", partition, seq)
-            else:
-                self._failed(f"confluent {partition}:{seq}: {error}")
-
-        for seq in itertools.count():
-            if self._stop.wait(ROUND_S):
-                break
-            for p in range(PARTITIONS):
-                self._confluent.produce(TOPIC, value=f"c:{p}:{seq}".encode(), partition=p,
-                                        on_delivery=functools.partial(delivered, partition=p, seq=seq))
-            self._confluent.poll(0)
-        remaining = self._confluent.flush(150)
-        if remaining:
-            self._failed(f"confluent: {remaining} records never answered")
-
-    def _run_kafka_python(self) -> None:
-        assert self._kafka_python.stdout is not None
-        for line in self._kafka_python.stdout:
-            word, *rest = line.split(maxsplit=3)
-            if word == "ack":
-                self._acked("k", int(rest[0]), int(rest[1]))
-            elif word == "fail":
-                self._failed(f"kafka-python {' '.join(rest)}")
-            elif word == "done":
-                return
-        self._failed(f"kafka-python's process ended early ({self._kafka_python.wait()})")
-
-    def stop(self) -> None:
-        self._stop.set()
-        assert self._kafka_python.stdin is not None
-        self._kafka_python.stdin.write("stop\n")
-        self._kafka_python.stdin.close()
-        for thread in self._threads:
-            thread.join(timeout=300)
-            assert not thread.is_alive(), "a producer did not finish"
-        assert self._kafka_python.wait(timeout=60) == 0
-        self._kafka_python.stdout.close()   # type: ignore[union-attr]
-
-    def kill(self) -> None:
-        """At the test's end, whatever happened: no child left behind."""
-        if self._kafka_python.poll() is None:
-            self._kafka_python.kill()
-            self._kafka_python.wait(timeout=30)
-
-
-class GroupReader:
-    """One consumer of the group in a thread of its own: what it reads, committed every 100 records."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self.read: list[tuple[int, int, bytes]] = []          # partition, offset, value
-        self.commit_errors = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP,
-                                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                                   "session.timeout.ms": 6000, "heartbeat.interval.ms": 300})
-        self._consumer.subscribe([TOPIC])
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        since_commit = 0
-        while not self._stop.is_set():
-            message = self._consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                with self._lock:
-                    self.read.append((message.partition(), message.offset(), message.value()))
-                since_commit += 1
-            if since_commit >= 100:
-                try:
-                    self._consumer.commit(asynchronous=False)
-                    since_commit = 0
-                except KafkaException:
-                    self.commit_errors += 1   # the coordinator moved: the next try finds the new one
-        self._consumer.commit(asynchronous=False)
-        self._consumer.close()
-
-    def values(self) -> set[bytes]:
-        with self._lock:
-            return {v for _, _, v in self.read}
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=120)
-        assert not self._thread.is_alive(), "the consumer did not stop"
-
-
-def leaders(cluster: BrokerCluster, via: int) -> dict[int, PartitionView]:
-    with cluster.connect(via) as connection:
-        return metadata(connection, TOPIC)[1]
-
-
 def served_without(cluster: BrokerCluster, via: int, dead: int | None) -> dict[int, PartitionView] | None:
     """Each partition's leader, once every partition has a live one (not ``dead``) that answers for it."""
-    view = leaders(cluster, via)
-    if len(view) != PARTITIONS or any(v.error_code or v.leader_id in (dead, -1) for v in view.values()):
-        return None
-    for partition, v in view.items():
-        with cluster.connect(v.leader_id) as connection:
-            if list_offsets_error(connection, TOPIC, partition) != NONE:
-                return None
-    return view
-
-
-def read_log(bootstrap: str) -> dict[int, list[bytes]]:
-    """Every partition read from its start to its end, outside any group."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "log-reader", "enable.auto.commit": False})
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=30)[1] for p in range(PARTITIONS)}
-    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
-    log: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
-    positions = {p: 0 for p in range(PARTITIONS)}
-
-    def done() -> bool:
-        message = consumer.poll(0.5)
-        if message is not None and message.error() is None:
-            log[message.partition()].append(message.value())
-            positions[message.partition()] = message.offset() + 1
-        return all(positions[p] >= ends[p] for p in range(PARTITIONS))
-
-    wait_until(done, lambda: f"the log read to its end ({positions} of {ends})", poll_s=0)
-    consumer.close()
-    return log
+    return cluster_probe.served_without(cluster, via, TOPIC, PARTITIONS,
+                                        frozenset() if dead is None else frozenset({dead}))
 
 
 def committed(bootstrap: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False})
-    found = consumer.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=30)
-    consumer.close()
-    return {tp.partition: tp.offset for tp in found}
+    return cluster_load.committed(bootstrap, TOPIC, PARTITIONS, GROUP)
 
 
 @pytest.mark.slow
@@ -226,9 +62,9 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
         before = wait_until(lambda: served_without(cluster, 1, None), "every partition served")
         assert sorted(Counter(v.leader_id for v in before.values()).values()) == [2, 2, 2]
 
-        load = Load(cluster.bootstrap())
+        load = Load(cluster.bootstrap(), TOPIC, PARTITIONS, ROUND_S)
         try:
-            reader = GroupReader(cluster.bootstrap())
+            reader = GroupReader(cluster.bootstrap(), TOPIC, GROUP)
             wait_until(lambda: load.acked_count() >= AFTER_STEP_RECORDS and len(reader.read) >= 200,
                        "records acknowledged and read before the kill")
             with cluster.connect(1) as connection:
@@ -275,7 +111,7 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
                        timeout_s=120)
             reader.stop()
 
-            log = read_log(cluster.bootstrap())
+            log = read_log(cluster.bootstrap(), TOPIC, PARTITIONS)
             in_log = Counter(v for values in log.values() for v in values)
             lost = acked - set(in_log)
             duplicated = {v: n for v, n in in_log.items() if n > 1}

@@ -1,13 +1,13 @@
-"""An idempotent kafka-python producer (acks=all) as a child process of a test: it writes
+"""An idempotent kafka-python producer (acks=all) as a child process of the cluster load: it writes
 ``k:<partition>:<seq>`` to every partition of a topic in rounds, prints ``ack P SEQ`` or ``fail P SEQ
 WHY`` per record as the broker answers, and on a ``stop`` line on stdin flushes, closes and prints
 ``done``.
 
 A process of its own because kafka-python 3.0 drops the sockets of refused connection attempts (to a
-killed broker) inside coroutines it never finishes: they are freed only when the process ends, which in
-the test process would be reported against the whole session.
+killed broker) inside coroutines it never finishes: they are freed only when the process ends (in a test process they
+would be reported against the whole session).
 
-Usage: python kafka_python_load.py BOOTSTRAP TOPIC PARTITIONS ROUND_S
+Usage: python -m stratalog.chaos.kafka_python_load BOOTSTRAP TOPIC PARTITIONS ROUND_S
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import warnings
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)   # kafka-python 3.0's importlib.resources.read_text
-    import kafka
+    import kafka  # type: ignore[import-untyped]  # kafka-python ships no type information
 
 #: How long the last records may take once asked to stop (retries across a failover included).
 FLUSH_S = 150.0
@@ -34,7 +34,12 @@ def main() -> None:
             print(line, flush=True)
 
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+
+    def wait_for_stop() -> None:
+        sys.stdin.readline()
+        stop.set()
+
+    threading.Thread(target=wait_for_stop, daemon=True).start()
     producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=5,
                                    delivery_timeout_ms=120_000, request_timeout_ms=30_000)
     for seq in itertools.count():

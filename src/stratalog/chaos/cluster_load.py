@@ -1,0 +1,231 @@
+"""Load on a cluster from real Kafka clients, and what it left: two idempotent producers (confluent-kafka
+in a thread, kafka-python in a child process, both acks=all) writing ``<producer>:<partition>:<seq>`` to
+every partition in rounds, one consumer of a group reading and committing, and the read-back of the
+whole log and of the group's committed offsets."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stratalog.chaos.harness import ChaosHarnessError
+
+#: The producers' two names, the first part of every value.
+CONFLUENT, KAFKA_PYTHON = "c", "k"
+#: How long the producers may take to have everything answered once stopped (retries across a failover).
+FLUSH_S_MAX = 150.0
+#: The group's consumer commits after this many records.
+COMMIT_EVERY_RECORDS = 100
+#: How long a read of the whole log may take.
+READ_S_MAX = 300.0
+
+
+def wait_for(ready: Callable[[], Any], what: str, timeout_s: float, poll_s: float = 0.1) -> Any:
+    """``ready()``'s first truthy value, asked every ``poll_s``; ChaosHarnessError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = ready()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise ChaosHarnessError(f"waited {timeout_s:.0f} s for {what}")
+        time.sleep(poll_s)
+
+
+def _fields(message: Any) -> tuple[int, int, bytes]:
+    """A consumed record's partition, offset and value (each set on a record without an error)."""
+    partition, offset, value = message.partition(), message.offset(), message.value()
+    assert partition is not None and offset is not None and value is not None
+    return partition, offset, value
+
+
+class Load:
+    """Two idempotent producers writing ``<producer>:<partition>:<seq>`` in rounds until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, round_s: float) -> None:
+        from confluent_kafka import Producer
+
+        self.topic, self.partitions, self.round_s = topic, partitions, round_s
+        self.acked: dict[str, set[tuple[int, int]]] = {CONFLUENT: set(), KAFKA_PYTHON: set()}
+        self.failed: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._confluent = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                                    "linger.ms": 5, "message.timeout.ms": 120_000, "log_level": 0})
+        self._kafka_python = subprocess.Popen(
+            [sys.executable, "-W", "ignore", "-m", "stratalog.chaos.kafka_python_load", bootstrap, topic,
+             str(partitions), str(round_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._threads = [threading.Thread(target=self._run_confluent, daemon=True),
+                         threading.Thread(target=self._run_kafka_python, daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self.acked.values())
+
+    def acked_values(self) -> set[bytes]:
+        with self._lock:
+            return {f"{producer}:{p}:{seq}".encode() for producer, pairs in self.acked.items() for p, seq in pairs}
+
+    def _acked(self, producer: str, partition: int, seq: int) -> None:
+        with self._lock:
+            self.acked[producer].add((partition, seq))
+
+    def _failed(self, what: str) -> None:
+        with self._lock:
+            self.failed.append(what)
+
+    def _run_confluent(self) -> None:
+        def delivered(error: object, message: object, partition: int, seq: int) -> None:
+            if error is None:
+                self._acked(CONFLUENT, partition, seq)
+            else:
+                self._failed(f"confluent {partition}:{seq}: {error}")
+
+        for seq in itertools.count():
+            if self._stop.wait(self.round_s):
+                break
+            for p in range(self.partitions):
+                self._confluent.produce(self.topic, value=f"{CONFLUENT}:{p}:{seq}".encode(), partition=p,
+                                        on_delivery=functools.partial(delivered, partition=p, seq=seq))
+            self._confluent.poll(0)
+        remaining = self._confluent.flush(FLUSH_S_MAX)
+        if remaining:
+            self._failed(f"confluent: {remaining} records never answered")
+
+    def _run_kafka_python(self) -> None:
+        assert self._kafka_python.stdout is not None
+        for line in self._kafka_python.stdout:
+            word, *rest = line.split(maxsplit=3)
+            if word == "ack":
+                self._acked(KAFKA_PYTHON, int(rest[0]), int(rest[1]))
+            elif word == "fail":
+                self._failed(f"kafka-python {' '.join(rest)}")
+            elif word == "done":
+                return
+        self._failed(f"kafka-python's process ended early ({self._kafka_python.wait()})")
+
+    def stop(self) -> None:
+        """Stop sending and wait until every record sent is answered (acknowledged or failed)."""
+        self._stop.set()
+        assert self._kafka_python.stdin is not None
+        self._kafka_python.stdin.write("stop\n")
+        self._kafka_python.stdin.close()
+        for thread in self._threads:
+            thread.join(timeout=FLUSH_S_MAX + 60)
+            if thread.is_alive():
+                raise ChaosHarnessError("a producer did not finish")
+        status = self._kafka_python.wait(timeout=60)
+        if status != 0:
+            self._failed(f"kafka-python's process exited with {status}")
+        assert self._kafka_python.stdout is not None
+        self._kafka_python.stdout.close()
+
+    def kill(self) -> None:
+        """At the end, whatever happened: no child left behind."""
+        self._stop.set()
+        if self._kafka_python.poll() is None:
+            self._kafka_python.kill()
+            self._kafka_python.wait(timeout=30)
+
+
+class GroupReader:
+    """One consumer of a group in a thread of its own: what it reads, committed every
+    COMMIT_EVERY_RECORDS records."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        from confluent_kafka import Consumer
+
+        self.read: list[tuple[int, int, bytes]] = []          # partition, offset, value
+        self.commit_errors = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                   "session.timeout.ms": 6000, "heartbeat.interval.ms": 300, "log_level": 0})
+        self._consumer.subscribe([topic])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def read_count(self) -> int:
+        with self._lock:
+            return len(self.read)
+
+    def _run(self) -> None:
+        from confluent_kafka import KafkaException
+
+        since_commit = 0
+        while not self._stop.is_set():
+            message = self._consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                with self._lock:
+                    self.read.append(_fields(message))
+                since_commit += 1
+            if since_commit >= COMMIT_EVERY_RECORDS:
+                try:
+                    self._consumer.commit(asynchronous=False)
+                    since_commit = 0
+                except KafkaException:
+                    self.commit_errors += 1   # the coordinator moved: the next try finds the new one
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException:
+            self.commit_errors += 1
+        self._consumer.close()
+
+    def values(self) -> set[bytes]:
+        with self._lock:
+            return {v for _, _, v in self.read}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+        if self._thread.is_alive():
+            raise ChaosHarnessError("the group's consumer did not stop")
+
+
+def read_log(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]:
+    """Every partition read from its start to its end, outside any group."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "log-reader", "enable.auto.commit": False,
+                         "log_level": 0})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)}
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        log: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+        positions = {p: 0 for p in range(partitions)}
+
+        def done() -> bool:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                partition, offset, value = _fields(message)
+                log[partition].append(value)
+                positions[partition] = offset + 1
+            return all(positions[p] >= ends[p] for p in range(partitions))
+
+        wait_for(done, f"the log read to its end ({positions} of {ends})", READ_S_MAX, poll_s=0)
+        return log
+    finally:
+        consumer.close()
+
+
+def committed(bootstrap: str, topic: str, partitions: int, group: str) -> dict[int, int]:
+    """The group's committed offset of each partition (-1001: none yet)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "log_level": 0})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}

