@@ -256,7 +256,7 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
                  scratch: _SliceBuffer) -> memoryview:
     """The merged runs of streams ``lo .. hi``, as a view of the Arrow buffer they were laid out in (it
     stays alive while the view does), not a copy: a copy is a fresh buffer of a slice's size, and copying
-    and faulting in fresh pages for those copies took a sizeable share of a merge's time (BENCHMARKS.md).
+    and faulting in fresh pages for those copies took a sizeable share of a merge's time.
 
     The sources' pages and the new runs' message ends go into ``scratch`` one after the other, and one
     Arrow array over it is what both takes gather from: a take on a chunked array (a chunk per source)

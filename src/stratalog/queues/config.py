@@ -42,7 +42,7 @@ class QueueConfig:
     #: bulk puts hold ``pending_bytes_max``: the writer is behind. Beside many producer threads the writer
     #: gets the GIL for one switch interval in several, so this bound is what keeps the puts it takes
     #: recent enough to be in the CPU's caches: 64 Ki sent more than 256 Ki at a million queues with 8
-    #: threads, and larger bounds take more memory (BENCHMARKS.md).
+    #: threads, and larger bounds take more memory.
     pending_messages_max: int = 1 << 16
     pending_bytes_max: int = 64 << 20
     linger_s: float = 0.05
@@ -60,13 +60,13 @@ class QueueConfig:
     log_cache_bytes_max: int = 512 << 20
     #: A local object store syncs an upload or merge this often as it writes it (its own default, 1 MiB,
     #: keeps the stream engine's append latency low during uploads). 16 MiB: the disk writes an object
-    #: faster in fewer syncs, and put_many at a million queues sends more (BENCHMARKS.md).
+    #: faster in fewer syncs, and put_many at a million queues sends more.
     upload_sync_bytes: int = 16 << 20
     #: Upload once this much waits (one object per upload, so this sets objects' size and with it the
     #: number of index entries per queue, 8 bytes per queue per object, and how many objects the merges
     #: have to catch up with) ... What a send leaves in the log cache is read from there, a run per
     #: record (a queue's messages spread over every record), until it is uploaded. 384 MiB with a log
-    #: cache of 768 was measured (BENCHMARKS.md): a put_many send to a million queues left 6-7 objects
+    #: cache of 768 was measured: a put_many send to a million queues left 6-7 objects
     #: instead of 9-13 and its consumers were faster, but the put layout's reads were slower, and at 100 k
     #: queues x 10 M, whose data then stayed in the log cache, index checks and consumers much slower.
     upload_bytes_threshold: int = 256 << 20
@@ -89,7 +89,7 @@ class QueueConfig:
     #: ``read_ahead_chunks_per_object_min``): consumer threads
     #: that share the walk drift apart, and a chunk dropped before the slowest reached it is read again.
     #: 8 threads consuming 20% of a million queues in 13 objects made 6.3 object reads per queue with 16
-    #: chunks an object (13 MiB), 3.1 with 128 (104 MiB), 2.0 with 256 (208 MiB); their rates: BENCHMARKS.md.
+    #: chunks an object (13 MiB), 3.1 with 128 (104 MiB), 2.0 with 256 (208 MiB).
     read_ahead_cache_bytes: int = 128 << 20
     #: A read of the log cache rebuilds its index of runs at most this often (a build sorts every cached
     #: run); records written since the last build are searched one by one ...
@@ -126,8 +126,8 @@ class QueueConfig:
     #: Once no put and no get has come for ``compact_idle_s`` and the log cache is empty, the newest merge units are
     #: merged into one even if the tiers would not yet: a store at rest will serve its next readers from fewer runs.
     #: After a 100 M-message send to a million queues the tiers leave 5-7 objects and a consumer reads 4-6 runs per
-    #: queue; merging the newest (2.3-2.5 GB) leaves 2, and consumers and index checks are faster for it
-    #: (BENCHMARKS.md). An older unit joins the merge only while it is at most ``compact_fanout`` times the newer ones
+    #: queue; merging the newest (2.3-2.5 GB) leaves 2, and consumers and index checks are faster for it.
+    #: An older unit joins the merge only while it is at most ``compact_fanout`` times the newer ones
     #: it would join (so a trickle of small uploads never rewrites a big old object: each byte is rewritten a bounded
     #: number of times, as the tiers do) and the merge stays within ``compact_idle_bytes_max`` (0: no merges at rest),
     #: short enough to end before the store is busy again.

@@ -4,7 +4,7 @@ A merge is bulk work (read the sources' pages, check them, gather the runs, writ
 pages' CRCs) but much of it holds the GIL a little at a time: beside a writer and busy producer threads a
 merge made in a thread got the GIL a few milliseconds at a time, and either fell behind or, holding the
 upload lock to keep up, stopped the uploads and with them the producers (at a million queues, a send
-with no merges at all was much faster: BENCHMARKS.md). A worker process has a GIL and a core of its own.
+with no merges at all was much faster). A worker process has a GIL and a core of its own.
 
 The store hands the worker a :class:`MergeJob` (the local object store's directory, the source objects and
 the keys of the pieces to write) as its stdin (a temporary file) and reads back, on its stdout, each piece's

@@ -2,7 +2,7 @@
 
 ``put_many`` must find the id of every name in its batch. A dict lookup per name at a million queues takes a
 cache miss each on the name's str, the dict's index, its entry and the id's int, which alone held put_many
-to a fraction of its rate (BENCHMARKS.md). ``NameIndex`` answers the batch in a few NumPy passes instead: the names as
+to a fraction of its rate. ``NameIndex`` answers the batch in a few NumPy passes instead: the names as
 one Arrow string array (UTF-8 bytes and offsets), a 64-bit hash of each computed eight bytes at a time, an
 open-addressing table whose slot holds 31 bits of a name's hash and its id in one word (one cache miss a
 probe), and an exact check of every hit against the stored bytes of the name, so a hash collision (by

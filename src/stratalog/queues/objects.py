@@ -55,7 +55,7 @@ def object_order(key: str, object_id: int) -> tuple[int, int]:
 #: Read-ahead across queues (see RunObject.read_run_ahead; its bounds are QueueConfig's read_ahead_*): a
 #: walk starts where a sequential reader's run starts near where the last sequential read in its object
 #: ended, and goes on into the next chunk while the last one served enough runs. Each object keeps its
-#: last chunks, for reader threads that drift apart. Measured: BENCHMARKS.md and docs/formats/queues.md.
+#: last chunks, for reader threads that drift apart. docs/formats/queues.md says how.
 
 
 @dataclass(slots=True, eq=False)
