@@ -49,6 +49,8 @@ SEAWEEDFS_STOP_S_MAX = 15.0
 #: back to a fixed default port or to an address beyond loopback.
 SEAWEEDFS_COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 SEAWEEDFS_BUCKET = "stratalog"
+#: Lines of weed's log shown when it fails to start.
+LOG_TAIL_LINES = 40
 #: Runs before weed: asks Linux for SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec),
 #: so a killed harness leaves no server behind; then becomes the server.
 _DIE_WITH_PARENT = (
@@ -106,6 +108,14 @@ def _answers_http(url: str) -> bool:
         return False
 
 
+def _log_tail(log_path: Path) -> str:
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(no log: {exc})"
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
 def _stop_weed(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is not None:
         return
@@ -134,6 +144,8 @@ def running_seaweedfs(base: Path) -> Iterator[S3Endpoint]:
     s3_config.write_text(json.dumps({"identities": [{
         "name": "stratalog", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    # A Unix socket's path is at most 107 bytes: the sockets go in a short directory of their own.
+    sockets = Path(tempfile.mkdtemp(prefix="stratalog-weed-"))
     count = len(SEAWEEDFS_COMPONENTS)
     all_ports = free_ports(2 * count)
     ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[:count], strict=True))
@@ -147,7 +159,7 @@ def running_seaweedfs(base: Path) -> Iterator[S3Endpoint]:
         "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
         "-master.telemetry=false",  # it reports to a public server by default
         f"-s3.config={s3_config}",
-        f"-filer.localSocket={base / 'filer.sock'}", f"-s3.localSocket={base / 's3.sock'}",
+        f"-filer.localSocket={sockets / 'filer.sock'}", f"-s3.localSocket={sockets / 's3.sock'}",
     ]
     endpoint_url = f"http://{LOOPBACK}:{ports['s3']}"
     with log_path.open("wb") as log:
@@ -165,7 +177,7 @@ def running_seaweedfs(base: Path) -> Iterator[S3Endpoint]:
         while True:
             if process.poll() is not None:
                 raise ChaosHarnessError(f"weed mini exited with status {process.returncode} while starting; "
-                                        f"its log: {log_path}")
+                                        f"its log ends:\n{_log_tail(log_path)}")
             if _answers_http(endpoint_url):
                 try:
                     client.create_bucket(Bucket=SEAWEEDFS_BUCKET)
@@ -173,7 +185,8 @@ def running_seaweedfs(base: Path) -> Iterator[S3Endpoint]:
                 except (ClientError, BotoCoreError) as exc:
                     last_error = f"create_bucket: {exc}"
             if time.monotonic() > deadline:
-                raise ChaosHarnessError(f"weed mini did not serve S3 at {endpoint_url} ({last_error})")
+                raise ChaosHarnessError(f"weed mini did not serve S3 at {endpoint_url} ({last_error}); its log "
+                                        f"ends:\n{_log_tail(log_path)}")
             time.sleep(0.05)
         client.close()
         yield S3Endpoint(endpoint_url, access_key, secret_key, "us-east-1", SEAWEEDFS_BUCKET)
@@ -182,6 +195,7 @@ def running_seaweedfs(base: Path) -> Iterator[S3Endpoint]:
         # Some gRPC Unix sockets outlive the process, always under /tmp; named after our ports, so ours.
         for name, port in grpc_ports.items():
             Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 @dataclass
@@ -199,6 +213,7 @@ class BrokerCluster:
     started: list[BrokerProcess] = field(default_factory=list)
 
     def start(self, broker_id: int) -> BrokerProcess:
+        self.base.mkdir(parents=True, exist_ok=True)
         config = self.base / "broker.toml"
         config.write_text(self.config_toml)
         broker = start_broker(self.base / f"broker-{broker_id}", "--cluster", "--broker-id", str(broker_id),
@@ -250,6 +265,15 @@ class ClusterServices:
     def objects(self) -> str:
         """A fresh prefix of the bucket: one cluster alone writes there."""
         return self.s3.uri(f"cluster-{secrets.token_hex(4)}")
+
+    def fresh_database(self) -> str:
+        """A new empty database on the same server: one cluster alone uses it."""
+        import psycopg
+
+        name = f"cluster_{secrets.token_hex(4)}"
+        with psycopg.connect(self.database.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.database.rsplit("/", 1)[0] + f"/{name}"
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
         bench_wal,
         bench_wal_objects,
         chaos_broker,
+        chaos_cluster,
         chaos_engine,
         chaos_fuzz,
         chaos_wal,
@@ -44,4 +45,5 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     chaos.add_command(chaos_wal.wal, name="wal")
     chaos.add_command(chaos_engine.engine, name="engine")
     chaos.add_command(chaos_broker.broker, name="broker")
+    chaos.add_command(chaos_cluster.cluster, name="cluster")
     chaos.add_command(chaos_fuzz.fuzz, name="fuzz")
