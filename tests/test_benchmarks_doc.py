@@ -18,6 +18,7 @@ SPARK_RUNS = ("spark-5m-100", "spark-5m-1k", "spark-20m-100", "spark-20m-1k")
 SECTIONS = {
     "wal": ("wal",), "wal-objects": ("wal-objects",), "log": ("log",), "catchup": ("catchup",),
     "streams": ("streams",), "queues": QUEUE_RUNS, "kafka": ("kafka",), "abuse": ("abuse",), "spark": SPARK_RUNS,
+    "cluster": ("cluster",),
 }
 
 

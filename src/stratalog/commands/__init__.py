@@ -9,6 +9,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     from stratalog.commands import (
         bench_abuse,
         bench_catchup,
+        bench_cluster,
         bench_kafka,
         bench_log,
         bench_queues,
@@ -42,6 +43,7 @@ def register_all(cli: click.Group, *, bench: click.Group, chaos: click.Group) ->
     bench.add_command(bench_queues.queues, name="queues")
     bench.add_command(bench_kafka.kafka, name="kafka")
     bench.add_command(bench_abuse.abuse, name="abuse")
+    bench.add_command(bench_cluster.cluster, name="cluster")
     chaos.add_command(chaos_wal.wal, name="wal")
     chaos.add_command(chaos_engine.engine, name="engine")
     chaos.add_command(chaos_broker.broker, name="broker")
