@@ -284,6 +284,26 @@ def running_services(base: Path) -> Iterator[ClusterServices]:
         yield ClusterServices(postgres.dsn, s3)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    # Once: a second Ctrl-C while the servers are being stopped would cut their stopping short.
+    for other in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(other, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread while the block runs, so that the
+    blocks that started servers stop and remove them: also when SIGINT came ignored (a shell's background
+    job), and for SIGTERM, which would otherwise end the process with its servers left running."""
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 @contextlib.contextmanager
 def work_directory(parent: Path | None, name: str) -> Iterator[Path]:
     """A new directory (in ``parent`` or the system's temporary directory), removed on exit."""

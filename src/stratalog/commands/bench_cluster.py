@@ -10,7 +10,7 @@ import click
 from stratalog.bench.cluster import ClusterBenchPlan, run_cluster_bench
 from stratalog.bench.cluster_report import markdown_report, tables
 from stratalog.bench.common import write_json
-from stratalog.chaos.cluster_process import work_directory
+from stratalog.chaos.cluster_process import stopped_by_signals, work_directory
 from stratalog.chaos.harness import ChaosHarnessError
 from stratalog.commands.bench_log import make_console, print_machine
 
@@ -50,7 +50,7 @@ def cluster(seconds: float, latency_rate_per_s: float, failover_rounds: int, see
         click.echo(markdown_report(json.loads(markdown_from.read_text())))
         return
     console = make_console()
-    with work_directory(dir_path, "bench-cluster") as work:
+    with stopped_by_signals(), work_directory(dir_path, "bench-cluster") as work:
         print_machine(console, work)
         plan = ClusterBenchPlan(seconds=seconds, latency_rate_per_s=latency_rate_per_s,
                                 failover_rounds=failover_rounds, seed=seed, dir_path=work)

@@ -18,7 +18,7 @@ from stratalog.chaos.cluster import (
     RunProgress,
     run_cluster_chaos,
 )
-from stratalog.chaos.cluster_process import work_directory
+from stratalog.chaos.cluster_process import stopped_by_signals, work_directory
 from stratalog.chaos.harness import ChaosHarnessError
 from stratalog.commands import chaos_report
 
@@ -102,7 +102,7 @@ def cluster(minutes: float, brokers: int, partitions: int, seed: int, kills_max:
     kills: list[KillFigures] = []
     columns = (TextColumn("chaos cluster"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     try:
-        with work_directory(directory, "chaos-cluster") as work, \
+        with stopped_by_signals(), work_directory(directory, "chaos-cluster") as work, \
                 Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("", total=60 * minutes, status="starting")
 
