@@ -2,12 +2,18 @@
 
 A short run (two kills) through the command line: it must exit 0, print the table, and write JSON whose
 counts say nothing acknowledged was lost or written twice, no committed offset went back, and each kill
-was followed by every partition served again; everything it started is gone once it returns.
+was followed by every partition served again; everything it started is gone once it returns, and once a
+SIGTERM stops it mid-run.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +21,7 @@ from click.testing import CliRunner
 
 from stratalog.chaos.cluster import FAILOVER_S_MAX, MUST_BE_ZERO
 from stratalog.commands.chaos_cluster import cluster
+from waiting import wait_until
 
 KILLS = 2
 
@@ -49,3 +56,44 @@ def test_a_cluster_of_one_broker_is_refused() -> None:
     result = CliRunner().invoke(cluster, ["--brokers", "1"])
     assert result.exit_code == 2
     assert "--brokers" in result.output
+
+
+def _processes_naming(path: Path) -> list[int]:
+    """Processes whose command line names ``path`` (the brokers' data directories and weed's are in it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass   # gone meanwhile
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_stops_and_removes_everything_it_started(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from stratalog.cli import main; main()", "chaos", "cluster", "--minutes", "5",
+         "--dir", str(work)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    assert process.stdout is not None
+    pump = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
+    pump.start()
+    try:
+        wait_until(lambda: any(line.startswith("kill 1:") for line in lines),
+                   lambda: "the first kill:\n" + "".join(lines), timeout_s=120)
+        assert len(_processes_naming(work)) >= 3   # brokers and weed run
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) != 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        pump.join(timeout=30)
+        process.stdout.close()
+    assert _processes_naming(work) == []
+    assert list(work.iterdir()) == []
+    with pytest.raises(ProcessLookupError):   # nothing left of its process group (brokers, kafka-python)
+        os.killpg(process.pid, 0)
