@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import SeaweedS3, free_ports
+from conftest import SeaweedS3
+from stratalog.chaos.cluster_process import free_ports
 from stratalog.io import libc
 from stratalog.objects import local as local_module
 from stratalog.objects import s3 as s3_module
