@@ -184,11 +184,24 @@ class KafkaPythonConsumer:
 
     def poll(self, timeout_s: float = POLL_S) -> list[Consumed]:
         got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+        self._rejoin_if_assignment_was_dropped()
         return [Consumed(r.topic, r.partition, r.offset, r.key, r.value, _headers(r.headers), r.timestamp)
                 for records in got.values() for r in records]
 
-    def assignment(self) -> set[tuple[str, int]]:
-        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+    def _rejoin_if_assignment_was_dropped(self) -> None:
+        """Work around a kafka-python 3.0 consumer that would stay without partitions for good.
+
+        When a rebalance that the leader starts itself (the topic's metadata came after its first join, so
+        it assigned nothing and rejoins) outlasts a poll, the poll returns with the join task in flight;
+        the leader has already recorded the new metadata as assigned, so the next poll sees nothing to
+        rejoin for and never applies the SyncGroup answer the task got. The broker answered correctly
+        (the debug log shows the assignment in the SyncGroup response); asking for one more rejoin
+        recovers."""
+        coordinator = self._consumer._coordinator
+        task = coordinator._join_task
+        if task is not None and task.is_done and not coordinator.need_rejoin():
+            coordinator._join_task = None
+            coordinator.request_rejoin()
 
     def commit(self) -> None:
         self._consumer.commit()
