@@ -203,6 +203,9 @@ class KafkaPythonConsumer:
             coordinator._join_task = None
             coordinator.request_rejoin()
 
+    def assignment(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
     def commit(self) -> None:
         self._consumer.commit()
 
