@@ -152,6 +152,10 @@ def test_the_cluster_table_of_the_config_is_read_and_its_bounds_checked(tmp_path
                     "[cluster]\nenabled = true\nlease_ms = 1000\nrenew_interval_ms = 600\n")
     with pytest.raises(click.BadParameter, match="at most half of lease_ms"):
         load_config(path, listeners=(Listener.parse("127.0.0.1:19092"),))
+    path.write_text('metadata = "postgresql://u:p@127.0.0.1:5432/db"\n'
+                    "[cluster]\nenabled = true\nlease_ms = 3000\nrenew_interval_ms = 750\nlease_margin_ms = 2250\n")
+    with pytest.raises(click.BadParameter, match="lease_margin_ms must be at least 0 and below"):
+        load_config(path, listeners=(Listener.parse("127.0.0.1:19092"),))
     path.write_text("[cluster]\nenabled = true\n")
     with pytest.raises(click.BadParameter, match="needs its metadata in PostgreSQL"):
         load_config(path, listeners=(Listener.parse("127.0.0.1:19092"),))

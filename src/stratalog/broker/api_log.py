@@ -90,7 +90,28 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
                 continue
             response.base_offset = future.result()
             response.log_start_offset = stream.start_offset
+    if not _lease_confirmed(broker):
+        _withhold_acknowledgements(topics)
     return _produce_response(request, topics)
+
+
+def _lease_confirmed(broker: Broker) -> bool:
+    """Whether this broker may answer for what it leads right now: always alone; in a cluster while its
+    lease is confirmed (cluster/lease_clock.py). Checked when an answer is complete, so everything in it
+    was durable before the lease's confirmation ended, and so in the log any replay of it finds."""
+    return broker.node is None or broker.node.may_acknowledge()
+
+
+def _withhold_acknowledgements(topics: list[ProduceTopicResult]) -> None:
+    """A broker of a cluster whose lease is not confirmed (the database out of reach) acknowledges
+    nothing: another broker may replay its log at any moment and miss what it adds. The client
+    retries elsewhere (an idempotent producer's retry of a batch that did land is found a duplicate)."""
+    for t in topics:
+        for p in t.partitions:
+            if p.error_code == ErrorCode.none:
+                p.error_code = ErrorCode.not_leader_or_follower
+                p.error_message = "this broker cannot confirm its lease (the metadata database is out of reach)"
+                p.base_offset = -1
 
 
 def _produce_response(request: Request, topics: list[ProduceTopicResult]) -> Prebuilt:
@@ -181,7 +202,7 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
             if f.exception() is None:
                 broker.producers.settle(producer_id, stream_id, header.base_sequence, f.result())
             else:
-                broker.producers.forget(producer_id, stream_id)
+                broker.producers.forget(producer_id, stream_id, header.base_sequence)
         future.add_done_callback(settle)
     count = header.record_count
 
@@ -227,6 +248,14 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
         if time.monotonic() >= deadline:
             topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, denied)
             break
+    if not _lease_confirmed(broker):
+        # Records made durable after the lease's confirmation ended may be missing from the replay that
+        # another broker makes of this one's log: a consumer that read them would skip the records the new
+        # leader writes at their offsets.
+        topics = [FetchTopicResult(t.topic, [
+            FetchPartitionResult(p.partition_index, ErrorCode.not_leader_or_follower, -1) for p in t.partitions])
+            for t in topics]
+        total = 0
     throttle_ms = max(request.throttle_ms, broker.quotas.record(session.user, request.client_id or "",
                                                                 CONSUMER_BYTE_RATE, total))
     # Encoded here, not by kio: the records stay views of the stored batches up to the socket.
@@ -315,6 +344,11 @@ async def list_offsets(broker: Broker, request: Request, session: Session) -> di
                 if found is not None:
                     entry["offset"], entry["timestamp"] = found
         topics.append({"name": t.name, "partitions": partitions})
+    if not _lease_confirmed(broker):   # an end offset past what a replay of its log would find
+        for topic in topics:
+            for entry in topic["partitions"]:
+                if entry["error_code"] == ErrorCode.none:
+                    entry.update(error_code=ErrorCode.not_leader_or_follower, offset=-1, timestamp=-1)
     return {"throttle_time": 0, "topics": topics}
 
 
@@ -349,6 +383,11 @@ async def delete_records(broker: Broker, request: Request, session: Session) -> 
             await asyncio.to_thread(stream.trim, target)
             entry["low_watermark"] = stream.start_offset
         topics.append({"name": t.name, "partitions": partitions})
+    if not _lease_confirmed(broker):   # an end offset past what a replay of its log would find
+        for topic in topics:
+            for entry in topic["partitions"]:
+                if entry["error_code"] == ErrorCode.none:
+                    entry.update(error_code=ErrorCode.not_leader_or_follower, offset=-1, timestamp=-1)
     return {"throttle_time": 0, "topics": topics}
 
 

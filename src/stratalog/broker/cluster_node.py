@@ -7,7 +7,10 @@ PostgreSQL decides (stratalog.cluster.leases); this module follows what it says:
   ``renew_interval_ms``. A renewal that finds the lease gone means another broker may already serve this
   one's partitions: the process exits at once with :data:`EXIT_LEASE_LOST`, and whatever supervises it
   starts a new incarnation. Commits it still had under way are refused by the database (fenced), and
-  its acknowledged records are in its object log, which another broker replays.
+  its acknowledged records are in its object log, which another broker replays. While renewals fail
+  (the database out of reach) it acknowledges writes only as long as its lease is confirmed on its own
+  clock (cluster/lease_clock.py), which ends before the database can end the lease, so a replay never
+  misses an acknowledged record; once the lease has surely run out it exits the same way.
 - **Reconcile** (a task on the event loop, its database calls in worker threads, every
   ``reconcile_interval_ms``): replay the logs of dead incarnations, re-read the topics, reconcile the
   holders of every partition and of every group that has a coordinator, then follow the result:
@@ -44,6 +47,7 @@ from stratalog.broker.producers import ProducerStates
 from stratalog.broker.topics import parse_stream_name, stream_name
 from stratalog.cluster.assignment import Holder, Kind, Resource
 from stratalog.cluster.failover import replay_dead_log
+from stratalog.cluster.lease_clock import LeaseClock, LeaseState
 from stratalog.cluster.leases import BrokerInfo, Cluster, Hold, LeaseLostError, NotHolderError
 from stratalog.engine import Stream
 from stratalog.wal.config import ObjectWALConfig
@@ -56,6 +60,8 @@ log = logging.getLogger("stratalog.cluster")
 #: The exit status of a broker whose lease ran out: fenced, it must not serve; restart it (a new
 #: incarnation). EX_TEMPFAIL: a supervisor should try again.
 EXIT_LEASE_LOST = 75
+#: The exit status of a broker whose store stopped after a write or put that failed for good. EX_IOERR.
+EXIT_STORE_FAILED = 74
 #: Between checks of the appender's queue while a handoff waits for a partition's queued appends.
 HANDOFF_POLL_S = 0.01
 
@@ -73,6 +79,8 @@ class ClusterNode:
         self.cluster = Cluster(database_uri, config.broker_id, config.lease_ms)
         #: Renewals only, on a connection of their own, so a long reconcile never delays one.
         self._renewer = Cluster(database_uri, config.broker_id, config.lease_ms)
+        #: What this broker may count on of its lease, on its own clock: acknowledgements wait for it.
+        self.lease = LeaseClock(config.lease_ms, config.lease_margin_ms)
         self._renewing = threading.Event()
         self._renew_thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
@@ -97,7 +105,9 @@ class ClusterNode:
 
     def join(self) -> int:
         """Join as a new incarnation and start renewing; returns the epoch."""
+        sent_s = self.lease.sent()
         epoch = self.cluster.join(self._host, self._port)
+        self.lease.renewed(sent_s)
         self._renewer.epoch = epoch
         self._renew_thread = threading.Thread(target=self._renew_forever, name="stratalog-lease", daemon=True)
         self._renew_thread.start()
@@ -108,17 +118,24 @@ class ClusterNode:
 
     def _renew_forever(self) -> None:
         interval_s = self.config.renew_interval_ms / 1000
-        last_ok = time.monotonic()
         while not self._renewing.wait(interval_s):
+            sent_s = self.lease.sent()
             try:
                 self._renewer.renew()
-                last_ok = time.monotonic()
+                self.lease.renewed(sent_s)
             except LeaseLostError as e:
                 self._fenced(str(e))
             except Exception as e:  # the database out of reach: the lease may still stand
-                if time.monotonic() - last_ok > self.config.lease_ms / 1000:
-                    self._fenced(f"no renewal for longer than the lease ({e})")
-                log.warning("lease renewal failed, retrying: %s", e)
+                state = self.lease.state()
+                if state is LeaseState.SURELY_EXPIRED:
+                    self._fenced(f"no renewal got through for longer than the lease ({e})")
+                log.warning("lease renewal failed (%s; acknowledging %s), retrying: %s", state.value,
+                            "nothing" if state is not LeaseState.CONFIRMED else "still", e)
+
+    def may_acknowledge(self) -> bool:
+        """Whether a write made durable by now may be acknowledged: the lease is confirmed on this
+        broker's clock (cluster/lease_clock.py), so no other broker can have replayed its log yet."""
+        return self.lease.confirmed()
 
     def _fenced(self, why: str) -> None:
         # Exits at once: another broker may already lead this one's partitions, so nothing may be served
@@ -167,6 +184,7 @@ class ClusterNode:
     async def _reconcile_forever(self) -> None:
         assert self._poked is not None
         while True:
+            self._stop_if_the_store_failed()
             try:
                 await self.reconcile_once()
             except asyncio.CancelledError:
@@ -178,6 +196,23 @@ class ClusterNode:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poked.wait(), self.config.reconcile_interval_ms / 1000)
             self._poked.clear()
+
+    def _stop_if_the_store_failed(self) -> None:
+        """A broker whose store stopped (its write-ahead log could not be written, a put failing for good)
+        can serve nothing more: it leaves at once, so another broker replays its log (everything durable
+        in it) and takes its partitions, and exits for its supervisor to start it again."""
+        broker = self._broker
+        failure = None if broker is None else broker.store.failure
+        if failure is None:
+            return
+        message = (f"stratalog broker {self.broker_id} (incarnation {self.cluster.epoch}) stops: its store "
+                   f"failed ({failure}); restart it to join again")
+        log.critical(message)
+        print(message, file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):   # else its lease runs out, with the same outcome later
+            self._renewing.set()
+            self.cluster.leave(clean=False)
+        os._exit(EXIT_STORE_FAILED)
 
     async def reconcile_once(self) -> None:
         broker = self._broker

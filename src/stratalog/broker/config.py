@@ -28,6 +28,10 @@ class ClusterConfig:
     #: Between renewals: four chances per lease, so one slow round trip or a short database hiccup does
     #: not cost the lease.
     renew_interval_ms: int = 750
+    #: How long before its lease could have run out on the database's clock a broker stops acknowledging
+    #: writes (cluster/lease_clock.py): covers a difference in rate between its clock and the
+    #: database's, and the moment between the check and the answer leaving. A tenth of the lease.
+    lease_margin_ms: int = 300
     #: Between reconciles (dead logs replayed, orphaned partitions taken over, loads evened out, handoffs
     #: carried out): the other part of failover time, and of how soon a new topic's partitions are served.
     #: A reconcile is a few queries in one transaction.
@@ -45,6 +49,9 @@ class ClusterConfig:
         if not 0 < self.renew_interval_ms * 2 <= self.lease_ms:
             raise ValueError("cluster renew_interval_ms must be positive and at most half of lease_ms, so a "
                              "renewal that is late once does not lose the lease")
+        if not 0 <= self.lease_margin_ms < self.lease_ms - self.renew_interval_ms:
+            raise ValueError("cluster lease_margin_ms must be at least 0 and below lease_ms - renew_interval_ms, "
+                             "or a broker would stop acknowledging between two timely renewals")
         if self.reconcile_interval_ms <= 0 or self.handoff_wait_ms_max <= 0:
             raise ValueError("cluster reconcile_interval_ms and handoff_wait_ms_max must be positive")
 

@@ -105,9 +105,19 @@ class ProducerStates:
                 state.batches[i] = (first_seq, last_seq, base_offset)
                 return
 
-    def forget(self, producer_id: int, partition: object) -> None:
-        """Drop a batch that failed: the producer will retry it and must not be told it is a duplicate."""
-        self._states.pop((producer_id, partition), None)
+    def forget(self, producer_id: int, partition: object, base_sequence: int) -> None:
+        """Drop a batch that failed, and the batches recorded in flight after it (they cannot land before
+        it): the producer retries them, and must be told neither that they are duplicates nor that they
+        are out of order. The batches written before it stay, so the retry continues the sequence."""
+        state = self._states.get((producer_id, partition))
+        if state is None:
+            return
+        for i, (first_seq, _, offset) in enumerate(state.batches):
+            if first_seq == base_sequence and offset == -1:
+                kept = list(state.batches)[:i]
+                state.batches.clear()
+                state.batches.extend(kept)
+                return
 
     def entries(self) -> list[tuple[int, object, int, list[tuple[int, int, int]]]]:
         """(producer id, partition, epoch, settled batches) of every producer: what a snapshot keeps."""

@@ -155,11 +155,15 @@ class Cluster:
         return epoch
 
     def renew(self) -> None:
-        """Extend the lease by ``lease_ms`` from now; LeaseLostError if it had run out already."""
-        with self._tx() as db:
-            renewed = db.execute(f"UPDATE cluster_brokers SET lease_expires_ms = {NOW_MS} + ? WHERE broker_id = ? "
-                                 f"AND epoch = ? AND lease_expires_ms > {NOW_MS}",
-                                 (self.lease_ms, self.broker_id, self.epoch)).rowcount
+        """Extend the lease by ``lease_ms`` from now; LeaseLostError if it had run out already.
+
+        One statement, outside the writer lock: a renewal must not wait behind other brokers' commits
+        (one cut off mid-transaction holds that lock until the server ends its session). It needs no
+        lock: it cannot bring back a lease that ran out, and a takeover only acts on leases that did."""
+        with self._lock:
+            renewed = self._db.execute(
+                f"UPDATE cluster_brokers SET lease_expires_ms = {NOW_MS} + ? WHERE broker_id = ? AND epoch = ? "
+                f"AND lease_expires_ms > {NOW_MS}", (self.lease_ms, self.broker_id, self.epoch)).rowcount
         if renewed != 1:
             raise LeaseLostError(f"broker {self.broker_id} (epoch {self.epoch}) lost its lease: it must stop "
                                  "serving and join again")

@@ -37,6 +37,19 @@ WRITER_LOCK_KEY = 0x5354524C   # "STRL"
 #: must fail the commit, so the store stops acknowledging, rather than hang it).
 CONNECT_TIMEOUT_S = 10
 
+#: How long data sent to PostgreSQL may go unacknowledged before the connection fails (libpq's
+#: tcp_user_timeout): a database cut off by the network fails the statement within seconds, not after
+#: TCP's retries of about 15 minutes, so a commit fails rather than hangs and a broker can fence itself.
+TCP_USER_TIMEOUT_MS = 5000
+#: TCP keepalives on an idle connection (idle seconds, between probes, probes): a silent peer is found
+#: within about 8 s.
+KEEPALIVES_IDLE_S, KEEPALIVES_INTERVAL_S, KEEPALIVES_COUNT = 5, 1, 3
+#: The server ends a session that sits inside a transaction this long without a statement
+#: (idle_in_transaction_session_timeout): a client cut off mid-transaction holds the writer lock, which
+#: every other writer (every broker's commits) waits for. Our transactions send their statements back
+#: to back; 2 s is far above that, and below a cluster's 3 s lease.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 2000
+
 #: SQLite's default wait for another connection's write lock (Python's ``sqlite3.connect`` timeout).
 SQLITE_BUSY_TIMEOUT_S = 5.0
 #: Schema versions in PostgreSQL, one row per versioned schema (SQLite keeps its file's ``user_version``:
@@ -216,10 +229,19 @@ class PostgresBackend:
             self._drop()
         if self._conn is None or self._conn.closed:
             try:
-                self._conn = self._psycopg.connect(self._uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+                self._conn = self._psycopg.connect(self._uri, autocommit=True, **self._connection_options())
             except self._psycopg.OperationalError as e:
                 raise MetadataUnavailableError(f"cannot reach the metadata database: {self._scrub(e)}") from None
         return self._conn
+
+    def _connection_options(self) -> dict[str, Any]:
+        """libpq parameters that bound every wait on a database that went silent (the constants above);
+        ``options`` given in the URI are kept, ours added after them."""
+        given = self._psycopg.conninfo.conninfo_to_dict(self._uri).get("options") or ""
+        return {"connect_timeout": CONNECT_TIMEOUT_S, "tcp_user_timeout": TCP_USER_TIMEOUT_MS, "keepalives": 1,
+                "keepalives_idle": KEEPALIVES_IDLE_S, "keepalives_interval": KEEPALIVES_INTERVAL_S,
+                "keepalives_count": KEEPALIVES_COUNT,
+                "options": f"{given} -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS}".strip()}
 
     def _hung_up(self) -> bool:
         """Whether the server closed this idle connection: it has something to read (a server's goodbye,

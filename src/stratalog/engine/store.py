@@ -828,6 +828,11 @@ class StreamStore:
                     self._cond.notify_all()
 
     @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped the store (a write, fsync or put that failed for good), or None."""
+        return self._failure
+
+    @property
     def metadata(self) -> Metadata:
         return self._meta
 
