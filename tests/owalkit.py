@@ -26,6 +26,7 @@ def small_config(**overrides: object) -> ObjectWALConfig:
         "puts_in_flight_max": 4,
         "put_attempts_max": 3,
         "put_backoff_s": 0.001,
+        "put_retry_s_min": 0.0,
         "read_attempts_max": 2,
         "record_bytes_max": 64 << 10,
         "buffered_bytes_max": 1 << 20,

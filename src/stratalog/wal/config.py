@@ -103,6 +103,11 @@ class ObjectWALConfig:
     #: (a local store's transient error), bounded because every later acknowledgement waits on them.
     put_attempts_max: int = 3
     put_backoff_s: float = 0.05
+    #: ... and for at least this long, however many tries that takes (the wait between tries grows to
+    #: ``put_backoff_s_max``): a restart of the object store takes seconds, and should cost a pause in
+    #: acknowledgements, not a stopped log (a broker of a cluster that stops, and its log replayed).
+    put_retry_s_min: float = 30.0
+    put_backoff_s_max: float = 1.0
     #: Tries per get or list during recovery and per delete, with the same backoff.
     read_attempts_max: int = 3
     #: Largest record body accepted: the device WAL's default, so either WAL takes the engine's batches.
@@ -125,8 +130,10 @@ class ObjectWALConfig:
             raise ValueError("puts_in_flight_max must be within 1..256")
         if not 1 <= self.put_attempts_max <= 20 or not 1 <= self.read_attempts_max <= 20:
             raise ValueError("put_attempts_max and read_attempts_max must be within 1..20")
-        if not 0 <= self.put_backoff_s <= 10.0:
-            raise ValueError("put_backoff_s must be within 0..10 s")
+        if not 0 <= self.put_backoff_s <= self.put_backoff_s_max <= 10.0:
+            raise ValueError("put_backoff_s and put_backoff_s_max must be within 0..10 s, in that order")
+        if not 0 <= self.put_retry_s_min <= 600.0:
+            raise ValueError("put_retry_s_min must be within 0..600 s")
         if not 1 <= self.record_bytes_max <= (1 << 31):
             raise ValueError("record_bytes_max must be within 1..2 GiB")
         if self.buffered_bytes_max < self.record_bytes_max + RECORD_HEADER_BYTES:

@@ -101,21 +101,24 @@ class Cleanup:
     live: list[LiveObject] = field(default_factory=list)
 
 
-def with_retries(what: str, step: Callable[[], _T], attempts: int, backoff_s: float) -> _T:
-    """``step()``, tried up to ``attempts`` times on ObjectStoreError (not on a missing object)."""
-    delay = backoff_s
-    for attempt in range(1, attempts + 1):
+def with_retries(what: str, step: Callable[[], _T], attempts: int, backoff_s: float, retry_s_min: float = 0.0,
+                 backoff_s_max: float = float("inf")) -> _T:
+    """``step()``, tried on ObjectStoreError (not on a missing object) at least ``attempts`` times and for
+    at least ``retry_s_min``, the wait between tries doubling from ``backoff_s`` up to ``backoff_s_max``."""
+    delay, started = backoff_s, time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return step()
         except ObjectNotFoundError:
             raise
         except ObjectStoreError as e:
-            if attempt == attempts:
+            if attempt >= attempts and time.monotonic() - started >= retry_s_min:
                 raise
-            log.warning("%s failed (attempt %d of %d): %s", what, attempt, attempts, str(e))
+            log.warning("%s failed (attempt %d): %s", what, attempt, str(e))
             time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+            delay = min(delay * 2, backoff_s_max)
 
 
 class ObjectReader:

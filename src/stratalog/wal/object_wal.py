@@ -9,8 +9,9 @@ Write path::
     a batch is acknowledged (its future completes) once its object and every earlier one are put
 
 Offsets are record numbers. Every record in a batch shares the batch's future, whose result is the
-offset up to which the log is durable. A put that fails ``put_attempts_max`` times stops the log: every
-unacknowledged future fails with WALFailedError, and so does every later call (as the device WAL does).
+offset up to which the log is durable. A put that still fails after ``put_attempts_max`` tries and
+``put_retry_s_min`` seconds stops the log: every unacknowledged future fails with WALFailedError, and so
+does every later call (as the device WAL does).
 
 Another process can open the same owner's prefix once the owner is dead and read every acknowledged
 record (:meth:`ObjectWAL.recover`, or :func:`read_records`, which changes nothing). Nothing stops two live
@@ -20,6 +21,7 @@ writers on one prefix yet: fencing belongs to the metadata database (docs/format
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -271,22 +273,24 @@ class ObjectWAL:
         key = object_key(self._prefix, batch.first)
         try:
             data = join_object(batch.first, batch.end - batch.first, batch.parts, self._config.puts_in_flight_max)
-            delay_s = self._config.put_backoff_s
-            for attempt in range(1, self._config.put_attempts_max + 1):
+            config = self._config
+            delay_s, started = config.put_backoff_s, time.monotonic()
+            attempt = 0
+            for attempt in itertools.count(1):
                 if self._failure is not None:
                     return  # the log stopped meanwhile: this batch's future has failed already
                 try:
                     self._store.put(key, data)
                     break
                 except ObjectStoreError as e:
-                    if attempt == self._config.put_attempts_max:
+                    if attempt >= config.put_attempts_max and time.monotonic() - started >= config.put_retry_s_min:
                         raise
-                    log.warning("putting WAL object %s failed (attempt %d of %d): %s", key, attempt,
-                                self._config.put_attempts_max, str(e))
+                    log.warning("putting WAL object %s failed (attempt %d; retried for %.0f s at least): %s", key,
+                                attempt, config.put_retry_s_min, str(e))
                     time.sleep(delay_s)
-                    delay_s *= 2
+                    delay_s = min(delay_s * 2, config.put_backoff_s_max)
         except BaseException as e:
-            self._fail(e, f"putting WAL object {key} ({self._config.put_attempts_max} attempts)")
+            self._fail(e, f"putting WAL object {key} ({attempt} attempts)")
             return
         try:
             with self._lock:
@@ -389,8 +393,10 @@ class ObjectWAL:
             key = self._prefix + TRIM_KEY
             marker = encode_trim_marker(offset)
             try:
+                config = self._config
                 with_retries(f"putting the WAL trim marker {key}", lambda: self._store.put(key, marker),
-                             self._config.put_attempts_max, self._config.put_backoff_s)
+                             config.put_attempts_max, config.put_backoff_s, config.put_retry_s_min,
+                             config.put_backoff_s_max)
             except BaseException as e:
                 self._fail(e, f"putting the trim marker {key}")
                 assert self._failure is not None
