@@ -69,6 +69,7 @@ def small_store_config(**overrides: object) -> StoreConfig:
         "retention_interval_s": 3600.0,
         "append_wait_s_max": 10.0,
         "upload_backoff_s": 0.01,
+        "upload_retry_s_min": 0.0,   # a test's faults stop the store after upload_attempts_max tries
     }
     values.update(overrides)
     return StoreConfig(**values)  # type: ignore[arg-type]

@@ -12,7 +12,8 @@ import stratalog
 #: Lowest first. Packages in one layer may not import each other, except as PEERS says.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "invariant", "records", "caching"}),   # shared types and helpers, no I/O
-    frozenset({"io"}),                                 # devices and libc: the only pread/pwrite/fdatasync
+    frozenset({"io", "retrying"}),                     # devices and libc: the only pread/pwrite/fdatasync;
+                                                       # retries with backoff
     frozenset({"objects"}),                            # object storage: a local directory, any S3 API
     frozenset({"wal"}),                                # the write-ahead logs: on a device, in objects
     frozenset({"kafka"}),                              # Kafka's wire and record-batch formats, sans-I/O

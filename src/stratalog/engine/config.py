@@ -36,10 +36,14 @@ class StoreConfig:
     cold_read_bytes_per_s_max: int | None = None
     #: How long an append waits for room (log cache or WAL) before raising BackpressureError.
     append_wait_s_max: float = 30.0
-    #: Uploads retry a failed object-store or metadata step this many times, backing off, before the
-    #: store stops accepting appends (the data stays in the WAL and is retried at the next open).
+    #: Uploads retry a failed object-store or metadata step this many times, backing off, and for
+    #: ``upload_retry_s_min`` at least (the wait growing to ``upload_backoff_s_max``), before the store
+    #: stops accepting appends (the data stays in the WAL and is retried at the next open). 30 s: a
+    #: restart of the object store or of PostgreSQL takes seconds, and must not stop the store.
     upload_attempts_max: int = 5
     upload_backoff_s: float = 0.2
+    upload_retry_s_min: float = 30.0
+    upload_backoff_s_max: float = 2.0
     #: Objects nothing refers to are deleted this long after, so readers holding them finish first.
     object_grace_s: float = 60.0
     #: How often retention and object deletion run in the background.
@@ -58,4 +62,6 @@ class StoreConfig:
             raise ValueError("cold_read_bytes_per_s_max must be positive (or None for no limit)")
         if self.upload_attempts_max < 1:
             raise ValueError("upload_attempts_max must be >= 1")
+        if self.upload_retry_s_min < 0 or not 0 <= self.upload_backoff_s <= self.upload_backoff_s_max:
+            raise ValueError("upload_retry_s_min must be >= 0, and 0 <= upload_backoff_s <= upload_backoff_s_max")
         self.wal.validate(self.wal_capacity_bytes - 8192)

@@ -950,8 +950,9 @@ class StreamStore:
             log.warning("publishing manifest %d failed; the next one will be a snapshot: %s", seq, str(e))
 
     def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
-        return with_retries(what, step, attempts=self._config.upload_attempts_max,
-                            backoff_s=self._config.upload_backoff_s, log=log)
+        config = self._config
+        return with_retries(what, step, attempts=config.upload_attempts_max, backoff_s=config.upload_backoff_s,
+                            log=log, retry_s_min=config.upload_retry_s_min, backoff_s_max=config.upload_backoff_s_max)
 
     def _uploader_loop(self) -> None:
         config = self._config

@@ -1,34 +1,13 @@
-"""Steps both stores (StreamStore, QueueStore) take around object storage: retries with backoff, and
-the deletion of objects an interrupted upload left behind."""
+"""Steps both stores (StreamStore, QueueStore) take around object storage: retries with backoff
+(stratalog.retrying), and the deletion of objects an interrupted upload left behind."""
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable
-from typing import TypeVar
-
 from stratalog.engine.metadata import Metadata
-from stratalog.errors import StratalogError
 from stratalog.objects.store import ObjectStore
+from stratalog.retrying import with_retries
 
-_T = TypeVar("_T")
-
-
-def with_retries(what: str, step: Callable[[], _T], *, attempts: int, backoff_s: float,
-                 log: logging.Logger) -> _T:
-    """Run ``step``; on a StratalogError try again up to ``attempts`` times in all, doubling the wait."""
-    delay = backoff_s
-    for attempt in range(1, attempts + 1):
-        try:
-            return step()
-        except StratalogError as e:
-            if attempt == attempts:
-                raise
-            log.warning("%s failed (attempt %d of %d): %s", what, attempt, attempts, str(e))
-            time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+__all__ = ["delete_orphans", "with_retries"]
 
 
 def delete_orphans(objects: ObjectStore, meta: Metadata, prefix: str) -> int:

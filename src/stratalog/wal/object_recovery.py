@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from stratalog import retrying
 from stratalog.errors import RecoveryReadError
 from stratalog.objects.store import ObjectNotFoundError, ObjectStore, ObjectStoreError
 from stratalog.wal.config import ObjectWALConfig
@@ -103,22 +103,10 @@ class Cleanup:
 
 def with_retries(what: str, step: Callable[[], _T], attempts: int, backoff_s: float, retry_s_min: float = 0.0,
                  backoff_s_max: float = float("inf")) -> _T:
-    """``step()``, tried on ObjectStoreError (not on a missing object) at least ``attempts`` times and for
-    at least ``retry_s_min``, the wait between tries doubling from ``backoff_s`` up to ``backoff_s_max``."""
-    delay, started = backoff_s, time.monotonic()
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return step()
-        except ObjectNotFoundError:
-            raise
-        except ObjectStoreError as e:
-            if attempt >= attempts and time.monotonic() - started >= retry_s_min:
-                raise
-            log.warning("%s failed (attempt %d): %s", what, attempt, str(e))
-            time.sleep(delay)
-            delay = min(delay * 2, backoff_s_max)
+    """``step()``, tried again on ObjectStoreError (not on a missing object): stratalog.retrying's policy."""
+    return retrying.with_retries(what, step, attempts=attempts, backoff_s=backoff_s, log=log,
+                                 retry_s_min=retry_s_min, backoff_s_max=backoff_s_max,
+                                 retry_on=(ObjectStoreError,), never_on=(ObjectNotFoundError,))
 
 
 class ObjectReader:
