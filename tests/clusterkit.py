@@ -44,8 +44,10 @@ def running_cluster(base: Path, database: str, seaweedfs: SeaweedS3, count: int,
         yield cluster
 
 
-def produce_error(connection: KafkaConnection, topic: str, partition: int) -> int:
-    batch = encode_batch([(None, b"sent to the wrong broker", (), 0)], base_offset=0)
+def produce_error(connection: KafkaConnection, topic: str, partition: int,
+                  value: bytes = b"sent to the wrong broker") -> int:
+    """The error code of a Produce (acks=all) of one record holding ``value``."""
+    batch = encode_batch([(None, value, (), 0)], base_offset=0)
     response = connection.call(PRODUCE, 3, ProduceRequest(
         acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)), topic_data=(
             TopicProduceData(name=TopicName(topic), partition_data=(

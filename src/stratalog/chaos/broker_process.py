@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,12 +57,15 @@ class BrokerProcess:
             self.process.stdout.close()
 
 
-def start_broker(data_dir: Path, *extra: str, port: int = 0) -> BrokerProcess:
-    """Start `stratalog serve` and return once it listens (it says where on stdout)."""
+def start_broker(data_dir: Path, *extra: str, port: int = 0, host: str = "127.0.0.1",
+                 launcher: Sequence[str] = (), verbose: bool = False) -> BrokerProcess:
+    """Start `stratalog serve` on ``host`` and return once it listens (it says where on stdout).
+    ``launcher`` runs it (``ip netns exec NAME``: in a test's network namespace); ``verbose``: info
+    lines too (what it leads, hands over, replays)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
-        [sys.executable, "-c", "from stratalog.cli import main; main()", "serve", "--data-dir", str(data_dir),
-         "--listen", f"127.0.0.1:{port}", *extra],
+        [*launcher, sys.executable, "-c", "from stratalog.cli import main; main()", *(["-v"] if verbose else []),
+         "serve", "--data-dir", str(data_dir), "--listen", f"{host}:{port}", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None
     output: list[str] = []

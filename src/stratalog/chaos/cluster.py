@@ -26,7 +26,6 @@ themselves (a lease lost on a loaded machine: restarted like the killed ones).
 
 from __future__ import annotations
 
-import itertools
 import random
 import statistics
 import time
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from stratalog.chaos.cluster_load import GroupReader, Load, committed, read_log
+from stratalog.chaos.cluster_load import GroupReader, Load, account, committed, read_log
 from stratalog.chaos.cluster_probe import PartitionView, served_without
 from stratalog.chaos.cluster_process import BrokerCluster, running_cluster, running_services
 from stratalog.chaos.harness import ChaosHarnessError, MustBeZeroFigures
@@ -308,13 +307,7 @@ def _finish(run: _Run, load: Load, reader: GroupReader) -> ClusterChaosFigures:
     run.check_commits()
     run.doing = "reading the log"
     run.tick()
-    log = read_log(cluster.bootstrap(), TOPIC, config.partitions)
-    in_log = Counter(v for values in log.values() for v in values)
-    out_of_order = 0
-    for values in log.values():
-        for producer in (b"c:", b"k:"):
-            seqs = [int(v.split(b":")[2]) for v in values if v.startswith(producer)]
-            out_of_order += sum(a > b for a, b in itertools.pairwise(seqs))
+    counts = account(acked, read_log(cluster.bootstrap(), TOPIC, config.partitions))
     read_counts = Counter(v for _, _, v in reader.read)
     failovers = [k.failover_s for k in run.kills]
     return ClusterChaosFigures(
@@ -322,10 +315,10 @@ def _finish(run: _Run, load: Load, reader: GroupReader) -> ClusterChaosFigures:
         second_kills=sum(k.second for k in run.kills),
         failover_s_min=min(failovers, default=0.0), failover_s_p50=statistics.median(failovers) if failovers else 0.0,
         failover_s_max=max(failovers, default=0.0), elapsed_s=time.monotonic() - run.started,
-        records_acknowledged=len(acked), records_in_log=sum(in_log.values()),
-        records_unacknowledged_in_log=len(set(in_log) - acked), records_consumed=len(reader.read),
+        records_acknowledged=counts.acknowledged, records_in_log=counts.in_log,
+        records_unacknowledged_in_log=counts.unacknowledged_in_log, records_consumed=len(reader.read),
         group_duplicates=sum(n - 1 for n in read_counts.values() if n > 1), commit_errors=reader.commit_errors,
-        exited_by_themselves=run.exited_by_themselves, lost=len(acked - set(in_log)),
-        log_duplicates=sum(n - 1 for n in in_log.values() if n > 1), out_of_order=out_of_order,
+        exited_by_themselves=run.exited_by_themselves, lost=counts.lost,
+        log_duplicates=counts.log_duplicates, out_of_order=counts.out_of_order,
         delivery_failures=len(load.failed), commits_backwards=run.commits_backwards, group_missed=group_missed,
         unserved=run.unserved, stalled=run.stalled)

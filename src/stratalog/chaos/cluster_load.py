@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from stratalog.chaos.harness import ChaosHarnessError
@@ -216,6 +218,35 @@ def read_log(bootstrap: str, topic: str, partitions: int) -> dict[int, list[byte
         return log
     finally:
         consumer.close()
+
+
+@dataclass(frozen=True, slots=True)
+class LogAccount:
+    """What the log holds against what the producers were told: the counts a cluster run must keep at
+    zero (``lost``, ``log_duplicates``, ``out_of_order``) and the rest."""
+
+    acknowledged: int
+    in_log: int
+    #: In the log but never acknowledged (sent, then the answer was lost with a broker): allowed.
+    unacknowledged_in_log: int
+    lost: int
+    log_duplicates: int
+    #: Pairs of one producer's records in one partition whose sequence numbers go backwards.
+    out_of_order: int
+
+
+def account(acked: set[bytes], log: dict[int, list[bytes]]) -> LogAccount:
+    """Count ``log`` (read_log's) against the values ``acked``."""
+    in_log = Counter(v for values in log.values() for v in values)
+    out_of_order = 0
+    for values in log.values():
+        for producer in (CONFLUENT, KAFKA_PYTHON):
+            prefix = f"{producer}:".encode()
+            seqs = [int(v.split(b":")[2]) for v in values if v.startswith(prefix)]
+            out_of_order += sum(a > b for a, b in itertools.pairwise(seqs))
+    return LogAccount(acknowledged=len(acked), in_log=sum(in_log.values()),
+                      unacknowledged_in_log=len(set(in_log) - acked), lost=len(acked - set(in_log)),
+                      log_duplicates=sum(n - 1 for n in in_log.values() if n > 1), out_of_order=out_of_order)
 
 
 def committed(bootstrap: str, topic: str, partitions: int, group: str) -> dict[int, int]:

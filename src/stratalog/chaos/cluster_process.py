@@ -116,86 +116,147 @@ def _log_tail(log_path: Path) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
-def _stop_weed(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    # SIGINT is weed mini's documented stop (Ctrl+C); it stops in about 2 s, SIGTERM in up to 13 s.
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=SEAWEEDFS_STOP_S_MAX)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=SEAWEEDFS_STOP_S_MAX)
+class SeaweedServer:
+    """``weed mini`` on fixed ports of one address, over one data directory: it can be stopped and
+    started again (the objects stay), or paused (SIGSTOP: a store that stops answering) and resumed."""
 
+    def __init__(self, base: Path, address: str = LOOPBACK) -> None:
+        self.base, self.address = base, address
+        self.data_dir = base / "data"
+        self.data_dir.mkdir(parents=True)
+        self.log_path = base / "weed.log"
+        self.access_key, self.secret_key = f"chaos{secrets.token_hex(4)}", secrets.token_hex(16)
+        # With an identity file the gateway checks signatures; without one it would serve anyone.
+        s3_config = base / "s3.json"
+        s3_config.write_text(json.dumps({"identities": [{
+            "name": "stratalog", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        # A Unix socket's path is at most 107 bytes: the sockets go in a short directory of their own.
+        self.sockets = Path(tempfile.mkdtemp(prefix="stratalog-weed-"))
+        count = len(SEAWEEDFS_COMPONENTS)
+        all_ports = free_ports(2 * count)
+        ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[:count], strict=True))
+        self.grpc_ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[count:], strict=True))
+        self.command = [
+            find_weed(), "-logtostderr", "mini", f"-dir={self.data_dir}",
+            # -ip alone still binds every address (-ip.bind defaults to 0.0.0.0): set both.
+            f"-ip={address}", f"-ip.bind={address}",
+            *(f"-{name}.port={port}" for name, port in ports.items()),
+            *(f"-{name}.port.grpc={port}" for name, port in self.grpc_ports.items()),
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+            "-master.telemetry=false",  # it reports to a public server by default
+            f"-s3.config={s3_config}",
+            f"-filer.localSocket={self.sockets / 'filer.sock'}", f"-s3.localSocket={self.sockets / 's3.sock'}",
+        ]
+        self.endpoint = S3Endpoint(f"http://{address}:{ports['s3']}", self.access_key, self.secret_key,
+                                   "us-east-1", SEAWEEDFS_BUCKET)
+        self.process: subprocess.Popen[bytes] | None = None
 
-@contextlib.contextmanager
-def running_seaweedfs(base: Path) -> Iterator[S3Endpoint]:
-    """``weed mini`` in ``base`` on free 127.0.0.1 ports with one empty bucket; stopped on exit."""
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
+    def start(self) -> None:
+        """Start it and wait until it serves S3 with the bucket there (made on the first start)."""
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError
 
-    data_dir = base / "data"
-    data_dir.mkdir(parents=True)
-    log_path = base / "weed.log"
-    access_key, secret_key = f"chaos{secrets.token_hex(4)}", secrets.token_hex(16)
-    # With an identity file the gateway checks signatures; without one it would serve anyone.
-    s3_config = base / "s3.json"
-    s3_config.write_text(json.dumps({"identities": [{
-        "name": "stratalog", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    # A Unix socket's path is at most 107 bytes: the sockets go in a short directory of their own.
-    sockets = Path(tempfile.mkdtemp(prefix="stratalog-weed-"))
-    count = len(SEAWEEDFS_COMPONENTS)
-    all_ports = free_ports(2 * count)
-    ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[:count], strict=True))
-    grpc_ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[count:], strict=True))
-    command = [
-        find_weed(), "-logtostderr", "mini", f"-dir={data_dir}",
-        # -ip alone still binds every address (-ip.bind defaults to 0.0.0.0): set both.
-        f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}",
-        *(f"-{name}.port={port}" for name, port in ports.items()),
-        *(f"-{name}.port.grpc={port}" for name, port in grpc_ports.items()),
-        "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
-        "-master.telemetry=false",  # it reports to a public server by default
-        f"-s3.config={s3_config}",
-        f"-filer.localSocket={sockets / 'filer.sock'}", f"-s3.localSocket={sockets / 's3.sock'}",
-    ]
-    endpoint_url = f"http://{LOOPBACK}:{ports['s3']}"
-    with log_path.open("wb") as log:
-        launcher = [sys.executable, "-c", _DIE_WITH_PARENT] if sys.platform == "linux" else []
-        process = subprocess.Popen([*launcher, *command], stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, cwd=base, start_new_session=True)
-    try:
+        with self.log_path.open("ab") as log:
+            launcher = [sys.executable, "-c", _DIE_WITH_PARENT] if sys.platform == "linux" else []
+            self.process = subprocess.Popen([*launcher, *self.command], stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, cwd=self.base, start_new_session=True)
+        url = self.endpoint.endpoint_url
         client = boto3.client(
-            "s3", endpoint_url=endpoint_url, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+            "s3", endpoint_url=url, aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
             region_name="us-east-1",
             config=Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1},
                           connect_timeout=1.0, read_timeout=5.0))
-        deadline = time.monotonic() + SEAWEEDFS_START_S_MAX
-        last_error = "the S3 port never answered"
-        while True:
-            if process.poll() is not None:
-                raise ChaosHarnessError(f"weed mini exited with status {process.returncode} while starting; "
-                                        f"its log ends:\n{_log_tail(log_path)}")
-            if _answers_http(endpoint_url):
-                try:
-                    client.create_bucket(Bucket=SEAWEEDFS_BUCKET)
-                    break
-                except (ClientError, BotoCoreError) as exc:
-                    last_error = f"create_bucket: {exc}"
-            if time.monotonic() > deadline:
-                raise ChaosHarnessError(f"weed mini did not serve S3 at {endpoint_url} ({last_error}); its log "
-                                        f"ends:\n{_log_tail(log_path)}")
-            time.sleep(0.05)
-        client.close()
-        yield S3Endpoint(endpoint_url, access_key, secret_key, "us-east-1", SEAWEEDFS_BUCKET)
-    finally:
-        _stop_weed(process)
+        try:
+            deadline = time.monotonic() + SEAWEEDFS_START_S_MAX
+            last_error = "the S3 port never answered"
+            while True:
+                if self.process.poll() is not None:
+                    raise ChaosHarnessError(f"weed mini exited with status {self.process.returncode} while "
+                                            f"starting; its log ends:\n{_log_tail(self.log_path)}")
+                if _answers_http(url):
+                    try:
+                        client.head_bucket(Bucket=SEAWEEDFS_BUCKET)
+                        return
+                    except ClientError as exc:
+                        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
+                            try:
+                                client.create_bucket(Bucket=SEAWEEDFS_BUCKET)
+                                return
+                            except (ClientError, BotoCoreError) as again:
+                                last_error = f"create_bucket: {again}"
+                        else:
+                            last_error = f"head_bucket: {exc}"
+                    except BotoCoreError as exc:
+                        last_error = f"head_bucket: {exc}"
+                if time.monotonic() > deadline:
+                    raise ChaosHarnessError(f"weed mini did not serve S3 at {url} ({last_error}); its log "
+                                            f"ends:\n{_log_tail(self.log_path)}")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.resume()
+        # SIGINT is weed mini's documented stop (Ctrl+C); it stops in about 2 s, SIGTERM in up to 13 s.
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=SEAWEEDFS_STOP_S_MAX)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=SEAWEEDFS_STOP_S_MAX)
+
+    def pause(self) -> None:
+        """Every weed process stops where it is (SIGSTOP): requests hang, as on a store that is stuck."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGCONT)
+
+    def remove(self) -> None:
+        """Once stopped: what it leaves outside its directory."""
         # Some gRPC Unix sockets outlive the process, always under /tmp; named after our ports, so ours.
-        for name, port in grpc_ports.items():
+        for name, port in self.grpc_ports.items():
             Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
-        shutil.rmtree(sockets, ignore_errors=True)
+        shutil.rmtree(self.sockets, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def seaweed_server(base: Path, address: str = LOOPBACK) -> Iterator[SeaweedServer]:
+    """A started SeaweedServer in ``base`` on free ports of ``address`` (127.0.0.1, or the host end of a
+    test's private link) with one empty bucket; stopped and its leftovers removed on exit."""
+    server = SeaweedServer(base, address)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        server.remove()
+
+
+@contextlib.contextmanager
+def running_seaweedfs(base: Path, address: str = LOOPBACK) -> Iterator[S3Endpoint]:
+    """``weed mini`` in ``base`` on free ports of ``address`` with one empty bucket; stopped on exit."""
+    with seaweed_server(base, address) as server:
+        yield server.endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one broker runs when not beside the others on 127.0.0.1: in a test's network namespace,
+    listening on that namespace's address, reaching the database and the object store through its
+    links."""
+
+    host: str
+    launcher: tuple[str, ...]
+    database: str
+    #: Off loopback: a test's private link, where clients need not authenticate.
+    extra: tuple[str, ...] = ("--allow-plaintext-anywhere",)
 
 
 @dataclass
@@ -211,14 +272,22 @@ class BrokerCluster:
     brokers: dict[int, BrokerProcess] = field(default_factory=dict)
     #: Every process started, so the end stops them all, restarted ones included.
     started: list[BrokerProcess] = field(default_factory=list)
+    #: Brokers that run elsewhere than 127.0.0.1 (the others do).
+    placements: dict[int, Placement] = field(default_factory=dict)
+    #: Brokers print info lines too (what each leads, hands over, replays).
+    verbose: bool = False
 
     def start(self, broker_id: int) -> BrokerProcess:
         self.base.mkdir(parents=True, exist_ok=True)
         config = self.base / "broker.toml"
         config.write_text(self.config_toml)
+        place = self.placements.get(broker_id)
         broker = start_broker(self.base / f"broker-{broker_id}", "--cluster", "--broker-id", str(broker_id),
-                              "--metadata", self.database, "--object-store", self.objects, "--config", str(config),
-                              port=self.ports[broker_id])
+                              "--metadata", self.database if place is None else place.database,
+                              "--object-store", self.objects, "--config", str(config),
+                              *(() if place is None else place.extra), port=self.ports[broker_id],
+                              host=LOOPBACK if place is None else place.host,
+                              launcher=() if place is None else place.launcher, verbose=self.verbose)
         self.brokers[broker_id] = broker
         self.started.append(broker)
         return broker
@@ -243,10 +312,11 @@ class BrokerCluster:
 
 @contextlib.contextmanager
 def running_cluster(base: Path, database: str, objects: str, count: int,
-                    config_toml: str = CLUSTER_TOML) -> Iterator[BrokerCluster]:
+                    config_toml: str = CLUSTER_TOML, placements: dict[int, Placement] | None = None,
+                    verbose: bool = False) -> Iterator[BrokerCluster]:
     """Brokers 1..``count`` over ``database`` and the object store ``objects``; killed on exit."""
     cluster = BrokerCluster(base, database, objects, {i + 1: port for i, port in enumerate(free_ports(count))},
-                            config_toml)
+                            config_toml, placements=dict(placements or {}), verbose=verbose)
     try:
         for broker_id in sorted(cluster.ports):
             cluster.start(broker_id)

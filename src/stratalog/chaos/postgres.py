@@ -80,6 +80,8 @@ class PostgresServer:
     run_as: str | None
     process: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
+    #: Addresses it listens on besides 127.0.0.1 (a test network's private link, never a public one).
+    extra_listen: tuple[str, ...] = ()
 
     @property
     def data_dir(self) -> Path:
@@ -88,7 +90,11 @@ class PostgresServer:
     @property
     def dsn(self) -> str:
         """A libpq connection URI for the stratalog role and database."""
-        return f"postgresql://{ROLE}:{self.password}@127.0.0.1:{self.port}/{DATABASE}"
+        return self.dsn_at("127.0.0.1")
+
+    def dsn_at(self, host: str) -> str:
+        """The same, through another address it listens on (``extra_listen``)."""
+        return f"postgresql://{ROLE}:{self.password}@{host}:{self.port}/{DATABASE}"
 
     def _command(self, *argv: str) -> list[str]:
         # setpriv execs the command itself (runuser forks it), so a kill of this process is a kill of
@@ -108,6 +114,10 @@ class PostgresServer:
         password_file.unlink()
         if result.returncode != 0:
             raise PostgresUnavailableError(f"initdb failed ({result.returncode}): {result.stderr.strip()}")
+        if self.extra_listen:
+            # Clients on those links log in as on loopback: with a password (initdb's lines cover 127.0.0.1).
+            with (self.data_dir / "pg_hba.conf").open("a") as hba:
+                hba.writelines(f"host all all {address}/30 scram-sha-256\n" for address in self.extra_listen)
 
     def start(self) -> None:
         """Start the server and wait until it accepts connections (its own log line says so)."""
@@ -116,7 +126,8 @@ class PostgresServer:
         ready = threading.Event()   # this process's own: a killed one's log may still be draining
         self.process = subprocess.Popen(
             self._command(str(self.bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
-                          "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
+                          "-c", f"listen_addresses={','.join(('127.0.0.1', *self.extra_listen))}",
+                          "-c", f"unix_socket_directories={self.root}",
                           "-c", "logging_collector=off", "-c", "max_connections=200"),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         threading.Thread(target=self._pump, args=(self.process, ready), name="stratalog-postgres-log",
@@ -172,9 +183,10 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def running_postgres() -> Iterator[PostgresServer]:
+def running_postgres(extra_listen: tuple[str, ...] = ()) -> Iterator[PostgresServer]:
     """A fresh PostgreSQL server on 127.0.0.1 with role and database ``stratalog``; stopped and removed
-    when the block ends."""
+    when the block ends. ``extra_listen``: host ends of a test's private links (each a /30) it also
+    serves, to clients on the other end."""
     bin_dir = find_bin_dir()
     run_as = None
     if os.geteuid() == 0:
@@ -185,7 +197,8 @@ def running_postgres() -> Iterator[PostgresServer]:
                                            "user to run it as (Debian's postgresql package creates one)") from None
         run_as = SERVER_USER
     root = Path(tempfile.mkdtemp(prefix="stratalog-postgres-"))
-    server = PostgresServer(bin_dir, root, _free_port(), secrets.token_urlsafe(18), run_as)
+    server = PostgresServer(bin_dir, root, _free_port(), secrets.token_urlsafe(18), run_as,
+                            extra_listen=extra_listen)
     try:
         server._own(root)
         server.init()
