@@ -48,7 +48,7 @@ from stratalog.broker.topics import parse_stream_name, stream_name
 from stratalog.cluster.assignment import Holder, Kind, Resource
 from stratalog.cluster.failover import replay_dead_log
 from stratalog.cluster.lease_clock import LeaseClock, LeaseState
-from stratalog.cluster.leases import BrokerInfo, Cluster, Hold, LeaseLostError, NotHolderError
+from stratalog.cluster.leases import BrokerIdTakenError, BrokerInfo, Cluster, Hold, LeaseLostError, NotHolderError
 from stratalog.engine import Stream
 from stratalog.wal.config import ObjectWALConfig
 
@@ -60,6 +60,8 @@ log = logging.getLogger("stratalog.cluster")
 #: The exit status of a broker whose lease ran out: fenced, it must not serve; restart it (a new
 #: incarnation). EX_TEMPFAIL: a supervisor should try again.
 EXIT_LEASE_LOST = 75
+#: How long a join waits, in leases, for the lease of a previous incarnation of its id to run out.
+JOIN_WAIT_LEASES = 2
 #: The exit status of a broker whose store stopped after a write or put that failed for good. EX_IOERR.
 EXIT_STORE_FAILED = 74
 #: Between checks of the appender's queue while a handoff waits for a partition's queued appends.
@@ -105,8 +107,20 @@ class ClusterNode:
 
     def join(self) -> int:
         """Join as a new incarnation and start renewing; returns the epoch."""
-        sent_s = self.lease.sent()
-        epoch = self.cluster.join(self._host, self._port)
+        deadline = time.monotonic() + JOIN_WAIT_LEASES * self.config.lease_ms / 1000
+        while True:
+            sent_s = self.lease.sent()
+            try:
+                epoch = self.cluster.join(self._host, self._port)
+                break
+            except BrokerIdTakenError as e:
+                # Restarted right after a crash: the previous incarnation's lease runs out within a lease.
+                # Still taken after that, the id is another live broker's: the error says so.
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("%s; waiting for it to run out (a previous incarnation's lease ends within %d ms)",
+                            e, self.config.lease_ms)
+                time.sleep(self.config.renew_interval_ms / 1000)
         self.lease.renewed(sent_s)
         self._renewer.epoch = epoch
         self._renew_thread = threading.Thread(target=self._renew_forever, name="stratalog-lease", daemon=True)
