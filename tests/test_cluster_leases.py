@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from enginekit import MemoryStore, small_store_config
+from stratalog.broker.offsets import CommittedOffsets, OffsetEntry
 from stratalog.cluster.assignment import Holder, Kind, MoveType, Resource
 from stratalog.cluster.leases import BrokerIdTakenError, Cluster, LeaseLostError, NotHolderError
 from stratalog.engine import StreamStore
@@ -182,3 +183,27 @@ def test_a_broker_that_lost_its_partition_commits_nothing_for_it(brokers: list[C
         taken.append([b"10"]).result()
         second.flush()
         assert [r.value for r in taken.fetch(0)][-1] == b"10"
+
+
+def test_only_the_groups_coordinator_commits_its_offsets(brokers: list[Cluster], pg_database: str) -> None:
+    b1 = make_broker(brokers, pg_database, 1)
+    group, other = Resource(Kind.GROUP, "readers"), Resource(Kind.GROUP, "others")
+    b1.reconcile([group, other])
+    offsets = CommittedOffsets(pg_database)
+    try:
+        offsets.fence = b1.group_fence
+        offsets.commit("readers", [OffsetEntry("t", 0, 10, -1, None, 0)])
+        b2 = make_broker(brokers, pg_database, 2)
+        b2.reconcile([group, other])           # two groups, two brokers: the last by name moves
+        (moved,) = [r for r, h in b2.holds(Kind.GROUP).items() if h.handing_to is not None]
+        assert moved == group
+        b1.release(group)                                          # the handoff, as its holder makes it
+        # Broker 1 still runs and commits for the group it no longer coordinates: refused, nothing stored.
+        with pytest.raises(NotHolderError, match="no longer coordinates group 'readers'"):
+            offsets.commit("readers", [OffsetEntry("t", 0, 99, -1, None, 0)])
+        assert offsets.fetch("readers")[("t", 0)].offset == 10
+        offsets.fence = b2.group_fence
+        offsets.commit("readers", [OffsetEntry("t", 0, 20, -1, None, 0)])
+        assert offsets.fetch("readers")[("t", 0)].offset == 20
+    finally:
+        offsets.close()

@@ -16,6 +16,7 @@ from stratalog.broker.broker import Api, Broker
 from stratalog.broker.group_state import GroupDescription
 from stratalog.broker.offsets import OffsetEntry, OffsetsUnavailableError
 from stratalog.broker.session import Session
+from stratalog.cluster.leases import ClusterError
 from stratalog.kafka.codec import Request
 
 #: What DescribeGroups says of authorized operations when nobody asked (no ACLs yet).
@@ -132,13 +133,15 @@ async def offset_commit(broker: Broker, request: Request, session: Session) -> d
         # kill -9.
         try:
             await asyncio.to_thread(broker.offsets.commit, body.group_id, entries)
-        except OffsetsUnavailableError as e:
-            # Nothing acknowledged: Kafka's answer when the offsets cannot be written, which clients retry.
+        except (OffsetsUnavailableError, ClusterError) as e:
+            # Nothing stored. The database out of reach: Kafka's answer when the offsets cannot be written;
+            # another broker coordinates the group now: NOT_COORDINATOR, and the client finds it.
             log.warning("OffsetCommit of group %s refused: %s", body.group_id, e)
+            code = ErrorCode.not_coordinator if isinstance(e, ClusterError) else ErrorCode.coordinator_not_available
             for topic in topics:
                 for partition in topic["partitions"]:
                     if partition["error_code"] == ErrorCode.none:
-                        partition["error_code"] = ErrorCode.coordinator_not_available
+                        partition["error_code"] = code
     return {"throttle_time": 0, "topics": topics}
 
 

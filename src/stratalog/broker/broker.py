@@ -106,6 +106,8 @@ class Broker:
         #: Keys the stand-in credentials of unknown users (sasl.py): fresh at each start.
         self.sasl_secret = new_secret()
         self.offsets = CommittedOffsets(self.tables.offsets)
+        if node is not None:   # only the group's coordinator commits its offsets, checked in the commit
+            self.offsets.fence = node.cluster.group_fence
         self.groups = GroupCoordinator(self.offsets, config=config.groups)
         self.producers = ProducerStates(config.producers_max)
         self.appender = OrderedAppender()

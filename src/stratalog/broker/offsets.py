@@ -147,6 +147,9 @@ class CommittedOffsets:
             self._shown = str(self._path)
             db = self._open_sqlite(self._path)
         self._conn: Backend | None = db
+        #: Called inside every commit's transaction with the group's id; raises to refuse the commit (a
+        #: broker of a cluster that no longer coordinates the group: Cluster.group_fence).
+        self.fence: Callable[[Backend, str], None] | None = None
 
     def _open_sqlite(self, path: Path) -> Backend:
         created = not path.exists()
@@ -242,6 +245,8 @@ class CommittedOffsets:
         rows = [(group_id, e.topic, e.partition, e.offset, e.leader_epoch, e.metadata, e.commit_time_ms)
                 for e in entries]
         with self._database() as db, writing(db):
+            if self.fence is not None:
+                self.fence(db, group_id)
             db.executemany(f"INSERT INTO committed_offsets (group_id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
                            "ON CONFLICT (group_id, topic, partition) DO UPDATE SET "
                            "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "

@@ -86,11 +86,18 @@ def start_broker(data_dir: Path, *extra: str, port: int = 0, host: str = "127.0.
 
     pump_thread = threading.Thread(target=pump, daemon=True)
     pump_thread.start()
-    if not ready.wait(START_TIMEOUT_S) or not found:
-        process.kill()
-        process.wait(timeout=30)
-        pump_thread.join(timeout=30)
-        process.stdout.close()
+    try:
+        started = ready.wait(START_TIMEOUT_S) and bool(found)
+    except BaseException:   # interrupted (Ctrl-C, SIGTERM) while it starts: it must not outlive its owner
+        started = False
+        raise
+    finally:
+        if not started:
+            process.kill()
+            process.wait(timeout=30)
+            pump_thread.join(timeout=30)
+            process.stdout.close()
+    if not started:
         raise RuntimeError("the broker did not start:\n" + "".join(output))
     host, bound = found[0]
     return BrokerProcess(process, host, bound, data_dir, output, pump_thread)

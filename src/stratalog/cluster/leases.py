@@ -319,6 +319,19 @@ class Cluster:
             raise NotHolderError(f"broker {self.broker_id} (epoch {self.epoch}) no longer holds all of "
                                  f"{len(unique)} {kind.value}s it is committing for")
 
+    def group_fence(self, db: Backend, group_id: str) -> None:
+        """Inside a transaction of the broker's own tables on the same database (committed offsets): raise
+        unless this incarnation coordinates ``group_id`` under a live lease. The holder's row is locked
+        (FOR SHARE) until that transaction ends, so a takeover or handoff of the group waits for the
+        commit it guards, without the stream store's writer lock that offset commits do not take."""
+        self._check_lease(db)
+        row = db.execute("SELECT 1 FROM cluster_leaders WHERE kind = ? AND name = ? AND broker_id = ? "
+                         "AND broker_epoch = ? FOR SHARE",
+                         (Kind.GROUP.value, group_id, self.broker_id, self.epoch)).fetchone()
+        if row is None:
+            raise NotHolderError(f"broker {self.broker_id} (epoch {self.epoch}) no longer coordinates group "
+                                 f"{group_id!r}")
+
     def _check_lease(self, db: Backend) -> None:
         row = db.execute(f"SELECT 1 FROM cluster_brokers WHERE broker_id = ? AND epoch = ? "
                          f"AND lease_expires_ms > {NOW_MS}", (self.broker_id, self.epoch)).fetchone()
