@@ -36,7 +36,7 @@ def partitions() -> list[Resource]:
 
 
 def wal_config() -> ObjectWALConfig:
-    return ObjectWALConfig(linger_s=0.001, object_bytes_soft_max=16 << 10)
+    return ObjectWALConfig(linger_s=0.001, object_bytes_soft_max=16 << 10, put_retry_s_min=0.0)
 
 
 class Broker:
