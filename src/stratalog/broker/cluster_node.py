@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from stratalog.broker.config import ClusterConfig
 from stratalog.broker.producer_recovery import replay
@@ -154,11 +154,15 @@ class ClusterNode:
     def _fenced(self, why: str) -> None:
         # Exits at once: another broker may already lead this one's partitions, so nothing may be served
         # or acknowledged from here on. What was acknowledged is in the object log, replayed by others.
-        message = (f"stratalog broker {self.broker_id} (incarnation {self.cluster.epoch}) is fenced and stops: "
-                   f"{why}; restart it to join again")
+        self._exit(f"is fenced and stops: {why}", EXIT_LEASE_LOST)
+
+    def _exit(self, what: str, status: int) -> NoReturn:
+        """Say why this broker stops (log and stderr), then end the process at once with ``status``."""
+        message = (f"stratalog broker {self.broker_id} (incarnation {self.cluster.epoch}) {what}; restart it to "
+                   "join again")
         log.critical(message)
         print(message, file=sys.stderr, flush=True)
-        os._exit(EXIT_LEASE_LOST)
+        os._exit(status)
 
     def leave(self, clean: bool) -> None:
         """Stop renewing and end the lease, so the others take over at once; ``clean``: everything this
@@ -219,14 +223,10 @@ class ClusterNode:
         failure = None if broker is None else broker.store.failure
         if failure is None:
             return
-        message = (f"stratalog broker {self.broker_id} (incarnation {self.cluster.epoch}) stops: its store "
-                   f"failed ({failure}); restart it to join again")
-        log.critical(message)
-        print(message, file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):   # else its lease runs out, with the same outcome later
             self._renewing.set()
             self.cluster.leave(clean=False)
-        os._exit(EXIT_STORE_FAILED)
+        self._exit(f"stops: its store failed ({failure})", EXIT_STORE_FAILED)
 
     async def reconcile_once(self) -> None:
         broker = self._broker

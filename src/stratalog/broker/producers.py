@@ -114,9 +114,8 @@ class ProducerStates:
             return
         for i, (first_seq, _, offset) in enumerate(state.batches):
             if first_seq == base_sequence and offset == -1:
-                kept = list(state.batches)[:i]
-                state.batches.clear()
-                state.batches.extend(kept)
+                for _ in range(len(state.batches) - i):
+                    state.batches.pop()
                 return
 
     def entries(self) -> list[tuple[int, object, int, list[tuple[int, int, int]]]]:

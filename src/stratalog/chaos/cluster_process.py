@@ -49,6 +49,8 @@ SEAWEEDFS_STOP_S_MAX = 15.0
 #: back to a fixed default port or to an address beyond loopback.
 SEAWEEDFS_COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 SEAWEEDFS_BUCKET = "stratalog"
+#: S3's answers to a create_bucket of a bucket that exists (a server started again over its data).
+_BUCKET_THERE = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: Lines of weed's log shown when it fails to start.
 LOG_TAIL_LINES = 40
 #: Runs before weed: asks Linux for SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec),
@@ -177,19 +179,14 @@ class SeaweedServer:
                                             f"starting; its log ends:\n{_log_tail(self.log_path)}")
                 if _answers_http(url):
                     try:
-                        client.head_bucket(Bucket=SEAWEEDFS_BUCKET)
+                        client.create_bucket(Bucket=SEAWEEDFS_BUCKET)
                         return
                     except ClientError as exc:
-                        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
-                            try:
-                                client.create_bucket(Bucket=SEAWEEDFS_BUCKET)
-                                return
-                            except (ClientError, BotoCoreError) as again:
-                                last_error = f"create_bucket: {again}"
-                        else:
-                            last_error = f"head_bucket: {exc}"
+                        if exc.response.get("Error", {}).get("Code") in _BUCKET_THERE:
+                            return   # started again: the bucket is there from the first start
+                        last_error = f"create_bucket: {exc}"
                     except BotoCoreError as exc:
-                        last_error = f"head_bucket: {exc}"
+                        last_error = f"create_bucket: {exc}"
                 if time.monotonic() > deadline:
                     raise ChaosHarnessError(f"weed mini did not serve S3 at {url} ({last_error}); its log "
                                             f"ends:\n{_log_tail(self.log_path)}")

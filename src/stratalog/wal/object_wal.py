@@ -21,7 +21,6 @@ writers on one prefix yet: fencing belongs to the metadata database (docs/format
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import threading
 import time
@@ -274,23 +273,19 @@ class ObjectWAL:
         try:
             data = join_object(batch.first, batch.end - batch.first, batch.parts, self._config.puts_in_flight_max)
             config = self._config
-            delay_s, started = config.put_backoff_s, time.monotonic()
-            attempt = 0
-            for attempt in itertools.count(1):
+
+            def put_unless_stopped() -> bool:
                 if self._failure is not None:
-                    return  # the log stopped meanwhile: this batch's future has failed already
-                try:
-                    self._store.put(key, data)
-                    break
-                except ObjectStoreError as e:
-                    if attempt >= config.put_attempts_max and time.monotonic() - started >= config.put_retry_s_min:
-                        raise
-                    log.warning("putting WAL object %s failed (attempt %d; retried for %.0f s at least): %s", key,
-                                attempt, config.put_retry_s_min, str(e))
-                    time.sleep(delay_s)
-                    delay_s = min(delay_s * 2, config.put_backoff_s_max)
+                    return False  # the log stopped meanwhile: this batch's future has failed already
+                self._store.put(key, data)
+                return True
+
+            if not with_retries(f"putting WAL object {key}", put_unless_stopped, config.put_attempts_max,
+                                config.put_backoff_s, config.put_retry_s_min, config.put_backoff_s_max):
+                return
         except BaseException as e:
-            self._fail(e, f"putting WAL object {key} ({attempt} attempts)")
+            self._fail(e, f"putting WAL object {key} ({self._config.put_attempts_max} tries and "
+                          f"{self._config.put_retry_s_min:g} s at least)")
             return
         try:
             with self._lock:
