@@ -12,8 +12,11 @@ import pytest
 
 LATENCY_KEYS = {"p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max", "mean", "samples"}
 #: The whole run: three servers started and stopped, two latency sizes at 1 s, two throughput sizes, each
-#: waiting for stratalog's upload interval (5 s) before its read from objects.
+#: waiting for stratalog's upload interval before its read from objects.
 RUN_TIMEOUT_S = 240
+#: stratalog's upload interval in the run: the waits for uploads follow it (5 s by default). Long enough
+#: that a tail run of 2,000 messages is produced and read back before the next upload.
+UPLOAD_INTERVAL_S = 3
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -43,10 +46,12 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
     data_dir = tmp_path / "data"
     json_path = tmp_path / "bench-kafka.json"
     plot_path = tmp_path / "bench-kafka.png"
+    config_path = tmp_path / "broker.toml"
+    config_path.write_text(f"[store]\nupload_interval_s = {UPLOAD_INTERVAL_S}\n")
     run = subprocess.run(
         [sys.executable, "-c", "from stratalog.cli import main; main()", "bench", "kafka", "--duration-s", "1",
          "--sizes", "256,1KiB", "--messages", "2000", "--producers", "2", "--data-dir", str(data_dir),
-         "--json", str(json_path), "--plot", str(plot_path)],
+         "--broker-config", str(config_path), "--json", str(json_path), "--plot", str(plot_path)],
         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(json_path.read_text())
@@ -103,3 +108,21 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
         capture_output=True, text=True, timeout=60, check=True)
     assert "| stratalog | 256 B |" in report.stdout and "| target |" in report.stdout
     assert not _processes_mentioning(str(data_dir))
+
+
+def test_the_upload_waits_and_the_tail_run_follow_the_broker_config(tmp_path: Path) -> None:
+    from stratalog.bench.kafka import UPLOAD_WAIT_MARGIN_S, KafkaBenchPlan
+    from stratalog.engine.config import StoreConfig
+
+    def plan(config: Path | None) -> KafkaBenchPlan:
+        return KafkaBenchPlan(peers=("stratalog",), latency_sizes_bytes=(256,), duration_s=1, rate_per_s=50,
+                              throughput_sizes_bytes=(1024,), messages=10**9, producers=1, data_dir=tmp_path,
+                              broker_config=config)
+
+    defaults = StoreConfig()
+    assert plan(None).upload_wait_s == defaults.upload_interval_s + UPLOAD_WAIT_MARGIN_S
+    assert plan(None).tail_messages(1024) == defaults.upload_bytes_threshold // 2 // 1024
+    config = tmp_path / "broker.toml"
+    config.write_text("[store]\nupload_interval_s = 0.5\nupload_bytes_threshold = 1048576\n")
+    assert plan(config).upload_wait_s == 0.5 + UPLOAD_WAIT_MARGIN_S
+    assert plan(config).tail_messages(1024) == 512

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,9 @@ from stratalog.kafka.records import check_batch
 from stratalog.records import NewRecord, Record
 from waiting import wait_until
 
-#: Well after 2001 and well before now: a timestamp no client would make up by itself.
-BASE_TIMESTAMP_MS = 1_700_000_000_000
+#: A day before the run, on the hour: a timestamp no client would make up by itself, and well inside the
+#: topics' default retention (7 days), so no retention pass deletes the records before a test reads them.
+BASE_TIMESTAMP_MS = (int(time.time()) // 3600 - 24) * 3600 * 1000
 _names = itertools.count()
 #: What the broker logs when a stop closes connections whose requests were still in flight after its 10 s
 #: of grace: a stop that took idle connections for busy ones would log it.

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,20 +114,20 @@ class KafkaBenchPlan:
     def tail_messages(self, size: int) -> int:
         """Messages of the tail run: at most half the broker's upload threshold in payload, so record and
         batch overhead cannot reach it and no size-triggered upload runs while it is read."""
-        return max(1, min(self.messages, upload_threshold_bytes() // 2 // size))
+        return max(1, min(self.messages, int(store_setting(self.broker_config, "upload_bytes_threshold")) // 2 // size))
+
+    @property
+    def upload_wait_s(self) -> float:
+        """How long data stays in stratalog's log cache at most when no threshold is reached, plus a margin."""
+        return float(store_setting(self.broker_config, "upload_interval_s")) + UPLOAD_WAIT_MARGIN_S
 
 
-def upload_threshold_bytes() -> int:
-    from stratalog.broker.config import BrokerConfig
+def store_setting(broker_config: Path | None, name: str) -> Any:
+    """What `serve` runs with for the ``[store]`` setting ``name``, given ``broker_config`` (or its defaults)."""
+    from stratalog.engine.config import StoreConfig
 
-    return BrokerConfig().store.upload_bytes_threshold  # what `serve` runs with when given no --config
-
-
-def upload_wait_s() -> float:
-    """How long data stays in stratalog's log cache at most when no threshold is reached, plus a margin."""
-    from stratalog.broker.config import BrokerConfig
-
-    return BrokerConfig().store.upload_interval_s + UPLOAD_WAIT_MARGIN_S
+    store = tomllib.loads(broker_config.read_text()).get("store", {}) if broker_config is not None else {}
+    return store.get(name, getattr(StoreConfig(), name))
 
 
 class PeerUnavailableError(RuntimeError):
@@ -772,15 +773,15 @@ def last_object_id(server: Server) -> int | None:
     return max(ids, default=-1)
 
 
-def await_upload(server: Server) -> bool | None:
-    """Wait until ``server`` uploads (a data object newer than any now) or its upload interval has passed
-    with a margin; True if one was seen. An upload takes everything durable when it starts, so after one
+def await_upload(server: Server, wait_s: float) -> bool | None:
+    """Wait until ``server`` uploads (a data object newer than any now) or ``wait_s`` (its upload interval
+    with a margin) has passed; True if one was seen. An upload takes everything durable when it starts, so after one
     seen here, the log cache holds nothing written before this call. Peers without objects: wait as long
     (the cold read follows the same idle time everywhere) and return None."""
     before = last_object_id(server)
-    deadline = time.monotonic() + upload_wait_s()
+    deadline = time.monotonic() + wait_s
     if before is None:
-        time.sleep(upload_wait_s())
+        time.sleep(wait_s)
         return None
     while time.monotonic() < deadline:
         if (last_object_id(server) or -1) > before:
@@ -883,7 +884,7 @@ def _measure(peer: PeerRun, server: Server, plan: KafkaBenchPlan, bar: Any) -> N
         _phase(peer.latency, size, measure)
     if not is_nats and server.objects_dir is not None:
         bar.phase(f"{peer.name}: waiting for the latency runs' data to be uploaded")
-        await_upload(server)  # the log cache starts empty: the tail run stays in it
+        await_upload(server, plan.upload_wait_s)  # the log cache starts empty: the tail run stays in it
     for size in plan.throughput_sizes_bytes:
         peer.throughput.append(_throughput(peer.name, server, plan, size, bar))
 
@@ -914,8 +915,8 @@ def _throughput(name: str, server: Server, plan: KafkaBenchPlan, size: int, bar:
         result["consume_cold"] = {"not_applicable": "memory storage: nothing is uploaded or read from disk"}
         return result
     # Also empties stratalog's log cache for the next size: the upload takes everything written so far.
-    bar.phase(f"{name}: waiting for the upload ({upload_wait_s():g} s at most)")
-    await_upload(server)
+    bar.phase(f"{name}: waiting for the upload ({plan.upload_wait_s:g} s at most)")
+    await_upload(server, plan.upload_wait_s)
     bar.phase(f"{name}: consume {tail_count:,} x {size:,} B again, from objects")
     before = last_object_id(server)
     cold = _consume_phase(server, tail_topic, size, result["consume_tail"].get("messages", 0), bar)
