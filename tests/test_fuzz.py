@@ -20,17 +20,22 @@ from stratalog.commands import register_all
 from stratalog.kafka.codec import KafkaProtocolError, decode_request
 
 TARGETS = list(registry())
-#: Each target fuzzes this long in the run below: with two at a time, the whole run takes about 30 s.
+#: Each target in the run below stops after this many inputs (its seeds included: the Kafka request
+#: target has 262) or SECONDS_PER_TARGET, whichever comes first: most run thousands of inputs a second,
+#: so the child's start (about 2 s of instrumented imports) is most of a target's time.
+RUNS_PER_TARGET = 500
 SECONDS_PER_TARGET = 1.5
 #: The slowest target (WAL recovery: open, recover, append, reopen) runs 250-500 inputs a second, less
 #: on a loaded machine: 100 in 1.5 s is far past the seeds and still leaves room.
 EXECUTIONS_MIN = 100
+#: The planted bugs are one byte from their seeds: libFuzzer finds them within a few hundred inputs.
+SELFTEST_RUNS = 5000
 
 
 @pytest.fixture(scope="module")
 def brief_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TargetFigures]:
-    """Every target, two at a time (the machine has two cores), each for SECONDS_PER_TARGET."""
-    config = FuzzConfig(seconds=SECONDS_PER_TARGET, runs_max=20_000,
+    """Every target, two at a time (the machine has two cores), each for RUNS_PER_TARGET inputs at most."""
+    config = FuzzConfig(seconds=SECONDS_PER_TARGET, runs_max=RUNS_PER_TARGET,
                         findings_dir=tmp_path_factory.mktemp("findings"))
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda name: run_target(name, config), TARGETS))
@@ -57,7 +62,7 @@ def test_every_seed_keeps_the_contract(name: str) -> None:
 
 @pytest.mark.slow
 def test_a_planted_exception_is_reported_with_its_input(tmp_path: Path) -> None:
-    figures = run_target("selftest_exception", FuzzConfig(seconds=3, findings_dir=tmp_path))
+    figures = run_target("selftest_exception", FuzzConfig(seconds=3, runs_max=SELFTEST_RUNS, findings_dir=tmp_path))
     assert [f.kind for f in figures.findings] == ["exception"]
     finding = figures.findings[0]
     assert finding.signature.startswith("KeyError@") and "fuzz_selftest.py" in finding.signature
@@ -69,7 +74,7 @@ def test_a_planted_exception_is_reported_with_its_input(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_planted_allocation_is_reported(tmp_path: Path) -> None:
-    figures = run_target("selftest_allocation", FuzzConfig(seconds=3, findings_dir=tmp_path))
+    figures = run_target("selftest_allocation", FuzzConfig(seconds=3, runs_max=SELFTEST_RUNS, findings_dir=tmp_path))
     assert [f.kind for f in figures.findings] == ["allocation"]
     record = json.loads(Path(figures.findings[0].path).read_text())
     assert bytes.fromhex(record["input_hex"]).startswith(b"B")
@@ -79,7 +84,8 @@ def test_a_planted_allocation_is_reported(tmp_path: Path) -> None:
 def test_the_cli_prints_the_table_and_exits_1_on_a_finding(tmp_path: Path) -> None:
     register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     out = tmp_path / "fuzz.json"
-    result = CliRunner().invoke(cli, ["chaos", "fuzz", "--seconds", "3", "--target", "selftest_exception",
+    result = CliRunner().invoke(cli, ["chaos", "fuzz", "--seconds", "3", "--runs", str(SELFTEST_RUNS),
+                                      "--target", "selftest_exception",
                                       "--target", "queue_manifest", "--findings-dir", str(tmp_path / "f"),
                                       "--json", str(out)])
     assert result.exit_code == 1, result.output
