@@ -1,41 +1,45 @@
-"""A Spark driver for the kill -9 tests, run as its own process (with its own JVM):
+"""A Spark driver for the kill -9 test, run as its own process (with its own JVM):
 
-    python spark_stream_driver.py read BOOTSTRAP TOPIC SINK_DIR CHECKPOINT_DIR SPARK_LOCAL_DIR
-        a streaming read of a broker's topic into a Parquet sink
-    python spark_stream_driver.py write BOOTSTRAP TOPIC INPUT_DIR CHECKPOINT_DIR SPARK_LOCAL_DIR
-        a streaming write of JSON files (id, key) into a broker's topic, exactly once (sink id "kill9")
+    python spark_stream_driver.py BOOTSTRAP READ_TOPIC SINK_DIR INPUT_DIR WRITE_TOPIC CHECKPOINT_DIR SPARK_LOCAL_DIR
 
-Prints ``started`` once the query runs, then runs until killed.
+It runs two streaming queries at once, each with a checkpoint under CHECKPOINT_DIR:
+    read:  the broker's READ_TOPIC into a Parquet sink at SINK_DIR;
+    write: JSON files (id, key) appearing in INPUT_DIR into the broker's WRITE_TOPIC, exactly once (sink
+           id "kill9").
+
+Prints ``started`` once both run, then runs until killed. One driver for both: a kill -9 stops both
+mid-stream, and the test pays for one JVM start a driver, not two.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from stratalog.spark import local_session
 
-#: Records per micro-batch of the read: several batches a second at the tests' produce rate.
+#: Records per micro-batch of the read: several batches a second at the test's produce rate.
 ROWS_PER_TRIGGER = 1500
 
 
-def main(mode: str, bootstrap: str, topic: str, data: str, checkpoint: str, local_dir: str) -> None:
+def main(bootstrap: str, read_topic: str, sink: str, inputs: str, write_topic: str, checkpoint: str,
+         local_dir: str) -> None:
     spark = local_session("local[2]", app_name="stratalog-stream-driver", extra_conf={"spark.local.dir": local_dir})
     spark.sparkContext.setLogLevel("ERROR")
-    if mode == "read":
-        query = (spark.readStream.format("stratalog").option("path", f"kafka://{bootstrap}").option("topics", topic)
-                 .option("maxRowsPerTrigger", str(ROWS_PER_TRIGGER)).load()
-                 .select("stream", "offset", "value")
-                 .writeStream.format("parquet").option("checkpointLocation", checkpoint)
-                 .trigger(processingTime="300 milliseconds").start(data))
-    else:
-        query = (spark.readStream.schema("id long, key string").option("maxFilesPerTrigger", "1").json(data)
-                 .selectExpr("key", "cast(id as string) as value")
-                 .writeStream.format("stratalog").option("path", f"kafka://{bootstrap}").option("topic", topic)
-                 .option("sinkId", "kill9").option("checkpointLocation", checkpoint)
-                 .trigger(processingTime="200 milliseconds").start())
+    checkpoints = Path(checkpoint)
+    (spark.readStream.format("stratalog").option("path", f"kafka://{bootstrap}").option("topics", read_topic)
+     .option("maxRowsPerTrigger", str(ROWS_PER_TRIGGER)).load()
+     .select("stream", "offset", "value")
+     .writeStream.format("parquet").option("checkpointLocation", str(checkpoints / "read"))
+     .trigger(processingTime="300 milliseconds").start(sink))
+    (spark.readStream.schema("id long, key string").option("maxFilesPerTrigger", "1").json(inputs)
+     .selectExpr("key", "cast(id as string) as value")
+     .writeStream.format("stratalog").option("path", f"kafka://{bootstrap}").option("topic", write_topic)
+     .option("sinkId", "kill9").option("checkpointLocation", str(checkpoints / "write"))
+     .trigger(processingTime="200 milliseconds").start())
     print("started", flush=True)
-    query.awaitTermination()
+    spark.streams.awaitAnyTermination()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main(*sys.argv[1:8])

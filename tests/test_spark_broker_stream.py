@@ -1,5 +1,6 @@
-"""Streaming reads of and writes into a live broker, their drivers killed with SIGKILL and restarted from
-their checkpoints: every acknowledged record reaches the sink once; every input row reaches the topic once."""
+"""A streaming read of and a streaming write into a live broker, both in one driver, killed with SIGKILL
+and restarted from their checkpoints: every acknowledged record reaches the sink once; every input row
+reaches the topic once."""
 
 from __future__ import annotations
 
@@ -78,14 +79,39 @@ class Producing(threading.Thread):
         self.producer.flush(60)
 
 
+#: Rows of each input file of the streaming write: one file a micro-batch (maxFilesPerTrigger 1).
+ROWS_PER_FILE = 400
+
+
+class Inputs:
+    """JSON files (id, key) for the streaming write, added to its input directory a few at a time."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir()
+        self.files = 0
+        self.rows = 0
+
+    def add(self, files: int) -> None:
+        for _ in range(files):
+            lines = [json.dumps({"id": self.rows + i, "key": f"user-{(self.rows + i) % 17}"})
+                     for i in range(ROWS_PER_FILE)]
+            staged = self.directory / f".part-{self.files:03d}.json"  # hidden until whole: the source skips it
+            staged.write_text("\n".join(lines) + "\n")
+            staged.rename(self.directory / f"part-{self.files:03d}.json")
+            self.files += 1
+            self.rows += ROWS_PER_FILE
+
+
 @contextmanager
-def stream_driver(tmp_path: Path, bootstrap: str, topic: str, name: str, mode: str = "read",
-                  data: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def stream_driver(tmp_path: Path, bootstrap: str, inputs: Inputs, name: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The driver (its read of "events", its write into "out"), killed with its JVM on the way out, as when
+    its machine dies."""
     log = (tmp_path / f"{name}.log").open("wb")
     local = tmp_path / f"{name}-local"
     local.mkdir()
-    process = subprocess.Popen([sys.executable, str(DRIVER), mode, bootstrap, topic, str(data or tmp_path / "sink"),
-                                str(tmp_path / "checkpoint"), str(local)],
+    process = subprocess.Popen([sys.executable, str(DRIVER), bootstrap, "events", str(tmp_path / "sink"),
+                                str(inputs.directory), "out", str(tmp_path / "checkpoint"), str(local)],
                                stdout=subprocess.PIPE, stderr=log, start_new_session=True)
     try:
         assert process.stdout is not None
@@ -95,44 +121,53 @@ def stream_driver(tmp_path: Path, bootstrap: str, topic: str, name: str, mode: s
             raise AssertionError("the driver did not start:\n" + (tmp_path / f"{name}.log").read_text()[-3000:])
         yield process
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # the driver and its JVM, as when its machine dies
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait(30)
         assert process.stdout is not None
         process.stdout.close()
         log.close()
 
 
-def test_streaming_read_survives_driver_kill9_with_every_acknowledged_record_once(spark: Any,
-                                                                                 tmp_path: Path) -> None:
+def test_a_driver_killed_mid_stream_and_restarted_reads_and_writes_each_record_once(spark: Any,
+                                                                                    tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
     config.write_text("[store]\nupload_interval_s = 0.5\n")
+    inputs = Inputs(tmp_path / "input")
     with running_broker(tmp_path / "data", "--config", str(config)) as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        admin.create_topics([NewTopic("events", 3)])["events"].result(30)
+        for future in admin.create_topics([NewTopic("events", 3), NewTopic("out", 1)]).values():
+            future.result(30)
         producing = Producing(broker.bootstrap, "events", 3)
         producing.start()
         producing.produce(6000)
+        inputs.add(4)
         try:
-            rows = read_through_two_drivers(spark, tmp_path, broker.bootstrap, admin, producing)
+            rows = through_two_drivers(spark, tmp_path, broker.bootstrap, admin, producing, inputs)
         finally:
             producing.stop()
+        written = spark.read.format("stratalog").option("path", f"kafka://{broker.bootstrap}") \
+            .option("topics", "out").load().collect()
         assert broker.stop() == 0
 
     read = [(r.stream, r.offset, r.value) for r in rows]
     assert len(read) == len(set(read)), "a record reached the sink twice"
     assert set(read) == producing.acked
+    assert sorted(int(r.value) for r in written) == list(range(inputs.rows)), "each input row once"
+    assert sorted(r.offset for r in written) == list(range(inputs.rows))
 
 
-def read_through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: AdminClient,
-                             producing: Producing) -> list[Any]:
+def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: AdminClient, producing: Producing,
+                        inputs: Inputs) -> list[Any]:
     def sink() -> Any:
         return spark.read.schema("stream string, offset bigint, value binary").parquet(str(tmp_path / "sink"))
 
     def sink_count() -> int:
         return sink().count() if (tmp_path / "sink" / "_spark_metadata").is_dir() else 0
 
-    with stream_driver(tmp_path, bootstrap, "events", "driver-1"):
-        wait_until(lambda: sink_count() >= 3000, "the first micro-batches", timeout_s=120)
+    with stream_driver(tmp_path, bootstrap, inputs, "driver-1"):
+        wait_until(lambda: sink_count() >= 3000, "the first micro-batches of the read", timeout_s=120)
+        wait_until(lambda: topic_records(bootstrap, "out") >= 2 * ROWS_PER_FILE,
+                   "the first micro-batches of the write", timeout_s=120)
         # Trim what the sink holds (a retention pass behind the reader); the kill comes a few
         # micro-batches later, so the batch a restart plans again starts past the trim.
         held = sink().groupBy("stream").max("offset").collect()
@@ -141,16 +176,23 @@ def read_through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: 
         done = admin.delete_records([TopicPartition("events", int(s.split("/")[1]), o) for s, o in trim_to.items()])
         for future in done.values():
             future.result(30)
+        # Files enough for the write to be under way at the kill, a micro-batch each.
+        written = topic_records(bootstrap, "out")
+        inputs.add(8)
         producing.produce(6000)
-        wait_until(lambda: sink_count() >= count + 4500, "micro-batches after the trim", timeout_s=120)
+        wait_until(lambda: sink_count() >= count + 4500, "micro-batches of the read after the trim", timeout_s=120)
+        wait_until(lambda: topic_records(bootstrap, "out") > written, "a micro-batch of the new files",
+                   timeout_s=120)
     killed_at = sink_count()
 
-    with stream_driver(tmp_path, bootstrap, "events", "driver-2"):
+    with stream_driver(tmp_path, bootstrap, inputs, "driver-2"):
         producing.produce(6000)
+        inputs.add(2)
         wait_until(lambda: sink_count() >= killed_at + 3000, "micro-batches after the restart", timeout_s=180)
         producing.stop()
         assert not producing.errors
         wait_until(lambda: sink_count() >= len(producing.acked), "the last acknowledged records", timeout_s=180)
+        wait_until(lambda: topic_records(bootstrap, "out") >= inputs.rows, "every file written", timeout_s=180)
         return list(sink().collect())
 
 
@@ -158,26 +200,3 @@ def topic_records(bootstrap: str, topic: str) -> int:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.latest()})
     return sum(int(f.result(30).offset) for f in futures.values())
-
-
-def test_streaming_write_killed_and_restarted_writes_each_input_row_once(spark: Any, tmp_path: Path) -> None:
-    inputs = tmp_path / "input"
-    inputs.mkdir()
-    rows = 0
-    for n in range(12):  # one file per micro-batch (maxFilesPerTrigger 1)
-        lines = [json.dumps({"id": rows + i, "key": f"user-{(rows + i) % 17}"}) for i in range(400)]
-        (inputs / f"part-{n:03d}.json").write_text("\n".join(lines) + "\n")
-        rows += 400
-    with running_broker(tmp_path / "data") as broker:
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        admin.create_topics([NewTopic("out", 1)])["out"].result(30)
-        with stream_driver(tmp_path, broker.bootstrap, "out", "writer-1", mode="write", data=inputs):
-            wait_until(lambda: topic_records(broker.bootstrap, "out") >= 1600, "the first micro-batches", timeout_s=120)
-        with stream_driver(tmp_path, broker.bootstrap, "out", "writer-2", mode="write", data=inputs):
-            wait_until(lambda: topic_records(broker.bootstrap, "out") >= rows, "every file written", timeout_s=180)
-        written = spark.read.format("stratalog").option("path", f"kafka://{broker.bootstrap}") \
-            .option("topics", "out").load().collect()
-        assert broker.stop() == 0
-    ids = sorted(int(r.value) for r in written)
-    assert ids == list(range(rows)), "each input row once"
-    assert sorted(r.offset for r in written) == list(range(rows))
