@@ -8,13 +8,11 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from stratalog.cli import cli
-from stratalog.commands import register_all
 
 PERCENTILES = {"p50", "p90", "p99", "p99_9", "p99_99", "max"}
 
 
 def test_bench_log_prints_and_writes_its_figures(tmp_path: Path) -> None:
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     out = tmp_path / "log.json"
     result = CliRunner().invoke(cli, ["bench", "log", "--sizes", "256B,1KiB", "--rate", "100", "--seconds", "0.3",
                                       "--records", "300", "--dir", str(tmp_path), "--json", str(out)],

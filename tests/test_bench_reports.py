@@ -13,7 +13,6 @@ from typing import Any
 from click.testing import CliRunner
 
 from stratalog.cli import cli
-from stratalog.commands import register_all
 
 MACHINE = {"cpus": 2, "cpu_model": "AMD EPYC", "memory_mib": 24_105, "kernel": "6.18.44", "python": "3.11.7",
            "filesystem": "ext4", "mount_point": "/", "disk_device": "/dev/vda"}
@@ -29,7 +28,6 @@ def _render(tmp_path: Path, bench: str, docs: list[dict[str, Any]], *extra: str)
         path = tmp_path / f"{bench}-{n}.json"
         path.write_text(json.dumps(doc))
         args += ["--markdown-from", str(path)]
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     result = CliRunner().invoke(cli, [*args, *extra])
     assert result.exit_code == 0, result.output
     return result.output.splitlines()

@@ -10,7 +10,6 @@ from click.testing import CliRunner
 
 from stratalog.bench.spark import ratio
 from stratalog.cli import cli
-from stratalog.commands import register_all
 
 
 def run_doc(records: int, value_bytes: int, at_rest: bool) -> dict[str, Any]:
@@ -32,7 +31,6 @@ def test_tables_and_plot_come_from_the_json(tmp_path: Path) -> None:
         paths.append(tmp_path / f"run{n}.json")
         paths[-1].write_text(json.dumps(run_doc(records, size, at_rest)))
     plot = tmp_path / "ratios.png"
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     result = CliRunner().invoke(cli, ["bench", "spark", "--markdown-from", str(paths[0]), "--markdown-from",
                                        str(paths[1]), "--plot", str(plot)])
     assert result.exit_code == 0, result.output

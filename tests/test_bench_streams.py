@@ -9,11 +9,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from stratalog.cli import cli
-from stratalog.commands import register_all
 
 
 def test_bench_streams_creates_touches_and_reopens_every_stream(tmp_path: Path) -> None:
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     out = tmp_path / "streams.json"
     result = CliRunner().invoke(cli, ["bench", "streams", "--streams", "3000", "--dir", str(tmp_path / "run"),
                                       "--json", str(out)], catch_exceptions=False, terminal_width=200)

@@ -9,7 +9,6 @@ import pytest
 from click.testing import CliRunner
 
 from stratalog.cli import cli
-from stratalog.commands import register_all
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -27,7 +26,6 @@ def test_benchmarks_md_holds_the_tables_of_the_kept_json(bench: str) -> None:
     args = ["bench", bench]
     for run in SECTIONS[bench]:
         args += ["--markdown-from", str(RESULTS / f"{run}.json")]
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     rendered = result.output.strip()

@@ -9,7 +9,6 @@ from click.testing import CliRunner
 from enginekit import abandon, small_store_config
 from queuekit import small_queue_config
 from stratalog.cli import cli
-from stratalog.commands import register_all
 from stratalog.engine.store import StreamStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
@@ -17,7 +16,6 @@ from waiting import wait_until
 
 
 def run(*args: str, exit_code: int = 0) -> str:
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     result = CliRunner().invoke(cli, ["inspect", *args], catch_exceptions=False, terminal_width=200)
     assert result.exit_code == exit_code, result.output
     return result.output

@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from stratalog.chaos.fuzz import FuzzConfig, TargetFigures, run_target
 from stratalog.chaos.fuzz_targets import find_target, registry
 from stratalog.cli import cli
-from stratalog.commands import register_all
 from stratalog.kafka.codec import KafkaProtocolError, decode_request
 
 TARGETS = list(registry())
@@ -82,7 +81,6 @@ def test_a_planted_allocation_is_reported(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_cli_prints_the_table_and_exits_1_on_a_finding(tmp_path: Path) -> None:
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     out = tmp_path / "fuzz.json"
     result = CliRunner().invoke(cli, ["chaos", "fuzz", "--seconds", "3", "--runs", str(SELFTEST_RUNS),
                                       "--target", "selftest_exception",

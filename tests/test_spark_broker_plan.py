@@ -152,9 +152,7 @@ def test_pipeline_retention_against_a_broker_says_the_broker_applies_it(tmp_path
     from click.testing import CliRunner
 
     from stratalog.cli import cli
-    from stratalog.commands import register_all
 
-    register_all(cli, bench=cli.commands["bench"], chaos=cli.commands["chaos"])  # type: ignore[arg-type]
     refused = CliRunner().invoke(cli, ["pipeline", "retention", "kafka://127.0.0.1:9092"])
     assert refused.exit_code == 2 and "applies retention itself" in refused.output
     missing = CliRunner().invoke(cli, ["pipeline", "retention", str(tmp_path / "nowhere")])

@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 import click
 
 from stratalog import __version__
+from stratalog.commands import BENCH, CHAOS, TOP
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported when first looked up, from ``lazy``: name -> "module:attr"."""
+
+    def __init__(self, *args: Any, lazy: Mapping[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy = dict(lazy)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self._lazy and cmd_name not in self.commands:
+            module, attribute = self._lazy[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, lazy=TOP,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="stratalog")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def cli(verbose: int) -> None:
@@ -22,24 +44,15 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
-@cli.group()
+@cli.group(cls=LazyGroup, lazy=BENCH)
 def bench() -> None:
     """Benchmarks: each prints a table and writes JSON with --json PATH."""
 
 
-@cli.group()
+@cli.group(cls=LazyGroup, lazy=CHAOS)
 def chaos() -> None:
     """Crash harnesses that count what they tried and what survived."""
 
 
-def _register() -> None:
-    # Subcommands live beside the code they drive; importing them here keeps `stratalog --help` fast
-    # enough and the modules independent of each other.
-    from stratalog.commands import register_all
-
-    register_all(cli, bench=bench, chaos=chaos)
-
-
 def main() -> None:
-    _register()
     cli()
