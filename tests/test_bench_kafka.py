@@ -126,3 +126,25 @@ def test_the_upload_waits_and_the_tail_run_follow_the_broker_config(tmp_path: Pa
     config.write_text("[store]\nupload_interval_s = 0.5\nupload_bytes_threshold = 1048576\n")
     assert plan(config).upload_wait_s == 0.5 + UPLOAD_WAIT_MARGIN_S
     assert plan(config).tail_messages(1024) == 512
+
+
+def test_a_read_that_gets_nothing_more_stops_and_reports_the_shortfall(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from brokerkit import running_broker
+    from stratalog.bench import kafka as bench_kafka
+
+    monkeypatch.setattr(bench_kafka, "CONSUME_IDLE_S_MAX", 1.0)
+    with running_broker(tmp_path / "data") as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic("short", 1)])["short"].result(30)
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        for i in range(10):
+            producer.produce("short", b"m%d" % i)
+        assert producer.flush(30) == 0
+        result = bench_kafka.kafka_consume_throughput(broker.bootstrap, "short", 2, 20, lambda _: None)
+        assert broker.stop() == 0
+    assert result["messages"] == 10 and result["expected"] == 20 and result["ok"] is False
+    assert any("nothing more came in 1 s" in e for e in result["errors"]), result

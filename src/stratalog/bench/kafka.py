@@ -76,6 +76,9 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 #: Acknowledgements and consumed messages still missing this long after the last send fail the phase.
 DRAIN_TIMEOUT_S = 120.0
+#: A throughput read that gets no message for this long while some are missing stops there and reports
+#: the shortfall: a peer's consumer that has lost messages (Tansu's, now and then) never gets them.
+CONSUME_IDLE_S_MAX = 15.0
 #: Every payload starts with the send time (perf_counter_ns, one clock for producer and consumer); 0 marks
 #: the warm-up message, which is not measured.
 STAMP = struct.Struct("<q")
@@ -509,6 +512,7 @@ def kafka_consume_throughput(bootstrap: str, topic: str, size: int, count: int,
     first_s: float | None = None
     first_count = 0
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    last_s = time.monotonic()
     try:
         while got < count and time.monotonic() < deadline:
             # Never ask for more than is left: consume() waits its whole timeout for a count never coming.
@@ -518,6 +522,11 @@ def kafka_consume_throughput(bootstrap: str, topic: str, size: int, count: int,
                     errors.append(str(msg.error()))
                 else:
                     got += 1
+            if batch:
+                last_s = time.monotonic()
+            elif time.monotonic() - last_s > CONSUME_IDLE_S_MAX:
+                errors.append(f"nothing more came in {CONSUME_IDLE_S_MAX:g} s")
+                break
             if first_s is None and got:
                 first_s, first_count = time.monotonic(), got
             tick(got / count)
