@@ -29,9 +29,10 @@ ifeq ($(POSTGRES_SERVER),)
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
 endif
 
-# Two workers, each module's tests on one of them (its module-scoped servers are started once).
+# Three workers on two cores (much of the suite waits on servers, leases and timers), each module's tests
+# on one of them, so its module-scoped servers start once; tests/schedulekit.py says which goes where.
 test: lint postgres-server
-	$(BIN)/pytest -n 2 --dist loadscope
+	$(BIN)/pytest -n 3 --dist loadscope
 
 bench: $(STAMP)
 	$(BIN)/stratalog bench wal --json bench-wal.json

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3 server (SeaweedFS's ``weed mini``) on 127.0.0.1, started once per session."""
+"""Shared fixtures: a real S3 server (SeaweedFS's ``weed mini``) on 127.0.0.1 and a local SparkSession, each
+started once per session; and the order in which ``make test``'s workers take the modules."""
 
 from __future__ import annotations
 
@@ -9,19 +10,39 @@ import pytest
 from stratalog.chaos.cluster_process import S3Endpoint, running_seaweedfs
 
 #: The longest modules, longest first (``pytest --durations``, summed per module, on this 2-core machine):
-#: they start before every other, so the run does not wait at its end for a long one that started last.
-#: Re-order when a module's time changes much.
-LONGEST_FIRST = ("test_spark_broker_stream", "test_cluster_faults", "test_chaos_cluster", "test_fuzz",
-                 "test_bench_cluster", "test_broker_kill9", "test_bench_kafka", "test_example_clickstream",
-                 "test_wal_crash_states", "test_bench_abuse", "test_broker_security", "test_cluster_failover_brokers",
-                 "test_engine_kill9")
+#: they go out to the workers before every other (schedulekit.py), so the run does not wait at its end for
+#: a long one that started last. The first names the unit of the Spark modules. Re-order when a module's
+#: time changes much.
+LONGEST_FIRST = ("test_spark_broker_stream", "test_chaos_cluster", "test_cluster_faults", "test_bench_cluster",
+                 "test_queue_compaction", "test_broker_kill9", "test_fuzz", "test_engine_kill9", "test_bench_kafka",
+                 "test_example_clickstream", "test_bench_abuse", "test_broker_clients",
+                 "test_cluster_failover_brokers", "test_engine_crash_states", "test_broker_hostile",
+                 "test_wal_crash_states", "test_queue_faults")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadscope``: whole modules in collection order, the Spark modules as one (schedulekit.py)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from schedulekit import ModuleScheduling
+
+    return ModuleScheduling(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest modules first (LONGEST_FIRST), then the other modules with a slow test, then the rest
-    (the order is otherwise kept): ``make test``'s workers take whole modules in this order."""
-    slow = {item.module.__name__ for item in items
-            if isinstance(item, pytest.Function) and item.get_closest_marker("slow")}
+    (the order is otherwise kept): ``make test``'s workers take whole modules in this order. Also checks
+    that schedulekit's list of the Spark modules names exactly those of the collection that use Spark."""
+    from schedulekit import SPARK_SESSION_MODULES
+
+    functions = [item for item in items if isinstance(item, pytest.Function)]
+    slow = {item.module.__name__ for item in functions if item.get_closest_marker("slow")}
+    collected = {item.module.__name__ for item in functions}
+    using_spark = {item.module.__name__ for item in functions if "spark" in item.fixturenames}
+    if using_spark != SPARK_SESSION_MODULES & collected:
+        raise pytest.UsageError(f"schedulekit.SPARK_SESSION_MODULES must name the modules that use the spark "
+                                f"fixture: add {sorted(using_spark - SPARK_SESSION_MODULES)}, remove "
+                                f"{sorted((SPARK_SESSION_MODULES & collected) - using_spark)}")
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         if not isinstance(item, pytest.Function):
