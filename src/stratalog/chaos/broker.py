@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -87,12 +86,6 @@ class BrokerChaosFigures(MustBeZeroFigures):
     stalled: int
 
     must_be_zero: ClassVar[tuple[str, ...]] = MUST_BE_ZERO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class NumberedProducer:
@@ -186,8 +179,8 @@ def run_broker_chaos(data_dir: Path, config: BrokerChaosConfig,
         raise ChaosHarnessError("the broker harness drives librdkafka: pip install confluent-kafka") from e
     started = time.monotonic()
     rng = random.Random(config.seed)
-    port = free_port()
-    broker: BrokerProcess = start_broker(data_dir, port=port)
+    broker: BrokerProcess = start_broker(data_dir)
+    port = broker.port   # the system's pick; every restart comes back there, where the clients reconnect
     producers: list[NumberedProducer] = []
     restarts_ms: list[float] = []
     try:

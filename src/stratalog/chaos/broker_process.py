@@ -19,6 +19,13 @@ _LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 _LISTENER = re.compile(r"listening on ([0-9.]+:\d+) \((\w+)")
 #: How long a broker may take to open its store and listen (a loaded CI machine, a large WAL to replay).
 START_TIMEOUT_S = 60.0
+#: What `serve` says when its port is taken (a fixed port picked free, then taken by another process of a
+#: busy machine before the broker bound it).
+PORT_TAKEN = "address already in use"
+
+
+class PortTakenError(RuntimeError):
+    """The broker did not start: its port was taken."""
 
 
 @dataclass
@@ -98,7 +105,9 @@ def start_broker(data_dir: Path, *extra: str, port: int = 0, host: str = "127.0.
             pump_thread.join(timeout=30)
             process.stdout.close()
     if not started:
-        raise RuntimeError("the broker did not start:\n" + "".join(output))
+        said = "".join(output)
+        error = PortTakenError if PORT_TAKEN in said else RuntimeError
+        raise error("the broker did not start:\n" + said)
     host, bound = found[0]
     return BrokerProcess(process, host, bound, data_dir, output, pump_thread)
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.chaos.broker_process import BrokerProcess, start_broker
+from stratalog.chaos.broker_process import BrokerProcess, PortTakenError, start_broker
 from stratalog.chaos.harness import ChaosHarnessError
 from stratalog.chaos.postgres import running_postgres
 from stratalog.kafka.client import KafkaConnection
@@ -53,6 +53,11 @@ SEAWEEDFS_BUCKET = "stratalog"
 _BUCKET_THERE = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: Lines of weed's log shown when it fails to start.
 LOG_TAIL_LINES = 40
+#: What weed mini logs when a port picked for it was taken before it bound it (another process of a busy
+#: machine picked the same free port): the first start then picks others.
+PORT_TAKEN_LINE = "Port allocation failed"
+#: Starts on newly picked ports before a port taken at each is an error.
+PORT_PICKS_MAX = 5
 #: Runs before weed: asks Linux for SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec),
 #: so a killed harness leaves no server behind; then becomes the server.
 _DIE_WITH_PARENT = (
@@ -118,6 +123,10 @@ def _log_tail(log_path: Path) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
+class _PortTakenError(ChaosHarnessError):
+    """weed mini stopped at its start because a port picked for it was taken."""
+
+
 class SeaweedServer:
     """``weed mini`` on fixed ports of one address, over one data directory: it can be stopped and
     started again (the objects stay), or paused (SIGSTOP: a store that stops answering) and resumed."""
@@ -135,6 +144,12 @@ class SeaweedServer:
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
         # A Unix socket's path is at most 107 bytes: the sockets go in a short directory of their own.
         self.sockets = Path(tempfile.mkdtemp(prefix="stratalog-weed-"))
+        self.s3_config = s3_config
+        self._pick_ports()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_once = False
+
+    def _pick_ports(self) -> None:
         count = len(SEAWEEDFS_COMPONENTS)
         all_ports = free_ports(2 * count)
         ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[:count], strict=True))
@@ -142,25 +157,42 @@ class SeaweedServer:
         self.command = [
             find_weed(), "-logtostderr", "mini", f"-dir={self.data_dir}",
             # -ip alone still binds every address (-ip.bind defaults to 0.0.0.0): set both.
-            f"-ip={address}", f"-ip.bind={address}",
+            f"-ip={self.address}", f"-ip.bind={self.address}",
             *(f"-{name}.port={port}" for name, port in ports.items()),
             *(f"-{name}.port.grpc={port}" for name, port in self.grpc_ports.items()),
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
             "-master.telemetry=false",  # it reports to a public server by default
-            f"-s3.config={s3_config}",
+            f"-s3.config={self.s3_config}",
             f"-filer.localSocket={self.sockets / 'filer.sock'}", f"-s3.localSocket={self.sockets / 's3.sock'}",
         ]
-        self.endpoint = S3Endpoint(f"http://{address}:{ports['s3']}", self.access_key, self.secret_key,
+        self.endpoint = S3Endpoint(f"http://{self.address}:{ports['s3']}", self.access_key, self.secret_key,
                                    "us-east-1", SEAWEEDFS_BUCKET)
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start it and wait until it serves S3 with the bucket there (made on the first start)."""
+        """Start it and wait until it serves S3 with the bucket there (made on the first start). The first
+        start moves to other free ports if one of those picked was taken before weed bound it (another
+        process of a busy machine picked it too); later starts keep the ports, which clients know."""
+        for pick in range(PORT_PICKS_MAX):
+            try:
+                self._start()
+                self.started_once = True
+                return
+            except _PortTakenError:
+                if self.started_once or pick == PORT_PICKS_MAX - 1:
+                    raise
+                self.remove()   # nothing of a first start that failed is kept
+                shutil.rmtree(self.data_dir)
+                self.data_dir.mkdir()
+                self.sockets.mkdir()
+                self._pick_ports()
+
+    def _start(self) -> None:
         import boto3
         from botocore.config import Config
         from botocore.exceptions import BotoCoreError, ClientError
 
         with self.log_path.open("ab") as log:
+            log_start = log.tell()   # this start's lines begin here
             launcher = [sys.executable, "-c", _DIE_WITH_PARENT] if sys.platform == "linux" else []
             self.process = subprocess.Popen([*launcher, *self.command], stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, cwd=self.base, start_new_session=True)
@@ -175,8 +207,12 @@ class SeaweedServer:
             last_error = "the S3 port never answered"
             while True:
                 if self.process.poll() is not None:
-                    raise ChaosHarnessError(f"weed mini exited with status {self.process.returncode} while "
-                                            f"starting; its log ends:\n{_log_tail(self.log_path)}")
+                    with self.log_path.open("rb") as log:
+                        log.seek(log_start)
+                        taken = PORT_TAKEN_LINE in log.read().decode(errors="replace")
+                    error = _PortTakenError if taken else ChaosHarnessError
+                    raise error(f"weed mini exited with status {self.process.returncode} while starting; its log "
+                                f"ends:\n{_log_tail(self.log_path)}")
                 if _answers_http(url):
                     try:
                         client.create_bucket(Bucket=SEAWEEDFS_BUCKET)
@@ -275,6 +311,18 @@ class BrokerCluster:
     verbose: bool = False
 
     def start(self, broker_id: int) -> BrokerProcess:
+        """Start (or restart) a broker. A first start moves to another free port if the one picked was
+        taken before the broker bound it (another process of a busy machine picked it too)."""
+        for pick in range(PORT_PICKS_MAX):
+            try:
+                return self._start(broker_id)
+            except PortTakenError:
+                if broker_id in self.brokers or pick == PORT_PICKS_MAX - 1:
+                    raise
+                (self.ports[broker_id],) = free_ports(1)
+        raise AssertionError("unreachable")
+
+    def _start(self, broker_id: int) -> BrokerProcess:
         self.base.mkdir(parents=True, exist_ok=True)
         config = self.base / "broker.toml"
         config.write_text(self.config_toml)

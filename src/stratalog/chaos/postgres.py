@@ -37,6 +37,11 @@ DATABASE = "stratalog"
 START_TIMEOUT_S = 60.0
 #: The server's log line once it accepts connections.
 READY_LINE = "database system is ready to accept connections"
+#: Its log line when its port was taken between our pick and its bind (another process of a busy
+#: machine picked the same free port): it is started again on another.
+PORT_TAKEN_LINE = "Address already in use"
+#: Starts on newly picked ports before a port taken at each is an error.
+PORT_PICKS_MAX = 5
 
 
 class PostgresUnavailableError(StratalogError):
@@ -176,6 +181,18 @@ class PostgresServer:
         self.stop()
         self.start()
 
+    def start_on_a_free_port(self) -> None:
+        """The first start: on another free port if the one picked was taken before the server bound it."""
+        for pick in range(PORT_PICKS_MAX):
+            try:
+                self.start()
+                return
+            except PostgresUnavailableError:
+                if pick == PORT_PICKS_MAX - 1 or not any(PORT_TAKEN_LINE in line for line in self.log):
+                    raise
+                self.log.clear()
+                self.port = _free_port()
+
     def _own(self, path: Path) -> None:
         if self.run_as:
             entry = pwd.getpwnam(self.run_as)
@@ -202,7 +219,7 @@ def running_postgres(extra_listen: tuple[str, ...] = ()) -> Iterator[PostgresSer
     try:
         server._own(root)
         server.init()
-        server.start()
+        server.start_on_a_free_port()
         server.create_database()
         yield server
     finally:

@@ -139,7 +139,10 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
     broker = Broker.open(data_dir, config, object_store=object_store, wal_device=wal_device)
     server = BrokerServer(broker)
     try:
-        listeners = await server.start()
+        try:
+            listeners = await server.start()
+        except OSError as e:   # its message names the address: "... bind on address (...): address already in use"
+            raise click.ClickException(f"cannot listen: {e.strerror}") from None
         for listener in listeners:
             click.echo(f"stratalog broker listening on {listener.host}:{listener.port} ({listener.protocol.value}; "
                        f"data in {data_dir})")
