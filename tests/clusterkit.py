@@ -44,6 +44,11 @@ def running_cluster(base: Path, database: str, seaweedfs: SeaweedS3, count: int,
         yield cluster
 
 
+def tails(cluster: BrokerCluster, lines: int = 40) -> str:
+    """The last lines every broker process printed, restarted ones included (for a failure's message)."""
+    return "\n".join(f"--- {b.bootstrap} ({b.process.poll()}):\n" + "".join(b.output[-lines:]) for b in cluster.started)
+
+
 def produce_error(connection: KafkaConnection, topic: str, partition: int,
                   value: bytes = b"sent to the wrong broker") -> int:
     """The error code of a Produce (acks=all) of one record holding ``value``."""

@@ -25,6 +25,7 @@ from clusterkit import (
     PartitionView,
     find_coordinator,
     running_cluster,
+    tails,
 )
 from conftest import SeaweedS3
 from stratalog.chaos import cluster_load, cluster_probe
@@ -93,7 +94,7 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
             rebalanced = wait_until(
                 lambda: (v := served_without(cluster, survivor, None)) and sorted(
                     Counter(x.leader_id for x in v.values()).values()) == [2, 2, 2] and v,
-                "the restarted broker leading partitions again", timeout_s=120)
+                lambda: f"the restarted broker leading partitions again\n{tails(cluster)}", timeout_s=120)
             handed_back = sorted(p for p, v in rebalanced.items() if v.leader_id == victim)
             assert len(handed_back) == 2
             for p in handed_back:

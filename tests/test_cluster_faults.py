@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clusterkit import NOT_LEADER_OR_FOLLOWER, produce_error
+from clusterkit import NOT_LEADER_OR_FOLLOWER, produce_error, tails
 from netkit import Namespace, network_namespace
 from stratalog.broker.cluster_node import EXIT_LEASE_LOST, EXIT_STORE_FAILED
 from stratalog.chaos import cluster_probe
@@ -124,11 +124,6 @@ def restart_exited(cluster: BrokerCluster, allowed: frozenset[int] = frozenset({
         assert status in allowed, (broker_id, status, "".join(cluster.brokers[broker_id].output[-20:]))
         cluster.start(broker_id)
     return exited
-
-
-def tails(cluster: BrokerCluster, lines: int = 40) -> str:
-    """The last lines every broker process printed, restarted ones included (for a failure's message)."""
-    return "\n".join(f"--- {b.bootstrap} ({b.process.poll()}):\n" + "".join(b.output[-lines:]) for b in cluster.started)
 
 
 def settle(load: Load, reader: GroupReader, cluster: BrokerCluster, topic: str, group: str) -> LogAccount:
