@@ -129,15 +129,17 @@ class PostgresServer:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the server is running already")
         ready = threading.Event()   # this process's own: a killed one's log may still be draining
+        up = threading.Event()      # set at the ready line only (ready is also set when its log ends)
         self.process = subprocess.Popen(
             self._command(str(self.bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
                           "-c", f"listen_addresses={','.join(('127.0.0.1', *self.extra_listen))}",
                           "-c", f"unix_socket_directories={self.root}",
                           "-c", "logging_collector=off", "-c", "max_connections=200"),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        threading.Thread(target=self._pump, args=(self.process, ready), name="stratalog-postgres-log",
+        threading.Thread(target=self._pump, args=(self.process, ready, up), name="stratalog-postgres-log",
                          daemon=True).start()
-        if not ready.wait(START_TIMEOUT_S) or self.process.poll() is not None:
+        # Not the exit status: a server that failed to start closes its log before it can be reaped.
+        if not ready.wait(START_TIMEOUT_S) or not up.is_set() or self.process.poll() is not None:
             self.kill9()
             tail = "\n".join(self.log[-20:])
             raise PostgresUnavailableError(f"PostgreSQL did not become ready on 127.0.0.1:{self.port}:\n{tail}")
@@ -148,11 +150,12 @@ class PostgresServer:
         with psycopg.connect(self.dsn.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {DATABASE}")
 
-    def _pump(self, process: subprocess.Popen[str], ready: threading.Event) -> None:
+    def _pump(self, process: subprocess.Popen[str], ready: threading.Event, up: threading.Event) -> None:
         assert process.stderr is not None
         for line in process.stderr:
             self.log.append(line.rstrip("\n"))
             if READY_LINE in line:
+                up.set()
                 ready.set()
         process.stderr.close()
         ready.set()   # it ended: nobody waits for a line that will not come
