@@ -17,7 +17,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from conftest import SeaweedS3
-from stratalog.chaos.cluster_process import free_ports
+from stratalog.chaos.ports import free_ports
 from stratalog.io import libc
 from stratalog.objects import local as local_module
 from stratalog.objects import s3 as s3_module

@@ -15,7 +15,7 @@ import pytest
 
 from clusterkit import running_cluster
 from conftest import SeaweedS3
-from stratalog.chaos import cluster_process, postgres
+from stratalog.chaos import cluster_process, ports, postgres
 from stratalog.kafka.client import KafkaConnection
 
 pytest_plugins = ["pgkit"]
@@ -28,6 +28,15 @@ def taken_port() -> Iterator[int]:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         yield int(holder.getsockname()[1])
+
+
+def test_picked_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
+    picked = ports.free_ports(50)
+    assert len(set(picked)) == 50
+    assert all(ports.PICK_LOW <= port < ports.ephemeral_low() for port in picked)
+    for port in picked:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
 
 
 def test_postgres_moves_to_another_port_when_its_own_was_taken(taken_port: int,

@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from stratalog.chaos.broker_process import BrokerProcess, PortTakenError, start_broker
 from stratalog.chaos.harness import ChaosHarnessError
+from stratalog.chaos.ports import free_ports
 from stratalog.chaos.postgres import running_postgres
 from stratalog.kafka.client import KafkaConnection
 
@@ -54,8 +54,9 @@ _BUCKET_THERE = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
 #: Lines of weed's log shown when it fails to start.
 LOG_TAIL_LINES = 40
 #: What weed mini logs when a port picked for it was taken before it bound it (another process of a busy
-#: machine picked the same free port): the first start then picks others.
-PORT_TAKEN_LINE = "Port allocation failed"
+#: machine picked the same free port, or a connection got it as its local port): its own check of the
+#: ports, or a component's bind. The first start then picks others.
+PORT_TAKEN_LINES = ("Port allocation failed", "bind: address already in use")
 #: Starts on newly picked ports before a port taken at each is an error.
 PORT_PICKS_MAX = 5
 #: Runs before weed: asks Linux for SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec),
@@ -67,15 +68,6 @@ _DIE_WITH_PARENT = (
 )
 #: Talks to the server directly, whatever proxy the environment names.
 _NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 (held all at once so none repeats)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind((LOOPBACK, 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +143,7 @@ class SeaweedServer:
 
     def _pick_ports(self) -> None:
         count = len(SEAWEEDFS_COMPONENTS)
-        all_ports = free_ports(2 * count)
+        all_ports = free_ports(2 * count, self.address)
         ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[:count], strict=True))
         self.grpc_ports = dict(zip(SEAWEEDFS_COMPONENTS, all_ports[count:], strict=True))
         self.command = [
@@ -209,7 +201,8 @@ class SeaweedServer:
                 if self.process.poll() is not None:
                     with self.log_path.open("rb") as log:
                         log.seek(log_start)
-                        taken = PORT_TAKEN_LINE in log.read().decode(errors="replace")
+                        said = log.read().decode(errors="replace")
+                    taken = any(line in said for line in PORT_TAKEN_LINES)
                     error = _PortTakenError if taken else ChaosHarnessError
                     raise error(f"weed mini exited with status {self.process.returncode} while starting; its log "
                                 f"ends:\n{_log_tail(self.log_path)}")

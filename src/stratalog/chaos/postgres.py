@@ -16,7 +16,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.chaos.ports import free_ports
 from stratalog.errors import StratalogError
 
 #: Where Debian's packages put each major version's server binaries.
@@ -68,10 +68,8 @@ def find_bin_dir() -> Path:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    (port,) = free_ports(1)
+    return port
 
 
 @dataclass
