@@ -51,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stratalog.bench.common import MS_PER_S
+from stratalog.chaos.ports import free_ports
 
 if TYPE_CHECKING:
     from stratalog.bench.log import Progress
@@ -175,9 +176,8 @@ def _log_tail(path: Path) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    (port,) = free_ports(1)   # drawn below the ephemeral range: nothing takes it before the peer binds it
+    return port
 
 
 def _launch(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

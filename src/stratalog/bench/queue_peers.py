@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from stratalog.chaos.ports import free_ports
 
 #: Messages a peer adapter buffers per thread before writing them as one batch.
 PEER_BATCH = 8192
@@ -189,9 +190,8 @@ async def _make_lock() -> asyncio.Lock:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    (port,) = free_ports(1)   # drawn below the ephemeral range: nothing takes it before the peer binds it
+    return port
 
 
 def nats_server_path() -> str:
