@@ -55,8 +55,8 @@ def test_seaweedfs_moves_to_other_ports_when_one_of_its_own_was_taken(taken_port
     free_ports = cluster_process.free_ports
     picks: list[list[int]] = []
 
-    def pick(count: int) -> list[int]:
-        ports = free_ports(count)
+    def pick(count: int, host: str = "127.0.0.1") -> list[int]:
+        ports = free_ports(count, host)
         if not picks:
             ports[0] = taken_port   # the first component's port: taken already
         picks.append(ports)
@@ -86,7 +86,8 @@ def test_a_cluster_broker_moves_to_another_port_at_its_first_start_only(taken_po
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     free_ports = cluster_process.free_ports
     picks = iter([[taken_port]])
-    monkeypatch.setattr(cluster_process, "free_ports", lambda count: next(picks, None) or free_ports(count))
+    monkeypatch.setattr(cluster_process, "free_ports",
+                        lambda count, *host: next(picks, None) or free_ports(count, *host))
     with running_cluster(tmp_path, pg_database, seaweedfs, 1) as cluster:
         moved = cluster.ports[1]
         assert moved != taken_port
