@@ -15,9 +15,8 @@ from waiting import WAIT_S
 class FullThenFreeStream:
     """Refuses appends without waiting until ``room`` is set; an append that may wait blocks until then."""
 
-    def __init__(self, stream_id: int = 1, room: threading.Event | None = None) -> None:
-        self.stream_id = stream_id
-        self.room = threading.Event() if room is None else room
+    def __init__(self) -> None:
+        self.room = threading.Event()
         self.appended: list[int] = []
         self.next_offset = 0
         self.lock = threading.Lock()
@@ -59,31 +58,8 @@ def test_appends_wait_off_the_loop_and_keep_their_order() -> None:
     assert offsets == [0, 1, 2, 3, 4, 5]
 
 
-def test_queued_appends_are_counted_per_stream_for_handoffs() -> None:
-    async def scenario() -> tuple[list[tuple[int, int, int]], tuple[int, int, int]]:
-        room = threading.Event()   # one full store under both streams
-        one, two = FullThenFreeStream(1, room), FullThenFreeStream(2, room)
-        appender = OrderedAppender()
-        futures = [appender.append(s, i, 1, 0) for i, s in enumerate((one, two, one))]  # type: ignore[arg-type]
-        counts = [(appender.queued, appender.queued_for(1), appender.queued_for(2))]
-        room.set()
-        await futures[1]
-        counts.append((appender.queued, appender.queued_for(1), appender.queued_for(2)))
-        await asyncio.gather(*futures)
-        done = (appender.queued, appender.queued_for(1), appender.queued_for(2))
-        appender.close()
-        return counts, done
-
-    counts, done = asyncio.run(scenario())
-    assert counts[0] == (3, 2, 1)
-    assert counts[1][2] == 0, "stream 2's one append has reached the engine: nothing of it is queued"
-    assert done == (0, 0, 0)
-
-
 def test_an_append_that_waits_too_long_fails_with_backpressure() -> None:
     class AlwaysFull:
-        stream_id = 1
-
         def append_kafka(self, batch: Any, count: int, max_timestamp_ms: int, *,
                          wait_s_max: float | None = None) -> Future[int]:
             raise BackpressureError("appends waited 30 s for uploads to free room")

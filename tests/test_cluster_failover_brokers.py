@@ -130,8 +130,8 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
                   f"({len(set(in_log) - acked)} written but never acknowledged), lost {len(lost)}, duplicated in the "
                   f"log {len(duplicated)}; read by the group {len(reader.read)} ({group_duplicates} read twice), "
                   f"commit errors {reader.commit_errors}", file=sys.stderr)
-            assert lost == set()
-            assert duplicated == {}
+            assert lost == set(), tails(cluster)
+            assert duplicated == {}, tails(cluster)
             assert final_commits == ends
             assert failover_s < FAILOVER_S_MAX
         finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections import Counter
 from typing import Any
 
 from stratalog.engine import BackpressureError, Stream
@@ -23,17 +22,10 @@ class OrderedAppender:
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stratalog-appender")
         #: Appends handed to the worker whose engine call has not returned yet (read and written on the loop).
         self._queued = 0
-        #: The same, per stream id: a handoff waits for its partition's alone (the others' may never drain
-        #: while producers keep the store full).
-        self._queued_by_stream: Counter[int] = Counter()
 
     @property
     def queued(self) -> int:
         return self._queued
-
-    def queued_for(self, stream_id: int) -> int:
-        """Appends of stream ``stream_id`` waiting in the worker."""
-        return self._queued_by_stream[stream_id]
 
     def append(self, stream: Stream, batch: memoryview, count: int, max_timestamp_ms: int) -> asyncio.Future[int]:
         """The future of the batch's base offset, complete once durable. Errors the engine raises at once
@@ -46,17 +38,13 @@ class OrderedAppender:
             except BackpressureError:
                 pass  # no room now: wait in the worker, and let later appends queue behind this one
         self._queued += 1
-        self._queued_by_stream[stream.stream_id] += 1
         done: asyncio.Future[int] = loop.create_future()
         handed = self._worker.submit(stream.append_kafka, batch, count, max_timestamp_ms)
-        handed.add_done_callback(lambda f: loop.call_soon_threadsafe(self._appended, stream.stream_id, f, done))
+        handed.add_done_callback(lambda f: loop.call_soon_threadsafe(self._appended, f, done))
         return done
 
-    def _appended(self, stream_id: int, handed: concurrent.futures.Future[Any], done: asyncio.Future[int]) -> None:
+    def _appended(self, handed: concurrent.futures.Future[Any], done: asyncio.Future[int]) -> None:
         self._queued -= 1
-        self._queued_by_stream[stream_id] -= 1
-        if not self._queued_by_stream[stream_id]:
-            del self._queued_by_stream[stream_id]
         error = handed.exception()
         if error is not None:
             if not done.done():

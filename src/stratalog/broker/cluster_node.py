@@ -319,13 +319,11 @@ class ClusterNode:
         if stream is None:
             stream = await asyncio.to_thread(broker.store.reload_stream, resource.name)
         deadline = time.monotonic() + self.config.handoff_wait_ms_max / 1000
-        # Appends of this partition queued for room, accepted before the line above, must reach the engine
-        # first; none can join them now. Other partitions' queued appends do not hold it up.
-        while broker.appender.queued_for(stream.stream_id) and time.monotonic() < deadline:
-            await asyncio.sleep(HANDOFF_POLL_S)
-        if broker.appender.queued_for(stream.stream_id):
+        while broker.appender.queued and time.monotonic() < deadline:
+            await asyncio.sleep(HANDOFF_POLL_S)   # appends queued for room may hold this partition's
+        if broker.appender.queued:
             self._served[resource.name] = stream
-            log.warning("handoff of %s put off: its appends still wait for room", resource.name)
+            log.warning("handoff of %s put off: appends still wait for room", resource.name)
             return
         await asyncio.to_thread(broker.store.flush)
         entries = [e for e in broker.producers.entries() if e[1] == stream.stream_id]
