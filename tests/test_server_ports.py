@@ -42,8 +42,8 @@ def test_picked_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
 def test_postgres_moves_to_another_port_when_its_own_was_taken(taken_port: int,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     picks = iter([taken_port])
-    free_port = postgres._free_port
-    monkeypatch.setattr(postgres, "_free_port", lambda: next(picks, None) or free_port())
+    free_port = postgres.free_port
+    monkeypatch.setattr(postgres, "free_port", lambda: next(picks, None) or free_port())
     with postgres.running_postgres() as server:
         assert server.port != taken_port
         with psycopg.connect(server.dsn) as conn:

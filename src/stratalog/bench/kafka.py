@@ -41,7 +41,6 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,10 +50,11 @@ import numpy as np
 import numpy.typing as npt
 
 from stratalog.bench.common import MS_PER_S
-from stratalog.chaos.ports import free_ports
+from stratalog.chaos.ports import free_port
 
 if TYPE_CHECKING:
     from stratalog.bench.log import Progress
+    from stratalog.engine.config import StoreConfig
 
 PEERS = ("stratalog", "nats", "tansu")
 LATENCY_SIZES_BYTES_DEFAULT = (256, 1 << 10, 5 << 10, 1 << 20)
@@ -118,20 +118,18 @@ class KafkaBenchPlan:
     def tail_messages(self, size: int) -> int:
         """Messages of the tail run: at most half the broker's upload threshold in payload, so record and
         batch overhead cannot reach it and no size-triggered upload runs while it is read."""
-        return max(1, min(self.messages, int(store_setting(self.broker_config, "upload_bytes_threshold")) // 2 // size))
+        return max(1, min(self.messages, self.store_config().upload_bytes_threshold // 2 // size))
 
     @property
     def upload_wait_s(self) -> float:
         """How long data stays in stratalog's log cache at most when no threshold is reached, plus a margin."""
-        return float(store_setting(self.broker_config, "upload_interval_s")) + UPLOAD_WAIT_MARGIN_S
+        return self.store_config().upload_interval_s + UPLOAD_WAIT_MARGIN_S
 
+    def store_config(self) -> StoreConfig:
+        """The store settings `serve` runs with, given ``broker_config`` (or its defaults)."""
+        from stratalog.commands.serve import load_config
 
-def store_setting(broker_config: Path | None, name: str) -> Any:
-    """What `serve` runs with for the ``[store]`` setting ``name``, given ``broker_config`` (or its defaults)."""
-    from stratalog.engine.config import StoreConfig
-
-    store = tomllib.loads(broker_config.read_text()).get("store", {}) if broker_config is not None else {}
-    return store.get(name, getattr(StoreConfig(), name))
+        return load_config(self.broker_config).store
 
 
 class PeerUnavailableError(RuntimeError):
@@ -173,11 +171,6 @@ def _log_tail(path: Path) -> str:
         return path.read_bytes()[-LOG_TAIL_BYTES:].decode(errors="replace").strip()
     except OSError:
         return ""
-
-
-def _free_port() -> int:
-    (port,) = free_ports(1)   # drawn below the ephemeral range: nothing takes it before the peer binds it
-    return port
 
 
 def _launch(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -244,7 +237,7 @@ def nats_server_binary() -> str:
 
 def start_nats(data_dir: Path) -> Server:
     binary = nats_server_binary()
-    port = _free_port()
+    port = free_port()
     store_dir = data_dir / "nats"
     store_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir / "nats.conf"
@@ -279,7 +272,7 @@ def tansu_binary() -> str:
 
 def start_tansu(data_dir: Path) -> Server:
     binary = tansu_binary()
-    port = _free_port()
+    port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     log_path = data_dir / "tansu.log"
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout.strip()

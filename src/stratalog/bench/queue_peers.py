@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stratalog.chaos.ports import free_ports
+from stratalog.chaos.ports import free_port
 
 #: Messages a peer adapter buffers per thread before writing them as one batch.
 PEER_BATCH = 8192
@@ -189,11 +189,6 @@ async def _make_lock() -> asyncio.Lock:
     return asyncio.Lock()
 
 
-def _free_port() -> int:
-    (port,) = free_ports(1)   # drawn below the ephemeral range: nothing takes it before the peer binds it
-    return port
-
-
 def nats_server_path() -> str:
     found = shutil.which("nats-server") or str(Path(sys.executable).with_name("nats-server"))
     if not Path(found).exists():
@@ -211,7 +206,7 @@ class NatsPeer:
     STREAM = "queues"
 
     def __init__(self, data_dir: Path) -> None:
-        self._port = _free_port()
+        self._port = free_port()
         self._server = subprocess.Popen(
             [nats_server_path(), "-js", "-a", "127.0.0.1", "-p", str(self._port), "-sd", str(data_dir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from stratalog.chaos.broker_process import BrokerProcess, PortTakenError, start_broker
 from stratalog.chaos.harness import ChaosHarnessError
-from stratalog.chaos.ports import free_ports
+from stratalog.chaos.ports import free_port, free_ports, start_on_free_ports
 from stratalog.chaos.postgres import running_postgres
 from stratalog.kafka.client import KafkaConnection
 
@@ -57,8 +57,6 @@ LOG_TAIL_LINES = 40
 #: machine picked the same free port, or a connection got it as its local port): its own check of the
 #: ports, or a component's bind. The first start then picks others.
 PORT_TAKEN_LINES = ("Port allocation failed", "bind: address already in use")
-#: Starts on newly picked ports before a port taken at each is an error.
-PORT_PICKS_MAX = 5
 #: Runs before weed: asks Linux for SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec),
 #: so a killed harness leaves no server behind; then becomes the server.
 _DIE_WITH_PARENT = (
@@ -164,19 +162,19 @@ class SeaweedServer:
         """Start it and wait until it serves S3 with the bucket there (made on the first start). The first
         start moves to other free ports if one of those picked was taken before weed bound it (another
         process of a busy machine picked it too); later starts keep the ports, which clients know."""
-        for pick in range(PORT_PICKS_MAX):
-            try:
-                self._start()
-                self.started_once = True
-                return
-            except _PortTakenError:
-                if self.started_once or pick == PORT_PICKS_MAX - 1:
-                    raise
-                self.remove()   # nothing of a first start that failed is kept
-                shutil.rmtree(self.data_dir)
-                self.data_dir.mkdir()
-                self.sockets.mkdir()
-                self._pick_ports()
+        if self.started_once:
+            self._start()
+        else:
+            start_on_free_ports(self._start, lambda e: isinstance(e, _PortTakenError), self._start_afresh)
+        self.started_once = True
+
+    def _start_afresh(self) -> None:
+        """After a first start that failed: nothing of it is kept, and other ports are picked."""
+        self.remove()
+        shutil.rmtree(self.data_dir)
+        self.data_dir.mkdir()
+        self.sockets.mkdir()
+        self._pick_ports()
 
     def _start(self) -> None:
         import boto3
@@ -306,14 +304,14 @@ class BrokerCluster:
     def start(self, broker_id: int) -> BrokerProcess:
         """Start (or restart) a broker. A first start moves to another free port if the one picked was
         taken before the broker bound it (another process of a busy machine picked it too)."""
-        for pick in range(PORT_PICKS_MAX):
-            try:
-                return self._start(broker_id)
-            except PortTakenError:
-                if broker_id in self.brokers or pick == PORT_PICKS_MAX - 1:
-                    raise
-                (self.ports[broker_id],) = free_ports(1)
-        raise AssertionError("unreachable")
+        if broker_id in self.brokers:
+            return self._start(broker_id)
+
+        def pick_again() -> None:
+            self.ports[broker_id] = free_port()
+
+        return start_on_free_ports(lambda: self._start(broker_id), lambda e: isinstance(e, PortTakenError),
+                                   pick_again)
 
     def _start(self, broker_id: int) -> BrokerProcess:
         self.base.mkdir(parents=True, exist_ok=True)

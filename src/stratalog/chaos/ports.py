@@ -11,7 +11,11 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 LOOPBACK = "127.0.0.1"
 #: Where the system's ephemeral ports start when it does not say (Linux's default).
@@ -20,6 +24,8 @@ EPHEMERAL_LOW_DEFAULT = 32768
 PICK_LOW = 10000
 #: Draws before giving up: a free port is found within a few unless the range is nearly all taken.
 DRAWS_MAX = 1000
+#: Starts on newly picked ports before a port taken at each is an error.
+PORT_PICKS_MAX = 5
 
 
 def ephemeral_low() -> int:
@@ -51,6 +57,27 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     if len(picks) < count:
         raise OSError(f"no {count} free ports on {host} between {PICK_LOW} and {high}")
     return picks
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """One port free on ``host`` now, drawn below the ephemeral range."""
+    (port,) = free_ports(1, host)
+    return port
+
+
+def start_on_free_ports(start: Callable[[], _T], taken: Callable[[Exception], bool],
+                        pick_again: Callable[[], None]) -> _T:
+    """``start()``; while it fails because a port picked for it was taken (``taken``), ``pick_again()``
+    and start again, PORT_PICKS_MAX times at most. Only for a server's first start: a restart keeps the
+    ports its clients know."""
+    for pick in range(1, PORT_PICKS_MAX + 1):
+        try:
+            return start()
+        except Exception as e:
+            if pick == PORT_PICKS_MAX or not taken(e):
+                raise
+            pick_again()
+    raise AssertionError("unreachable")
 
 
 def _system_picks(count: int, host: str) -> list[int]:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.chaos.ports import free_ports
+from stratalog.chaos.ports import free_port, start_on_free_ports
 from stratalog.errors import StratalogError
 
 #: Where Debian's packages put each major version's server binaries.
@@ -40,8 +40,6 @@ READY_LINE = "database system is ready to accept connections"
 #: Its log line when its port was taken between our pick and its bind (another process of a busy
 #: machine picked the same free port): it is started again on another.
 PORT_TAKEN_LINE = "Address already in use"
-#: Starts on newly picked ports before a port taken at each is an error.
-PORT_PICKS_MAX = 5
 
 
 class PostgresUnavailableError(StratalogError):
@@ -65,11 +63,6 @@ def find_bin_dir() -> Path:
     raise PostgresUnavailableError(
         "no PostgreSQL server found (looked for initdb and postgres in pg_config --bindir and "
         f"{DEBIAN_BIN_GLOB}): install Debian's postgresql package (make test does, as root)")
-
-
-def _free_port() -> int:
-    (port,) = free_ports(1)
-    return port
 
 
 @dataclass
@@ -184,15 +177,12 @@ class PostgresServer:
 
     def start_on_a_free_port(self) -> None:
         """The first start: on another free port if the one picked was taken before the server bound it."""
-        for pick in range(PORT_PICKS_MAX):
-            try:
-                self.start()
-                return
-            except PostgresUnavailableError:
-                if pick == PORT_PICKS_MAX - 1 or not any(PORT_TAKEN_LINE in line for line in self.log):
-                    raise
-                self.log.clear()
-                self.port = _free_port()
+        def pick_again() -> None:
+            self.log.clear()
+            self.port = free_port()
+
+        start_on_free_ports(self.start, lambda e: isinstance(e, PostgresUnavailableError) and any(
+            PORT_TAKEN_LINE in line for line in self.log), pick_again)
 
     def _own(self, path: Path) -> None:
         if self.run_as:
@@ -215,7 +205,7 @@ def running_postgres(extra_listen: tuple[str, ...] = ()) -> Iterator[PostgresSer
                                            "user to run it as (Debian's postgresql package creates one)") from None
         run_as = SERVER_USER
     root = Path(tempfile.mkdtemp(prefix="stratalog-postgres-"))
-    server = PostgresServer(bin_dir, root, _free_port(), secrets.token_urlsafe(18), run_as,
+    server = PostgresServer(bin_dir, root, free_port(), secrets.token_urlsafe(18), run_as,
                             extra_listen=extra_listen)
     try:
         server._own(root)
