@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,6 @@ from stratalog.chaos.ports import free_port
 
 if TYPE_CHECKING:
     from stratalog.bench.log import Progress
-    from stratalog.engine.config import StoreConfig
 
 PEERS = ("stratalog", "nats", "tansu")
 LATENCY_SIZES_BYTES_DEFAULT = (256, 1 << 10, 5 << 10, 1 << 20)
@@ -118,18 +118,21 @@ class KafkaBenchPlan:
     def tail_messages(self, size: int) -> int:
         """Messages of the tail run: at most half the broker's upload threshold in payload, so record and
         batch overhead cannot reach it and no size-triggered upload runs while it is read."""
-        return max(1, min(self.messages, self.store_config().upload_bytes_threshold // 2 // size))
+        return max(1, min(self.messages, int(store_setting(self.broker_config, "upload_bytes_threshold")) // 2 // size))
 
     @property
     def upload_wait_s(self) -> float:
         """How long data stays in stratalog's log cache at most when no threshold is reached, plus a margin."""
-        return self.store_config().upload_interval_s + UPLOAD_WAIT_MARGIN_S
+        return float(store_setting(self.broker_config, "upload_interval_s")) + UPLOAD_WAIT_MARGIN_S
 
-    def store_config(self) -> StoreConfig:
-        """The store settings `serve` runs with, given ``broker_config`` (or its defaults)."""
-        from stratalog.commands.serve import load_config
 
-        return load_config(self.broker_config).store
+def store_setting(broker_config: Path | None, name: str) -> Any:
+    """What `serve` runs with for the ``[store]`` setting ``name``, given ``broker_config`` (or its defaults).
+    Read here, not through serve's load_config: benchmarks sit below the commands."""
+    from stratalog.engine.config import StoreConfig
+
+    store = tomllib.loads(broker_config.read_text()).get("store", {}) if broker_config is not None else {}
+    return store.get(name, getattr(StoreConfig(), name))
 
 
 class PeerUnavailableError(RuntimeError):
