@@ -10,7 +10,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -65,8 +65,12 @@ class Compactor:
         # Merged-away objects wait here (monotonic time retired, object) until no get can hold them; under
         # the log cache's lock.
         self._retired: list[tuple[float, RunObject]] = []
+        #: The time the idle decisions (:meth:`writing`, a store at rest) compare the writer's times
+        #: (time.monotonic) with: a test sets a clock that stands still or runs ahead, to see the store
+        #: busy or idle whatever the machine's load makes of real time.
+        self.clock: Callable[[], float] = time.monotonic
         self._rest_gets = 0             # the reader's count of gets when the compactor last saw it change
-        self._rest_since = time.monotonic()
+        self._rest_since = self.clock()
         #: A close stopped a merge: its worker's temp file is left behind.
         self.merge_cancelled = False
         self.compactions = 0
@@ -148,7 +152,7 @@ class Compactor:
     def _at_rest(self) -> bool:
         """No put and no get for compact_idle_s, and everything put is in objects. (A merge beside busy
         readers takes the CPU they are using, and at a million queues it does not end before they do.)"""
-        now = time.monotonic()
+        now = self.clock()
         gets = self._reader.gets
         if gets != self._rest_gets:
             self._rest_gets, self._rest_since = gets, now
@@ -277,7 +281,7 @@ class Compactor:
 
     def writing(self) -> bool:
         """A put came within compact_idle_s: uploads and merges will follow, and spare files serve them."""
-        return time.monotonic() - self._writer.last_write < self._config.compact_idle_s \
+        return self.clock() - self._writer.last_write < self._config.compact_idle_s \
             and not self._lifecycle.closing
 
     def drop_spares(self) -> None:
