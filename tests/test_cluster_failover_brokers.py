@@ -130,8 +130,10 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
                   f"({len(set(in_log) - acked)} written but never acknowledged), lost {len(lost)}, duplicated in the "
                   f"log {len(duplicated)}; read by the group {len(reader.read)} ({group_duplicates} read twice), "
                   f"commit errors {reader.commit_errors}", file=sys.stderr)
-            assert lost == set(), tails(cluster)
-            assert duplicated == {}, tails(cluster)
+            assert lost == set(), tails(cluster, 400)
+            where = {v: [(p, offset) for p, values in log.items() for offset, x in enumerate(values) if x == v]
+                     for v in duplicated}
+            assert duplicated == {}, f"(partition, offset) of each: {where}\n{tails(cluster, 400)}"
             assert final_commits == ends
             assert failover_s < FAILOVER_S_MAX
         finally:

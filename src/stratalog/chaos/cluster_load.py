@@ -195,7 +195,9 @@ class GroupReader:
 
 
 def read_log(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]:
-    """Every partition read from its start to its end, outside any group."""
+    """Every partition read from offset 0 to its end, outside any group: value ``i`` of a partition's list
+    is the record at offset ``i``. A read that skips an offset or reads one twice raises RuntimeError (the
+    log of a topic without transactions has no gaps, and a consumer never goes back by itself)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "log-reader", "enable.auto.commit": False,
@@ -210,6 +212,9 @@ def read_log(bootstrap: str, topic: str, partitions: int) -> dict[int, list[byte
             message = consumer.poll(0.5)
             if message is not None and message.error() is None:
                 partition, offset, value = _fields(message)
+                if offset != positions[partition]:
+                    raise RuntimeError(f"partition {partition}: read offset {offset} where "
+                                       f"{positions[partition]} was next")
                 log[partition].append(value)
                 positions[partition] = offset + 1
             return all(positions[p] >= ends[p] for p in range(partitions))
