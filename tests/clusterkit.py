@@ -39,8 +39,10 @@ def object_store_uri(seaweedfs: SeaweedS3) -> str:
 
 @contextmanager
 def running_cluster(base: Path, database: str, seaweedfs: SeaweedS3, count: int,
-                    config_toml: str = CLUSTER_TOML) -> Iterator[BrokerCluster]:
-    with cluster_process.running_cluster(base, database, object_store_uri(seaweedfs), count, config_toml) as cluster:
+                    config_toml: str = CLUSTER_TOML, *, verbose: bool = False) -> Iterator[BrokerCluster]:
+    """``verbose``: the brokers log at info level (gains, handoffs, replays: for a failure's message)."""
+    with cluster_process.running_cluster(base, database, object_store_uri(seaweedfs), count, config_toml,
+                                         verbose=verbose) as cluster:
         yield cluster
 
 

@@ -57,7 +57,7 @@ def committed(bootstrap: str) -> dict[int, int]:
 @pytest.mark.slow
 def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_when_it_returns(
         tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
-    with running_cluster(tmp_path, pg_database, seaweedfs, 3) as cluster:
+    with running_cluster(tmp_path, pg_database, seaweedfs, 3, verbose=True) as cluster:
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(timeout=60)
         before = wait_until(lambda: served_without(cluster, 1, None), "every partition served")
