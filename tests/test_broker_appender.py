@@ -76,3 +76,45 @@ def test_an_append_that_waits_too_long_fails_with_backpressure() -> None:
         return None
 
     assert isinstance(asyncio.run(scenario()), BackpressureError)
+
+
+class GatedStream:
+    """Always full: an append that may wait goes through once the test releases one pass of ``gate``."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Semaphore(0)
+        self.appended: list[int] = []
+
+    def append_kafka(self, batch: Any, count: int, max_timestamp_ms: int, *,
+                     wait_s_max: float | None = None) -> Future[int]:
+        if wait_s_max == 0:
+            raise BackpressureError("full")
+        assert self.gate.acquire(timeout=WAIT_S), "the test lets the append through"
+        self.appended.append(batch)
+        done: Future[int] = Future()
+        done.set_result(len(self.appended) - 1)
+        return done
+
+
+def test_drained_waits_for_the_appends_queued_before_it_and_not_for_later_ones() -> None:
+    async def scenario() -> None:
+        stream = GatedStream()
+        appender = OrderedAppender()
+        await asyncio.wait_for(appender.drained(), WAIT_S)       # nothing queued: at once
+        earlier = [appender.append(stream, i, 1, 0) for i in range(3)]  # type: ignore[arg-type]
+        drained = appender.drained()
+        later = [appender.append(stream, i, 1, 0) for i in range(3, 5)]  # type: ignore[arg-type]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not drained.done(), "three appends queued before it still wait for room"
+        for _ in range(3):
+            stream.gate.release()
+        await asyncio.wait_for(drained, WAIT_S)
+        assert stream.appended == [0, 1, 2] and appender.queued == 2, "the later two still wait"
+        assert await asyncio.gather(*earlier) == [0, 1, 2]
+        for _ in range(2):
+            stream.gate.release()
+        assert await asyncio.gather(*later) == [3, 4]
+        appender.close()
+
+    asyncio.run(scenario())

@@ -43,6 +43,17 @@ class OrderedAppender:
         handed.add_done_callback(lambda f: loop.call_soon_threadsafe(self._appended, f, done))
         return done
 
+    def drained(self) -> asyncio.Future[None]:
+        """A future complete once every append handed to the worker before this call has reached the engine
+        (the worker runs them in order): a handoff waits for it after it stops taking the partition's
+        appends, so none of them can join later."""
+        loop = asyncio.get_running_loop()
+        if not self._queued:
+            done: asyncio.Future[None] = loop.create_future()
+            done.set_result(None)
+            return done
+        return asyncio.wrap_future(self._worker.submit(_nothing), loop=loop)
+
     def _appended(self, handed: concurrent.futures.Future[Any], done: asyncio.Future[int]) -> None:
         self._queued -= 1
         error = handed.exception()
@@ -55,6 +66,10 @@ class OrderedAppender:
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=False)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _copy(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:

@@ -64,8 +64,6 @@ EXIT_LEASE_LOST = 75
 JOIN_WAIT_LEASES = 2
 #: The exit status of a broker whose store stopped after a write or put that failed for good. EX_IOERR.
 EXIT_STORE_FAILED = 74
-#: Between checks of the appender's queue while a handoff waits for a partition's queued appends.
-HANDOFF_POLL_S = 0.01
 
 
 class ClusterNode:
@@ -318,12 +316,13 @@ class ClusterNode:
         stream = self._served.pop(resource.name, None)   # from here on, produce answers NOT_LEADER
         if stream is None:
             stream = await asyncio.to_thread(broker.store.reload_stream, resource.name)
-        deadline = time.monotonic() + self.config.handoff_wait_ms_max / 1000
-        while broker.appender.queued and time.monotonic() < deadline:
-            await asyncio.sleep(HANDOFF_POLL_S)   # appends queued for room may hold this partition's
-        if broker.appender.queued:
+        # Appends of this partition queued for room before the line above must reach the engine first;
+        # none can join them now. Appends queued after this moment (other partitions') do not hold it up.
+        try:
+            await asyncio.wait_for(broker.appender.drained(), self.config.handoff_wait_ms_max / 1000)
+        except TimeoutError:
             self._served[resource.name] = stream
-            log.warning("handoff of %s put off: appends still wait for room", resource.name)
+            log.warning("handoff of %s put off: appends queued before it still wait for room", resource.name)
             return
         await asyncio.to_thread(broker.store.flush)
         entries = [e for e in broker.producers.entries() if e[1] == stream.stream_id]

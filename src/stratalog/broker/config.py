@@ -36,8 +36,9 @@ class ClusterConfig:
     #: carried out): the other part of failover time, and of how soon a new topic's partitions are served.
     #: A reconcile is a few queries in one transaction.
     reconcile_interval_ms: int = 500
-    #: The longest a handoff waits for the appends queued for room; past it the handoff is put off to a
-    #: later reconcile (the partition is served meanwhile).
+    #: The longest a handoff waits for the appends queued for room before it stopped taking the partition's
+    #: (one may be among them); past it the handoff is put off to a later reconcile (the partition is
+    #: served meanwhile).
     handoff_wait_ms_max: int = 10_000
 
     def validate(self) -> None:
