@@ -78,8 +78,9 @@ def test_takeovers_raise_the_leader_epoch_and_fence_the_old_holder(brokers: list
     wait_until(lambda: 1 not in b2.live(), "broker 1's lease to run out")
     assert b2.reconcile(res) == [], "a dead broker's partitions wait until its log is replayed"
     dead = b2.claim_dead_log()
-    assert dead == Holder(1, 1) and b2.claim_dead_log() is None
+    assert dead == Holder(1, 1)
     b2.finish_recovery(dead)
+    assert b2.claim_dead_log() is None
     moves = b2.reconcile(res)
     assert {m.resource for m in moves} == set(res) and all(m.to == Holder(2, 1) for m in moves)
     assert all(h.holder == Holder(2, 1) and h.leader_epoch == 2 for h in b2.holds().values())
@@ -89,6 +90,24 @@ def test_takeovers_raise_the_leader_epoch_and_fence_the_old_holder(brokers: list
     b1.join("127.0.0.1", 9001)                               # a new incarnation holds nothing yet
     with pytest.raises(NotHolderError, match="no longer holds"), b1.fenced(Kind.PARTITION, ["t/0"]):
         pass
+
+
+def test_a_claimed_log_is_the_claimants_to_retry_until_its_lease_runs_out(brokers: list[Cluster],
+                                                                          pg_database: str) -> None:
+    dead_one = make_broker(brokers, pg_database, 1, SHORT_LEASE_MS)
+    dead_one.reconcile(partitions(2))
+    b3 = make_broker(brokers, pg_database, 3)
+    wait_until(lambda: 1 not in b3.live(), "broker 1's lease to run out")
+    b2 = make_broker(brokers, pg_database, 2, SHORT_LEASE_MS)
+    assert b2.claim_dead_log() == Holder(1, 1)
+    # Its replay failed (no finish_recovery): it claims the same log again at its next try, and nobody
+    # else may while it lives.
+    assert b3.claim_dead_log() is None
+    assert b2.claim_dead_log() == Holder(1, 1)
+    wait_until(lambda: 2 not in b3.live(), "broker 2's lease to run out")
+    assert b3.claim_dead_log() == Holder(1, 1)            # a claimant that died loses its claim
+    b3.finish_recovery(Holder(1, 1))
+    assert b3.claim_dead_log() == Holder(2, 1)            # the next: broker 2's own
 
 
 def test_a_fenced_transaction_writes_nothing(brokers: list[Cluster], pg_database: str) -> None:

@@ -77,8 +77,8 @@ def replay_dead_log(cluster: Cluster, objects: ObjectStore, metadata_uri: str, s
 
     ``scratch_dir`` holds the replaying store's lock and local files, and is removed afterwards. If the
     replay fails (the claim is lost, the object store or the database is out of reach), the error
-    propagates and the log stays open: the claim goes with this broker's lease, and the next claimant
-    replays it again (what was committed is skipped).
+    propagates and the log stays open: this broker claims it again at its next try, or, if it dies, the
+    claim goes with its lease and the next claimant replays it (what was committed is skipped).
     """
     dead = cluster.claim_dead_log()
     if dead is None:

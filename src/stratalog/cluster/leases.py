@@ -241,9 +241,11 @@ class Cluster:
     # Failover ---------------------------------------------------------------------------------------
 
     def claim_dead_log(self) -> Holder | None:
-        """Claim the write-ahead log of one incarnation that died without a clean leave and that no live
-        broker has claimed (the oldest first); None when there is none. The claimant replays it, commits
-        what it holds under :meth:`recovery_fence`, then calls :meth:`finish_recovery`."""
+        """Claim the write-ahead log of one incarnation that died without a clean leave and that no other
+        live broker has claimed (the oldest first); None when there is none. The claimant replays it,
+        commits what it holds under :meth:`recovery_fence`, then calls :meth:`finish_recovery`. A log this
+        incarnation claimed already is returned again: its replay failed (the object store or the database
+        out of reach), and no other broker may take it over while this one lives."""
         with self._tx() as db:
             self._check_lease(db)
             row = db.execute(
@@ -251,9 +253,9 @@ class Cluster:
                 "LEFT JOIN cluster_brokers b ON b.broker_id = l.broker_id "
                 "LEFT JOIN cluster_brokers c ON c.broker_id = l.claimed_by_id "
                 f"WHERE l.state = ? AND NOT (b.epoch = l.epoch AND b.lease_expires_ms > {NOW_MS}) "
-                "AND (l.claimed_by_id IS NULL "
+                "AND (l.claimed_by_id IS NULL OR (l.claimed_by_id = ? AND l.claimed_by_epoch = ?) "
                 f"OR NOT (c.epoch = l.claimed_by_epoch AND c.lease_expires_ms > {NOW_MS})) "
-                "ORDER BY l.broker_id, l.epoch LIMIT 1", (LOG_OPEN,)).fetchone()
+                "ORDER BY l.broker_id, l.epoch LIMIT 1", (LOG_OPEN, self.broker_id, self.epoch)).fetchone()
             if row is None:
                 return None
             db.execute("UPDATE cluster_logs SET claimed_by_id = ?, claimed_by_epoch = ? WHERE broker_id = ? "
