@@ -15,7 +15,8 @@ The sdist lacks two files of their ``test/`` package: ``__init__.py`` (without i
 standard library's regression tests) and ``service.py`` (the external/spawned process wrappers). We write an
 empty ``__init__.py`` and our own stand-in for the external service; a spawned one is refused.
 
-Only ``ALLOWLIST`` runs, and every test in it must pass: a skip counts as a failure. What is left out is in
+Only ``ALLOWLIST`` runs, and every test in it must pass: a skip counts as a failure. A test that fails runs
+once more (at most ``RERUNS_MAX`` of them): their waits are bounded for a quiet machine. What is left out is in
 ``EXCLUDED`` with the reason.
 """
 
@@ -50,6 +51,8 @@ group_initial_rebalance_delay_ms = 0
 """
 #: The allowlist runs in about 15 s here (the first download adds about 6 s); past this something hangs.
 SUITE_TIMEOUT_S = 300.0
+#: Failed allowlisted tests run once more when they are this few: more failures are not the machine's load.
+RERUNS_MAX = 2
 #: pip downloads one sdist and builds its metadata (a few seconds); past this the index is unreachable.
 DOWNLOAD_TIMEOUT_S = 180.0
 
@@ -211,6 +214,17 @@ def test_allowlist_and_exclusions_do_not_overlap() -> None:
     assert not set(ALLOWLIST) & set(EXCLUDED)
 
 
+def _run_suite(suite_root: Path, env: dict[str, str], tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(suite_root / "pytest.ini"), "--rootdir", str(suite_root),
+         "-q", "-rA", "--no-header", *tests],
+        cwd=suite_root, env=env, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
+
+
+def _passed(run: subprocess.CompletedProcess[str]) -> set[str]:
+    return {m.group(1) for line in run.stdout.splitlines() if (m := _PASSED.match(line))}
+
+
 @pytest.mark.slow
 def test_kafka_python_integration_suite_passes(suite_root: Path, broker: BrokerProcess, tmp_path: Path) -> None:
     kafka_root = tmp_path / "no-kafka-install"
@@ -218,15 +232,21 @@ def test_kafka_python_integration_suite_passes(suite_root: Path, broker: BrokerP
     env = dict(os.environ, KAFKA_URI=f"tcp://{broker.bootstrap}", KAFKA_VERSION=KAFKA_VERSION,
                KAFKA_ROOT=str(kafka_root), PYTHONDONTWRITEBYTECODE="1")
     started = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(suite_root / "pytest.ini"), "--rootdir", str(suite_root),
-         "-q", "-rA", "--no-header", *ALLOWLIST],
-        cwd=suite_root, env=env, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
-    elapsed_s = time.monotonic() - started
-    passed = {m.group(1) for line in run.stdout.splitlines() if (m := _PASSED.match(line))}
+    run = _run_suite(suite_root, env, ALLOWLIST)
+    passed = _passed(run)
     missing = [test for test in ALLOWLIST if test not in passed]
+    first_run, rerun = run, len(missing)
+    if missing and len(missing) <= RERUNS_MAX:
+        # Their tests bound their waits (one consumer polls 90 times 100 ms) and their clients' first
+        # connections. On this shared 2-core machine a busy moment of the whole suite has used that up once
+        # in many runs; a broker fault fails the same tests again.
+        print(f"kafka-python: {missing} did not pass; run once more:\n{run.stdout[-5_000:]}")
+        run = _run_suite(suite_root, env, tuple(missing))
+        missing = [test for test in missing if test not in _passed(run)]
+    elapsed_s = time.monotonic() - started
     assert not missing, (f"{len(missing)} of kafka-python's allowlisted tests did not pass: {missing}\n"
-                         f"{run.stdout[-20_000:]}{run.stderr[-5_000:]}\nbroker:\n{''.join(broker.output)[-5_000:]}")
+                         f"{first_run.stdout[-10_000:]}\n{run.stdout[-20_000:]}{run.stderr[-5_000:]}\n"
+                         f"broker:\n{''.join(broker.output)[-5_000:]}")
     assert run.returncode == 0, run.stdout[-20_000:] + run.stderr[-5_000:]
-    print(f"kafka-python {KAFKA_PYTHON_VERSION}: {len(passed)} of {len(ALLOWLIST)} allowlisted integration tests "
-          f"passed against stratalog in {elapsed_s:.1f} s")
+    print(f"kafka-python {KAFKA_PYTHON_VERSION}: {len(passed) + rerun} of {len(ALLOWLIST)} allowlisted integration "
+          f"tests passed against stratalog ({rerun} on a second run) in {elapsed_s:.1f} s")
