@@ -25,7 +25,7 @@ from stratalog.chaos import cluster_process
 from stratalog.chaos.cluster_probe import NONE, PartitionView, list_offsets_error, metadata
 from stratalog.chaos.cluster_process import CLUSTER_TOML, BrokerCluster, S3Endpoint
 from stratalog.kafka.client import KafkaConnection
-from stratalog.kafka.records import encode_batch
+from stratalog.kafka.records import HEADER, encode_batch
 
 PRODUCE, FETCH, FIND_COORDINATOR, HEARTBEAT, DELETE_RECORDS = 0, 1, 10, 12, 21
 LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR = 5, 6, 16
@@ -68,6 +68,27 @@ def fetch_error(connection: KafkaConnection, topic: str, partition: int) -> int:
             FetchTopic(topic=TopicName(topic), partitions=(
                 FetchPartition(partition=i32(partition), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)),)),)))
     return int(response.responses[0].partitions[0].error_code)
+
+
+def batch_header_at(connection: KafkaConnection, topic: str, partition: int, offset: int) -> str:
+    """The producer fields of the batch holding ``offset`` (which producer incarnation wrote it, and with
+    what sequence): two copies of a record with the same fields got past the broker's check of
+    duplicates, with different ones the client sent the record twice."""
+    response = connection.call(FETCH, 4, FetchRequest(
+        max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), topics=(
+            FetchTopic(topic=TopicName(topic), partitions=(
+                FetchPartition(partition=i32(partition), fetch_offset=i64(offset),
+                               partition_max_bytes=i32(1 << 16)),)),)))
+    records = memoryview(response.responses[0].partitions[0].records or b"")
+    at = 0
+    while at + HEADER.size <= len(records):
+        (base, length, _, _, _, _, last_delta, _, _, producer_id, epoch, sequence,
+         count) = HEADER.unpack_from(records, at)
+        if base <= offset <= base + last_delta:
+            return (f"batch at {base} ({count} records): producer id {producer_id}, epoch {epoch}, "
+                    f"base sequence {sequence}")
+        at += 12 + length
+    return f"no batch holds offset {offset}"
 
 
 def delete_records_error(connection: KafkaConnection, topic: str, partition: int) -> int:

@@ -23,6 +23,7 @@ from clusterkit import (
     NONE,
     BrokerCluster,
     PartitionView,
+    batch_header_at,
     find_coordinator,
     running_cluster,
     tails,
@@ -131,9 +132,16 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
                   f"log {len(duplicated)}; read by the group {len(reader.read)} ({group_duplicates} read twice), "
                   f"commit errors {reader.commit_errors}", file=sys.stderr)
             assert lost == set(), tails(cluster, 400)
-            where = {v: [(p, offset) for p, values in log.items() for offset, x in enumerate(values) if x == v]
-                     for v in duplicated}
-            assert duplicated == {}, f"(partition, offset) of each: {where}\n{tails(cluster, 400)}"
+            if duplicated:
+                leaders = served_without(cluster, survivor, None) or {}
+                where = []
+                for v in duplicated:
+                    for p, values in log.items():
+                        for offset in (i for i, x in enumerate(values) if x == v):
+                            with cluster.connect(leaders[p].leader_id if p in leaders else survivor) as c:
+                                where.append(f"{v!r} in partition {p} at offset {offset}: "
+                                             f"{batch_header_at(c, TOPIC, p, offset)}")
+                raise AssertionError("records written twice:\n" + "\n".join(where) + "\n" + tails(cluster, 400))
             assert final_commits == ends
             assert failover_s < FAILOVER_S_MAX
         finally:
