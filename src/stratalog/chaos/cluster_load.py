@@ -196,7 +196,7 @@ class GroupReader:
 
 def read_log(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]:
     """Every partition read from offset 0 to its end, outside any group: value ``i`` of a partition's list
-    is the record at offset ``i``. A read that skips an offset or reads one twice raises RuntimeError (the
+    is the record at offset ``i``. A read that skips an offset or reads one twice raises ChaosHarnessError (the
     log of a topic without transactions has no gaps, and a consumer never goes back by itself)."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -213,8 +213,8 @@ def read_log(bootstrap: str, topic: str, partitions: int) -> dict[int, list[byte
             if message is not None and message.error() is None:
                 partition, offset, value = _fields(message)
                 if offset != positions[partition]:
-                    raise RuntimeError(f"partition {partition}: read offset {offset} where "
-                                       f"{positions[partition]} was next")
+                    raise ChaosHarnessError(f"partition {partition}: read offset {offset} where "
+                                            f"{positions[partition]} was next")
                 log[partition].append(value)
                 positions[partition] = offset + 1
             return all(positions[p] >= ends[p] for p in range(partitions))
