@@ -12,7 +12,7 @@ import pytest
 
 from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.cluster.assignment import Holder, Kind, MoveType, Resource
-from stratalog.cluster.failover import log_owner, replay_dead_log
+from stratalog.cluster.failover import log_owner, replay_dead_log, sweep_finished_logs
 from stratalog.cluster.leases import Cluster, LeaseLostError
 from stratalog.engine import StreamStore
 from stratalog.engine.metadata import Metadata
@@ -161,3 +161,39 @@ def test_a_replay_cut_short_is_done_again_without_duplicates(pg_database: str, t
         assert values(third.store, "t/0") == [f"{i}".encode() for i in range(40)]
     finally:
         third.close()
+
+
+def test_objects_left_under_finished_logs_are_swept_and_no_others(pg_database: str, tmp_path: Path) -> None:
+    objects = MemoryStore()
+    first = Broker(pg_database, 1, SHORT_LEASE_MS, objects, tmp_path / "b1")
+    (stream,) = first.store.create_streams(["t/0"])
+    first.cluster.reconcile([Resource(Kind.PARTITION, "t/0")])
+    for i in range(20):
+        stream.append([f"{i}".encode()]).result()
+    first.die()
+    dead_log = f"wal/{log_owner(1, first.epoch)}/"
+
+    def keys(prefix: str = "") -> set[str]:
+        return {i.key for i in objects.list(prefix)}
+
+    second = Broker(pg_database, 2, LONG_LEASE_MS, objects, tmp_path / "b2")
+    try:
+        wait_until(lambda: 1 not in second.cluster.live(), "broker 1's lease to run out")
+        assert keys(dead_log) and sweep_finished_logs(second.cluster, objects) == 0, "a log not replayed stays"
+        replayed = replay_dead_log(second.cluster, objects, pg_database, tmp_path / "scratch", small_store_config(),
+                                   wal_config())
+        assert replayed is not None and replayed.dead == Holder(1, first.epoch)
+        objects.put(dead_log + "00000000000000ff", b"put by broker 1, cut off, after the replay")
+        (live,) = second.store.create_streams(["t/1"])
+        second.cluster.reconcile([Resource(Kind.PARTITION, f"t/{p}") for p in range(2)])
+        live.append([b"in broker 2's log only"]).result()
+        second_log = keys(f"wal/{log_owner(2, second.epoch)}/")
+        others = keys() - keys(dead_log)
+        assert sweep_finished_logs(second.cluster, objects) >= 1
+        assert keys(dead_log) == set()
+        assert keys() == others and keys(f"wal/{log_owner(2, second.epoch)}/") == second_log, \
+            "nothing but the finished log's objects went"
+        second.store.reload_stream("t/0")
+        assert values(second.store, "t/0") == [f"{i}".encode() for i in range(20)]
+    finally:
+        second.close()

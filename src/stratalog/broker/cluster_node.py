@@ -46,7 +46,7 @@ from stratalog.broker.producer_recovery import replay
 from stratalog.broker.producers import ProducerStates
 from stratalog.broker.topics import parse_stream_name, stream_name
 from stratalog.cluster.assignment import Holder, Kind, Resource
-from stratalog.cluster.failover import replay_dead_log
+from stratalog.cluster.failover import replay_dead_log, sweep_finished_logs
 from stratalog.cluster.lease_clock import LeaseClock, LeaseState
 from stratalog.cluster.leases import BrokerIdTakenError, BrokerInfo, Cluster, Hold, LeaseLostError, NotHolderError
 from stratalog.engine import Stream
@@ -84,6 +84,8 @@ class ClusterNode:
         self._renewing = threading.Event()
         self._renew_thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
+        #: When this broker last swept the logs nobody needs (monotonic; 0: at its first reconcile).
+        self._swept_at = 0.0
         self._poked: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._broker: Broker | None = None
@@ -241,6 +243,18 @@ class ClusterNode:
         self.holds = await asyncio.to_thread(self.cluster.holds)
         self.live = await asyncio.to_thread(self.cluster.live)
         await self._follow(broker, set(resources))
+        await self._sweep_if_due(broker)
+
+    async def _sweep_if_due(self, broker: Broker) -> None:
+        """Delete what is left under finished logs, every ``log_sweep_interval_ms``. A failed sweep holds
+        up nothing: the next one deletes the same objects."""
+        if time.monotonic() - self._swept_at < self.config.log_sweep_interval_ms / 1000:
+            return
+        self._swept_at = time.monotonic()
+        try:
+            await asyncio.to_thread(sweep_finished_logs, self.cluster, broker.store.object_store)
+        except Exception as e:
+            log.warning("sweeping finished logs failed (the next sweep tries again): %s", e)
 
     def _replay_one(self) -> bool:
         broker = self._broker

@@ -40,6 +40,9 @@ class ClusterConfig:
     #: (one may be among them); past it the handoff is put off to a later reconcile (the partition is
     #: served meanwhile).
     handoff_wait_ms_max: int = 10_000
+    #: Between sweeps of the objects left under logs nobody needs (brokers that left clean or were
+    #: replayed): each lists the whole ``wal/`` prefix, and what it deletes only costs storage meanwhile.
+    log_sweep_interval_ms: int = 60_000
 
     def validate(self) -> None:
         if not self.enabled:
@@ -54,8 +57,9 @@ class ClusterConfig:
         if not 0 <= self.lease_margin_ms < self.lease_ms - self.renew_interval_ms:
             raise ValueError("cluster lease_margin_ms must be at least 0 and below lease_ms - renew_interval_ms, "
                              "or a broker would stop acknowledging between two timely renewals")
-        if self.reconcile_interval_ms <= 0 or self.handoff_wait_ms_max <= 0:
-            raise ValueError("cluster reconcile_interval_ms and handoff_wait_ms_max must be positive")
+        if self.reconcile_interval_ms <= 0 or self.handoff_wait_ms_max <= 0 or self.log_sweep_interval_ms <= 0:
+            raise ValueError("cluster reconcile_interval_ms, handoff_wait_ms_max and log_sweep_interval_ms must be "
+                             "positive")
 
 
 @dataclass(frozen=True, slots=True)

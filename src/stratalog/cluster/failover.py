@@ -12,6 +12,7 @@ acknowledged are therefore in objects before anyone serves its partitions again,
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -24,9 +25,12 @@ from stratalog.engine.config import StoreConfig
 from stratalog.engine.store import RecoveryReport, StreamStore
 from stratalog.objects.store import ObjectInfo, ObjectStore
 from stratalog.wal.config import ObjectWALConfig
+from stratalog.wal.object_format import ROOT_PREFIX
 from stratalog.wal.object_wal import ObjectWAL
 
 log = logging.getLogger("stratalog.cluster")
+#: A key of an incarnation's object log: ``wal/broker-<id>-<epoch>/...`` (log_owner).
+_LOG_KEY = re.compile(re.escape(ROOT_PREFIX) + r"broker-(\d+)-(\d+)/")
 
 
 class _Borrowed:
@@ -60,6 +64,27 @@ class _Borrowed:
 def log_owner(broker_id: int, epoch: int) -> str:
     """The owner name of an incarnation's object log (its objects lie under ``wal/<owner>/``)."""
     return f"broker-{broker_id}-{epoch}"
+
+
+def incarnation_of(key: str) -> tuple[int, int] | None:
+    """(broker id, epoch) of the incarnation whose object log holds ``key``, or None for another key."""
+    match = _LOG_KEY.match(key)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def sweep_finished_logs(cluster: Cluster, objects: ObjectStore) -> int:
+    """Delete the objects left under the logs nobody needs any more (Cluster.finished_logs); return how
+    many. A log that left clean or was replayed keeps no records anyone reads; what is still there was
+    put after (by a broker cut off from the database, never acknowledged) or was left by a trim's
+    background deletes. Any broker may sweep: a delete of a key already gone does nothing."""
+    finished = cluster.finished_logs()
+    doomed = [info.key for info in objects.list(ROOT_PREFIX) if incarnation_of(info.key) in finished]
+    for key in doomed:
+        objects.delete(key)
+    if doomed:
+        log.info("deleted %d objects left under the logs of %d finished broker incarnations", len(doomed),
+                 len({incarnation_of(k) for k in doomed}))
+    return len(doomed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -302,6 +302,15 @@ class Cluster:
             raise NotHolderError(f"broker {self.broker_id} does not hold the claim on the log of broker "
                                  f"{dead.broker_id} (epoch {dead.broker_epoch})")
 
+    def finished_logs(self) -> set[tuple[int, int]]:
+        """(broker id, epoch) of every incarnation whose log nobody needs any more: it left clean, or its
+        log was replayed. Objects still under such a log are garbage (a broker cut off from the database
+        may go on putting to its log for a while after another replayed it)."""
+        with self._lock:
+            rows = self._db.execute("SELECT broker_id, epoch FROM cluster_logs WHERE state IN (?, ?)",
+                                    (LOG_CLEAN, LOG_RECOVERED)).fetchall()
+        return {(int(r[0]), int(r[1])) for r in rows}
+
     # Fencing ----------------------------------------------------------------------------------------
 
     def check_holds(self, db: Backend, kind: Kind, names: Sequence[str]) -> None:
