@@ -94,10 +94,12 @@ class PostgresServer:
 
     def _command(self, *argv: str) -> list[str]:
         # setpriv execs the command itself (runuser forks it), so a kill of this process is a kill of
-        # the server.
-        if not self.run_as:
-            return list(argv)
-        return ["setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--init-groups", "--", *argv]
+        # the server. It also asks Linux for SIGKILL when the thread that started it dies (PR_SET_PDEATHSIG,
+        # set after the change of user, which clears it): a harness killed with -9 leaves no server behind.
+        if self.run_as:
+            return ["setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--init-groups",
+                    "--pdeathsig", "KILL", "--", *argv]
+        return ["setpriv", "--pdeathsig", "KILL", "--", *argv] if shutil.which("setpriv") else list(argv)
 
     def init(self) -> None:
         password_file = self.root / "password"
