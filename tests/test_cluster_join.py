@@ -27,10 +27,10 @@ def crash(node: ClusterNode) -> None:
 
 
 def test_a_broker_started_again_right_after_a_crash_joins_once_the_old_lease_runs_out(pg_database: str) -> None:
-    first = ClusterNode(CONFIG, pg_database, "127.0.0.1", 9005)
+    first = ClusterNode(CONFIG, pg_database, [("PLAINTEXT", "127.0.0.1", 9005)])
     assert first.join() == 1
     crash(first)
-    again = ClusterNode(CONFIG, pg_database, "127.0.0.1", 9005)
+    again = ClusterNode(CONFIG, pg_database, [("PLAINTEXT", "127.0.0.1", 9005)])
     started = time.monotonic()
     try:
         assert again.join() == 2
@@ -41,10 +41,10 @@ def test_a_broker_started_again_right_after_a_crash_joins_once_the_old_lease_run
 
 
 def test_an_id_a_live_broker_holds_is_refused_after_the_wait(pg_database: str) -> None:
-    live = ClusterNode(CONFIG, pg_database, "127.0.0.1", 9005)
+    live = ClusterNode(CONFIG, pg_database, [("PLAINTEXT", "127.0.0.1", 9005)])
     live.join()
     try:
-        other = ClusterNode(CONFIG, pg_database, "127.0.0.1", 9006)
+        other = ClusterNode(CONFIG, pg_database, [("PLAINTEXT", "127.0.0.1", 9006)])
         started = time.monotonic()
         with pytest.raises(BrokerIdTakenError, match=r"broker id 5 is live at 127\.0\.0\.1:9005"):
             other.join()

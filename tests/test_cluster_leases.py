@@ -7,11 +7,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import psycopg
 import pytest
 
 from enginekit import MemoryStore, small_store_config
+from stratalog.broker.api_cluster import _brokers
+from stratalog.broker.listeners import Listener
 from stratalog.broker.offsets import CommittedOffsets, OffsetEntry
 from stratalog.cluster.assignment import Holder, Kind, MoveType, Resource
 from stratalog.cluster.leases import BrokerIdTakenError, Cluster, LeaseLostError, NotHolderError
@@ -226,3 +229,25 @@ def test_only_the_groups_coordinator_commits_its_offsets(brokers: list[Cluster],
         assert offsets.fetch("readers")[("t", 0)].offset == 20
     finally:
         offsets.close()
+
+
+def test_each_listener_is_registered_and_a_client_is_told_the_one_of_its_protocol(brokers: list[Cluster],
+                                                                                  pg_database: str) -> None:
+    with psycopg.connect(pg_database, autocommit=True) as conn:   # a table made before listeners were kept
+        conn.execute("CREATE TABLE cluster_brokers (broker_id BIGINT PRIMARY KEY, epoch BIGINT NOT NULL, "
+                     "host TEXT NOT NULL, port BIGINT NOT NULL, lease_expires_ms BIGINT NOT NULL, "
+                     "left_clean BIGINT NOT NULL DEFAULT 0)")
+    b1 = Cluster(pg_database, 1, LONG_LEASE_MS)
+    brokers.append(b1)
+    b1.join("10.0.0.1", 9092, [("PLAINTEXT", "10.0.0.1", 9092), ("SASL_SSL", "kafka-1.example", 9093)])
+    make_broker(brokers, pg_database, 2)                        # no listeners given: its host and port
+    live = b1.live()
+    assert live[1].listeners == (("PLAINTEXT", "10.0.0.1", 9092), ("SASL_SSL", "kafka-1.example", 9093))
+    assert live[1].endpoint("SASL_SSL") == ("kafka-1.example", 9093)
+    assert live[1].endpoint("PLAINTEXT") == ("10.0.0.1", 9092)
+    assert live[1].endpoint("SSL") == ("10.0.0.1", 9092), "no listener of that protocol: the first"
+    assert live[2].endpoint("SASL_SSL") == ("127.0.0.1", 9002)
+    node = SimpleNamespace(live=live)
+    broker = SimpleNamespace(node=node, config=SimpleNamespace(node_id=1))
+    tls_client = SimpleNamespace(listener=Listener.parse("SASL_SSL://0.0.0.0:9093"))
+    assert _brokers(broker, tls_client) == [(1, "kafka-1.example", 9093), (2, "127.0.0.1", 9002)]  # type: ignore[arg-type]

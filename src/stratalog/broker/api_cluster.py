@@ -55,11 +55,13 @@ def _partition_metadata(broker: Broker, topic: str, partition: int) -> dict[str,
 
 
 def _brokers(broker: Broker, session: Session) -> list[tuple[int, str, int]]:
-    """(id, host, port) of every live broker: this one alone, or the cluster's as they registered."""
+    """(id, host, port) of every live broker: this one alone, or the cluster's as they registered, each
+    at its listener of the protocol this client connected with."""
     if broker.node is None:
         host, port = session.listener.endpoint
         return [(broker.config.node_id, host, port)]
-    return [(b.broker_id, b.host, b.port) for b in broker.node.live.values()]
+    protocol = session.listener.protocol.value
+    return [(b.broker_id, *b.endpoint(protocol)) for b in broker.node.live.values()]
 
 
 async def metadata(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
@@ -144,7 +146,7 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
         found = await broker.node.coordinator(key)
         if found is None:
             return ErrorCode.coordinator_not_available, "no live broker coordinates the group yet", -1, host, port
-        return ErrorCode.none, None, found.broker_id, found.host, found.port
+        return ErrorCode.none, None, found.broker_id, *found.endpoint(session.listener.protocol.value)
 
     if request.api_version >= 4:
         coordinators = []

@@ -54,8 +54,8 @@ def _open_cluster_store(path: Path, config: BrokerConfig, object_store: str | No
     assert config.metadata is not None
     if object_store is None:
         raise ValueError("a broker of a cluster needs an object store the others reach too (--object-store)")
-    host, port = config.listeners[0].endpoint
-    node = ClusterNode(config.cluster, config.metadata, host, port)
+    node = ClusterNode(config.cluster, config.metadata,
+                       [(listener.protocol.value, *listener.endpoint) for listener in config.listeners])
     epoch = node.join()
     try:
         path, objects = prepare_data_dir(path, object_store)

@@ -38,6 +38,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -70,10 +71,12 @@ class ClusterNode:
     """This broker's membership. ``join`` before the stream store opens (its log is named after the
     incarnation), ``start`` once the broker is open, ``stop`` then ``leave`` at the end."""
 
-    def __init__(self, config: ClusterConfig, database_uri: str, host: str, port: int) -> None:
+    def __init__(self, config: ClusterConfig, database_uri: str, listeners: Sequence[tuple[str, str, int]]) -> None:
+        """``listeners``: (security protocol, advertised host, port) of each listener, the first where clients
+        reach this broker by default."""
         self.config = config
         self.broker_id = config.broker_id
-        self._host, self._port = host, port
+        self._listeners = tuple(listeners)
         self._database_uri = database_uri
         #: Reconciles, holds, releases, replays: the loop's worker threads take turns on its connection.
         self.cluster = Cluster(database_uri, config.broker_id, config.lease_ms)
@@ -111,7 +114,8 @@ class ClusterNode:
         while True:
             sent_s = self.lease.sent()
             try:
-                epoch = self.cluster.join(self._host, self._port)
+                _, host, port = self._listeners[0]
+                epoch = self.cluster.join(host, port, self._listeners)
                 break
             except BrokerIdTakenError as e:
                 # Restarted right after a crash: the previous incarnation's lease runs out within a lease.
@@ -126,8 +130,8 @@ class ClusterNode:
         self._renew_thread = threading.Thread(target=self._renew_forever, name="stratalog-lease", daemon=True)
         self._renew_thread.start()
         self.live = self.cluster.live()
-        log.info("broker %d joined the cluster (incarnation %d) as %s:%d", self.broker_id, epoch, self._host,
-                 self._port)
+        log.info("broker %d joined the cluster (incarnation %d) as %s", self.broker_id, epoch,
+                 ", ".join(f"{name}://{host}:{port}" for name, host, port in self._listeners))
         return epoch
 
     def _renew_forever(self) -> None:

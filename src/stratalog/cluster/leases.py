@@ -16,7 +16,7 @@ anything for it, even if it still runs.
 
 Tables (PostgreSQL; created if missing)::
 
-    cluster_brokers  broker_id, epoch, host, port, lease_expires_ms, left_clean
+    cluster_brokers  broker_id, epoch, host, port, lease_expires_ms, left_clean, listeners (JSON)
     cluster_leaders  kind, name, broker_id, broker_epoch, leader_epoch, handing_to_id, handing_to_epoch
     cluster_logs     broker_id, epoch, state, claimed_by_id, claimed_by_epoch
 
@@ -30,6 +30,7 @@ its partitions are *not ready*: no reconcile hands them to anyone until a live b
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,6 +50,7 @@ CREATE TABLE IF NOT EXISTS cluster_brokers (
     lease_expires_ms INTEGER NOT NULL,
     left_clean INTEGER NOT NULL DEFAULT 0
 );
+ALTER TABLE cluster_brokers ADD COLUMN IF NOT EXISTS listeners TEXT NOT NULL DEFAULT '[]';
 CREATE TABLE IF NOT EXISTS cluster_leaders (
     kind TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -97,8 +99,19 @@ class NotHolderError(ClusterError):
 class BrokerInfo:
     broker_id: int
     epoch: int
+    #: Where clients reach it: its first listener's advertised address.
     host: str
     port: int
+    #: (security protocol, host, port) of each of its listeners, as clients are told them.
+    listeners: tuple[tuple[str, str, int], ...] = ()
+
+    def endpoint(self, protocol: str) -> tuple[str, int]:
+        """Where a client of a listener of ``protocol`` reaches this broker: its own listener of that
+        protocol (a client on a TLS listener stays on TLS), else its first one."""
+        for name, host, port in self.listeners:
+            if name == protocol:
+                return host, port
+        return self.host, self.port
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +150,10 @@ class Cluster:
 
     # This broker's lease --------------------------------------------------------------------------
 
-    def join(self, host: str, port: int) -> int:
-        """Register as a new incarnation of this broker id and take a lease; returns the epoch."""
+    def join(self, host: str, port: int, listeners: Sequence[tuple[str, str, int]] = ()) -> int:
+        """Register as a new incarnation of this broker id and take a lease; returns the epoch. ``host`` and
+        ``port``: where clients reach it by default; ``listeners``: (security protocol, host, port) of each
+        listener, for clients connected to one of that protocol."""
         with self._tx() as db:
             row = db.execute(f"SELECT epoch, host, port, lease_expires_ms > {NOW_MS} FROM cluster_brokers "
                              "WHERE broker_id = ?", (self.broker_id,)).fetchone()
@@ -146,10 +161,12 @@ class Cluster:
                 raise BrokerIdTakenError(f"broker id {self.broker_id} is live at {row[1]}:{row[2]}; stop that "
                                          "broker or give this one another id")
             epoch = 1 if row is None else int(row[0]) + 1
-            db.execute(f"INSERT INTO cluster_brokers VALUES (?, ?, ?, ?, {NOW_MS} + ?, 0) "
+            db.execute("INSERT INTO cluster_brokers (broker_id, epoch, host, port, lease_expires_ms, left_clean, "
+                       f"listeners) VALUES (?, ?, ?, ?, {NOW_MS} + ?, 0, ?) "
                        "ON CONFLICT (broker_id) DO UPDATE SET epoch = excluded.epoch, host = excluded.host, "
-                       "port = excluded.port, lease_expires_ms = excluded.lease_expires_ms, left_clean = 0",
-                       (self.broker_id, epoch, host, port, self.lease_ms))
+                       "port = excluded.port, lease_expires_ms = excluded.lease_expires_ms, left_clean = 0, "
+                       "listeners = excluded.listeners",
+                       (self.broker_id, epoch, host, port, self.lease_ms, json.dumps([list(x) for x in listeners])))
             db.execute("INSERT INTO cluster_logs VALUES (?, ?, ?, NULL, NULL)", (self.broker_id, epoch, LOG_OPEN))
         self.epoch = epoch
         return epoch
@@ -180,9 +197,11 @@ class Cluster:
 
     def live(self) -> dict[int, BrokerInfo]:
         with self._lock:
-            rows = self._db.execute(f"SELECT broker_id, epoch, host, port FROM cluster_brokers "
+            rows = self._db.execute(f"SELECT broker_id, epoch, host, port, listeners FROM cluster_brokers "
                                     f"WHERE lease_expires_ms > {NOW_MS} ORDER BY broker_id").fetchall()
-        return {int(r[0]): BrokerInfo(int(r[0]), int(r[1]), r[2], int(r[3])) for r in rows}
+        return {int(r[0]): BrokerInfo(int(r[0]), int(r[1]), r[2], int(r[3]),
+                                      tuple((str(n), str(h), int(p)) for n, h, p in json.loads(r[4])))
+                for r in rows}
 
     # Holders ----------------------------------------------------------------------------------------
 
