@@ -122,14 +122,20 @@ def test_a_dead_brokers_acknowledged_records_are_replayed_before_its_partitions_
         second.close()
 
 
-def test_a_replay_cut_short_is_done_again_without_duplicates(pg_database: str, tmp_path: Path) -> None:
-    objects = MemoryStore()
-    first = Broker(pg_database, 1, SHORT_LEASE_MS, objects, tmp_path / "b1")
+def died_with_records(pg_database: str, objects: MemoryStore, data_dir: Path, records: int) -> Broker:
+    """Broker 1, dead (kill -9) after appending ``records`` records to t/0, which it held: all in its log."""
+    first = Broker(pg_database, 1, SHORT_LEASE_MS, objects, data_dir)
     (stream,) = first.store.create_streams(["t/0"])
     first.cluster.reconcile([Resource(Kind.PARTITION, "t/0")])
-    for i in range(40):
+    for i in range(records):
         stream.append([f"{i}".encode()]).result()
     first.die()
+    return first
+
+
+def test_a_replay_cut_short_is_done_again_without_duplicates(pg_database: str, tmp_path: Path) -> None:
+    objects = MemoryStore()
+    died_with_records(pg_database, objects, tmp_path / "b1", 40)
 
     second = Broker(pg_database, 2, SHORT_LEASE_MS, objects, tmp_path / "b2")
     wait_until(lambda: 1 not in second.cluster.live(), "broker 1's lease to run out")
@@ -165,12 +171,7 @@ def test_a_replay_cut_short_is_done_again_without_duplicates(pg_database: str, t
 
 def test_objects_left_under_finished_logs_are_swept_and_no_others(pg_database: str, tmp_path: Path) -> None:
     objects = MemoryStore()
-    first = Broker(pg_database, 1, SHORT_LEASE_MS, objects, tmp_path / "b1")
-    (stream,) = first.store.create_streams(["t/0"])
-    first.cluster.reconcile([Resource(Kind.PARTITION, "t/0")])
-    for i in range(20):
-        stream.append([f"{i}".encode()]).result()
-    first.die()
+    first = died_with_records(pg_database, objects, tmp_path / "b1", 20)
     dead_log = f"wal/{log_owner(1, first.epoch)}/"
 
     def keys(prefix: str = "") -> set[str]:
