@@ -16,7 +16,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from stratalog.chaos.broker_process import BrokerProcess, PortTakenError, start_broker
 from stratalog.chaos.harness import ChaosHarnessError
+from stratalog.chaos.launch import dying_with_parent
 from stratalog.chaos.ports import free_port, free_ports, start_on_free_ports
 from stratalog.chaos.postgres import running_postgres
 from stratalog.kafka.client import KafkaConnection
@@ -57,13 +57,6 @@ LOG_TAIL_LINES = 40
 #: machine picked the same free port, or a connection got it as its local port): its own check of the
 #: ports, or a component's bind. The first start then picks others.
 PORT_TAKEN_LINES = ("Port allocation failed", "bind: address already in use")
-#: Runs before weed: asks Linux for SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec),
-#: so a killed harness leaves no server behind; then becomes the server.
-_DIE_WITH_PARENT = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
-    "os.execv(sys.argv[1], sys.argv[1:])\n"
-)
 #: Talks to the server directly, whatever proxy the environment names.
 _NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -183,8 +176,7 @@ class SeaweedServer:
 
         with self.log_path.open("ab") as log:
             log_start = log.tell()   # this start's lines begin here
-            launcher = [sys.executable, "-c", _DIE_WITH_PARENT] if sys.platform == "linux" else []
-            self.process = subprocess.Popen([*launcher, *self.command], stdin=subprocess.DEVNULL, stdout=log,
+            self.process = subprocess.Popen(dying_with_parent(self.command), stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, cwd=self.base, start_new_session=True)
         url = self.endpoint.endpoint_url
         client = boto3.client(

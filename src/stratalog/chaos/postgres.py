@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.chaos.launch import dying_with_parent
 from stratalog.chaos.ports import free_port, start_on_free_ports
 from stratalog.errors import StratalogError
 
@@ -93,13 +94,7 @@ class PostgresServer:
         return f"postgresql://{ROLE}:{self.password}@{host}:{self.port}/{DATABASE}"
 
     def _command(self, *argv: str) -> list[str]:
-        # setpriv execs the command itself (runuser forks it), so a kill of this process is a kill of
-        # the server. It also asks Linux for SIGKILL when the thread that started it dies (PR_SET_PDEATHSIG,
-        # set after the change of user, which clears it): a harness killed with -9 leaves no server behind.
-        if self.run_as:
-            return ["setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--init-groups",
-                    "--pdeathsig", "KILL", "--", *argv]
-        return ["setpriv", "--pdeathsig", "KILL", "--", *argv] if shutil.which("setpriv") else list(argv)
+        return dying_with_parent(argv, self.run_as)
 
     def init(self) -> None:
         password_file = self.root / "password"
