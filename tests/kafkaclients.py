@@ -115,6 +115,17 @@ class Consumed:
     timestamp_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class FetchBounds:
+    """A consumer's fetch bounds: the records of one Fetch response, and of one partition in it."""
+
+    response_bytes: int
+    partition_bytes: int
+    #: librdkafka drops a response frame over receive.message.max.bytes (which it requires to be at least
+    #: fetch.max.bytes + 512): the frame's room beyond its records, partition headers and all.
+    frame_slack_bytes: int = 4096
+
+
 class Producer(Protocol):
     def send_all(self, records: Sequence[Outgoing], topic: str) -> list[tuple[int, int]]:
         """Produce ``records`` in order; return each one's (partition, offset) once all are acknowledged."""
@@ -144,7 +155,8 @@ class Client(Protocol):
 
     def producer(self, bootstrap: Bootstrap, *, idempotent: bool = False) -> Producer: ...
 
-    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> Consumer: ...
+    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str],
+                 bounds: FetchBounds | None = None) -> Consumer: ...
 
     def offset_for_time(self, bootstrap: Bootstrap, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The first offset at or after ``timestamp_ms``, or None when there is none."""
@@ -176,11 +188,13 @@ class KafkaPythonProducer:
 
 
 class KafkaPythonConsumer:
-    def __init__(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> None:
+    def __init__(self, bootstrap: Bootstrap, group: str, topics: Sequence[str], bounds: FetchBounds | None) -> None:
+        extra = {} if bounds is None else {"fetch_max_bytes": bounds.response_bytes,
+                                           "max_partition_fetch_bytes": bounds.partition_bytes}
         self._consumer = kafka.KafkaConsumer(
             *topics, **_kafka_python(bootstrap), group_id=group, auto_offset_reset="earliest",
             enable_auto_commit=False, session_timeout_ms=SESSION_TIMEOUT_MS,
-            heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)
+            heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS, **extra)
 
     def poll(self, timeout_s: float = POLL_S) -> list[Consumed]:
         got = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
@@ -239,8 +253,9 @@ class KafkaPythonClient:
     def producer(self, bootstrap: Bootstrap, *, idempotent: bool = False) -> Producer:
         return KafkaPythonProducer(bootstrap, idempotent)
 
-    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> Consumer:
-        return KafkaPythonConsumer(bootstrap, group, topics)
+    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str],
+                 bounds: FetchBounds | None = None) -> Consumer:
+        return KafkaPythonConsumer(bootstrap, group, topics, bounds)
 
     def offset_for_time(self, bootstrap: Bootstrap, topic: str, partition: int, timestamp_ms: int) -> int | None:
         consumer = kafka.KafkaConsumer(**_kafka_python(bootstrap))
@@ -307,14 +322,17 @@ class AioProducer:
 
 
 class AioConsumer:
-    def __init__(self, loop: LoopThread, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> None:
+    def __init__(self, loop: LoopThread, bootstrap: Bootstrap, group: str, topics: Sequence[str],
+                 bounds: FetchBounds | None) -> None:
         self._loop = loop
+        extra = {} if bounds is None else {"fetch_max_bytes": bounds.response_bytes,
+                                           "max_partition_fetch_bytes": bounds.partition_bytes}
 
         async def start() -> aiokafka.AIOKafkaConsumer:
             consumer = aiokafka.AIOKafkaConsumer(
                 *topics, **_aiokafka(bootstrap), group_id=group, auto_offset_reset="earliest",
                 enable_auto_commit=False, session_timeout_ms=SESSION_TIMEOUT_MS,
-                heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS)
+                heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS, **extra)
             try:
                 await consumer.start()
             except BaseException:
@@ -375,8 +393,9 @@ class AioKafkaClient:
     def producer(self, bootstrap: Bootstrap, *, idempotent: bool = False) -> Producer:
         return AioProducer(self._loop, bootstrap, idempotent)
 
-    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> Consumer:
-        return AioConsumer(self._loop, bootstrap, group, topics)
+    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str],
+                 bounds: FetchBounds | None = None) -> Consumer:
+        return AioConsumer(self._loop, bootstrap, group, topics, bounds)
 
     def offset_for_time(self, bootstrap: Bootstrap, topic: str, partition: int, timestamp_ms: int) -> int | None:
         async def run() -> int | None:
@@ -446,11 +465,16 @@ class ConfluentProducer:
 
 
 class ConfluentConsumer:
-    def __init__(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> None:
+    def __init__(self, bootstrap: Bootstrap, group: str, topics: Sequence[str], bounds: FetchBounds | None) -> None:
+        extra = {} if bounds is None else {
+            # librdkafka wants fetch.max.bytes >= message.max.bytes (1 MB by default).
+            "fetch.max.bytes": bounds.response_bytes, "message.max.bytes": bounds.response_bytes,
+            "max.partition.fetch.bytes": bounds.partition_bytes,
+            "receive.message.max.bytes": bounds.response_bytes + bounds.frame_slack_bytes}
         self._consumer = confluent_kafka.Consumer({
             **_common(bootstrap), "group.id": group, "auto.offset.reset": "earliest",
             "enable.auto.commit": False, "session.timeout.ms": SESSION_TIMEOUT_MS,
-            "heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS})
+            "heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS, **extra})
         self._consumer.subscribe(list(topics))
 
     def poll(self, timeout_s: float = POLL_S) -> list[Consumed]:
@@ -499,8 +523,9 @@ class ConfluentClient:
     def producer(self, bootstrap: Bootstrap, *, idempotent: bool = False) -> Producer:
         return ConfluentProducer(bootstrap, idempotent)
 
-    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str]) -> Consumer:
-        return ConfluentConsumer(bootstrap, group, topics)
+    def consumer(self, bootstrap: Bootstrap, group: str, topics: Sequence[str],
+                 bounds: FetchBounds | None = None) -> Consumer:
+        return ConfluentConsumer(bootstrap, group, topics, bounds)
 
     def offset_for_time(self, bootstrap: Bootstrap, topic: str, partition: int, timestamp_ms: int) -> int | None:
         consumer = confluent_kafka.Consumer({**_common(bootstrap), "group.id": "offsets-for-times"})

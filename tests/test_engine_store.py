@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.datadir import StoreLockedError
@@ -162,6 +165,37 @@ def test_fetch_respects_max_bytes_but_returns_at_least_one_record(tmp_path: Path
         store.flush()
         assert len(s.fetch(0, max_bytes=1)) == 1
         assert len(s.fetch(2, max_bytes=2500)) == 3
+
+
+def test_fetch_batches_fit_max_bytes_whole_and_only_the_first_may_go_over(tmp_path: Path) -> None:
+    # Batches of mixed sizes, the older half in objects and the rest in memory: whatever the start and
+    # the bound, the batches returned are the longest run from the start's batch that fits max_bytes, or
+    # that one batch alone when nothing fits and at_least_one asks for progress (Kafka's fetch rule).
+    rng = random.Random(7)
+    with open_store(tmp_path, MemoryStore()) as store:
+        s = store.create_stream()
+        for i in range(60):
+            s.append([b"x" * rng.choice((10, 300, 2000, 9000))] * rng.randint(1, 3)).result()
+            if i == 30:
+                store.flush()
+        every = s.fetch_batches(0, 1 << 30)
+        sizes = [len(b.body) for b in every]
+        assert len(every) == 60
+
+        @settings(max_examples=300, deadline=None)
+        @given(start=st.integers(0, s.end_offset - 1), max_bytes=st.integers(0, 40_000), at_least_one=st.booleans())
+        def longest_run_that_fits(start: int, max_bytes: int, at_least_one: bool) -> None:
+            first = next(i for i, b in enumerate(every) if b.end_offset > start)
+            expected, used = [], 0
+            for i in range(first, len(every)):
+                used += sizes[i]
+                if used > max_bytes and (expected or not at_least_one):
+                    break
+                expected.append(every[i].base_offset)
+            got = s.fetch_batches(start, max_bytes, at_least_one=at_least_one)
+            assert [b.base_offset for b in got] == expected
+
+        longest_run_that_fits()
 
 
 def test_fetch_outside_the_stream_is_a_clear_error(tmp_path: Path) -> None:

@@ -215,9 +215,9 @@ async def incremental_alter_configs(broker: Broker, request: Request, session: S
 
 
 APIS = (
-    Api(19, "CreateTopics", 2, 7, create_topics),
-    Api(20, "DeleteTopics", 1, 6, delete_topics),
-    Api(37, "CreatePartitions", 0, 3, create_partitions),
+    Api(19, "CreateTopics", 2, 7, create_topics, ordered=True),
+    Api(20, "DeleteTopics", 1, 6, delete_topics, ordered=True),
+    Api(37, "CreatePartitions", 0, 3, create_partitions, ordered=True),
     Api(32, "DescribeConfigs", 1, 4, describe_configs),
-    Api(44, "IncrementalAlterConfigs", 0, 1, incremental_alter_configs),
+    Api(44, "IncrementalAlterConfigs", 0, 1, incremental_alter_configs, ordered=True),
 )

@@ -4,7 +4,6 @@ translate requests of every version to its calls and its results to responses.""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -132,7 +131,7 @@ async def offset_commit(broker: Broker, request: Request, session: Session) -> d
         # Durable (SQLite synchronous=FULL, or a PostgreSQL commit) before the response: a commit survives
         # kill -9.
         try:
-            await asyncio.to_thread(broker.offsets.commit, body.group_id, entries)
+            await broker.in_offsets_order(broker.offsets.commit, body.group_id, entries)
         except (OffsetsUnavailableError, ClusterError) as e:
             # Nothing stored. The database out of reach: Kafka's answer when the offsets cannot be written;
             # another broker coordinates the group now: NOT_COORDINATOR, and the client finds it.
@@ -149,7 +148,7 @@ async def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: 
     # The read in a worker thread: with the offsets in PostgreSQL it is a round trip, which would hold
     # every connection's requests on the loop meanwhile.
     if wanted is None:
-        found = await asyncio.to_thread(broker.offsets.fetch, group_id, None)
+        found = await broker.in_offsets_order(broker.offsets.fetch, group_id, None)
         by_topic: dict[str, list[int]] = {}
         for topic, partition in sorted(found):
             if session.may_topic(Operation.DESCRIBE, topic):  # every topic: the hidden ones left out
@@ -157,8 +156,8 @@ async def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: 
         pairs = [(topic, parts) for topic, parts in by_topic.items()]
     else:
         pairs = [(t.name, list(t.partition_indexes)) for t in wanted]
-        found = await asyncio.to_thread(broker.offsets.fetch, group_id,
-                                        [(name, p) for name, parts in pairs for p in parts])
+        found = await broker.in_offsets_order(broker.offsets.fetch, group_id,
+                                              [(name, p) for name, parts in pairs for p in parts])
     topics = []
     for name, parts in pairs:
         partitions = []
@@ -265,9 +264,9 @@ APIS = (
     Api(14, "SyncGroup", 0, 5, sync_group),
     Api(12, "Heartbeat", 0, 4, heartbeat),
     Api(13, "LeaveGroup", 0, 5, leave_group),
-    Api(8, "OffsetCommit", 2, 8, offset_commit),
+    Api(8, "OffsetCommit", 2, 8, offset_commit, ordered=True),
     Api(9, "OffsetFetch", 1, 8, offset_fetch),
     Api(15, "DescribeGroups", 0, 5, describe_groups),
     Api(16, "ListGroups", 0, 4, list_groups),
-    Api(42, "DeleteGroups", 0, 2, delete_groups),
+    Api(42, "DeleteGroups", 0, 2, delete_groups, ordered=True),
 )

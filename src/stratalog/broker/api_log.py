@@ -9,6 +9,7 @@ API encoded as Kafka batches on the way out.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -239,14 +240,18 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
         response_max = room
         if room <= 0:
             await asyncio.sleep(min(wait_s, MEMORY_WAIT_S_MAX))
+    # Kafka's bound (from Fetch v3): the records of a response fit max_bytes, and a partition's its
+    # partition_max_bytes, except the first batch of the first partition that has one, which goes whole
+    # (a consumer always progresses); when the response budget is spent, not even that one.
+    one_over = room > 0
     while True:
-        topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, denied)
+        topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over, denied)
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or remaining_s <= 0 or not waiting_on or broker.stopping:
             break
         await broker.wait_for_data(waiting_on, remaining_s)
         if time.monotonic() >= deadline:
-            topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, denied)
+            topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over, denied)
             break
     if not _lease_confirmed(broker):
         # Records made durable after the lease's confirmation ended may be missing from the replay that
@@ -263,7 +268,7 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
                                           error_code=ErrorCode.none, session_id=0, topics=topics), throttle_ms)
 
 
-async def _fetch_once(broker: Broker, wanted: Any, response_max: int,
+async def _fetch_once(broker: Broker, wanted: Any, response_max: int, one_over: bool,
                       denied: set[str]) -> tuple[list[FetchTopicResult], int, list[int]]:
     total = 0
     waiting_on: list[int] = []
@@ -286,11 +291,13 @@ async def _fetch_once(broker: Broker, wanted: Any, response_max: int,
             records: list[bytes | memoryview] = []
             offset = p.fetch_offset
             budget = min(p.partition_max_bytes, response_max - total)
+            first = one_over and not total  # clients drop a response over their bound: never two over
             if offset == high:
                 waiting_on.append(stream.stream_id)
-            elif budget > 0 or (not total and response_max > 0):
+            elif budget > 0 or first:
                 try:
-                    records = [as_kafka_batch(b) for b in await _read(stream, offset, max(budget, 1))]
+                    batches = await _read(stream, offset, max(budget, 0), first)
+                    records = _within([as_kafka_batch(b) for b in batches], budget, first)
                 except OffsetOutOfRangeError:
                     error = ErrorCode.offset_out_of_range
                 except (StoreFailedError, StoreClosedError):
@@ -302,10 +309,22 @@ async def _fetch_once(broker: Broker, wanted: Any, response_max: int,
     return topics, total, waiting_on
 
 
-async def _read(stream: Any, offset: int, max_bytes: int) -> list[StoredBatch]:
+def _within(batches: list[bytes | memoryview], budget: int, first: bool) -> list[bytes | memoryview]:
+    """The leading batches that fit ``budget`` (the first whatever its size when ``first``): a batch
+    appended through the Python API is larger once encoded as Kafka's than the store counted it."""
+    used = 0
+    for i, batch in enumerate(batches):
+        used += len(batch)
+        if used > budget and (i or not first):
+            return batches[:i]
+    return batches
+
+
+async def _read(stream: Any, offset: int, max_bytes: int, at_least_one: bool) -> list[StoredBatch]:
     if offset >= stream.uploaded_end_offset:
-        return list(stream.fetch_batches(offset, max_bytes))  # in memory: no thread hop
-    return list(await asyncio.to_thread(stream.fetch_batches, offset, max_bytes))
+        return list(stream.fetch_batches(offset, max_bytes, at_least_one=at_least_one))  # in memory: no hop
+    return list(await asyncio.to_thread(functools.partial(stream.fetch_batches, offset, max_bytes,
+                                                          at_least_one=at_least_one)))
 
 
 # ListOffsets, DeleteRecords ------------------------------------------------------------------------
@@ -417,6 +436,6 @@ APIS = (
     Api(0, "Produce", 3, 9, produce),
     Api(1, "Fetch", 4, 12, fetch),
     Api(2, "ListOffsets", 1, 7, list_offsets),
-    Api(21, "DeleteRecords", 0, 2, delete_records),
-    Api(22, "InitProducerId", 0, 4, init_producer_id),
+    Api(21, "DeleteRecords", 0, 2, delete_records, ordered=True),
+    Api(22, "InitProducerId", 0, 4, init_producer_id, ordered=True),
 )

@@ -76,5 +76,5 @@ async def alter_client_quotas(broker: Broker, request: Request, session: Session
 
 APIS = (
     Api(48, "DescribeClientQuotas", 0, 1, describe_client_quotas),
-    Api(49, "AlterClientQuotas", 0, 1, alter_client_quotas),
+    Api(49, "AlterClientQuotas", 0, 1, alter_client_quotas, ordered=True),
 )

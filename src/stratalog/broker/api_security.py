@@ -227,11 +227,11 @@ async def alter_user_scram_credentials(broker: Broker, request: Request, session
 
 
 APIS = (
-    Api(17, "SaslHandshake", 1, 1, sasl_handshake),
-    Api(36, "SaslAuthenticate", 0, 2, sasl_authenticate),
+    Api(17, "SaslHandshake", 1, 1, sasl_handshake, ordered=True),
+    Api(36, "SaslAuthenticate", 0, 2, sasl_authenticate, ordered=True),
     Api(29, "DescribeAcls", 0, 3, describe_acls),
-    Api(30, "CreateAcls", 0, 3, create_acls),
-    Api(31, "DeleteAcls", 0, 3, delete_acls),
+    Api(30, "CreateAcls", 0, 3, create_acls, ordered=True),
+    Api(31, "DeleteAcls", 0, 3, delete_acls, ordered=True),
     Api(50, "DescribeUserScramCredentials", 0, 0, describe_user_scram_credentials),
-    Api(51, "AlterUserScramCredentials", 0, 0, alter_user_scram_credentials),
+    Api(51, "AlterUserScramCredentials", 0, 0, alter_user_scram_credentials, ordered=True),
 )

@@ -196,5 +196,6 @@ async def replace_objects_request(broker: Broker, request: Request, session: Ses
     return _answer(request, result=result)
 
 
-APIS = [Api(API_KEY, API_NAME, 0, 0, commit_staged_request),
-        Api(REPLACE_API_KEY, REPLACE_API_NAME, 0, 0, replace_objects_request)]
+APIS = [Api(API_KEY, API_NAME, 0, 0, commit_staged_request, ordered=True),
+        Api(REPLACE_API_KEY, REPLACE_API_NAME, 0, 0, replace_objects_request,
+            ordered=True)]

@@ -12,9 +12,10 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -68,6 +69,7 @@ def _open_cluster_store(path: Path, config: BrokerConfig, object_store: str | No
     return node, store
 
 Handler = Callable[["Broker", Request, Session], Awaitable[Any]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,12 @@ class Api:
     min_version: int
     max_version: int
     handler: Handler
+    #: Its effect (a commit, a topic made, a record trimmed) lands after an await, in a worker thread or
+    #: the database: the connection's later requests start only once it is answered, and it starts only
+    #: once the connection's earlier such requests are. Kafka applies one connection's requests in order;
+    #: without this, two pipelined commits could land in either order. Produce needs none: it appends in
+    #: arrival order before its first await.
+    ordered: bool = False
 
 
 class Broker:
@@ -109,6 +117,9 @@ class Broker:
         if node is not None:   # only the group's coordinator commits its offsets, checked in the commit
             self.offsets.fence = node.cluster.group_fence
         self.groups = GroupCoordinator(self.offsets, config=config.groups)
+        #: One thread for the handlers' calls on the committed offsets, run in the order they were made:
+        #: commits of a group from several connections land, and are answered, in the order they came.
+        self._offsets_worker = ThreadPoolExecutor(1, thread_name_prefix="stratalog-offsets")
         self.producers = ProducerStates(config.producers_max)
         self.appender = OrderedAppender()
         self._snapshots = ProducerSnapshots(self.tables.producers)
@@ -178,6 +189,11 @@ class Broker:
                     w.set_result(None)
         self._waiters.clear()
 
+    def in_offsets_order(self, call: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """``call(*args)`` on the offsets' thread, after every call handed to it before (call this before
+        the handler's first await, so the order is the requests')."""
+        return asyncio.get_running_loop().run_in_executor(self._offsets_worker, call, *args)
+
     async def close(self) -> None:
         if self.node is not None:
             await self.node.stop()
@@ -200,6 +216,7 @@ class Broker:
         self.credentials.close()
         self.authorizer.close()
         self.quotas.close()
+        self._offsets_worker.shutdown(wait=True)
         self.offsets.close()
         clean = False
         if self.node is not None:

@@ -250,6 +250,8 @@ class _KafkaProtocol(asyncio.Protocol):
         self.admitted = False
         #: Bytes of the requests read and not yet answered.
         self.in_flight_bytes = 0
+        #: The newest ordered request's handler (``Api.ordered``) while it runs: later requests start after it.
+        self.ordered_task: asyncio.Task[EncodedResponse | None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         #: When the request being read began to arrive (None: no partial request): its whole frame must
         #: arrive within request_read_timeout_s of that, however it trickles.
@@ -381,8 +383,13 @@ class _KafkaProtocol(asyncio.Protocol):
         self.server.requests_queued += 1
         response.queued = True
         self.responses.append(response)
-        response.task = self.loop.create_task(self._handle(request, session, response))
+        before = self.ordered_task
+        if before is not None and before.done():
+            before = self.ordered_task = None
+        response.task = self.loop.create_task(self._handle(request, session, response, before))
         response.task.add_done_callback(functools.partial(self._answered, response))
+        if self.broker.apis[request.api_key].ordered:
+            self.ordered_task = response.task  # it waited for the one before: a chain in arrival order
 
     def _api_versions_error(self, correlation_id: int) -> bytes:
         body = {"error_code": ErrorCode.unsupported_version, "api_keys": [
@@ -398,7 +405,10 @@ class _KafkaProtocol(asyncio.Protocol):
             throttle_ms = max(throttle_ms, quotas.record(user, client, PRODUCER_BYTE_RATE, request.frame_bytes))
         return throttle_ms
 
-    async def _handle(self, request: Request, session: Session, response: _Response) -> EncodedResponse | None:
+    async def _handle(self, request: Request, session: Session, response: _Response,
+                      before: asyncio.Task[EncodedResponse | None] | None) -> EncodedResponse | None:
+        if before is not None:
+            await asyncio.wait((before,))  # an ordered request read earlier: its effect first
         response.queued = False
         self.server.request_started()
         api = self.broker.apis[request.api_key]

@@ -252,10 +252,13 @@ class Stream:
         0: not at all) for uploads to make room, then raises BackpressureError."""
         return self._store._append_kafka(self._state, kafka_batch, count, max_timestamp_ms, wait_s_max)
 
-    def fetch_batches(self, start_offset: int, max_bytes: int = 1 << 20) -> list[StoredBatch]:
+    def fetch_batches(self, start_offset: int, max_bytes: int = 1 << 20, *,
+                      at_least_one: bool = True) -> list[StoredBatch]:
         """The stored batches holding ``start_offset`` and the offsets after it, whole (the first may begin
-        before ``start_offset``), about ``max_bytes`` at most but at least one batch when one exists."""
-        return self._store._fetch_batches(self._state, start_offset, max_bytes)
+        before ``start_offset``), their bodies ``max_bytes`` at most in all (a Kafka batch's body is the
+        batch as Kafka sends it); with ``at_least_one``, the first batch whatever its size, so that a
+        reader always progresses (Kafka's rule for a fetch's first batch)."""
+        return self._store._fetch_batches(self._state, start_offset, max_bytes, at_least_one)
 
     def fetch(self, start_offset: int, end_offset: int | None = None, max_bytes: int = 1 << 20) -> list[Record]:
         """Records from ``start_offset`` (up to ``end_offset``), in order, about ``max_bytes`` of values at
@@ -578,7 +581,7 @@ class StreamStore:
             pos = entry.end_offset
         return out
 
-    def _fetch_batches(self, st: _StreamState, start: int, max_bytes: int) -> list[StoredBatch]:
+    def _fetch_batches(self, st: _StreamState, start: int, max_bytes: int, at_least_one: bool) -> list[StoredBatch]:
         self._check_not_closed()
         with self._lock:
             low, stop, committed = st.start_offset, st.durable_end, st.committed_end
@@ -588,9 +591,15 @@ class StreamStore:
             tail = st.cached_between(max(start, committed), stop)
         out: list[StoredBatch] = []
         budget = max_bytes
+
+        def fits(size_bytes: int) -> bool:
+            """Whether a batch of this size goes in: within what is left, or as the one batch promised."""
+            return size_bytes <= budget or (at_least_one and not out)
+
         pos = start
+        full = False
         if start < committed:
-            while pos < min(stop, committed) and budget > 0:
+            while pos < min(stop, committed) and not full:
                 rows = self._cold_rows.rows(st.stream_id, pos, 1)
                 if not rows:
                     break
@@ -599,23 +608,26 @@ class StreamStore:
                 for at, info in placed_batches(block, row.entry()):
                     if info.end_offset <= pos:
                         continue
-                    if budget <= 0 and out:
+                    batch = stored_batch(block, at, info)
+                    if not fits(len(batch.body)):
+                        full = True
                         break
-                    out.append(stored_batch(block, at, info))
-                    budget -= info.batch_bytes
+                    out.append(batch)
+                    budget -= len(batch.body)
                 pos = max(pos, row.end_offset)
             if self._cold_pacer is not None:
                 self._cold_pacer.take(max_bytes - budget)
-            if budget <= 0 and out:
+            if full:
                 return out
             pos = max(pos, committed)
         for entry in tail:
             if entry.end_offset <= pos:
                 continue
-            if budget <= 0 and out:
+            batch = stored_batch(entry.data, 0, read_batch_info(entry.data))
+            if not fits(len(batch.body)):
                 break
-            out.append(stored_batch(entry.data, 0, read_batch_info(entry.data)))
-            budget -= len(entry.data)
+            out.append(batch)
+            budget -= len(batch.body)
         return out
 
     def _take(self, buf: bytes, at: int, info: BatchInfo, start: int, stop: int, out: list[Record],

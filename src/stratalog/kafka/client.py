@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import socket
 import ssl
+from collections.abc import Sequence
 from typing import Any
 
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
@@ -94,16 +95,39 @@ class KafkaConnection:
             raise BrokerConnectionError(f"the broker answered request {answered}, not {correlation_id}")
         return response
 
+    def call_pipelined(self, requests: Sequence[tuple[int, int, Any]]) -> list[Any]:
+        """Send every request (api key, version, body) before reading any response, as clients with several
+        requests in flight do; their response bodies, in order (a broker answers a connection in order)."""
+        ids = [next(self._ids) for _ in requests]
+        frames = []
+        for correlation_id, (api_key, api_version, body) in zip(ids, requests, strict=True):
+            frame = encode_request(api_key, api_version, correlation_id, self.client_id, body)
+            frames.append(FRAME_SIZE.pack(len(frame)) + frame)
+        try:
+            self._sock.sendall(b"".join(frames))
+            responses = []
+            for correlation_id, (api_key, api_version, _) in zip(ids, requests, strict=True):
+                answered, response = decode_response(self._read_frame(), api_key, api_version)
+                if answered != correlation_id:
+                    raise BrokerConnectionError(f"the broker answered request {answered}, not {correlation_id}")
+                responses.append(response)
+        except OSError as e:
+            raise BrokerConnectionError(f"the connection to the broker failed: {e}") from e
+        return responses
+
     def exchange(self, frame: bytes) -> bytes:
         """Send a whole request frame (its size first); the response frame, without its size."""
         try:
             self._sock.sendall(frame)
-            size = FRAME_SIZE.unpack(self._read(FRAME_SIZE.size))[0]
-            if not 0 < size <= RESPONSE_BYTES_MAX:
-                raise BrokerConnectionError(f"the broker announced a response of {size} bytes")
-            return self._read(size)
+            return self._read_frame()
         except OSError as e:
             raise BrokerConnectionError(f"the connection to the broker failed: {e}") from e
+
+    def _read_frame(self) -> bytes:
+        size = FRAME_SIZE.unpack(self._read(FRAME_SIZE.size))[0]
+        if not 0 < size <= RESPONSE_BYTES_MAX:
+            raise BrokerConnectionError(f"the broker announced a response of {size} bytes")
+        return self._read(size)
 
     def next_correlation_id(self) -> int:
         return next(self._ids)

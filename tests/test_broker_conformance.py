@@ -1,0 +1,270 @@
+"""What Kafka clients expect of a broker and outside clients found wrong: a connection's requests take
+effect in the order they arrived (a pipelined commit never lands before an older one), and a Fetch
+response holds no more record bytes than the request allows (only the first batch of the first partition
+that has one may go over, so a consumer always progresses)."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import random
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.offset_commit.v8.request import (
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+)
+from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRequestGroup, OffsetFetchRequestTopics
+from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
+from kio.schema.types import GroupId, TopicName
+from kio.static.primitive import i16, i32, i32Timedelta, i64
+
+from brokerkit import BrokerProcess, running_broker
+from clusterkit import BrokerCluster, find_coordinator, running_cluster
+from conftest import SeaweedS3
+from kafkaclients import CLIENTS, FetchBounds, consume_until, make_client
+from stratalog.kafka.client import KafkaConnection
+from stratalog.kafka.records import encode_batch
+from waiting import wait_until
+
+pytest_plugins = ["pgkit"]
+
+PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 8, 9
+COMMIT_TOPIC, COMMIT_PARTITIONS = "committed", 2
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with running_broker(tmp_path_factory.mktemp("conformance") / "data") as b:
+        create_topic(b.bootstrap, COMMIT_TOPIC, COMMIT_PARTITIONS)
+        yield b
+
+
+# A connection's requests take effect in order ------------------------------------------------------------
+
+def commit_request(group: str, partition: int, offset: int) -> OffsetCommitRequest:
+    return OffsetCommitRequest(group_id=GroupId(group), member_id="", topics=(OffsetCommitRequestTopic(
+        name=TopicName(COMMIT_TOPIC), partitions=(OffsetCommitRequestPartition(
+            partition_index=i32(partition), committed_offset=i64(offset), committed_metadata=f"#{offset}"),)),))
+
+
+def fetch_request(group: str) -> OffsetFetchRequest:
+    return OffsetFetchRequest(groups=(OffsetFetchRequestGroup(group_id=GroupId(group), topics=(
+        OffsetFetchRequestTopics(name=TopicName(COMMIT_TOPIC),
+                                 partition_indexes=tuple(i32(p) for p in range(COMMIT_PARTITIONS))),)),))
+
+
+def fetched_offsets(response: Any) -> tuple[int, dict[int, int]]:
+    (answer,) = response.groups
+    return int(answer.error_code), {p.partition_index: p.committed_offset for t in answer.topics for p in t.partitions}
+
+
+def offset_fetch(connection: KafkaConnection, group: str) -> tuple[int, dict[int, int]]:
+    """OffsetFetch's error code and the group's committed offset per partition of COMMIT_TOPIC."""
+    return fetched_offsets(connection.call(OFFSET_FETCH, 8, fetch_request(group)))
+
+
+def committed(connection: KafkaConnection, group: str) -> dict[int, int]:
+    error, offsets = offset_fetch(connection, group)
+    assert error == 0
+    return offsets
+
+
+def pipelined_commits_land_in_order(bootstrap: str, group: str, commits: list[tuple[int, int]]) -> None:
+    """Send every commit on one connection, and an OffsetFetch after them, before reading an answer; then
+    ask on another connection too: the group has the last acknowledged commit of each partition, whatever
+    the order of offsets."""
+    with KafkaConnection(bootstrap, {}, client_id="pipelining") as connection:
+        *responses, fetched = connection.call_pipelined(
+            [(OFFSET_COMMIT, 8, commit_request(group, partition, offset)) for partition, offset in commits]
+            + [(OFFSET_FETCH, 8, fetch_request(group))])
+    assert [p.error_code for r in responses for t in r.topics for p in t.partitions] == [0] * len(commits)
+    error, also_pipelined = fetched_offsets(fetched)
+    assert error == 0
+    expected = {partition: -1 for partition in range(COMMIT_PARTITIONS)}
+    for partition, offset in commits:
+        expected[partition] = offset
+    with KafkaConnection(bootstrap, {}, client_id="reader") as connection:
+        assert committed(connection, group) == expected
+    assert also_pipelined == expected
+
+
+#: A new group for each example: what an earlier one committed must not count.
+GROUP_NUMBERS = itertools.count()
+COMMITS = st.lists(st.tuples(st.integers(0, COMMIT_PARTITIONS - 1), st.integers(0, 1 << 40)),
+                   min_size=2, max_size=40)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(commits=COMMITS)
+def test_pipelined_commits_take_effect_in_the_order_they_arrived(
+        broker: BrokerProcess, commits: list[tuple[int, int]]) -> None:
+    pipelined_commits_land_in_order(broker.bootstrap, f"pipelined-{next(GROUP_NUMBERS)}", commits)
+
+
+def test_a_long_run_of_falling_commits_ends_at_the_last(broker: BrokerProcess) -> None:
+    # The issue's case: offsets that go down as they are committed (50, then 45 read back) show any
+    # reordering at once.
+    pipelined_commits_land_in_order(broker.bootstrap, "falling", [(0, offset) for offset in range(200, 0, -1)])
+
+
+def test_pipelined_commits_take_effect_in_order_in_a_cluster(
+        tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
+    # Offsets in PostgreSQL: each commit is a round trip, so commits run in parallel would overtake.
+    with running_cluster(tmp_path, pg_database, seaweedfs, 2) as cluster:
+        create_topic(cluster.bootstrap(1), COMMIT_TOPIC, COMMIT_PARTITIONS)
+
+        @settings(max_examples=15, deadline=None)
+        @given(commits=COMMITS)
+        def commits_land_in_order(commits: list[tuple[int, int]]) -> None:
+            group = f"clustered-{next(GROUP_NUMBERS)}"
+            pipelined_commits_land_in_order(coordinator(cluster, group), group, commits)
+
+        commits_land_in_order()
+        pipelined_commits_land_in_order(coordinator(cluster, "falling"), "falling",
+                                        [(0, o) for o in range(100, 0, -1)])
+
+
+def coordinator(cluster: BrokerCluster, group: str) -> str:
+    """The address of the group's coordinator, once it says it is (a new group's lease is taken first)."""
+    def ready() -> str | None:
+        with cluster.connect(1) as connection:
+            error, _, host, port = find_coordinator(connection, group)
+        if error:
+            return None
+        with KafkaConnection(f"{host}:{port}", {}) as connection:
+            return f"{host}:{port}" if offset_fetch(connection, group)[0] == 0 else None
+    return wait_until(ready, f"a coordinator of group {group} that answers for it")
+
+
+# A Fetch holds no more than max_bytes -----------------------------------------------------------------
+
+FETCH_TOPIC, FETCH_PARTITIONS = "bounded", 12
+#: Value bytes of a record: batches from under a hundred bytes to well over the bounds fetched with.
+VALUE_SIZES = (40, 900, 7_000, 60_000, 150_000)
+
+
+@dataclass(frozen=True)
+class Batch:
+    base_offset: int
+    count: int
+    size_bytes: int  # as Kafka sends it: its log overhead (offset, length) and all
+
+
+@pytest.fixture(scope="module")
+def batches(broker: BrokerProcess) -> dict[int, list[Batch]]:
+    """FETCH_TOPIC's batches per partition, 2 to 8 a partition of 1 to 3 records of mixed sizes."""
+    create_topic(broker.bootstrap, FETCH_TOPIC, FETCH_PARTITIONS)
+    rng = random.Random(11)
+    now_ms = int(time.time() * 1000)
+    layout: dict[int, list[Batch]] = {}
+    with KafkaConnection(broker.bootstrap, {}) as connection:
+        for partition in range(FETCH_PARTITIONS):
+            layout[partition], offset = [], 0
+            for _ in range(rng.randint(2, 8)):
+                size = rng.choice(VALUE_SIZES)
+                records = [(None, bytes([65 + offset % 26]) * size, (), now_ms) for _ in range(rng.randint(1, 3))]
+                batch = encode_batch(records, base_offset=0)
+                response = connection.call(PRODUCE, 3, ProduceRequest(
+                    acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=60)), topic_data=(
+                        TopicProduceData(name=TopicName(FETCH_TOPIC), partition_data=(
+                            PartitionProduceData(index=i32(partition), records=batch),)),)))
+                (answer,) = response.responses[0].partition_responses
+                assert (answer.error_code, answer.base_offset) == (0, offset)
+                layout[partition].append(Batch(offset, len(records), len(batch)))
+                offset += len(records)
+    return layout
+
+
+def batches_in(records: bytes | None) -> list[int]:
+    """The base offset of each batch in a partition's records (a whole batch each: the broker never cuts one)."""
+    found, at = [], 0
+    data = records or b""
+    while at < len(data):
+        base_offset, length = struct.unpack_from(">qi", data, at)
+        found.append(base_offset)
+        at += 12 + length
+    assert at == len(data)
+    return found
+
+
+def kafka_fetch_model(layout: dict[int, list[Batch]], starts: dict[int, int], max_bytes: int,
+                      partition_max_bytes: int) -> dict[int, list[int]]:
+    """What Kafka returns: partitions in request order, each its longest run of whole batches from the one
+    holding its start that fits min(partition_max_bytes, what max_bytes leaves); the first batch of the
+    first partition that has one goes whole whatever its size."""
+    expected: dict[int, list[int]] = {}
+    total = 0
+    for partition, start in starts.items():
+        run = [b for b in layout[partition] if b.base_offset + b.count > start]
+        budget = min(partition_max_bytes, max_bytes - total)
+        taken: list[int] = []
+        used = 0
+        for batch in run:
+            if used + batch.size_bytes > budget and (taken or total):
+                break
+            taken.append(batch.base_offset)
+            used += batch.size_bytes
+        expected[partition] = taken
+        total += used
+    return expected
+
+
+def test_a_fetch_fits_max_bytes_and_partition_max_bytes_but_for_the_first_batch(
+        broker: BrokerProcess, batches: dict[int, list[Batch]]) -> None:
+    with KafkaConnection(broker.bootstrap, {}) as connection:
+
+        @settings(max_examples=150, deadline=None)
+        @given(data=st.data(), max_bytes=st.integers(0, 400_000), partition_max_bytes=st.integers(0, 200_000))
+        def as_kafka_does(data: st.DataObject, max_bytes: int, partition_max_bytes: int) -> None:
+            order = data.draw(st.permutations(range(FETCH_PARTITIONS)))
+            ends = {p: batches[p][-1].base_offset + batches[p][-1].count for p in order}
+            starts = {p: data.draw(st.integers(0, ends[p])) for p in order}
+            response = connection.call(FETCH, 4, FetchRequest(
+                max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), max_bytes=i32(max_bytes),
+                topics=(FetchTopic(topic=TopicName(FETCH_TOPIC), partitions=tuple(
+                    FetchPartition(partition=i32(p), fetch_offset=i64(starts[p]),
+                                   partition_max_bytes=i32(partition_max_bytes)) for p in order)),)))
+            (topic,) = response.responses
+            assert [p.error_code for p in topic.partitions] == [0] * FETCH_PARTITIONS
+            got = {int(p.partition_index): batches_in(p.records) for p in topic.partitions}
+            assert got == kafka_fetch_model(batches, starts, max_bytes, partition_max_bytes)
+            sent = sum(len(p.records or b"") for p in topic.partitions)
+            assert sent <= max_bytes or sum(map(len, got.values())) == 1
+
+        as_kafka_does()
+
+
+@pytest.mark.parametrize("client_name", CLIENTS)
+def test_each_client_reads_every_batch_under_tight_fetch_bounds(
+        broker: BrokerProcess, batches: dict[int, list[Batch]], client_name: str) -> None:
+    # Bounds under the largest batches: only the first-batch rule lets those through, and librdkafka
+    # drops a whole response that goes over its frame bound (and stalls) rather than read it.
+    largest = max(b.size_bytes for bs in batches.values() for b in bs)
+    bounds = FetchBounds(response_bytes=largest + 1000, partition_bytes=largest // 4)
+    client = make_client(client_name)
+    consumer = client.consumer(broker.bootstrap, f"bounded-{client_name}", [FETCH_TOPIC], bounds)
+    try:
+        count = sum(b.count for bs in batches.values() for b in bs)
+        (got,) = consume_until([consumer], count, timeout_s=120)
+    finally:
+        consumer.close()
+        client.close()
+    every = {(p, b.base_offset + i) for p, bs in batches.items() for b in bs for i in range(b.count)}
+    assert sorted((r.partition, r.offset) for r in got) == sorted(every)
