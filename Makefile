@@ -4,18 +4,30 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean postgres-server
+.PHONY: run test lint bench clean postgres-server sanitize
 
-$(STAMP): pyproject.toml
+# STRATALOG_BUILD_STRICT: the compiled core's warnings are errors and a failed build stops here, so a tree
+# that is run or tested never falls back to the Python twins unnoticed (setup.py).
+export STRATALOG_BUILD_STRICT := 1
+
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip 'setuptools>=77'
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-run: $(STAMP)
+# The compiled core (src/native/), built in place beside the Python package, again whenever its sources
+# change; then checked to load.
+NATIVE := $(VENV)/.native
+$(NATIVE): $(STAMP) setup.py $(wildcard src/native/*.c src/native/*.h)
+	$(BIN)/python setup.py --quiet build_ext --inplace
+	$(BIN)/python -c "from stratalog.native import core, native; assert native is not None, core()"
+	touch $(NATIVE)
+
+run: $(NATIVE)
 	$(BIN)/stratalog serve --data-dir data --listen 127.0.0.1:9092
 
-lint: $(STAMP)
+lint: $(NATIVE)
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
@@ -31,11 +43,36 @@ endif
 
 # Three workers on two cores (much of the suite waits on servers, leases and timers), each module's tests
 # on one of them, so its module-scoped servers start once; tests/schedulekit.py says which goes where.
-test: lint postgres-server
+test: lint postgres-server sanitize
 	$(BIN)/pytest -n 3 --dist loadscope
+	STRATALOG_PURE_PYTHON=1 $(BIN)/pytest -q -p no:randomly $(PARSER_TESTS)
+
+# The parsers' tests on the Python twins too (STRATALOG_PURE_PYTHON), as a machine without a compiler runs.
+PARSER_TESTS := tests/test_kafka_record_check.py tests/test_kafka_records.py tests/test_kafka_fetch_response.py \
+	tests/test_kafka_produce_response.py
+
+# The compiled core under AddressSanitizer and UndefinedBehaviorSanitizer: built apart (build/sanitize) and
+# loaded by the interpreter with gcc's sanitizer runtimes preloaded and Python's own allocator off
+# (PYTHONMALLOC=malloc, so every buffer a test hands the core has ASan's red zones around it); then the
+# twin tests and the fuzz targets that reach native code. Any report stops the run. (gcc's runtime takes
+# over libFuzzer's coverage hooks, so here the fuzz targets mutate their seeds unguided; test_fuzz.py runs
+# the same targets coverage-guided on the unsanitized build.)
+SANITIZED := build/sanitize
+sanitize: $(STAMP)
+	rm -rf $(SANITIZED) && mkdir -p $(SANITIZED)
+	cp -r setup.py pyproject.toml README.md src $(SANITIZED)/
+	find $(SANITIZED)/src -name '*.so' -delete
+	cd $(SANITIZED) && STRATALOG_SANITIZE=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
+	export LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  PYTHONPATH=$(SANITIZED)/src; \
+	$(BIN)/python -c "from stratalog.native import native; assert native is not None and native.__file__.startswith('$(abspath $(SANITIZED))'), native" && \
+	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py && \
+	$(BIN)/stratalog chaos fuzz --seconds 15 --runs 100000 --target native_record_walk --target kafka_record_check \
+	  --findings-dir $(SANITIZED)/findings
 
 bench: $(STAMP)
 	$(BIN)/stratalog bench wal --json bench-wal.json
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build src/stratalog/*.so

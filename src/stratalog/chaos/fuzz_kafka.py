@@ -46,7 +46,8 @@ from stratalog.kafka.codec import (
     encode_request,
 )
 from stratalog.kafka.connection import FrameReader
-from stratalog.kafka.record_check import check_records
+from stratalog.kafka.record_check import check_records, walk_records
+from stratalog.native import native
 from stratalog.wal.format import crc32c
 
 # ---------------------------------------------------------------------------------------------------
@@ -315,6 +316,36 @@ def check_produced(data: bytes) -> None:
         check(len(decoded) == header.record_count, "the record check accepted a batch the decoder cut short")
 
 
+def check_native_walk(data: bytes) -> None:
+    """The compiled record walk against its Python twin: the same end, or the same error and message.
+    The first byte is the record count; the rest, records as a batch holds them (a real batch's records
+    for the seeds, so mutations land in fields). Without the compiled core only the twin runs."""
+    reader = Reader(data)
+    count = reader.u8()
+    records = reader.rest()
+
+    def outcome(walk: Callable[[bytes, int, int], int]) -> tuple[str, object]:
+        try:
+            return "returned", walk(records, 0, count)
+        except kr.KafkaBatchError as e:
+            return type(e).__name__, str(e)
+
+    python = outcome(walk_records)
+    if native is not None:
+        compiled = outcome(native.walk_records)
+        check(compiled == python, f"the compiled walk gave {compiled}, its Python twin {python}")
+
+
+def walk_seeds() -> list[bytes]:
+    seeds = []
+    for fields in ([(b"k", b"hi", (), 1000), (None, b"yo", (("h", b"v"),), 1005)],
+                   [(b"key-%d" % i, b"value " * i, (("n\u00e9", b"%d" % i),), 1_700_000_000_000 + i)
+                    for i in range(12)]):
+        batch = kr.encode_batch(fields, base_offset=0)
+        seeds.append(bytes([len(fields)]) + batch[kr.RECORDS_POSITION:])
+    return seeds
+
+
 def _check_one_batch(batch: bytes, header: kr.BatchHeader) -> None:
     # From the first offset there can be: a client may send any baseOffset, negative ones too.
     decoded = list(kr.decode_records(batch, start_offset=kr.INT64_MIN, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX))
@@ -389,4 +420,6 @@ TARGETS = (
     FuzzTarget("kafka_record_check", "record_check.check_records (produce): accepts only what decode_records reads",
                check_produced, (kr.KafkaBatchError,), batch_seeds,
                input_bytes_max=BATCH_BYTES_MAX, allocation_bytes_max=_batch_allocation_bytes_max),
+    FuzzTarget("native_record_walk", "the compiled record walk (produce's check) against its Python twin: "
+               "same end, same error", check_native_walk, (kr.KafkaBatchError,), walk_seeds),
 )

@@ -24,6 +24,7 @@ from stratalog.broker.server import BrokerServer
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata_backends import MetadataUnavailableError, without_password
 from stratalog.io.device import Device, FileDevice
+from stratalog.native import core as native_core
 from stratalog.wal.config import FsyncPolicy, WALConfig
 
 log = logging.getLogger("stratalog.broker")
@@ -149,6 +150,7 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
         first = listeners[0]
         click.echo(f"  connect any Kafka client with bootstrap servers {first.host}:{first.port}, e.g.")
         click.echo(f"  kafka-python: KafkaProducer(bootstrap_servers='{first.host}:{first.port}')")
+        click.echo(f"  core: {native_core()}")
         if config.metadata is not None:
             click.echo(f"  topics, offsets, users, ACLs, quotas and stream metadata in "
                        f"{without_password(config.metadata)}")

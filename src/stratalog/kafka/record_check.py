@@ -23,25 +23,39 @@ from stratalog.kafka.records import (
     _decompress,
     _read_varint,
 )
+from stratalog.native import native
 
 
 def check_records(view: memoryview, header: BatchHeader, *, decompressed_bytes_max: int) -> None:
     """Check every record of the batch ``view`` holds (its header checked by ``check_batch``); raises
     CorruptRecordError or InvalidRecordError naming the first record that is wrong."""
     codec = header.attributes & COMPRESSION_MASK
+    data: bytes | memoryview
     if codec == Compression.NONE:
-        # A copy: indexing bytes is twice as fast as indexing a memoryview, and the walk indexes every field.
-        data = bytes(view)
+        # The Python walk takes a copy: indexing bytes is twice as fast as indexing a memoryview, and it
+        # indexes every field. The compiled one reads the view itself.
+        data = view if native is not None else bytes(view)
         p = RECORDS_POSITION
     else:
         data = _decompress(codec, view[RECORDS_POSITION:], decompressed_bytes_max)
         p = 0
-    try:
-        p = _walk(data, p, header.record_count)
-    except IndexError:  # a varint ran off the end of the data
-        raise CorruptRecordError("a record runs past the end of the batch") from None
+    p = _walk_records(data, p, header.record_count)
     if p != len(data):
         raise CorruptRecordError(f"{len(data) - p} bytes after the last record")
+
+
+def walk_records(data: bytes | memoryview, position: int, count: int) -> int:
+    """Check ``count`` records at ``data[position:]`` (uncompressed); the position after the last.
+    The reference of the compiled ``stratalog._native.walk_records``: same rules, same errors."""
+    if position < 0:
+        raise ValueError("position must not be negative")
+    try:
+        return _walk(bytes(data), position, count)
+    except IndexError:  # a varint ran off the end of the data
+        raise CorruptRecordError("a record runs past the end of the batch") from None
+
+
+_walk_records = native.walk_records if native is not None else walk_records
 
 
 def _walk(data: bytes, p: int, count: int) -> int:

@@ -1,0 +1,126 @@
+"""The compiled core against its Python twins: the same inputs, valid and hostile, give the same result
+or the same error (type and message). These tests need the compiled module (make test builds it); the
+twins' own behaviour is tested elsewhere (test_kafka_record_check.py), and runs on either core."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stratalog import _native
+from stratalog.kafka.record_check import walk_records
+from stratalog.kafka.records import RECORDS_POSITION, encode_batch
+from stratalog.native import PURE_PYTHON_ENV
+
+Outcome = tuple[str, object]
+
+
+def outcome(walk: object, data: bytes, position: int, count: int) -> Outcome:
+    try:
+        return "returned", walk(data, position, count)  # type: ignore[operator]
+    except Exception as e:
+        return type(e).__name__, str(e)
+
+
+def same_walk(data: bytes, position: int, count: int) -> Outcome:
+    python = outcome(walk_records, data, position, count)
+    native = outcome(_native.walk_records, data, position, count)
+    assert native == python, (data.hex(), position, count)
+    native_view = outcome(_native.walk_records, memoryview(data), position, count)
+    assert native_view == python
+    return python
+
+
+HEADER_KEYS = st.one_of(st.text(max_size=8), st.binary(max_size=8).map(lambda b: b.decode("latin-1")))
+RECORDS = st.lists(st.tuples(
+    st.none() | st.binary(max_size=40),
+    st.none() | st.binary(max_size=300),
+    st.lists(st.tuples(HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3),
+    st.integers(0, 1 << 45)), min_size=1, max_size=12)
+
+
+def records_part(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]) -> bytes:
+    return encode_batch([(k, v, tuple(h), ts) for k, v, h, ts in records], base_offset=0)[RECORDS_POSITION:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=RECORDS)
+def test_valid_records_walk_to_the_same_end(
+        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]) -> None:
+    data = records_part(records)
+    assert same_walk(data, 0, len(records)) == ("returned", len(data))
+
+
+MUTATIONS = st.lists(st.tuples(st.sampled_from(["set", "insert", "delete"]), st.integers(0, 1 << 16),
+                               st.integers(0, 255)), min_size=1, max_size=4)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(records=RECORDS, mutations=MUTATIONS, cut=st.integers(0, 1 << 16), count_change=st.integers(-2, 2))
+def test_damaged_records_fail_alike(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]],
+                                                       int]],
+                                    mutations: list[tuple[str, int, int]], cut: int, count_change: int) -> None:
+    data = bytearray(records_part(records))
+    for kind, place, byte in mutations:
+        at = place % (len(data) + 1)
+        if kind == "set" and at < len(data):
+            data[at] = byte
+        elif kind == "insert":
+            data.insert(at, byte)
+        elif kind == "delete" and at < len(data):
+            del data[at]
+    if cut % 3 == 0:
+        del data[cut % (len(data) + 1):]
+    same_walk(bytes(data), 0, len(records) + count_change)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(data=st.binary(max_size=200), position=st.integers(0, 210), count=st.integers(-1, 20))
+def test_any_bytes_fail_alike(data: bytes, position: int, count: int) -> None:
+    same_walk(data, position, count)
+
+
+def varint(value: int) -> bytes:
+    raw = (value << 1) ^ (value >> 127)  # zigzag, wide enough for the 70-bit values below
+    out = bytearray()
+    while raw >= 0x80:
+        out.append(raw & 0x7F | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("value", [
+    1 << 62, (1 << 63) - 1, 1 << 63, -(1 << 63), (1 << 68) + 5, -(1 << 68), (1 << 69) - 1, -(1 << 69)])
+@pytest.mark.parametrize("field", ["length", "offset_delta", "key", "value"])
+def test_wide_varints_are_read_to_seventy_bits_alike(value: int, field: str) -> None:
+    # A varint of up to 10 bytes: Python reads its 70 bits exactly, and so must the compiled walk.
+    fields = {"length": varint(20), "attributes": b"\0", "timestamp": varint(0), "offset_delta": varint(0),
+              "key": varint(-1), "value": varint(3) + b"abc", "headers": varint(0)}
+    fields[field] = varint(value) + (b"" if field != "value" else b"abc")
+    data = b"".join(fields.values()) + bytes(40)
+    same_walk(data, 0, 1)
+
+
+def test_a_varint_of_eleven_bytes_is_refused_alike() -> None:
+    assert same_walk(b"\xff" * 11 + b"\x01", 0, 1)[0] == "CorruptRecordError"
+
+
+def test_a_negative_position_is_refused_alike() -> None:
+    assert same_walk(b"\0" * 8, -1, 1) == ("ValueError", "position must not be negative")
+
+
+def test_the_python_core_is_taken_when_asked_for() -> None:
+    code = "from stratalog.native import core, native; print(native is None, core())"
+    forced = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **{PURE_PYTHON_ENV: "1"}),
+                            capture_output=True, text=True, check=True).stdout
+    assert forced == f"True pure Python ({PURE_PYTHON_ENV} is set)\n"
+    default = subprocess.run([sys.executable, "-c", code], env={k: v for k, v in os.environ.items()
+                                                                 if k != PURE_PYTHON_ENV},
+                             capture_output=True, text=True, check=True).stdout
+    assert default == "False native (C)\n"
