@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -46,3 +47,10 @@ def test_serve_help_imports_no_benchmark_or_harness() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert "Usage: stratalog serve" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_serve_writes_nothing_where_it_runs(tmp_path: Path) -> None:
+    # Not even the .hypothesis/ directory that kio's import of hypothesis makes in a test environment.
+    subprocess.run([sys.executable, "-c", "from stratalog.cli import main; main()", "serve", "--help"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    assert list(tmp_path.iterdir()) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,4 +56,8 @@ def chaos() -> None:
 
 
 def main() -> None:
+    # kio (the Kafka schemas) registers strategies with hypothesis whenever hypothesis is importable, as
+    # in a test environment: 130 ms more at every start, and a .hypothesis/ directory made wherever the
+    # command runs. No command uses hypothesis: keep it out (tests import it before this and keep it).
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
     cli()
