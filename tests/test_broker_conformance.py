@@ -268,3 +268,9 @@ def test_each_client_reads_every_batch_under_tight_fetch_bounds(
         client.close()
     every = {(p, b.base_offset + i) for p, bs in batches.items() for b in bs for i in range(b.count)}
     assert sorted((r.partition, r.offset) for r in got) == sorted(every)
+
+
+def test_the_banner_names_the_compiled_core(broker: BrokerProcess) -> None:
+    # make test builds the compiled core and requires it: a broker that fell back to the Python twins
+    # would pass every other test, slowly.
+    assert "stratalog core: native (C)\n" in broker.output

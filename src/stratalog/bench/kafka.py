@@ -226,8 +226,10 @@ def start_stratalog(data_dir: Path, config: Path | None = None) -> Server:
     from stratalog.broker.config import BrokerConfig
 
     fsync = BrokerConfig().store.wal.fsync.value  # what `serve` runs with when given no --config
+    core = re.search(r"stratalog core: (.*)", _log_tail(log_path))  # printed before it listens
     return Server("stratalog", process, address, log_path,
-                  f"WAL fsync={fsync}: a produce is acknowledged once its batch is durable in the WAL",
+                  f"WAL fsync={fsync}: a produce is acknowledged once its batch is durable in the WAL; "
+                  f"{core.group(1) if core else 'core not reported'}",
                   "this checkout", objects_dir=store_dir / "objects" / "data")
 
 

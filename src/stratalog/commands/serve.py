@@ -144,13 +144,13 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
             listeners = await server.start()
         except OSError as e:   # its message names the address: "... bind on address (...): address already in use"
             raise click.ClickException(f"cannot listen: {e.strerror}") from None
+        click.echo(f"stratalog core: {native_core()}")  # before the listeners: who waits for those sees it
         for listener in listeners:
             click.echo(f"stratalog broker listening on {listener.host}:{listener.port} ({listener.protocol.value}; "
                        f"data in {data_dir})")
         first = listeners[0]
         click.echo(f"  connect any Kafka client with bootstrap servers {first.host}:{first.port}, e.g.")
         click.echo(f"  kafka-python: KafkaProducer(bootstrap_servers='{first.host}:{first.port}')")
-        click.echo(f"  core: {native_core()}")
         if config.metadata is not None:
             click.echo(f"  topics, offsets, users, ACLs, quotas and stream metadata in "
                        f"{without_password(config.metadata)}")
