@@ -137,12 +137,17 @@ class ObjectBuilder:
 
     def finish(self) -> bytes:
         """The whole object: blocks, index, footer."""
+        return b"".join(self.finish_parts())
+
+    def finish_parts(self) -> list[bytes]:
+        """The whole object as its parts, in order: each data block, the index, the footer. Written part by
+        part, an object of tens of MiB is never joined: a join that size holds the GIL for milliseconds."""
         index = encode_index(self._entries)
         version = OBJECT_FORMAT_VERSION
         footer_head = FOOTER.pack(self._position, len(index), crc32c(index), len(self._entries),
                                   version, self._flags, OBJECT_MAGIC, 0)[:FOOTER_CRC_COVERS_BYTES]
         footer = footer_head + crc32c(footer_head).to_bytes(4, "little")
-        return b"".join([*self._parts, index, footer])
+        return [*self._parts, index, footer]
 
 
 def encode_index(entries: Iterable[BlockEntry]) -> bytes:

@@ -45,7 +45,7 @@ from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError, release_frames
 from stratalog.invariant import invariant
 from stratalog.io.device import Device
-from stratalog.objects.store import ObjectStore
+from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.records import NewRecord, Record
 from stratalog.wal import WriteAheadLog
 from stratalog.wal.protocol import WAL
@@ -926,11 +926,13 @@ class StreamStore:
             for st, entries in group:
                 builder.add_stream(st.stream_id, [StreamBatch(e.base_offset, e.count, e.max_timestamp_ms, e.data)
                                                   for e in entries])
-            data = builder.finish()
+            parts = builder.finish_parts()
+            size_bytes = sum(len(part) for part in parts)
             object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
             key = object_key(object_id)
-            self._with_retries(f"writing object {key}", functools.partial(self._objects.put, key, data))
-            written.append(NewObject(object_id, key, len(data), builder.entries))
+            self._with_retries(f"writing object {key}", functools.partial(put_parts, self._objects, key, parts,
+                                                                          size_hint=size_bytes))
+            written.append(NewObject(object_id, key, size_bytes, builder.entries))
         return written
 
     def _after_commit(self, taken: list[tuple[_StreamState, list[_Entry]]],
