@@ -21,6 +21,7 @@ BENCH = {
     "streams": "stratalog.commands.bench_streams:streams",
     "queues": "stratalog.commands.bench_queues:queues",
     "kafka": "stratalog.commands.bench_kafka:kafka",
+    "produce-path": "stratalog.commands.bench_produce_path:produce_path",
     "abuse": "stratalog.commands.bench_abuse:abuse",
     "cluster": "stratalog.commands.bench_cluster:cluster",
 }

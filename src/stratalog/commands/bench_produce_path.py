@@ -1,0 +1,49 @@
+"""`stratalog bench produce-path`: the command-line shell around :mod:`stratalog.bench.produce_path`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from stratalog.bench.common import write_json
+from stratalog.bench.produce_path import SHAPES, run_produce_path_bench
+from stratalog.bench.produce_path_report import markdown_report, tables
+from stratalog.commands.bench_log import make_console, progress_bar
+
+REPEATS_DEFAULT = 7
+REPEATS_QUICK = 2
+#: Steps timed per shape (both cores count as one).
+STEPS_PER_SHAPE = 5
+
+
+@click.command(name="produce-path")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help=f"Timed loops per step; the least is kept [default: {REPEATS_DEFAULT}; --quick: {REPEATS_QUICK}].")
+@click.option("--quick", is_flag=True, help=f"{REPEATS_QUICK} loops per step.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the figures as JSON here.")
+@click.option("--markdown-from", "markdown_from", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, metavar="JSON", help="Measure nothing: print this run's tables (from --json) as Markdown.")
+def produce_path(repeats: int | None, quick: bool, json_path: Path | None, markdown_from: Path | None) -> None:
+    """Each computing step of a Produce request (decode, batch check, record check, placing, response) on
+    one batch, timed in this process with the Python twins and with the compiled core: where a request's
+    time goes, and what the compiled core saves. No server, no disk."""
+    if markdown_from is not None:
+        click.echo(markdown_report(json.loads(markdown_from.read_text())))
+        return
+    console = make_console()
+    with progress_bar(console, len(SHAPES) * STEPS_PER_SHAPE) as bar:
+        done = [0]
+
+        def progress() -> None:
+            done[0] += 1
+            bar.phase(f"step {done[0]} of {len(SHAPES) * STEPS_PER_SHAPE}")
+
+        doc = run_produce_path_bench(repeats or (REPEATS_QUICK if quick else REPEATS_DEFAULT), progress)
+    for t in tables(doc):
+        console.print(t.rich())
+    if json_path is not None:
+        write_json(json_path, doc)
+        console.print(f"figures written to {json_path}")

@@ -1,0 +1,31 @@
+"""`stratalog bench produce-path` at its quick setting: every step timed on each core, and its report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from stratalog.bench.produce_path import SHAPES
+from stratalog.cli import cli
+
+
+def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None:
+    out = tmp_path / "produce-path.json"
+    result = CliRunner().invoke(cli, ["bench", "produce-path", "--quick", "--json", str(out)],
+                                catch_exceptions=False, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["bench"] == "produce-path" and doc["core"] == "native (C)"
+    assert [(s["value_bytes"], s["records"]) for s in doc["shapes"]] == list(SHAPES)
+    for shape in doc["shapes"]:
+        assert len(shape["steps"]) == 5 and all(row["python_us"] > 0 for row in shape["steps"])
+        # The record check is the step with a compiled twin; the others are timed once.
+        assert [row["step"] for row in shape["steps"] if row["compiled_us"] is not None] == [
+            "record check: every record walked"]
+        assert shape["compiled_us"] > 0 and shape["python_us"] > 0
+    report = CliRunner().invoke(cli, ["bench", "produce-path", "--markdown-from", str(out)])
+    assert report.exit_code == 0, report.output
+    assert "| record check: every record walked |" in report.output
+    assert f"at commit {doc['commit']}" in report.output
