@@ -109,16 +109,23 @@ class KafkaBenchPlan:
     data_dir: Path
     #: A --config file for `stratalog serve` (None: its defaults), e.g. to measure what a setting costs.
     broker_config: Path | None = None
+    #: NATS's messages per throughput size (None: ``messages``): it syncs each publish, about 5,000 a
+    #: second here, so millions of messages would take hours where the Kafka peers take seconds.
+    nats_messages: int | None = None
+
+    def messages_for(self, peer: str) -> int:
+        return self.nats_messages if peer == "nats" and self.nats_messages is not None else self.messages
 
     @property
     def phases(self) -> int:
         per_peer = 1 + len(self.latency_sizes_bytes) + 4 * len(self.throughput_sizes_bytes)
         return 1 + len(self.peers) * per_peer
 
-    def tail_messages(self, size: int) -> int:
+    def tail_messages(self, size: int, peer: str = "stratalog") -> int:
         """Messages of the tail run: at most half the broker's upload threshold in payload, so record and
         batch overhead cannot reach it and no size-triggered upload runs while it is read."""
-        return max(1, min(self.messages, int(store_setting(self.broker_config, "upload_bytes_threshold")) // 2 // size))
+        threshold = int(store_setting(self.broker_config, "upload_bytes_threshold"))
+        return max(1, min(self.messages_for(peer), threshold // 2 // size))
 
     @property
     def upload_wait_s(self) -> float:
@@ -897,15 +904,16 @@ def _measure(peer: PeerRun, server: Server, plan: KafkaBenchPlan, bar: Any) -> N
 
 
 def _throughput(name: str, server: Server, plan: KafkaBenchPlan, size: int, bar: Any) -> dict[str, Any]:
-    """Produce ``plan.messages``; read a tail run back at once, then again once uploaded.
+    """Produce ``plan.messages_for(name)``; read a tail run back at once, then again once uploaded.
 
     The tail run is the produce run itself when it is small enough (half the upload threshold), read
     right after it; otherwise a run of its own into a second topic, first, so that the produce run's
     leftovers are not in the log cache beside it. The log cache is empty at the start (an upload was
     awaited before)."""
     result: dict[str, Any] = {"message_bytes": size}
-    tail_count = plan.tail_messages(size)
-    shared = tail_count == plan.messages
+    messages = plan.messages_for(server.name)
+    tail_count = plan.tail_messages(size, server.name)
+    shared = tail_count == messages
     tail_topic = _topic("throughput" if shared else "tail", size, server)
     result["tail_run"] = {"topic": tail_topic, "messages": tail_count, "is_produce_run": shared}
     mark = last_object_id(server)
@@ -914,8 +922,8 @@ def _throughput(name: str, server: Server, plan: KafkaBenchPlan, size: int, bar:
         result["tail_run"]["produce"] = _produce_phase(server, "tail", size, tail_count, plan, bar)
         result["consume_tail"], tail_mark = _consume_tail(server, tail_topic, size, result["tail_run"]["produce"],
                                                           mark, bar)
-    bar.phase(f"{name}: produce {plan.messages:,} x {size:,} B, {plan.producers} producers")
-    result["produce"] = _produce_phase(server, "throughput", size, plan.messages, plan, bar)
+    bar.phase(f"{name}: produce {messages:,} x {size:,} B, {plan.producers} producers")
+    result["produce"] = _produce_phase(server, "throughput", size, messages, plan, bar)
     if shared:
         result["consume_tail"], tail_mark = _consume_tail(server, tail_topic, size, result["produce"], mark, bar)
     if server.name == "tansu":

@@ -139,6 +139,9 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
               show_default=True, help="Messages per second of the latency load.")
 @click.option("--messages", type=click.IntRange(min=1), default=MESSAGES_DEFAULT, show_default=True,
               help="Messages per throughput size (100 B and 1 KiB), over all producers.")
+@click.option("--nats-messages", type=click.IntRange(min=1), default=None,
+              help="NATS's messages per throughput size [default: --messages]: NATS syncs each publish, about "
+                   "5,000 a second here, so give it fewer when --messages runs to millions.")
 @click.option("--producers", type=click.IntRange(1, 64), default=PRODUCERS_DEFAULT, show_default=True,
               help="Throughput producer processes.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -153,9 +156,9 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
 @click.option("--markdown-from", "--report", "report_path", metavar="JSON", default=None,
               type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Measure nothing: print this run's tables (from --json) as Markdown.")
-def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages: int, producers: int,
-          data_dir: Path | None, json_path: Path | None, plot_path: Path | None, broker_config: Path | None,
-          report_path: Path | None) -> None:
+def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages: int, nats_messages: int | None,
+          producers: int, data_dir: Path | None, json_path: Path | None, plot_path: Path | None,
+          broker_config: Path | None, report_path: Path | None) -> None:
     """stratalog serve beside NATS JetStream and Tansu: latency and throughput.
 
     Latency is measured as "Building a Distributed Log from Scratch, Part 1" measures it.
@@ -185,7 +188,8 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
         plan = KafkaBenchPlan(peers=names, latency_sizes_bytes=parse_sizes(sizes, LATENCY_SIZE_BYTES_MAX),
                               duration_s=duration_s, rate_per_s=rate_per_s,
                               throughput_sizes_bytes=THROUGHPUT_SIZES_BYTES, messages=messages,
-                              producers=producers, data_dir=target_dir, broker_config=broker_config)
+                              producers=producers, data_dir=target_dir, broker_config=broker_config,
+                              nats_messages=nats_messages)
         machine = print_machine(console, target_dir)
         with progress_bar(console, plan.phases) as bar:
             measured = run_kafka_bench(plan, bar)
@@ -196,7 +200,8 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
         "settings": {"rate_per_s": rate_per_s, "duration_s": duration_s,
                      "latency_sizes_bytes": list(plan.latency_sizes_bytes), "acks": "all",
                      "latency_linger_ms": 0, "throughput_sizes_bytes": list(plan.throughput_sizes_bytes),
-                     "messages": messages, "producers": producers, "linger_ms": LINGER_MS,
+                     "messages": messages, "nats_messages": nats_messages, "producers": producers,
+                     "linger_ms": LINGER_MS,
                      "broker_config": broker_config.read_text() if broker_config else None,
                      "batch_bytes": 1 << 20, "percentiles": "numpy, exact over every sample",
                      "tail_messages": {str(size): plan.tail_messages(size) for size in plan.throughput_sizes_bytes}},
