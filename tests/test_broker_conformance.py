@@ -5,6 +5,7 @@ that has one may go over, so a consumer always progresses)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import itertools
 import random
@@ -34,6 +35,7 @@ from brokerkit import BrokerProcess, running_broker
 from clusterkit import BrokerCluster, find_coordinator, running_cluster
 from conftest import SeaweedS3
 from kafkaclients import CLIENTS, FetchBounds, consume_until, make_client
+from stratalog.broker.server import write_response
 from stratalog.kafka.client import KafkaConnection
 from stratalog.kafka.records import encode_batch
 from waiting import wait_until
@@ -274,3 +276,26 @@ def test_the_banner_names_the_compiled_core(broker: BrokerProcess) -> None:
     # make test builds the compiled core and requires it: a broker that fell back to the Python twins
     # would pass every other test, slowly.
     assert "stratalog core: native (C)\n" in broker.output
+
+
+class _LostAfterFirstWrite(asyncio.Transport):
+    """A transport whose peer is gone once the first piece is written (its send failed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes_after_loss = 0
+        self.lost = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.lost:
+            self.writes_after_loss += 1  # asyncio logs "socket.send() raised exception." from the fifth on
+        self.lost = True
+
+    def is_closing(self) -> bool:
+        return self.lost
+
+
+def test_a_response_stops_being_written_once_its_connection_is_lost() -> None:
+    transport = _LostAfterFirstWrite()
+    write_response(transport, [b"piece"] * 50)  # a Fetch response: one piece per batch
+    assert transport.writes_after_loss == 0

@@ -383,3 +383,17 @@ def test_spark_writes_and_reads_over_sasl_ssl_with_the_writers_acls(broker: Brok
     for name, value in spark_settings(pki, "admin").items():
         reader = reader.option(f"kafka.{name}", value)
     assert sorted(r.value for r in reader.load().collect()) == [b"r%d" % i for i in range(5)]
+
+
+def test_tls_clients_that_close_cost_no_log_line_each(broker: BrokerProcess, pki: Pki) -> None:
+    before = len(broker.output)
+    host, _, port = broker.listeners()["SASL_SSL"].rpartition(":")
+    context = ssl.create_default_context(cafile=pki.ca)
+    for _ in range(20):
+        with socket.create_connection((host, int(port)), timeout=CALL_TIMEOUT_S) as raw, \
+                context.wrap_socket(raw, server_hostname=host) as tls:
+            tls.unwrap().close()  # close_notify, answered by the broker's once it has handled the close
+    # A failed login after them, logged: whatever the closes logged came first on the same pipe.
+    login_error(replace(login(broker, pki, "alice"), user="after-the-closes"))
+    wait_until(lambda: "'after-the-closes'" in "".join(broker.output[before:]), "the failed login to be logged")
+    assert not [line for line in broker.output[before:] if "eof_received" in line]

@@ -273,7 +273,7 @@ class _KafkaProtocol(asyncio.Protocol):
                                authenticated=not listener.protocol.sasl)
         refused = self.server.add(self, host)
         if refused is not None:
-            log.warning("connection from %s refused: %s", self.peer, refused)
+            self.server.refusals.warn("connection from %s refused: %s", self.peer, refused)
             transport.abort()
             return
         if self.server.stopping:
@@ -292,7 +292,10 @@ class _KafkaProtocol(asyncio.Protocol):
         self.frames.receive_data(b"")
         self._read_frames()  # a frame cut short by the peer's close is reported here
         self._end_reading()
-        return True  # keep the transport open: responses in flight still go out
+        # Over TCP, keep the transport open: responses in flight still go out to a half-closed peer. A TLS
+        # transport cannot stay half open (asyncio closes it whatever this returns, and warns on every
+        # connection when told otherwise): a TLS client that closed gets nothing more.
+        return not self.config.listeners[self.listener_index].protocol.tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
@@ -446,7 +449,7 @@ class _KafkaProtocol(asyncio.Protocol):
             done = responses.popleft()
             self.in_flight_bytes -= done.request_bytes
             if done.frame is not None and transport is not None and not transport.is_closing():
-                _write(transport, done.frame)
+                write_response(transport, done.frame)
                 throttle_ms = max(throttle_ms, done.throttle_ms)
         self._count_request_memory()
         self._count_response_memory()
@@ -580,7 +583,8 @@ class _KafkaProtocol(asyncio.Protocol):
             self.transport.abort()
 
 
-def _write(transport: asyncio.Transport, frame: EncodedResponse) -> None:
+def write_response(transport: asyncio.Transport, frame: EncodedResponse) -> None:
+    """Write a response frame (bytes, or pieces: views of stored batches) to the socket."""
     if isinstance(frame, bytes):
         transport.write(frame)
     elif type(transport).writelines is asyncio.WriteTransport.writelines:
@@ -588,6 +592,10 @@ def _write(transport: asyncio.Transport, frame: EncodedResponse) -> None:
         # written one by one, they go to the socket as they are and only what it does not take at once
         # is copied into the transport's buffer.
         for piece in frame:
+            if transport.is_closing():
+                # The peer went while the pieces were written (a write failed): asyncio logs a warning
+                # for each write after the fifth to a lost connection, dozens per response otherwise.
+                return
             transport.write(piece)
     else:
         transport.writelines(frame)  # a gather write of the views (sendmsg), from Python 3.12
