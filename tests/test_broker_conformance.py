@@ -36,6 +36,7 @@ from clusterkit import BrokerCluster, find_coordinator, running_cluster
 from conftest import SeaweedS3
 from kafkaclients import CLIENTS, FetchBounds, consume_until, make_client
 from stratalog.broker.server import write_response
+from stratalog.chaos.cluster_probe import metadata
 from stratalog.kafka.client import KafkaConnection
 from stratalog.kafka.records import encode_batch
 from waiting import wait_until
@@ -299,3 +300,103 @@ def test_a_response_stops_being_written_once_its_connection_is_lost() -> None:
     transport = _LostAfterFirstWrite()
     write_response(transport, [b"piece"] * 50)  # a Fetch response: one piece per batch
     assert transport.writes_after_loss == 0
+
+
+# CreateTopics with a replica assignment -------------------------------------------------------------
+
+CREATE_TOPICS = 19
+
+
+def create_with_assignment(bootstrap: str, name: str, assignment: list[list[int]], partitions: int = -1,
+                           replication_factor: int = -1) -> tuple[int, str | None, int]:
+    """CreateTopics v5 of one topic placed by ``assignment`` (partition i on the brokers of its list):
+    the error code, its message, and the partition count answered."""
+    from kio.schema.create_topics.v5.request import (
+        CreatableReplicaAssignment,
+        CreatableTopic,
+        CreateTopicsRequest,
+    )
+    from kio.schema.types import BrokerId
+    from kio.static.primitive import i16
+
+    request = CreateTopicsRequest(topics=(CreatableTopic(
+        name=TopicName(name), num_partitions=i32(partitions), replication_factor=i16(replication_factor),
+        assignments=tuple(CreatableReplicaAssignment(partition_index=i32(i), broker_ids=tuple(BrokerId(b) for b in ids))
+                          for i, ids in enumerate(assignment)), configs=()),),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)))
+    with KafkaConnection(bootstrap, {}) as connection:
+        (topic,) = connection.call(CREATE_TOPICS, 5, request).topics
+    return int(topic.error_code), topic.error_message, int(topic.num_partitions)
+
+
+INVALID_REQUEST, INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT = 42, 38, 39
+
+
+@pytest.mark.parametrize(("assignment", "partitions", "replication_factor", "error"), [
+    ([[0]], -1, -1, 0),
+    ([[0], [0], [0]], -1, -1, 0),
+    ([[1]], -1, -1, INVALID_REPLICA_ASSIGNMENT),           # no broker 1
+    ([[0], [7]], -1, -1, INVALID_REPLICA_ASSIGNMENT),
+    ([[0, 0]], -1, -1, INVALID_REPLICATION_FACTOR),        # two replicas: one broker holds a partition
+    ([[]], -1, -1, INVALID_REPLICATION_FACTOR),
+    ([[0]], 1, -1, INVALID_REQUEST),                       # Kafka: a count beside an assignment
+    ([[0]], -1, 1, INVALID_REQUEST),
+], ids=["one", "three", "other-broker", "one-unknown", "two-replicas", "no-replica", "with-count", "with-factor"])
+def test_a_replica_assignment_is_taken_where_this_broker_can_honour_it(
+        broker: BrokerProcess, assignment: list[list[int]], partitions: int, replication_factor: int,
+        error: int) -> None:
+    name = f"assigned-{next(GROUP_NUMBERS)}"
+    code, message, count = create_with_assignment(broker.bootstrap, name, assignment, partitions, replication_factor)
+    assert code == error, message
+    if not error:
+        assert count == len(assignment)
+        with KafkaConnection(broker.bootstrap, {}) as connection:
+            _, view = metadata(connection, name)
+        assert sorted(view) == list(range(len(assignment)))
+        assert {v.leader_id for v in view.values()} == {0}
+
+
+def test_a_gap_in_the_assigned_partitions_is_refused(broker: BrokerProcess) -> None:
+    from kio.schema.create_topics.v5.request import CreatableReplicaAssignment, CreatableTopic, CreateTopicsRequest
+    from kio.schema.types import BrokerId
+    from kio.static.primitive import i16
+
+    request = CreateTopicsRequest(topics=(CreatableTopic(
+        name=TopicName("gap"), num_partitions=i32(-1), replication_factor=i16(-1), assignments=(
+            CreatableReplicaAssignment(partition_index=i32(0), broker_ids=(BrokerId(0),)),
+            CreatableReplicaAssignment(partition_index=i32(2), broker_ids=(BrokerId(0),))), configs=()),),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)))
+    with KafkaConnection(broker.bootstrap, {}) as connection:
+        (topic,) = connection.call(CREATE_TOPICS, 5, request).topics
+    assert topic.error_code == INVALID_REPLICA_ASSIGNMENT
+
+
+def test_admin_clients_place_partitions_on_this_broker(broker: BrokerProcess) -> None:
+    import aiokafka.admin
+    import kafka.admin
+    from confluent_kafka.admin import NewTopic as ConfluentTopic
+
+    confluent = AdminClient({"bootstrap.servers": broker.bootstrap})
+    confluent.create_topics([ConfluentTopic("placed-confluent", 2, replica_assignment=[[0], [0]])])[
+        "placed-confluent"].result(timeout=60)
+    admin = kafka.admin.KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        admin.create_topics([kafka.admin.NewTopic("placed-kafka-python", num_partitions=-1, replication_factor=-1,
+                                                  replica_assignments={0: [0], 1: [0]})])
+    finally:
+        admin.close()
+
+    async def with_aiokafka() -> None:
+        client = aiokafka.admin.AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await client.start()
+        try:
+            await client.create_topics([aiokafka.admin.NewTopic(
+                "placed-aiokafka", num_partitions=-1, replication_factor=-1, replica_assignments={0: [0], 1: [0]})])
+        finally:
+            await client.close()
+
+    asyncio.run(with_aiokafka())
+    with KafkaConnection(broker.bootstrap, {}) as connection:
+        for name in ("placed-confluent", "placed-kafka-python", "placed-aiokafka"):
+            _, view = metadata(connection, name)
+            assert sorted(view) == [0, 1], name

@@ -17,6 +17,8 @@ from stratalog.objects.uri import OBJECT_STORE_CONFIG
 
 #: CreateTopics: -1 asks for the broker's default partition count or replication factor.
 DEFAULT_COUNT = -1
+REPLICATION_FACTOR_ONE = ("one replica a partition: the replication factor is 1 (the WAL and object storage make "
+                          "data durable)")
 #: DescribeConfigs / IncrementalAlterConfigs resource types.
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
@@ -43,13 +45,15 @@ async def create_topics(broker: Broker, request: Request, session: Session) -> d
             result["error_message"] = f"{session.principal} is not authorized to create topic {t.name}"
             continue
         try:
-            if t.replication_factor not in (DEFAULT_COUNT, 1):
-                result["error_code"] = ErrorCode.invalid_replication_factor
-                result["error_message"] = "one broker: the replication factor is 1 (the WAL makes data durable)"
-                continue
             if t.assignments:
-                result["error_code"] = ErrorCode.invalid_replica_assignment
-                result["error_message"] = "replica assignments are not supported"
+                refused = _assignment_refused(broker, t)
+                if refused is not None:
+                    result["error_code"], result["error_message"] = refused
+                    continue
+                partitions = result["num_partitions"] = len(t.assignments)
+            elif t.replication_factor not in (DEFAULT_COUNT, 1):
+                result["error_code"] = ErrorCode.invalid_replication_factor
+                result["error_message"] = REPLICATION_FACTOR_ONE
                 continue
             if body.validate_only:
                 check_topic_name(t.name)
@@ -73,6 +77,43 @@ async def create_topics(broker: Broker, request: Request, session: Session) -> d
         except ValueError as e:
             result["error_code"], result["error_message"] = ErrorCode.invalid_partitions, str(e)
     return {"throttle_time": 0, "topics": results}
+
+
+def _assignment_refused(broker: Broker, topic: Any) -> tuple[ErrorCode, str] | None:
+    """Why a CreateTopics replica assignment cannot be honoured (Kafka's error and a message), or None:
+    Kafka's rules first, then where this broker can place the partitions."""
+    return _assignment_malformed(broker, topic) or _placement_refused(broker, {a.broker_ids[0] for a in
+                                                                               topic.assignments})
+
+
+def _assignment_malformed(broker: Broker, topic: Any) -> tuple[ErrorCode, str] | None:
+    """Kafka's rules: numPartitions and replicationFactor -1 beside an assignment, partitions numbered 0 to
+    n-1; and this broker's: one replica a partition."""
+    if topic.num_partitions != DEFAULT_COUNT or topic.replication_factor != DEFAULT_COUNT:
+        return (ErrorCode.invalid_request, "Both numPartitions or replicationFactor and replicasAssignments were "
+                "set. Both cannot be used at the same time.")
+    indexes = sorted(a.partition_index for a in topic.assignments)
+    if indexes != list(range(len(indexes))):
+        return ErrorCode.invalid_replica_assignment, "partitions must be numbered 0 to n-1, each once"
+    if len(indexes) > broker.config.partitions_per_topic_max:
+        return ErrorCode.invalid_partitions, f"a topic has 1 to {broker.config.partitions_per_topic_max} partitions"
+    if any(len(a.broker_ids) != 1 for a in topic.assignments):
+        return ErrorCode.invalid_replication_factor, REPLICATION_FACTOR_ONE
+    return None
+
+
+def _placement_refused(broker: Broker, named: set[int]) -> tuple[ErrorCode, str] | None:
+    """Standalone, every partition is this broker's. In a cluster, partitions go where the cluster's balance
+    puts them: an assignment that names a broker is refused rather than silently not followed."""
+    if broker.node is None:
+        others = named - {broker.config.node_id}
+        return None if not others else (ErrorCode.invalid_replica_assignment, (
+            f"this broker is broker {broker.config.node_id}, alone: no broker {', '.join(map(str, sorted(others)))}"))
+    unknown = named - set(broker.node.live)
+    if unknown:
+        return ErrorCode.invalid_replica_assignment, f"no live broker {', '.join(map(str, sorted(unknown)))}"
+    return (ErrorCode.invalid_replica_assignment, "in a cluster, partitions are placed by the cluster's balance: "
+            "create the topic without an assignment")
 
 
 async def delete_topics(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
