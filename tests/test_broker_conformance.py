@@ -400,3 +400,43 @@ def test_admin_clients_place_partitions_on_this_broker(broker: BrokerProcess) ->
         for name in ("placed-confluent", "placed-kafka-python", "placed-aiokafka"):
             _, view = metadata(connection, name)
             assert sorted(view) == [0, 1], name
+
+
+# IncrementalAlterConfigs on list configs -----------------------------------------------------------
+
+
+def alter(bootstrap: str, topic: str, name: str, value: str | None, op: str) -> str | None:
+    """One IncrementalAlterConfigs of ``topic`` through librdkafka: None, or the error it reported."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=getattr(AlterConfigOpType, op))])
+    try:
+        admin.incremental_alter_configs([resource])[resource].result(timeout=60)
+    except Exception as e:
+        return str(e)
+    return None
+
+
+def cleanup_policy(bootstrap: str, topic: str) -> str:
+    from confluent_kafka.admin import ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    return str(admin.describe_configs([resource])[resource].result(timeout=60)["cleanup.policy"].value)
+
+
+def test_cleanup_policy_is_a_list_to_append_to_and_subtract_from(broker: BrokerProcess) -> None:
+    topic = f"policies-{next(GROUP_NUMBERS)}"
+    create_topic(broker.bootstrap, topic, 1)
+    assert alter(broker.bootstrap, topic, "cleanup.policy", "delete", "APPEND") is None   # already there
+    assert cleanup_policy(broker.bootstrap, topic) == "delete"
+    compact = alter(broker.bootstrap, topic, "cleanup.policy", "compact", "APPEND")
+    assert compact is not None and "INVALID_CONFIG" in compact and "compacted topics are not served" in compact
+    emptied = alter(broker.bootstrap, topic, "cleanup.policy", "delete", "SUBTRACT")
+    assert emptied is not None and "delete is the one policy served" in emptied
+    not_a_list = alter(broker.bootstrap, topic, "retention.ms", "5", "APPEND")
+    assert not_a_list is not None and "Config value append is not allowed for config key: retention.ms" in not_a_list
+    assert alter(broker.bootstrap, topic, "cleanup.policy", "compact", "SUBTRACT") is None  # not there: no change
+    assert cleanup_policy(broker.bootstrap, topic) == "delete"

@@ -10,7 +10,14 @@ from kio.schema.errors import ErrorCode
 from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
 from stratalog.broker.session import Session
-from stratalog.broker.topic_configs import SPECS, TYPE_STRING, InvalidConfigError, check_configs, effective
+from stratalog.broker.topic_configs import (
+    SPECS,
+    TYPE_LIST,
+    TYPE_STRING,
+    InvalidConfigError,
+    check_configs,
+    effective,
+)
 from stratalog.broker.topics import InvalidTopicError, TopicExistsError, UnknownTopicError, check_topic_name
 from stratalog.kafka.codec import Request
 from stratalog.objects.uri import OBJECT_STORE_CONFIG
@@ -244,8 +251,10 @@ async def incremental_alter_configs(broker: Broker, request: Request, session: S
                     configs[c.name] = c.value
                 elif c.config_operation == OP_DELETE:
                     configs.pop(c.name, None)
+                elif c.config_operation in (OP_APPEND, OP_SUBTRACT):
+                    configs[c.name] = _altered_list(configs, c.name, c.value, append=c.config_operation == OP_APPEND)
                 else:
-                    raise InvalidConfigError(f"{c.name}: append and subtract apply to list configs; there are none")
+                    raise InvalidConfigError(f"{c.name}: no config operation {c.config_operation}")
             checked = check_configs(configs)
         except InvalidConfigError as e:
             result["error_code"], result["error_message"] = ErrorCode.invalid_config, str(e)
@@ -253,6 +262,19 @@ async def incremental_alter_configs(broker: Broker, request: Request, session: S
         if not body.validate_only:
             broker.set_topic_configs(topic.name, checked)
     return {"throttle_time": 0, "responses": responses}
+
+
+def _altered_list(configs: dict[str, str], name: str, value: str | None, *, append: bool) -> str:
+    """A list config (Kafka's type LIST) with ``value``'s items appended (those not in it yet) or taken
+    away, from the topic's value or the default. Kafka refuses either on a config of another type."""
+    spec = SPECS.get(name)
+    if spec is None or spec.config_type != TYPE_LIST:
+        raise InvalidConfigError(f"Config value {'append' if append else 'subtract'} is not allowed for config "
+                                 f"key: {name}")
+    items = [v.strip() for v in configs.get(name, spec.default).split(",") if v.strip()]
+    given = [v.strip() for v in (value or "").split(",") if v.strip()]
+    items = items + [v for v in given if v not in items] if append else [v for v in items if v not in given]
+    return ",".join(items)
 
 
 APIS = (

@@ -50,6 +50,18 @@ def _one_of(*allowed: str) -> Callable[[str], None]:
     return check
 
 
+def _cleanup_policy(value: str) -> None:
+    """Kafka's list of delete and compact; compaction is not served yet, so the list must be delete."""
+    policies = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = sorted(set(policies) - {"delete", "compact"})
+    if unknown:
+        raise InvalidConfigError(f"cleanup.policy {', '.join(unknown)}: Kafka's policies are delete and compact")
+    if "compact" in policies:
+        raise InvalidConfigError("cleanup.policy compact: compacted topics are not served yet (delete is)")
+    if policies != ["delete"]:
+        raise InvalidConfigError(f"cleanup.policy {value!r}: delete is the one policy served")
+
+
 SPECS: Mapping[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("retention.ms", "604800000", _long(-1),
                "records older than this are deleted (whole uploaded blocks at a time); -1: kept forever",
@@ -58,7 +70,7 @@ SPECS: Mapping[str, ConfigSpec] = {s.name: s for s in (
                "a partition keeps at most about this many bytes of uploaded data; -1: no limit", TYPE_LONG),
     ConfigSpec("max.message.bytes", "1048588", _long(0, 2**31 - 1),
                "the largest record batch a producer may send to this topic", TYPE_INT),
-    ConfigSpec("cleanup.policy", "delete", _one_of("delete"),
+    ConfigSpec("cleanup.policy", "delete", _cleanup_policy,
                "delete: old records go by retention (compaction is not supported)", TYPE_LIST),
     ConfigSpec("message.timestamp.type", "CreateTime", _one_of("CreateTime"),
                "records keep the timestamp their producer gave", TYPE_STRING),
