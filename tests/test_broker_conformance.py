@@ -440,3 +440,60 @@ def test_cleanup_policy_is_a_list_to_append_to_and_subtract_from(broker: BrokerP
     assert not_a_list is not None and "Config value append is not allowed for config key: retention.ms" in not_a_list
     assert alter(broker.bootstrap, topic, "cleanup.policy", "compact", "SUBTRACT") is None  # not there: no change
     assert cleanup_policy(broker.bootstrap, topic) == "delete"
+
+
+# Transactions: refused in a way clients report at once -----------------------------------------------
+
+TRANSACTIONS_TIMEOUT_S = 30  # each client's own bound; a refusal they recognise comes in milliseconds
+
+
+def init_transactions_error(client_name: str, bootstrap: str) -> str:
+    """What the client's transactional producer raises when it initializes against the broker: Kafka's
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED as each client names it, and fatal (not retried)."""
+    import confluent_kafka
+
+    if client_name == "confluent-kafka":
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": "txn-confluent"})
+        with pytest.raises(confluent_kafka.KafkaException) as raised:
+            producer.init_transactions(TRANSACTIONS_TIMEOUT_S)
+        error = raised.value.args[0]
+        del raised, producer  # the traceback holds this frame: the producer (its threads) would outlive the test
+        assert error.code() == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert error.fatal() and not error.retriable()
+        return str(error)
+    if client_name == "kafka-python":
+        import kafka
+        import kafka.errors
+
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id="txn-kafka-python",
+                                       max_block_ms=TRANSACTIONS_TIMEOUT_S * 1000)
+        try:
+            with pytest.raises(kafka.errors.TransactionalIdAuthorizationFailedError) as failed:
+                producer.init_transactions()
+        finally:
+            producer.close(timeout=TRANSACTIONS_TIMEOUT_S)
+        return repr(failed.value)
+    import aiokafka
+    import aiokafka.errors
+
+    async def start() -> str:
+        producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="txn-aiokafka")
+        try:
+            with pytest.raises(aiokafka.errors.TransactionalIdAuthorizationFailed) as failed:
+                await asyncio.wait_for(producer.start(), TRANSACTIONS_TIMEOUT_S)
+        finally:
+            await producer.stop()
+        return repr(failed.value)
+
+    return asyncio.run(start())
+
+
+@pytest.mark.parametrize("client_name", CLIENTS)
+def test_a_transactional_producer_is_refused_at_once_and_the_refusal_logged(
+        broker: BrokerProcess, client_name: str) -> None:
+    before = len(broker.output)
+    said = init_transactions_error(client_name, broker.bootstrap)
+    if client_name == "confluent-kafka":   # librdkafka passes the broker's message on
+        assert "transactions are not served yet" in said, said
+    wait_until(lambda: any("transactions refused" in line for line in broker.output[before:]),
+               "the refusal in the broker's log")

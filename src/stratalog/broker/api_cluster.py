@@ -8,13 +8,14 @@ group's coordinator, as the cluster's tables say (broker/cluster_node.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
-from stratalog.broker.broker import Api, Broker
+from stratalog.broker.broker import TRANSACTIONS_REFUSED, Api, Broker
 from stratalog.broker.session import Session
 from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name, stream_name
 from stratalog.kafka.codec import Request
@@ -23,6 +24,8 @@ from stratalog.kafka.codec import Request
 KEY_TYPE_GROUP = 0
 #: The topic id of a topic that has none (an error entry): Metadata v10+ requires the field, all zeros.
 NO_TOPIC_ID = uuid.UUID(int=0)
+
+log = logging.getLogger("stratalog.broker")
 
 
 async def api_versions(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
@@ -138,7 +141,12 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
 
     async def answer(key: str) -> tuple[ErrorCode, str | None, int, str, int]:
         if key_type != KEY_TYPE_GROUP:
-            return ErrorCode.invalid_request, "transactions are not supported", -1, host, port
+            # What every client takes as fatal at once (librdkafka, kafka-python and aiokafka fail
+            # init_transactions in milliseconds, with this message): INVALID_REQUEST, answered before,
+            # had librdkafka retry until its own timeout.
+            log.warning("transactions refused (not served yet): a coordinator for transactional id %r, asked "
+                        "by %s", key, session.principal)
+            return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_REFUSED, -1, host, port
         if not session.may_group(Operation.DESCRIBE, key):
             return ErrorCode.group_authorization_failed, None, -1, host, port
         if broker.node is None:

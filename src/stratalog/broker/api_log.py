@@ -17,7 +17,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation, ResourceType
-from stratalog.broker.broker import Api, Broker
+from stratalog.broker.broker import TRANSACTIONS_REFUSED, Api, Broker
 from stratalog.broker.producers import Verdict
 from stratalog.broker.quotas import CONSUMER_BYTE_RATE
 from stratalog.broker.session import Session
@@ -52,8 +52,10 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
     if getattr(body, "transactional_id", None) is not None or acks not in ACKS_ALLOWED:
         error = ErrorCode.transactional_id_authorization_failed if acks in ACKS_ALLOWED \
             else ErrorCode.invalid_required_acks
-        message = "transactions are not supported" if error != ErrorCode.invalid_required_acks \
+        message = TRANSACTIONS_REFUSED if error != ErrorCode.invalid_required_acks \
             else f"acks={acks} is not 0, 1 or -1"
+        if error != ErrorCode.invalid_required_acks:
+            log.warning("transactions refused (not served yet): a transactional produce from %s", session.principal)
         return _produce_response(request, [ProduceTopicResult(t.name, [
             ProducePartitionResult(p.index, error, error_message=message) for p in t.partition_data])
             for t in body.topic_data])
@@ -416,6 +418,8 @@ async def delete_records(broker: Broker, request: Request, session: Session) -> 
 async def init_producer_id(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     if body.transactional_id is not None:
+        log.warning("transactions refused (not served yet): InitProducerId for transactional id %r from %s",
+                    body.transactional_id, session.principal)
         return {"throttle_time": 0, "error_code": ErrorCode.transactional_id_authorization_failed,
                 "producer_id": -1, "producer_epoch": -1}
     # Kafka's rule: IdempotentWrite on the cluster, or Write on some topic.

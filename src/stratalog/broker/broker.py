@@ -69,6 +69,9 @@ def _open_cluster_store(path: Path, config: BrokerConfig, object_store: str | No
     return node, store
 
 Handler = Callable[["Broker", Request, Session], Awaitable[Any]]
+#: The message beside TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the answer to every transactional request: the
+#: error clients fail at once on (librdkafka, kafka-python and aiokafka), and this says why.
+TRANSACTIONS_REFUSED = "transactions are not served yet by this broker"
 T = TypeVar("T")
 
 
