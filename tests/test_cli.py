@@ -54,3 +54,10 @@ def test_serve_writes_nothing_where_it_runs(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", "from stratalog.cli import main; main()", "serve", "--help"],
                    cwd=tmp_path, check=True, capture_output=True)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("path", sorted(GROUPS))
+def test_readme_lists_every_command(path: tuple[str, ...]) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for name in GROUPS[path]:
+        assert f"stratalog {' '.join((*path, name))}" in readme, (path, name)

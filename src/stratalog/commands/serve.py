@@ -231,7 +231,8 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
     Security: listeners with TLS and SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), users from
     `stratalog users add`, ACLs with --acls. For example:
       stratalog users add alice --data-dir data
-      stratalog serve --listen SASL_SSL://0.0.0.0:9093 --tls-cert broker.pem --acls --super-user User:alice
+      stratalog serve --listen SASL_SSL://0.0.0.0:9093 --tls-cert broker.pem --tls-key broker.key \\
+        --acls --super-user User:alice
     """
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
