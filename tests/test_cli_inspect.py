@@ -102,3 +102,21 @@ def test_inspect_shows_and_checks_a_queue_stores_run_objects(tmp_path: Path) -> 
     (tmp_path / LOCAL_DIR_NAME / "queues" / "junk.slq").write_bytes(bytes(100))
     junk = run(str(tmp_path), "--object", "queues/junk.slq", exit_code=1)
     assert "neither a stream object" in junk and "Traceback" not in junk
+
+
+def test_inspect_of_a_queue_store_shows_its_queues_and_run_objects(tmp_path: Path) -> None:
+    config = small_queue_config(upload_idle_s=0.01, upload_bytes_threshold=16 << 10)
+    with QueueStore.open(tmp_path, config=config) as qs:
+        qs.put_many([f"q{q}" for q in range(120)], [bytes(200)] * 120)
+        qs.flush()
+        wait_until(lambda: not qs.stats()["log_cache_records"], "the puts to be uploaded")
+        keys = [o.key for o in qs.log_cache.view.objects]
+    shown = run(str(tmp_path))
+    assert "queue store: 120 queues in" in shown and "0 streams" not in shown
+    assert all(key in shown for key in keys)
+    manifest = tmp_path / LOCAL_DIR_NAME / "queue-manifest"
+    raw = bytearray(manifest.read_bytes())
+    raw[-1] ^= 0xFF  # its CRC no longer matches
+    manifest.write_bytes(raw)
+    damaged = run(str(tmp_path), exit_code=1)
+    assert "queue-manifest is damaged" in damaged and "Traceback" not in damaged

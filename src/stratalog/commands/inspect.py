@@ -38,7 +38,8 @@ from stratalog.wal.recovery import RecoveryStats
 @click.option("--limit", default=50, show_default=True, help="At most this many rows per table.")
 def inspect(data_dir: Path, object_store_uri: str | None, stream_ref: str | None, dump_wal: bool,
             object_key: str | None, verify: bool, limit: int) -> None:
-    """Print a store's streams, objects and ranges; or dump its WAL or one object.
+    """Print a store's streams, objects and ranges (a queue store's queues and run objects); or dump its WAL
+    or one object.
 
     Reads only: safe beside a running store.
     """
@@ -62,6 +63,8 @@ def inspect(data_dir: Path, object_store_uri: str | None, stream_ref: str | None
     meta_path = data_dir / "meta.sqlite"
     if not meta_path.exists():
         raise click.ClickException(f"{data_dir} holds no stratalog store (no meta.sqlite)")
+    if stream_ref is None and _queue_summary(console, data_dir, object_store_uri, limit):
+        return
     meta = Metadata(meta_path, read_only=True)
     try:
         if stream_ref is not None:
@@ -70,6 +73,36 @@ def inspect(data_dir: Path, object_store_uri: str | None, stream_ref: str | None
             _summary(console, meta, limit)
     finally:
         meta.close()
+
+
+def _queue_summary(console: Console, data_dir: Path, object_store_uri: str | None, limit: int) -> bool:
+    """A queue store's queues and run objects, from its queue manifest; False when the store is not a queue
+    store (its object store holds no queue manifest)."""
+    from stratalog.objects.store import ObjectNotFoundError
+    from stratalog.objects.uri import open_object_store
+    from stratalog.queues.manifest import QUEUE_MANIFEST_KEY, QueueManifestError, decode_manifest
+
+    store = open_object_store(object_store_uri, data_dir)
+    try:
+        raw = store.get(QUEUE_MANIFEST_KEY)
+    except ObjectNotFoundError:
+        return False
+    finally:
+        store.close()
+    try:
+        manifest = decode_manifest(raw)
+    except (QueueManifestError, CorruptBulkError) as e:
+        raise click.ClickException(f"{QUEUE_MANIFEST_KEY} is damaged: {e}") from None
+    total = sum(o.size_bytes for o in manifest.objects)
+    console.print(f"queue store: {manifest.stream_count:,} queues in {len(manifest.objects):,} run objects, "
+                  f"{total:,} bytes (queue manifest {manifest.seq}; puts not yet uploaded are in the WAL: --wal)")
+    table = Table(title="run objects, oldest place first (--object KEY shows one's queues and runs)")
+    for col in ("key", "bytes"):
+        table.add_column(col, justify="left" if col == "key" else "right")
+    for o in manifest.objects[:limit]:
+        table.add_row(o.key, f"{o.size_bytes:,}")
+    console.print(table)
+    return True
 
 
 def _summary(console: Console, meta: Metadata, limit: int) -> None:
