@@ -930,8 +930,7 @@ class StreamStore:
             size_bytes = sum(len(part) for part in parts)
             object_id = self._with_retries("allocating an object id", self._meta.allocate_object_id)
             key = object_key(object_id)
-            self._with_retries(f"writing object {key}", functools.partial(put_parts, self._objects, key, parts,
-                                                                          size_hint=size_bytes))
+            self._with_retries(f"writing object {key}", functools.partial(put_parts, self._objects, key, parts))
             written.append(NewObject(object_id, key, size_bytes, builder.entries))
         return written
 

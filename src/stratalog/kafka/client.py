@@ -87,13 +87,7 @@ class KafkaConnection:
 
     def call(self, api_key: int, api_version: int, body: Any) -> Any:
         """Send a request of Kafka's schemas; its response body."""
-        correlation_id = next(self._ids)
-        frame = encode_request(api_key, api_version, correlation_id, self.client_id, body)
-        answered, response = decode_response(self.exchange(FRAME_SIZE.pack(len(frame)) + frame), api_key,
-                                             api_version)
-        if answered != correlation_id:
-            raise BrokerConnectionError(f"the broker answered request {answered}, not {correlation_id}")
-        return response
+        return self.call_pipelined([(api_key, api_version, body)])[0]
 
     def call_pipelined(self, requests: Sequence[tuple[int, int, Any]]) -> list[Any]:
         """Send every request (api key, version, body) before reading any response, as clients with several
