@@ -20,7 +20,12 @@ def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None
     assert doc["bench"] == "produce-path" and doc["core"] == "native (C)"
     assert [(s["value_bytes"], s["records"]) for s in doc["shapes"]] == list(SHAPES)
     for shape in doc["shapes"]:
-        assert len(shape["steps"]) == 5 and all(row["python_us"] > 0 for row in shape["steps"])
+        assert len(shape["steps"]) == 7 and all(row["python_us"] > 0 for row in shape["steps"])
+        # The recompression steps are apart: only topics with a compression.type codec take them.
+        taken = [row for row in shape["steps"] if not row["optional"]]
+        assert [row["step"] for row in shape["steps"] if row["optional"]] == [
+            "compression.type=lz4: recompressed", "compression.type=zstd: recompressed"]
+        assert shape["python_us"] == sum(row["python_us"] for row in taken)
         # The record check is the step with a compiled twin; the others are timed once.
         assert [row["step"] for row in shape["steps"] if row["compiled_us"] is not None] == [
             "record check: every record walked"]
@@ -28,4 +33,5 @@ def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None
     report = CliRunner().invoke(cli, ["bench", "produce-path", "--markdown-from", str(out)])
     assert report.exit_code == 0, report.output
     assert "| record check: every record walked |" in report.output
+    assert "| + compression.type=zstd: recompressed |" in report.output
     assert f"at commit {doc['commit']}" in report.output

@@ -38,12 +38,13 @@ from kafkaclients import CLIENTS, FetchBounds, consume_until, make_client
 from stratalog.broker.server import write_response
 from stratalog.chaos.cluster_probe import metadata
 from stratalog.kafka.client import KafkaConnection
-from stratalog.kafka.records import encode_batch
+from stratalog.kafka.records import Compression, encode_batch
 from waiting import wait_until
 
 pytest_plugins = ["pgkit"]
 
 PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 8, 9
+MESSAGE_TOO_LARGE = 10
 COMMIT_TOPIC, COMMIT_PARTITIONS = "committed", 2
 
 
@@ -497,3 +498,145 @@ def test_a_transactional_producer_is_refused_at_once_and_the_refusal_logged(
         assert "transactions are not served yet" in said, said
     wait_until(lambda: any("transactions refused" in line for line in broker.output[before:]),
                "the refusal in the broker's log")
+
+
+# compression.type: batches stored in the topic's codec --------------------------------------------------
+
+#: Each client produces in a codec other than the topic's, so every batch is recompressed on the way in.
+PRODUCER_CODECS = {"kafka-python": "gzip", "aiokafka": "lz4", "confluent-kafka": "snappy"}
+CODEC_RECORDS = 200
+
+
+def create_with_configs(client_name: str, bootstrap: str, topic: str, configs: dict[str, str]) -> None:
+    """``topic`` (one partition) created with ``configs`` through the client's own admin API."""
+    if client_name == "confluent-kafka":
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # held until the result: dropped, it fails it
+        admin.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(timeout=60)
+    elif client_name == "kafka-python":
+        import kafka.admin
+
+        admin = kafka.admin.KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            admin.create_topics([kafka.admin.NewTopic(topic, 1, 1, topic_configs=configs)])
+        finally:
+            admin.close()
+    else:
+        import aiokafka.admin
+
+        async def create() -> None:
+            admin = aiokafka.admin.AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await admin.start()
+            try:
+                await admin.create_topics([aiokafka.admin.NewTopic(topic, 1, 1, topic_configs=configs)])
+            finally:
+                await admin.close()
+
+        asyncio.run(create())
+
+
+def produce_compressed(client_name: str, bootstrap: str, topic: str, values: list[bytes | None]) -> None:
+    """``values`` (None: a tombstone) as keyed records, acknowledged, in the client's PRODUCER_CODECS codec."""
+    codec = PRODUCER_CODECS[client_name]
+    keys = [b"k%d" % i for i in range(len(values))]
+    if client_name == "confluent-kafka":
+        import confluent_kafka
+
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "compression.type": codec,
+                                             "linger.ms": 20, "acks": "all"})
+        for key, value in zip(keys, values, strict=True):
+            producer.produce(topic, value=value, key=key)
+        assert producer.flush(60) == 0
+    elif client_name == "kafka-python":
+        import kafka
+
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, compression_type=codec, linger_ms=20, acks="all")
+        try:
+            for future in [producer.send(topic, value=v, key=k) for k, v in zip(keys, values, strict=True)]:
+                future.get(timeout=60)
+        finally:
+            producer.close()
+    else:
+        import aiokafka
+
+        async def send() -> None:
+            producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type=codec,
+                                                 linger_ms=20, acks="all")
+            await producer.start()
+            try:
+                sent = [await producer.send(topic, value=v, key=k) for k, v in zip(keys, values, strict=True)]
+                await asyncio.gather(*sent)
+            finally:
+                await producer.stop()
+
+        asyncio.run(send())
+
+
+def stored_batches(bootstrap: str, topic: str) -> list[bytes]:
+    """The topic's partition 0 as a Fetch returns it, batch by batch."""
+    with KafkaConnection(bootstrap, {}) as connection:
+        response = connection.call(FETCH, 4, FetchRequest(
+            max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), max_bytes=i32(1 << 24),
+            topics=(FetchTopic(topic=TopicName(topic), partitions=(
+                FetchPartition(partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 24)),)),)))
+    ((partition,),) = [t.partitions for t in response.responses]
+    assert partition.error_code == 0
+    data, out, at = partition.records or b"", [], 0
+    while at < len(data):
+        length = struct.unpack_from(">i", data, at + 8)[0]
+        out.append(data[at:at + 12 + length])
+        at += 12 + length
+    return out
+
+
+@pytest.mark.parametrize("stored", ["zstd", "uncompressed"])
+@pytest.mark.parametrize("client_name", CLIENTS)
+def test_batches_are_stored_in_the_topics_compression_type(
+        broker: BrokerProcess, client_name: str, stored: str) -> None:
+    from kafka.record.default_records import DefaultRecordBatch
+
+    topic = f"codec-{stored}-{next(GROUP_NUMBERS)}"
+    create_with_configs(client_name, broker.bootstrap, topic, {"compression.type": stored})
+    values = [None if i % 7 == 3 else b"value %d " % i * 20 for i in range(CODEC_RECORDS)]
+    produce_compressed(client_name, broker.bootstrap, topic, values)
+    codec = {"zstd": 4, "uncompressed": 0}[stored]
+    read: list[tuple[int, bytes | None, bytes | None]] = []
+    for raw in stored_batches(broker.bootstrap, topic):
+        batch = DefaultRecordBatch(raw)  # kafka-python's own reader: checks the CRC, keeps null values
+        assert batch.validate_crc() and batch.compression_type == codec
+        read += [(r.offset, r.key, r.value) for r in batch]
+    assert read == [(i, b"k%d" % i, v) for i, v in enumerate(values)]
+    client = make_client(client_name)  # and the client itself reads what it sent, decompressing zstd
+    consumer = client.consumer(broker.bootstrap, f"codec-{client_name}", [topic])
+    try:
+        (got,) = consume_until([consumer], CODEC_RECORDS)
+    finally:
+        consumer.close()
+        client.close()
+    assert [r.key for r in got] == [b"k%d" % i for i in range(CODEC_RECORDS)]
+
+
+def test_a_batch_too_large_once_recompressed_is_refused(broker: BrokerProcess) -> None:
+    topic = f"codec-small-{next(GROUP_NUMBERS)}"
+    create_with_configs("confluent-kafka", broker.bootstrap, topic,
+                        {"compression.type": "uncompressed", "max.message.bytes": "20000"})
+    batch = encode_batch([(None, b"\0" * 50_000, (), 0)], base_offset=0, compression=Compression.ZSTD)
+    assert len(batch) < 20_000
+    with KafkaConnection(broker.bootstrap, {}) as connection:
+        response = connection.call(PRODUCE, 3, ProduceRequest(
+            acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=60)), topic_data=(
+                TopicProduceData(name=TopicName(topic), partition_data=(
+                    PartitionProduceData(index=i32(0), records=batch),)),)))
+    (answer,) = response.responses[0].partition_responses
+    assert answer.error_code == MESSAGE_TOO_LARGE
+    assert stored_batches(broker.bootstrap, topic) == []
+
+
+@pytest.mark.parametrize("value", ["producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"])
+def test_every_kafka_compression_type_is_accepted_and_described(broker: BrokerProcess, value: str) -> None:
+    from confluent_kafka.admin import ConfigResource
+
+    topic = f"codec-described-{next(GROUP_NUMBERS)}"
+    create_with_configs("confluent-kafka", broker.bootstrap, topic, {"compression.type": value})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert admin.describe_configs([resource])[resource].result(timeout=60)["compression.type"].value == value

@@ -28,6 +28,7 @@ from stratalog.kafka.records import (
     UnsupportedMagicError,
     decode_records,
     encode_batch,
+    recompress,
     record_timestamps,
     split_batches,
     with_base_offset,
@@ -230,6 +231,31 @@ def test_round_trip(records: list[Fields], base_offset: int, compression: Compre
     if compression in (Compression.NONE, Compression.GZIP):  # the codecs kafka-python has here
         assert kp_read(batch) == [(base_offset + i, ts, key, value, list(headers))
                                   for i, (key, value, headers, ts) in enumerate(records)]
+
+
+@given(st.lists(fields_st, min_size=1, max_size=30), st.sampled_from(list(Compression)),
+       st.sampled_from(list(Compression)), st.integers(min_value=-1, max_value=1 << 40))
+@settings(max_examples=150, deadline=None)
+def test_recompression_changes_the_codec_and_nothing_a_reader_sees(
+        records: list[Fields], sent: Compression, stored: Compression, producer_id: int) -> None:
+    batch = encode_batch(records, base_offset=0, compression=sent, producer_id=producer_id, producer_epoch=3,
+                         base_sequence=17, is_transactional=producer_id % 2 == 1)
+    ((_, header),) = split_batches(batch, batch_bytes_max=BATCH_BYTES_MAX)
+    again, new_header = recompress(memoryview(batch), header, stored, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX)
+    ((_, checked),) = split_batches(again, batch_bytes_max=BATCH_BYTES_MAX)  # bounds and CRC hold
+    assert checked == new_header and new_header.compression is stored
+    assert new_header._replace(batch_length=0, crc=0, attributes=0) == header._replace(
+        batch_length=0, crc=0, attributes=0)
+    assert new_header.attributes & ~kr.COMPRESSION_MASK == header.attributes & ~kr.COMPRESSION_MASK
+    assert kp_read(again) == kp_read(batch)  # null keys and values (tombstones) stay null
+
+
+def test_recompression_is_bounded_as_decompression_is() -> None:
+    batch = encode_batch([(None, b"\0" * (DECOMPRESSED_BYTES_MAX + 1), (), 0)], base_offset=0,
+                         compression=Compression.ZSTD)
+    ((_, header),) = split_batches(batch, batch_bytes_max=BATCH_BYTES_MAX)
+    with pytest.raises(CorruptRecordError, match="more than"):
+        recompress(memoryview(batch), header, Compression.LZ4, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX)
 
 
 @given(st.lists(fields_st, min_size=1, max_size=10), st.integers(min_value=0, max_value=12))

@@ -21,7 +21,7 @@ from stratalog.broker.broker import TRANSACTIONS_REFUSED, Api, Broker
 from stratalog.broker.producers import Verdict
 from stratalog.broker.quotas import CONSUMER_BYTE_RATE
 from stratalog.broker.session import Session
-from stratalog.broker.topic_configs import config_value
+from stratalog.broker.topic_configs import config_value, stored_codec
 from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClosedError, StoreFailedError
 from stratalog.engine.batch import ENCODING_KAFKA, KAFKA_DECOMPRESSED_BYTES_MAX, StoredBatch, stored_records
 from stratalog.errors import RecordTooLargeError
@@ -29,7 +29,7 @@ from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from stratalog.kafka.record_check import check_records
-from stratalog.kafka.records import KafkaBatchError, check_batch, encode_batch
+from stratalog.kafka.records import BatchHeader, Compression, KafkaBatchError, check_batch, encode_batch, recompress
 
 log = logging.getLogger("stratalog.broker")
 
@@ -185,6 +185,9 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
         if verdict is not Verdict.APPEND:
             raise _RefusedError(ErrorCode.invalid_producer_epoch if verdict is Verdict.FENCED
                                 else ErrorCode.out_of_order_sequence_number, verdict.value)
+    codec = stored_codec(topic.configs)
+    if codec is not None and codec != header.compression:
+        view, header = _recompressed(view, header, codec, limit)
     # Before the first append since the broker started: nothing of this stream is in flight yet.
     broker.settled_ends.setdefault(stream.stream_id, stream.end_offset)
     try:
@@ -216,6 +219,20 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
         broker.data_arrived(stream_id)
     future.add_done_callback(arrived)
     return future, stream
+
+
+def _recompressed(view: memoryview, header: BatchHeader, codec: Compression, limit: int
+                  ) -> tuple[memoryview, BatchHeader]:
+    """The batch in the topic's codec (``compression.type``), within the topic's size bound as Kafka checks
+    it after recompressing."""
+    try:
+        batch, header = recompress(view, header, codec, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
+    except KafkaBatchError as e:
+        raise _RefusedError(ErrorCode(e.error_code), str(e)) from None
+    if len(batch) > limit:
+        raise _RefusedError(ErrorCode.message_too_large, f"the batch is {len(batch)} bytes once recompressed with "
+                            f"{codec.name.lower()} (the topic's compression.type); at most {limit} are accepted")
+    return memoryview(batch), header
 
 
 # Fetch ---------------------------------------------------------------------------------------------

@@ -12,6 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from stratalog.errors import StratalogError
+from stratalog.kafka.records import Compression
+
+#: ``compression.type`` values that name a codec (Kafka's names), and the codec each stores batches in.
+CODECS: Mapping[str, Compression] = {"uncompressed": Compression.NONE, "gzip": Compression.GZIP,
+                                     "snappy": Compression.SNAPPY, "lz4": Compression.LZ4,
+                                     "zstd": Compression.ZSTD}
 
 
 class InvalidConfigError(StratalogError, ValueError):
@@ -74,8 +80,9 @@ SPECS: Mapping[str, ConfigSpec] = {s.name: s for s in (
                "delete: old records go by retention (compaction is not supported)", TYPE_LIST),
     ConfigSpec("message.timestamp.type", "CreateTime", _one_of("CreateTime"),
                "records keep the timestamp their producer gave", TYPE_STRING),
-    ConfigSpec("compression.type", "producer", _one_of("producer"),
-               "batches are stored as the producer compressed them", TYPE_STRING),
+    ConfigSpec("compression.type", "producer", _one_of("producer", *CODECS),
+               "producer: batches are stored as the producer compressed them; a codec: a batch that arrives "
+               "in another is recompressed with it before it is stored", TYPE_STRING),
     ConfigSpec("min.insync.replicas", "1", _long(1),
                "accepted for compatibility: one broker, the WAL's fsync is the durability", TYPE_INT),
     ConfigSpec("segment.bytes", "67108864", _long(1 << 14),
@@ -117,3 +124,8 @@ def retention(configs: Mapping[str, str]) -> tuple[int | None, int | None]:
     """``(retention_ms, retention_bytes)`` for the engine (None: no limit)."""
     ms, size = int(config_value(configs, "retention.ms")), int(config_value(configs, "retention.bytes"))
     return (None if ms < 0 else ms), (None if size < 0 else size)
+
+
+def stored_codec(configs: Mapping[str, str]) -> Compression | None:
+    """The codec a topic stores its batches in, or None (``producer``): each batch as it came."""
+    return CODECS.get(config_value(configs, "compression.type"))

@@ -38,7 +38,7 @@ __all__ = [
     "KafkaBatchError", "CorruptRecordError", "UnsupportedMagicError", "InvalidRecordError",
     "RecordBatchTooLargeError",
     "split_batches", "check_batch", "with_base_offset", "write_base_offset",
-    "decode_records", "record_timestamps", "encode_batch",
+    "decode_records", "record_timestamps", "encode_batch", "recompress", "uncompressed_records",
     "HEADER_BYTES", "MAGIC",
 ]
 
@@ -51,6 +51,8 @@ HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_BYTES = 61
 BASE_OFFSET = struct.Struct(">q")
 CRC = struct.Struct(">I")
+BATCH_LENGTH = struct.Struct(">i")
+ATTRIBUTES = struct.Struct(">h")
 
 BASE_OFFSET_POSITION = 0
 BATCH_LENGTH_POSITION = 8
@@ -680,6 +682,39 @@ def _compress(codec: Compression, data: bytes) -> bytes:
         return bytes(compressor.finish())
     invariant(codec == Compression.ZSTD, f"unknown codec {codec}")
     return bytes(cramjam.zstd.compress(data))
+
+
+def recompress(view: memoryview, header: BatchHeader, codec: Compression, *, decompressed_bytes_max: int
+               ) -> tuple[bytes, BatchHeader]:
+    """The batch ``view`` (checked: ``header`` is its own) with its records compressed by ``codec`` instead,
+    as a broker stores it under a topic's ``compression.type``. Every header field but the length, the
+    codec bits and the CRC stays as the producer sent it (offsets, timestamps, producer id, epoch and
+    sequence): the records are the same, only their payload's encoding changes. Returns the new batch and
+    its header."""
+    records = uncompressed_records(view, header, decompressed_bytes_max=decompressed_bytes_max)
+    payload = bytes(records) if codec == Compression.NONE else _compress(codec, bytes(records))
+    batch_bytes = HEADER_BYTES + len(payload)
+    if batch_bytes > BATCH_BYTES_LIMIT:
+        raise RecordBatchTooLargeError(f"the batch recompressed with {codec.name.lower()} is {batch_bytes} bytes, "
+                                       "more than the format allows")
+    attributes = (header.attributes & ~COMPRESSION_MASK) | int(codec)
+    out = bytearray(view[:HEADER_BYTES])
+    BATCH_LENGTH.pack_into(out, BATCH_LENGTH_POSITION, batch_bytes - LOG_OVERHEAD_BYTES)
+    ATTRIBUTES.pack_into(out, ATTRIBUTES_POSITION, attributes)
+    out += payload
+    crc = crc32c(memoryview(out)[CRC_COVERS_FROM_POSITION:])
+    CRC.pack_into(out, CRC_POSITION, crc)
+    return bytes(out), header._replace(batch_length=batch_bytes - LOG_OVERHEAD_BYTES, attributes=attributes, crc=crc)
+
+
+def uncompressed_records(view: memoryview, header: BatchHeader, *, decompressed_bytes_max: int
+                         ) -> bytes | memoryview:
+    """The records of the batch ``view`` as they are before compression (a view when they are not
+    compressed); decompression is bounded by ``decompressed_bytes_max``."""
+    codec = header.attributes & COMPRESSION_MASK
+    if codec == Compression.NONE:
+        return view[RECORDS_POSITION:header.batch_bytes]
+    return _decompress(codec, view[RECORDS_POSITION:header.batch_bytes], decompressed_bytes_max)
 
 
 # ---------------------------------------------------------------------------------------------------
