@@ -83,6 +83,11 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
             if peer["name"] == "stratalog":
                 assert r["consume_tail"]["from_log_cache"] is True, r
                 assert r["consume_cold"]["uploaded_before_read"] is True, r
+                recompressed = r["produce_recompressed"]  # the same run into a compression.type=zstd topic
+                assert recompressed["ok"] and recompressed["messages"] == 2000, r
+                assert recompressed["topic_configs"] == {"compression.type": "zstd"}
+            else:
+                assert "produce_recompressed" not in r
             if peer["name"] == "tansu":
                 assert r["consume_cold"]["not_applicable"], r  # memory storage: nothing to read cold
             for phase in ("produce", "consume_tail", "consume_cold"):
@@ -107,6 +112,8 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
         [sys.executable, "-c", "from stratalog.cli import main; main()", "bench", "kafka", "--report", str(json_path)],
         capture_output=True, text=True, timeout=60, check=True)
     assert "| stratalog | 256 B |" in report.stdout and "| target |" in report.stdout
+    assert "| stratalog, compression.type=zstd | 100 B | 2,000 |" in report.stdout
+    assert "every batch recompressed into zstd" in report.stdout
     assert not _processes_mentioning(str(data_dir))
 
 

@@ -87,7 +87,10 @@ STAMP = struct.Struct("<q")
 LOG_TAIL_BYTES = 2000
 NATS_STREAM_PREFIX = "bench"
 #: Each throughput size's measured phases, as keys of its result.
-THROUGHPUT_PHASES = ("produce", "consume_tail", "consume_cold")
+THROUGHPUT_PHASES = ("produce", "consume_tail", "consume_cold", "produce_recompressed")
+#: stratalog's extra produce run per size: the same messages into a topic whose compression.type makes the
+#: broker recompress every batch (the producers send uncompressed), so its cost is the ratio of the rates.
+RECOMPRESSED_CONFIGS = {"compression.type": "zstd"}
 #: The disk reference's row in tables and its name in the JSON.
 DISK_REFERENCE_NAME = "disk (4 KiB O_DIRECT+O_DSYNC write)"
 #: After a stratalog upload's data object appears, its commit and the log cache's release of the data
@@ -119,7 +122,8 @@ class KafkaBenchPlan:
     @property
     def phases(self) -> int:
         per_peer = 1 + len(self.latency_sizes_bytes) + 4 * len(self.throughput_sizes_bytes)
-        return 1 + len(self.peers) * per_peer
+        recompressed = 2 * len(self.throughput_sizes_bytes) if "stratalog" in self.peers else 0
+        return 1 + len(self.peers) * per_peer + recompressed
 
     def tail_messages(self, size: int, peer: str = "stratalog") -> int:
         """Messages of the tail run: at most half the broker's upload threshold in payload, so record and
@@ -361,15 +365,15 @@ class _Pacer:
 # Kafka peers (confluent-kafka) -------------------------------------------------------------------------
 
 
-def _kafka_create_topic(bootstrap: str, topic: str) -> None:
+def _kafka_create_topic(bootstrap: str, topic: str, configs: dict[str, str] | None = None) -> None:
     from confluent_kafka import KafkaError
 
     # NewTopic lives in confluent_kafka.admin, whose type stubs leave it out of __all__.
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": str(MESSAGE_BYTES_MAX)})],
-                                  request_timeout=30)
+    config = {"max.message.bytes": str(MESSAGE_BYTES_MAX), **(configs or {})}
+    futures = admin.create_topics([NewTopic(topic, 1, 1, config=config)], request_timeout=30)
     for future in futures.values():
         try:
             future.result(60)
@@ -939,6 +943,14 @@ def _throughput(name: str, server: Server, plan: KafkaBenchPlan, size: int, bar:
         # An upload that wrote an object after the tail read took all of the (acknowledged) tail run.
         cold["uploaded_before_read"] = before > tail_mark
     result["consume_cold"] = cold
+    if server.name == "stratalog":
+        bar.phase(f"{name}: produce {messages:,} x {size:,} B into a topic of compression.type="
+                  f"{RECOMPRESSED_CONFIGS['compression.type']}, recompressed by the broker")
+        result["produce_recompressed"] = _produce_phase(server, "recompressed", size, messages, plan, bar,
+                                                        RECOMPRESSED_CONFIGS)
+        result["produce_recompressed"]["topic_configs"] = RECOMPRESSED_CONFIGS
+        bar.phase(f"{name}: waiting for the upload ({plan.upload_wait_s:g} s at most)")
+        await_upload(server, plan.upload_wait_s)  # the next size's tail run starts with an empty log cache
     return result
 
 
@@ -947,7 +959,7 @@ def _topic(kind: str, size: int, server: Server) -> str:
 
 
 def _produce_phase(server: Server, kind: str, size: int, count: int, plan: KafkaBenchPlan,
-                   bar: Any) -> dict[str, Any]:
+                   bar: Any, configs: dict[str, str] | None = None) -> dict[str, Any]:
     address = server.address
     try:
         if server.name == "nats":
@@ -955,7 +967,7 @@ def _produce_phase(server: Server, kind: str, size: int, count: int, plan: Kafka
             return produce_throughput(_nats_producer_main, (address, _topic(kind, size, server)), size, count,
                                       plan.producers, bar.advance)
         topic = _topic(kind, size, server)
-        _kafka_create_topic(address, topic)
+        _kafka_create_topic(address, topic, configs)
         return produce_throughput(_kafka_producer_main, (address, topic), size, count, plan.producers, bar.advance)
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}

@@ -111,6 +111,22 @@ def throughput_notes(r: dict[str, Any]) -> list[str]:
     return notes
 
 
+def recompressed_row(peer: str, r: dict[str, Any]) -> list[str] | None:
+    """The produce run into a topic whose compression.type makes the broker recompress every batch, as a
+    throughput row: its rate, and the rate over the plain run's (None: the run has none)."""
+    run = r.get("produce_recompressed")
+    if run is None:
+        return None
+    plain = r.get("produce", {}).get("msg_per_s")
+    codec = run.get("topic_configs", {}).get("compression.type", "a codec")
+    notes = [x for x in (run.get("error"), *run.get("errors", [])) if x]
+    if plain and run.get("msg_per_s"):
+        ratio = run["msg_per_s"] / plain
+        notes.insert(0, f"every batch recompressed into {codec}: {ratio:.2f}x the plain produce rate")
+    return [f"{peer}, compression.type={codec}", size_label(r["message_bytes"]), f"{run.get('messages', 0):,}",
+            *_rate_cells(run), "-", "-", "-", "-", "-", "; ".join(notes)]
+
+
 def _table(heads: tuple[str, ...], rows: list[list[str]], left: int) -> list[str]:
     """A Markdown table whose first ``left`` columns are text."""
     return markdown_table(heads, rows, heads[:left])
@@ -179,6 +195,8 @@ def markdown_report(doc: dict[str, Any]) -> str:
             rows.append([peer["name"], size_label(r["message_bytes"]), f"{p.get('messages', 0):,}", *_rate_cells(p),
                          f"{t.get('messages', 0):,}", *_rate_cells(t), *_rate_cells(c),
                          "; ".join(throughput_notes(r))])
+            if (extra := recompressed_row(peer["name"], r)) is not None:
+                rows.append(extra)
     lines += _table(("peer", "size", "produced", "produce msg/s", "produce MB/s", "tail read", "tail msg/s",
                      "tail MB/s", "cold msg/s", "cold MB/s", "note"), rows, 2)
     lines += _table(("target", "measured", ""), [[t["name"], t["figure_text"], "met" if t["met"] else "**missed**"]

@@ -22,7 +22,7 @@ from stratalog.bench.kafka import (
     KafkaBenchPlan,
     ratios,
 )
-from stratalog.bench.kafka_report import markdown_report, targets, throughput_notes
+from stratalog.bench.kafka_report import markdown_report, recompressed_row, targets, throughput_notes
 from stratalog.bench.log_report import ms
 from stratalog.commands.bench_log import bench_dir, make_console, print_machine, progress_bar, table
 from stratalog.commands.bench_wal import parse_sizes
@@ -95,6 +95,8 @@ def _throughput_table(doc: dict[str, Any]) -> Table:
                         f"{t.get('messages', 0):,}", *_rate_cells(t),
                         *(("n/a", "n/a") if "not_applicable" in c else _rate_cells(c)),
                         "; ".join(throughput_notes(r)))
+            if (extra := recompressed_row(peer["name"], r)) is not None:
+                out.add_row(*extra)
     return out
 
 
@@ -169,9 +171,11 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
     Throughput: --producers processes send --messages of 100 B and of 1 KiB with librdkafka's batching,
     every message acknowledged. A consumer reads a tail run (at most half stratalog's upload threshold)
     back at once, from the tail, and again once stratalog has uploaded it, from objects (NATS: after the
-    same wait; Tansu has no objects). stratalog syncs before it acknowledges, NATS is set to
-    (sync_interval: always), Tansu keeps everything in memory. Before the peers, the bare disk under
-    --data-dir takes one 4 KiB O_DIRECT + O_DSYNC write per message at --rate for --duration-s.
+    same wait; Tansu has no objects). stratalog also takes each size's messages into a topic of
+    compression.type=zstd, so that it recompresses every batch: the rate shows what that costs.
+    stratalog syncs before it acknowledges, NATS is set to (sync_interval: always), Tansu keeps
+    everything in memory. Before the peers, the bare disk under --data-dir takes one 4 KiB O_DIRECT +
+    O_DSYNC write per message at --rate for --duration-s.
     """
     from stratalog.bench.kafka import plot_latency, run_kafka_bench
 
