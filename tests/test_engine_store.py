@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -68,7 +69,21 @@ def test_flush_moves_data_to_objects_and_cold_reads_match(tmp_path: Path) -> Non
         assert mem.gets > 0
 
 
-def test_sequential_cold_reads_read_ahead_within_the_block_cache_bound(tmp_path: Path) -> None:
+def _fetched_records(s: Any, pos: int) -> tuple[list[int], int]:
+    """Stream.fetch from ``pos``: each record's number (its first 4 bytes) and the next offset to read."""
+    batch = s.fetch(pos, max_bytes=200 << 10)
+    assert all(r.value[4:] == bytes(range(256)) * 256 for r in batch)
+    return [int.from_bytes(r.value[:4], "big") for r in batch], batch[-1].offset + 1
+
+
+def _fetched_batches(s: Any, pos: int) -> tuple[list[int], int]:
+    """The same through fetch_batches (the Kafka Fetch path): whole batches of one record each here."""
+    batches = s.fetch_batches(pos, max_bytes=200 << 10)
+    return [b.base_offset for b in batches], batches[-1].end_offset
+
+
+@pytest.mark.parametrize("read", [_fetched_records, _fetched_batches], ids=["fetch", "fetch_batches"])
+def test_sequential_cold_reads_read_ahead_within_the_block_cache_bound(tmp_path: Path, read: Any) -> None:
     mem = MemoryStore()
     cache_max = 5 << 19  # 2.5 MiB: two of the ~1 MiB data blocks and a bit
     with open_store(tmp_path, mem, block_cache_bytes_max=cache_max) as store:
@@ -82,12 +97,10 @@ def test_sequential_cold_reads_read_ahead_within_the_block_cache_bound(tmp_path:
         got: list[int] = []
         pos = 0
         while pos < s.end_offset:
-            batch = s.fetch(pos, max_bytes=200 << 10)
-            got.extend(int.from_bytes(r.value[:4], "big") for r in batch)
-            assert all(r.value[4:] == value for r in batch)
+            numbers, pos = read(s, pos)
+            got.extend(numbers)
             assert store.stats()["block_cache_bytes"] <= cache_max
-            pos = batch[-1].offset + 1
-        assert got == list(range(128))
+        assert got == list(range(128))  # record i is at offset i
         stats = store._blocks.stats
         assert stats.readahead_blocks > 0, "a sequential reader got no readahead"
         assert stats.fetched_bytes <= data_bytes * 1.1, "blocks fetched ahead were evicted before they were read"

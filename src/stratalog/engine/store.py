@@ -599,11 +599,11 @@ class StreamStore:
         pos = start
         full = False
         if start < committed:
+            ahead = self._readahead(st, start)
             while pos < min(stop, committed) and not full:
-                rows = self._cold_rows.rows(st.stream_id, pos, 1)
-                if not rows:
+                row = self._cold_row(st, pos, ahead)
+                if row is None:
                     break
-                row = rows[0]
                 block = self._blocks.get(row)  # its CRC, which covers every batch in it, is checked
                 for at, info in placed_batches(block, row.entry()):
                     if info.end_offset <= pos:
@@ -614,7 +614,12 @@ class StreamStore:
                         break
                     out.append(batch)
                     budget -= len(batch.body)
-                pos = max(pos, row.end_offset)
+                    pos = info.end_offset
+                if not full:
+                    pos = max(pos, row.end_offset)
+                    if ahead:
+                        self._blocks.release(row)  # read to its end: first to go when room is needed
+            st.read_next = pos
             if self._cold_pacer is not None:
                 self._cold_pacer.take(max_bytes - budget)
             if full:
@@ -644,19 +649,29 @@ class StreamStore:
         finally:
             budget[0] = left
 
-    def _fetch_cold(self, st: _StreamState, start: int, stop: int, out: list[Record], budget: list[int]) -> None:
-        pos = start
+    def _readahead(self, st: _StreamState, start: int) -> int:
+        """How many blocks to fetch ahead of a cold read from ``start``: none for a reader that jumped,
+        twice as many as last time (up to the bound) for one that goes on where it stopped."""
         sequential = st.read_next == start
         st.readahead_blocks = min(st.readahead_blocks * 2, self._readahead_blocks_max) if sequential else 1
-        ahead = st.readahead_blocks if sequential else 0
+        return st.readahead_blocks if sequential else 0
+
+    def _cold_row(self, st: _StreamState, pos: int, ahead: int) -> RangeRow | None:
+        """The uploaded block holding ``pos``, after asking the block cache for the ``ahead`` after it."""
+        rows = self._cold_rows.rows(st.stream_id, pos, 1 + ahead)
+        if not rows:
+            return None
+        if ahead:
+            self._blocks.prefetch(rows[1:])
+        return rows[0]
+
+    def _fetch_cold(self, st: _StreamState, start: int, stop: int, out: list[Record], budget: list[int]) -> None:
+        pos = start
+        ahead = self._readahead(st, start)
         while pos < stop:
-            # The block to read now and, for a sequential reader, the ones to fetch ahead.
-            rows = self._cold_rows.rows(st.stream_id, pos, 1 + ahead)
-            if not rows:
+            row = self._cold_row(st, pos, ahead)
+            if row is None:
                 break
-            if ahead:
-                self._blocks.prefetch(rows[1:])
-            row = rows[0]
             block = self._blocks.get(row)  # its CRC, which covers every batch in it, is checked
             # Offsets come from the block's row, not the batch headers (provisional in a Spark write's object).
             for at, info in placed_batches(block, row.entry()):
@@ -664,7 +679,7 @@ class StreamStore:
                     st.read_next = out[-1].offset + 1 if out else pos
                     return
             pos = row.end_offset
-            if sequential:
+            if ahead:
                 self._blocks.release(row)  # read to its end: first to go when room is needed
         st.read_next = pos
 
