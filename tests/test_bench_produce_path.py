@@ -13,8 +13,8 @@ from stratalog.cli import cli
 
 def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None:
     out = tmp_path / "produce-path.json"
-    result = CliRunner().invoke(cli, ["bench", "produce-path", "--quick", "--json", str(out)],
-                                catch_exceptions=False, terminal_width=200)
+    result = CliRunner().invoke(cli, ["bench", "produce-path", "--quick", "--json", str(out), "--dir",
+                                      str(tmp_path / "trace")], catch_exceptions=False, terminal_width=200)
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["bench"] == "produce-path" and doc["core"] == "native (C)"
@@ -30,8 +30,18 @@ def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None
         assert [row["step"] for row in shape["steps"] if row["compiled_us"] is not None] == [
             "record check: every record walked"]
         assert shape["compiled_us"] > 0 and shape["python_us"] > 0
+    # The trace through a broker in this process: every request of each pattern timed at every hand-over.
+    trace = doc["trace"]
+    assert [p["pattern"] for p in trace["patterns"]] == ["50 a second", "back to back"]
+    for pattern in trace["patterns"]:
+        assert pattern["samples"] == trace["requests"] == 50
+        assert len(pattern["steps"]) == 6 and all(s["p50_ms"] > 0 for s in pattern["steps"])
+        # Each request's time in the broker lies inside its round trip: so do their medians.
+        assert 0 < pattern["broker_p50_ms"] <= pattern["round_trip_p50_ms"]
+    assert "p50_ms" in trace["disk_reference"] or "error" in trace["disk_reference"]
     report = CliRunner().invoke(cli, ["bench", "produce-path", "--markdown-from", str(out)])
     assert report.exit_code == 0, report.output
     assert "| record check: every record walked |" in report.output
     assert "| + compression.type=zstd: recompressed |" in report.output
+    assert "| the write and the sync on the device |" in report.output
     assert f"at commit {doc['commit']}" in report.output

@@ -34,8 +34,29 @@ def _step_row(out: FigureTable, row: dict[str, Any], count: int, total_us: float
             "-" if compiled is None else f"{python / compiled:,.1f}x", f"{taken / total_us:.0%}")
 
 
+def trace_table(trace: dict[str, Any]) -> FigureTable:
+    """Each hand-over of a produce through a live broker, per pattern, at p50 and p99."""
+    patterns = trace["patterns"]
+    heads = [f"{p['pattern']}: {q}" for p in patterns for q in ("p50 ms", "p99 ms")]
+    out = FigureTable(f"One Produce of one {trace['value_bytes']} B record (acks=all) through a broker in this "
+                      f"process, {trace['requests']:,} requests per pattern: each step's time", ("step", *heads),
+                      left=("step",))
+    for i, step in enumerate(patterns[0]["steps"]):
+        out.add(step["step"], *(f"{p['steps'][i][q]:.3f}" for p in patterns for q in ("p50_ms", "p99_ms")))
+    out.add("in the broker, from the handler to the socket", *(f"{p['broker_p50_ms']:.3f}" if q == "p50" else "-"
+                                                            for p in patterns for q in ("p50", "p99")))
+    out.add("round trip, as the client saw it", *(f"{p[f'round_trip_{q}_ms']:.3f}" for p in patterns
+                                                  for q in ("p50", "p99")))
+    disk = trace.get("disk_reference", {})
+    if "p50_ms" in disk:
+        out.add(f"ref: the bare disk's synced 4 KiB write, {disk['pattern']}", f"{disk['p50_ms']:.3f}",
+                f"{disk['p99_ms']:.3f}", *["-"] * (len(heads) - 2))
+    return out
+
+
 def tables(doc: dict[str, Any]) -> list[FigureTable]:
-    return [shape_table(shape) for shape in doc["shapes"]]
+    shapes = [shape_table(shape) for shape in doc["shapes"]]
+    return shapes + ([trace_table(doc["trace"])] if "trace" in doc else [])
 
 
 def markdown_report(doc: dict[str, Any]) -> str:

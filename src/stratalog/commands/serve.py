@@ -120,10 +120,12 @@ def _settings(cls: type[Any], values: Any, where: str) -> dict[str, Any]:
 
 
 async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | None,
-                     ready: asyncio.Event | None = None, wal_device: Device | None = None) -> None:
-    """Serve until SIGINT or SIGTERM; a second signal exits at once."""
+                     ready: asyncio.Event | None = None, wal_device: Device | None = None,
+                     stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGINT or SIGTERM (a second signal exits at once), or until ``stop`` is set by a caller
+    that runs the broker in its own process."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     signals = 0
 
     def on_signal() -> None:
