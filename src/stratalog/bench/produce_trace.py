@@ -67,25 +67,41 @@ def _wrapped(tracer: _Tracer) -> Iterator[None]:
     from stratalog.wal import log as wal_log
 
     produce, check_and_append = api_log.produce, api_log._check_and_append
-    write_block, write_response, apis = wal_log.WriteAheadLog._write_block, server.write_response, api_log.APIS
+    write_block, complete = wal_log.WriteAheadLog._write_block, wal_log.WriteAheadLog._complete_in_order
+    write_response, apis = server.write_response, api_log.APIS
+    writing = threading.local()  # the request whose block this I/O thread writes
 
     async def traced_produce(broker: Any, request: Any, session: Any) -> Any:
-        tracer.current = {"handler": time.perf_counter()}
+        tracer.current = marks = {"handler": time.perf_counter()}
         out = await produce(broker, request, session)
-        tracer.mark("answered")
-        tracer.requests.append(tracer.current)
+        marks["answered"] = time.perf_counter()
+        tracer.requests.append(marks)
         return out
 
     def traced_append(*args: Any) -> Any:
         out = check_and_append(*args)
-        tracer.mark("appended")
-        out[0].add_done_callback(lambda _f: tracer.mark("durable"))
+        marks = tracer.current
+        if marks is not None:
+            marks["appended"] = time.perf_counter()
+            out[0].add_done_callback(lambda _f: marks.setdefault("durable", time.perf_counter()))
         return out
 
     def traced_write_block(self: Any, block: Any) -> None:
-        tracer.mark("io_start")
-        write_block(self, block)
-        tracer.mark("io_done")
+        # The block sealed by the request being handled: requests come one at a time, and the one before
+        # was answered only after its block's completion, which runs in this call.
+        writing.marks = tracer.current
+        if writing.marks is not None:
+            writing.marks.setdefault("io_start", time.perf_counter())
+        try:
+            write_block(self, block)
+        finally:
+            writing.marks = None
+
+    def traced_complete(self: Any) -> None:
+        marks = getattr(writing, "marks", None)  # written and synced: the completion starts
+        if marks is not None:
+            marks.setdefault("io_done", time.perf_counter())
+        complete(self)
 
     def traced_write_response(transport: Any, frame: Any) -> None:
         tracer.mark("written")
@@ -95,12 +111,14 @@ def _wrapped(tracer: _Tracer) -> Iterator[None]:
         dataclasses.replace(a, handler=traced_produce) if a.handler is produce else a for a in apis)
     api_log._check_and_append = traced_append  # type: ignore[assignment]
     wal_log.WriteAheadLog._write_block = traced_write_block  # type: ignore[method-assign]
+    wal_log.WriteAheadLog._complete_in_order = traced_complete  # type: ignore[method-assign]
     server.write_response = traced_write_response
     try:
         yield
     finally:
         api_log.APIS, api_log._check_and_append = apis, check_and_append
         wal_log.WriteAheadLog._write_block = write_block  # type: ignore[method-assign]
+        wal_log.WriteAheadLog._complete_in_order = complete  # type: ignore[method-assign]
         server.write_response = write_response
 
 
