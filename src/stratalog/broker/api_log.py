@@ -163,10 +163,11 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
     if header.batch_bytes != len(view):
         raise _RefusedError(ErrorCode.invalid_record, "a produce request carries exactly one record batch per "
                             "partition")
+    uncompressed: bytes | memoryview | None = None  # the records, once the check has decompressed them
     if validate:
         try:
             # Bounded as every reader's decompression is: anything stored here, they decode.
-            check_records(view, header, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
+            uncompressed = check_records(view, header, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
         except KafkaBatchError as e:
             raise _RefusedError(ErrorCode(e.error_code), str(e)) from None
     if header.is_transactional or header.is_control:
@@ -187,7 +188,7 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
                                 else ErrorCode.out_of_order_sequence_number, verdict.value)
     codec = stored_codec(topic.configs)
     if codec is not None and codec != header.compression:
-        view, header = _recompressed(view, header, codec, limit)
+        view, header = _recompressed(view, header, codec, limit, uncompressed)
     # Before the first append since the broker started: nothing of this stream is in flight yet.
     broker.settled_ends.setdefault(stream.stream_id, stream.end_offset)
     try:
@@ -221,12 +222,13 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
     return future, stream
 
 
-def _recompressed(view: memoryview, header: BatchHeader, codec: Compression, limit: int
-                  ) -> tuple[memoryview, BatchHeader]:
+def _recompressed(view: memoryview, header: BatchHeader, codec: Compression, limit: int,
+                  records: bytes | memoryview | None) -> tuple[memoryview, BatchHeader]:
     """The batch in the topic's codec (``compression.type``), within the topic's size bound as Kafka checks
-    it after recompressing."""
+    it after recompressing; ``records``: its records uncompressed, if the record check has them."""
     try:
-        batch, header = recompress(view, header, codec, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
+        batch, header = recompress(view, header, codec, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX,
+                                   records=records)
     except KafkaBatchError as e:
         raise _RefusedError(ErrorCode(e.error_code), str(e)) from None
     if len(batch) > limit:

@@ -12,36 +12,30 @@ batch is decompressed (bounded) to be walked, as Kafka does.
 from __future__ import annotations
 
 from stratalog.kafka.records import (
-    COMPRESSION_MASK,
     NULL_LENGTH,
     RECORD_BODY_BYTES_MIN,
-    RECORDS_POSITION,
     BatchHeader,
-    Compression,
     CorruptRecordError,
     InvalidRecordError,
-    _decompress,
     _read_varint,
+    uncompressed_records,
 )
 from stratalog.native import native
 
 
-def check_records(view: memoryview, header: BatchHeader, *, decompressed_bytes_max: int) -> None:
-    """Check every record of the batch ``view`` holds (its header checked by ``check_batch``); raises
-    CorruptRecordError or InvalidRecordError naming the first record that is wrong."""
-    codec = header.attributes & COMPRESSION_MASK
-    data: bytes | memoryview
-    if codec == Compression.NONE:
-        # The Python walk takes a copy: indexing bytes is twice as fast as indexing a memoryview, and it
-        # indexes every field. The compiled one reads the view itself.
-        data = view if native is not None else bytes(view)
-        p = RECORDS_POSITION
-    else:
-        data = _decompress(codec, view[RECORDS_POSITION:], decompressed_bytes_max)
-        p = 0
-    p = _walk_records(data, p, header.record_count)
-    if p != len(data):
-        raise CorruptRecordError(f"{len(data) - p} bytes after the last record")
+def check_records(view: memoryview, header: BatchHeader, *, decompressed_bytes_max: int) -> bytes | memoryview:
+    """Check every record of the batch ``view`` holds (exactly one batch, its header checked by
+    ``check_batch``); raises CorruptRecordError or InvalidRecordError naming the first record that is wrong.
+    Returns the records it walked, uncompressed (a view of ``view`` when they were not compressed), for a
+    caller that goes on with them (recompression) without decompressing again."""
+    records = uncompressed_records(view, header, decompressed_bytes_max=decompressed_bytes_max)
+    # The Python walk takes a copy: indexing bytes is twice as fast as indexing a memoryview, and it
+    # indexes every field. The compiled one reads the view itself.
+    data = records if native is not None or isinstance(records, bytes) else bytes(records)
+    end = _walk_records(data, 0, header.record_count)
+    if end != len(data):
+        raise CorruptRecordError(f"{len(data) - end} bytes after the last record")
+    return records
 
 
 def walk_records(data: bytes | memoryview, position: int, count: int) -> int:

@@ -688,14 +688,16 @@ def _compress(codec: Compression, data: bytes) -> bytes:
     return bytes(cramjam.zstd.compress(data))
 
 
-def recompress(view: memoryview, header: BatchHeader, codec: Compression, *, decompressed_bytes_max: int
-               ) -> tuple[bytes, BatchHeader]:
+def recompress(view: memoryview, header: BatchHeader, codec: Compression, *, decompressed_bytes_max: int,
+               records: bytes | memoryview | None = None) -> tuple[bytes, BatchHeader]:
     """The batch ``view`` (checked: ``header`` is its own) with its records compressed by ``codec`` instead,
     as a broker stores it under a topic's ``compression.type``. Every header field but the length, the
     codec bits and the CRC stays as the producer sent it (offsets, timestamps, producer id, epoch and
-    sequence): the records are the same, only their payload's encoding changes. Returns the new batch and
-    its header."""
-    records = uncompressed_records(view, header, decompressed_bytes_max=decompressed_bytes_max)
+    sequence): the records are the same, only their payload's encoding changes. ``records``: the batch's
+    records uncompressed, when the caller has them already (``check_records`` returns them); else they are
+    decompressed here. Returns the new batch and its header."""
+    if records is None:
+        records = uncompressed_records(view, header, decompressed_bytes_max=decompressed_bytes_max)
     payload = bytes(records) if codec == Compression.NONE else _compress(codec, bytes(records))
     batch_bytes = HEADER_BYTES + len(payload)
     if batch_bytes > BATCH_BYTES_LIMIT:
@@ -713,12 +715,13 @@ def recompress(view: memoryview, header: BatchHeader, codec: Compression, *, dec
 
 def uncompressed_records(view: memoryview, header: BatchHeader, *, decompressed_bytes_max: int
                          ) -> bytes | memoryview:
-    """The records of the batch ``view`` as they are before compression (a view when they are not
-    compressed); decompression is bounded by ``decompressed_bytes_max``."""
+    """The records of the batch ``view`` (exactly one batch, ``header`` its own) as they are before
+    compression (a view when they are not compressed); decompression is bounded by
+    ``decompressed_bytes_max``."""
     codec = header.attributes & COMPRESSION_MASK
     if codec == Compression.NONE:
-        return view[RECORDS_POSITION:header.batch_bytes]
-    return _decompress(codec, view[RECORDS_POSITION:header.batch_bytes], decompressed_bytes_max)
+        return view[RECORDS_POSITION:]
+    return _decompress(codec, view[RECORDS_POSITION:], decompressed_bytes_max)
 
 
 # ---------------------------------------------------------------------------------------------------
