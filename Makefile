@@ -49,7 +49,7 @@ test: lint postgres-server sanitize
 
 # The parsers' tests on the Python twins too (STRATALOG_PURE_PYTHON), as a machine without a compiler runs.
 PARSER_TESTS := tests/test_kafka_record_check.py tests/test_kafka_records.py tests/test_kafka_fetch_response.py \
-	tests/test_kafka_produce_response.py
+	tests/test_kafka_produce_response.py tests/test_record_index.py
 
 # The compiled core under AddressSanitizer and UndefinedBehaviorSanitizer: built apart (build/sanitize) and
 # loaded by the interpreter with gcc's sanitizer runtimes preloaded and Python's own allocator off
@@ -67,8 +67,9 @@ sanitize: $(STAMP)
 	  PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  PYTHONPATH=$(SANITIZED)/src; \
 	$(BIN)/python -c "from stratalog.native import native; assert native is not None and native.__file__.startswith('$(abspath $(SANITIZED))'), native" && \
-	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py && \
+	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py tests/test_record_index.py && \
 	$(BIN)/stratalog chaos fuzz --seconds 15 --runs 100000 --target native_record_walk --target kafka_record_check \
+	  --target native_record_index \
 	  --findings-dir $(SANITIZED)/findings
 
 bench: $(STAMP)

@@ -1,21 +1,28 @@
 """The compiled core against its Python twins: the same inputs, valid and hostile, give the same result
 or the same error (type and message). These tests need the compiled module (make test builds it); the
-twins' own behaviour is tested elsewhere (test_kafka_record_check.py), and runs on either core."""
+twins' own behaviour is tested elsewhere (test_kafka_record_check.py, test_record_index.py), and runs on
+either core."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stratalog import _native
+from stratalog.engine.batch import BATCH_HEADER_BYTES
+from stratalog.engine.batch import encode_batch as encode_native_batch
+from stratalog.engine.record_index import index_native_records
 from stratalog.kafka.record_check import walk_records
+from stratalog.kafka.record_index import index_kafka_records
 from stratalog.kafka.records import RECORDS_POSITION, encode_batch
 from stratalog.native import PURE_PYTHON_ENV
+from stratalog.records import NewRecord
 
 Outcome = tuple[str, object]
 
@@ -124,3 +131,81 @@ def test_the_python_core_is_taken_when_asked_for() -> None:
                                                                  if k != PURE_PYTHON_ENV},
                              capture_output=True, text=True, check=True).stdout
     assert default == "False native (C)\n"
+
+
+# The record indexes (kafka/record_index.py, engine/record_index.py) ------------------------------------
+
+
+def called(function: Callable[..., object], *args: object) -> Outcome:
+    try:
+        return "returned", function(*args)
+    except Exception as e:
+        return type(e).__name__, str(e)
+
+
+def same_outcome(python: Callable[..., object], compiled: Callable[..., object], *args: object) -> Outcome:
+    expected = called(python, *args)
+    assert called(compiled, *args) == expected, args
+    return expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=RECORDS, append=st.none() | st.integers(-(1 << 63), (1 << 63) - 1),
+       base=st.integers(-(1 << 63), (1 << 63) - 1))
+def test_kafka_indexes_are_the_same(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]],
+                                                        int]], append: int | None, base: int) -> None:
+    # Bases near the ends of int64 make some timestamps overflow: both refuse those records alike.
+    data = records_part(records)
+    same_outcome(index_kafka_records, _native.index_kafka_records, data, 0, len(records), base, append)
+    same_outcome(index_kafka_records, _native.index_kafka_records, memoryview(data), 0, len(records), 0, append)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(records=RECORDS, mutations=MUTATIONS, count_change=st.integers(-3, 2), position=st.integers(-1, 3))
+def test_damaged_kafka_records_index_alike(
+        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+        mutations: list[tuple[str, int, int]], count_change: int, position: int) -> None:
+    data = bytearray(records_part(records))
+    for kind, place, byte in mutations:
+        at = place % (len(data) + 1)
+        if kind == "set" and at < len(data):
+            data[at] = byte
+        elif kind == "insert":
+            data.insert(at, byte)
+        elif kind == "delete" and at < len(data):
+            del data[at]
+    same_outcome(index_kafka_records, _native.index_kafka_records, bytes(data), position,
+                 len(records) + count_change, 0, None)
+
+
+NATIVE_RECORDS = st.lists(st.builds(
+    NewRecord, st.binary(max_size=300), st.none() | st.binary(max_size=40), st.integers(-(1 << 62), 1 << 62),
+    st.lists(st.tuples(HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3).map(tuple)),
+    min_size=1, max_size=12)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(records=NATIVE_RECORDS, mutations=st.lists(MUTATIONS, max_size=1), count_change=st.integers(-3, 2),
+       start=st.integers(-1, 30), end_change=st.integers(-3, 3))
+def test_native_indexes_are_the_same_whole_or_damaged(records: list[NewRecord],
+                                                      mutations: list[list[tuple[str, int, int]]],
+                                                      count_change: int, start: int, end_change: int) -> None:
+    data = bytearray(encode_native_batch(7, 100, records)[0])
+    for kind, place, byte in mutations[0] if mutations else ():
+        at = place % (len(data) + 1)
+        if kind == "set" and at < len(data):
+            data[at] = byte
+        elif kind == "insert":
+            data.insert(at, byte)
+        elif kind == "delete" and at < len(data):
+            del data[at]
+    position = BATCH_HEADER_BYTES if start == 30 else start
+    same_outcome(index_native_records, _native.index_native_records, bytes(data), position,
+                 len(data) + end_change, len(records) + count_change)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(data=st.binary(max_size=200), position=st.integers(-1, 210), end=st.integers(-1, 210), count=st.integers(-1, 12))
+def test_any_bytes_index_alike(data: bytes, position: int, end: int, count: int) -> None:
+    same_outcome(index_native_records, _native.index_native_records, data, position, end, count)
+    same_outcome(index_kafka_records, _native.index_kafka_records, data, max(position, 0), count, 0, None)

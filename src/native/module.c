@@ -2,19 +2,35 @@
 
 #include "native.h"
 
-void native_raise(const char *name, PyObject *message) {
-    /* Imported when an error is raised, not at load: stratalog.kafka.records imports this module. */
-    PyObject *records = PyImport_ImportModule("stratalog.kafka.records");
-    if (records == NULL) {
+void native_raise_from(const char *module_name, const char *name, PyObject *message) {
+    /* Imported when an error is raised, not at load: the modules that define the errors import this one. */
+    PyObject *module = PyImport_ImportModule(module_name);
+    if (module == NULL) {
         return;
     }
-    PyObject *type = PyObject_GetAttrString(records, name);
-    Py_DECREF(records);
+    PyObject *type = PyObject_GetAttrString(module, name);
+    Py_DECREF(module);
     if (type == NULL) {
         return;
     }
     PyErr_SetObject(type, message);
     Py_DECREF(type);
+}
+
+void native_raise(const char *name, PyObject *message) {
+    native_raise_from("stratalog.kafka.records", name, message);
+}
+
+PyObject *native_new_index(Py_ssize_t count, long long **columns) {
+    if (count > PY_SSIZE_T_MAX / (INDEX_COLUMNS * (Py_ssize_t)sizeof(long long))) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    PyObject *index = PyBytes_FromStringAndSize(NULL, count * INDEX_COLUMNS * (Py_ssize_t)sizeof(long long));
+    if (index != NULL) {
+        *columns = (long long *)(void *)PyBytes_AS_STRING(index);
+    }
+    return index;
 }
 
 static PyMethodDef native_methods[] = {
@@ -23,6 +39,15 @@ static PyMethodDef native_methods[] = {
      "Check `count` records of a Kafka batch's records at data[position:] (uncompressed bytes); the\n"
      "position after the last. Raises CorruptRecordError or InvalidRecordError as\n"
      "stratalog.kafka.record_check.walk_records, its Python twin, does."},
+    {"index_kafka_records", (PyCFunction)(void (*)(void))native_index_kafka_records, METH_FASTCALL,
+     "index_kafka_records(data, position, count, base_timestamp_ms, append_timestamp_ms) -> bytes\n\n"
+     "Where each of `count` Kafka records at data[position:] (uncompressed, ending at the data's end)\n"
+     "keeps its fields: seven int64 columns, one after the other (stratalog.kafka.record_index.INDEX_COLUMNS).\n"
+     "Raises as stratalog.kafka.record_index.index_kafka_records, its Python twin, does."},
+    {"index_native_records", (PyCFunction)(void (*)(void))native_index_native_records, METH_FASTCALL,
+     "index_native_records(data, position, end, count) -> bytes\n\n"
+     "The same index for `count` records of the store's own batch encoding at data[position:end].\n"
+     "Raises as stratalog.engine.record_index.index_native_records, its Python twin, does."},
     {NULL, NULL, 0, NULL},
 };
 

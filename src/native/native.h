@@ -9,7 +9,16 @@
 
 /* Raise the twin's exception: the class `name` of stratalog.kafka.records, with `message`. */
 void native_raise(const char *name, PyObject *message);
+/* Raise the class `name` of the module `module_name` with `message`. */
+void native_raise_from(const char *module_name, const char *name, PyObject *message);
+
+/* An index of records: INDEX_COLUMNS int64 columns of `count` rows each, one after the other, in a new
+ * bytes object; *columns points at its first. NULL with MemoryError set where it cannot be made. */
+#define INDEX_COLUMNS 7
+PyObject *native_new_index(Py_ssize_t count, long long **columns);
 
 PyObject *native_walk_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_index_kafka_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_index_native_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

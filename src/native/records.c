@@ -18,14 +18,15 @@
 __extension__ typedef __int128 i128;
 __extension__ typedef unsigned __int128 u128;
 
-/* A position past the end of the data: where a length read from hostile bytes sends the walk. Any read
- * there runs off the end, and it compares above every end, as the twin's unbounded position does. */
-#define BEYOND PY_SSIZE_T_MAX
-
 typedef struct {
     const uint8_t *data;
     Py_ssize_t end;
 } Bytes;
+
+/* A position past the end of the data: where a length read from hostile bytes sends the walk. Any read
+ * there runs off the end, and it compares above every end, as the twin's unbounded position does. */
+#define BEYOND PY_SSIZE_T_MAX
+
 
 typedef enum { READ_OK, READ_RAN_OFF, READ_FAILED } ReadStatus;
 
@@ -300,4 +301,91 @@ PyObject *native_walk_records(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     return PyLong_FromSsize_t(after);
+}
+
+/* The second reading of index_kafka_records: the fields of `count` records the walk has checked. */
+static int index_fields(const Bytes *in, Py_ssize_t p, Py_ssize_t count, i128 base_ts, int append,
+                        long long append_ts, long long *columns) {
+    i128 length, delta, value, key_bytes, value_bytes, header_count;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        READ(in, &p, &length);
+        Py_ssize_t record_end = skip(in, p, length);
+        p += 1; /* attributes */
+        READ(in, &p, &delta);
+        READ(in, &p, &value); /* offsetDelta: the walk made it i */
+        READ(in, &p, &key_bytes);
+        Py_ssize_t key_start = p;
+        if (key_bytes > 0) {
+            p = skip(in, p, key_bytes);
+        }
+        READ(in, &p, &value_bytes);
+        Py_ssize_t value_start = p;
+        if (value_bytes < 0) {
+            value_bytes = 0; /* a null value reads as an empty one */
+        }
+        p = skip(in, p, value_bytes);
+        READ(in, &p, &header_count);
+        i128 timestamp = append ? (i128)append_ts : base_ts + delta;
+        if (timestamp < INT64_MIN || timestamp > INT64_MAX) {
+            record_error("CorruptRecordError", "record %zd: timestamp %S does not fit an int64", i, 1, timestamp, 0);
+            return -1;
+        }
+        long long row[INDEX_COLUMNS] = {(long long)timestamp, key_start,   (long long)key_bytes,   value_start,
+                                        (long long)value_bytes, p, (long long)header_count};
+        for (int c = 0; c < INDEX_COLUMNS; c++) {
+            columns[(Py_ssize_t)c * count + i] = row[c];
+        }
+        p = record_end;
+    }
+    return 0;
+}
+
+PyObject *native_index_kafka_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "index_kafka_records takes 5 arguments (data, position, count, base_timestamp_ms, "
+                     "append_timestamp_ms), not %zd", nargs);
+        return NULL;
+    }
+    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    long long base_ts = PyLong_AsLongLong(args[3]);
+    int append = args[4] != Py_None;
+    long long append_ts = append ? PyLong_AsLongLong(args[4]) : 0;
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, "count must not be negative");
+        return NULL;
+    }
+    if (position < 0) {
+        PyErr_SetString(PyExc_ValueError, "position must not be negative");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    Bytes in = {(const uint8_t *)view.buf, view.len};
+    Py_ssize_t after = 0;
+    PyObject *index = NULL;
+    long long *columns = NULL;
+    if (walk(&in, position, count, &after) == 0) {
+        if (after != in.end) {
+            PyObject *message = PyUnicode_FromFormat("%zd bytes after the last record", in.end - after);
+            if (message != NULL) {
+                native_raise("CorruptRecordError", message);
+                Py_DECREF(message);
+            }
+        } else {
+            index = native_new_index(count, &columns);
+            if (index != NULL && index_fields(&in, position, count, base_ts, append, append_ts, columns) < 0) {
+                Py_CLEAR(index);
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    return index;
 }

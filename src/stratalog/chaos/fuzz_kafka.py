@@ -35,6 +35,9 @@ from stratalog.chaos.fuzz_targets import (
     check,
     put,
 )
+from stratalog.engine.batch import BATCH_HEADER_BYTES, CorruptBatchError
+from stratalog.engine.batch import encode_batch as encode_native_batch
+from stratalog.engine.record_index import index_native_records
 from stratalog.kafka import records as kr
 from stratalog.kafka import staged_commit
 from stratalog.kafka.codec import (
@@ -47,7 +50,9 @@ from stratalog.kafka.codec import (
 )
 from stratalog.kafka.connection import FrameReader
 from stratalog.kafka.record_check import check_records, walk_records
+from stratalog.kafka.record_index import index_kafka_records
 from stratalog.native import native
+from stratalog.records import NewRecord
 from stratalog.wal.format import crc32c
 
 # ---------------------------------------------------------------------------------------------------
@@ -346,6 +351,49 @@ def walk_seeds() -> list[bytes]:
     return seeds
 
 
+def check_native_index(data: bytes) -> None:
+    """The compiled record indexes (the Spark source's columns) against their Python twins: the same index,
+    or the same error and message. The first byte is the record count; the second picks the encoding
+    (bit 0: Kafka's, else the store's) and, for Kafka's, a LogAppendTime (bit 1); the rest, the records
+    (a real batch's for the seeds)."""
+    reader = Reader(data)
+    count = reader.u8()
+    choice = reader.u8()
+    records = reader.rest()
+    if choice & 1:
+        append_ms = 1_700_000_000_000 if choice & 2 else None
+
+        def kafka(index: Callable[..., bytes]) -> bytes:
+            return index(records, 0, count, 1_000, append_ms)
+        run: Callable[[Callable[..., bytes]], bytes] = kafka
+        twin: Callable[..., bytes] = index_kafka_records
+        compiled = getattr(native, "index_kafka_records", None)
+    else:
+        def stored(index: Callable[..., bytes]) -> bytes:
+            return index(records, 0, len(records), count)
+        run, twin, compiled = stored, index_native_records, getattr(native, "index_native_records", None)
+
+    def outcome(index: Callable[..., bytes]) -> tuple[str, object]:
+        try:
+            return "returned", run(index)
+        except (kr.KafkaBatchError, CorruptBatchError) as e:
+            return type(e).__name__, str(e)
+
+    python = outcome(twin)
+    if compiled is not None:
+        got = outcome(compiled)
+        check(got == python, f"the compiled index gave {got}, its Python twin {python}")
+
+
+def index_seeds() -> list[bytes]:
+    seeds = [bytes([walk[0], 1 | 2 * n]) + walk[1:] for n, walk in enumerate(walk_seeds())]
+    many = [NewRecord(b"value " * i, b"key-%d" % i if i % 3 else None, 1_700_000_000_000 + i,
+                      (("n\u00e9", b"%d" % i),) if i % 2 else ()) for i in range(12)]
+    for records in ([NewRecord(b"hi", b"k", 1000)], many):
+        seeds.append(bytes([len(records), 0]) + encode_native_batch(3, 0, records)[0][BATCH_HEADER_BYTES:])
+    return seeds
+
+
 def _check_one_batch(batch: bytes, header: kr.BatchHeader) -> None:
     # From the first offset there can be: a client may send any baseOffset, negative ones too.
     decoded = list(kr.decode_records(batch, start_offset=kr.INT64_MIN, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX))
@@ -422,4 +470,7 @@ TARGETS = (
                input_bytes_max=BATCH_BYTES_MAX, allocation_bytes_max=_batch_allocation_bytes_max),
     FuzzTarget("native_record_walk", "the compiled record walk (produce's check) against its Python twin: "
                "same end, same error", check_native_walk, (kr.KafkaBatchError,), walk_seeds),
+    FuzzTarget("native_record_index", "the compiled record indexes (the Spark source's columns, both encodings) "
+               "against their Python twins: same index, same error", check_native_index,
+               (kr.KafkaBatchError, CorruptBatchError), index_seeds),
 )

@@ -1,13 +1,13 @@
 """Record batches <-> Arrow columns, in the exact Arrow schema Spark expects for the source's columns.
 
-Decoding walks each batch's records once in Python to find where keys and values lie (the format is a
-chain of variable-length records), then gathers all values of a fetched range with one numpy mask, so
-the per-record Python work is a struct unpack and a few list appends.
+Decoding indexes each batch's records in one call (where each record's timestamp, key, value and
+headers lie: the format is a chain of variable-length records), compiled where the core is built, then
+gathers every column of a fetched range from those indexes with numpy and Arrow: no Python object and no
+Python step per record, in either encoding a batch is stored in.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,15 +25,27 @@ from pyspark.sql.types import (
 from stratalog.engine.batch import (
     BATCH_HEADER_BYTES,
     ENCODING_KAFKA,
-    RECORD_HEAD,
+    KAFKA_DECOMPRESSED_BYTES_MAX,
     BatchInfo,
     decode_headers,
-    decode_records,
-    encode_batch,
-    read_batch_info,
 )
 from stratalog.engine.objformat import BlockEntry, CorruptObjectError, placed_batches
-from stratalog.records import NewRecord
+from stratalog.engine.record_index import index_records as index_native
+from stratalog.invariant import invariant
+from stratalog.kafka.record_index import (
+    HEADER_COUNT,
+    HEADERS_START,
+    INDEX_COLUMNS,
+    KEY_BYTES,
+    KEY_START,
+    TIMESTAMP_MS,
+    VALUE_BYTES,
+    VALUE_START,
+    kafka_headers,
+)
+from stratalog.kafka.record_index import index_records as index_kafka
+from stratalog.kafka.records import TIMESTAMP_TYPE_BIT, KafkaBatchError, uncompressed_records
+from stratalog.kafka.records import check_batch as check_kafka_batch
 
 #: The data source's schema, as Spark DDL and as a StructType (which needs no JVM to build).
 SCHEMA_DDL = "stream string, offset bigint, timestamp timestamp, key binary, value binary"
@@ -53,7 +65,6 @@ ARROW_SCHEMA = pa.schema([
     pa.field("key", pa.binary()),
     pa.field("value", pa.binary()),
 ])
-_RECORD_HEAD_BYTES = RECORD_HEAD.size
 #: With option ``includeHeaders``: each record's headers, in order (an empty array when it has none).
 HEADERS_DDL = "headers array<struct<key: string, value: binary>>"
 _HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -70,63 +81,55 @@ def arrow_schema(headers: bool) -> pa.Schema:
     return ARROW_SCHEMA_WITH_HEADERS if headers else ARROW_SCHEMA
 
 
-#: Where a record's fields lie from its first byte: record_bytes u32, timestamp i64, key_bytes i32,
-#: value_bytes i32, header_count u16, then the key.
-_TS_AT, _KEY_BYTES_AT, _VALUE_BYTES_AT, _HEADER_COUNT_AT = 4, 12, 16, 20
-_RECORD_BYTES = struct.Struct("<I")
-
-
 @dataclass(slots=True)
 class ColumnBuilder:
     """Collects records of several streams out of one fetched buffer, then builds one RecordBatch.
 
-    Per record, Python only follows the chain of lengths to the next record and notes where each one
-    starts; ``finish`` reads every field from those positions with numpy.
+    Each batch's records are indexed by one call (``record_index``: compiled, or its Python twin), in
+    either encoding: the store's own, or a Kafka batch as a producer sent it. ``finish`` gathers every
+    column from those indexes with numpy and Arrow. The records of a compressed Kafka batch are
+    decompressed into a piece of their own; the columns then come from the fetched bytes and those
+    pieces laid end to end in order (one copy, made only where a batch was compressed).
     """
 
     labels: list[str] = field(default_factory=list)
     label_rows: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
     #: (first offset, count) of each run of records taken from one batch.
     runs: list[tuple[int, int]] = field(default_factory=list)
+    #: The index of each run (INDEX_COLUMNS x its rows), positions counted in the pieces laid end to end.
+    indexes: list[np.ndarray] = field(default_factory=list)
+    #: Whether each run came from a Kafka batch (its headers are in Kafka's encoding).
+    kafka: list[bool] = field(default_factory=list)
+    pieces: list[bytes | memoryview] = field(default_factory=list)
+    pieces_bytes: int = 0
+    #: How much of the fetched buffer the pieces hold (from its start).
+    fetched_bytes_taken: int = 0
+    decompressed: bool = False
 
     @property
     def rows(self) -> int:
-        return len(self.positions)
+        return sum(run[1] for run in self.runs)
 
     def add_block(self, buf: bytes, position: int, entry: BlockEntry, label: str, start: int, end: int) -> None:
         """Take the records with offsets in ``[start, end)`` from the block ``entry`` at ``buf[position:]``.
 
-        The block's CRC must already be checked (it covers every batch header and record in it). Offsets
-        count from ``entry.start_offset`` (the manifest's word), not from the batch headers, which are
-        provisional in an object a Spark write committed.
+        The block's CRC must already be checked (it covers every batch header and record in it), and
+        blocks must come in the order of their positions. Offsets count from ``entry.start_offset`` (the
+        manifest's word), not from the batch headers, which are provisional in an object a Spark write
+        committed.
         """
-        before = len(self.positions)
-        unpack = _RECORD_BYTES.unpack_from
-        at_batch = position
-        block_end = position + entry.size_bytes
-        base = entry.start_offset
-        while at_batch < block_end:
-            header = read_batch_info(buf, at_batch)
-            info = BatchInfo(entry.stream_id, base, header.count, header.batch_bytes, header.max_timestamp_ms)
-            base += header.count
-            if info.end_offset > start and info.base_offset < end:
-                first = max(start - info.base_offset, 0)
-                stop = min(end - info.base_offset, info.count)
-                at = at_batch + BATCH_HEADER_BYTES
-                found: list[int] = []
-                note = found.append
-                for _ in range(stop):
-                    note(at)
-                    at += 4 + unpack(buf, at)[0]
-                self.positions.extend(found[first:] if first else found)
-                self.runs.append((info.base_offset + first, stop - first))
-            at_batch += info.batch_bytes
-        if base != entry.end_offset:
-            raise CorruptObjectError(f"data block of stream {entry.stream_id} at {entry.start_offset}: its batches "
-                                     f"hold {base - entry.start_offset} records, the manifest says "
-                                     f"{entry.end_offset - entry.start_offset}")
-        taken = len(self.positions) - before
+        taken = 0
+        block = memoryview(buf)[position:position + entry.size_bytes]
+        for at, info in placed_batches(block, entry):
+            if info.end_offset <= start or info.base_offset >= end:
+                continue
+            first = max(start - info.base_offset, 0)
+            stop = min(end - info.base_offset, info.count)
+            index = self._index(buf, position + at, info)
+            self.indexes.append(index[:, first:stop])
+            self.kafka.append(info.encoding == ENCODING_KAFKA)
+            self.runs.append((info.base_offset + first, stop - first))
+            taken += stop - first
         if taken:
             if self.labels and self.labels[-1] == label:
                 self.label_rows[-1] += taken
@@ -134,63 +137,77 @@ class ColumnBuilder:
                 self.labels.append(label)
                 self.label_rows.append(taken)
 
+    def _index(self, buf: bytes, at: int, info: BatchInfo) -> np.ndarray:
+        """The index of the batch at ``buf[at:]``, its positions counted in the pieces."""
+        batch_end = at + info.batch_bytes
+        if info.encoding != ENCODING_KAFKA:
+            shift = self._take_fetched(buf, at, batch_end)
+            raw = index_native(buf, at + BATCH_HEADER_BYTES, batch_end, info.count)
+        else:
+            body = memoryview(buf)[at + BATCH_HEADER_BYTES:batch_end]
+            try:
+                header = check_kafka_batch(body, 0, batch_bytes_max=len(body))
+                if header.batch_bytes != len(body) or header.record_count != info.count:
+                    raise CorruptObjectError(f"a Kafka batch of {header.record_count} records in "
+                                             f"{header.batch_bytes} bytes where the store's header says "
+                                             f"{info.count} in {len(body)}")
+                records = uncompressed_records(body, header, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
+                append_ms = header.max_timestamp_ms if header.attributes & TIMESTAMP_TYPE_BIT else None
+                if isinstance(records, memoryview):  # not compressed: the records are in buf, up to batch_end
+                    shift = self._take_fetched(buf, at, batch_end) + batch_end - len(records)
+                else:
+                    shift = self._take_piece(records)
+                raw = index_kafka(records, 0, info.count, header.base_timestamp_ms, append_ms)
+            except KafkaBatchError as e:
+                raise CorruptObjectError(f"the Kafka batch at offset {info.base_offset}: {e}") from e
+        index = np.frombuffer(raw, dtype=np.int64).reshape(INDEX_COLUMNS, info.count)
+        if shift:
+            index = index.copy()
+            index[[KEY_START, VALUE_START, HEADERS_START]] += shift
+        return index
+
+    def _take_fetched(self, buf: bytes, at: int, batch_end: int) -> int:
+        """Lay the fetched bytes up to ``batch_end`` into the pieces; the shift from a position in ``buf``
+        to its place in the pieces."""
+        invariant(at >= self.fetched_bytes_taken, "blocks are added in the order of their positions")
+        shift = self.pieces_bytes - self.fetched_bytes_taken
+        self.pieces.append(memoryview(buf)[self.fetched_bytes_taken:batch_end])
+        self.pieces_bytes += batch_end - self.fetched_bytes_taken
+        self.fetched_bytes_taken = batch_end
+        return shift
+
+    def _take_piece(self, data: bytes) -> int:
+        shift = self.pieces_bytes
+        self.pieces.append(data)
+        self.pieces_bytes += len(data)
+        self.decompressed = True
+        return shift
+
     def finish(self, buf: bytes, headers: bool = False) -> pa.RecordBatch:
-        """The collected rows as one RecordBatch over ``buf`` (the buffer every position refers to),
+        """The collected rows as one RecordBatch over ``buf`` (the fetched buffer every block was in),
         with a ``headers`` column when ``headers``."""
         if not self.rows:
             return empty_batch(headers)
-        data = np.frombuffer(buf, dtype=np.uint8)
-        positions = np.asarray(self.positions, dtype=np.int64)
+        # Without a decompressed piece, the pieces are buf's own first bytes: positions are buf's.
+        laid = b"".join(self.pieces) if self.decompressed else buf
+        data = np.frombuffer(laid, dtype=np.uint8)
+        index = np.concatenate(self.indexes, axis=1) if len(self.indexes) > 1 else self.indexes[0]
+        rows = index.shape[1]
         stream = pa.array(self.labels, pa.string()).take(
             pa.array(np.repeat(np.arange(len(self.labels), dtype=np.int32), self.label_rows)))
         firsts = np.fromiter((r[0] for r in self.runs), dtype=np.int64, count=len(self.runs))
         counts = np.fromiter((r[1] for r in self.runs), dtype=np.int64, count=len(self.runs))
         run_starts = np.cumsum(counts) - counts
-        offsets = np.repeat(firsts - run_starts, counts) + np.arange(len(positions), dtype=np.int64)
-        timestamps_us = _field(data, positions + _TS_AT, "<i8") * 1000
-        key_lengths = _field(data, positions + _KEY_BYTES_AT, "<i4").astype(np.int64)
-        value_lengths = _field(data, positions + _VALUE_BYTES_AT, "<i4").astype(np.int64)
-        key_starts = positions + _RECORD_HEAD_BYTES
-        key_valid = key_lengths >= 0
-        key_lengths = np.maximum(key_lengths, 0)
-        keys = gather_binary(data, key_starts, key_lengths, key_valid)
-        values = gather_binary(data, key_starts + key_lengths, value_lengths, None)
-        columns = [stream, pa.array(offsets), pa.array(timestamps_us, pa.timestamp("us", tz="UTC")), keys, values]
+        offsets = np.repeat(firsts - run_starts, counts) + np.arange(rows, dtype=np.int64)
+        key_lengths = index[KEY_BYTES]
+        keys = gather_binary(data, index[KEY_START], np.maximum(key_lengths, 0), key_lengths >= 0)
+        values = gather_binary(data, index[VALUE_START], index[VALUE_BYTES], None)
+        columns = [stream, pa.array(offsets), pa.array(index[TIMESTAMP_MS] * 1000, pa.timestamp("us", tz="UTC")),
+                   keys, values]
         if headers:
-            header_counts = _field(data, positions + _HEADER_COUNT_AT, "<u2")
-            columns.append(_headers(buf, key_starts + key_lengths + value_lengths, header_counts))
+            kafka_rows = np.repeat(np.array(self.kafka, dtype=bool), counts)
+            columns.append(_headers(laid, index[HEADERS_START], index[HEADER_COUNT], kafka_rows))
         return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(headers))
-
-
-def native_blocks(buf: bytes,
-                  blocks: list[tuple[int, BlockEntry]]) -> tuple[bytes, list[tuple[int, BlockEntry]]] | None:
-    """The blocks (each at its position in ``buf``, CRC already checked) with every batch in the native
-    encoding, in a new buffer, and their entries placed in it; None when no batch is a Kafka batch (the
-    common case, which costs one walk of the batch headers). Kafka batches, stored as producers sent
-    them, are decoded record by record: the columns are gathered from native records only."""
-    if not any(info.encoding == ENCODING_KAFKA for at, entry in blocks
-               for _, info in placed_batches(memoryview(buf)[at:at + entry.size_bytes], entry)):
-        return None
-    out = bytearray()
-    placed = []
-    for at, entry in blocks:
-        block = buf[at:at + entry.size_bytes]
-        start = len(out)
-        for pos, info in placed_batches(block, entry):
-            if info.encoding != ENCODING_KAFKA:
-                out += block[pos:pos + info.batch_bytes]
-                continue
-            records = [NewRecord(r.value, r.key, r.timestamp_ms, r.headers) for r in decode_records(block, pos, info)]
-            out += encode_batch(entry.stream_id, info.base_offset, records)[0]
-        placed.append((start, BlockEntry(entry.stream_id, entry.start_offset, entry.end_offset, start,
-                                         len(out) - start, entry.record_count, entry.max_timestamp_ms, 0)))
-    return bytes(out), placed
-
-
-def _field(data: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
-    """The little-endian integers of ``dtype`` starting at each byte position ``at`` (unaligned)."""
-    width = np.dtype(dtype).itemsize
-    return data[at[:, None] + np.arange(width)].copy().view(dtype).reshape(-1)
 
 
 def gather_binary(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
@@ -216,15 +233,19 @@ def gather_binary(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, val
                                  null_count=int(count - valid.sum()))
 
 
-def _headers(buf: bytes, starts: np.ndarray, counts: np.ndarray) -> pa.Array:
-    """The headers column: records with headers are few, so they are decoded one by one."""
+def _headers(buf: bytes, starts: np.ndarray, counts: np.ndarray, kafka_rows: np.ndarray) -> pa.Array:
+    """The headers column: records with headers are few, so they are decoded one by one, each in its
+    batch's encoding."""
     list_offsets = np.zeros(len(counts) + 1, dtype=np.int32)
     np.cumsum(counts, out=list_offsets[1:])
     names: list[str] = []
     values: list[bytes | None] = []
     view = memoryview(buf)
     for row in np.flatnonzero(counts).tolist():
-        decoded, _ = decode_headers(view, int(starts[row]), int(counts[row]))
+        if kafka_rows[row]:
+            decoded = kafka_headers(buf, int(starts[row]), int(counts[row]))
+        else:
+            decoded, _ = decode_headers(view, int(starts[row]), int(counts[row]))
         for name, value in decoded:
             names.append(name)
             values.append(value)

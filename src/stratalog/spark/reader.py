@@ -17,7 +17,7 @@ import pyarrow as pa
 from stratalog.engine.manifest import read_manifest
 from stratalog.engine.objformat import check_block
 from stratalog.objects.store import ObjectNotFoundError, ObjectStore
-from stratalog.spark.columns import ColumnBuilder, native_blocks
+from stratalog.spark.columns import ColumnBuilder
 from stratalog.spark.plan import (
     FETCH_BYTES_MAX,
     Fetch,
@@ -78,9 +78,6 @@ def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int,
             at = ref.entry.position - fetch.start
             check_block(buf[at:at + ref.entry.size_bytes], ref.entry)
             blocks.append((at, ref.entry))
-        native = native_blocks(buf, blocks)
-        if native is not None:
-            buf, blocks = native
         builder = ColumnBuilder()
         for (index, _), (at, entry) in zip(fetch.blocks, blocks, strict=True):
             piece = partition.slices[index]
