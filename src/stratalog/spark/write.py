@@ -87,7 +87,7 @@ from stratalog.engine.staging import (
 )
 from stratalog.engine.store import StreamStore
 from stratalog.invariant import invariant
-from stratalog.objects.store import ObjectStore
+from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.records import NewRecord
 from stratalog.spark.broker_source import reachable_objects
 from stratalog.spark.broker_write import Destinations, choose_partitions, commit_through_broker
@@ -187,11 +187,11 @@ class StagingWriter:
                        for base, b in self._pending[name]]
             builder.add_stream(provisional, batches)
             streams.append(StagedStream(name, batches[0].base_offset, sum(b.count for b in batches)))
-        data = builder.finish()
+        parts = builder.finish_parts()  # written part by part: the object is never joined
         key = f"{self._prefix}{uuid.uuid4().hex}-{self._seq}.slo"
         self._seq += 1
-        self._store.put(key, data)
-        self._staged.append(StagedObject(key, len(data), tuple(streams)))
+        put_parts(self._store, key, parts)
+        self._staged.append(StagedObject(key, sum(map(len, parts)), tuple(streams)))
         self._pending = {}
         self._pending_bytes = 0
 
