@@ -119,6 +119,8 @@ def run_spark_bench(spark: SparkSession, plan: SparkBenchPlan, work_dir: Path,
     parquet_read_s, parquet_scan = timed_reads(lambda: scan(spark.read.parquet(str(parquet_dir))))
     if parquet_scan[0] != plan.records:
         raise RuntimeError(f"Parquet read {parquet_scan[0]} of {plan.records} records")
+    phase("timing a Python source that does nothing (the ceiling)")
+    ceiling = _ceiling(spark, source, plan, scan, parquet_read_s, parquet_write_s)
     at_rest: dict[str, Any] = {}
     if plan.at_rest:
         phase("writing through the data source")
@@ -146,11 +148,33 @@ def run_spark_bench(spark: SparkSession, plan: SparkBenchPlan, work_dir: Path,
                               "bytes_written": report.bytes_written, "seconds": report.seconds,
                               "mb_per_s": report.mb_per_s}
     return {
+        "ceiling": ceiling,
         "broker": broker,
         "plan": {"records": plan.records, "streams": plan.streams, "value_bytes": plan.value_bytes,
                  "master": plan.master, "data_bytes": parquet_scan[1]},
         **at_rest,
     }
+
+
+def _ceiling(spark: SparkSession, source: Any, plan: SparkBenchPlan, scan: Callable[[Any], tuple[int, int]],
+             parquet_read_s: float, parquet_write_s: float) -> dict[str, Any]:
+    """The rows/s of a Python source that does nothing, reading the same rows and writing the source's
+    (bench/spark_ceiling.py): what Spark's Python data source API allows on this machine."""
+    from stratalog.bench.spark_ceiling import register
+
+    register(spark)
+    reader = (spark.read.format("stratalog-ceiling").option("rows", str(plan.records))
+              .option("partitions", str(max(spark.sparkContext.defaultParallelism, 1)))
+              .option("value_bytes", str(plan.value_bytes)))
+    scan(reader.load())  # its first run starts the workers
+    read_s, (rows, _) = timed_reads(lambda: scan(reader.load()))
+    if rows != plan.records:
+        raise RuntimeError(f"the ceiling source read {rows} of {plan.records} rows")
+    source.write.format("stratalog-ceiling").mode("append").save()
+    write_s, _ = timed(lambda: source.write.format("stratalog-ceiling").mode("append").save())
+    return {"read": {"seconds": read_s, "rows_per_s": plan.records / read_s, "over_parquet": parquet_read_s / read_s},
+            "write": {"seconds": write_s, "rows_per_s": plan.records / write_s,
+                      "over_parquet": parquet_write_s / write_s}}
 
 
 def ratio(records: int, seconds: float, parquet_seconds: float, target: float) -> dict[str, Any]:
