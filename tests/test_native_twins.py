@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from stratalog import _native
 from stratalog.engine.batch import BATCH_HEADER_BYTES
 from stratalog.engine.batch import encode_batch as encode_native_batch
 from stratalog.engine.record_index import index_native_records
+from stratalog.engine.record_layout import encode_records
 from stratalog.kafka.record_check import walk_records
 from stratalog.kafka.record_index import index_kafka_records
 from stratalog.kafka.records import RECORDS_POSITION, encode_batch
@@ -209,3 +211,41 @@ def test_native_indexes_are_the_same_whole_or_damaged(records: list[NewRecord],
 def test_any_bytes_index_alike(data: bytes, position: int, end: int, count: int) -> None:
     same_outcome(index_native_records, _native.index_native_records, data, position, end, count)
     same_outcome(index_kafka_records, _native.index_kafka_records, data, max(position, 0), count, 0, None)
+
+
+# The bulk record layout of Spark writes (engine/record_layout.py) ------------------------------------------
+
+
+ROWS = st.lists(st.tuples(st.none() | st.binary(max_size=30), st.binary(max_size=60),
+                          st.integers(-(1 << 63), (1 << 63) - 1)), max_size=10)
+
+
+@settings(max_examples=500, deadline=None)
+@given(rows=ROWS, gaps=st.lists(st.integers(0, 40), min_size=10, max_size=10), damage=st.sampled_from(
+    ["none", "key_start", "key_bytes", "value_start", "value_bytes", "dest", "short_out", "ragged"]),
+       row=st.integers(0, 9), by=st.integers(-50, 50))
+def test_record_layouts_are_the_same(rows: list[tuple[bytes | None, bytes, int]], gaps: list[int], damage: str,
+                                     row: int, by: int) -> None:
+    keys = b"".join(k or b"" for k, _, _ in rows)
+    values = b"".join(v for _, v, _ in rows)
+    key_bytes = np.array([-1 if k is None else len(k) for k, _, _ in rows], dtype=np.int64)
+    value_bytes = np.array([len(v) for _, v, _ in rows], dtype=np.int64)
+    key_start = np.cumsum(np.maximum(key_bytes, 0)) - np.maximum(key_bytes, 0)
+    value_start = np.cumsum(value_bytes) - value_bytes
+    sizes = 22 + np.maximum(key_bytes, 0) + value_bytes
+    dest = np.cumsum(sizes) - sizes + np.cumsum(gaps[:len(rows)]).astype(np.int64)
+    columns = {"dest": dest, "key_start": key_start, "key_bytes": key_bytes, "value_start": value_start,
+               "value_bytes": value_bytes, "timestamp_ms": np.array([t for _, _, t in rows], dtype=np.int64)}
+    out_bytes = int(dest[-1] + sizes[-1]) if rows else 0
+    if damage in columns and rows:
+        columns[damage][row % len(rows)] += by
+    if damage == "short_out":
+        out_bytes = max(out_bytes - abs(by), 0)
+    if damage == "ragged":
+        columns["value_bytes"] = columns["value_bytes"][:-1]
+
+    def laid(function: Callable[..., object]) -> tuple[Outcome, bytes]:
+        out = bytearray(b"\xaa" * out_bytes)
+        return called(function, out, keys, values, *columns.values()), bytes(out)
+
+    assert laid(_native.encode_records) == laid(encode_records)

@@ -48,6 +48,11 @@ static PyMethodDef native_methods[] = {
      "index_native_records(data, position, end, count) -> bytes\n\n"
      "The same index for `count` records of the store's own batch encoding at data[position:end].\n"
      "Raises as stratalog.engine.record_index.index_native_records, its Python twin, does."},
+    {"encode_records", (PyCFunction)(void (*)(void))native_encode_records, METH_FASTCALL,
+     "encode_records(out, keys, values, dest, key_start, key_bytes, value_start, value_bytes, timestamp_ms)\n\n"
+     "Lay out one record of the store's encoding per row into `out` at `dest`, its key and value copied\n"
+     "from `keys` and `values` (int64 columns, one value per row; a key of -1 bytes is null). Raises as\n"
+     "stratalog.engine.record_layout.encode_records, its Python twin, does."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -103,3 +103,117 @@ PyObject *native_index_native_records(PyObject *module, PyObject *const *args, P
     PyBuffer_Release(&view);
     return index;
 }
+
+/* An int64 column handed over by buffer: its values and its length. */
+typedef struct {
+    Py_buffer view;
+    const long long *values;
+    Py_ssize_t count;
+} Column;
+
+static int column_open(PyObject *object, Column *column, const char *name) {
+    if (PyObject_GetBuffer(object, &column->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    const char *format = column->view.format;
+    if (column->view.itemsize != 8 || format == NULL || (strcmp(format, "q") != 0 && strcmp(format, "l") != 0 &&
+                                                          strcmp(format, "<q") != 0 && strcmp(format, "=q") != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must hold int64 values", name);
+        PyBuffer_Release(&column->view);
+        return -1;
+    }
+    column->values = (const long long *)column->view.buf;
+    column->count = column->view.len / 8;
+    return 0;
+}
+
+static void put_little(uint8_t *at, uint64_t value, int width) {
+    for (int i = 0; i < width; i++) {
+        at[i] = (uint8_t)(value >> (8 * i));
+    }
+}
+
+enum { DEST, KEY_START, KEY_BYTES, VALUE_START, VALUE_BYTES, TIMESTAMP, ENCODE_COLUMNS };
+static const char *const ENCODE_COLUMN_NAMES[ENCODE_COLUMNS] = {"dest", "key_start", "key_bytes", "value_start",
+                                                                "value_bytes", "timestamp_ms"};
+
+/* Lay each record out; 0, or -1 with ValueError set (the twin's messages). */
+static int encode_records(uint8_t *out, Py_ssize_t out_bytes, const uint8_t *keys, Py_ssize_t keys_bytes,
+                          const uint8_t *values, Py_ssize_t values_bytes, const Column *c, Py_ssize_t rows) {
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        long long dest = c[DEST].values[i], key_start = c[KEY_START].values[i], key_bytes = c[KEY_BYTES].values[i];
+        long long value_start = c[VALUE_START].values[i], value_bytes = c[VALUE_BYTES].values[i];
+        long long key_kept = key_bytes > 0 ? key_bytes : 0;
+        if (key_bytes < -1 || key_bytes > INT32_MAX || value_bytes < 0 || value_bytes > INT32_MAX ||
+            key_start < 0 || key_start > keys_bytes - key_kept || value_start < 0 ||
+            value_start > values_bytes - value_bytes) {
+            PyErr_Format(PyExc_ValueError, "row %zd: its key or value lies outside the data given", i);
+            return -1;
+        }
+        long long record_bytes = RECORD_FIXED_BYTES + key_kept + value_bytes;
+        if (record_bytes > UINT32_MAX || dest < 0 || dest > out_bytes - (4 + record_bytes)) {
+            PyErr_Format(PyExc_ValueError, "row %zd: its record does not fit the output where it is placed", i);
+            return -1;
+        }
+        uint8_t *at = out + dest;
+        put_little(at, (uint64_t)record_bytes, 4);
+        put_little(at + 4, (uint64_t)c[TIMESTAMP].values[i], 8);
+        put_little(at + 12, (uint64_t)(uint32_t)(int32_t)key_bytes, 4);
+        put_little(at + 16, (uint64_t)value_bytes, 4);
+        put_little(at + 20, 0, 2); /* header count: rows with headers take the Python path */
+        memcpy(at + RECORD_HEAD_BYTES, keys + key_start, (size_t)key_kept);
+        memcpy(at + RECORD_HEAD_BYTES + key_kept, values + value_start, (size_t)value_bytes);
+    }
+    return 0;
+}
+
+PyObject *native_encode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3 + ENCODE_COLUMNS) {
+        PyErr_Format(PyExc_TypeError, "encode_records takes %d arguments (out, keys, values, dest, key_start, "
+                     "key_bytes, value_start, value_bytes, timestamp_ms), not %zd", 3 + ENCODE_COLUMNS, nargs);
+        return NULL;
+    }
+    Py_buffer out, keys, values;
+    Column columns[ENCODE_COLUMNS];
+    int opened = 0;
+    int failed = 1;
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &keys, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &values, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&keys);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    while (opened < ENCODE_COLUMNS && column_open(args[3 + opened], &columns[opened], ENCODE_COLUMN_NAMES[opened]) == 0) {
+        opened++;
+    }
+    if (opened == ENCODE_COLUMNS) {
+        Py_ssize_t rows = columns[0].count;
+        int same = 1;
+        for (int c = 1; c < ENCODE_COLUMNS; c++) {
+            same &= columns[c].count == rows;
+        }
+        if (!same) {
+            PyErr_SetString(PyExc_ValueError, "the columns must have one value per row each");
+        } else {
+            failed = encode_records((uint8_t *)out.buf, out.len, (const uint8_t *)keys.buf, keys.len,
+                                    (const uint8_t *)values.buf, values.len, columns, rows);
+        }
+    }
+    for (int c = 0; c < opened; c++) {
+        PyBuffer_Release(&columns[c].view);
+    }
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&out);
+    if (failed) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}

@@ -1,6 +1,9 @@
 # The compiled core (src/native/): what it offers, for type checkers. Each function's Python twin is
 # named beside it; stratalog.native says whether the module loaded.
 
+import numpy as np
+import pyarrow as pa
+
 def walk_records(data: bytes | bytearray | memoryview, position: int, count: int) -> int:
     """stratalog.kafka.record_check.walk_records."""
 def index_kafka_records(data: bytes | bytearray | memoryview, position: int, count: int, base_timestamp_ms: int,
@@ -8,3 +11,8 @@ def index_kafka_records(data: bytes | bytearray | memoryview, position: int, cou
     """stratalog.kafka.record_index.index_kafka_records."""
 def index_native_records(data: bytes | bytearray | memoryview, position: int, end: int, count: int) -> bytes:
     """stratalog.engine.record_index.index_native_records."""
+def encode_records(out: bytearray | memoryview, keys: bytes | memoryview | pa.Buffer,
+                   values: bytes | memoryview | pa.Buffer, dest: np.ndarray, key_start: np.ndarray,
+                   key_bytes: np.ndarray, value_start: np.ndarray, value_bytes: np.ndarray,
+                   timestamp_ms: np.ndarray) -> None:
+    """stratalog.engine.record_layout.encode_records."""

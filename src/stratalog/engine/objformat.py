@@ -26,6 +26,7 @@ import itertools
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from stratalog.engine.batch import BatchInfo, read_batch_info
 from stratalog.errors import StratalogError
@@ -76,7 +77,8 @@ class StreamBatch:
     base_offset: int
     count: int
     max_timestamp_ms: int
-    data: bytes
+    #: The batch's bytes; a view into a larger buffer is written as it is (a Spark write's batches are).
+    data: bytes | memoryview
 
 
 class ObjectBuilder:
@@ -86,7 +88,7 @@ class ObjectBuilder:
         if flags & ~FLAGS_KNOWN:
             raise ValueError(f"unknown object flags {flags:#x}")
         self._flags = flags
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._entries: list[BlockEntry] = []
         self._position = 0
         self._block_bytes_target = block_bytes_target
@@ -111,20 +113,24 @@ class ObjectBuilder:
         return added
 
     def _close_block(self, stream_id: int, block: list[StreamBatch]) -> BlockEntry:
-        if len(block) == 1:  # common with many small streams: no joins or generators
+        if len(block) == 1:  # common with many small streams: no loops or generators
             only = block[0]
-            data, count, max_ts = only.data, only.count, only.max_timestamp_ms
+            size, count, max_ts, crc = len(only.data), only.count, only.max_timestamp_ms, crc32c(only.data)
+            self._parts.append(only.data)
         else:
             for prev, nxt in itertools.pairwise(block):
                 if prev.base_offset + prev.count != nxt.base_offset:
                     raise ValueError(f"stream {stream_id}: batches are not contiguous at {nxt.base_offset}")
-            data = b"".join(b.data for b in block)
+            size, crc = 0, 0
+            for batch in block:  # the block's CRC runs over its batches in turn: they are never joined
+                size += len(batch.data)
+                crc = crc32c(batch.data, crc)
+                self._parts.append(batch.data)
             count, max_ts = sum(b.count for b in block), max(b.max_timestamp_ms for b in block)
         entry = BlockEntry(stream_id, block[0].base_offset, block[-1].base_offset + block[-1].count,
-                           self._position, len(data), count, max_ts, crc32c(data))
-        self._parts.append(data)
+                           self._position, size, count, max_ts, crc)
         self._entries.append(entry)
-        self._position += len(data)
+        self._position += size
         return entry
 
     @property
@@ -139,7 +145,7 @@ class ObjectBuilder:
         """The whole object: blocks, index, footer."""
         return b"".join(self.finish_parts())
 
-    def finish_parts(self) -> list[bytes]:
+    def finish_parts(self) -> list[bytes | memoryview]:
         """The whole object as its parts, in order: each data block, the index, the footer. Written part by
         part, an object of tens of MiB is never joined: a join that size holds the GIL for milliseconds."""
         index = encode_index(self._entries)
@@ -195,7 +201,10 @@ def decode_index(raw: bytes, footer: Footer) -> list[BlockEntry]:
     return [BlockEntry(*INDEX_ENTRY.unpack_from(raw, i * INDEX_ENTRY.size)) for i in range(footer.entry_count)]
 
 
-def check_block(data: bytes, entry: BlockEntry) -> bytes:
+_Data = TypeVar("_Data", bytes, memoryview)
+
+
+def check_block(data: _Data, entry: BlockEntry) -> _Data:
     """Return ``data`` after checking it is the block ``entry`` describes."""
     if len(data) != entry.size_bytes or crc32c(data) != entry.crc:
         raise CorruptObjectError(

@@ -74,10 +74,11 @@ def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int,
             yield from _read_replanned(store, partition, fetches[number:], fetch_bytes_max, headers)
             return
         blocks = []
-        for _, ref in fetch.blocks:
-            at = ref.entry.position - fetch.start
-            check_block(buf[at:at + ref.entry.size_bytes], ref.entry)
-            blocks.append((at, ref.entry))
+        with memoryview(buf) as view:
+            for _, ref in fetch.blocks:
+                at = ref.entry.position - fetch.start
+                check_block(view[at:at + ref.entry.size_bytes], ref.entry)  # a view: no copy of the block
+                blocks.append((at, ref.entry))
         builder = ColumnBuilder()
         for (index, _), (at, entry) in zip(fetch.blocks, blocks, strict=True):
             piece = partition.slices[index]

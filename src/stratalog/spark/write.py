@@ -69,13 +69,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from stratalog.engine.batch import BATCH_HEADER, ENCODING_NATIVE, RECORD_HEAD, encode_batch
+from stratalog.engine.batch import BATCH_HEADER, BATCH_HEADER_BYTES, ENCODING_NATIVE, RECORD_HEAD, encode_batch
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.objformat import (
     FLAG_PROVISIONAL,
     ObjectBuilder,
     StreamBatch,
 )
+from stratalog.engine.record_layout import lay_out_records
 from stratalog.engine.staging import (
     SINK_MARKER_PREFIX,
     STAGING_PREFIX,
@@ -86,7 +87,6 @@ from stratalog.engine.staging import (
     delete_staging,
 )
 from stratalog.engine.store import StreamStore
-from stratalog.invariant import invariant
 from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.records import NewRecord
 from stratalog.spark.broker_source import reachable_objects
@@ -120,11 +120,14 @@ class WriteMessage(WriterCommitMessage):
 
 @dataclass(frozen=True, slots=True)
 class EncodedBatch:
-    """A batch's records, encoded, before its header: the header (stream id, offsets) is written last."""
+    """A batch's records, encoded, after room for its header: the header (stream id, offsets) is written
+    into that room last, in place, when the batch goes into an object."""
 
     count: int
     max_timestamp_ms: int
-    body: bytes
+    #: BATCH_HEADER_BYTES of room, then the records: a view into the buffer the rows were encoded into.
+    frame: memoryview
+    #: CRC32C of the records (the batch header's crc field).
     crc: int
 
 
@@ -152,7 +155,7 @@ class StagingWriter:
                 stop += 1
             data, max_ts = encode_batch(0, 0, records[start:stop])
             crc = BATCH_HEADER.unpack_from(data)[-1]
-            self.add_encoded(name, [EncodedBatch(stop - start, max_ts, data[BATCH_HEADER.size:], crc)])
+            self.add_encoded(name, [EncodedBatch(stop - start, max_ts, memoryview(bytearray(data)), crc)])
             start = stop
 
     def add_encoded(self, name: str, batches: Sequence[EncodedBatch]) -> None:
@@ -161,7 +164,7 @@ class StagingWriter:
             base = self._next_relative.get(name, 0)
             self._pending.setdefault(name, []).append((base, batch))
             self._next_relative[name] = base + batch.count
-            self._pending_bytes += BATCH_HEADER.size + len(batch.body)
+            self._pending_bytes += len(batch.frame)
             if self._pending_bytes >= self._object_bytes:
                 self._put()
 
@@ -181,10 +184,11 @@ class StagingWriter:
         builder = ObjectBuilder(flags=FLAG_PROVISIONAL)
         streams = []
         for provisional, name in enumerate(names):
-            batches = [StreamBatch(base, b.count, b.max_timestamp_ms,
-                                   BATCH_HEADER.pack(provisional, base, b.count, BATCH_HEADER.size + len(b.body),
-                                                     b.max_timestamp_ms, ENCODING_NATIVE, b.crc) + b.body)
-                       for base, b in self._pending[name]]
+            batches = []
+            for base, b in self._pending[name]:
+                BATCH_HEADER.pack_into(b.frame, 0, provisional, base, b.count, len(b.frame), b.max_timestamp_ms,
+                                       ENCODING_NATIVE, b.crc)
+                batches.append(StreamBatch(base, b.count, b.max_timestamp_ms, b.frame))
             builder.add_stream(provisional, batches)
             streams.append(StagedStream(name, batches[0].base_offset, sum(b.count for b in batches)))
         parts = builder.finish_parts()  # written part by part: the object is never joined
@@ -196,21 +200,19 @@ class StagingWriter:
         self._pending_bytes = 0
 
 
-#: A record's fixed head in the batch format (engine/batch.py RECORD_HEAD), as a numpy record type.
-_RECORD_HEAD_DTYPE = np.dtype([("record_bytes", "<u4"), ("timestamp_ms", "<i8"), ("key_bytes", "<i4"),
-                               ("value_bytes", "<i4"), ("header_count", "<u2")])
 #: What record_bytes counts besides key and value: timestamp, key and value lengths, header count.
-_RECORD_FIXED_BYTES = _RECORD_HEAD_DTYPE.itemsize - 4
-invariant(_RECORD_HEAD_DTYPE.itemsize == RECORD_HEAD.size, "the numpy record head must match the format's")
+_RECORD_FIXED_BYTES = RECORD_HEAD.size - 4
 
 
 def encode_rows(batch: pa.RecordBatch, now_ms: int,
                 batch_bytes_target: int = BATCH_BYTES_TARGET) -> Iterator[tuple[str, list[EncodedBatch]]]:
     """The rows of an Arrow batch as encoded batches per stream (row order kept within each stream).
 
-    Vectorized: rows are grouped by a stable sort on the stream, every record head is filled in by
-    numpy, and Arrow's ``take`` lays out head, key and value of each record one after another. Python
-    then works per batch (a slice and a CRC), not per record.
+    Vectorized: rows are grouped by a stable sort on the stream, numpy works out where each record goes
+    (batches of about ``batch_bytes_target``, each after room for its header), and one call
+    (``record_layout``, compiled where the core is built) writes every record head and copies every key
+    and value straight from the Arrow buffers into one output buffer. Python then works per batch (a
+    view and a CRC), not per record.
     """
     rows = batch.num_rows
     if rows == 0:
@@ -222,53 +224,76 @@ def encode_rows(batch: pa.RecordBatch, now_ms: int,
     if values.null_count:
         raise ValueError("a row has a null value: the value column must not be null")
     schema_names = batch.schema.names
-    keys = _as_binary(batch.column("key")) if "key" in schema_names else pa.nulls(rows, pa.binary())
     if "timestamp" in schema_names:
         micros = pc.cast(batch.column("timestamp"), pa.timestamp("us", tz="UTC")).cast(pa.int64())
         stamps_ms = pc.fill_null(micros, now_ms * 1000).to_numpy(zero_copy_only=False) // 1000
     else:
         stamps_ms = np.full(rows, now_ms, dtype=np.int64)
     codes = names.dictionary_encode()
-    order = np.argsort(codes.indices.to_numpy(zero_copy_only=False), kind="stable")
-    sorted_codes = codes.indices.to_numpy(zero_copy_only=False)[order]
-    take = pa.array(order)
-    keys, values, stamps_ms = keys.take(take), values.take(take), stamps_ms[order]
-    key_bytes = pc.fill_null(pc.binary_length(keys), -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    value_bytes = pc.binary_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
-    heads = np.zeros(rows, dtype=_RECORD_HEAD_DTYPE)
-    heads["record_bytes"] = _RECORD_FIXED_BYTES + np.maximum(key_bytes, 0) + value_bytes
-    heads["timestamp_ms"] = stamps_ms
-    heads["key_bytes"] = key_bytes
-    heads["value_bytes"] = value_bytes
-    head_size = _RECORD_HEAD_DTYPE.itemsize
-    head_array = pa.Array.from_buffers(pa.large_binary(), rows, [
-        None, pa.py_buffer(np.arange(0, head_size * (rows + 1), head_size, dtype=np.int64)),
-        pa.py_buffer(heads.tobytes())])
-    parts = pa.concat_arrays([head_array, keys.cast(pa.large_binary()), values.cast(pa.large_binary())])
-    interleave = np.empty(3 * rows, dtype=np.int64)
-    for i in range(3):
-        interleave[i::3] = np.arange(rows, dtype=np.int64) + i * rows
-    laid_out = parts.take(pa.array(interleave))
-    starts = laid_out.buffers()[1]
-    first = int(np.frombuffer(starts, dtype=np.int64, count=1, offset=laid_out.offset * 8)[0])
-    encoded = memoryview(laid_out.buffers()[2])
-    record_ends = np.cumsum(4 + heads["record_bytes"].astype(np.int64)) + first
-    record_starts = record_ends - (4 + heads["record_bytes"].astype(np.int64))
+    code_of_row = codes.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(code_of_row, kind="stable")
+    sorted_codes = code_of_row[order]
+    if "key" in schema_names:
+        key_starts, key_bytes, key_data = _binary_parts(_as_binary(batch.column("key")))
+    else:
+        key_starts, key_bytes, key_data = np.zeros(rows, np.int64), np.full(rows, -1, np.int64), b""
+    value_starts, value_bytes, value_data = _binary_parts(values)
+    key_starts, key_bytes, stamps_ms = key_starts[order], key_bytes[order], stamps_ms[order]
+    value_starts, value_bytes = value_starts[order], value_bytes[order]
+    sizes = 4 + _RECORD_FIXED_BYTES + np.maximum(key_bytes, 0) + value_bytes
+    record_ends = np.cumsum(sizes)
+    record_starts = record_ends - sizes
     group_ends = [*(np.flatnonzero(np.diff(sorted_codes)) + 1).tolist(), rows]
+    cuts = _batch_cuts(record_starts, record_ends, group_ends, batch_bytes_target)
+    first_rows = np.array([start for start, _ in cuts], dtype=np.int64)
+    # Each record moves on by the header room of every batch that starts at or before it.
+    batches_before = np.searchsorted(first_rows, np.arange(rows, dtype=np.int64), side="right")
+    dest = record_starts + BATCH_HEADER_BYTES * batches_before
+    # Not zeroed: the records and the header room (written when the batch goes into an object) cover it.
+    view = np.empty(int(record_ends[-1]) + BATCH_HEADER_BYTES * len(cuts), dtype=np.uint8).data
+    lay_out_records(view, key_data, value_data, dest, key_starts, key_bytes, value_starts, value_bytes,
+                    np.ascontiguousarray(stamps_ms, dtype=np.int64))
     dictionary = codes.dictionary.to_pylist()
+    by_stream: dict[str, list[EncodedBatch]] = {}
+    for start, stop in cuts:
+        frame_start = int(dest[start]) - BATCH_HEADER_BYTES
+        frame = view[frame_start:int(dest[stop - 1] + sizes[stop - 1])]
+        encoded = EncodedBatch(stop - start, int(stamps_ms[start:stop].max()), frame,
+                               crc32c(frame[BATCH_HEADER_BYTES:]))
+        by_stream.setdefault(dictionary[int(sorted_codes[start])], []).append(encoded)
+    yield from by_stream.items()
+
+
+def _batch_cuts(record_starts: np.ndarray, record_ends: np.ndarray, group_ends: list[int],
+                batch_bytes_target: int) -> list[tuple[int, int]]:
+    """``(first row, row after the last)`` of each batch: runs within one stream's rows, each ending with
+    the record that brings it to ``batch_bytes_target`` bytes (or the stream's last)."""
+    cuts = []
     group_start = 0
     for group_end in group_ends:
-        name = dictionary[int(sorted_codes[group_start])]
-        out: list[EncodedBatch] = []
         at = group_start
         while at < group_end:
             cut = int(np.searchsorted(record_ends, record_starts[at] + batch_bytes_target, side="left")) + 1
             cut = min(max(cut, at + 1), group_end)
-            body = bytes(encoded[record_starts[at]:record_ends[cut - 1]])
-            out.append(EncodedBatch(cut - at, int(stamps_ms[at:cut].max()), body, crc32c(body)))
+            cuts.append((at, cut))
             at = cut
-        yield name, out
         group_start = group_end
+    return cuts
+
+
+def _binary_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | bytes]:
+    """Where each row's bytes start in the column's data buffer, how many there are (-1 for a null),
+    and that buffer: an Arrow binary column read in place."""
+    if len(column) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), b""
+    width = np.int32 if pa.types.is_binary(column.type) else np.int64
+    _, offsets_buffer, data = column.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[column.offset:column.offset + len(column) + 1]
+    offsets = offsets.astype(np.int64)
+    lengths = np.diff(offsets)
+    if column.null_count:
+        lengths[~column.is_valid().to_numpy(zero_copy_only=False)] = -1
+    return offsets[:-1], lengths, data if data is not None else b""
 
 
 def records_with_headers(batch: pa.RecordBatch, now_ms: int) -> Iterator[tuple[str, list[NewRecord]]]:
