@@ -38,7 +38,9 @@ if SANITIZE:
     link += ["-fsanitize=address,undefined"]
 
 setup(
-    ext_modules=[Extension("stratalog._native", sources=["src/native/module.c", "src/native/records.c", "src/native/stored.c"],
+    ext_modules=[Extension("stratalog._native",
+                           sources=["src/native/module.c", "src/native/records.c", "src/native/stored.c",
+                                    "src/native/writer.c"],
                            depends=["src/native/native.h"], extra_compile_args=flags, extra_link_args=link)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

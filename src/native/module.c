@@ -56,9 +56,6 @@ static PyMethodDef native_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef_Slot native_slots[] = {
-    {0, NULL},
-};
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT,
@@ -66,11 +63,18 @@ static struct PyModuleDef native_module = {
     .m_doc = "The compiled core of stratalog: twins of Python functions a profile named (stratalog.native).",
     .m_size = 0,
     .m_methods = native_methods,
-    .m_slots = native_slots,
 };
 
 PyMODINIT_FUNC PyInit__native(void);
 
 PyMODINIT_FUNC PyInit__native(void) {
-    return PyModuleDef_Init(&native_module);
+    /* Single-phase: the module holds one static type (BlockWriter) and no state of its own. */
+    if (PyType_Ready(&native_block_writer_type) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&native_module);
+    if (module != NULL && PyModule_AddObjectRef(module, "BlockWriter", (PyObject *)&native_block_writer_type) < 0) {
+        Py_CLEAR(module);
+    }
+    return module;
 }

@@ -20,6 +20,7 @@ PyObject *native_new_index(Py_ssize_t count, long long **columns);
 PyObject *native_walk_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_index_kafka_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_index_native_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern PyTypeObject native_block_writer_type;
 PyObject *native_encode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -1,6 +1,8 @@
 # The compiled core (src/native/): what it offers, for type checkers. Each function's Python twin is
 # named beside it; stratalog.native says whether the module loaded.
 
+import mmap
+
 import numpy as np
 import pyarrow as pa
 
@@ -16,3 +18,13 @@ def encode_records(out: bytearray | memoryview, keys: bytes | memoryview | pa.Bu
                    key_bytes: np.ndarray, value_start: np.ndarray, value_bytes: np.ndarray,
                    timestamp_ms: np.ndarray) -> None:
     """stratalog.engine.record_layout.encode_records."""
+
+class BlockWriter:
+    """stratalog.io.block_io.ThreadedBlockIO is its twin."""
+
+    def __init__(self, fd: int, threads: int, sync_each: bool) -> None: ...
+    def submit(self, buffer: mmap.mmap | bytes | bytearray | memoryview, length: int, position: int,
+               token: object) -> None: ...
+    def reap(self) -> list[tuple[object, int]]: ...
+    def fileno(self) -> int: ...
+    def stop(self) -> None: ...

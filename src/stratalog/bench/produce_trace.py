@@ -32,14 +32,14 @@ from stratalog.broker.listeners import Listener, SecurityProtocol
 
 #: Each step: the mark it starts at, the mark it ends at, what happens in it.
 STEPS = (
-    ("handler", "appended", "checked and appended: in the WAL's block, the block handed to an I/O thread"),
-    ("appended", "io_start", "an I/O thread starts the write (its wake-up, then the GIL)"),
-    ("io_start", "io_done", "the write and the sync on the device"),
+    ("handler", "appended", "checked and appended: in the WAL's block, the block handed to the writer"),
+    ("appended", "io_done", "the writer's thread wakes, writes and syncs on the device; the result back in "
+     "Python (a wake-up, then the GIL)"),
     ("io_done", "durable", "the event loop learns it is durable (completion, its wake-up)"),
     ("durable", "answered", "the response built"),
     ("answered", "written", "the response handed to the socket"),
 )
-MARKS = ("handler", "appended", "io_start", "io_done", "durable", "answered", "written")
+MARKS = ("handler", "appended", "io_done", "durable", "answered", "written")
 #: (name, seconds between requests): bench kafka's latency pace, and none.
 PATTERNS = (("50 a second", 1 / 50), ("back to back", 0.0))
 VALUE_BYTES = 256
@@ -67,9 +67,8 @@ def _wrapped(tracer: _Tracer) -> Iterator[None]:
     from stratalog.wal import log as wal_log
 
     produce, check_and_append = api_log.produce, api_log._check_and_append
-    write_block, complete = wal_log.WriteAheadLog._write_block, wal_log.WriteAheadLog._complete_in_order
+    block_done = wal_log.WriteAheadLog._block_done
     write_response, apis = server.write_response, api_log.APIS
-    writing = threading.local()  # the request whose block this I/O thread writes
 
     async def traced_produce(broker: Any, request: Any, session: Any) -> Any:
         tracer.current = marks = {"handler": time.perf_counter()}
@@ -86,22 +85,11 @@ def _wrapped(tracer: _Tracer) -> Iterator[None]:
             out[0].add_done_callback(lambda _f: marks.setdefault("durable", time.perf_counter()))
         return out
 
-    def traced_write_block(self: Any, block: Any) -> None:
-        # The block sealed by the request being handled: requests come one at a time, and the one before
-        # was answered only after its block's completion, which runs in this call.
-        writing.marks = tracer.current
-        if writing.marks is not None:
-            writing.marks.setdefault("io_start", time.perf_counter())
-        try:
-            write_block(self, block)
-        finally:
-            writing.marks = None
-
-    def traced_complete(self: Any) -> None:
-        marks = getattr(writing, "marks", None)  # written and synced: the completion starts
-        if marks is not None:
-            marks.setdefault("io_done", time.perf_counter())
-        complete(self)
+    def traced_block_done(self: Any, token: object, error: BaseException | None) -> None:
+        # The block of the request being handled: requests come one at a time, and the one before was
+        # answered only after its block's completion, which runs in this call.
+        tracer.mark("io_done")
+        block_done(self, token, error)
 
     def traced_write_response(transport: Any, frame: Any) -> None:
         tracer.mark("written")
@@ -110,15 +98,13 @@ def _wrapped(tracer: _Tracer) -> Iterator[None]:
     api_log.APIS = tuple(  # type: ignore[assignment]
         dataclasses.replace(a, handler=traced_produce) if a.handler is produce else a for a in apis)
     api_log._check_and_append = traced_append  # type: ignore[assignment]
-    wal_log.WriteAheadLog._write_block = traced_write_block  # type: ignore[method-assign]
-    wal_log.WriteAheadLog._complete_in_order = traced_complete  # type: ignore[method-assign]
+    wal_log.WriteAheadLog._block_done = traced_block_done  # type: ignore[method-assign]
     server.write_response = traced_write_response
     try:
         yield
     finally:
         api_log.APIS, api_log._check_and_append = apis, check_and_append
-        wal_log.WriteAheadLog._write_block = write_block  # type: ignore[method-assign]
-        wal_log.WriteAheadLog._complete_in_order = complete  # type: ignore[method-assign]
+        wal_log.WriteAheadLog._block_done = block_done  # type: ignore[method-assign]
         server.write_response = write_response
 
 

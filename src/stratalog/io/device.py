@@ -135,6 +135,10 @@ class FileDevice:
             raise
         return cls(fd, path, actual, is_direct, sync_writes and is_direct and not read_only)
 
+    def fileno(self) -> int:
+        """The open file's descriptor: the compiled block writer writes through it (io/block_io.py)."""
+        return self._fd
+
     def pwrite(self, buf: bytes | bytearray | memoryview | mmap.mmap, position_bytes: int) -> None:
         view = memoryview(buf)
         done = 0

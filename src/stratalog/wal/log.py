@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from enum import Enum
 from typing import NamedTuple
 
@@ -37,6 +37,7 @@ from stratalog.errors import (
     release_frames,
 )
 from stratalog.invariant import invariant
+from stratalog.io.block_io import BlockIO, open_block_io
 from stratalog.io.device import Device, FileDevice, aligned_buffer
 from stratalog.wal.config import FsyncPolicy, WALConfig
 from stratalog.wal.format import (
@@ -145,7 +146,7 @@ class WriteAheadLog:
         self._pool_bytes = 0
         self._pool_bytes_max = config.buffered_bytes_max // 2
         self._durable_offset = 0
-        self._executor: ThreadPoolExecutor | None = None
+        self._io: BlockIO | None = None
         self._threads: list[threading.Thread] = []
         self._stop_background = threading.Event()
         self.recovery_stats = RecoveryStats()
@@ -300,7 +301,8 @@ class WriteAheadLog:
     def _start_writer(self, next_offset: int) -> None:
         self._next_offset = next_offset
         self._durable_offset = next_offset
-        self._executor = ThreadPoolExecutor(self._config.io_threads, thread_name_prefix="stratalog-wal-io")
+        self._io = open_block_io(self._device, self._config.io_threads, self._sync_after_write, self._block_done,
+                                 "stratalog-wal-io")
         self._state = _State.OPEN
         sealer = threading.Thread(target=self._sealer_loop, name="stratalog-wal-sealer", daemon=True)
         sealer.start()
@@ -443,21 +445,17 @@ class WriteAheadLog:
                 return
             self._pending.popleft()
             self._writing += 1
-            assert self._executor is not None
-            self._executor.submit(self._write_block, block)
+            assert self._io is not None
+            self._io.submit(block.buf, _length(block), HEADERS_BYTES + block.start % self._ring_bytes, block)
 
     # I/O threads -----------------------------------------------------------------------------------
 
-    def _write_block(self, block: _Block) -> None:
-        position = HEADERS_BYTES + block.start % self._ring_bytes
-        length = ALIGN_BYTES if block.pad else block.end - block.start
-        try:
-            with memoryview(block.buf) as view:
-                self._device.pwrite(view[:length], position)
-            if self._sync_after_write:
-                self._sync()
-        except BaseException as e:
-            self._fail(e, f"writing {length} bytes at logical offset {block.start}", writer=True)
+    def _block_done(self, token: object, error: BaseException | None) -> None:
+        """The I/O engine's word on a block: written (and synced when asked), or the error that stops the log."""
+        assert isinstance(token, _Block)
+        block = token
+        if error is not None:
+            self._fail(error, f"writing {_length(block)} bytes at logical offset {block.start}", writer=True)
             return
         try:
             with self._lock:
@@ -671,8 +669,9 @@ class WriteAheadLog:
         self._stop_background.set()
         for thread in self._threads:
             thread.join()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        if self._io is not None:
+            self._io.close()
+            self._io = None  # it holds this log's completion: no cycle left to keep the log alive
         try:
             if was_open and self._failure is None:
                 self._write_header(ShutdownType.GRACEFUL)
@@ -723,6 +722,11 @@ class WriteAheadLog:
     @property
     def device(self) -> Device:
         return self._device
+
+
+def _length(block: _Block) -> int:
+    """The bytes a block's write covers: its records to a 4 KiB boundary, or the one page of a pad."""
+    return ALIGN_BYTES if block.pad else block.end - block.start
 
 
 def _zero_ring(device: Device, capacity_bytes: int) -> None:

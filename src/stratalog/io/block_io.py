@@ -1,0 +1,120 @@
+"""The WAL's block writes: each block written at its position (and synced when asked) by a thread of its
+own, its result handed to a ``done(token, error)`` callback. Two engines, one behaviour:
+
+- :class:`ThreadedBlockIO`, the reference: Python threads call :meth:`Device.pwrite` and :meth:`Device.sync`,
+  then ``done`` in the same thread. Works on any device, the fault-injecting MemDevice included.
+- :class:`NativeBlockIO`: ``stratalog._native.BlockWriter``'s threads write and sync a FileDevice's file
+  without ever taking the GIL, so a write starts as soon as it is submitted, however busy the
+  interpreter; one reaper thread takes their results and calls ``done``.
+
+Both sync the way the WAL needs (fsyncgate): syncs are serialized, and once one fails every later one of
+that engine fails too, so nothing written after a failed sync is reported durable. ``done`` gets None when
+the block is written (and synced, if asked), else the OSError; it may be called in any order across
+blocks (the WAL acknowledges in offset order itself). :func:`open_block_io` picks the engine.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import select
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from stratalog.io.device import Device
+from stratalog.native import native
+
+#: done(token, error): error None once the block is durable (written, and synced when asked).
+Done = Callable[[object, BaseException | None], None]
+
+
+class BlockIO(Protocol):
+    def submit(self, buf: mmap.mmap, length_bytes: int, position_bytes: int, token: object) -> None:
+        """Write ``buf[:length_bytes]`` at ``position_bytes``; ``done(token, ...)`` follows. The buffer must
+        stay open until then."""
+        ...
+
+    def close(self) -> None:
+        """Finish every submitted write (``done`` called for each), then stop the threads."""
+        ...
+
+
+class ThreadedBlockIO:
+    """Python threads: the reference engine, for any device."""
+
+    def __init__(self, device: Device, threads: int, sync_each: bool, done: Done, thread_name: str) -> None:
+        self._device = device
+        self._sync_each = sync_each
+        self._done = done
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=thread_name)
+        self._sync_lock = threading.Lock()
+        self._sync_failure: BaseException | None = None
+
+    def submit(self, buf: mmap.mmap, length_bytes: int, position_bytes: int, token: object) -> None:
+        self._pool.submit(self._write, buf, length_bytes, position_bytes, token)
+
+    def _write(self, buf: mmap.mmap, length_bytes: int, position_bytes: int, token: object) -> None:
+        try:
+            with memoryview(buf) as view:
+                self._device.pwrite(view[:length_bytes], position_bytes)
+            if self._sync_each:
+                self._sync()
+        except BaseException as e:
+            self._done(token, e)
+            return
+        self._done(token, None)
+
+    def _sync(self) -> None:
+        with self._sync_lock:
+            if self._sync_failure is not None:
+                raise self._sync_failure
+            try:
+                self._device.sync()
+            except BaseException as e:
+                self._sync_failure = e  # recorded before the lock is released: no later sync can succeed
+                raise
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class NativeBlockIO:
+    """The compiled writer's threads, for a file descriptor; results reaped by one Python thread."""
+
+    def __init__(self, fd: int, threads: int, sync_each: bool, done: Done, thread_name: str) -> None:
+        assert native is not None
+        self._writer = native.BlockWriter(fd, threads, sync_each)
+        self._done = done
+        self._closing = False
+        self._reaper = threading.Thread(target=self._reap_loop, name=f"{thread_name}-reaper", daemon=True)
+        self._reaper.start()
+
+    def submit(self, buf: mmap.mmap, length_bytes: int, position_bytes: int, token: object) -> None:
+        self._writer.submit(buf, length_bytes, position_bytes, token)
+
+    def _reap(self) -> None:
+        for token, error in self._writer.reap():
+            self._done(token, None if error == 0 else OSError(error, os.strerror(error)))
+
+    def _reap_loop(self) -> None:
+        fd = self._writer.fileno()
+        while not self._closing:
+            select.select([fd], [], [])  # the eventfd is readable once a write has finished
+            self._reap()
+
+    def close(self) -> None:
+        self._writer.stop()  # the queued writes are done once it returns
+        self._closing = True
+        os.eventfd_write(self._writer.fileno(), 1)  # wake the reaper to see it
+        self._reaper.join()
+        self._reap()  # anything that finished after the reaper's last look
+
+
+def open_block_io(device: Device, threads: int, sync_each: bool, done: Done, thread_name: str) -> BlockIO:
+    """The compiled engine for a device with a file descriptor where the core is built, else the threads."""
+    fileno = getattr(device, "fileno", None)
+    if native is not None and callable(fileno):
+        return NativeBlockIO(fileno(), threads, sync_each, done, thread_name)
+    return ThreadedBlockIO(device, threads, sync_each, done, thread_name)

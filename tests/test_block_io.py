@@ -1,0 +1,141 @@
+"""The WAL's two block-write engines behave alike: the compiled writer (threads that never take the GIL)
+and its twin, Python threads over the Device. Each write lands where it was sent and is reported once;
+a write error reaches ``done``; a failed sync fails every later one (fsyncgate); close finishes what was
+submitted. Then the WAL on a file, which takes the compiled writer, stops at a write error as it does on
+the fault-injecting device."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stratalog.errors import WALFailedError
+from stratalog.io.block_io import BlockIO, NativeBlockIO, ThreadedBlockIO
+from stratalog.io.device import FileDevice, aligned_buffer
+from stratalog.native import native
+from stratalog.wal import WriteAheadLog
+from walkit import CAPACITY_BYTES, small_config
+
+ENGINES = ["threads", "compiled"]
+
+
+class Results:
+    """What ``done`` was told, token by token, and an event per count reached."""
+
+    def __init__(self) -> None:
+        self.got: dict[object, BaseException | None] = {}
+        self.calls = 0
+        self._changed = threading.Condition()
+
+    def done(self, token: object, error: BaseException | None) -> None:
+        with self._changed:
+            assert token not in self.got, f"{token!r} reported twice"
+            self.got[token] = error
+            self.calls += 1
+            self._changed.notify_all()
+
+    def wait_for(self, count: int) -> dict[object, BaseException | None]:
+        with self._changed:
+            self._changed.wait_for(lambda: self.calls >= count)
+            return dict(self.got)
+
+
+def engine(kind: str, device: FileDevice, results: Results, sync_each: bool, threads: int = 2) -> BlockIO:
+    if kind == "threads":
+        return ThreadedBlockIO(device, threads, sync_each, results.done, "test-io")
+    if native is None:
+        pytest.fail("the compiled core is not built: make test builds it")
+    return NativeBlockIO(device.fileno(), threads, sync_each, results.done, "test-io")
+
+
+@pytest.fixture
+def file_device(tmp_path: Path) -> Iterator[FileDevice]:
+    device = FileDevice.open(tmp_path / "dev", size_bytes=1 << 20, create=True)
+    yield device
+    device.close()
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_writes_land_where_sent_and_are_reported_once(kind: str, file_device: FileDevice) -> None:
+    results = Results()
+    io = engine(kind, file_device, results, sync_each=True, threads=3)
+    buffers = []
+    for n in range(40):
+        buf = aligned_buffer(8192)
+        buf[:] = bytes([n]) * 8192
+        buffers.append(buf)
+        io.submit(buf, 4096 * (1 + n % 2), 8192 * n, n)
+    assert results.wait_for(40) == {n: None for n in range(40)}
+    io.close()
+    check = aligned_buffer(8192)
+    for n in range(40):
+        file_device.pread_into(memoryview(check), 8192 * n)
+        length = 4096 * (1 + n % 2)
+        assert check[:length] == bytes([n]) * length, f"write {n}"
+    for buf in buffers:
+        buf.close()  # no export left behind: every buffer is released once reported
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_a_write_error_reaches_done(kind: str, tmp_path: Path) -> None:
+    FileDevice.open(tmp_path / "dev", size_bytes=1 << 20, create=True).close()
+    read_only = FileDevice.open(tmp_path / "dev", read_only=True)
+    results = Results()
+    io = engine(kind, read_only, results, sync_each=False)
+    io.submit(aligned_buffer(4096), 4096, 0, "w")
+    error = results.wait_for(1)["w"]
+    assert isinstance(error, OSError) and error.errno == 9, error  # EBADF: the file is open read-only
+    io.close()
+    read_only.close()
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_a_failed_sync_fails_every_later_one(kind: str) -> None:
+    # /dev/null takes writes and refuses fdatasync (EINVAL): a sync that fails.
+    null = FileDevice(os.open("/dev/null", os.O_WRONLY | os.O_CLOEXEC), "/dev/null", 1 << 20, False, False)
+    results = Results()
+    io = engine(kind, null, results, sync_each=True, threads=1)
+    for n in range(3):
+        io.submit(b"x" * 512, 512, 0, n)
+    got = results.wait_for(3)
+    io.close()
+    null.close()
+    assert all(isinstance(e, OSError) and e.errno == 22 for e in got.values()), got
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_close_finishes_what_was_submitted(kind: str, file_device: FileDevice) -> None:
+    results = Results()
+    io = engine(kind, file_device, results, sync_each=True, threads=1)
+    buf = aligned_buffer(4096)  # direct I/O: an aligned buffer
+    for n in range(20):
+        io.submit(buf, 4096, 4096 * n, n)
+    io.close()
+    buf.close()
+    assert results.got == {n: None for n in range(20)}
+
+
+def test_the_wal_on_a_file_stops_at_a_write_error(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = WriteAheadLog.open(path, capacity_bytes=CAPACITY_BYTES, config=small_config())
+    list(wal.recover())
+    assert isinstance(wal._io, NativeBlockIO if native is not None else ThreadedBlockIO)
+    assert wal.append(b"before").future.result() > 0
+    device = wal.device
+    assert isinstance(device, FileDevice)
+    # From here every write of the log's file fails (EBADF), as a dying disk's would with EIO.
+    read_only = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    os.dup2(read_only, device.fileno())
+    os.close(read_only)
+    with pytest.raises(WALFailedError, match="writing"):
+        wal.append(b"lost").future.result()
+    with pytest.raises(WALFailedError):
+        wal.append(b"refused")
+    wal.close()
+    reopened = WriteAheadLog.open(path, config=small_config())
+    assert [r.data for r in reopened.recover()] == [b"before"]
+    reopened.close()
