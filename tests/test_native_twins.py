@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bytekit import MUTATIONS, mutated
 from stratalog import _native
 from stratalog.engine.batch import BATCH_HEADER_BYTES
 from stratalog.engine.batch import encode_batch as encode_native_batch
@@ -65,24 +66,12 @@ def test_valid_records_walk_to_the_same_end(
     assert same_walk(data, 0, len(records)) == ("returned", len(data))
 
 
-MUTATIONS = st.lists(st.tuples(st.sampled_from(["set", "insert", "delete"]), st.integers(0, 1 << 16),
-                               st.integers(0, 255)), min_size=1, max_size=4)
-
-
 @settings(max_examples=1500, deadline=None)
 @given(records=RECORDS, mutations=MUTATIONS, cut=st.integers(0, 1 << 16), count_change=st.integers(-2, 2))
 def test_damaged_records_fail_alike(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]],
                                                        int]],
                                     mutations: list[tuple[str, int, int]], cut: int, count_change: int) -> None:
-    data = bytearray(records_part(records))
-    for kind, place, byte in mutations:
-        at = place % (len(data) + 1)
-        if kind == "set" and at < len(data):
-            data[at] = byte
-        elif kind == "insert":
-            data.insert(at, byte)
-        elif kind == "delete" and at < len(data):
-            del data[at]
+    data = bytearray(mutated(records_part(records), mutations))
     if cut % 3 == 0:
         del data[cut % (len(data) + 1):]
     same_walk(bytes(data), 0, len(records) + count_change)
@@ -167,16 +156,8 @@ def test_kafka_indexes_are_the_same(records: list[tuple[bytes | None, bytes | No
 def test_damaged_kafka_records_index_alike(
         records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
         mutations: list[tuple[str, int, int]], count_change: int, position: int) -> None:
-    data = bytearray(records_part(records))
-    for kind, place, byte in mutations:
-        at = place % (len(data) + 1)
-        if kind == "set" and at < len(data):
-            data[at] = byte
-        elif kind == "insert":
-            data.insert(at, byte)
-        elif kind == "delete" and at < len(data):
-            del data[at]
-    same_outcome(index_kafka_records, _native.index_kafka_records, bytes(data), position,
+    data = mutated(records_part(records), mutations)
+    same_outcome(index_kafka_records, _native.index_kafka_records, data, position,
                  len(records) + count_change, 0, None)
 
 
@@ -192,17 +173,9 @@ NATIVE_RECORDS = st.lists(st.builds(
 def test_native_indexes_are_the_same_whole_or_damaged(records: list[NewRecord],
                                                       mutations: list[list[tuple[str, int, int]]],
                                                       count_change: int, start: int, end_change: int) -> None:
-    data = bytearray(encode_native_batch(7, 100, records)[0])
-    for kind, place, byte in mutations[0] if mutations else ():
-        at = place % (len(data) + 1)
-        if kind == "set" and at < len(data):
-            data[at] = byte
-        elif kind == "insert":
-            data.insert(at, byte)
-        elif kind == "delete" and at < len(data):
-            del data[at]
+    data = mutated(encode_native_batch(7, 100, records)[0], mutations[0] if mutations else [])
     position = BATCH_HEADER_BYTES if start == 30 else start
-    same_outcome(index_native_records, _native.index_native_records, bytes(data), position,
+    same_outcome(index_native_records, _native.index_native_records, data, position,
                  len(data) + end_change, len(records) + count_change)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bytekit import MUTATIONS, mutated
 from stratalog.engine.batch import BATCH_HEADER_BYTES, CorruptBatchError, decode_records, encode_batch, read_batch_info
 from stratalog.engine.record_index import index_records as index_native
 from stratalog.kafka.record_index import (
@@ -33,25 +34,8 @@ RECORDS = st.lists(st.tuples(
     st.none() | st.binary(max_size=300),
     st.lists(st.tuples(HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3),
     st.integers(0, 1 << 45)), min_size=1, max_size=12)
-MUTATIONS = st.lists(st.tuples(st.sampled_from(["set", "insert", "delete"]), st.integers(0, 1 << 16),
-                               st.integers(0, 255)), min_size=1, max_size=4)
-
-
 def columns(index: bytes, count: int) -> np.ndarray:
     return np.frombuffer(index, dtype=np.int64).reshape(INDEX_COLUMNS, count)
-
-
-def mutated(data: bytes, mutations: list[tuple[str, int, int]]) -> bytes:
-    out = bytearray(data)
-    for kind, place, byte in mutations:
-        at = place % (len(out) + 1)
-        if kind == "set" and at < len(out):
-            out[at] = byte
-        elif kind == "insert":
-            out.insert(at, byte)
-        elif kind == "delete" and at < len(out):
-            del out[at]
-    return bytes(out)
 
 
 @settings(max_examples=300, deadline=None)

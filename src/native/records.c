@@ -271,22 +271,31 @@ static int walk(const Bytes *in, Py_ssize_t p, Py_ssize_t count, Py_ssize_t *aft
     return 0;
 }
 
+/* args[1] and args[2]: a position, which must not be negative, and a count; 0, or -1 with the error set. */
+static int position_and_count(PyObject *const *args, Py_ssize_t *position, Py_ssize_t *count) {
+    *position = PyLong_AsSsize_t(args[1]);
+    if (*position == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *count = PyLong_AsSsize_t(args[2]);
+    if (*count == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*position < 0) {
+        PyErr_SetString(PyExc_ValueError, "position must not be negative");
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *native_walk_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 3) {
         PyErr_Format(PyExc_TypeError, "walk_records takes 3 arguments (data, position, count), not %zd", nargs);
         return NULL;
     }
-    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
-    if (position == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
-    if (count == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (position < 0) {
-        PyErr_SetString(PyExc_ValueError, "position must not be negative");
+    Py_ssize_t position, count;
+    if (position_and_count(args, &position, &count) < 0) {
         return NULL;
     }
     Py_buffer view;
@@ -348,8 +357,10 @@ PyObject *native_index_kafka_records(PyObject *module, PyObject *const *args, Py
                      "append_timestamp_ms), not %zd", nargs);
         return NULL;
     }
-    Py_ssize_t position = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t position, count;
+    if (position_and_count(args, &position, &count) < 0) {
+        return NULL;
+    }
     long long base_ts = PyLong_AsLongLong(args[3]);
     int append = args[4] != Py_None;
     long long append_ts = append ? PyLong_AsLongLong(args[4]) : 0;
@@ -358,10 +369,6 @@ PyObject *native_index_kafka_records(PyObject *module, PyObject *const *args, Py
     }
     if (count < 0) {
         PyErr_SetString(PyExc_ValueError, "count must not be negative");
-        return NULL;
-    }
-    if (position < 0) {
-        PyErr_SetString(PyExc_ValueError, "position must not be negative");
         return NULL;
     }
     Py_buffer view;

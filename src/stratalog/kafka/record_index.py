@@ -34,6 +34,8 @@ def index_kafka_records(data: bytes | memoryview, position: int, count: int, bas
     is where a record's first header starts (after the header count). Raises CorruptRecordError or
     InvalidRecordError as the produce-time check does, and CorruptRecordError for trailing bytes or a
     timestamp beyond int64."""
+    if position < 0:
+        raise ValueError("position must not be negative")
     if count < 0:
         raise ValueError("count must not be negative")
     end = walk_records(data, position, count)
