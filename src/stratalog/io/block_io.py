@@ -15,6 +15,7 @@ blocks (the WAL acknowledges in offset order itself). :func:`open_block_io` pick
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import select
@@ -25,6 +26,8 @@ from typing import Protocol
 
 from stratalog.io.device import Device
 from stratalog.native import native
+
+log = logging.getLogger("stratalog.io")
 
 #: done(token, error): error None once the block is durable (written, and synced when asked).
 Done = Callable[[object, BaseException | None], None]
@@ -96,7 +99,11 @@ class NativeBlockIO:
 
     def _reap(self) -> None:
         for token, error in self._writer.reap():
-            self._done(token, None if error == 0 else OSError(error, os.strerror(error)))
+            try:
+                self._done(token, None if error == 0 else OSError(error, os.strerror(error)))
+            except Exception:
+                # The WAL stops itself before raising out of done; the other results must still be reaped.
+                log.exception("completing a block write failed")
 
     def _reap_loop(self) -> None:
         fd = self._writer.fileno()
