@@ -40,8 +40,8 @@ def produce_path(repeats: int | None, quick: bool, trace: bool, data_dir: Path |
     time goes, and what the compiled core saves. No server, no disk.
 
     Then (--trace) the whole of a produce: a broker runs in this process and one 256 B record per request
-    goes through it, 50 a second and then back to back, timed at each hand-over (append, the I/O thread,
-    the device, the completion, the response), beside the bare disk's own synced write."""
+    goes through it, 50 a second and then back to back, timed at each hand-over (append, the writer's
+    thread and the device, the completion, the response), beside the bare disk's own synced write."""
     if markdown_from is not None:
         click.echo(markdown_report(json.loads(markdown_from.read_text())))
         return
