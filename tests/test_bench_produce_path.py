@@ -30,14 +30,16 @@ def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None
         assert [row["step"] for row in shape["steps"] if row["compiled_us"] is not None] == [
             "record check: every record walked"]
         assert shape["compiled_us"] > 0 and shape["python_us"] > 0
-    # The trace through a broker in this process: every request of each pattern timed at every hand-over.
-    trace = doc["trace"]
-    assert [p["pattern"] for p in trace["patterns"]] == ["50 a second", "back to back"]
-    for pattern in trace["patterns"]:
-        assert pattern["samples"] == trace["requests"] == 50
-        assert len(pattern["steps"]) == 5 and all(s["p50_ms"] > 0 for s in pattern["steps"])
-        # Each request's time in the broker lies inside its round trip: so do their medians.
-        assert 0 < pattern["broker_p50_ms"] <= pattern["round_trip_p50_ms"]
+    # The trace through a broker in this process, with the WAL's compiled writer and with its twin: every
+    # request of each pattern timed at every hand-over.
+    for key in ("trace", "trace_python_io"):
+        trace = doc[key]
+        assert [p["pattern"] for p in trace["patterns"]] == ["50 a second", "back to back"]
+        for pattern in trace["patterns"]:
+            assert pattern["samples"] == trace["requests"] == 50
+            assert len(pattern["steps"]) == 5 and all(s["p50_ms"] > 0 for s in pattern["steps"])
+            # Each request's time in the broker lies inside its round trip: so do their medians.
+            assert 0 < pattern["broker_p50_ms"] <= pattern["round_trip_p50_ms"]
     assert "p50_ms" in trace["disk_reference"] or "error" in trace["disk_reference"]
     report = CliRunner().invoke(cli, ["bench", "produce-path", "--markdown-from", str(out)])
     assert report.exit_code == 0, report.output
@@ -45,4 +47,7 @@ def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None
     assert "| + compression.type=zstd: recompressed |" in report.output
     assert "| the writer's thread wakes, writes and syncs on the device; the result back in Python (a wake-up, " \
            "then the GIL) |" in report.output
+    assert "per pattern, the WAL's blocks written by the compiled writer: each step's time" in report.output
+    assert "per pattern, the WAL's blocks written by Python I/O threads, the compiled writer's twin: each step's " \
+           "time" in report.output
     assert f"at commit {doc['commit']}" in report.output

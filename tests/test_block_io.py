@@ -139,3 +139,11 @@ def test_the_wal_on_a_file_stops_at_a_write_error(tmp_path: Path) -> None:
     reopened = WriteAheadLog.open(path, config=small_config())
     assert [r.data for r in reopened.recover()] == [b"before"]
     reopened.close()
+
+
+def test_compiled_io_off_takes_the_python_threads_on_a_file(tmp_path: Path) -> None:
+    wal = WriteAheadLog.open(tmp_path / "wal", capacity_bytes=CAPACITY_BYTES, config=small_config(compiled_io=False))
+    list(wal.recover())
+    assert isinstance(wal._io, ThreadedBlockIO)
+    assert wal.append(b"through python threads").future.result() > 0
+    wal.close()

@@ -34,13 +34,18 @@ def _step_row(out: FigureTable, row: dict[str, Any], count: int, total_us: float
             "-" if compiled is None else f"{python / compiled:,.1f}x", f"{taken / total_us:.0%}")
 
 
-def trace_table(trace: dict[str, Any]) -> FigureTable:
+#: The runs of the trace a document may hold: its key, and how the WAL wrote its blocks in it.
+TRACES = (("trace", "the WAL's blocks written by the compiled writer"),
+          ("trace_python_io", "the WAL's blocks written by Python I/O threads, the compiled writer's twin"))
+
+
+def trace_table(trace: dict[str, Any], how: str = "") -> FigureTable:
     """Each hand-over of a produce through a live broker, per pattern, at p50 and p99."""
     patterns = trace["patterns"]
     heads = [f"{p['pattern']}: {q}" for p in patterns for q in ("p50 ms", "p99 ms")]
     out = FigureTable(f"One Produce of one {trace['value_bytes']} B record (acks=all) through a broker in this "
-                      f"process, {trace['requests']:,} requests per pattern: each step's time", ("step", *heads),
-                      left=("step",))
+                      f"process, {trace['requests']:,} requests per pattern{', ' + how if how else ''}: each step's "
+                      "time", ("step", *heads), left=("step",))
     for i, step in enumerate(patterns[0]["steps"]):
         out.add(step["step"], *(f"{p['steps'][i][q]:.3f}" for p in patterns for q in ("p50_ms", "p99_ms")))
     out.add("in the broker, from the handler to the socket", *(f"{p['broker_p50_ms']:.3f}" if q == "p50" else "-"
@@ -56,7 +61,7 @@ def trace_table(trace: dict[str, Any]) -> FigureTable:
 
 def tables(doc: dict[str, Any]) -> list[FigureTable]:
     shapes = [shape_table(shape) for shape in doc["shapes"]]
-    return shapes + ([trace_table(doc["trace"])] if "trace" in doc else [])
+    return shapes + [trace_table(doc[key], how) for key, how in TRACES if key in doc]
 
 
 def markdown_report(doc: dict[str, Any]) -> str:

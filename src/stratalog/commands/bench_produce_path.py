@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -60,17 +63,28 @@ def produce_path(repeats: int | None, quick: bool, trace: bool, data_dir: Path |
         from stratalog.commands.serve import load_config, run_broker
 
         requests = TRACE_REQUESTS_QUICK if quick else TRACE_REQUESTS_DEFAULT
-        with progress_bar(console, 1) as bar, bench_dir(data_dir) as where:
-            bar.phase(f"the disk, then produces through a broker in this process ({len(PATTERNS)} x {requests})")
-            sent = [0]
-
-            def one_more() -> None:
-                sent[0] += 1
-                bar.advance(sent[0] / (len(PATTERNS) * requests))
-
-            doc["trace"] = run_trace(where / "broker", requests, one_more, run_broker, load_config(None))
+        config = load_config(None)
+        # The same trace with the WAL's compiled writer, then with its twin, the Python I/O threads.
+        runs = (("trace", config), ("trace_python_io", dataclasses.replace(config, store=dataclasses.replace(
+            config.store, wal=dataclasses.replace(config.store.wal, compiled_io=False)))))
+        with progress_bar(console, len(runs)) as bar, bench_dir(data_dir) as where:
+            for key, run_config in runs:
+                bar.phase(f"the disk, then produces through a broker in this process ({len(PATTERNS)} x "
+                          f"{requests}; {key})")
+                doc[key] = run_trace(where / key, requests, _counter(bar, len(PATTERNS) * requests), run_broker,
+                                     run_config)
     for t in tables(doc):
         console.print(t.rich())
     if json_path is not None:
         write_json(json_path, doc)
         console.print(f"figures written to {json_path}")
+
+
+def _counter(bar: Any, total: int) -> Callable[[], None]:
+    """A callback that moves ``bar`` on by one of ``total`` steps each time it is called."""
+    sent = [0]
+
+    def one_more() -> None:
+        sent[0] += 1
+        bar.advance(sent[0] / total)
+    return one_more

@@ -119,9 +119,11 @@ class NativeBlockIO:
         self._reap()  # anything that finished after the reaper's last look
 
 
-def open_block_io(device: Device, threads: int, sync_each: bool, done: Done, thread_name: str) -> BlockIO:
-    """The compiled engine for a device with a file descriptor where the core is built, else the threads."""
+def open_block_io(device: Device, threads: int, sync_each: bool, done: Done, thread_name: str, *,
+                  compiled: bool = True) -> BlockIO:
+    """The compiled engine for a device with a file descriptor where the core is built (unless ``compiled``
+    is False), else the Python threads."""
     fileno = getattr(device, "fileno", None)
-    if native is not None and callable(fileno):
+    if compiled and native is not None and callable(fileno):
         return NativeBlockIO(fileno(), threads, sync_each, done, thread_name)
     return ThreadedBlockIO(device, threads, sync_each, done, thread_name)

@@ -36,6 +36,10 @@ class WALConfig:
     seal_when_idle: bool = True
     #: Blocks written at once, each by its own I/O thread. 4, as in the benchmark of AutoMQ's Delta WAL article.
     io_threads: int = 4
+    #: Write blocks with the compiled writer's threads, which never wait for the GIL (io/block_io.py), where
+    #: the device is a file and the compiled core is built. False takes Python I/O threads, the writer's
+    #: twin (as a device without a file always does): to compare the two, or to rule the writer out.
+    compiled_io: bool = True
     #: Bytes between the oldest unfinished block and the end of the newest block being written. Recovery
     #: scans this far past the last valid record to find records written after a hole.
     window_bytes_max: int = 16 << 20

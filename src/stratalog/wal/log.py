@@ -302,7 +302,7 @@ class WriteAheadLog:
         self._next_offset = next_offset
         self._durable_offset = next_offset
         self._io = open_block_io(self._device, self._config.io_threads, self._sync_after_write, self._block_done,
-                                 "stratalog-wal-io")
+                                 "stratalog-wal-io", compiled=self._config.compiled_io)
         self._state = _State.OPEN
         sealer = threading.Thread(target=self._sealer_loop, name="stratalog-wal-sealer", daemon=True)
         sealer.start()
