@@ -17,7 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from stratalog.kafka.record_check import walk_records
-from stratalog.kafka.records import CorruptRecordError, _read_headers, _read_varint
+from stratalog.kafka.records import (
+    TIMESTAMP_TYPE_BIT,
+    BatchHeader,
+    CorruptRecordError,
+    _check_whole_batch,
+    _read_headers,
+    _read_varint,
+    uncompressed_records,
+)
 from stratalog.native import native
 
 #: The columns of an index, in order.
@@ -65,6 +73,18 @@ def index_kafka_records(data: bytes | memoryview, position: int, count: int, bas
                                            header_count))
         p = record_end
     return as_index(rows)
+
+
+def index_kafka_batch(batch: memoryview, *,
+                      decompressed_bytes_max: int) -> tuple[BatchHeader, bytes | memoryview, bytes]:
+    """A whole Kafka batch (exactly one, its header and CRC checked now): its header, its records as they
+    are before compression (a view of ``batch`` when they are not compressed, else the decompressed bytes,
+    bounded by ``decompressed_bytes_max``) and their index, positions counted in those records. Raises
+    KafkaBatchError."""
+    header = _check_whole_batch(batch)
+    records = uncompressed_records(batch, header, decompressed_bytes_max=decompressed_bytes_max)
+    append_ms = header.max_timestamp_ms if header.attributes & TIMESTAMP_TYPE_BIT else None
+    return header, records, index_records(records, 0, header.record_count, header.base_timestamp_ms, append_ms)
 
 
 def kafka_headers(data: bytes, position: int, count: int) -> tuple[tuple[str, bytes | None], ...]:

@@ -41,11 +41,10 @@ from stratalog.kafka.record_index import (
     TIMESTAMP_MS,
     VALUE_BYTES,
     VALUE_START,
+    index_kafka_batch,
     kafka_headers,
 )
-from stratalog.kafka.record_index import index_records as index_kafka
-from stratalog.kafka.records import TIMESTAMP_TYPE_BIT, KafkaBatchError, uncompressed_records
-from stratalog.kafka.records import check_batch as check_kafka_batch
+from stratalog.kafka.records import KafkaBatchError
 
 #: The data source's schema, as Spark DDL and as a StructType (which needs no JVM to build).
 SCHEMA_DDL = "stream string, offset bigint, timestamp timestamp, key binary, value binary"
@@ -144,22 +143,18 @@ class ColumnBuilder:
             shift = self._take_fetched(buf, at, batch_end)
             raw = index_native(buf, at + BATCH_HEADER_BYTES, batch_end, info.count)
         else:
-            body = memoryview(buf)[at + BATCH_HEADER_BYTES:batch_end]
             try:
-                header = check_kafka_batch(body, 0, batch_bytes_max=len(body))
-                if header.batch_bytes != len(body) or header.record_count != info.count:
-                    raise CorruptObjectError(f"a Kafka batch of {header.record_count} records in "
-                                             f"{header.batch_bytes} bytes where the store's header says "
-                                             f"{info.count} in {len(body)}")
-                records = uncompressed_records(body, header, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
-                append_ms = header.max_timestamp_ms if header.attributes & TIMESTAMP_TYPE_BIT else None
-                if isinstance(records, memoryview):  # not compressed: the records are in buf, up to batch_end
-                    shift = self._take_fetched(buf, at, batch_end) + batch_end - len(records)
-                else:
-                    shift = self._take_piece(records)
-                raw = index_kafka(records, 0, info.count, header.base_timestamp_ms, append_ms)
+                header, records, raw = index_kafka_batch(memoryview(buf)[at + BATCH_HEADER_BYTES:batch_end],
+                                                         decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
             except KafkaBatchError as e:
                 raise CorruptObjectError(f"the Kafka batch at offset {info.base_offset}: {e}") from e
+            if header.record_count != info.count:
+                raise CorruptObjectError(f"a Kafka batch of {header.record_count} records where the store's "
+                                         f"header says {info.count}")
+            if isinstance(records, memoryview):  # not compressed: the records are in buf, up to batch_end
+                shift = self._take_fetched(buf, at, batch_end) + batch_end - len(records)
+            else:
+                shift = self._take_piece(records)
         index = np.frombuffer(raw, dtype=np.int64).reshape(INDEX_COLUMNS, info.count)
         if shift:
             index = index.copy()
