@@ -7,6 +7,7 @@ the fault-injecting device."""
 from __future__ import annotations
 
 import os
+import select
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,3 +148,84 @@ def test_compiled_io_off_takes_the_python_threads_on_a_file(tmp_path: Path) -> N
     assert isinstance(wal._io, ThreadedBlockIO)
     assert wal.append(b"through python threads").future.result() > 0
     wal.close()
+
+
+# Results taken by a watching thread (an event loop), the reaper thread as its backstop --------------------
+
+
+def compiled(device: FileDevice, results: Results, threads: int = 1) -> NativeBlockIO:
+    io = engine("compiled", device, results, sync_each=True, threads=threads)
+    assert isinstance(io, NativeBlockIO)
+    return io
+
+
+def test_a_watching_thread_takes_the_results_itself(file_device: FileDevice) -> None:
+    results = Results()
+    io = compiled(file_device, results)
+    watch = io.watch(backstop_s=60.0)  # the reaper thread leaves them to this thread for a minute
+    callers: list[int] = []
+    io._done = lambda token, error: (callers.append(threading.get_ident()), results.done(token, error))  # type: ignore[method-assign]
+    buf = aligned_buffer(4096)
+    for n in range(5):
+        io.submit(buf, 4096, 4096 * n, n)
+        while n not in results.got:
+            select.select([watch.fd], [], [])  # readable once a write has finished
+            watch.reap()
+    assert results.got == {n: None for n in range(5)}
+    assert set(callers) == {threading.get_ident()}, "a result was completed by another thread"
+    watch.release()
+    io.close()
+    buf.close()
+
+
+def test_results_the_watcher_leaves_are_taken_by_the_backstop(file_device: FileDevice) -> None:
+    results = Results()
+    io = compiled(file_device, results)
+    io.watch(backstop_s=0.001)  # a watcher that never reaps: a blocked event loop
+    buf = aligned_buffer(4096)
+    for n in range(5):
+        io.submit(buf, 4096, 4096 * n, n)
+    assert results.wait_for(5) == {n: None for n in range(5)}
+    io.close()
+    buf.close()
+
+
+def test_after_release_the_reaper_takes_every_result_again(file_device: FileDevice) -> None:
+    results = Results()
+    io = compiled(file_device, results)
+    io.watch(backstop_s=60.0).release()
+    buf = aligned_buffer(4096)
+    io.submit(buf, 4096, 0, "after")
+    assert results.wait_for(1) == {"after": None}  # not a minute later: at once, by the reaper
+    io.close()
+    buf.close()
+
+
+@pytest.mark.parametrize("stale_s", [-1.0, 61.0, float("nan")])
+def test_the_writer_refuses_a_wait_out_of_bounds(file_device: FileDevice, stale_s: float) -> None:
+    if native is None:
+        pytest.fail("the compiled core is not built: make test builds it")
+    writer = native.BlockWriter(file_device.fileno(), 1, True)
+    with pytest.raises(ValueError, match="0 to 60 seconds"):
+        writer.wait(stale_s)
+    writer.stop()
+    assert writer.wait(0.0) is False  # stopped: nothing will come
+
+
+def test_the_wal_completes_appends_in_the_watching_thread(tmp_path: Path) -> None:
+    wal = WriteAheadLog.open(tmp_path / "wal", capacity_bytes=CAPACITY_BYTES, config=small_config())
+    list(wal.recover())
+    watch = wal.watch_completions(backstop_s=60.0)
+    assert watch is not None
+    result = wal.append(b"completed here")
+    while not result.future.done():
+        select.select([watch.fd], [], [])
+        watch.reap()
+    assert result.future.result() > 0
+    watch.release()
+    wal.close()
+    with_threads = WriteAheadLog.open(tmp_path / "wal2", capacity_bytes=CAPACITY_BYTES,
+                                      config=small_config(compiled_io=False))
+    list(with_threads.recover())
+    assert with_threads.watch_completions(backstop_s=0.005) is None  # Python threads complete their own
+    with_threads.close()

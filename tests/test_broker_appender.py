@@ -7,6 +7,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
+
 from stratalog.broker.appender import OrderedAppender
 from stratalog.engine import BackpressureError
 from waiting import WAIT_S
@@ -116,5 +118,29 @@ def test_drained_waits_for_the_appends_queued_before_it_and_not_for_later_ones()
             stream.gate.release()
         assert await asyncio.gather(*later) == [3, 4]
         appender.close()
+
+    asyncio.run(scenario())
+
+
+def test_on_loop_completes_in_the_loop_thread_at_once_and_never_cancels_the_source() -> None:
+    from stratalog.broker.appender import on_loop
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        here: Future[int] = Future()
+        mirrored = on_loop(here, loop)
+        here.set_result(7)  # completed in the loop's own thread: no turn of the loop needed
+        assert mirrored.done() and mirrored.result() == 7
+        elsewhere: Future[int] = Future()
+        from_thread = on_loop(elsewhere, loop)
+        threading.Thread(target=elsewhere.set_exception, args=(OSError("disk"),)).start()
+        with pytest.raises(OSError, match="disk"):
+            await from_thread
+        pending: Future[int] = Future()
+        abandoned = on_loop(pending, loop)
+        abandoned.cancel()
+        await asyncio.sleep(0)
+        assert not pending.cancelled(), "the engine's append cannot be called back"
+        pending.set_result(1)  # and completing it later is no error
 
     asyncio.run(scenario())

@@ -4,7 +4,10 @@
  * submit() holds the caller's buffer (a buffer export: an mmap cannot be closed under the write) and
  * queues the job; a worker thread writes all of it at its position, syncs when asked (fdatasync,
  * serialized), and puts the job on the done list, then adds one to an eventfd. reap() takes the done
- * jobs, releases their buffers and returns (token, errno) pairs; errno 0 is success. A sync that fails
+ * jobs, releases their buffers and returns (token, errno) pairs; errno 0 is success. Results are taken
+ * either by a thread that waits in wait() (stale 0: as soon as one is there), or by an event loop that
+ * watches the eventfd, with a thread in wait(stale) as its backstop (it returns only for a result left
+ * unreaped that long: the loop may be blocked). A sync that fails
  * fails every later sync of this writer (an fsync that succeeds after a failed one may cover data the
  * kernel dropped), so nothing written after the failure is reported durable. Workers touch no Python
  * object: a job's token and buffer are taken and released by the caller's thread, with the GIL. */
@@ -15,6 +18,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct Job {
@@ -24,6 +28,7 @@ typedef struct Job {
     long long position;
     PyObject *token;
     int error;
+    long long done_ns; /* CLOCK_MONOTONIC, when it went on the done list */
 } Job;
 
 typedef struct {
@@ -36,8 +41,11 @@ typedef struct {
     int fd;
     int sync_each;
     int event_fd;
-    pthread_mutex_t lock; /* queue, done, stopping */
+    pthread_mutex_t lock; /* queue, done, stopping, stale_ns, interrupts */
     pthread_cond_t wake;
+    pthread_cond_t done_wake; /* CLOCK_MONOTONIC: wait() sleeps on it */
+    long long stale_ns;       /* of the thread in wait(): 0, woken by each result; else it polls */
+    unsigned long interrupts;
     Queue queue;
     Queue done;
     int stopping;
@@ -84,6 +92,17 @@ static int write_all(int fd, const uint8_t *data, Py_ssize_t length, long long p
     return 0;
 }
 
+static long long monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+static struct timespec as_timespec(long long ns) {
+    struct timespec at = {.tv_sec = (time_t)(ns / 1000000000LL), .tv_nsec = (long)(ns % 1000000000LL)};
+    return at;
+}
+
 static int sync_once(BlockWriter *writer) {
     pthread_mutex_lock(&writer->sync_lock);
     int error = writer->sync_failed;
@@ -115,9 +134,14 @@ static void *worker(void *arg) {
         if (job->error == 0 && writer->sync_each) {
             job->error = sync_once(writer);
         }
+        job->done_ns = monotonic_ns();
         pthread_mutex_lock(&writer->lock);
         queue_push(&writer->done, job);
+        int signal = writer->stale_ns == 0; /* a polling waiter finds it at its next look */
         pthread_mutex_unlock(&writer->lock);
+        if (signal) {
+            pthread_cond_signal(&writer->done_wake);
+        }
         uint64_t one = 1;
         while (write(writer->event_fd, &one, sizeof one) < 0 && errno == EINTR) {
         }
@@ -140,6 +164,7 @@ static void stop_workers(BlockWriter *writer) {
     pthread_mutex_lock(&writer->lock);
     writer->stopping = 1;
     pthread_cond_broadcast(&writer->wake);
+    pthread_cond_broadcast(&writer->done_wake);
     pthread_mutex_unlock(&writer->lock);
     Py_BEGIN_ALLOW_THREADS
     for (int i = 0; i < writer->threads_started; i++) {
@@ -165,6 +190,7 @@ static void writer_close(BlockWriter *writer) {
     PyMem_RawFree(writer->threads);
     writer->threads = NULL;
     pthread_cond_destroy(&writer->wake);
+    pthread_cond_destroy(&writer->done_wake);
     pthread_mutex_destroy(&writer->lock);
     pthread_mutex_destroy(&writer->sync_lock);
 }
@@ -195,6 +221,11 @@ static PyObject *writer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     pthread_mutex_init(&writer->lock, NULL);
     pthread_mutex_init(&writer->sync_lock, NULL);
     pthread_cond_init(&writer->wake, NULL);
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&writer->done_wake, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     writer->closed = 0;
     writer->threads = PyMem_RawCalloc((size_t)threads, sizeof(pthread_t));
     if (writer->threads == NULL) {
@@ -259,8 +290,8 @@ static PyObject *writer_submit(PyObject *self, PyObject *const *args, Py_ssize_t
     job->token = args[3];
     pthread_mutex_lock(&writer->lock);
     queue_push(&writer->queue, job);
-    pthread_cond_signal(&writer->wake);
     pthread_mutex_unlock(&writer->lock);
+    pthread_cond_signal(&writer->wake); /* after the unlock: the woken thread does not wait for the lock */
     Py_RETURN_NONE;
 }
 
@@ -288,6 +319,59 @@ static PyObject *writer_reap(PyObject *self, PyObject *unused) {
     return out;
 }
 
+/* Block, without the GIL, until a finished job has waited `stale` seconds unreaped (True), or until the
+ * writer stops or interrupt() is called (False). With stale 0 a result wakes it at once; otherwise it
+ * looks every `stale` seconds, and a result costs the workers no wake-up of this thread. */
+static PyObject *writer_wait(PyObject *self, PyObject *arg) {
+    BlockWriter *writer = (BlockWriter *)self;
+    double stale_s = PyFloat_AsDouble(arg);
+    if (stale_s == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!(stale_s >= 0.0 && stale_s <= 60.0)) {
+        PyErr_Format(PyExc_ValueError, "wait takes 0 to 60 seconds, not %R", arg);
+        return NULL;
+    }
+    if (writer->closed) {
+        Py_RETURN_FALSE;
+    }
+    long long stale_ns = (long long)(stale_s * 1e9);
+    int ready = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&writer->lock);
+    writer->stale_ns = stale_ns;
+    unsigned long interrupts = writer->interrupts;
+    while (!writer->stopping && writer->interrupts == interrupts) {
+        long long now = monotonic_ns();
+        if (writer->done.head != NULL && now - writer->done.head->done_ns >= stale_ns) {
+            ready = 1;
+            break;
+        }
+        if (stale_ns == 0) {
+            pthread_cond_wait(&writer->done_wake, &writer->lock);
+        } else {
+            long long due = writer->done.head != NULL ? writer->done.head->done_ns + stale_ns : now + stale_ns;
+            struct timespec at = as_timespec(due);
+            pthread_cond_timedwait(&writer->done_wake, &writer->lock, &at);
+        }
+    }
+    pthread_mutex_unlock(&writer->lock);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(ready);
+}
+
+static PyObject *writer_interrupt(PyObject *self, PyObject *unused) {
+    (void)unused;
+    BlockWriter *writer = (BlockWriter *)self;
+    if (!writer->closed) {
+        pthread_mutex_lock(&writer->lock);
+        writer->interrupts++;
+        pthread_mutex_unlock(&writer->lock);
+        pthread_cond_broadcast(&writer->done_wake);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *writer_fileno(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyLong_FromLong(((BlockWriter *)self)->event_fd);
@@ -308,6 +392,10 @@ static PyMethodDef writer_methods[] = {
      "submit(buffer, length, position, token): write buffer[:length] at position, in a thread without the GIL."},
     {"reap", writer_reap, METH_NOARGS,
      "reap() -> [(token, errno)]: the jobs finished since the last reap (errno 0: written, and synced if asked)."},
+    {"wait", writer_wait, METH_O,
+     "wait(stale) -> bool: block without the GIL until a finished job has waited stale seconds (0 to 60)\n"
+     "unreaped (True), or until stop() or interrupt() (False)."},
+    {"interrupt", writer_interrupt, METH_NOARGS, "interrupt(): return every thread blocked in wait()."},
     {"fileno", writer_fileno, METH_NOARGS, "fileno() -> int: an eventfd, readable while finished jobs wait for reap()."},
     {"stop", writer_stop, METH_NOARGS,
      "stop(): refuse new jobs, let the threads write what is queued, wait for them; reap() still works. The\n"

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any
+import threading
+from typing import Any, TypeVar
 
 from stratalog.engine import BackpressureError, Stream
+
+T = TypeVar("T")
 
 
 class OrderedAppender:
@@ -33,8 +36,7 @@ class OrderedAppender:
         loop = asyncio.get_running_loop()
         if not self._queued:
             try:
-                return asyncio.wrap_future(stream.append_kafka(batch, count, max_timestamp_ms, wait_s_max=0),
-                                           loop=loop)
+                return on_loop(stream.append_kafka(batch, count, max_timestamp_ms, wait_s_max=0), loop)
             except BackpressureError:
                 pass  # no room now: wait in the worker, and let later appends queue behind this one
         self._queued += 1
@@ -61,18 +63,35 @@ class OrderedAppender:
             if not done.done():
                 done.set_exception(error)
             return
-        durable = asyncio.wrap_future(handed.result())
-        durable.add_done_callback(lambda f: _copy(f, done))
+        _bridge(handed.result(), done)
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=False)
 
 
-def _nothing() -> None:
-    pass
+def on_loop(source: concurrent.futures.Future[T], loop: asyncio.AbstractEventLoop) -> asyncio.Future[T]:
+    """``source`` as a future of ``loop`` (called in the loop's thread). Unlike ``asyncio.wrap_future``, a
+    ``source`` completed in the loop's own thread (the broker's loop completes the WAL's appends itself)
+    completes it there and then, without a wake-up through the loop's self-pipe and a turn of the loop;
+    and cancelling it leaves ``source`` alone: an append in the engine cannot be called back."""
+    out: asyncio.Future[T] = loop.create_future()
+    _bridge(source, out)
+    return out
 
 
-def _copy(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:
+def _bridge(source: concurrent.futures.Future[T], target: asyncio.Future[T]) -> None:
+    """``target`` (of the loop running in this thread) completes as ``source`` does."""
+    loop, loop_thread = target.get_loop(), threading.get_ident()
+
+    def copy(done: concurrent.futures.Future[T]) -> None:
+        if threading.get_ident() == loop_thread:
+            _copy_state(done, target)
+        else:
+            loop.call_soon_threadsafe(_copy_state, done, target)
+    source.add_done_callback(copy)
+
+
+def _copy_state(source: concurrent.futures.Future[T], target: asyncio.Future[T]) -> None:
     if target.done():
         return
     error = source.exception()
@@ -80,3 +99,7 @@ def _copy(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:
         target.set_exception(error)
     else:
         target.set_result(source.result())
+
+
+def _nothing() -> None:
+    pass

@@ -41,6 +41,7 @@ from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.metadata_backends import MetadataUnavailableError
 from stratalog.errors import StratalogError
+from stratalog.io.block_io import CompletionWatch
 from stratalog.io.device import Device
 from stratalog.kafka.codec import Request
 from stratalog.objects.uri import without_credentials
@@ -128,6 +129,8 @@ class Broker:
         self._snapshots = ProducerSnapshots(self.tables.producers)
         self.producer_snapshots = self._snapshots
         self._snapshot_task: asyncio.Task[None] | None = None
+        #: The WAL's write completions, taken on the event loop (None: the WAL's own thread takes them).
+        self._completions: CompletionWatch | None = None
         #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
         #: retry arriving meanwhile waits for the first one's offset.
         self.producing: dict[tuple[int, int, int], asyncio.Future[int]] = {}
@@ -173,6 +176,7 @@ class Broker:
         from stratalog.broker.apis import register_all
 
         register_all(broker)
+        broker._watch_completions()
         broker.groups.start()
         broker._snapshot_task = asyncio.get_running_loop().create_task(broker._snapshot_periodically())
         if node is not None:
@@ -205,6 +209,7 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._snapshot_task
         await self.groups.close()
+        self._unwatch_completions()  # before the calls below block the loop and the WAL closes
         self.appender.close()
         try:
             self._save_producers()
@@ -231,6 +236,21 @@ class Broker:
         self.store.close()
         if self.node is not None:
             self.node.leave(clean)
+
+    def _watch_completions(self) -> None:
+        """Complete the WAL's appends on this loop, as soon as their block is written (a produce answered
+        without a thread's wake-up and GIL hand-over between the disk and the loop)."""
+        backstop_ms = self.config.wal_completion_backstop_ms
+        watch = self.store.watch_completions(backstop_ms / 1000) if backstop_ms > 0 else None
+        if watch is not None:
+            asyncio.get_running_loop().add_reader(watch.fd, watch.reap)
+        self._completions = watch
+
+    def _unwatch_completions(self) -> None:
+        watch, self._completions = self._completions, None
+        if watch is not None:
+            asyncio.get_running_loop().remove_reader(watch.fd)
+            watch.release()
 
     def register(self, api: Api) -> None:
         self.apis[api.key] = api

@@ -121,6 +121,11 @@ class BrokerConfig:
     fetch_response_bytes_max: int = 55 << 20
     #: A produce waits this long for durability before it answers REQUEST_TIMED_OUT.
     produce_wait_ms_max: int = 30_000
+    #: The event loop completes the WAL's appends itself, as soon as their block is written (no thread
+    #: woken, no GIL handed over between the write and the answer); the WAL's own reaper thread takes
+    #: only results left this long, for when the loop is blocked, even waiting for one of them. 0: the
+    #: reaper thread completes every append, as without a loop.
+    wal_completion_backstop_ms: int = 5
     #: Topics a produce or metadata request names are created when missing (auto.create.topics.enable).
     auto_create_topics: bool = True
     #: Partitions of a topic created without a count (num.partitions).
@@ -177,4 +182,7 @@ class BrokerConfig:
         if self.response_memory_bytes_max < self.fetch_response_bytes_max:
             raise ValueError("response_memory_bytes_max must hold at least one fetch response "
                              "(fetch_response_bytes_max)")
+        if not 0 <= self.wal_completion_backstop_ms <= 60_000:
+            raise ValueError("wal_completion_backstop_ms must be in [0, 60000] (0: the WAL's thread completes "
+                             "appends)")
         self.store.validate()

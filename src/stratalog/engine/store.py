@@ -44,6 +44,7 @@ from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, S
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError, release_frames
 from stratalog.invariant import invariant
+from stratalog.io.block_io import CompletionWatch
 from stratalog.io.device import Device
 from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.records import NewRecord, Record
@@ -866,6 +867,12 @@ class StreamStore:
     @property
     def object_store(self) -> ObjectStore:
         return self._objects
+
+    def watch_completions(self, backstop_s: float) -> CompletionWatch | None:
+        """Let the calling thread (an event loop) complete the appends, as the WAL's
+        ``watch_completions`` says; release the watch before :meth:`close`."""
+        self._check_open()
+        return self._wal.watch_completions(backstop_s)
 
     # Upload ----------------------------------------------------------------------------------------
 

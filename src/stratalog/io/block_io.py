@@ -5,7 +5,9 @@ own, its result handed to a ``done(token, error)`` callback. Two engines, one be
   then ``done`` in the same thread. Works on any device, the fault-injecting MemDevice included.
 - :class:`NativeBlockIO`: ``stratalog._native.BlockWriter``'s threads write and sync a FileDevice's file
   without ever taking the GIL, so a write starts as soon as it is submitted, however busy the
-  interpreter; one reaper thread takes their results and calls ``done``.
+  interpreter; one reaper thread takes their results and calls ``done``, or an event loop does, in its
+  own thread (:meth:`NativeBlockIO.watch`): no thread then wakes and takes the GIL between a finished
+  write and the loop that answers for it.
 
 Both sync the way the WAL needs (fsyncgate): syncs are serialized, and once one fails every later one of
 that engine fails too, so nothing written after a failed sync is reported durable. ``done`` gets None when
@@ -18,10 +20,10 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import select
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 from stratalog.io.device import Device
@@ -31,6 +33,16 @@ log = logging.getLogger("stratalog.io")
 
 #: done(token, error): error None once the block is durable (written, and synced when asked).
 Done = Callable[[object, BaseException | None], None]
+
+
+@dataclass(frozen=True)
+class CompletionWatch:
+    """A block writer's results, taken in the watching thread: call ``reap()`` when ``fd`` is readable, and
+    ``release()`` before the writer closes, to hand them back to the writer's own thread."""
+
+    fd: int
+    reap: Callable[[], None]
+    release: Callable[[], None]
 
 
 class BlockIO(Protocol):
@@ -84,20 +96,36 @@ class ThreadedBlockIO:
 
 
 class NativeBlockIO:
-    """The compiled writer's threads, for a file descriptor; results reaped by one Python thread."""
+    """The compiled writer's threads, for a file descriptor; their results taken by a reaper thread, or by
+    an event loop that watches :meth:`watch`'s file descriptor with the reaper as its backstop."""
 
     def __init__(self, fd: int, threads: int, sync_each: bool, done: Done, thread_name: str) -> None:
         assert native is not None
         self._writer = native.BlockWriter(fd, threads, sync_each)
         self._done = done
         self._closing = False
+        #: How long a result may wait for reap() before the reaper thread takes it (0: it takes each at once).
+        self._backstop_s = 0.0
         self._reaper = threading.Thread(target=self._reap_loop, name=f"{thread_name}-reaper", daemon=True)
         self._reaper.start()
 
     def submit(self, buf: mmap.mmap, length_bytes: int, position_bytes: int, token: object) -> None:
         self._writer.submit(buf, length_bytes, position_bytes, token)
 
-    def _reap(self) -> None:
+    def watch(self, backstop_s: float) -> CompletionWatch:
+        """Let the caller's thread take the results, in ``reap()`` once the watch's file descriptor is
+        readable. The reaper thread takes only results left ``backstop_s`` unreaped: the watching thread
+        may be blocked, even waiting for one of them."""
+        self._backstop_s = backstop_s
+        self._writer.interrupt()
+        return CompletionWatch(int(self._writer.fileno()), self.reap, self._unwatch)
+
+    def _unwatch(self) -> None:
+        self._backstop_s = 0.0
+        self._writer.interrupt()
+
+    def reap(self) -> None:
+        """``done`` for each write finished since the last look, in this thread."""
         for token, error in self._writer.reap():
             try:
                 self._done(token, None if error == 0 else OSError(error, os.strerror(error)))
@@ -106,17 +134,15 @@ class NativeBlockIO:
                 log.exception("completing a block write failed")
 
     def _reap_loop(self) -> None:
-        fd = self._writer.fileno()
         while not self._closing:
-            select.select([fd], [], [])  # the eventfd is readable once a write has finished
-            self._reap()
+            if self._writer.wait(self._backstop_s):
+                self.reap()
 
     def close(self) -> None:
-        self._writer.stop()  # the queued writes are done once it returns
         self._closing = True
-        os.eventfd_write(self._writer.fileno(), 1)  # wake the reaper to see it
+        self._writer.stop()  # the queued writes are done once it returns; the reaper's wait returns
         self._reaper.join()
-        self._reap()  # anything that finished after the reaper's last look
+        self.reap()  # anything that finished after the reaper's last look
 
 
 def open_block_io(device: Device, threads: int, sync_each: bool, done: Done, thread_name: str, *,

@@ -37,7 +37,7 @@ from stratalog.errors import (
     release_frames,
 )
 from stratalog.invariant import invariant
-from stratalog.io.block_io import BlockIO, open_block_io
+from stratalog.io.block_io import BlockIO, CompletionWatch, NativeBlockIO, open_block_io
 from stratalog.io.device import Device, FileDevice, aligned_buffer
 from stratalog.wal.config import FsyncPolicy, WALConfig
 from stratalog.wal.format import (
@@ -652,6 +652,16 @@ class WriteAheadLog:
                 buf.close()
             self._sequence = sequence
             self._header_window_bytes = header.window_bytes_max
+
+    def watch_completions(self, backstop_s: float) -> CompletionWatch | None:
+        """Let the calling thread complete the appends: an event loop that watches the returned file
+        descriptor and calls its ``reap()`` completes each append in its own thread, with no thread woken
+        and no GIL handed over between the write and the loop (the I/O threads' reaper still takes what
+        waits ``backstop_s``). None with Python I/O threads, which complete appends themselves. Release
+        the watch before :meth:`close`."""
+        with self._lock:
+            io = self._io
+        return io.watch(backstop_s) if isinstance(io, NativeBlockIO) else None
 
     def close(self) -> None:
         """Write out and acknowledge everything appended, mark a graceful shutdown, release the device."""

@@ -414,6 +414,10 @@ class ObjectWAL:
             except ObjectStoreError as e:
                 log.warning("deleting trimmed WAL object %s failed; recovery will delete it: %s", key, str(e))
 
+    def watch_completions(self, backstop_s: float) -> None:
+        """None: the uploader's threads complete the appends themselves."""
+        return None
+
     def close(self) -> None:
         """Put and acknowledge everything appended, finish the trim's deletes, stop the threads. The object
         store stays open: it belongs to the caller."""

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from stratalog.errors import WALFailedError
+from stratalog.io.block_io import CompletionWatch
 from stratalog.wal.log import AppendResult
 from stratalog.wal.recovery import RecoveredRecord
 
@@ -46,6 +47,11 @@ class WAL(Protocol):
 
     @property
     def recovery_stats(self) -> RecoveryCounts:
+        ...
+
+    def watch_completions(self, backstop_s: float) -> CompletionWatch | None:
+        """Let the calling thread (an event loop) complete the appends: see ``CompletionWatch``; None where
+        the log's own threads complete them."""
         ...
 
     def close(self) -> None:
