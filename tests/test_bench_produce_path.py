@@ -30,9 +30,10 @@ def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None
         assert [row["step"] for row in shape["steps"] if row["compiled_us"] is not None] == [
             "record check: every record walked"]
         assert shape["compiled_us"] > 0 and shape["python_us"] > 0
-    # The trace through a broker in this process, with the WAL's compiled writer and with its twin: every
-    # request of each pattern timed at every hand-over.
-    for key in ("trace", "trace_python_io"):
+    # The trace through a broker in this process, with the WAL's compiled writer (its results taken by the
+    # event loop, then by its reaper thread) and with its twin: every request of each pattern timed at
+    # every hand-over.
+    for key in ("trace", "trace_reaper", "trace_python_io"):
         trace = doc[key]
         assert [p["pattern"] for p in trace["patterns"]] == ["50 a second", "back to back"]
         for pattern in trace["patterns"]:
@@ -45,9 +46,12 @@ def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None
     assert report.exit_code == 0, report.output
     assert "| record check: every record walked |" in report.output
     assert "| + compression.type=zstd: recompressed |" in report.output
-    assert "| the writer's thread wakes, writes and syncs on the device; the result back in Python (a wake-up, " \
-           "then the GIL) |" in report.output
-    assert "per pattern, the WAL's blocks written by the compiled writer: each step's time" in report.output
+    assert "| the writer's thread wakes, writes and syncs on the device; the result back in Python (the event " \
+           "loop's wake-up; or the reaper's, then the GIL) |" in report.output
+    assert "per pattern, the WAL's blocks written by the compiled writer, the appends completed by the event " \
+           "loop: each step's time" in report.output
+    assert "the appends completed by its reaper thread (wal_completion_backstop_ms=0): each step's time" \
+        in report.output
     assert "per pattern, the WAL's blocks written by Python I/O threads, the compiled writer's twin: each step's " \
            "time" in report.output
     assert f"at commit {doc['commit']}" in report.output

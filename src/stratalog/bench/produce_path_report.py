@@ -35,7 +35,9 @@ def _step_row(out: FigureTable, row: dict[str, Any], count: int, total_us: float
 
 
 #: The runs of the trace a document may hold: its key, and how the WAL wrote its blocks in it.
-TRACES = (("trace", "the WAL's blocks written by the compiled writer"),
+TRACES = (("trace", "the WAL's blocks written by the compiled writer, the appends completed by the event loop"),
+          ("trace_reaper", "the WAL's blocks written by the compiled writer, the appends completed by its reaper "
+           "thread (wal_completion_backstop_ms=0)"),
           ("trace_python_io", "the WAL's blocks written by Python I/O threads, the compiled writer's twin"))
 
 

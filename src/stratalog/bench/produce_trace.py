@@ -34,8 +34,9 @@ from stratalog.broker.listeners import Listener, SecurityProtocol
 STEPS = (
     ("handler", "appended", "checked and appended: in the WAL's block, the block handed to the writer"),
     ("appended", "io_done", "the writer's thread wakes, writes and syncs on the device; the result back in "
-     "Python (a wake-up, then the GIL)"),
-    ("io_done", "durable", "the event loop learns it is durable (completion, its wake-up)"),
+     "Python (the event loop's wake-up; or the reaper's, then the GIL)"),
+    ("io_done", "durable", "the appends completed in offset order, the event loop told (a wake-up if the "
+     "reaper completed them)"),
     ("durable", "answered", "the response built"),
     ("answered", "written", "the response handed to the socket"),
 )

@@ -64,9 +64,11 @@ def produce_path(repeats: int | None, quick: bool, trace: bool, data_dir: Path |
 
         requests = TRACE_REQUESTS_QUICK if quick else TRACE_REQUESTS_DEFAULT
         config = load_config(None)
-        # The same trace with the WAL's compiled writer, then with its twin, the Python I/O threads.
-        runs = (("trace", config), ("trace_python_io", dataclasses.replace(config, store=dataclasses.replace(
-            config.store, wal=dataclasses.replace(config.store.wal, compiled_io=False)))))
+        # The same trace with the WAL's compiled writer (its results taken by the event loop, then by its
+        # reaper thread), then with its twin, the Python I/O threads.
+        runs = (("trace", config), ("trace_reaper", dataclasses.replace(config, wal_completion_backstop_ms=0)),
+                ("trace_python_io", dataclasses.replace(config, store=dataclasses.replace(
+                    config.store, wal=dataclasses.replace(config.store.wal, compiled_io=False)))))
         with progress_bar(console, len(runs)) as bar, bench_dir(data_dir) as where:
             for key, run_config in runs:
                 bar.phase(f"the disk, then produces through a broker in this process ({len(PATTERNS)} x "
