@@ -5,6 +5,7 @@ either core."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,13 +15,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.serial import entity_reader
 
 from bytekit import MUTATIONS, mutated
 from stratalog import _native
+from stratalog.chaos.fuzz_kafka import request_seeds, sample_entity
 from stratalog.engine.batch import BATCH_HEADER_BYTES
 from stratalog.engine.batch import encode_batch as encode_native_batch
 from stratalog.engine.record_index import index_native_records
 from stratalog.engine.record_layout import encode_records
+from stratalog.kafka.array_bounds import Plan, plan_of, walk_array_counts
+from stratalog.kafka.codec import encode_request, load_request_schema, peek_header
 from stratalog.kafka.record_check import walk_records
 from stratalog.kafka.record_index import index_kafka_records
 from stratalog.kafka.records import RECORDS_POSITION, encode_batch
@@ -222,3 +227,47 @@ def test_record_layouts_are_the_same(rows: list[tuple[bytes | None, bytes, int]]
         return called(function, out, keys, values, *columns.values()), bytes(out)
 
     assert laid(_native.encode_records) == laid(encode_records)
+
+
+# The array-count walk of a request, before kio reads it ---------------------------------------------------
+
+REQUESTS = request_seeds()   # one request of every API version the broker serves
+
+
+def body_position(frame: bytes) -> tuple[int, Plan]:
+    api_key, api_version, _ = peek_header(frame)
+    schema = load_request_schema(api_key, api_version)
+    return entity_reader(schema.__header_schema__)(frame, 0)[1], plan_of(schema)
+
+
+def same_array_counts(frame: bytes, position: int, plan: Plan) -> Outcome:
+    python = outcome(walk_array_counts, frame, position, plan)
+    native = outcome(_native.check_array_counts, frame, position, plan)
+    assert native == python, (frame.hex(), position, plan[0])
+    assert outcome(_native.check_array_counts, memoryview(frame), position, plan) == python
+    return python
+
+
+@pytest.mark.parametrize("frame", REQUESTS, ids=lambda f: "key{}-v{}-id{}".format(*peek_header(f)))
+def test_every_served_request_walks_alike(frame: bytes) -> None:
+    position, plan = body_position(frame)
+    assert same_array_counts(frame, position, plan) == ("returned", None)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(index=st.integers(0, len(REQUESTS) - 1), mutations=MUTATIONS, shift=st.integers(-3, 3))
+def test_damaged_requests_are_refused_alike(index: int, mutations: list[tuple[str, int, int]], shift: int) -> None:
+    frame = REQUESTS[index]
+    position, plan = body_position(frame)
+    same_array_counts(mutated(frame, mutations), position + shift, plan)
+
+
+def test_a_lying_array_count_is_refused_alike_with_its_field() -> None:
+    body = dataclasses.replace(sample_entity(load_request_schema(0, 3)), transactional_id=None)
+    frame = encode_request(0, 3, 1, "c", body)
+    position, plan = body_position(frame)
+    # Produce v3: transactional_id (int16 length -1: null), acks, timeout, then topic_data's count.
+    count_at = position + 2 + 2 + 4
+    lying = frame[:count_at] + (10**9).to_bytes(4, "big") + frame[count_at + 4:]
+    kind, message = same_array_counts(lying, position, plan)
+    assert kind == "ArrayCountError" and message.startswith("ProduceRequest.topic_data: an array of 1000000000")

@@ -53,6 +53,11 @@ static PyMethodDef native_methods[] = {
      "Lay out one record of the store's encoding per row into `out` at `dest`, its key and value copied\n"
      "from `keys` and `values` (int64 columns, one value per row; a key of -1 bytes is null). Raises as\n"
      "stratalog.engine.record_layout.encode_records, its Python twin, does."},
+    {"check_array_counts", (PyCFunction)(void (*)(void))native_check_array_counts, METH_FASTCALL,
+     "check_array_counts(frame, position, plan) -> None\n\n"
+     "Walk a Kafka request body at frame[position:] by its schema's plan; raise ArrayCountError for an\n"
+     "array that claims more elements than bytes remain. As stratalog.kafka.array_bounds.walk_array_counts,\n"
+     "its Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kio.index import load_request_schema
+from kio.serial import entity_reader
 
 from stratalog.chaos.fuzz_targets import (
     ALLOCATION_BYTES_BASE,
@@ -40,6 +41,7 @@ from stratalog.engine.batch import encode_batch as encode_native_batch
 from stratalog.engine.record_index import index_native_records
 from stratalog.kafka import records as kr
 from stratalog.kafka import staged_commit
+from stratalog.kafka.array_bounds import ArrayCountError, plan_of, walk_array_counts
 from stratalog.kafka.codec import (
     FRAME_SIZE,
     HEADER_PREFIX,
@@ -47,6 +49,7 @@ from stratalog.kafka.codec import (
     UnsupportedVersionError,
     decode_request,
     encode_request,
+    peek_header,
 )
 from stratalog.kafka.connection import FrameReader
 from stratalog.kafka.record_check import check_records, walk_records
@@ -341,6 +344,31 @@ def check_native_walk(data: bytes) -> None:
         check(compiled == python, f"the compiled walk gave {compiled}, its Python twin {python}")
 
 
+def check_native_array_counts(data: bytes) -> None:
+    """The compiled array-count walk against its Python twin on a request frame, from where kio's header
+    ends: the same refusal with the same message, or none from either. Without the compiled core only the
+    twin runs."""
+    try:
+        api_key, api_version, _ = peek_header(data)
+        schema = load_request_schema(api_key, api_version)
+        _, body_position = entity_reader(schema.__header_schema__)(data, 0)
+    except Exception:   # not a request of a known version, or a header kio refuses: nothing to walk
+        return
+    plan = plan_of(schema)
+
+    def outcome(walk: Callable[[bytes, int, Any], None]) -> tuple[str, object]:
+        try:
+            walk(data, body_position, plan)
+        except ArrayCountError as e:
+            return type(e).__name__, str(e)
+        return "returned", None
+
+    python = outcome(walk_array_counts)
+    if native is not None:
+        compiled = outcome(native.check_array_counts)
+        check(compiled == python, f"the compiled array-count walk gave {compiled}, its Python twin {python}")
+
+
 def walk_seeds() -> list[bytes]:
     seeds = []
     for fields in ([(b"k", b"hi", (), 1000), (None, b"yo", (("h", b"v"),), 1005)],
@@ -470,6 +498,8 @@ TARGETS = (
                input_bytes_max=BATCH_BYTES_MAX, allocation_bytes_max=_batch_allocation_bytes_max),
     FuzzTarget("native_record_walk", "the compiled record walk (produce's check) against its Python twin: "
                "same end, same error", check_native_walk, (kr.KafkaBatchError,), walk_seeds),
+    FuzzTarget("native_array_counts", "the compiled array-count walk of a request (before kio reads it) against "
+               "its Python twin: same refusal, same message", check_native_array_counts, (), request_seeds),
     FuzzTarget("native_record_index", "the compiled record indexes (the Spark source's columns, both encodings) "
                "against their Python twins: same index, same error", check_native_index,
                (kr.KafkaBatchError, CorruptBatchError), index_seeds),

@@ -8,7 +8,8 @@ This module walks a request in Kafka's encoding, following the same kio schema, 
 frame; it reads nothing into memory but integers. Anything it cannot read (a truncated frame) it
 leaves to kio, which refuses it properly.
 
-Walk plans are compiled once per schema class: one tuple of steps per entity.
+Walk plans are compiled once per schema class: one tuple of steps per entity. The walk has a compiled
+twin (src/native/array_counts.c) that reads the same plans.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import typing
 from typing import Any
 
 from stratalog.errors import StratalogError
+from stratalog.native import native
 
 #: Wire sizes of the fixed-size types (kio's ``kafka_type`` names).
 FIXED_BYTES = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "float64": 8,
@@ -31,8 +33,11 @@ _INT32 = struct.Struct(">i")
 _VARINT_BYTES_MAX = 5
 
 # Step kinds.
-_FIXED, _STRING, _BYTES, _ENTITY = range(4)
-Step = tuple[int, bool, Any]  # (kind, is_array, size in bytes for _FIXED, or the entity's plan)
+FIXED, STRING, BYTES, ENTITY = range(4)
+#: A walk plan, compiled once per schema class: ``(entity name, flexible, steps)``, each step ``(field name,
+#: kind, is_array, arg)`` with arg the size in bytes for FIXED, the entity's plan for ENTITY, else None.
+#: Plain tuples: the compiled twin reads the same plan.
+Plan = tuple[str, bool, tuple[tuple[str, int, bool, Any], ...]]
 
 
 class ArrayCountError(StratalogError, ValueError):
@@ -43,16 +48,9 @@ class _TruncatedError(Exception):
     """The frame ends before the walk does: kio's refusal, not ours."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Plan:
-    name: str
-    flexible: bool
-    steps: tuple[tuple[str, Step], ...]
-
-
 @functools.cache
-def _plan(schema: Any) -> _Plan:
-    steps: list[tuple[str, Step]] = []
+def plan_of(schema: Any) -> Plan:
+    steps: list[tuple[str, int, bool, Any]] = []
     for field in dataclasses.fields(schema):
         if "tag" in field.metadata:
             continue  # tagged fields travel in the tagged-field section
@@ -64,14 +62,14 @@ def _plan(schema: Any) -> _Plan:
             annotation = typing.get_args(annotation)[0]
         kafka_type = field.metadata.get("kafka_type")
         if kafka_type is None:
-            steps.append((field.name, (_ENTITY, is_array, _plan(annotation))))
+            steps.append((field.name, ENTITY, is_array, plan_of(annotation)))
         elif kafka_type in FIXED_BYTES:
-            steps.append((field.name, (_FIXED, is_array, FIXED_BYTES[kafka_type])))
+            steps.append((field.name, FIXED, is_array, FIXED_BYTES[kafka_type]))
         elif kafka_type == "string":
-            steps.append((field.name, (_STRING, is_array, None)))
+            steps.append((field.name, STRING, is_array, None))
         else:  # bytes, records
-            steps.append((field.name, (_BYTES, is_array, None)))
-    return _Plan(schema.__name__, bool(schema.__flexible__), tuple(steps))
+            steps.append((field.name, BYTES, is_array, None))
+    return schema.__name__, bool(schema.__flexible__), tuple(steps)
 
 
 class _Walk:
@@ -117,30 +115,42 @@ class _Walk:
             self.uvarint()
             self.skip(self.uvarint())
 
-    def entity(self, plan: _Plan) -> None:
-        flexible = plan.flexible
-        for name, (kind, is_array, arg) in plan.steps:
+    def entity(self, plan: Plan) -> None:
+        entity_name, flexible, steps = plan
+        for name, kind, is_array, arg in steps:
             count = 1
             if is_array:
                 count = self.length(flexible, small=False)
                 left = len(self.frame) - self.pos
                 if count > left:
-                    raise ArrayCountError(f"{plan.name}.{name}: an array of {count} elements in a frame with "
+                    raise ArrayCountError(f"{entity_name}.{name}: an array of {count} elements in a frame with "
                                              f"{left} bytes left")
             for _ in range(count):
-                if kind == _FIXED:
+                if kind == FIXED:
                     self.skip(arg)
-                elif kind == _ENTITY:
+                elif kind == ENTITY:
                     self.entity(arg)
                 else:
-                    self.skip(max(0, self.length(flexible, small=kind == _STRING)))
+                    self.skip(max(0, self.length(flexible, small=kind == STRING)))
         if flexible:
             self.tagged_fields()
 
 
-def check_array_counts(frame: bytes | memoryview, body_position: int, schema: Any) -> None:
-    """Refuse (ArrayCountError) a request body whose arrays claim more elements than bytes remain."""
+def walk_array_counts(frame: bytes | memoryview, body_position: int, plan: Plan) -> None:
+    """Walk a request body by ``plan``: ArrayCountError for an array that claims more elements than bytes
+    remain; None once walked, or where the frame ends first (kio refuses that). The reference of the
+    compiled ``stratalog._native.check_array_counts``: same rules, same errors."""
+    if not 0 <= body_position <= len(frame):
+        return
     try:
-        _Walk(frame, body_position).entity(_plan(schema))
+        _Walk(frame, body_position).entity(plan)
     except _TruncatedError:
         return
+
+
+_walk = native.check_array_counts if native is not None else walk_array_counts
+
+
+def check_array_counts(frame: bytes | memoryview, body_position: int, schema: Any) -> None:
+    """Refuse (ArrayCountError) a request body whose arrays claim more elements than bytes remain."""
+    _walk(frame, body_position, plan_of(schema))
