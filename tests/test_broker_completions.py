@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,7 @@ from stratalog.broker.config import BrokerConfig
 from stratalog.native import native
 
 
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    made = asyncio.new_event_loop()
-    asyncio.set_event_loop(made)
-    yield made
-    made.close()
-    asyncio.set_event_loop(None)
-
-
-def completing_thread(loop: asyncio.AbstractEventLoop, tmp_path: Path, backstop_ms: int) -> int:
+def completing_thread(tmp_path: Path, backstop_ms: int) -> int:
     """The thread that ran an append's completion, the loop free to run meanwhile."""
     async def scenario() -> int:
         broker = Broker.open(tmp_path / "data", BrokerConfig(wal_completion_backstop_ms=backstop_ms))
@@ -41,21 +31,20 @@ def completing_thread(loop: asyncio.AbstractEventLoop, tmp_path: Path, backstop_
             return ran_in[0]
         finally:
             await broker.close()
-    return loop.run_until_complete(scenario())
+    return asyncio.run(scenario())
 
 
-def test_the_loop_completes_appends_in_its_own_thread(loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+def test_the_loop_completes_appends_in_its_own_thread(tmp_path: Path) -> None:
     if native is None:
         pytest.fail("the compiled core is not built: make test builds it")
-    assert completing_thread(loop, tmp_path, backstop_ms=5_000) == threading.get_ident()
+    assert completing_thread(tmp_path, backstop_ms=5_000) == threading.get_ident()
 
 
-def test_a_backstop_of_zero_leaves_completions_to_the_wal_thread(loop: asyncio.AbstractEventLoop,
-                                                                   tmp_path: Path) -> None:
-    assert completing_thread(loop, tmp_path, backstop_ms=0) != threading.get_ident()
+def test_a_backstop_of_zero_leaves_completions_to_the_wal_thread(tmp_path: Path) -> None:
+    assert completing_thread(tmp_path, backstop_ms=0) != threading.get_ident()
 
 
-def test_a_blocked_loop_still_sees_its_append_complete(loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+def test_a_blocked_loop_still_sees_its_append_complete(tmp_path: Path) -> None:
     async def scenario() -> int:
         broker = Broker.open(tmp_path / "data", BrokerConfig(wal_completion_backstop_ms=5))
         try:
@@ -67,7 +56,7 @@ def test_a_blocked_loop_still_sees_its_append_complete(loop: asyncio.AbstractEve
             return stream.append([b"value"]).result()
         finally:
             await broker.close()
-    assert loop.run_until_complete(scenario()) == 0
+    assert asyncio.run(scenario()) == 0
 
 
 @pytest.mark.parametrize("backstop_ms", [-1, 60_001])
