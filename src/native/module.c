@@ -73,12 +73,14 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void);
 
 PyMODINIT_FUNC PyInit__native(void) {
-    /* Single-phase: the module holds one static type (BlockWriter) and no state of its own. */
-    if (PyType_Ready(&native_block_writer_type) < 0) {
+    /* Single-phase: the module holds static types (BlockWriter, QueuePutter) and no state of its own. */
+    if (PyType_Ready(&native_block_writer_type) < 0 || PyType_Ready(&native_queue_putter_type) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&native_module);
-    if (module != NULL && PyModule_AddObjectRef(module, "BlockWriter", (PyObject *)&native_block_writer_type) < 0) {
+    if (module != NULL &&
+        (PyModule_AddObjectRef(module, "BlockWriter", (PyObject *)&native_block_writer_type) < 0 ||
+         PyModule_AddObjectRef(module, "QueuePutter", (PyObject *)&native_queue_putter_type) < 0)) {
         Py_CLEAR(module);
     }
     return module;

@@ -21,6 +21,7 @@ PyObject *native_walk_records(PyObject *module, PyObject *const *args, Py_ssize_
 PyObject *native_index_kafka_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_index_native_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 extern PyTypeObject native_block_writer_type;
+extern PyTypeObject native_queue_putter_type;
 PyObject *native_check_array_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_encode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

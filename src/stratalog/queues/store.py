@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import threading
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from stratalog.engine.store import StoreFailedError
 from stratalog.errors import release_frames
 from stratalog.invariant import invariant
 from stratalog.io.device import Device
+from stratalog.native import native
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore
 from stratalog.queues.compactor import CompactionCancelledError, Compactor
@@ -79,6 +81,13 @@ class QueueStore:
         self.pending = PendingPuts(config.pending_messages_wake, config.pending_messages_max,
                                    config.pending_bytes_max)
         self._wake_slots = self.pending.wake_slots
+        if native is not None:
+            # put as one C call: the plain put (a small bytes message, a plain name) appends its slots
+            # there, anything else goes to the method below, its twin (close drops the putter: it holds
+            # the store).
+            self.put = native.QueuePutter(  # type: ignore[method-assign]
+                self.pending, types.MethodType(QueueStore.put, self), self._backpressure, UNKNOWN_ID,
+                self._small_max, QUEUE_NAME_CHARS_MAX, self._wake_slots).put
         self.log_cache = LogCache(config)
         self._lifecycle = Lifecycle(self.pending, self.log_cache)
         self._wake = threading.Event()          # wakes the writer thread
@@ -310,6 +319,7 @@ class QueueStore:
         finally:
             lifecycle.closing = True
             self.pending.refuse(lifecycle.check_open)
+            vars(self).pop("put", None)   # the compiled putter, and the cycle through it
             self._wake.set()
             self.log_cache.wake_all()
             self._compact_wake.set()
