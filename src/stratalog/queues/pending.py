@@ -5,7 +5,8 @@ for its id to one flat list (the writer finds the ids of all it takes at once, N
 adds its batch (names, the ids its caller found, messages) with a marker in the id slot. One extend of a
 tuple is atomic under the GIL, so a put's slots are never split; the tuple comes from CPython's free
 list and dies at once: no object per pending put, nothing for the cyclic GC to track. The slots are this
-module's business (QueueStore.put inlines :meth:`PendingPuts.add`): the writer gets the taken puts as
+module's business (QueueStore.put inlines :meth:`PendingPuts.add`, and so does the compiled put,
+``_native.QueuePutter``, three appends under the GIL): the writer gets the taken puts as
 :class:`SinglePuts` and :class:`BulkPut`, in order.
 
 Small messages count against ``pending_messages_max``; large ones and bulk puts also by their bytes

@@ -3,7 +3,8 @@
 The facade: it makes the parts, owns their three threads and the store's lifecycle, and answers the
 public calls. Each part is a module of its own:
 
-- pending.py (PendingPuts): what put and put_many handed over; a put is one list extend, no lock.
+- pending.py (PendingPuts): what put and put_many handed over; a put is one list extend, no lock (one C
+  call where the compiled core is built: ``_native.QueuePutter``, with :meth:`QueueStore.put` its twin).
 - writer.py (Writer): queue names and dense ids, and the drains that turn pending puts into bulk
   records in the WAL and the log cache (the writer thread drains every few milliseconds).
 - logcache.py (LogCache, View): records not yet in objects, and the view readers take of them and of
