@@ -51,6 +51,11 @@ class BlockIO(Protocol):
         stay open until then."""
         ...
 
+    def watch(self, backstop_s: float) -> CompletionWatch | None:
+        """Let the calling thread take the results (see :class:`CompletionWatch`); None where the engine's
+        own threads call ``done`` and cannot hand that over."""
+        ...
+
     def close(self) -> None:
         """Finish every submitted write (``done`` called for each), then stop the threads."""
         ...
@@ -80,6 +85,10 @@ class ThreadedBlockIO:
             self._done(token, e)
             return
         self._done(token, None)
+
+    def watch(self, backstop_s: float) -> None:
+        """None: each I/O thread calls ``done`` for its own write."""
+        return None
 
     def _sync(self) -> None:
         with self._sync_lock:
