@@ -202,14 +202,14 @@ def test_after_release_the_reaper_takes_every_result_again(file_device: FileDevi
 
 
 @pytest.mark.parametrize("stale_s", [-1.0, 61.0, float("nan")])
-def test_the_writer_refuses_a_wait_out_of_bounds(file_device: FileDevice, stale_s: float) -> None:
+def test_the_writer_refuses_a_backstop_out_of_bounds(file_device: FileDevice, stale_s: float) -> None:
     if native is None:
         pytest.fail("the compiled core is not built: make test builds it")
     writer = native.BlockWriter(file_device.fileno(), 1, True)
     with pytest.raises(ValueError, match="0 to 60 seconds"):
-        writer.wait(stale_s)
+        writer.set_backstop(stale_s)
     writer.stop()
-    assert writer.wait(0.0) is False  # stopped: nothing will come
+    assert writer.wait() is False  # stopped: nothing will come
 
 
 def test_the_wal_completes_appends_in_the_watching_thread(tmp_path: Path) -> None:

@@ -5,9 +5,9 @@
  * queues the job; a worker thread writes all of it at its position, syncs when asked (fdatasync,
  * serialized), and puts the job on the done list, then adds one to an eventfd. reap() takes the done
  * jobs, releases their buffers and returns (token, errno) pairs; errno 0 is success. Results are taken
- * either by a thread that waits in wait() (stale 0: as soon as one is there), or by an event loop that
- * watches the eventfd, with a thread in wait(stale) as its backstop (it returns only for a result left
- * unreaped that long: the loop may be blocked). A sync that fails
+ * either by a thread that waits in wait() (backstop 0: as soon as one is there), or by an event loop that
+ * watches the eventfd, with a thread in wait() as its backstop (set_backstop(s): it returns only for a
+ * result left unreaped that long, since the loop may be blocked). A sync that fails
  * fails every later sync of this writer (an fsync that succeeds after a failed one may cover data the
  * kernel dropped), so nothing written after the failure is reported durable. Workers touch no Python
  * object: a job's token and buffer are taken and released by the caller's thread, with the GIL. */
@@ -41,11 +41,10 @@ typedef struct {
     int fd;
     int sync_each;
     int event_fd;
-    pthread_mutex_t lock; /* queue, done, stopping, stale_ns, interrupts */
+    pthread_mutex_t lock; /* queue, done, stopping, stale_ns */
     pthread_cond_t wake;
     pthread_cond_t done_wake; /* CLOCK_MONOTONIC: wait() sleeps on it */
-    long long stale_ns;       /* of the thread in wait(): 0, woken by each result; else it polls */
-    unsigned long interrupts;
+    long long stale_ns;       /* the backstop: 0, wait() is woken by each result; else it looks when due */
     Queue queue;
     Queue done;
     int stopping;
@@ -319,30 +318,22 @@ static PyObject *writer_reap(PyObject *self, PyObject *unused) {
     return out;
 }
 
-/* Block, without the GIL, until a finished job has waited `stale` seconds unreaped (True), or until the
- * writer stops or interrupt() is called (False). With stale 0 a result wakes it at once; otherwise it
- * looks every `stale` seconds, and a result costs the workers no wake-up of this thread. */
-static PyObject *writer_wait(PyObject *self, PyObject *arg) {
+/* Block, without the GIL, until a finished job has waited the writer's backstop unreaped (True), or until
+ * the writer stops (False). With a backstop of 0 a result wakes it at once; otherwise it looks when the
+ * oldest result falls due, and a result costs the workers no wake-up of this thread. The backstop is read
+ * under the lock at each look, so a change by set_backstop() is never missed. */
+static PyObject *writer_wait(PyObject *self, PyObject *unused) {
+    (void)unused;
     BlockWriter *writer = (BlockWriter *)self;
-    double stale_s = PyFloat_AsDouble(arg);
-    if (stale_s == -1.0 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (!(stale_s >= 0.0 && stale_s <= 60.0)) {
-        PyErr_Format(PyExc_ValueError, "wait takes 0 to 60 seconds, not %R", arg);
-        return NULL;
-    }
     if (writer->closed) {
         Py_RETURN_FALSE;
     }
-    long long stale_ns = (long long)(stale_s * 1e9);
     int ready = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&writer->lock);
-    writer->stale_ns = stale_ns;
-    unsigned long interrupts = writer->interrupts;
-    while (!writer->stopping && writer->interrupts == interrupts) {
+    while (!writer->stopping) {
         long long now = monotonic_ns();
+        long long stale_ns = writer->stale_ns;
         if (writer->done.head != NULL && now - writer->done.head->done_ns >= stale_ns) {
             ready = 1;
             break;
@@ -360,14 +351,22 @@ static PyObject *writer_wait(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(ready);
 }
 
-static PyObject *writer_interrupt(PyObject *self, PyObject *unused) {
-    (void)unused;
+/* How long a finished job may wait unreaped before wait() returns for it: 0 (each at once) to 60 s. */
+static PyObject *writer_set_backstop(PyObject *self, PyObject *arg) {
     BlockWriter *writer = (BlockWriter *)self;
+    double stale_s = PyFloat_AsDouble(arg);
+    if (stale_s == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!(stale_s >= 0.0 && stale_s <= 60.0)) {
+        PyErr_Format(PyExc_ValueError, "the backstop takes 0 to 60 seconds, not %R", arg);
+        return NULL;
+    }
     if (!writer->closed) {
         pthread_mutex_lock(&writer->lock);
-        writer->interrupts++;
+        writer->stale_ns = (long long)(stale_s * 1e9);
         pthread_mutex_unlock(&writer->lock);
-        pthread_cond_broadcast(&writer->done_wake);
+        pthread_cond_broadcast(&writer->done_wake); /* a waiter looks again, by the new backstop */
     }
     Py_RETURN_NONE;
 }
@@ -392,10 +391,11 @@ static PyMethodDef writer_methods[] = {
      "submit(buffer, length, position, token): write buffer[:length] at position, in a thread without the GIL."},
     {"reap", writer_reap, METH_NOARGS,
      "reap() -> [(token, errno)]: the jobs finished since the last reap (errno 0: written, and synced if asked)."},
-    {"wait", writer_wait, METH_O,
-     "wait(stale) -> bool: block without the GIL until a finished job has waited stale seconds (0 to 60)\n"
-     "unreaped (True), or until stop() or interrupt() (False)."},
-    {"interrupt", writer_interrupt, METH_NOARGS, "interrupt(): return every thread blocked in wait()."},
+    {"wait", writer_wait, METH_NOARGS,
+     "wait() -> bool: block without the GIL until a finished job has waited the backstop unreaped (True),\n"
+     "or until stop() (False)."},
+    {"set_backstop", writer_set_backstop, METH_O,
+     "set_backstop(seconds): how long a finished job may wait unreaped before wait() returns (0 to 60; 0: at once)."},
     {"fileno", writer_fileno, METH_NOARGS, "fileno() -> int: an eventfd, readable while finished jobs wait for reap()."},
     {"stop", writer_stop, METH_NOARGS,
      "stop(): refuse new jobs, let the threads write what is queued, wait for them; reap() still works. The\n"

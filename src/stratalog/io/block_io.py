@@ -113,8 +113,6 @@ class NativeBlockIO:
         self._writer = native.BlockWriter(fd, threads, sync_each)
         self._done = done
         self._closing = False
-        #: How long a result may wait for reap() before the reaper thread takes it (0: it takes each at once).
-        self._backstop_s = 0.0
         self._reaper = threading.Thread(target=self._reap_loop, name=f"{thread_name}-reaper", daemon=True)
         self._reaper.start()
 
@@ -125,13 +123,11 @@ class NativeBlockIO:
         """Let the caller's thread take the results, in ``reap()`` once the watch's file descriptor is
         readable. The reaper thread takes only results left ``backstop_s`` unreaped: the watching thread
         may be blocked, even waiting for one of them."""
-        self._backstop_s = backstop_s
-        self._writer.interrupt()
+        self._writer.set_backstop(backstop_s)  # under the writer's lock: the reaper's wait cannot miss it
         return CompletionWatch(int(self._writer.fileno()), self.reap, self._unwatch)
 
     def _unwatch(self) -> None:
-        self._backstop_s = 0.0
-        self._writer.interrupt()
+        self._writer.set_backstop(0.0)
 
     def reap(self) -> None:
         """``done`` for each write finished since the last look, in this thread."""
@@ -144,7 +140,7 @@ class NativeBlockIO:
 
     def _reap_loop(self) -> None:
         while not self._closing:
-            if self._writer.wait(self._backstop_s):
+            if self._writer.wait():
                 self.reap()
 
     def close(self) -> None:
