@@ -17,8 +17,10 @@ import pytest
 from stratalog.errors import WALFailedError
 from stratalog.io.block_io import BlockIO, NativeBlockIO, ThreadedBlockIO
 from stratalog.io.device import FileDevice, aligned_buffer
+from stratalog.io.faulty import MemDevice
 from stratalog.native import native
 from stratalog.wal import WriteAheadLog
+from waiting import wait_until
 from walkit import CAPACITY_BYTES, small_config
 
 ENGINES = ["threads", "compiled"]
@@ -103,9 +105,60 @@ def test_a_failed_sync_fails_every_later_one(kind: str) -> None:
     for n in range(3):
         io.submit(b"x" * 512, 512, 0, n)
     got = results.wait_for(3)
+    syncs = io.syncs()
     io.close()
     null.close()
     assert all(isinstance(e, OSError) and e.errno == 22 for e in got.values()), got
+    assert syncs == 1, "after a failed sync, none is tried again"
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_one_thread_syncs_once_a_write(kind: str, file_device: FileDevice) -> None:
+    results = Results()
+    io = engine(kind, file_device, results, sync_each=True, threads=1)
+    buf = aligned_buffer(4096)
+    for n in range(10):
+        io.submit(buf, 4096, 4096 * n, n)
+    assert results.wait_for(10) == {n: None for n in range(10)}
+    assert io.syncs() == 10  # no write finishes while a sync runs: nothing to group
+    io.close()
+    buf.close()
+
+
+class _CountingCondition(threading.Condition):
+    """A condition that knows how many threads wait on it."""
+
+    waiting = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1  # under the condition's lock
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+
+def test_one_sync_covers_the_writes_that_finished_while_the_last_ran() -> None:
+    device = MemDevice(1 << 20)
+    results = Results()
+    io = ThreadedBlockIO(device, 3, True, results.done, "test-io")
+    syncs_waited = _CountingCondition()
+    io._sync_done = syncs_waited  # the twin's group commit, watched
+    device.stall_syncs()
+    buf = aligned_buffer(4096)
+    io.submit(buf, 4096, 0, "first")
+    wait_until(lambda: io.syncs() == 1, "the first write's sync to start (and stall)")
+    io.submit(buf, 4096, 4096, "second")
+    io.submit(buf, 4096, 8192, "third")
+    wait_until(lambda: syncs_waited.waiting == 2, "the later writes to wait for the running sync")
+    assert device.unsynced_writes() == 3
+    device.release_syncs()
+    assert results.wait_for(3) == {"first": None, "second": None, "third": None}
+    # The first sync may have begun before the later writes ended, so it does not cover them; one more does.
+    assert io.syncs() == device.syncs == 2
+    assert device.unsynced_writes() == 0
+    io.close()
+    buf.close()
 
 
 @pytest.mark.parametrize("kind", ENGINES)

@@ -3,7 +3,7 @@
  *
  * submit() holds the caller's buffer (a buffer export: an mmap cannot be closed under the write) and
  * queues the job; a worker thread writes all of it at its position, syncs when asked (fdatasync,
- * serialized), and puts the job on the done list, then adds one to an eventfd. reap() takes the done
+ * serialized, one sync for every write that finished while the last one ran), and puts the job on the done list, then adds one to an eventfd. reap() takes the done
  * jobs, releases their buffers and returns (token, errno) pairs; errno 0 is success. Results are taken
  * either by a thread that waits in wait() (backstop 0: as soon as one is there), or by an event loop that
  * watches the eventfd, with a thread in wait() as its backstop (set_backstop(s): it returns only for a
@@ -48,8 +48,12 @@ typedef struct {
     Queue queue;
     Queue done;
     int stopping;
-    pthread_mutex_t sync_lock;
-    int sync_failed; /* errno of the first failed sync, under sync_lock */
+    pthread_mutex_t sync_lock; /* sync_failed, syncing, syncs_started, syncs_done */
+    pthread_cond_t sync_done;
+    int sync_failed; /* errno of the first failed sync */
+    int syncing;     /* a thread is in fdatasync */
+    unsigned long long syncs_started;
+    unsigned long long syncs_done; /* the number of the last sync that succeeded */
     pthread_t *threads;
     int threads_started;
     int stopped; /* no more submits; the threads have written what was queued and left */
@@ -102,12 +106,33 @@ static struct timespec as_timespec(long long ns) {
     return at;
 }
 
-static int sync_once(BlockWriter *writer) {
+/* Make every write finished before this call durable: group commit. Only a sync that starts after the
+ * call covers those writes (one already running may have started before they finished), so the caller
+ * waits for the next sync to start and end; one thread runs it for every caller waiting, as the syncs are
+ * serialized. Once a sync fails, it and every later call fail with its errno (fsyncgate: a later sync
+ * could report success for data the kernel dropped), and no sync runs again. */
+static int sync_covering(BlockWriter *writer) {
     pthread_mutex_lock(&writer->sync_lock);
-    int error = writer->sync_failed;
-    if (error == 0 && fdatasync(writer->fd) != 0) {
-        error = writer->sync_failed = errno;
+    unsigned long long needed = writer->syncs_started + 1;
+    while (writer->syncs_done < needed && writer->sync_failed == 0) {
+        if (writer->syncing) {
+            pthread_cond_wait(&writer->sync_done, &writer->sync_lock);
+            continue;
+        }
+        writer->syncing = 1;
+        unsigned long long mine = ++writer->syncs_started;
+        pthread_mutex_unlock(&writer->sync_lock);
+        int error = fdatasync(writer->fd) == 0 ? 0 : errno;
+        pthread_mutex_lock(&writer->sync_lock);
+        writer->syncing = 0;
+        if (error == 0) {
+            writer->syncs_done = mine;
+        } else {
+            writer->sync_failed = error;
+        }
+        pthread_cond_broadcast(&writer->sync_done);
     }
+    int error = writer->syncs_done >= needed ? 0 : writer->sync_failed;
     pthread_mutex_unlock(&writer->sync_lock);
     return error;
 }
@@ -131,7 +156,7 @@ static void *worker(void *arg) {
         pthread_mutex_unlock(&writer->lock);
         job->error = write_all(writer->fd, job->view.buf, job->length, job->position);
         if (job->error == 0 && writer->sync_each) {
-            job->error = sync_once(writer);
+            job->error = sync_covering(writer);
         }
         job->done_ns = monotonic_ns();
         pthread_mutex_lock(&writer->lock);
@@ -191,6 +216,7 @@ static void writer_close(BlockWriter *writer) {
     pthread_cond_destroy(&writer->wake);
     pthread_cond_destroy(&writer->done_wake);
     pthread_mutex_destroy(&writer->lock);
+    pthread_cond_destroy(&writer->sync_done);
     pthread_mutex_destroy(&writer->sync_lock);
 }
 
@@ -219,6 +245,7 @@ static PyObject *writer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     }
     pthread_mutex_init(&writer->lock, NULL);
     pthread_mutex_init(&writer->sync_lock, NULL);
+    pthread_cond_init(&writer->sync_done, NULL);
     pthread_cond_init(&writer->wake, NULL);
     pthread_condattr_t monotonic;
     pthread_condattr_init(&monotonic);
@@ -371,6 +398,18 @@ static PyObject *writer_set_backstop(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *writer_syncs(PyObject *self, PyObject *unused) {
+    (void)unused;
+    BlockWriter *writer = (BlockWriter *)self;
+    if (writer->closed) {
+        return PyLong_FromUnsignedLongLong(writer->syncs_started);
+    }
+    pthread_mutex_lock(&writer->sync_lock);
+    unsigned long long started = writer->syncs_started;
+    pthread_mutex_unlock(&writer->sync_lock);
+    return PyLong_FromUnsignedLongLong(started);
+}
+
 static PyObject *writer_fileno(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyLong_FromLong(((BlockWriter *)self)->event_fd);
@@ -396,6 +435,7 @@ static PyMethodDef writer_methods[] = {
      "or until stop() (False)."},
     {"set_backstop", writer_set_backstop, METH_O,
      "set_backstop(seconds): how long a finished job may wait unreaped before wait() returns (0 to 60; 0: at once)."},
+    {"syncs", writer_syncs, METH_NOARGS, "syncs() -> int: the fdatasync calls made so far (one covers many writes)."},
     {"fileno", writer_fileno, METH_NOARGS, "fileno() -> int: an eventfd, readable while finished jobs wait for reap()."},
     {"stop", writer_stop, METH_NOARGS,
      "stop(): refuse new jobs, let the threads write what is queued, wait for them; reap() still works. The\n"

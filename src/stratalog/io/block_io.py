@@ -9,10 +9,12 @@ own, its result handed to a ``done(token, error)`` callback. Two engines, one be
   own thread (:meth:`NativeBlockIO.watch`): no thread then wakes and takes the GIL between a finished
   write and the loop that answers for it.
 
-Both sync the way the WAL needs (fsyncgate): syncs are serialized, and once one fails every later one of
-that engine fails too, so nothing written after a failed sync is reported durable. ``done`` gets None when
-the block is written (and synced, if asked), else the OSError; it may be called in any order across
-blocks (the WAL acknowledges in offset order itself). :func:`open_block_io` picks the engine.
+Both sync the way the WAL needs. Group commit: a write is durable once a sync that started after it
+finished has ended; syncs are serialized, so one thread syncs for every write that finished while the
+previous sync ran (with four threads writing, up to four writes a sync). Fsyncgate: once a sync fails,
+every later one of that engine fails too, so nothing written after a failed sync is reported durable.
+``done`` gets None when the block is written (and synced, if asked), else the OSError; it may be called
+in any order across blocks (the WAL acknowledges in offset order itself). :func:`open_block_io` picks the engine.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ class BlockIO(Protocol):
         own threads call ``done`` and cannot hand that over."""
         ...
 
+    def syncs(self) -> int:
+        """The device syncs made so far: with group commit, fewer than the writes synced."""
+        ...
+
     def close(self) -> None:
         """Finish every submitted write (``done`` called for each), then stop the threads."""
         ...
@@ -69,7 +75,11 @@ class ThreadedBlockIO:
         self._sync_each = sync_each
         self._done = done
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=thread_name)
-        self._sync_lock = threading.Lock()
+        # Group commit (see the module): the number of syncs started and of the last that succeeded.
+        self._sync_done = threading.Condition()
+        self._syncing = False
+        self._syncs_started = 0
+        self._syncs_done = 0
         self._sync_failure: BaseException | None = None
 
     def submit(self, buf: mmap.mmap, length_bytes: int, position_bytes: int, token: object) -> None:
@@ -91,14 +101,37 @@ class ThreadedBlockIO:
         return None
 
     def _sync(self) -> None:
-        with self._sync_lock:
-            if self._sync_failure is not None:
+        """Return once every write finished before the call is durable (see the module's group commit)."""
+        with self._sync_done:
+            needed = self._syncs_started + 1  # a sync running now may have started before this write ended
+            while self._syncs_done < needed and self._sync_failure is None:
+                if self._syncing:
+                    self._sync_done.wait()
+                    continue
+                self._syncing = True
+                self._syncs_started += 1
+                mine = self._syncs_started
+                self._sync_done.release()  # the others wait for it, or write meanwhile
+                failure: BaseException | None = None
+                try:
+                    self._device.sync()
+                except BaseException as e:
+                    failure = e
+                self._sync_done.acquire()
+                self._syncing = False
+                if failure is None:
+                    self._syncs_done = mine
+                else:
+                    self._sync_failure = failure  # no later sync can succeed
+                self._sync_done.notify_all()
+            if self._syncs_done < needed:
+                assert self._sync_failure is not None
                 raise self._sync_failure
-            try:
-                self._device.sync()
-            except BaseException as e:
-                self._sync_failure = e  # recorded before the lock is released: no later sync can succeed
-                raise
+
+    def syncs(self) -> int:
+        """The device syncs made so far (one covers many writes)."""
+        with self._sync_done:
+            return self._syncs_started
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -128,6 +161,10 @@ class NativeBlockIO:
 
     def _unwatch(self) -> None:
         self._writer.set_backstop(0.0)
+
+    def syncs(self) -> int:
+        """The fdatasync calls made so far (one covers many writes)."""
+        return int(self._writer.syncs())
 
     def reap(self) -> None:
         """``done`` for each write finished since the last look, in this thread."""
