@@ -206,6 +206,7 @@ def run_broker_chaos(data_dir: Path, config: BrokerChaosConfig,
             if stalled:
                 break
             broker.kill9()
+            broker.close_output()  # the killed broker's pipe, closed here rather than whenever it is collected
             t0 = time.monotonic()
             broker = start_broker(data_dir, port=port)
             restarts_ms.append(1000 * (time.monotonic() - t0))
@@ -221,6 +222,7 @@ def run_broker_chaos(data_dir: Path, config: BrokerChaosConfig,
         if broker.process.poll() is None:
             broker.process.kill()
             broker.process.wait(30)
+        broker.close_output()
 
 
 def _check(broker: BrokerProcess, producers: list[NumberedProducer], config: BrokerChaosConfig, unaccounted: int,
