@@ -34,7 +34,8 @@ class WALConfig:
     #: 0.50 ms in paired runs). Records still gather while every thread is busy, and a block left open
     #: then is sealed as soon as a write completes (group commit).
     seal_when_idle: bool = True
-    #: Blocks written at once, each by its own I/O thread. 4, as in the benchmark of AutoMQ's Delta WAL article.
+    #: Blocks written at once, each by its own I/O thread; more sealed blocks wait in the I/O engine's queue,
+    #: within window_bytes_max. 4, as in the benchmark of AutoMQ's Delta WAL article.
     io_threads: int = 4
     #: Write blocks with the compiled writer's threads, which never wait for the GIL (io/block_io.py), where
     #: the device is a file and the compiled core is built. False takes Python I/O threads, the writer's
