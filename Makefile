@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py
 NATIVE := $(VENV)/.native
 $(NATIVE): $(STAMP) setup.py $(wildcard src/native/*.c src/native/*.h)
 	$(BIN)/python setup.py --quiet build_ext --inplace
-	$(BIN)/python -c "from stratalog.native import core, native; assert native is not None, core()"
+	$(BIN)/python -c "from stratalog.native import core, native_crc; assert native_crc is not None, core()"
 	touch $(NATIVE)
 
 run: $(NATIVE)
@@ -68,9 +68,9 @@ sanitize: $(STAMP)
 	  PYTHONPATH=$(SANITIZED)/src; \
 	$(BIN)/python -c "from stratalog.native import native; assert native is not None and native.__file__.startswith('$(abspath $(SANITIZED))'), native" && \
 	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py tests/test_record_index.py \
-	  tests/test_block_io.py tests/test_queue_putter.py && \
+	  tests/test_block_io.py tests/test_queue_putter.py tests/test_queue_cached_reads.py && \
 	$(BIN)/stratalog chaos fuzz --seconds 15 --runs 100000 --target native_record_walk --target kafka_record_check \
-	  --target native_record_index --target native_array_counts \
+	  --target native_record_index --target native_array_counts --target native_run_read \
 	  --findings-dir $(SANITIZED)/findings
 
 bench: $(STAMP)

@@ -26,6 +26,7 @@ from stratalog.queues import (
     QueueConfig,
     QueueStore,
 )
+from stratalog.queues import objects as queue_objects
 from stratalog.queues.format import U32, CorruptBulkError
 from stratalog.queues.logcache import CachedRecord, LogCache
 from stratalog.queues.merge_worker import MergeAnswer, MergeJob
@@ -463,12 +464,20 @@ def test_committed_positions_are_durable(tmp_path: Path) -> None:
         assert qs.committed("billing", "other") is None
 
 
+def _miss_the_page_cache(monkeypatch: pytest.MonkeyPatch,
+                         probe: Callable[[int, int, int], memoryview | None] = lambda fd, size, offset: None) -> None:
+    """Every read of the page cache misses (``probe`` answers for it): a random get's compiled read gives way
+    to its twin, which asks ``libc.cached_view``, here ``probe``."""
+    monkeypatch.setattr(queue_objects, "_read_messages_cached", queue_objects.read_messages_cached)
+    monkeypatch.setattr(libc, "cached_view", probe)
+
+
 @pytest.mark.parametrize("page_cache", [True, False], ids=["read-from-page-cache", "read-waiting-for-disk"])
 def test_a_damaged_run_is_detected_never_returned(tmp_path: Path, page_cache: bool,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
 
     if not page_cache:    # every read takes the path of one that must wait for the disk
-        monkeypatch.setattr(libc, "cached_view", lambda fd, size, offset: None)
+        _miss_the_page_cache(monkeypatch)
     with _open(tmp_path) as qs:
         for r in range(20):
             qs.put_many([f"q{q}" for q in range(50)], [_msg(q, r) for q in range(50)])
@@ -528,7 +537,7 @@ def test_gets_the_page_cache_cannot_serve_read_once_and_are_counted(tmp_path: Pa
             tried.append(offset)
             return None      # as if the page cache held none of it
 
-        monkeypatch.setattr(libc, "cached_view", missed)
+        _miss_the_page_cache(monkeypatch, missed)
         before = qs.stats()
         # At offset 1: a random reader's (a consumer's from 0 would be served from read-ahead chunks).
         assert qs.get("q300", 1, 2) == [_msg(300, r) for r in (1, 2)]     # a run in each of two objects
@@ -647,7 +656,7 @@ def test_a_get_spanning_objects_asks_for_the_later_runs_at_once(tmp_path: Path,
         assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]
         assert hinted == [], "reads served by the page cache hint nothing"
         # The page cache misses from here on: the first read that waits for the disk hints the later runs.
-        monkeypatch.setattr(libc, "cached_view", lambda fd, size, offset: None)
+        _miss_the_page_cache(monkeypatch)
         assert qs.get("q4", 1, 1) == [_msg(4, 1)]
         assert hinted == [], "a get inside one run reads ahead nothing"
         assert qs.get("q3", 0, 3) == [_msg(3, r) for r in range(3)]

@@ -58,6 +58,19 @@ static PyMethodDef native_methods[] = {
      "Walk a Kafka request body at frame[position:] by its schema's plan; raise ArrayCountError for an\n"
      "array that claims more elements than bytes remain. As stratalog.kafka.array_bounds.walk_array_counts,\n"
      "its Python twin."},
+    {"_use_crc32c", native_use_crc32c, METH_O,
+     "_use_crc32c(address) -> None\n\n"
+     "Compute CRC32C with the function at `address` (a library's crc32c_extend, as stratalog.native loads\n"
+     "it); 0 forgets it. Raises ValueError where the function does not give CRC32C's check value."},
+    {"crc32c", (PyCFunction)(void (*)(void))native_crc32c_of, METH_FASTCALL,
+     "crc32c(data, value=0) -> int\n\n"
+     "CRC32C of `data`, extending `value`, as the crc32c package's crc32c (its twin)."},
+    {"read_messages_cached", (PyCFunction)(void (*)(void))native_read_messages_cached, METH_FASTCALL,
+     "read_messages_cached(fd, runs_bytes, pages, key, start, end, count, stream_id, first, stop)\n"
+     "    -> (list[bytes], int) | None\n\n"
+     "Messages first .. stop - 1 of the run at bytes start .. end of a run object, read from the page\n"
+     "cache with its pages checked, and the bytes read; None where the page cache does not hold them.\n"
+     "As stratalog.queues.objects.read_messages_cached, its Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

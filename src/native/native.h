@@ -25,4 +25,13 @@ extern PyTypeObject native_queue_putter_type;
 PyObject *native_check_array_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_encode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* CRC32C from a library's crc32c_extend (crc.c): NULL until stratalog.native hands one over. */
+#include <stddef.h>
+#include <stdint.h>
+typedef uint32_t (*native_crc32c_fn)(uint32_t crc, const uint8_t *data, size_t length);
+extern native_crc32c_fn native_crc32c;
+PyObject *native_use_crc32c(PyObject *module, PyObject *arg);
+PyObject *native_crc32c_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_read_messages_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
 #endif

@@ -9,6 +9,7 @@ and ``stratalog serve`` says which core runs.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from types import ModuleType
 
@@ -31,6 +32,30 @@ def _load() -> tuple[ModuleType | None, str]:
 native, why_pure = _load()
 
 
+def _hand_over_crc32c(module: ModuleType) -> ctypes.CDLL | None:
+    """Give the compiled module a CRC32C function: google-crc32c's ``crc32c_extend``, from the C library its
+    extension links (a copy in the wheel, or the system's libcrc32c). Found through the extension, as
+    dlsym searches a library's dependencies: no path or file name guessed. The library stays loaded for
+    the life of the process (the handle returned is kept). None where there is none to load."""
+    try:
+        from google_crc32c import _crc32c  # (its C extension; no type information)
+        library = ctypes.CDLL(_crc32c.__file__)
+        address = ctypes.cast(library.crc32c_extend, ctypes.c_void_p).value
+        module._use_crc32c(address)
+    except (ImportError, OSError, AttributeError, ValueError, TypeError):
+        return None
+    return library
+
+
+_crc32c_library = _hand_over_crc32c(native) if native is not None else None
+#: The compiled module where it also computes CRC32C (what its readers of checked pages need), else None.
+native_crc: ModuleType | None = native if _crc32c_library is not None else None
+
+
 def core() -> str:
     """Which core runs, for a banner: ``native (C)``, or ``pure Python`` and why."""
-    return "native (C)" if native is not None else f"pure Python ({why_pure})"
+    if native is None:
+        return f"pure Python ({why_pure})"
+    if native_crc is None:
+        return "native (C), but without a CRC32C library (google-crc32c's did not load): queue reads on Python"
+    return "native (C)"

@@ -9,13 +9,22 @@ of a run are exactly its bytes. Round-trip mode: ``build_object`` of messages fr
 
 ``queue_names``: ``names.NameIndex`` against a dict: names from the input added with ids, then looked
 up with others; a lookup answers the id added or -1, never another id.
+
+``native_run_read``: a random get's read of a run from the page cache, compiled
+(``_native.read_messages_cached``) against its twin (``queues.objects.read_messages_cached``): runs of
+the input's bytes in a file, page CRCs right or cut short, any bounds; the same messages or the same error.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+from typing import Any
+
 import numpy as np
 
 from stratalog.chaos.fuzz_targets import FuzzTarget, Reader, check
+from stratalog.native import native_crc
 from stratalog.queues import format as bf
 from stratalog.queues.index import RunIndex
 from stratalog.queues.manifest import (
@@ -26,6 +35,7 @@ from stratalog.queues.manifest import (
     encode_manifest,
 )
 from stratalog.queues.names import NameIndex
+from stratalog.queues.objects import read_messages_cached
 from stratalog.wal.format import crc32c
 
 RESEAL = 0x01
@@ -165,7 +175,64 @@ def names_seeds() -> list[bytes]:
     return [bytes([10, 3]) + b"orders" * 20, bytes(range(256)), b"\x20" + "é名".encode() * 40]
 
 
+_run_file: list[int] = []
+
+
+def check_native_run_read(data: bytes) -> None:
+    """The compiled cached read of a run against its twin. The runs go to a file (its pages then in the
+    page cache, which the read takes from); without the compiled core only the twin runs."""
+    reader = Reader(data)
+    start = reader.uint(2)
+    end = start + reader.uint(2) - 8
+    count, first, stop = reader.u8(), reader.u8(), reader.u8()
+    cut_pages = reader.u8()
+    runs = reader.rest()
+    pages = bf.page_crcs(runs)
+    if cut_pages & 1:
+        pages = pages[:cut_pages >> 1]
+    if not _run_file:
+        _run_file.append(_open_run_file())
+    fd = _run_file[0]
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, runs, 0)
+    args = (fd, len(runs), pages, KEY, start, end, count, 5, first, stop)
+
+    def outcome(read: Any) -> tuple[str, object]:
+        try:
+            return "returned", read(*args)
+        except (bf.CorruptBulkError, ValueError) as e:
+            return type(e).__name__, str(e)
+
+    python = outcome(read_messages_cached)
+    if native_crc is not None:
+        compiled = outcome(native_crc.read_messages_cached)
+        check(compiled == python, f"the compiled read gave {compiled}, its Python twin {python}")
+
+
+def _open_run_file() -> int:
+    """A file for the runs, gone when the process ends (unlinked at once; its descriptor kept)."""
+    fd, path = tempfile.mkstemp(prefix="stratalog-fuzz-runs-")
+    os.unlink(path)
+    return fd
+
+
+def run_read_seeds() -> list[bytes]:
+    def seed(start: int, messages: list[bytes], first: int, stop: int, before: bytes = b"") -> bytes:
+        ends, total = [], 0
+        for m in messages:
+            total += len(m)
+            ends.append(total.to_bytes(4, "little"))
+        run = b"".join(ends) + b"".join(messages)
+        head = start.to_bytes(2, "little") + (len(run) + 8).to_bytes(2, "little")
+        return head + bytes([len(messages), first, stop, 0]) + before + run
+
+    return [seed(0, [b"hello", b"world"], 0, 2), seed(100, [b"x" * 58] * 30, 3, 13, bytes(100)),
+            seed(4000, [b"a" * 90, b"bb"], 1, 2, bytes(4000)), seed(0, [], 0, 0)]
+
+
 TARGETS = (
+    FuzzTarget("native_run_read", "the compiled cached read of a queue's run (a random get) against its Python "
+               "twin: same messages, same error", check_native_run_read, (), run_read_seeds),
     FuzzTarget("queue_object", "run object footer, index, RunIndex, pages and runs, as recovery and readers "
                "read them; round trip", check_run_object, (bf.CorruptBulkError,), run_object_seeds),
     FuzzTarget("queue_manifest", "queues.manifest.decode_manifest; round trip", check_queue_manifest,

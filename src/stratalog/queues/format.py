@@ -503,7 +503,8 @@ def run_messages(raw: bytes | memoryview, count: int, first: int, stop: int, key
     as frame_run would (one call fewer for a reader that reads each run once). Where they are all as long
     as the run's first message (the common case: a queue's messages are often of one size), one ``struct``
     call cuts them out; otherwise a plain loop over the ends (for ten messages or a hundred, twice as fast
-    as building the slices with map)."""
+    as building the slices with map). Ends out of order or past the run (in a run whose pages passed
+    their CRCs: written so) cut as Python slices do, clamped to the run."""
     at = 4 * count
     if key is not None and len(raw) < at:
         frame_run(raw, count, key, stream_id)      # raises: shorter than its message ends
@@ -514,7 +515,7 @@ def run_messages(raw: bytes | memoryview, count: int, first: int, stop: int, key
         size = ends[0]
         # Equal sizes from the run's start up to ``stop``: then the ends are size, 2 size, 3 size, ...
         # (a compare of two views, in C; from message ``first - 1`` on, which is all the slice needs).
-        if 0 < size <= FIXED_MESSAGE_BYTES_MAX and stop <= FIXED_RUN_MAX:
+        if 0 < size <= FIXED_MESSAGE_BYTES_MAX and stop <= FIXED_RUN_MAX and at + stop * size <= len(raw):
             checked = first - 1 if first else 0
             multiples = _multiples_of.get(size)   # (the caches looked up here first: a call costs a tenth)
             if multiples is None or len(multiples) < stop:

@@ -17,6 +17,7 @@ from typing import Any
 from stratalog.caching import BoundedCache
 from stratalog.io import libc
 from stratalog.io.libc import CACHED_READ_BYTES_MAX
+from stratalog.native import native_crc
 from stratalog.objects.store import ObjectStore
 from stratalog.queues.format import (
     PAGE_BYTES,
@@ -153,20 +154,13 @@ class RunObject:
         """Messages ``first .. stop - 1`` of the run at bytes ``start .. end`` (``count`` messages of
         ``stream_id``), and the bytes of pages read, if the page cache holds its pages; None if the read
         would wait for the disk (or the object is not local). A random reader's path: the pages are checked
-        and the messages cut out where they were read, with no copy of the run (it is not kept)."""
+        and the messages cut out where they were read, with no copy of the run (it is not kept). One
+        compiled call where the core is built (:func:`read_messages_cached` is its twin)."""
         reader = self.reader
-        lo = start - start % PAGE_BYTES
-        hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
-        if reader is None or not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
+        if reader is None:
             return None
-        view = libc.cached_view(reader.random_fd, hi - lo, lo)
-        if view is None:
-            return None
-        # One page (most runs): its CRC compared here, one call fewer; the rest, and any mismatch, by
-        # check_pages (which names the damaged page).
-        if hi - lo > PAGE_BYTES or crc32c(view) != self.pages.item(lo // PAGE_BYTES):
-            check_pages(view, lo, self.pages, self.key)
-        return run_messages(view[start - lo:end - lo], count, first, stop, self.key, stream_id), hi - lo
+        return _read_messages_cached(reader.random_fd, self.runs_bytes, self.pages, self.key, start, end, count,
+                                     stream_id, first, stop)
 
     def read_run(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
                  random_access: bool) -> tuple[bytes, int]:
@@ -181,6 +175,35 @@ class RunObject:
         raw = pages[start - lo:end - lo] if hi - lo != end - start else pages
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
+
+
+def read_messages_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start: int, end: int, count: int,
+                         stream_id: int, first: int, stop: int) -> tuple[list[bytes], int] | None:
+    """Messages ``first .. stop - 1`` of the run at bytes ``start .. end`` of the runs of object ``key``
+    (open as ``fd``, whose runs take ``runs_bytes`` and whose pages have the CRCs ``pages``), ``count``
+    messages of ``stream_id``; and the bytes of the pages read. None where the page cache does not hold
+    them all (the read keeps the GIL and would not wait: libc.cached_view). Raises CorruptBulkError
+    where a page fails its CRC or the run's ends do not frame it; ValueError for a run or messages out
+    of bounds. The twin of ``stratalog._native.read_messages_cached``."""
+    if not (0 <= start <= end <= runs_bytes and 0 <= first <= stop <= count <= 0xFFFFFFFF and 0 <= fd <= 0x7FFFFFFF):
+        raise ValueError(f"a run at bytes {start} .. {end} of {runs_bytes}, messages {first} .. {stop} of {count}: "
+                         "out of bounds")
+    lo = start - start % PAGE_BYTES
+    hi = min(end + -end % PAGE_BYTES, runs_bytes)
+    if not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
+        return None
+    view = libc.cached_view(fd, hi - lo, lo)
+    if view is None:
+        return None
+    # One page (most runs): its CRC compared here, one call fewer; the rest, and any mismatch, by
+    # check_pages (which names the damaged page, or says the read is not within the pages).
+    if hi - lo > PAGE_BYTES or lo // PAGE_BYTES >= len(pages) or crc32c(view) != pages.item(lo // PAGE_BYTES):
+        check_pages(view, lo, pages, key)
+    return run_messages(view[start - lo:end - lo], count, first, stop, key, stream_id), hi - lo
+
+
+#: The compiled read where the core is built with its CRC32C, else the twin above.
+_read_messages_cached = native_crc.read_messages_cached if native_crc is not None else read_messages_cached
 
 
 def _one_chunk(held: list[Any]) -> int:
