@@ -8,7 +8,10 @@ error (never acknowledged without being stored) and commits work again once it i
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ import click
 import psycopg
 import pytest
 from click.testing import CliRunner
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
 from kio.schema.list_groups.v4.request import ListGroupsRequest
 from kio.schema.offset_commit.v2.request import (
@@ -34,6 +38,7 @@ from stratalog.chaos.postgres import PostgresServer
 from stratalog.commands.serve import load_config
 from stratalog.commands.users import users
 from stratalog.kafka.client import KafkaConnection
+from waiting import wait_until
 
 pytest_plugins = ["pgkit"]
 
@@ -184,10 +189,91 @@ def test_users_are_managed_in_the_metadata_database(pg_server: PostgresServer, p
 
 
 def test_a_broker_whose_metadata_database_is_unreachable_says_so_without_the_password(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("metadata_connect_wait_ms = 1500\n")
     with pytest.raises(RuntimeError, match="did not start") as failed:
-        start_broker(tmp_path / "data", "--metadata", "postgresql://nobody:hunter2@127.0.0.1:9/none")
-    assert "cannot reach the metadata database" in str(failed.value)
-    assert "hunter2" not in str(failed.value)
+        start_broker(tmp_path / "data", "--metadata", "postgresql://nobody:hunter2@127.0.0.1:9/none",
+                     "--config", str(config))
+    said = str(failed.value)
+    assert "the metadata database does not answer" in said and "trying again for up to 1.5 s" in said
+    assert "cannot reach the metadata database" in said
+    assert "hunter2" not in said
+
+
+class _LateDatabase:
+    """A port in front of a PostgreSQL server that hangs up on every connection until ``open()``, then
+    relays each to the server: a database that comes back while a broker starts."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.hung_up = 0
+        self._open = threading.Event()
+        self._relayed: list[socket.socket] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        """Stop taking connections, and end those relayed (after the broker that made them has stopped)."""
+        self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._accepting.join()
+        for relayed in self._relayed:
+            relayed.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return   # closed
+            if not self._open.is_set():
+                self.hung_up += 1
+                conn.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self._target_port))
+            self._relayed += (conn, upstream)
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=_relay, args=(a, b), daemon=True).start()
+
+
+def _relay(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+def test_a_broker_waits_for_a_metadata_database_that_comes_back(tmp_path: Path, pg_server: PostgresServer,
+                                                                pg_database: str) -> None:
+    late = _LateDatabase(pg_server.port)
+    uri = pg_database.replace(f":{pg_server.port}/", f":{late.port}/")
+    started: list[BrokerProcess] = []
+    starting = threading.Thread(target=lambda: started.append(start_broker(tmp_path / "data", "--metadata", uri)))
+    starting.start()
+    try:
+        wait_until(lambda: late.hung_up >= 2, "the broker to try the database twice")
+        late.open()
+        starting.join()
+        assert started, "the broker started once the database answered"
+        broker = started[0]
+        said = "".join(broker.output)
+        assert "the metadata database does not answer" in said and "the metadata database answers" in said
+        assert pg_server.password not in said
+        with KafkaConnection(broker.bootstrap, {}) as connection:
+            assert connection.call(18, 3, ApiVersionsRequest(client_software_name="t",
+                                                             client_software_version="1")).error_code == 0
+    finally:
+        starting.join()
+        for broker in started:
+            broker.stop()
+            broker.close_output()
+        late.close()
 
 
 def test_an_unreachable_metadata_database_is_named_without_its_password(tmp_path: Path) -> None:

@@ -144,8 +144,9 @@ def settle(load: Load, reader: GroupReader, cluster: BrokerCluster, topic: str, 
         raise AssertionError(f"{load.failed[:5]}\n{tails(cluster)}\n{near}")
     acked = load.acked_values()
     try:
-        wait_until(lambda: acked <= reader.values(), "the group to read every acknowledged record",
-                   timeout_s=GROUP_READ_S_MAX)
+        wait_until(lambda: acked <= reader.values(),
+                   lambda: f"the group to read every acknowledged record ({len(acked - reader.values())} of "
+                           f"{len(acked)} not read); {reader.describe()}", timeout_s=GROUP_READ_S_MAX)
     finally:
         reader.stop()
         log = read_log(cluster.bootstrap(), topic, PARTITIONS)

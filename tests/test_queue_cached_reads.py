@@ -1,7 +1,8 @@
 """A random get's read of a run from the page cache, compiled (``_native.read_messages_cached``) and its
-twin (``queues.objects.read_messages_cached``): the same runs, whole or damaged (a flipped byte in a page,
-ends that do not frame the run, page CRCs that do not reach the read), and the same bounds give the same
-messages or the same error. And the compiled core's CRC32C, taken from google-crc32c's library, against
+twin (``queues.objects.read_messages_cached``), and a sequential get's read of the whole run
+(``read_run_cached``, both ways): the same runs, whole or damaged (a flipped byte in a page, ends that do
+not frame the run, page CRCs that do not reach the read), and the same bounds give the same messages (the
+same run) or the same error. And the compiled core's CRC32C, taken from google-crc32c's library, against
 the crc32c package."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from stratalog.native import native_crc
 from stratalog.queues.format import page_crcs
-from stratalog.queues.objects import read_messages_cached
+from stratalog.queues.objects import read_messages_cached, read_run_cached
 
 Outcome = tuple[str, object]
 _files = itertools.count()
@@ -56,10 +57,15 @@ def same_read(place: Path, runs: bytes, pages: object, args: tuple[int, ...]) ->
         twin = outcome(read_messages_cached, fd, len(runs), pages, key, *args)
         assert native_crc is not None
         compiled = outcome(native_crc.read_messages_cached, fd, len(runs), pages, key, *args)
+        run_twin = outcome(read_run_cached, fd, len(runs), pages, key, *args[:4])
+        run_compiled = outcome(native_crc.read_run_cached, fd, len(runs), pages, key, *args[:4])
     finally:
         os.close(fd)
         path.unlink()
     assert compiled == twin, args
+    assert run_compiled == run_twin, args
+    if run_twin[0] == "returned" and run_twin[1] is not None:
+        assert run_twin[1][0] == runs[args[0]:args[1]]   # (the run itself: its framing checked, not cut)
     event(twin[0] if twin[0] != "returned" or twin[1] is not None else "not read")
     return twin
 
@@ -125,6 +131,7 @@ def test_pages_the_page_cache_does_not_hold_are_not_read_alike(place: Path) -> N
     assert native_crc is not None
     args = (fd, len(runs), page_crcs(runs), "evicted", 0, 5200, 50, 0, 0, 50)
     assert outcome(native_crc.read_messages_cached, *args) == outcome(read_messages_cached, *args)
+    assert outcome(native_crc.read_run_cached, *args[:8]) == outcome(read_run_cached, *args[:8])
     os.close(fd)
 
 

@@ -71,6 +71,11 @@ static PyMethodDef native_methods[] = {
      "Messages first .. stop - 1 of the run at bytes start .. end of a run object, read from the page\n"
      "cache with its pages checked, and the bytes read; None where the page cache does not hold them.\n"
      "As stratalog.queues.objects.read_messages_cached, its Python twin."},
+    {"read_run_cached", (PyCFunction)(void (*)(void))native_read_run_cached, METH_FASTCALL,
+     "read_run_cached(fd, runs_bytes, pages, key, start, end, count, stream_id) -> (bytes, int) | None\n\n"
+     "The run at bytes start .. end of a run object, read from the page cache with its pages checked and\n"
+     "its frame checked, and the bytes read; None where the page cache does not hold them. As\n"
+     "stratalog.queues.objects.read_run_cached, its Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

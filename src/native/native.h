@@ -33,5 +33,6 @@ extern native_crc32c_fn native_crc32c;
 PyObject *native_use_crc32c(PyObject *module, PyObject *arg);
 PyObject *native_crc32c_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_read_messages_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_read_run_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

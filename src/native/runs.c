@@ -1,6 +1,7 @@
 /* A random get's read of a queue's run (docs/formats/queues.md): the pages it lies in, if the page cache
  * holds them, each checked against its CRC, and the messages asked for cut out of the run. The twin and
- * spec is stratalog.queues.objects.read_messages_cached; the reading keeps the GIL as the twin's does
+ * spec is stratalog.queues.objects.read_messages_cached; and a sequential get's read of a whole run to
+ * keep, twin stratalog.queues.objects.read_run_cached. The reading keeps the GIL as the twins' does
  * (preadv2 with RWF_NOWAIT answers from the page cache or not at all). */
 
 #include "native.h"
@@ -33,16 +34,28 @@ static PyObject *slice_of(const uint8_t *raw, long long length, long long a, lon
 }
 
 /* Messages first .. stop - 1 of the run in raw[0:length], `count` messages framed by their ends. */
+/* The run in raw[0:length] is framed by its `count` message ends (as queues.format.frame_run): 0, else
+ * -1 with CorruptBulkError set. */
+static int check_frame(const uint8_t *raw, long long length, long long count, PyObject *key, long long stream_id) {
+    long long at = 4 * count;
+    if (length < at) {
+        corrupt(PyUnicode_FromFormat("run of stream %lld in object %U: shorter than its message ends; the object "
+                                     "is damaged", stream_id, key));
+        return -1;
+    }
+    if (count && (long long)u32_at(raw + at - 4) != length - at) {
+        corrupt(PyUnicode_FromFormat("run of stream %lld in object %U: message ends do not match its length",
+                                     stream_id, key));
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *cut_messages(const uint8_t *raw, long long length, long long count, long long first,
                               long long stop, PyObject *key, long long stream_id) {
     long long at = 4 * count;
-    if (length < at) {
-        return corrupt(PyUnicode_FromFormat("run of stream %lld in object %U: shorter than its message ends; "
-                                            "the object is damaged", stream_id, key));
-    }
-    if (count && (long long)u32_at(raw + at - 4) != length - at) {
-        return corrupt(PyUnicode_FromFormat("run of stream %lld in object %U: message ends do not match its "
-                                            "length", stream_id, key));
+    if (check_frame(raw, length, count, key, stream_id) < 0) {
+        return NULL;
     }
     PyObject *out = PyList_New((Py_ssize_t)(stop - first));
     if (out == NULL) {
@@ -73,6 +86,111 @@ static int as_long_long(PyObject *arg, const char *name, long long *out) {
     return 0;
 }
 
+/* Bytes lo .. hi of the runs of object `key` read from the page cache into *data (PyMem_Malloc'd; the
+ * caller frees it), each page checked against its CRC in `pages`: 1; 0 where the page cache does not hold
+ * them all (nothing to free); -1 with CorruptBulkError set (the caller frees *data). */
+static int read_checked_pages(int fd, long long lo, long long hi, const Py_buffer *pages, PyObject *key,
+                              uint8_t **data) {
+    *data = PyMem_Malloc((size_t)(hi - lo));
+    if (*data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    struct iovec vector = {.iov_base = *data, .iov_len = (size_t)(hi - lo)};
+    if (preadv2(fd, &vector, 1, (off_t)lo, RWF_NOWAIT) != hi - lo) {
+        PyMem_Free(*data); /* not all in the page cache (or not readable): the caller waits */
+        *data = NULL;
+        return 0;
+    }
+    long long first_page = lo / PAGE_BYTES;
+    long long page_count = (hi - lo + PAGE_BYTES - 1) / PAGE_BYTES;
+    if (first_page + page_count > pages->len / 4) {
+        corrupt(PyUnicode_FromFormat("object %U: a read of bytes %lld .. %lld is not within its pages", key, lo, hi));
+        return -1;
+    }
+    for (long long i = 0; i < page_count; i++) {
+        long long at = i * PAGE_BYTES;
+        long long size = hi - lo - at < PAGE_BYTES ? hi - lo - at : PAGE_BYTES;
+        uint32_t want;
+        memcpy(&want, (const uint8_t *)pages->buf + 4 * (first_page + i), 4); /* native order, as the array */
+        if (native_crc32c(0, *data + at, (size_t)size) != want) {
+            long long page = first_page + i;
+            corrupt(PyUnicode_FromFormat("object %U: page %lld (bytes %lld ..) failed its CRC: the object is "
+                                         "damaged", key, page, page * PAGE_BYTES));
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* The arguments both reads share: fd, runs_bytes, pages, key, start, end, count, stream_id. */
+typedef struct {
+    long long fd, runs_bytes, start, end, count, stream_id;
+    PyObject *pages;
+    PyObject *key;
+} RunArgs;
+
+static int parse_run_args(PyObject *const *args, RunArgs *run) {
+    if (native_crc32c == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "no CRC32C library is loaded (stratalog.native)");
+        return -1;
+    }
+    if (as_long_long(args[0], "fd", &run->fd) < 0 || as_long_long(args[1], "runs_bytes", &run->runs_bytes) < 0 ||
+        as_long_long(args[4], "start", &run->start) < 0 || as_long_long(args[5], "end", &run->end) < 0 ||
+        as_long_long(args[6], "count", &run->count) < 0 || as_long_long(args[7], "stream_id", &run->stream_id) < 0) {
+        return -1;
+    }
+    run->pages = args[2];
+    run->key = args[3];
+    if (!PyUnicode_Check(run->key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be a str");
+        return -1;
+    }
+    return 0;
+}
+
+/* Read, check and hand to `take` the pages that hold the run: None where they are not all in the page
+ * cache or the span is empty or above one cached read. */
+static PyObject *read_run(const RunArgs *run, PyObject *(*take)(const RunArgs *, const uint8_t *, void *),
+                          void *context) {
+    long long lo = run->start - run->start % PAGE_BYTES;
+    long long hi = run->end + (PAGE_BYTES - run->end % PAGE_BYTES) % PAGE_BYTES;
+    if (hi > run->runs_bytes) {
+        hi = run->runs_bytes;
+    }
+    if (!(0 < hi - lo && hi - lo <= CACHED_READ_BYTES_MAX)) {
+        Py_RETURN_NONE;
+    }
+    Py_buffer pages;
+    if (PyObject_GetBuffer(run->pages, &pages, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    uint8_t *data = NULL;
+    int got = read_checked_pages((int)run->fd, lo, hi, &pages, run->key, &data);
+    if (got == 0) {
+        result = Py_NewRef(Py_None);
+    } else if (got > 0) {
+        PyObject *taken = take(run, data + (run->start - lo), context);
+        if (taken != NULL) {
+            result = Py_BuildValue("(NL)", taken, hi - lo);
+        }
+    }
+    PyMem_Free(data);
+    PyBuffer_Release(&pages);
+    return result;
+}
+
+typedef struct {
+    long long first, stop;
+} Wanted;
+
+static PyObject *take_messages(const RunArgs *run, const uint8_t *raw, void *context) {
+    const Wanted *wanted = context;
+    return cut_messages(raw, run->end - run->start, run->count, wanted->first, wanted->stop, run->key,
+                        run->stream_id);
+}
+
 /* read_messages_cached(fd, runs_bytes, pages, key, start, end, count, stream_id, first, stop)
  *     -> (list[bytes], bytes read) | None */
 PyObject *native_read_messages_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -81,75 +199,47 @@ PyObject *native_read_messages_cached(PyObject *module, PyObject *const *args, P
         PyErr_Format(PyExc_TypeError, "read_messages_cached takes 10 arguments, not %zd", nargs);
         return NULL;
     }
-    if (native_crc32c == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "no CRC32C library is loaded (stratalog.native)");
+    RunArgs run;
+    Wanted wanted;
+    if (parse_run_args(args, &run) < 0 || as_long_long(args[8], "first", &wanted.first) < 0 ||
+        as_long_long(args[9], "stop", &wanted.stop) < 0) {
         return NULL;
     }
-    long long fd, runs_bytes, start, end, count, stream_id, first, stop;
-    if (as_long_long(args[0], "fd", &fd) < 0 || as_long_long(args[1], "runs_bytes", &runs_bytes) < 0 ||
-        as_long_long(args[4], "start", &start) < 0 || as_long_long(args[5], "end", &end) < 0 ||
-        as_long_long(args[6], "count", &count) < 0 || as_long_long(args[7], "stream_id", &stream_id) < 0 ||
-        as_long_long(args[8], "first", &first) < 0 || as_long_long(args[9], "stop", &stop) < 0) {
-        return NULL;
-    }
-    PyObject *key = args[3];
-    if (!PyUnicode_Check(key)) {
-        PyErr_SetString(PyExc_TypeError, "key must be a str");
-        return NULL;
-    }
-    if (!(0 <= start && start <= end && end <= runs_bytes && 0 <= first && first <= stop && stop <= count &&
-          count <= UINT32_MAX && fd >= 0 && fd <= INT32_MAX)) {
+    if (!(0 <= run.start && run.start <= run.end && run.end <= run.runs_bytes && 0 <= wanted.first &&
+          wanted.first <= wanted.stop && wanted.stop <= run.count && run.count <= UINT32_MAX && run.fd >= 0 &&
+          run.fd <= INT32_MAX)) {
         PyErr_Format(PyExc_ValueError, "a run at bytes %lld .. %lld of %lld, messages %lld .. %lld of %lld: "
-                     "out of bounds", start, end, runs_bytes, first, stop, count);
+                     "out of bounds", run.start, run.end, run.runs_bytes, wanted.first, wanted.stop, run.count);
         return NULL;
     }
-    long long lo = start - start % PAGE_BYTES;
-    long long hi = end + (PAGE_BYTES - end % PAGE_BYTES) % PAGE_BYTES;
-    if (hi > runs_bytes) {
-        hi = runs_bytes;
-    }
-    if (!(0 < hi - lo && hi - lo <= CACHED_READ_BYTES_MAX)) {
-        Py_RETURN_NONE;
-    }
-    Py_buffer pages;
-    if (PyObject_GetBuffer(args[2], &pages, PyBUF_SIMPLE) < 0) {
+    return read_run(&run, take_messages, &wanted);
+}
+
+static PyObject *take_run(const RunArgs *run, const uint8_t *raw, void *context) {
+    (void)context;
+    long long length = run->end - run->start;
+    if (check_frame(raw, length, run->count, run->key, run->stream_id) < 0) {
         return NULL;
     }
-    PyObject *result = NULL;
-    uint8_t *data = PyMem_Malloc((size_t)(hi - lo));
-    if (data == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    return PyBytes_FromStringAndSize((const char *)raw, (Py_ssize_t)length);
+}
+
+/* read_run_cached(fd, runs_bytes, pages, key, start, end, count, stream_id) -> (bytes, bytes read) | None */
+PyObject *native_read_run_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "read_run_cached takes 8 arguments, not %zd", nargs);
+        return NULL;
     }
-    struct iovec vector = {.iov_base = data, .iov_len = (size_t)(hi - lo)};
-    if (preadv2((int)fd, &vector, 1, (off_t)lo, RWF_NOWAIT) != hi - lo) {
-        result = Py_NewRef(Py_None); /* not all in the page cache (or not readable): the caller waits */
-        goto done;
+    RunArgs run;
+    if (parse_run_args(args, &run) < 0) {
+        return NULL;
     }
-    long long first_page = lo / PAGE_BYTES;
-    long long page_count = (hi - lo + PAGE_BYTES - 1) / PAGE_BYTES;
-    if (first_page + page_count > pages.len / 4) {
-        corrupt(PyUnicode_FromFormat("object %U: a read of bytes %lld .. %lld is not within its pages", key, lo, hi));
-        goto done;
+    if (!(0 <= run.start && run.start <= run.end && run.end <= run.runs_bytes && 0 <= run.count &&
+          run.count <= UINT32_MAX && run.fd >= 0 && run.fd <= INT32_MAX)) {
+        PyErr_Format(PyExc_ValueError, "a run at bytes %lld .. %lld of %lld (%lld messages): out of bounds",
+                     run.start, run.end, run.runs_bytes, run.count);
+        return NULL;
     }
-    for (long long i = 0; i < page_count; i++) {
-        long long at = i * PAGE_BYTES;
-        long long size = hi - lo - at < PAGE_BYTES ? hi - lo - at : PAGE_BYTES;
-        uint32_t want;
-        memcpy(&want, (const uint8_t *)pages.buf + 4 * (first_page + i), 4); /* native order, as the array */
-        if (native_crc32c(0, data + at, (size_t)size) != want) {
-            long long page = first_page + i;
-            corrupt(PyUnicode_FromFormat("object %U: page %lld (bytes %lld ..) failed its CRC: the object is "
-                                         "damaged", key, page, page * PAGE_BYTES));
-            goto done;
-        }
-    }
-    PyObject *messages = cut_messages(data + (start - lo), end - start, count, first, stop, key, stream_id);
-    if (messages != NULL) {
-        result = Py_BuildValue("(NL)", messages, hi - lo);
-    }
-done:
-    PyMem_Free(data);
-    PyBuffer_Release(&pages);
-    return result;
+    return read_run(&run, take_run, NULL);
 }

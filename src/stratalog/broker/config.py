@@ -151,6 +151,10 @@ class BrokerConfig:
     #: (postgresql://USER:PASSWORD@HOST:PORT/DATABASE), the database several brokers will share. Left
     #: out of the config's repr: it may hold a password.
     metadata: str | None = field(default=None, repr=False)
+    #: At start, how long to keep trying to reach a PostgreSQL ``metadata`` database that does not answer
+    #: (restarting, or a network coming back) before giving up with an error: a broker started by a
+    #: supervisor while the database is away would otherwise fail at once, again and again.
+    metadata_connect_wait_ms: int = 30_000
     #: One broker of several (``--cluster``): needs ``metadata`` and a shared object store.
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -182,6 +186,8 @@ class BrokerConfig:
         if self.response_memory_bytes_max < self.fetch_response_bytes_max:
             raise ValueError("response_memory_bytes_max must hold at least one fetch response "
                              "(fetch_response_bytes_max)")
+        if not 0 <= self.metadata_connect_wait_ms <= 600_000:
+            raise ValueError("metadata_connect_wait_ms must be in [0, 600000] (0: give up at the first failure)")
         if not 0 <= self.wal_completion_backstop_ms <= 60_000:
             raise ValueError("wal_completion_backstop_ms must be in [0, 60000] (0: the WAL's thread completes "
                              "appends)")

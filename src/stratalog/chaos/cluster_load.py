@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ FLUSH_S_MAX = 150.0
 COMMIT_EVERY_RECORDS = 100
 #: How long a read of the whole log may take.
 READ_S_MAX = 300.0
+#: The group consumer's last librdkafka lines (its group protocol: cgrp) kept, to say where it stood when
+#: a wait for it runs out.
+GROUP_LOG_LINES = 60
 
 
 def wait_for(ready: Callable[[], Any], what: str, timeout_s: float, poll_s: float = 0.1) -> Any:
@@ -139,9 +143,23 @@ class Load:
             self._kafka_python.wait(timeout=30)
 
 
+class _Recent(logging.Handler):
+    """A logger's last lines, kept in a bounded deque."""
+
+    def __init__(self, lines: deque[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{time.strftime('%H:%M:%S')} {record.getMessage()}")
+
+
 class GroupReader:
     """One consumer of a group in a thread of its own: what it reads, committed every
-    COMMIT_EVERY_RECORDS records."""
+    COMMIT_EVERY_RECORDS records. :meth:`describe` says what it is doing and how long it has been at it,
+    with its client's last lines about the group."""
+
+    _count = itertools.count()
 
     def __init__(self, bootstrap: str, topic: str, group: str) -> None:
         from confluent_kafka import Consumer
@@ -150,9 +168,16 @@ class GroupReader:
         self.commit_errors = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._doing = ("starting", time.monotonic())
+        self._log: deque[str] = deque(maxlen=GROUP_LOG_LINES)
+        logger = logging.getLogger(f"stratalog.chaos.group-reader.{next(self._count)}")
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(_Recent(self._log))
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                                    "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                                   "session.timeout.ms": 6000, "heartbeat.interval.ms": 300, "log_level": 0})
+                                   "session.timeout.ms": 6000, "heartbeat.interval.ms": 300,
+                                   "debug": "cgrp", "logger": logger})
         self._consumer.subscribe([topic])
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -166,32 +191,44 @@ class GroupReader:
 
         since_commit = 0
         while not self._stop.is_set():
+            self._doing = ("polling", time.monotonic())
             message = self._consumer.poll(0.2)
             if message is not None and message.error() is None:
                 with self._lock:
                     self.read.append(_fields(message))
                 since_commit += 1
             if since_commit >= COMMIT_EVERY_RECORDS:
+                self._doing = ("committing", time.monotonic())
                 try:
                     self._consumer.commit(asynchronous=False)
                     since_commit = 0
                 except KafkaException:
                     self.commit_errors += 1   # the coordinator moved: the next try finds the new one
+        self._doing = ("committing before it closes", time.monotonic())
         try:
             self._consumer.commit(asynchronous=False)
         except KafkaException:
             self.commit_errors += 1
+        self._doing = ("closing", time.monotonic())
         self._consumer.close()
+        self._doing = ("closed", time.monotonic())
 
     def values(self) -> set[bytes]:
         with self._lock:
             return {v for _, _, v in self.read}
 
+    def describe(self) -> str:
+        """What the consumer is doing and since when, its commit errors, and its last lines about the group."""
+        doing, since = self._doing
+        lines = "\n".join(list(self._log)[-GROUP_LOG_LINES:])
+        return (f"the group's consumer has been {doing} for {time.monotonic() - since:.1f} s, read "
+                f"{self.read_count()} records, met {self.commit_errors} commit errors; its last lines:\n{lines}")
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=120)
         if self._thread.is_alive():
-            raise ChaosHarnessError("the group's consumer did not stop")
+            raise ChaosHarnessError(f"the group's consumer did not stop: {self.describe()}")
 
 
 def read_log(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]:

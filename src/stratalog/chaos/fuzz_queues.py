@@ -11,8 +11,9 @@ of a run are exactly its bytes. Round-trip mode: ``build_object`` of messages fr
 up with others; a lookup answers the id added or -1, never another id.
 
 ``native_run_read``: a random get's read of a run from the page cache, compiled
-(``_native.read_messages_cached``) against its twin (``queues.objects.read_messages_cached``): runs of
-the input's bytes in a file, page CRCs right or cut short, any bounds; the same messages or the same error.
+(``_native.read_messages_cached``) against its twin (``queues.objects.read_messages_cached``), and a
+sequential get's (``read_run_cached``, both ways): runs of the input's bytes in a file, page CRCs right or
+cut short, any bounds; the same messages (the same run) or the same error.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from stratalog.queues.manifest import (
     encode_manifest,
 )
 from stratalog.queues.names import NameIndex
-from stratalog.queues.objects import read_messages_cached
+from stratalog.queues.objects import read_messages_cached, read_run_cached
 from stratalog.wal.format import crc32c
 
 RESEAL = 0x01
@@ -197,9 +198,9 @@ def check_native_run_read(data: bytes) -> None:
     os.pwrite(fd, runs, 0)
     args = (fd, len(runs), pages, KEY, start, end, count, 5, first, stop)
 
-    def outcome(read: Any) -> tuple[str, object]:
+    def outcome(read: Any, arguments: tuple[Any, ...] = args) -> tuple[str, object]:
         try:
-            return "returned", read(*args)
+            return "returned", read(*arguments)
         except (bf.CorruptBulkError, ValueError) as e:
             return type(e).__name__, str(e)
 
@@ -207,6 +208,10 @@ def check_native_run_read(data: bytes) -> None:
     if native_crc is not None:
         compiled = outcome(native_crc.read_messages_cached)
         check(compiled == python, f"the compiled read gave {compiled}, its Python twin {python}")
+    python = outcome(read_run_cached, args[:8])
+    if native_crc is not None:
+        compiled = outcome(native_crc.read_run_cached, args[:8])
+        check(compiled == python, f"the compiled read of the run gave {compiled}, its Python twin {python}")
 
 
 def _open_run_file() -> int:

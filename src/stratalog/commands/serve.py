@@ -22,7 +22,7 @@ from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError
 from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
 from stratalog.engine.config import StoreConfig
-from stratalog.engine.metadata_backends import MetadataUnavailableError, without_password
+from stratalog.engine.metadata_backends import MetadataUnavailableError, wait_until_reachable, without_password
 from stratalog.io.device import Device, FileDevice
 from stratalog.native import core as native_core
 from stratalog.wal.config import FsyncPolicy, WALConfig
@@ -124,6 +124,9 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
                      stop: asyncio.Event | None = None) -> None:
     """Serve until SIGINT or SIGTERM (a second signal exits at once), or until ``stop`` is set by a caller
     that runs the broker in its own process."""
+    if config.metadata is not None and config.metadata_connect_wait_ms:
+        # Before the signal handlers: Ctrl-C ends this wait as it would any command's.
+        _wait_for_metadata(config.metadata, config.metadata_connect_wait_ms / 1000)
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     signals = 0
@@ -172,6 +175,21 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
     click.echo("stopped: everything acknowledged is durable")
+
+
+def _wait_for_metadata(uri: str, wait_s: float) -> None:
+    """Wait (up to ``wait_s``) for the metadata database to answer, saying so once if it does not at first."""
+    told: list[str] = []
+
+    def on_retry(why: str) -> None:
+        if not told:
+            told.append(why)
+            click.echo(f"the metadata database does not answer ({why.strip()}); trying again for up to "
+                       f"{wait_s:g} s", err=True)
+
+    wait_until_reachable(uri, wait_s, on_retry)
+    if told:
+        click.echo("the metadata database answers", err=True)
 
 
 @click.command()

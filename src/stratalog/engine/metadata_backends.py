@@ -21,7 +21,8 @@ import contextlib
 import re
 import select
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -193,6 +194,38 @@ def without_password(uri: str) -> str:
         netloc = f"{userinfo.split(':', 1)[0]}@{host}"
     query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+#: Between tries to reach a database at start (wait_until_reachable): the first pause, and the most.
+REACH_PAUSE_S = 0.2
+REACH_PAUSE_S_MAX = 2.0
+
+
+def wait_until_reachable(uri: str, wait_s: float, on_retry: Callable[[str], None]) -> None:
+    """Return once a connection to the PostgreSQL database ``uri`` opens (and close it); until then try
+    again, with a pause that doubles up to REACH_PAUSE_S_MAX, calling ``on_retry`` with why (no password
+    in it) after each failure. Raises MetadataUnavailableError once ``wait_s`` has passed."""
+    try:
+        import psycopg
+    except ImportError as e:
+        raise MetadataUnavailableError("PostgreSQL metadata needs psycopg: pip install 'stratalog[postgres]'") \
+            from e
+    secrets = _passwords(uri)
+    deadline = time.monotonic() + wait_s
+    pause_s = REACH_PAUSE_S
+    while True:
+        try:
+            psycopg.connect(uri, connect_timeout=CONNECT_TIMEOUT_S).close()
+            return
+        except psycopg.OperationalError as e:
+            said = str(e)
+            for secret in secrets:
+                said = said.replace(secret, "***")
+            if time.monotonic() + pause_s > deadline:
+                raise MetadataUnavailableError(f"cannot reach the metadata database: {said}") from None
+            on_retry(said)
+        time.sleep(pause_s)
+        pause_s = min(2 * pause_s, REACH_PAUSE_S_MAX)
 
 
 class PostgresBackend:

@@ -495,6 +495,12 @@ class LocalObjectReader:
         return ObjectStoreError(f"read of key {self._key!r} from {self._path} failed: {exc}; {_advice(exc)}")
 
     @property
+    def fd(self) -> int:
+        """The descriptor for reads that go on where the last one stopped (a sequential reader's: see
+        :func:`stratalog.io.libc.cached_view`)."""
+        return self._fd
+
+    @property
     def random_fd(self) -> int:
         """The descriptor for scattered small reads (for :func:`stratalog.io.libc.cached_view`: a random
         reader's path, a call fewer than :meth:`peek`)."""

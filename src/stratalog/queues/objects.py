@@ -135,19 +135,11 @@ class RunObject:
         against their pages' CRCs and framed, and the bytes of pages read, if the page cache holds the
         pages; None if the read would wait for the disk (or the object is not local). A sequential
         reader's path (it may keep the run): one system call, the pages checked where they were read, only
-        the run copied out."""
+        the run copied out. One compiled call where the core is built (:func:`read_run_cached` is its twin)."""
         reader = self.reader
         if reader is None:
             return None
-        lo = start - start % PAGE_BYTES
-        hi = min(end + -end % PAGE_BYTES, self.runs_bytes)
-        view = reader.peek(lo, hi)
-        if view is None:
-            return None
-        check_pages(view, lo, self.pages, self.key)
-        raw = view[start - lo:end - lo].tobytes()
-        frame_run(raw, count, self.key, stream_id)
-        return raw, hi - lo
+        return _read_run_cached(reader.fd, self.runs_bytes, self.pages, self.key, start, end, count, stream_id)
 
     def read_messages_cached(self, start: int, end: int, count: int, stream_id: int, first: int,
                              stop: int) -> tuple[list[bytes], int] | None:
@@ -202,8 +194,30 @@ def read_messages_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start:
     return run_messages(view[start - lo:end - lo], count, first, stop, key, stream_id), hi - lo
 
 
-#: The compiled read where the core is built with its CRC32C, else the twin above.
+def read_run_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start: int, end: int, count: int,
+                    stream_id: int) -> tuple[bytes, int] | None:
+    """The run at bytes ``start .. end`` of the runs of object ``key`` (open as ``fd``; see
+    :func:`read_messages_cached`), ``count`` messages of ``stream_id``, its pages checked and its frame
+    checked, as bytes to keep; and the bytes of the pages read. None where the page cache does not hold
+    them all. Raises CorruptBulkError where a page fails its CRC or the run's ends do not frame it;
+    ValueError for a run out of bounds. The twin of ``stratalog._native.read_run_cached``."""
+    if not (0 <= start <= end <= runs_bytes and 0 <= count <= 0xFFFFFFFF and 0 <= fd <= 0x7FFFFFFF):
+        raise ValueError(f"a run at bytes {start} .. {end} of {runs_bytes} ({count} messages): out of bounds")
+    lo, hi = page_span(start, end, runs_bytes)
+    if not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
+        return None
+    view = libc.cached_view(fd, hi - lo, lo)
+    if view is None:
+        return None
+    check_pages(view, lo, pages, key)
+    raw = view[start - lo:end - lo].tobytes()
+    frame_run(raw, count, key, stream_id)
+    return raw, hi - lo
+
+
+#: The compiled reads where the core is built with its CRC32C, else the twins above.
 _read_messages_cached = native_crc.read_messages_cached if native_crc is not None else read_messages_cached
+_read_run_cached = native_crc.read_run_cached if native_crc is not None else read_run_cached
 
 
 def _one_chunk(held: list[Any]) -> int:
