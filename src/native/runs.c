@@ -33,7 +33,6 @@ static PyObject *slice_of(const uint8_t *raw, long long length, long long a, lon
     return PyBytes_FromStringAndSize((const char *)raw + lo, (Py_ssize_t)(hi > lo ? hi - lo : 0));
 }
 
-/* Messages first .. stop - 1 of the run in raw[0:length], `count` messages framed by their ends. */
 /* The run in raw[0:length] is framed by its `count` message ends (as queues.format.frame_run): 0, else
  * -1 with CorruptBulkError set. */
 static int check_frame(const uint8_t *raw, long long length, long long count, PyObject *key, long long stream_id) {
@@ -51,6 +50,7 @@ static int check_frame(const uint8_t *raw, long long length, long long count, Py
     return 0;
 }
 
+/* Messages first .. stop - 1 of the run in raw[0:length], `count` messages framed by their ends. */
 static PyObject *cut_messages(const uint8_t *raw, long long length, long long count, long long first,
                               long long stop, PyObject *key, long long stream_id) {
     long long at = 4 * count;
