@@ -25,6 +25,7 @@ def test_bench_command_quick_run_writes_the_json_shape(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["bench"] == "queues" and doc["queues"] == 2000 and doc["messages"] == 20000
+    assert doc["load_average_1m"]["start"] >= 0 and doc["load_average_1m"]["end"] >= 0   # (a busy start is flagged)
     (system,) = doc["systems"]
     assert system["name"] == "stratalog" and system["mode"] == "put" and system["ok"]
     for phase in ("send", "index_check", "consume"):

@@ -22,6 +22,16 @@ PROVENANCE_LINE = ("Measured 2026-11-26 07:30 UTC at commit abc1234 by `{command
                    "on /dev/vda; meanwhile other processes used 1 CPU-s and wrote 3 MiB to the disk.")
 
 
+def test_a_run_begun_on_a_busy_machine_says_so_in_its_first_line() -> None:
+    from stratalog.bench.tables import provenance
+
+    quiet = {**PROVENANCE, "load_average_1m": {"start": 2.0, "end": 9.0}}   # (only the start is the machine's)
+    busy = {**PROVENANCE, "load_average_1m": {"start": 10.12, "end": 3.0}}
+    assert provenance(quiet) == provenance(PROVENANCE)
+    assert provenance(busy) == provenance(PROVENANCE)[:-1] + ("; **busy: a load average of 10.1 on 2 CPUs at the "
+                                                              "start**.")
+
+
 def _render(tmp_path: Path, bench: str, docs: list[dict[str, Any]], *extra: str) -> list[str]:
     args = ["bench", bench]
     for n, doc in enumerate(docs):

@@ -82,8 +82,8 @@ def targets_table(rows: Sequence[tuple[str, str, bool | None]]) -> FigureTable:
 
 def provenance(doc: dict[str, Any], machine: bool = True) -> str:
     """One Markdown sentence: when and on which code the figures were measured, by which command, on what
-    machine (unless ``machine`` is false), and how much else ran meanwhile (every figure is a ratio against
-    a reference measured in the same run for that reason)."""
+    machine (unless ``machine`` is false), how much else ran meanwhile (every figure is a ratio against a
+    reference measured in the same run for that reason), and whether the machine was busy at the start."""
     commit = doc.get("commit")
     date = doc.get("date")
     # ISO 8601 in UTC, as write_json stamps it: to the minute is enough here.
@@ -99,7 +99,20 @@ def provenance(doc: dict[str, Any], machine: bool = True) -> str:
         line += f"; meanwhile other processes used {other['other_cpu_s']:,.0f} CPU-s"
         if "other_disk_write_mib" in other:
             line += f" and wrote {other['other_disk_write_mib']:,.0f} MiB to the disk"
+    busy = busy_at_start(doc)
+    if busy:
+        line += f"; **{busy}**"
     return line + "."
+
+
+def busy_at_start(doc: dict[str, Any]) -> str | None:
+    """"busy: ..." where the machine's load average was above its CPU count when the run began (its
+    figures then say more about the machine than about the code), else None."""
+    load = (doc.get("load_average_1m") or {}).get("start")
+    cpus = (doc.get("machine") or {}).get("cpus")
+    if load is None or not cpus or load <= cpus:
+        return None
+    return f"busy: a load average of {load:.1f} on {cpus} CPUs at the start"
 
 
 def machine_text(m: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextC
 from stratalog.bench import disk_reference
 from stratalog.bench.common import MIB_BYTES, write_json
 from stratalog.bench.queues_report import markdown_report, plot_rates, ratios_table, results_table, times
+from stratalog.bench.tables import busy_at_start
 from stratalog.commands.bench_log import bench_dir, make_console, print_machine, table
 
 QUEUES_DEFAULT = 1_000_000
@@ -147,6 +149,10 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
             dir_path=target_dir, reference_read_s_max=reference_read_s,
             reference_write_bytes=reference_write_mib * MIB_BYTES)
         machine = print_machine(console, target_dir)
+        load_start = os.getloadavg()[0]
+        busy = busy_at_start({"load_average_1m": {"start": load_start}, "machine": machine})
+        if busy:
+            console.print(f"[yellow]{busy}: the figures will say more about the machine than about the store[/]")
         results = []
         progress, tasks = _progress(console, plan, names)
         with progress:
@@ -161,6 +167,7 @@ def queues(queues: int | None, messages: int | None, message_bytes: int, threads
         "threads": threads, "batch": batch, "consume_batch": consume_batch,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine,
         "systems": results, "ratios": ratios(results),
+        "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]},
     }
     console.print(results_table([doc]).rich())
     if doc["ratios"]:
