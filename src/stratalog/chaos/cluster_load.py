@@ -220,7 +220,7 @@ class GroupReader:
     def describe(self) -> str:
         """What the consumer is doing and since when, its commit errors, and its last lines about the group."""
         doing, since = self._doing
-        lines = "\n".join(list(self._log)[-GROUP_LOG_LINES:])
+        lines = "\n".join(self._log)
         return (f"the group's consumer has been {doing} for {time.monotonic() - since:.1f} s, read "
                 f"{self.read_count()} records, met {self.commit_errors} commit errors; its last lines:\n{lines}")
 

@@ -218,9 +218,7 @@ def wait_until_reachable(uri: str, wait_s: float, on_retry: Callable[[str], None
             psycopg.connect(uri, connect_timeout=CONNECT_TIMEOUT_S).close()
             return
         except psycopg.OperationalError as e:
-            said = str(e)
-            for secret in secrets:
-                said = said.replace(secret, "***")
+            said = _scrubbed(e, secrets)
             if time.monotonic() + pause_s > deadline:
                 raise MetadataUnavailableError(f"cannot reach the metadata database: {said}") from None
             on_retry(said)
@@ -286,11 +284,7 @@ class PostgresBackend:
         return bool(readable)
 
     def _scrub(self, error: BaseException) -> str:
-        """The error's message without the URI's password (libpq may quote the connection string)."""
-        message = str(error)
-        for secret in self._secrets:
-            message = message.replace(secret, "***")
-        return message
+        return _scrubbed(error, self._secrets)
 
     def _run(self, sql: str, params: Sequence[Any], many: bool = False) -> Any:
         statement = sql.replace("?", "%s")
@@ -362,6 +356,14 @@ class PostgresBackend:
     def set_schema_version(self, name: str, version: int) -> None:
         self.execute("INSERT INTO schema_versions VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
                      "version = excluded.version", (name, version))
+
+
+def _scrubbed(error: BaseException, secrets: Sequence[str]) -> str:
+    """The error's message without the URI's passwords (libpq may quote the connection string)."""
+    message = str(error)
+    for secret in secrets:
+        message = message.replace(secret, "***")
+    return message
 
 
 def _passwords(uri: str) -> list[str]:

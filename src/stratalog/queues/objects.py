@@ -180,8 +180,7 @@ def read_messages_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start:
     if not (0 <= start <= end <= runs_bytes and 0 <= first <= stop <= count <= 0xFFFFFFFF and 0 <= fd <= 0x7FFFFFFF):
         raise ValueError(f"a run at bytes {start} .. {end} of {runs_bytes}, messages {first} .. {stop} of {count}: "
                          "out of bounds")
-    lo = start - start % PAGE_BYTES
-    hi = min(end + -end % PAGE_BYTES, runs_bytes)
+    lo, hi = page_span(start, end, runs_bytes)
     if not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
         return None
     view = libc.cached_view(fd, hi - lo, lo)
