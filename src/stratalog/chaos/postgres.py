@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.chaos.launch import dying_with_parent
+from stratalog.chaos.launch import dying_with_parent, run_to_end
 from stratalog.chaos.ports import free_port, start_on_free_ports
 from stratalog.errors import StratalogError
 
@@ -54,10 +54,10 @@ def find_bin_dir() -> Path:
                         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
     pg_config = shutil.which("pg_config")
     if pg_config:
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            bindir = Path(subprocess.run([pg_config, "--bindir"], check=True, capture_output=True,
-                                         text=True).stdout.strip())
-            candidates.append(bindir)
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            said = run_to_end([pg_config, "--bindir"], START_TIMEOUT_S)
+            if said.returncode == 0:
+                candidates.append(Path(said.stdout.strip()))
     for directory in reversed(candidates):
         if (directory / "postgres").is_file() and (directory / "initdb").is_file():
             return directory
@@ -100,10 +100,10 @@ class PostgresServer:
         password_file = self.root / "password"
         password_file.write_text(self.password + "\n")
         self._own(password_file)
-        result = subprocess.run(
+        result = run_to_end(
             self._command(str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", ROLE, "-E", "UTF8",
                           "--auth=scram-sha-256", f"--pwfile={password_file}", "--no-instructions"),
-            check=False, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+            START_TIMEOUT_S)
         password_file.unlink()
         if result.returncode != 0:
             raise PostgresUnavailableError(f"initdb failed ({result.returncode}): {result.stderr.strip()}")

@@ -12,6 +12,7 @@ from stratalog.bench.cluster_report import markdown_report, tables
 from stratalog.bench.common import write_json
 from stratalog.chaos.cluster_process import stopped_by_signals, work_directory
 from stratalog.chaos.harness import ChaosHarnessError
+from stratalog.chaos.launch import no_child_left
 from stratalog.commands.bench_log import make_console, print_machine
 
 SECONDS_DEFAULT = 20.0
@@ -50,7 +51,7 @@ def cluster(seconds: float, latency_rate_per_s: float, failover_rounds: int, see
         click.echo(markdown_report(json.loads(markdown_from.read_text())))
         return
     console = make_console()
-    with stopped_by_signals(), work_directory(dir_path, "bench-cluster") as work:
+    with stopped_by_signals(), work_directory(dir_path, "bench-cluster") as work, no_child_left():
         print_machine(console, work)
         plan = ClusterBenchPlan(seconds=seconds, latency_rate_per_s=latency_rate_per_s,
                                 failover_rounds=failover_rounds, seed=seed, dir_path=work)

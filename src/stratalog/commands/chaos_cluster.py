@@ -20,6 +20,7 @@ from stratalog.chaos.cluster import (
 )
 from stratalog.chaos.cluster_process import stopped_by_signals, work_directory
 from stratalog.chaos.harness import ChaosHarnessError
+from stratalog.chaos.launch import no_child_left
 from stratalog.commands import chaos_report
 
 _ROWS: tuple[tuple[str, str], ...] = (
@@ -102,7 +103,7 @@ def cluster(minutes: float, brokers: int, partitions: int, seed: int, kills_max:
     kills: list[KillFigures] = []
     columns = (TextColumn("chaos cluster"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     try:
-        with stopped_by_signals(), work_directory(directory, "chaos-cluster") as work, \
+        with stopped_by_signals(), work_directory(directory, "chaos-cluster") as work, no_child_left(), \
                 Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("", total=60 * minutes, status="starting")
 
