@@ -49,7 +49,8 @@ test: lint postgres-server sanitize
 
 # The parsers' tests on the Python twins too (STRATALOG_PURE_PYTHON), as a machine without a compiler runs.
 PARSER_TESTS := tests/test_kafka_record_check.py tests/test_kafka_records.py tests/test_kafka_fetch_response.py \
-	tests/test_kafka_produce_response.py tests/test_record_index.py tests/test_kafka_array_bounds.py
+	tests/test_kafka_produce_response.py tests/test_record_index.py tests/test_kafka_array_bounds.py \
+	tests/test_kafka_produce_request.py
 
 # The compiled core under AddressSanitizer and UndefinedBehaviorSanitizer: built apart (build/sanitize) and
 # loaded by the interpreter with gcc's sanitizer runtimes preloaded and Python's own allocator off
@@ -68,9 +69,10 @@ sanitize: $(STAMP)
 	  PYTHONPATH=$(SANITIZED)/src; \
 	$(BIN)/python -c "from stratalog.native import native; assert native is not None and native.__file__.startswith('$(abspath $(SANITIZED))'), native" && \
 	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py tests/test_record_index.py \
-	  tests/test_block_io.py tests/test_queue_putter.py tests/test_queue_cached_reads.py && \
+	  tests/test_block_io.py tests/test_queue_putter.py tests/test_queue_cached_reads.py tests/test_kafka_produce_request.py && \
 	$(BIN)/stratalog chaos fuzz --seconds 15 --runs 100000 --target native_record_walk --target kafka_record_check \
 	  --target native_record_index --target native_array_counts --target native_run_read \
+	  --target native_produce_request \
 	  --findings-dir $(SANITIZED)/findings
 
 bench: $(STAMP)

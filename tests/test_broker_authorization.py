@@ -25,7 +25,7 @@ from stratalog.broker.listeners import Listener
 from stratalog.broker.session import Session
 from stratalog.engine.staging import STAGED_OBJECTS_MAX, STAGING_PREFIX
 from stratalog.kafka.build import build
-from stratalog.kafka.codec import Prebuilt, Request
+from stratalog.kafka.codec import Prebuilt, Request, decode_request, encode_request
 from stratalog.kafka.records import encode_batch
 from stratalog.kafka.staged_commit import API_KEY as STAGED_API_KEY
 from stratalog.kafka.staged_commit import (
@@ -50,8 +50,10 @@ _ids = itertools.count(1)
 
 
 def call(broker: Broker, session: Session, key: int, version: int, body: dict[str, Any]) -> Any:
-    """The handler's response as a kio object (Prebuilt frames decoded)."""
-    request = Request(key, version, next(_ids), "test", build(load_request_schema(key, version), body), 0)
+    """The handler's response as a kio object (Prebuilt frames decoded). The request goes through the
+    codec's decoding, as the server's does."""
+    frame = encode_request(key, version, next(_ids), "test", build(load_request_schema(key, version), body))
+    request = decode_request(frame, {key: (version, version)})
 
     async def run() -> Any:
         return await broker.apis[key].handler(broker, request, session)

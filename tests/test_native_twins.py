@@ -19,13 +19,14 @@ from kio.serial import entity_reader
 
 from bytekit import MUTATIONS, mutated
 from stratalog import _native
-from stratalog.chaos.fuzz_kafka import request_seeds, sample_entity
+from stratalog.chaos.fuzz_kafka import produce_seeds, request_seeds, sample_entity
 from stratalog.engine.batch import BATCH_HEADER_BYTES
 from stratalog.engine.batch import encode_batch as encode_native_batch
 from stratalog.engine.record_index import index_native_records
 from stratalog.engine.record_layout import encode_records
 from stratalog.kafka.array_bounds import Plan, plan_of, walk_array_counts
 from stratalog.kafka.codec import encode_request, load_request_schema, peek_header
+from stratalog.kafka.produce_request import decode_produce_fields
 from stratalog.kafka.record_check import walk_records
 from stratalog.kafka.record_index import index_kafka_records
 from stratalog.kafka.records import RECORDS_POSITION, encode_batch
@@ -271,3 +272,45 @@ def test_a_lying_array_count_is_refused_alike_with_its_field() -> None:
     lying = frame[:count_at] + (10**9).to_bytes(4, "big") + frame[count_at + 4:]
     kind, message = same_array_counts(lying, position, plan)
     assert kind == "ArrayCountError" and message.startswith("ProduceRequest.topic_data: an array of 1000000000")
+
+
+# The Produce request reader --------------------------------------------------------------------------------
+
+PRODUCE_SEEDS = produce_seeds()
+
+
+def same_produce(frame: bytes, flexible: bool) -> Outcome:
+    def read(decode: Callable[[bytes, bool], object], data: bytes | memoryview) -> Outcome:
+        try:
+            return "returned", decode(data, flexible)
+        except Exception as e:
+            return type(e).__name__, str(e)
+
+    python = read(decode_produce_fields, frame)
+    assert read(_native.decode_produce, frame) == python, (frame.hex(), flexible)
+    assert read(_native.decode_produce, memoryview(frame)) == python
+    return python
+
+
+@pytest.mark.parametrize("index", range(len(PRODUCE_SEEDS)))
+def test_every_produce_version_reads_alike(index: int) -> None:
+    frame = PRODUCE_SEEDS[index]
+    assert same_produce(frame, peek_header(frame)[1] >= 9)[0] == "returned"
+
+
+@settings(max_examples=400, deadline=None)
+@given(index=st.integers(0, len(PRODUCE_SEEDS) - 1), mutations=MUTATIONS, flexible=st.booleans())
+def test_damaged_produce_requests_read_or_fail_alike(index: int, mutations: list[tuple[str, int, int]],
+                                                     flexible: bool) -> None:
+    same_produce(mutated(PRODUCE_SEEDS[index], mutations), flexible)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=64), flexible=st.booleans())
+def test_any_bytes_read_or_fail_alike_as_produce(data: bytes, flexible: bool) -> None:
+    same_produce(data, flexible)
+
+
+def test_produce_reader_takes_two_arguments() -> None:
+    with pytest.raises(TypeError, match=r"decode_produce\(frame, flexible\)"):
+        _native.decode_produce(b"")   # type: ignore[call-arg]

@@ -76,6 +76,10 @@ static PyMethodDef native_methods[] = {
      "The run at bytes start .. end of a run object, read from the page cache with its pages checked and\n"
      "its frame checked, and the bytes read; None where the page cache does not hold them. As\n"
      "stratalog.queues.objects.read_run_cached, its Python twin."},
+    {"decode_produce", (PyCFunction)(void (*)(void))native_decode_produce, METH_FASTCALL,
+     "decode_produce(frame, flexible) -> (client_id, transactional_id, acks, timeout_ms, topics)\n\n"
+     "A Produce request frame (v3-v9; flexible: v9) read, topics as ((name, ((index, records), ...)), ...).\n"
+     "As stratalog.kafka.produce_request.decode_produce_fields, its Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,6 +27,7 @@ from stratalog.engine.batch import ENCODING_KAFKA, KAFKA_DECOMPRESSED_BYTES_MAX,
 from stratalog.errors import RecordTooLargeError
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from stratalog.kafka.produce_request import ProduceBody
 from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from stratalog.kafka.record_check import check_records
 from stratalog.kafka.records import BatchHeader, Compression, KafkaBatchError, check_batch, encode_batch, recompress
@@ -46,34 +47,34 @@ ACKS_ALLOWED = (0, 1, -1)
 
 
 async def produce(broker: Broker, request: Request, session: Session) -> Prebuilt | None:
-    body = request.body
+    body: ProduceBody = request.body
     acks = body.acks
-    timeout_s = min(body.timeout.total_seconds(), broker.config.produce_wait_ms_max / 1000)
-    if getattr(body, "transactional_id", None) is not None or acks not in ACKS_ALLOWED:
+    timeout_s = min(body.timeout_ms / 1000, broker.config.produce_wait_ms_max / 1000)
+    if body.transactional_id is not None or acks not in ACKS_ALLOWED:
         error = ErrorCode.transactional_id_authorization_failed if acks in ACKS_ALLOWED \
             else ErrorCode.invalid_required_acks
         message = TRANSACTIONS_REFUSED if error != ErrorCode.invalid_required_acks \
             else f"acks={acks} is not 0, 1 or -1"
         if error != ErrorCode.invalid_required_acks:
             log.warning("transactions refused (not served yet): a transactional produce from %s", session.principal)
-        return _produce_response(request, [ProduceTopicResult(t.name, [
-            ProducePartitionResult(p.index, error, error_message=message) for p in t.partition_data])
-            for t in body.topic_data])
+        return _produce_response(request, [ProduceTopicResult(name, [
+            ProducePartitionResult(index, error, error_message=message) for index, _ in partitions])
+            for name, partitions in body.topics])
     pending: list[tuple[ProducePartitionResult, asyncio.Future[int], Any]] = []
     topics = []
-    for t in body.topic_data:
-        partitions = []
-        writable = session.may_topic(Operation.WRITE, t.name)
-        for p in t.partition_data:
-            response = ProducePartitionResult(p.index, ErrorCode.none)
-            partitions.append(response)
+    for name, partitions in body.topics:
+        results = []
+        writable = session.may_topic(Operation.WRITE, name)
+        for index, records in partitions:
+            response = ProducePartitionResult(index, ErrorCode.none)
+            results.append(response)
             if not writable:
                 response.error_code = ErrorCode.topic_authorization_failed
                 continue
-            outcome = _append(broker, session, t.name, p.index, p.records, response)
+            outcome = _append(broker, session, name, index, records, response)
             if outcome is not None:
                 pending.append((response, *outcome))
-        topics.append(ProduceTopicResult(t.name, partitions))
+        topics.append(ProduceTopicResult(name, results))
     if acks == ACKS_NONE:
         return None
     if pending:

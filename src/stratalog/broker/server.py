@@ -30,6 +30,7 @@ from stratalog.broker.session import ANONYMOUS, Session
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import (
     API_VERSIONS_KEY,
+    PRODUCE_KEY,
     EncodedResponse,
     KafkaProtocolError,
     Prebuilt,
@@ -43,12 +44,9 @@ from stratalog.kafka.connection import FrameReader
 
 log = logging.getLogger("stratalog.broker")
 
-
-
 #: What a client on a SASL listener may ask before its login succeeds (Kafka closes the connection on
 #: anything else): ApiVersions, SaslHandshake, SaslAuthenticate.
 BEFORE_LOGIN_API_KEYS = frozenset({API_VERSIONS_KEY, 17, 36})
-PRODUCE_KEY = 0
 
 
 #: Connections closed for bad input logged per second at most; the rest are counted in the next line.

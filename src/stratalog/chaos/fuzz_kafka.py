@@ -2,7 +2,11 @@
 
 ``kafka_request``: ``codec.decode_request`` on a whole frame, with the versions the broker serves. It
 returns a request or raises KafkaProtocolError / UnsupportedVersionError; a request it returns must
-encode again (kio's writer) and decode to the same request.
+encode again (kio's writer) and decode to the same request. Produce, read without kio
+(``produce_request``), must read as kio reads it wherever kio accepts the frame.
+
+``native_produce_request``: the compiled Produce reader against its Python twin: the same values, or the
+same error and message.
 
 ``kafka_frames``: ``connection.FrameReader`` fed a byte stream in chunks the input chooses. The frames
 it returns, each behind its size, must be exactly the bytes it took; it never buffers more than one
@@ -45,13 +49,16 @@ from stratalog.kafka.array_bounds import ArrayCountError, plan_of, walk_array_co
 from stratalog.kafka.codec import (
     FRAME_SIZE,
     HEADER_PREFIX,
+    PRODUCE_KEY,
     KafkaProtocolError,
+    Request,
     UnsupportedVersionError,
     decode_request,
     encode_request,
     peek_header,
 )
 from stratalog.kafka.connection import FrameReader
+from stratalog.kafka.produce_request import MalformedProduceError, decode_produce_fields
 from stratalog.kafka.record_check import check_records, walk_records
 from stratalog.kafka.record_index import index_kafka_records
 from stratalog.native import native
@@ -93,12 +100,64 @@ def check_request(frame: bytes) -> None:
         raise
     _request_feature()(request.api_key, request.api_version, 0)
     check(request.frame_bytes == len(frame), "frame_bytes is not the frame's length")
+    if request.api_key == PRODUCE_KEY:
+        _check_produce_as_kio(frame, request)
+        return
     again = decode_request(encode_request(request.api_key, request.api_version, request.correlation_id,
                                           request.client_id, request.body), _served())
     check(again.body == request.body, f"API {request.api_key} v{request.api_version}: the request re-encoded "
                                       f"decodes to another body")
     check(again.client_id == request.client_id and again.correlation_id == request.correlation_id,
           "the header re-encoded decodes to another header")
+
+
+def _check_produce_as_kio(frame: bytes, request: Request) -> None:
+    """A Produce request read as kio reads it, where kio reads it (kio refuses more: unknown tagged fields,
+    which Kafka skips)."""
+    schema: Any = load_request_schema(PRODUCE_KEY, request.api_version)
+    try:
+        header, at = entity_reader(schema.__header_schema__)(frame, 0)
+        body, _ = entity_reader(schema)(frame, at)
+    except Exception:   # whatever kio refuses, and how, is kio's affair
+        return
+    topics = tuple((t.name, tuple((p.index, p.records) for p in t.partition_data)) for t in body.topic_data)
+    as_kio = (header.client_id, body.transactional_id, body.acks, body.timeout // datetime.timedelta(milliseconds=1),
+              topics)
+    ours = (request.client_id, *request.body)
+    check(ours == as_kio, f"Produce v{request.api_version} read as {ours!r}, by kio as {as_kio!r}")
+
+
+def check_native_produce(frame: bytes) -> None:
+    """The compiled Produce reader against its Python twin on any frame, read as both versions' layouts:
+    the same values, or the same error and message. Without the compiled core only the twin runs."""
+    for flexible in (False, True):
+        def outcome(read: Callable[[bytes, bool], object], flexible: bool = flexible) -> tuple[str, object]:
+            try:
+                return "returned", read(frame, flexible)
+            except (MalformedProduceError, UnicodeDecodeError) as e:
+                return type(e).__name__, str(e)
+
+        python = outcome(decode_produce_fields)
+        if native is not None:
+            compiled = outcome(native.decode_produce)
+            check(compiled == python, f"the compiled Produce reader gave {compiled}, its Python twin {python}")
+
+
+def produce_seeds() -> list[bytes]:
+    """Produce requests of every version served, with batches in them, and the sample of each version."""
+    batch = kr.encode_batch([(b"k", b"value", (), 1_700_000_000_000)], base_offset=0)
+    low, high = _served()[PRODUCE_KEY]
+    seeds = [seed for seed in request_seeds() if peek_header(seed)[0] == PRODUCE_KEY]
+    for version in range(low, high + 1):
+        schema: Any = load_request_schema(PRODUCE_KEY, version)
+        module = __import__(schema.__module__, fromlist=["PartitionProduceData", "TopicProduceData"])
+        body = schema(transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30), topic_data=(
+            module.TopicProduceData(name="events", partition_data=(
+                module.PartitionProduceData(index=0, records=batch),
+                module.PartitionProduceData(index=1, records=None))),
+            module.TopicProduceData(name="other", partition_data=())))
+        seeds.append(encode_request(PRODUCE_KEY, version, 9, "fuzz", body))
+    return seeds
 
 
 _FEATURE: list[Callable[[int, int, int], int]] = []
@@ -500,6 +559,8 @@ TARGETS = (
                "same end, same error", check_native_walk, (kr.KafkaBatchError,), walk_seeds),
     FuzzTarget("native_array_counts", "the compiled array-count walk of a request (before kio reads it) against "
                "its Python twin: same refusal, same message", check_native_array_counts, (), request_seeds),
+    FuzzTarget("native_produce_request", "the compiled Produce reader against its Python twin: same values, same "
+               "error", check_native_produce, (), produce_seeds),
     FuzzTarget("native_record_index", "the compiled record indexes (the Spark source's columns, both encodings) "
                "against their Python twins: same index, same error", check_native_index,
                (kr.KafkaBatchError, CorruptBatchError), index_seeds),

@@ -26,11 +26,14 @@ from kio.serial.errors import SerialError
 
 from stratalog.errors import StratalogError
 from stratalog.kafka.array_bounds import check_array_counts
+from stratalog.kafka.produce_request import MalformedProduceError, decode_produce
+from stratalog.kafka.produce_response import PRODUCE_FIRST_FLEXIBLE_VERSION
 
 #: api_key:i16 api_version:i16 correlation_id:i32: the part of every request header that all
 #: header versions share, read before the API is known.
 HEADER_PREFIX = struct.Struct(">hhi")
 FRAME_SIZE = struct.Struct(">i")
+PRODUCE_KEY = 0
 API_VERSIONS_KEY = 18
 #: The broker's own APIs have keys from here up (stratalog.kafka.staged_commit), far above Kafka's.
 OWN_API_KEYS_FROM = 32_000
@@ -52,7 +55,8 @@ class UnsupportedVersionError(StratalogError):
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One decoded request: its header fields and its body (a kio request dataclass)."""
+    """One decoded request: its header fields and its body (a kio request dataclass; for Produce, a
+    ``produce_request.ProduceBody``)."""
 
     api_key: int
     api_version: int
@@ -87,6 +91,8 @@ def decode_request(frame: bytes | memoryview, supported: Mapping[int, tuple[int,
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     if api_key >= OWN_API_KEYS_FROM:
         return _decode_own(frame, api_key, api_version, correlation_id)
+    if api_key == PRODUCE_KEY:
+        return _decode_produce(frame, api_version, correlation_id)
     schema = load_request_schema(api_key, api_version)
     try:
         header, header_bytes = entity_reader(schema.__header_schema__)(frame, 0)
@@ -104,6 +110,15 @@ def decode_request(frame: bytes | memoryview, supported: Mapping[int, tuple[int,
     # itself is bounded (request_bytes_max) before it is read.
     client_id = cast(str | None, getattr(header, "client_id", None))
     return Request(api_key, api_version, correlation_id, client_id, body, len(frame))
+
+
+def _decode_produce(frame: bytes | memoryview, api_version: int, correlation_id: int) -> Request:
+    """Produce, read without kio (stratalog.kafka.produce_request): the request of every produced batch."""
+    try:
+        client_id, body = decode_produce(frame, api_version >= PRODUCE_FIRST_FLEXIBLE_VERSION)
+    except (MalformedProduceError, UnicodeDecodeError) as e:
+        raise KafkaProtocolError(f"API {PRODUCE_KEY} v{api_version}: malformed request ({e})") from e
+    return Request(PRODUCE_KEY, api_version, correlation_id, client_id, body, len(frame))
 
 
 def _decode_own(frame: bytes | memoryview, api_key: int, api_version: int, correlation_id: int) -> Request:
