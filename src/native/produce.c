@@ -4,7 +4,8 @@
  *
  * Every length is checked against the bytes left before it is used; an array's count is checked
  * against what the bytes left could hold before its tuple is made, so no allocation is larger than a
- * small multiple of the frame. The GIL is held throughout: each field becomes a Python object. */
+ * small multiple of the frame. Records are memoryview slices of the frame, not copies. The GIL is held
+ * throughout: each field becomes a Python object. */
 
 #include "native.h"
 
@@ -23,6 +24,7 @@ typedef struct {
     Py_ssize_t size;
     Py_ssize_t pos;
     int flexible;
+    PyObject *frame; /* a memoryview of the frame: records are slices of it */
 } Reader;
 
 static int malformed(PyObject *message) {
@@ -129,7 +131,15 @@ static PyObject *records(Reader *r) {
     if (take(r, size, "records", &at) < 0) {
         return NULL;
     }
-    return PyBytes_FromStringAndSize((const char *)r->data + at, (Py_ssize_t)size);
+    /* A view of the frame, which keeps the frame alive. */
+    PyObject *start = PyLong_FromSsize_t(at);
+    PyObject *stop = start == NULL ? NULL : PyLong_FromSsize_t(at + (Py_ssize_t)size);
+    PyObject *slice = stop == NULL ? NULL : PySlice_New(start, stop, NULL);
+    PyObject *out = slice == NULL ? NULL : PyObject_GetItem(r->frame, slice);
+    Py_XDECREF(start);
+    Py_XDECREF(stop);
+    Py_XDECREF(slice);
+    return out;
 }
 
 static int count(Reader *r, const char *what, long long element_bytes_min, Py_ssize_t *out) {
@@ -279,12 +289,18 @@ PyObject *native_decode_produce(PyObject *module, PyObject *const *args, Py_ssiz
     if (flexible < 0) {
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+    PyObject *frame = PyMemoryView_FromObject(args[0]);
+    if (frame == NULL) {
         return NULL;
     }
-    Reader r = {(const uint8_t *)view.buf, view.len, 0, flexible};
+    Py_buffer *view = PyMemoryView_GET_BUFFER(frame);
+    if (!PyBuffer_IsContiguous(view, 'C') || view->itemsize != 1) {
+        Py_DECREF(frame);
+        PyErr_SetString(PyExc_TypeError, "decode_produce: the frame must be contiguous bytes");
+        return NULL;
+    }
+    Reader r = {(const uint8_t *)view->buf, view->len, 0, flexible, frame};
     PyObject *out = decode(&r);
-    PyBuffer_Release(&view);
+    Py_DECREF(frame);
     return out;
 }

@@ -134,7 +134,7 @@ class _RefusedError(Exception):
         self.message = message
 
 
-def _append(broker: Broker, session: Session, topic_name: str, index: int, records: bytes | None,
+def _append(broker: Broker, session: Session, topic_name: str, index: int, records: memoryview | None,
             response: ProducePartitionResult) -> tuple[asyncio.Future[int], Any] | None:
     """Check and append one partition's batch; fill ``response`` with an error, or return the future of
     the batch's base offset and its stream."""
@@ -147,7 +147,7 @@ def _append(broker: Broker, session: Session, topic_name: str, index: int, recor
 
 
 def _check_and_append(broker: Broker, session: Session, topic_name: str, index: int,
-                      records: bytes | None) -> tuple[asyncio.Future[int], Any]:
+                      records: memoryview | None) -> tuple[asyncio.Future[int], Any]:
     validate = broker.config.validate_records
     topic = broker.topics.get(topic_name)
     if topic is None and session.may_create_topic(topic_name):
@@ -156,7 +156,7 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
     if stream is None or topic is None:
         raise _RefusedError(ErrorCode(broker.partition_error(topic_name, index)))
     limit = min(int(config_value(topic.configs, "max.message.bytes")), broker.config.message_bytes_max)
-    view = memoryview(records or b"")
+    view = records if records is not None else memoryview(b"")
     try:
         header = check_batch(view, 0, batch_bytes_max=limit)
     except KafkaBatchError as e:

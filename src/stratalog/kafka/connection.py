@@ -64,7 +64,8 @@ class FrameReader:
                 raise KafkaProtocolError(f"the peer closed the connection inside a request "
                                          f"({len(buf) - pos - FRAME_SIZE.size} of {size} bytes)")
             return None
-        frame = bytes(buf[pos + FRAME_SIZE.size:end])
+        with memoryview(buf) as whole:   # one copy (a slice of the bytearray would be a second)
+            frame = bytes(whole[pos + FRAME_SIZE.size:end])
         self._pos = end
         if end == len(buf):
             buf.clear()
