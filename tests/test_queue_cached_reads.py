@@ -8,19 +8,23 @@ the crc32c package."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import crc32c
+import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from stratalog.native import native_crc
 from stratalog.queues.format import page_crcs
-from stratalog.queues.objects import read_messages_cached, read_run_cached
+from stratalog.queues.objects import read_messages_cached, read_random_cached, read_run_cached
 
 Outcome = tuple[str, object]
 _files = itertools.count()
@@ -149,3 +153,133 @@ def test_a_function_that_is_not_crc32c_is_refused() -> None:
     with pytest.raises(ValueError, match="does not compute CRC32C"):
         native_crc._use_crc32c(ctypes.cast(constant, ctypes.c_void_p).value)
     assert native_crc.crc32c(b"123456789") == 0xE3069283   # the library handed over before is kept
+
+
+# A random get's whole part in the objects: read_random_cached ---------------------------------------------
+
+
+def message_of(stream: int, offset: int) -> bytes:
+    return b"%d:%d|" % (stream, offset) + b"m" * ((stream * 7 + offset) % 90)
+
+
+@dataclass
+class Objects:
+    """Run objects written to files, and the RunIndex's flat matrices over them."""
+
+    ends: memoryview
+    positions: memoryview
+    capacity: int
+    args: tuple[tuple[int, int, Any, str], ...]
+    totals: list[int]        # each stream's messages in all
+    fds: list[int]
+
+
+def write_objects(place: Path, counts: list[list[int]], spare: int) -> Objects:
+    """Objects holding ``counts[k][s]`` messages of stream s in object k (offsets go on from object to
+    object), with ``spare`` unused columns in the matrices."""
+    streams = max((len(c) for c in counts), default=0)
+    capacity = len(counts) + spare
+    ends = np.zeros((streams, capacity), np.uint32)
+    positions = np.zeros((streams + 1, capacity), np.uint32)
+    totals = [0] * streams
+    args, fds = [], []
+    for k, per_stream in enumerate(counts):
+        runs = b""
+        for s in range(streams):
+            positions[s, k] = len(runs)
+            n = per_stream[s] if s < len(per_stream) else 0
+            runs += run_bytes([message_of(s, totals[s] + i) for i in range(n)]) if n else b""
+            totals[s] += n
+            ends[s, k] = totals[s]
+        positions[streams, k] = len(runs)
+        path = place / f"object-{next(_files)}"
+        path.write_bytes(runs)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        path.unlink()   # open: read until closed
+        fds.append(fd)
+        args.append((fd, len(runs), page_crcs(runs), path.name))
+    flat = [m.reshape(-1).data.cast("B").cast("I") for m in (ends, positions)]
+    return Objects(flat[0], flat[1], capacity, tuple(args), totals, fds)
+
+
+def same_random_read(objects: Objects, stream_id: int, pos: int, stop: int,
+                     args: tuple[tuple[int, int, Any, str], ...] | None = None) -> Outcome:
+    call = (objects.ends, objects.positions, objects.capacity, objects.args if args is None else args, stream_id,
+            pos, stop)
+    twin = outcome(read_random_cached, *call)
+    assert native_crc is not None
+    assert outcome(native_crc.read_random_cached, *call) == twin, (stream_id, pos, stop)
+    return twin
+
+
+COUNTS = st.lists(st.lists(st.integers(0, 120), max_size=6), max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts=COUNTS, spare=st.integers(0, 3), data=st.data())
+def test_random_gets_across_objects_read_alike_and_right(place: Path, counts: list[list[int]], spare: int,
+                                                         data: st.DataObject) -> None:
+    objects = write_objects(place, counts, spare)
+    try:
+        stream_id = data.draw(st.integers(0, len(objects.totals) + 1))
+        pos = data.draw(st.integers(0, 400))
+        stop = data.draw(st.integers(pos, 420))
+        got = same_random_read(objects, stream_id, pos, stop)
+        total = objects.totals[stream_id] if stream_id < len(objects.totals) else 0
+        reached = max(pos, min(stop, total))
+        assert got[0] == "returned"
+        messages, at, reads, read_bytes = got[1]   # type: ignore[misc]
+        # Every run was just written: the page cache holds it, so the get reads all it can.
+        assert (messages, at) == ([message_of(stream_id, o) for o in range(pos, reached)], reached)
+        assert (reads == 0) == (reached == pos) and (read_bytes == 0) == (reads == 0)
+    finally:
+        for fd in objects.fds:
+            os.close(fd)
+
+
+def test_a_get_stops_at_an_object_without_a_local_file_and_at_pages_not_cached(place: Path) -> None:
+    objects = write_objects(place, [[30, 5], [30, 5], [30, 5]], 1)
+    try:
+        # Object 1 has no local file: the get stops where its run begins.
+        remote = (objects.args[0], (-1, *objects.args[1][1:]), objects.args[2])
+        got = same_random_read(objects, 0, 10, 80, remote)
+        assert got == ("returned", ([message_of(0, o) for o in range(10, 30)], 30, 1, objects.args[0][1]))
+        # Object 0's pages dropped from the page cache: nothing read, the get stays where it began.
+        fd = objects.fds[0]
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        got = same_random_read(objects, 0, 10, 80)
+        assert got[0] == "returned" and got[1][1] in (10, 80)   # type: ignore[index]
+    finally:
+        for fd in objects.fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("damage", ["capacity", "positions", "offsets", "falling ends", "flip"])
+def test_matrices_that_do_not_fit_and_damaged_runs_fail_alike(place: Path, damage: str) -> None:
+    objects = write_objects(place, [[40, 3], [40, 3]], 0)
+    try:
+        if damage == "capacity":
+            got = same_random_read(dataclasses.replace(objects, capacity=1), 0, 0, 10)
+            assert got[0] == "ValueError" and "do not fit together" in str(got[1])
+        elif damage == "positions":
+            short = dataclasses.replace(objects, positions=objects.positions[:-1])
+            assert same_random_read(short, 0, 0, 10)[0] == "ValueError"
+        elif damage == "offsets":
+            assert same_random_read(objects, 0, 10, 5)[0] == "ValueError"
+        elif damage == "falling ends":
+            ends = np.frombuffer(objects.ends, np.uint32).copy()
+            ends[0], ends[1] = 60, 10   # stream 0: 60 after object 0, then 10
+            flat = ends.data.cast("B").cast("I")
+            # Offset 5 is then in object 0's run, which is said to hold 60 messages (it holds 40).
+            got = same_random_read(dataclasses.replace(objects, ends=flat), 0, 5, 50)
+            assert got[0] == "CorruptBulkError" and "message ends do not match" in str(got[1])
+        else:
+            fd, runs_bytes, pages, key = objects.args[0]
+            damaged = pages.copy()
+            damaged[0] ^= 1
+            got = same_random_read(objects, 0, 0, 10, ((fd, runs_bytes, damaged, key), objects.args[1]))
+            assert got[0] == "CorruptBulkError" and "failed its CRC" in str(got[1])
+    finally:
+        for fd in objects.fds:
+            os.close(fd)
+

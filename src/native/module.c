@@ -76,6 +76,11 @@ static PyMethodDef native_methods[] = {
      "The run at bytes start .. end of a run object, read from the page cache with its pages checked and\n"
      "its frame checked, and the bytes read; None where the page cache does not hold them. As\n"
      "stratalog.queues.objects.read_run_cached, its Python twin."},
+    {"read_random_cached", (PyCFunction)(void (*)(void))native_read_random_cached, METH_FASTCALL,
+     "read_random_cached(ends, positions, capacity, objects, stream_id, pos, stop)\n"
+     "    -> (list[bytes], int, int, int)\n\n"
+     "A random get's part in the objects as far as the page cache serves it: the messages, where they stop,\n"
+     "the reads and the bytes read. As stratalog.queues.objects.read_random_cached, its Python twin."},
     {"decode_produce", (PyCFunction)(void (*)(void))native_decode_produce, METH_FASTCALL,
      "decode_produce(frame, flexible) -> (client_id, transactional_id, acks, timeout_ms, topics)\n\n"
      "A Produce request frame (v3-v9; flexible: v9) read, topics as ((name, ((index, records), ...)), ...).\n"

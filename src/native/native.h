@@ -34,6 +34,7 @@ PyObject *native_use_crc32c(PyObject *module, PyObject *arg);
 PyObject *native_crc32c_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_read_messages_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_read_run_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_read_random_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_decode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -191,6 +191,19 @@ static PyObject *take_messages(const RunArgs *run, const uint8_t *raw, void *con
                         run->stream_id);
 }
 
+/* Messages wanted->first .. wanted->stop - 1 of the run `run` describes, from the page cache: as
+ * read_messages_cached, its bounds checked first. */
+static PyObject *read_messages(const RunArgs *run, Wanted *wanted) {
+    if (!(0 <= run->start && run->start <= run->end && run->end <= run->runs_bytes && 0 <= wanted->first &&
+          wanted->first <= wanted->stop && wanted->stop <= run->count && run->count <= UINT32_MAX && run->fd >= 0 &&
+          run->fd <= INT32_MAX)) {
+        PyErr_Format(PyExc_ValueError, "a run at bytes %lld .. %lld of %lld, messages %lld .. %lld of %lld: "
+                     "out of bounds", run->start, run->end, run->runs_bytes, wanted->first, wanted->stop, run->count);
+        return NULL;
+    }
+    return read_run(run, take_messages, wanted);
+}
+
 /* read_messages_cached(fd, runs_bytes, pages, key, start, end, count, stream_id, first, stop)
  *     -> (list[bytes], bytes read) | None */
 PyObject *native_read_messages_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -205,14 +218,7 @@ PyObject *native_read_messages_cached(PyObject *module, PyObject *const *args, P
         as_long_long(args[9], "stop", &wanted.stop) < 0) {
         return NULL;
     }
-    if (!(0 <= run.start && run.start <= run.end && run.end <= run.runs_bytes && 0 <= wanted.first &&
-          wanted.first <= wanted.stop && wanted.stop <= run.count && run.count <= UINT32_MAX && run.fd >= 0 &&
-          run.fd <= INT32_MAX)) {
-        PyErr_Format(PyExc_ValueError, "a run at bytes %lld .. %lld of %lld, messages %lld .. %lld of %lld: "
-                     "out of bounds", run.start, run.end, run.runs_bytes, wanted.first, wanted.stop, run.count);
-        return NULL;
-    }
-    return read_run(&run, take_messages, &wanted);
+    return read_messages(&run, &wanted);
 }
 
 static PyObject *take_run(const RunArgs *run, const uint8_t *raw, void *context) {
@@ -242,4 +248,154 @@ PyObject *native_read_run_cached(PyObject *module, PyObject *const *args, Py_ssi
         return NULL;
     }
     return read_run(&run, take_run, NULL);
+}
+
+/* A u32 of a matrix (native order, as the index's arrays). */
+static long long u32_of(const Py_buffer *matrix, long long i) {
+    uint32_t value;
+    memcpy(&value, (const uint8_t *)matrix->buf + 4 * i, 4);
+    return value;
+}
+
+/* The run of object k (its read arguments `object`, a tuple (fd, runs_bytes, pages, key), fd already in
+ * `run`) read for messages first .. stop - 1: as read_messages_cached; `run` has start, end, count and
+ * stream_id set. */
+static PyObject *read_object_run(PyObject *object, RunArgs *run, Wanted *wanted) {
+    if (as_long_long(PyTuple_GET_ITEM(object, 1), "runs_bytes", &run->runs_bytes) < 0) {
+        return NULL;
+    }
+    run->pages = PyTuple_GET_ITEM(object, 2);
+    run->key = PyTuple_GET_ITEM(object, 3);
+    if (!PyUnicode_Check(run->key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be a str");
+        return NULL;
+    }
+    return read_messages(run, wanted);
+}
+
+typedef struct {
+    Py_buffer ends, positions;
+    long long capacity, stream_id, pos, stop;
+    PyObject *objects;
+} RandomArgs;
+
+/* The loop of read_random_cached over one stream's row, from `pos`: appends to `out`, counts into
+ * reads/read_bytes, moves *pos. 0, or -1 with an error set. */
+static int read_row(RandomArgs *a, PyObject *out, long long *reads, long long *read_bytes) {
+    Py_ssize_t count = PyTuple_GET_SIZE(a->objects);
+    long long at = a->stream_id * a->capacity;
+    long long k = 0, lo = 0, hi = count; /* bisect_right over the row's ends */
+    while (lo < hi) {
+        long long mid = lo + (hi - lo) / 2;
+        if (a->pos < u32_of(&a->ends, at + mid)) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    k = lo;
+    long long start = k ? u32_of(&a->ends, at + k - 1) : 0;
+    while (a->pos < a->stop && k < count) {
+        long long end = u32_of(&a->ends, at + k);
+        if (end > start) {
+            PyObject *object = PyTuple_GET_ITEM(a->objects, k);
+            RunArgs run;
+            if (!PyTuple_Check(object) || PyTuple_GET_SIZE(object) != 4) {
+                PyErr_SetString(PyExc_TypeError, "an object's read arguments are (fd, runs_bytes, pages, key)");
+                return -1;
+            }
+            if (as_long_long(PyTuple_GET_ITEM(object, 0), "fd", &run.fd) < 0) {
+                return -1;
+            }
+            if (run.fd < 0) {
+                break; /* no local file: its runs come through the object store */
+            }
+            long long upto = a->stop < end ? a->stop : end;
+            run.start = u32_of(&a->positions, at + k);
+            run.end = u32_of(&a->positions, at + a->capacity + k);
+            run.count = end - start;
+            run.stream_id = a->stream_id;
+            Wanted wanted = {a->pos - start, upto - start};
+            PyObject *got = read_object_run(object, &run, &wanted);
+            if (got == NULL) {
+                return -1;
+            }
+            if (got == Py_None) {
+                Py_DECREF(got);
+                break; /* not in the page cache: the caller waits for it */
+            }
+            PyObject *messages = PyTuple_GET_ITEM(got, 0);
+            long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(got, 1));
+            Py_ssize_t n = PyList_GET_SIZE(out);
+            int failed = PyList_SetSlice(out, n, n, messages) < 0;
+            Py_DECREF(got);
+            if (failed) {
+                return -1;
+            }
+            *reads += 1;
+            *read_bytes += size;
+            a->pos = upto;
+        }
+        start = end;
+        k++;
+    }
+    return 0;
+}
+
+/* read_random_cached(ends, positions, capacity, objects, stream_id, pos, stop)
+ *     -> (list[bytes], pos reached, reads, bytes read) */
+PyObject *native_read_random_cached(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "read_random_cached takes 7 arguments, not %zd", nargs);
+        return NULL;
+    }
+    if (native_crc32c == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "no CRC32C library is loaded (stratalog.native)");
+        return NULL;
+    }
+    RandomArgs a;
+    if (!PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "objects must be a tuple");
+        return NULL;
+    }
+    a.objects = args[3];
+    if (as_long_long(args[2], "capacity", &a.capacity) < 0 || as_long_long(args[4], "stream_id", &a.stream_id) < 0 ||
+        as_long_long(args[5], "pos", &a.pos) < 0 || as_long_long(args[6], "stop", &a.stop) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &a.ends, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &a.positions, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&a.ends);
+        return NULL;
+    }
+    long long count = PyTuple_GET_SIZE(a.objects);
+    long long ends_count = a.ends.len / 4, positions_count = a.positions.len / 4;
+    PyObject *out = NULL, *result = NULL;
+    long long reads = 0, read_bytes = 0;
+    if (!(0 <= count && count <= a.capacity && 0 <= a.pos && a.pos <= a.stop && a.stream_id >= 0 &&
+          a.ends.len % 4 == 0 && a.positions.len % 4 == 0 && ends_count % (a.capacity > 1 ? a.capacity : 1) == 0 &&
+          positions_count == ends_count + a.capacity)) {
+        PyErr_Format(PyExc_ValueError, "%lld objects, capacity %lld, matrices of %lld and %lld, stream %lld, offsets "
+                     "%lld .. %lld: they do not fit together", count, a.capacity, ends_count, positions_count,
+                     a.stream_id, a.pos, a.stop);
+        goto done;
+    }
+    out = PyList_New(0);
+    if (out == NULL) {
+        goto done;
+    }
+    /* Rows beyond the matrices have no runs: nothing read. Within, every index read is below
+     * (stream_id + 1) * capacity + count <= positions_count (checked above). */
+    if (count > 0 && a.stream_id < ends_count / a.capacity && read_row(&a, out, &reads, &read_bytes) < 0) {
+        goto done;
+    }
+    result = Py_BuildValue("(OLLL)", out, a.pos, reads, read_bytes);
+done:
+    Py_XDECREF(out);
+    PyBuffer_Release(&a.ends);
+    PyBuffer_Release(&a.positions);
+    return result;
 }

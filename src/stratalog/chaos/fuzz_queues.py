@@ -18,6 +18,7 @@ cut short, any bounds; the same messages (the same run) or the same error.
 
 from __future__ import annotations
 
+import array
 import os
 import tempfile
 from typing import Any
@@ -36,7 +37,7 @@ from stratalog.queues.manifest import (
     encode_manifest,
 )
 from stratalog.queues.names import NameIndex
-from stratalog.queues.objects import read_messages_cached, read_run_cached
+from stratalog.queues.objects import read_messages_cached, read_random_cached, read_run_cached
 from stratalog.wal.format import crc32c
 
 RESEAL = 0x01
@@ -180,8 +181,9 @@ _run_file: list[int] = []
 
 
 def check_native_run_read(data: bytes) -> None:
-    """The compiled cached read of a run against its twin. The runs go to a file (its pages then in the
-    page cache, which the read takes from); without the compiled core only the twin runs."""
+    """The compiled cached reads of a run against their twins: a random get's cut of it, a sequential get's
+    whole run, and a random get through a RunIndex whose one object holds it. The runs go to a file (its
+    pages then in the page cache, which the read takes from); without the compiled core only the twin runs."""
     reader = Reader(data)
     start = reader.uint(2)
     end = start + reader.uint(2) - 8
@@ -212,6 +214,14 @@ def check_native_run_read(data: bytes) -> None:
     if native_crc is not None:
         compiled = outcome(native_crc.read_run_cached, args[:8])
         check(compiled == python, f"the compiled read of the run gave {compiled}, its Python twin {python}")
+    # The same run as the one object of a RunIndex of one stream: a random get's whole read.
+    matrix = (memoryview(array.array("I", [count])), memoryview(array.array("I", [start & 0xFFFF_FFFF,
+                                                                                 end & 0xFFFF_FFFF])))
+    random_args = (*matrix, 1, ((fd, len(runs), pages, KEY),), 0, first, stop)
+    python = outcome(read_random_cached, random_args)
+    if native_crc is not None:
+        compiled = outcome(native_crc.read_random_cached, random_args)
+        check(compiled == python, f"the compiled random get gave {compiled}, its Python twin {python}")
 
 
 def _open_run_file() -> int:

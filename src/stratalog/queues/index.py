@@ -38,10 +38,10 @@ class RunIndex:
     positions: U32s          # [rows + 1, capacity]
     objects: int             # columns in use
     stream_counts: tuple[int, ...]   # streams each object covers
-    # The matrices as flat views of native u32, for :meth:`row`: a slice of a view and its ``tolist``
-    # cost a third of NumPy's 2-D slicing for a row of a few objects.
-    _ends_flat: memoryview = field(init=False, repr=False, compare=False)
-    _positions_flat: memoryview = field(init=False, repr=False, compare=False)
+    # The matrices as flat views of native u32, for :meth:`row` (a slice of a view and its ``tolist``
+    # cost a third of NumPy's 2-D slicing for a row of a few objects) and a random get's compiled read.
+    ends_flat: memoryview = field(init=False, repr=False, compare=False)
+    positions_flat: memoryview = field(init=False, repr=False, compare=False)
     #: Columns the matrices have room for: a stream's run in object k stops at ``positions[capacity + k]``
     #: of its :meth:`row`. (Plain ints, as ``rows``: NumPy's ``shape`` costs a reader a tuple per look.)
     capacity: int = field(init=False, repr=False, compare=False)
@@ -50,8 +50,8 @@ class RunIndex:
     def __post_init__(self) -> None:
         # Views, not copies: a new object's column is written in place (see with_object).
         invariant(self.ends.flags.c_contiguous and self.positions.flags.c_contiguous, "the matrices are C-contiguous")
-        object.__setattr__(self, "_ends_flat", self.ends.reshape(-1).data.cast("B").cast("I"))
-        object.__setattr__(self, "_positions_flat", self.positions.reshape(-1).data.cast("B").cast("I"))
+        object.__setattr__(self, "ends_flat", self.ends.reshape(-1).data.cast("B").cast("I"))
+        object.__setattr__(self, "positions_flat", self.positions.reshape(-1).data.cast("B").cast("I"))
         object.__setattr__(self, "capacity", int(self.ends.shape[1]))
         object.__setattr__(self, "rows", int(self.ends.shape[0]))
 
@@ -122,10 +122,16 @@ class RunIndex:
         k = self.objects
         capacity = self.capacity
         if stream_id >= self.rows:
-            last = self._positions_flat[len(self._positions_flat) - capacity:].tolist()
+            last = self.positions_flat[len(self.positions_flat) - capacity:].tolist()
             return [0] * k, memoryview(array.array("I", last + last))
         at = stream_id * capacity
-        return self._ends_flat[at:at + k].tolist(), self._positions_flat[at:at + capacity + k]
+        return self.ends_flat[at:at + k].tolist(), self.positions_flat[at:at + capacity + k]
+
+    def end_of(self, stream_id: int) -> int:
+        """Stream ``stream_id``'s end offset after the last object (0 with no objects or past the rows)."""
+        if stream_id >= self.rows or not self.objects:
+            return 0
+        return int(self.ends_flat[stream_id * self.capacity + self.objects - 1])
 
     def lookup(self, stream_id: int) -> tuple[list[int], list[int], list[int]]:
         """Stream ``stream_id``'s end offset after each object, and where its run starts and stops in each."""

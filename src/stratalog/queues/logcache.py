@@ -25,7 +25,7 @@ from stratalog.queues.config import QueueConfig
 from stratalog.queues.errors import PutBackpressureError
 from stratalog.queues.format import Ids, U32s
 from stratalog.queues.index import RunIndex, TailIndex
-from stratalog.queues.objects import RunObject
+from stratalog.queues.objects import ReadArgs, RunObject
 
 
 @dataclass(slots=True, eq=False)
@@ -77,10 +77,20 @@ class View:
     objects: tuple[RunObject, ...]
     records: tuple[CachedRecord, ...]
     index: RunIndex
+    #: What a random get reads each object with (``RunObject.read_args``, in the objects' order): made
+    #: with the objects (:meth:`of`), kept as records come (:meth:`with_records`).
+    read_args: tuple[ReadArgs, ...] = ()
+
+    @classmethod
+    def of(cls, objects: tuple[RunObject, ...], records: tuple[CachedRecord, ...], index: RunIndex) -> View:
+        return cls(objects, records, index, tuple(o.read_args for o in objects))
 
     @classmethod
     def empty(cls) -> View:
         return cls((), (), RunIndex.empty())
+
+    def with_records(self, records: tuple[CachedRecord, ...]) -> View:
+        return View(self.objects, records, self.index, self.read_args)
 
 
 class LogCache:
@@ -143,7 +153,7 @@ class LogCache:
         """Publish a record the WAL took: readers see it from now on."""
         with self.lock:
             view = self.view
-            self.view = View(view.objects, (*view.records, record), view.index)
+            self.view = view.with_records((*view.records, record))
             self.cache_bytes += record.cache_bytes
 
     # Uploads and merges ----------------------------------------------------------------------------
@@ -154,7 +164,8 @@ class LogCache:
         with self.lock:
             view = self.view
             invariant(view.records[:len(taken)] == tuple(taken), "uploads take a prefix of the log cache")
-            self.view = View((*view.objects, obj), view.records[len(taken):], view.index.with_object(ends, positions))
+            self.view = View.of((*view.objects, obj), view.records[len(taken):],
+                                view.index.with_object(ends, positions))
             self.cache_bytes -= sum(r.cache_bytes for r in taken)
             # The tail index holds the uploaded records (their messages): let them go, and keep the rest
             # indexed (readers of the log cache's rest need no rebuild).
@@ -169,14 +180,14 @@ class LogCache:
         with self.lock:
             view = self.view
             invariant(view.objects[first:stop] == replaced, "only a merge removes objects from the view")
-            self.view = View((*view.objects[:first], *merged, *view.objects[stop:]), view.records,
+            self.view = View.of((*view.objects[:first], *merged, *view.objects[stop:]), view.records,
                              view.index.with_merged(first, stop, columns))
 
     def set_objects(self, objects: tuple[RunObject, ...], index: RunIndex) -> None:
         """The objects an open found, before any record (recovery)."""
         with self.lock:
             invariant(not self.view.records, "objects are set before the log cache holds records")
-            self.view = View(objects, (), index)
+            self.view = View.of(objects, (), index)
 
     def wake_all(self) -> None:
         with self.lock:

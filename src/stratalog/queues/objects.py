@@ -11,6 +11,7 @@ store) only when the page cache does not hold the pages.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,9 @@ from stratalog.queues.format import (
 )
 from stratalog.wal.format import crc32c
 
+#: What a random get needs of one object to read from it: ``(fd or -1, runs_bytes, pages, key)`` (-1: no
+#: local file; its runs come through the object store).
+ReadArgs = tuple[int, int, U32s, str]
 #: Every queue object's key starts so (an upload's and a merge's).
 QUEUE_PREFIX = "queues/"
 
@@ -124,6 +128,11 @@ class RunObject:
         frame_run(raw, count, self.key, stream_id)
         return raw, hi - lo
 
+    @property
+    def read_args(self) -> ReadArgs:
+        """What :func:`read_random_cached` reads this object with."""
+        return (-1 if self.reader is None else self.reader.random_fd, self.runs_bytes, self.pages, self.key)
+
     def read(self, store: ObjectStore, start: int, end: int, random_access: bool = False) -> bytes:
         if self.reader is None:
             return store.get(self.key, start, end)
@@ -140,19 +149,6 @@ class RunObject:
         if reader is None:
             return None
         return _read_run_cached(reader.fd, self.runs_bytes, self.pages, self.key, start, end, count, stream_id)
-
-    def read_messages_cached(self, start: int, end: int, count: int, stream_id: int, first: int,
-                             stop: int) -> tuple[list[bytes], int] | None:
-        """Messages ``first .. stop - 1`` of the run at bytes ``start .. end`` (``count`` messages of
-        ``stream_id``), and the bytes of pages read, if the page cache holds its pages; None if the read
-        would wait for the disk (or the object is not local). A random reader's path: the pages are checked
-        and the messages cut out where they were read, with no copy of the run (it is not kept). One
-        compiled call where the core is built (:func:`read_messages_cached` is its twin)."""
-        reader = self.reader
-        if reader is None:
-            return None
-        return _read_messages_cached(reader.random_fd, self.runs_bytes, self.pages, self.key, start, end, count,
-                                     stream_id, first, stop)
 
     def read_run(self, store: ObjectStore, start: int, end: int, count: int, stream_id: int,
                  random_access: bool) -> tuple[bytes, int]:
@@ -214,9 +210,52 @@ def read_run_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start: int,
     return raw, hi - lo
 
 
+def read_random_cached(ends: memoryview, positions: memoryview, capacity: int, objects: tuple[ReadArgs, ...],
+                       stream_id: int, pos: int, stop: int) -> tuple[list[bytes], int, int, int]:
+    """A random get's part in the objects, as far as the page cache serves it: messages ``pos .. stop - 1``
+    of stream ``stream_id`` from the runs of ``objects`` (column k of the RunIndex is ``objects[k]``; its
+    flat matrices ``ends``, ``[rows, capacity]``, and ``positions``, ``[rows + 1, capacity]``). Returns the
+    messages, where they stop (``pos`` where nothing was read: the offsets from there are past the objects,
+    or in a run the page cache does not hold, or in an object without a local file), and the reads and
+    bytes of pages read. Raises as :func:`read_messages_cached`, and ValueError for matrices or arguments
+    that do not fit together. The twin of ``stratalog._native.read_random_cached``."""
+    count = len(objects)
+    if not (0 <= count <= capacity and 0 <= pos <= stop and stream_id >= 0 and len(ends) % max(capacity, 1) == 0
+            and len(positions) == len(ends) + capacity):
+        raise ValueError(f"{count} objects, capacity {capacity}, matrices of {len(ends)} and {len(positions)}, "
+                         f"stream {stream_id}, offsets {pos} .. {stop}: they do not fit together")
+    out: list[bytes] = []
+    reads = read_bytes = 0
+    if count == 0 or stream_id >= len(ends) // capacity:
+        return out, pos, reads, read_bytes
+    at = stream_id * capacity
+    row = ends[at:at + count].tolist()
+    k = bisect.bisect_right(row, pos)
+    start = row[k - 1] if k else 0
+    while pos < stop and k < count:
+        end = row[k]
+        if end > start:
+            fd, runs_bytes, pages, key = objects[k]
+            if fd < 0:
+                break
+            upto = min(stop, end)
+            cut = read_messages_cached(fd, runs_bytes, pages, key, positions[at + k], positions[at + capacity + k],
+                                       end - start, stream_id, pos - start, upto - start)
+            if cut is None:
+                break
+            out += cut[0]
+            reads += 1
+            read_bytes += cut[1]
+            pos = upto
+        start = end
+        k += 1
+    return out, pos, reads, read_bytes
+
+
 #: The compiled reads where the core is built with its CRC32C, else the twins above.
-_read_messages_cached = native_crc.read_messages_cached if native_crc is not None else read_messages_cached
 _read_run_cached = native_crc.read_run_cached if native_crc is not None else read_run_cached
+#: A random get's part in the objects (:func:`read_random_cached`), compiled where the core is built.
+read_random_get = native_crc.read_random_cached if native_crc is not None else read_random_cached
 
 
 def _one_chunk(held: list[Any]) -> int:

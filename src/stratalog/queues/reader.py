@@ -22,7 +22,7 @@ from stratalog.queues.errors import check_name
 from stratalog.queues.format import run_messages
 from stratalog.queues.lifecycle import Lifecycle
 from stratalog.queues.logcache import LogCache
-from stratalog.queues.objects import RunObject
+from stratalog.queues.objects import RunObject, read_random_get
 from stratalog.queues.pending import PendingPuts
 from stratalog.queues.writer import Writer
 
@@ -98,7 +98,16 @@ class Reader:
         out: list[bytes] = []
         stop = offset + num
         pos = offset
-        if index.objects:
+        if index.objects and not sequential:
+            # A random reader (an index check): as far as the page cache serves it, one call, its messages
+            # straight from the pages read; the rest as a sequential reader's, below.
+            out, pos, reads, read_bytes = read_random_get(index.ends_flat, index.positions_flat, index.capacity,
+                                                          view.read_args, stream_id, pos, stop)
+            if reads:
+                with self._counts_lock:
+                    self.object_reads += reads
+                    self.object_read_bytes += read_bytes
+        if index.objects and pos < stop and (sequential or pos < index.end_of(stream_id)):
             ends, positions = index.row(stream_id)
             if pos < ends[-1]:
                 k = bisect.bisect_right(ends, pos)
@@ -119,18 +128,6 @@ class Reader:
                     if end > start:
                         obj = objects[k]
                         upto = min(stop, end)
-                        if not sequential:
-                            # A random reader (an index check): its messages straight from the pages read.
-                            cut = obj.read_messages_cached(positions[k], positions[capacity + k], end - start,
-                                                           stream_id, pos - start, upto - start)
-                            if cut is not None:
-                                out += cut[0]
-                                reads += 1
-                                read_bytes += cut[1]
-                                pos = upto
-                                start = end
-                                k += 1
-                                continue
                         cached = runs.get((obj.object_id, stream_id)) if sequential and runs.size else None
                         if cached is not None:
                             raw = cached
