@@ -172,6 +172,15 @@ static int tagged_fields(Reader *r, const char *what) {
     return 0;
 }
 
+/* (first, second), a new reference; takes both references (released also where either is NULL or the
+ * tuple cannot be made). */
+static PyObject *pair_of(PyObject *first, PyObject *second) {
+    PyObject *out = first != NULL && second != NULL ? PyTuple_Pack(2, first, second) : NULL;
+    Py_XDECREF(first);
+    Py_XDECREF(second);
+    return out;
+}
+
 /* One partition: (index, records or None), a new reference. */
 static PyObject *partition(Reader *r) {
     long long index;
@@ -179,58 +188,36 @@ static PyObject *partition(Reader *r) {
         return NULL;
     }
     PyObject *batch = records(r);
-    if (batch == NULL) {
-        return NULL;
+    if (batch != NULL && r->flexible && tagged_fields(r, "partition's tagged fields") < 0) {
+        Py_CLEAR(batch);
     }
-    if (r->flexible && tagged_fields(r, "partition's tagged fields") < 0) {
-        Py_DECREF(batch);
-        return NULL;
-    }
-    PyObject *index_object = PyLong_FromLongLong(index);
-    if (index_object == NULL) {
-        Py_DECREF(batch);
-        return NULL;
-    }
-    PyObject *out = PyTuple_Pack(2, index_object, batch);
-    Py_DECREF(index_object);
-    Py_DECREF(batch);
-    return out;
+    return batch == NULL ? NULL : pair_of(PyLong_FromLongLong(index), batch);
 }
 
 /* One topic: (name, ((index, records), ...)), a new reference. */
 static PyObject *topic(Reader *r) {
     Py_ssize_t n;
-    PyObject *name = string(r, "topic name", 0, r->flexible);
-    if (name == NULL) {
-        return NULL;
-    }
-    if (count(r, "partitions", r->flexible ? PARTITION_BYTES_MIN_FLEXIBLE : PARTITION_BYTES_MIN, &n) < 0) {
-        Py_DECREF(name);
-        return NULL;
-    }
-    PyObject *partitions = PyTuple_New(n);
-    if (partitions == NULL) {
-        Py_DECREF(name);
-        return NULL;
+    PyObject *name = string(r, "topic name", 0, r->flexible), *partitions = NULL;
+    if (name == NULL ||
+        count(r, "partitions", r->flexible ? PARTITION_BYTES_MIN_FLEXIBLE : PARTITION_BYTES_MIN, &n) < 0 ||
+        (partitions = PyTuple_New(n)) == NULL) {
+        goto failed;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *one = partition(r);
         if (one == NULL) {
-            Py_DECREF(name);
-            Py_DECREF(partitions);
-            return NULL;
+            goto failed;
         }
         PyTuple_SET_ITEM(partitions, i, one);
     }
     if (r->flexible && tagged_fields(r, "topic's tagged fields") < 0) {
-        Py_DECREF(name);
-        Py_DECREF(partitions);
-        return NULL;
+        goto failed;
     }
-    PyObject *out = PyTuple_Pack(2, name, partitions);
-    Py_DECREF(name);
-    Py_DECREF(partitions);
-    return out;
+    return pair_of(name, partitions);
+failed:
+    Py_XDECREF(name);
+    Py_XDECREF(partitions);
+    return NULL;
 }
 
 static PyObject *topics(Reader *r) {
