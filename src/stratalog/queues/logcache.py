@@ -181,7 +181,7 @@ class LogCache:
             view = self.view
             invariant(view.objects[first:stop] == replaced, "only a merge removes objects from the view")
             self.view = View.of((*view.objects[:first], *merged, *view.objects[stop:]), view.records,
-                             view.index.with_merged(first, stop, columns))
+                                view.index.with_merged(first, stop, columns))
 
     def set_objects(self, objects: tuple[RunObject, ...], index: RunIndex) -> None:
         """The objects an open found, before any record (recovery)."""
