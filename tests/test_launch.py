@@ -72,16 +72,18 @@ def test_a_timed_out_command_is_killed_and_reaped() -> None:
 
 def test_no_child_started_in_the_block_outlives_it() -> None:
     older = subprocess.Popen(["sleep", "3600"])
+    before = set(children())   # with the older one, and whatever else this worker runs
+    started: list[subprocess.Popen[bytes]] = []
     try:
         with no_child_left():
-            running = subprocess.Popen(["sleep", "3600"])
-            exited = subprocess.Popen(["true"])
+            started.append(subprocess.Popen(["sleep", "3600"]))
+            started.append(exited := subprocess.Popen(["true"]))
             wait_until(lambda: _state(exited.pid) == "Z", "the short one exited")
-        assert set(children()) == {older.pid}   # the two started in the block are gone, reaped
-        assert older.poll() is None             # one from before is left alone
-        for process in (running, exited):
-            process.wait()   # reaped already: Popen learns it (its status is lost)
+        assert set(children()) - before == set()   # the two started in the block are gone, reaped
+        assert older.pid in children() and older.poll() is None   # one from before is left alone
     finally:
+        for process in started:
+            process.wait()   # reaped already: Popen learns it (its status is lost)
         older.kill()
         older.wait()
 
