@@ -24,10 +24,12 @@ from conftest import SeaweedS3
 from stratalog.chaos import cluster_process
 from stratalog.chaos.cluster_probe import NONE, PartitionView, list_offsets_error, metadata
 from stratalog.chaos.cluster_process import CLUSTER_TOML, BrokerCluster, S3Endpoint
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.client import KafkaConnection
 from stratalog.kafka.records import HEADER, encode_batch
 
-PRODUCE, FETCH, FIND_COORDINATOR, HEARTBEAT, DELETE_RECORDS = 0, 1, 10, 12, 21
+PRODUCE, FETCH, FIND_COORDINATOR, HEARTBEAT, DELETE_RECORDS = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.FIND_COORDINATOR,
+                                                      ApiKey.HEARTBEAT, ApiKey.DELETE_RECORDS)
 LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR = 5, 6, 16
 
 

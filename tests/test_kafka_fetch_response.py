@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
 from stratalog.invariant import InvariantError
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import encode_response, response_schema
 from stratalog.kafka.fetch_response import (
@@ -21,7 +22,6 @@ from stratalog.kafka.fetch_response import (
     encode_fetch_response,
 )
 
-FETCH_KEY = 1
 VERSIONS = range(FETCH_VERSION_MIN, FETCH_VERSION_MAX + 1)
 I32 = st.integers(-(2**31), 2**31 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -40,7 +40,7 @@ def kio_frame(correlation_id: int, version: int, throttle_time_ms: int, error_co
             "aborted_transactions": None if p.aborted_transactions is None else [
                 {"producer_id": a.producer_id, "first_offset": a.first_offset} for a in p.aborted_transactions],
             "records": b"".join(p.records)} for p in t.partitions]} for t in topics]}
-    return encode_response(correlation_id, build(response_schema(FETCH_KEY, version), values))
+    return encode_response(correlation_id, build(response_schema(ApiKey.FETCH, version), values))
 
 
 def record_pieces() -> st.SearchStrategy[list[bytes | memoryview]]:

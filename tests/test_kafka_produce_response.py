@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
 from stratalog.invariant import InvariantError
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import encode_response, response_schema
 from stratalog.kafka.produce_response import (
@@ -21,7 +22,6 @@ from stratalog.kafka.produce_response import (
     encode_produce_response,
 )
 
-PRODUCE_KEY = 0
 VERSIONS = range(PRODUCE_VERSION_MIN, PRODUCE_VERSION_MAX + 1)
 I32 = st.integers(-(2**31), 2**31 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -40,7 +40,7 @@ def kio_frame(correlation_id: int, version: int, topics: list[ProduceTopicResult
                 p.log_append_time_ms / 1000, tz=datetime.UTC),
             "log_start_offset": p.log_start_offset, "record_errors": [], "error_message": p.error_message,
         } for p in t.partitions]} for t in topics]}
-    return encode_response(correlation_id, build(response_schema(PRODUCE_KEY, version), values))
+    return encode_response(correlation_id, build(response_schema(ApiKey.PRODUCE, version), values))
 
 
 partitions = st.builds(

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import struct
 
+from stratalog.kafka.api_keys import ApiKey
+
 FRAME_SIZE = struct.Struct(">i")
 HEADER_V1 = struct.Struct(">hhi")
 CLIENT_ID = b"abuse"
-API_VERSIONS_KEY, METADATA_KEY, FETCH_KEY = 18, 3, 1
 #: Fetch v4: the oldest the broker serves, and the last without flexible (varint) encoding.
 FETCH_VERSION = 4
 #: Metadata v1: "every topic" is a null array (-1).
@@ -38,12 +39,12 @@ def _string(text: str) -> bytes:
 
 def api_versions_request(correlation_id: int) -> bytes:
     """ApiVersions v0: an empty body."""
-    return frame(_header(API_VERSIONS_KEY, 0, correlation_id))
+    return frame(_header(ApiKey.API_VERSIONS, 0, correlation_id))
 
 
 def metadata_all_request(correlation_id: int) -> bytes:
     """Metadata v1 for every topic (a null topic array)."""
-    return frame(_header(METADATA_KEY, METADATA_VERSION, correlation_id) + FRAME_SIZE.pack(-1))
+    return frame(_header(ApiKey.METADATA, METADATA_VERSION, correlation_id) + FRAME_SIZE.pack(-1))
 
 
 def fetch_request(correlation_id: int, topic: str, offsets: list[int], max_wait_ms: int, min_bytes: int,
@@ -53,7 +54,7 @@ def fetch_request(correlation_id: int, topic: str, offsets: list[int], max_wait_
     body += FRAME_SIZE.pack(1) + _string(topic) + FRAME_SIZE.pack(len(offsets))
     body += b"".join(struct.pack(">iqi", partition, offset, partition_max_bytes)
                      for partition, offset in enumerate(offsets))
-    return frame(_header(FETCH_KEY, FETCH_VERSION, correlation_id) + body)
+    return frame(_header(ApiKey.FETCH, FETCH_VERSION, correlation_id) + body)
 
 
 # Malformed requests: each closes its connection at the broker. -------------------------------------------
@@ -65,19 +66,19 @@ def garbage_frames() -> dict[str, bytes]:
         "negative size": FRAME_SIZE.pack(-1) + b"\0" * 8,
         "shorter than a header": frame(b"\0\0\0"),
         "unknown API key": frame(HEADER_V1.pack(9999, 0, 1) + b"\0\0"),
-        "unsupported version": frame(HEADER_V1.pack(FETCH_KEY, 99, 1) + b"\0\0"),
+        "unsupported version": frame(HEADER_V1.pack(ApiKey.FETCH, 99, 1) + b"\0\0"),
         # Not a body of 0xff bytes: Metadata v1 reads 0xffffffff as "every topic" and ignores the rest.
-        "client_id past the frame": frame(HEADER_V1.pack(METADATA_KEY, METADATA_VERSION, 1) + b"\x7f\xffab"),
+        "client_id past the frame": frame(HEADER_V1.pack(ApiKey.METADATA, METADATA_VERSION, 1) + b"\x7f\xffab"),
         # A topic array claiming 2^31 - 1 entries with none present: the decoder must fail, not allocate.
-        "array claims 2^31 entries": frame(_header(METADATA_KEY, METADATA_VERSION, 1) + FRAME_SIZE.pack(INT32_MAX)),
+        "array claims 2^31 entries": frame(_header(ApiKey.METADATA, METADATA_VERSION, 1) + FRAME_SIZE.pack(INT32_MAX)),
     }
 
 
 def oversize_claim() -> bytes:
     """A frame size of 2 GiB - 1 and the start of a header: refused before a byte of it is kept."""
-    return FRAME_SIZE.pack(CLAIM_BYTES) + _header(METADATA_KEY, METADATA_VERSION, 1)
+    return FRAME_SIZE.pack(CLAIM_BYTES) + _header(ApiKey.METADATA, METADATA_VERSION, 1)
 
 
 def slowloris_head(claim_bytes: int) -> bytes:
     """The start of a frame that claims ``claim_bytes``: its size and half a header. The rest never comes."""
-    return FRAME_SIZE.pack(claim_bytes) + _header(METADATA_KEY, METADATA_VERSION, 1)[:4]
+    return FRAME_SIZE.pack(claim_bytes) + _header(ApiKey.METADATA, METADATA_VERSION, 1)[:4]

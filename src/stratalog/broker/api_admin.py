@@ -19,6 +19,7 @@ from stratalog.broker.topic_configs import (
     effective,
 )
 from stratalog.broker.topics import InvalidTopicError, TopicExistsError, UnknownTopicError, check_topic_name
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 from stratalog.objects.uri import OBJECT_STORE_CONFIG
 
@@ -278,9 +279,9 @@ def _altered_list(configs: dict[str, str], name: str, value: str | None, *, appe
 
 
 APIS = (
-    Api(19, "CreateTopics", 2, 7, create_topics, ordered=True),
-    Api(20, "DeleteTopics", 1, 6, delete_topics, ordered=True),
-    Api(37, "CreatePartitions", 0, 3, create_partitions, ordered=True),
-    Api(32, "DescribeConfigs", 1, 4, describe_configs),
-    Api(44, "IncrementalAlterConfigs", 0, 1, incremental_alter_configs, ordered=True),
+    Api(ApiKey.CREATE_TOPICS, "CreateTopics", 2, 7, create_topics, ordered=True),
+    Api(ApiKey.DELETE_TOPICS, "DeleteTopics", 1, 6, delete_topics, ordered=True),
+    Api(ApiKey.CREATE_PARTITIONS, "CreatePartitions", 0, 3, create_partitions, ordered=True),
+    Api(ApiKey.DESCRIBE_CONFIGS, "DescribeConfigs", 1, 4, describe_configs),
+    Api(ApiKey.INCREMENTAL_ALTER_CONFIGS, "IncrementalAlterConfigs", 0, 1, incremental_alter_configs, ordered=True),
 )

@@ -18,6 +18,7 @@ from stratalog.broker.acls import Operation
 from stratalog.broker.broker import TRANSACTIONS_REFUSED, Api, Broker
 from stratalog.broker.session import Session
 from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name, stream_name
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 
 #: FindCoordinator key types: 0 a consumer group, 1 a transactional id (refused: no transactions).
@@ -169,8 +170,8 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
 
 
 APIS = (
-    Api(18, "ApiVersions", 0, 3, api_versions),
-    Api(3, "Metadata", 0, 12, metadata),
-    Api(60, "DescribeCluster", 0, 1, describe_cluster),
-    Api(10, "FindCoordinator", 0, 4, find_coordinator),
+    Api(ApiKey.API_VERSIONS, "ApiVersions", 0, 3, api_versions),
+    Api(ApiKey.METADATA, "Metadata", 0, 12, metadata),
+    Api(ApiKey.DESCRIBE_CLUSTER, "DescribeCluster", 0, 1, describe_cluster),
+    Api(ApiKey.FIND_COORDINATOR, "FindCoordinator", 0, 4, find_coordinator),
 )

@@ -16,6 +16,7 @@ from stratalog.broker.group_state import GroupDescription
 from stratalog.broker.offsets import OffsetEntry, OffsetsUnavailableError
 from stratalog.broker.session import Session
 from stratalog.cluster.leases import ClusterError
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 
 #: What DescribeGroups says of authorized operations when nobody asked (no ACLs yet).
@@ -260,13 +261,13 @@ async def delete_groups(broker: Broker, request: Request, session: Session) -> d
 
 
 APIS = (
-    Api(11, "JoinGroup", 0, 7, join_group),
-    Api(14, "SyncGroup", 0, 5, sync_group),
-    Api(12, "Heartbeat", 0, 4, heartbeat),
-    Api(13, "LeaveGroup", 0, 5, leave_group),
-    Api(8, "OffsetCommit", 2, 8, offset_commit, ordered=True),
-    Api(9, "OffsetFetch", 1, 8, offset_fetch),
-    Api(15, "DescribeGroups", 0, 5, describe_groups),
-    Api(16, "ListGroups", 0, 4, list_groups),
-    Api(42, "DeleteGroups", 0, 2, delete_groups, ordered=True),
+    Api(ApiKey.JOIN_GROUP, "JoinGroup", 0, 7, join_group),
+    Api(ApiKey.SYNC_GROUP, "SyncGroup", 0, 5, sync_group),
+    Api(ApiKey.HEARTBEAT, "Heartbeat", 0, 4, heartbeat),
+    Api(ApiKey.LEAVE_GROUP, "LeaveGroup", 0, 5, leave_group),
+    Api(ApiKey.OFFSET_COMMIT, "OffsetCommit", 2, 8, offset_commit, ordered=True),
+    Api(ApiKey.OFFSET_FETCH, "OffsetFetch", 1, 8, offset_fetch),
+    Api(ApiKey.DESCRIBE_GROUPS, "DescribeGroups", 0, 5, describe_groups),
+    Api(ApiKey.LIST_GROUPS, "ListGroups", 0, 4, list_groups),
+    Api(ApiKey.DELETE_GROUPS, "DeleteGroups", 0, 2, delete_groups, ordered=True),
 )

@@ -25,6 +25,7 @@ from stratalog.broker.topic_configs import config_value, stored_codec
 from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClosedError, StoreFailedError
 from stratalog.engine.batch import ENCODING_KAFKA, KAFKA_DECOMPRESSED_BYTES_MAX, StoredBatch, stored_records
 from stratalog.errors import RecordTooLargeError
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from stratalog.kafka.produce_request import ProduceBody
@@ -457,9 +458,9 @@ async def init_producer_id(broker: Broker, request: Request, session: Session) -
 
 
 APIS = (
-    Api(0, "Produce", 3, 9, produce),
-    Api(1, "Fetch", 4, 12, fetch),
-    Api(2, "ListOffsets", 1, 7, list_offsets),
-    Api(21, "DeleteRecords", 0, 2, delete_records, ordered=True),
-    Api(22, "InitProducerId", 0, 4, init_producer_id, ordered=True),
+    Api(ApiKey.PRODUCE, "Produce", 3, 9, produce),
+    Api(ApiKey.FETCH, "Fetch", 4, 12, fetch),
+    Api(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, list_offsets),
+    Api(ApiKey.DELETE_RECORDS, "DeleteRecords", 0, 2, delete_records, ordered=True),
+    Api(ApiKey.INIT_PRODUCER_ID, "InitProducerId", 0, 4, init_producer_id, ordered=True),
 )

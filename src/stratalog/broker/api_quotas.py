@@ -12,6 +12,7 @@ from stratalog.broker.acls import Operation
 from stratalog.broker.broker import Api, Broker
 from stratalog.broker.quotas import Entity, QuotaError, check_entity
 from stratalog.broker.session import Session
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 
 #: DescribeClientQuotas match types: a name, the default entity, any named (non-default) entity.
@@ -75,6 +76,6 @@ async def alter_client_quotas(broker: Broker, request: Request, session: Session
 
 
 APIS = (
-    Api(48, "DescribeClientQuotas", 0, 1, describe_client_quotas),
-    Api(49, "AlterClientQuotas", 0, 1, alter_client_quotas, ordered=True),
+    Api(ApiKey.DESCRIBE_CLIENT_QUOTAS, "DescribeClientQuotas", 0, 1, describe_client_quotas),
+    Api(ApiKey.ALTER_CLIENT_QUOTAS, "AlterClientQuotas", 0, 1, alter_client_quotas, ordered=True),
 )

@@ -28,6 +28,7 @@ from stratalog.broker.broker import Api, Broker
 from stratalog.broker.credentials import CredentialError, ScramMechanism, check_user_name, credential_from_salted
 from stratalog.broker.sasl import FAILED_MESSAGE, AuthenticationFailedError, start_exchange
 from stratalog.broker.session import Session
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 
 log = logging.getLogger("stratalog.broker")
@@ -227,11 +228,13 @@ async def alter_user_scram_credentials(broker: Broker, request: Request, session
 
 
 APIS = (
-    Api(17, "SaslHandshake", 1, 1, sasl_handshake, ordered=True),
-    Api(36, "SaslAuthenticate", 0, 2, sasl_authenticate, ordered=True),
-    Api(29, "DescribeAcls", 0, 3, describe_acls),
-    Api(30, "CreateAcls", 0, 3, create_acls, ordered=True),
-    Api(31, "DeleteAcls", 0, 3, delete_acls, ordered=True),
-    Api(50, "DescribeUserScramCredentials", 0, 0, describe_user_scram_credentials),
-    Api(51, "AlterUserScramCredentials", 0, 0, alter_user_scram_credentials, ordered=True),
+    Api(ApiKey.SASL_HANDSHAKE, "SaslHandshake", 1, 1, sasl_handshake, ordered=True),
+    Api(ApiKey.SASL_AUTHENTICATE, "SaslAuthenticate", 0, 2, sasl_authenticate, ordered=True),
+    Api(ApiKey.DESCRIBE_ACLS, "DescribeAcls", 0, 3, describe_acls),
+    Api(ApiKey.CREATE_ACLS, "CreateAcls", 0, 3, create_acls, ordered=True),
+    Api(ApiKey.DELETE_ACLS, "DeleteAcls", 0, 3, delete_acls, ordered=True),
+    Api(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, "DescribeUserScramCredentials", 0, 0,
+        describe_user_scram_credentials),
+    Api(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, "AlterUserScramCredentials", 0, 0, alter_user_scram_credentials,
+        ordered=True),
 )

@@ -27,10 +27,9 @@ from stratalog.broker.listeners import Listener, certificate_principal, check_li
 from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.quotas import PRODUCER_BYTE_RATE, REQUEST_RATE
 from stratalog.broker.session import ANONYMOUS, Session
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import (
-    API_VERSIONS_KEY,
-    PRODUCE_KEY,
     EncodedResponse,
     KafkaProtocolError,
     Prebuilt,
@@ -46,7 +45,7 @@ log = logging.getLogger("stratalog.broker")
 
 #: What a client on a SASL listener may ask before its login succeeds (Kafka closes the connection on
 #: anything else): ApiVersions, SaslHandshake, SaslAuthenticate.
-BEFORE_LOGIN_API_KEYS = frozenset({API_VERSIONS_KEY, 17, 36})
+BEFORE_LOGIN_API_KEYS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 #: Connections closed for bad input logged per second at most; the rest are counted in the next line.
@@ -359,7 +358,7 @@ class _KafkaProtocol(asyncio.Protocol):
         try:
             request = decode_request(frame, self.broker.supported_versions)
         except UnsupportedVersionError as e:
-            if e.api_key != API_VERSIONS_KEY:
+            if e.api_key != ApiKey.API_VERSIONS:
                 api = self.broker.apis.get(e.api_key)
                 served = f"{api.name} versions {api.min_version}-{api.max_version}" if api else "no such API"
                 raise KafkaProtocolError(f"{e} (this broker serves {served})") from None
@@ -396,13 +395,13 @@ class _KafkaProtocol(asyncio.Protocol):
         body = {"error_code": ErrorCode.unsupported_version, "api_keys": [
             {"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
             for a in sorted(self.broker.apis.values(), key=lambda a: a.key)]}
-        return encode_response(correlation_id, build(response_schema(API_VERSIONS_KEY, 0), body))
+        return encode_response(correlation_id, build(response_schema(ApiKey.API_VERSIONS, 0), body))
 
     def _charge(self, request: Request, session: Session) -> int:
         """Count the request against its quotas (requests/s; bytes/s for Produce): the throttle it earns."""
         quotas, user, client = self.broker.quotas, session.user, request.client_id or ""
         throttle_ms = quotas.record(user, client, REQUEST_RATE, 1)
-        if request.api_key == PRODUCE_KEY:
+        if request.api_key == ApiKey.PRODUCE:
             throttle_ms = max(throttle_ms, quotas.record(user, client, PRODUCER_BYTE_RATE, request.frame_bytes))
         return throttle_ms
 

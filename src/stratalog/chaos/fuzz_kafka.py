@@ -45,11 +45,11 @@ from stratalog.engine.batch import encode_batch as encode_native_batch
 from stratalog.engine.record_index import index_native_records
 from stratalog.kafka import records as kr
 from stratalog.kafka import staged_commit
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.array_bounds import ArrayCountError, plan_of, walk_array_counts
 from stratalog.kafka.codec import (
     FRAME_SIZE,
     HEADER_PREFIX,
-    PRODUCE_KEY,
     KafkaProtocolError,
     Request,
     UnsupportedVersionError,
@@ -100,7 +100,7 @@ def check_request(frame: bytes) -> None:
         raise
     _request_feature()(request.api_key, request.api_version, 0)
     check(request.frame_bytes == len(frame), "frame_bytes is not the frame's length")
-    if request.api_key == PRODUCE_KEY:
+    if request.api_key == ApiKey.PRODUCE:
         _check_produce_as_kio(frame, request)
         return
     again = decode_request(encode_request(request.api_key, request.api_version, request.correlation_id,
@@ -114,7 +114,7 @@ def check_request(frame: bytes) -> None:
 def _check_produce_as_kio(frame: bytes, request: Request) -> None:
     """A Produce request read as kio reads it, where kio reads it (kio refuses more: unknown tagged fields,
     which Kafka skips)."""
-    schema: Any = load_request_schema(PRODUCE_KEY, request.api_version)
+    schema: Any = load_request_schema(ApiKey.PRODUCE, request.api_version)
     try:
         header, at = entity_reader(schema.__header_schema__)(frame, 0)
         body, _ = entity_reader(schema)(frame, at)
@@ -146,17 +146,17 @@ def check_native_produce(frame: bytes) -> None:
 def produce_seeds() -> list[bytes]:
     """Produce requests of every version served, with batches in them, and the sample of each version."""
     batch = kr.encode_batch([(b"k", b"value", (), 1_700_000_000_000)], base_offset=0)
-    low, high = _served()[PRODUCE_KEY]
-    seeds = [seed for seed in request_seeds() if peek_header(seed)[0] == PRODUCE_KEY]
+    low, high = _served()[ApiKey.PRODUCE]
+    seeds = [seed for seed in request_seeds() if peek_header(seed)[0] == ApiKey.PRODUCE]
     for version in range(low, high + 1):
-        schema: Any = load_request_schema(PRODUCE_KEY, version)
+        schema: Any = load_request_schema(ApiKey.PRODUCE, version)
         module = __import__(schema.__module__, fromlist=["PartitionProduceData", "TopicProduceData"])
         body = schema(transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30), topic_data=(
             module.TopicProduceData(name="events", partition_data=(
                 module.PartitionProduceData(index=0, records=batch),
                 module.PartitionProduceData(index=1, records=None))),
             module.TopicProduceData(name="other", partition_data=())))
-        seeds.append(encode_request(PRODUCE_KEY, version, 9, "fuzz", body))
+        seeds.append(encode_request(ApiKey.PRODUCE, version, 9, "fuzz", body))
     return seeds
 
 

@@ -22,13 +22,13 @@ from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
 from stratalog.errors import StratalogError
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import FRAME_SIZE, decode_response, encode_request
 
 #: Connecting, and each request's answer: a healthy broker takes milliseconds; a commit waits for uploads.
 TIMEOUT_S = 60.0
 #: The largest response frame read (the broker's own responses are under a kilobyte).
 RESPONSE_BYTES_MAX = 1 << 20
-SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY = 17, 36
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -142,7 +142,7 @@ class KafkaConnection:
         if mechanism not in MECHANISMS or username is None or password is None:
             raise BrokerConnectionError(f"SASL needs sasl.mechanism (one of {', '.join(MECHANISMS)}), sasl.username "
                                         "and sasl.password")
-        handshake = self.call(SASL_HANDSHAKE_KEY, 1, SaslHandshakeRequest(mechanism=mechanism))
+        handshake = self.call(ApiKey.SASL_HANDSHAKE, 1, SaslHandshakeRequest(mechanism=mechanism))
         if handshake.error_code != 0:
             raise BrokerConnectionError(f"the broker does not offer SASL {mechanism} (it offers "
                                         f"{', '.join(handshake.mechanisms)})")
@@ -158,7 +158,7 @@ class KafkaConnection:
         scram.set_server_final(server_final.decode())
 
     def _authenticate(self, token: bytes) -> bytes:
-        response = self.call(SASL_AUTHENTICATE_KEY, 2, SaslAuthenticateRequest(auth_bytes=token))
+        response = self.call(ApiKey.SASL_AUTHENTICATE, 2, SaslAuthenticateRequest(auth_bytes=token))
         if response.error_code != 0:
             raise BrokerConnectionError(f"the broker refused the login: {response.error_message}")
         return bytes(response.auth_bytes)

@@ -25,6 +25,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
 from stratalog.errors import StratalogError
+from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.array_bounds import check_array_counts
 from stratalog.kafka.produce_request import MalformedProduceError, decode_produce
 from stratalog.kafka.produce_response import PRODUCE_FIRST_FLEXIBLE_VERSION
@@ -33,8 +34,6 @@ from stratalog.kafka.produce_response import PRODUCE_FIRST_FLEXIBLE_VERSION
 #: header versions share, read before the API is known.
 HEADER_PREFIX = struct.Struct(">hhi")
 FRAME_SIZE = struct.Struct(">i")
-PRODUCE_KEY = 0
-API_VERSIONS_KEY = 18
 #: The broker's own APIs have keys from here up (stratalog.kafka.staged_commit), far above Kafka's.
 OWN_API_KEYS_FROM = 32_000
 
@@ -91,7 +90,7 @@ def decode_request(frame: bytes | memoryview, supported: Mapping[int, tuple[int,
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     if api_key >= OWN_API_KEYS_FROM:
         return _decode_own(frame, api_key, api_version, correlation_id)
-    if api_key == PRODUCE_KEY:
+    if api_key == ApiKey.PRODUCE:
         return _decode_produce(frame, api_version, correlation_id)
     schema = load_request_schema(api_key, api_version)
     try:
@@ -117,8 +116,8 @@ def _decode_produce(frame: bytes | memoryview, api_version: int, correlation_id:
     try:
         client_id, body = decode_produce(frame, api_version >= PRODUCE_FIRST_FLEXIBLE_VERSION)
     except (MalformedProduceError, UnicodeDecodeError) as e:
-        raise KafkaProtocolError(f"API {PRODUCE_KEY} v{api_version}: malformed request ({e})") from e
-    return Request(PRODUCE_KEY, api_version, correlation_id, client_id, body, len(frame))
+        raise KafkaProtocolError(f"API {ApiKey.PRODUCE} v{api_version}: malformed request ({e})") from e
+    return Request(ApiKey.PRODUCE, api_version, correlation_id, client_id, body, len(frame))
 
 
 def _decode_own(frame: bytes | memoryview, api_key: int, api_version: int, correlation_id: int) -> Request:
