@@ -176,12 +176,10 @@ def read_messages_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start:
     if not (0 <= start <= end <= runs_bytes and 0 <= first <= stop <= count <= 0xFFFFFFFF and 0 <= fd <= 0x7FFFFFFF):
         raise ValueError(f"a run at bytes {start} .. {end} of {runs_bytes}, messages {first} .. {stop} of {count}: "
                          "out of bounds")
-    lo, hi = page_span(start, end, runs_bytes)
-    if not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
+    cached = _cached_pages(fd, runs_bytes, start, end)
+    if cached is None:
         return None
-    view = libc.cached_view(fd, hi - lo, lo)
-    if view is None:
-        return None
+    view, lo, hi = cached
     # One page (most runs): its CRC compared here, one call fewer; the rest, and any mismatch, by
     # check_pages (which names the damaged page, or says the read is not within the pages).
     if hi - lo > PAGE_BYTES or lo // PAGE_BYTES >= len(pages) or crc32c(view) != pages.item(lo // PAGE_BYTES):
@@ -198,16 +196,25 @@ def read_run_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start: int,
     ValueError for a run out of bounds. The twin of ``stratalog._native.read_run_cached``."""
     if not (0 <= start <= end <= runs_bytes and 0 <= count <= 0xFFFFFFFF and 0 <= fd <= 0x7FFFFFFF):
         raise ValueError(f"a run at bytes {start} .. {end} of {runs_bytes} ({count} messages): out of bounds")
-    lo, hi = page_span(start, end, runs_bytes)
-    if not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
+    cached = _cached_pages(fd, runs_bytes, start, end)
+    if cached is None:
         return None
-    view = libc.cached_view(fd, hi - lo, lo)
-    if view is None:
-        return None
+    view, lo, hi = cached
     check_pages(view, lo, pages, key)
     raw = view[start - lo:end - lo].tobytes()
     frame_run(raw, count, key, stream_id)
     return raw, hi - lo
+
+
+def _cached_pages(fd: int, runs_bytes: int, start: int, end: int) -> tuple[memoryview, int, int] | None:
+    """The pages bytes ``start .. end`` of the runs lie in, read from the page cache, and where they start
+    and stop; None where the page cache does not hold them all, or they are none or more than one cached
+    read takes."""
+    lo, hi = page_span(start, end, runs_bytes)
+    if not 0 < hi - lo <= CACHED_READ_BYTES_MAX:
+        return None
+    view = libc.cached_view(fd, hi - lo, lo)
+    return None if view is None else (view, lo, hi)
 
 
 def read_random_cached(ends: memoryview, positions: memoryview, capacity: int, objects: tuple[ReadArgs, ...],
