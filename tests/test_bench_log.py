@@ -1,4 +1,5 @@
-"""`stratalog bench log` at a tiny scale: it runs, prints its tables and writes the JSON shape issue 3 fixes."""
+"""`stratalog bench log` at a tiny scale: it runs, prints its tables and writes its JSON in the shape the
+report reads."""
 
 from __future__ import annotations
 

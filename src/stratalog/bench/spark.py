@@ -9,7 +9,7 @@ cached in Spark's memory, then, in order:
    every value too; a bare count would let Parquet answer from its footers);
 3. compact the store the write produced (its objects hold many streams each) and report MB/s.
 
-Targets from issue 5: reads >= 0.7x Parquet's rows/s, writes >= 0.5x Parquet's rows/s.
+Targets: reads >= 0.7x Parquet's rows/s, writes >= 0.5x Parquet's rows/s.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Recovery: scan the ring from the trim offset and yield every valid record, in offset order.
 
-The decision table (docs/formats/wal.md, "Recovery") for the bytes at logical position ``pos``:
-
-| what is there                                        | verdict            | next position            |
-|------------------------------------------------------|--------------------|--------------------------|
-| record header valid, offset == pos, body CRC valid   | record             | its end; window restarts |
-| record header valid, offset == pos, body CRC invalid | torn / flipped body| its end (header trusted) |
-| pad header valid, offset == pos, reaches ring end    | lap end            | next lap; window restarts|
-| anything else (zeros, garbage, older lap, bad CRC)   | invalid            | next 4 KiB boundary      |
-
-The scan stops once ``pos`` passes ``window_bytes_max`` beyond the (aligned) end of the last valid
-record: the writer never has bytes in flight farther than that, so nothing valid can lie beyond. Records
-at or below the trim offset are read (to find where they end) but never returned.
+What is read at each position, what it means and where the scan goes next is the decision table of
+docs/formats/wal.md, "Recovery" (six rows; tests/test_wal_corruption.py has a test per corruption mode); so
+are the stop rule (``window_bytes_max`` beyond the aligned end of the last valid record: the writer never
+has bytes in flight farther than that) and where the writer continues. Records at or below the trim
+offset are read (to find where they end) but never returned.
 """
 
 from __future__ import annotations
