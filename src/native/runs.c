@@ -130,23 +130,34 @@ typedef struct {
     PyObject *key;
 } RunArgs;
 
-static int parse_run_args(PyObject *const *args, RunArgs *run) {
+/* 0 where a CRC32C function is loaded, else -1 with RuntimeError set. */
+static int crc_loaded(void) {
     if (native_crc32c == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "no CRC32C library is loaded (stratalog.native)");
         return -1;
     }
-    if (as_long_long(args[0], "fd", &run->fd) < 0 || as_long_long(args[1], "runs_bytes", &run->runs_bytes) < 0 ||
-        as_long_long(args[4], "start", &run->start) < 0 || as_long_long(args[5], "end", &run->end) < 0 ||
-        as_long_long(args[6], "count", &run->count) < 0 || as_long_long(args[7], "stream_id", &run->stream_id) < 0) {
-        return -1;
-    }
-    run->pages = args[2];
-    run->key = args[3];
-    if (!PyUnicode_Check(run->key)) {
+    return 0;
+}
+
+/* An object's page CRCs and key (a str) into `run`: 0, or -1 with TypeError set. */
+static int set_object(RunArgs *run, PyObject *pages, PyObject *key) {
+    run->pages = pages;
+    run->key = key;
+    if (!PyUnicode_Check(key)) {
         PyErr_SetString(PyExc_TypeError, "key must be a str");
         return -1;
     }
     return 0;
+}
+
+static int parse_run_args(PyObject *const *args, RunArgs *run) {
+    if (crc_loaded() < 0 || as_long_long(args[0], "fd", &run->fd) < 0 ||
+        as_long_long(args[1], "runs_bytes", &run->runs_bytes) < 0 || as_long_long(args[4], "start", &run->start) < 0 ||
+        as_long_long(args[5], "end", &run->end) < 0 || as_long_long(args[6], "count", &run->count) < 0 ||
+        as_long_long(args[7], "stream_id", &run->stream_id) < 0) {
+        return -1;
+    }
+    return set_object(run, args[2], args[3]);
 }
 
 /* Read, check and hand to `take` the pages that hold the run: None where they are not all in the page
@@ -261,13 +272,8 @@ static long long u32_of(const Py_buffer *matrix, long long i) {
  * `run`) read for messages first .. stop - 1: as read_messages_cached; `run` has start, end, count and
  * stream_id set. */
 static PyObject *read_object_run(PyObject *object, RunArgs *run, Wanted *wanted) {
-    if (as_long_long(PyTuple_GET_ITEM(object, 1), "runs_bytes", &run->runs_bytes) < 0) {
-        return NULL;
-    }
-    run->pages = PyTuple_GET_ITEM(object, 2);
-    run->key = PyTuple_GET_ITEM(object, 3);
-    if (!PyUnicode_Check(run->key)) {
-        PyErr_SetString(PyExc_TypeError, "key must be a str");
+    if (as_long_long(PyTuple_GET_ITEM(object, 1), "runs_bytes", &run->runs_bytes) < 0 ||
+        set_object(run, PyTuple_GET_ITEM(object, 2), PyTuple_GET_ITEM(object, 3)) < 0) {
         return NULL;
     }
     return read_messages(run, wanted);
@@ -284,7 +290,7 @@ typedef struct {
 static int read_row(RandomArgs *a, PyObject *out, long long *reads, long long *read_bytes) {
     Py_ssize_t count = PyTuple_GET_SIZE(a->objects);
     long long at = a->stream_id * a->capacity;
-    long long k = 0, lo = 0, hi = count; /* bisect_right over the row's ends */
+    long long lo = 0, hi = count; /* bisect_right over the row's ends */
     while (lo < hi) {
         long long mid = lo + (hi - lo) / 2;
         if (a->pos < u32_of(&a->ends, at + mid)) {
@@ -293,7 +299,7 @@ static int read_row(RandomArgs *a, PyObject *out, long long *reads, long long *r
             lo = mid + 1;
         }
     }
-    k = lo;
+    long long k = lo;
     long long start = k ? u32_of(&a->ends, at + k - 1) : 0;
     while (a->pos < a->stop && k < count) {
         long long end = u32_of(&a->ends, at + k);
@@ -350,8 +356,7 @@ PyObject *native_read_random_cached(PyObject *module, PyObject *const *args, Py_
         PyErr_Format(PyExc_TypeError, "read_random_cached takes 7 arguments, not %zd", nargs);
         return NULL;
     }
-    if (native_crc32c == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "no CRC32C library is loaded (stratalog.native)");
+    if (crc_loaded() < 0) {
         return NULL;
     }
     RandomArgs a;
