@@ -85,6 +85,11 @@ static PyMethodDef native_methods[] = {
      "decode_produce(frame, flexible) -> (client_id, transactional_id, acks, timeout_ms, topics)\n\n"
      "A Produce request frame (v3-v9; flexible: v9) read, topics as ((name, ((index, records), ...)), ...).\n"
      "As stratalog.kafka.produce_request.decode_produce_fields, its Python twin."},
+    {"lookup_names", (PyCFunction)(void (*)(void))native_lookup_names, METH_FASTCALL,
+     "lookup_names(offsets, data, slots, extents, stored, probes_max, found) -> None\n\n"
+     "The id of each name of a string array (int32 offsets into data) in a NameIndex snapshot (slots,\n"
+     "extents, stored bytes), -1 where it is not known, written into found (int64, one per name), with the\n"
+     "GIL released. As stratalog.queues.names.lookup_numpy, its Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

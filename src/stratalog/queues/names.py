@@ -28,6 +28,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from stratalog.invariant import invariant
+from stratalog.native import native
 from stratalog.queues.format import I64, Ids
 
 U64 = np.uint64
@@ -190,31 +191,12 @@ class NameIndex:
         return snap.slots.nbytes + snap.extents.nbytes + snap.data.nbytes
 
     def lookup(self, array: Any) -> Ids:
-        """The id of each name of an Arrow string array, -1 where the name is not known (or null)."""
-        snap = self._snap
-        starts, lengths, data = _padded(array)
-        passes = _passes(starts, lengths, data)
-        hashes = name_hashes(lengths, passes)
-        tags = (hashes >> _SHIFT_32) | U64(1)
-        homes = (hashes & U64(snap.mask)).astype(I64)
-        # The first probe for all (most names are in their home slot), then for those still going.
-        entries = np.take(snap.slots, homes)
-        hit = (entries >> _SHIFT_32) == tags
-        found = np.where(hit, (entries & _LOW_32).astype(I64), -1)
-        pending = np.flatnonzero(~hit & (entries != 0))
-        tags, homes = tags[pending], (homes[pending] + 1) & snap.mask
-        for _ in range(snap.probes_max - 1):
-            if len(pending) <= SCALAR_PROBES_MAX:
-                _probe_each(snap, pending, tags, homes, found)
-                break
-            entries = np.take(snap.slots, homes)
-            hit = (entries >> _SHIFT_32) == tags
-            found[pending[hit]] = entries[hit] & _LOW_32
-            going = ~hit & (entries != 0)
-            pending, tags, homes = pending[going], tags[going], (homes[going] + 1) & snap.mask
+        """The id of each name of an Arrow string array, -1 where the name is not known (or null): one C
+        call where the compiled core is built (``_native.lookup_names``), else :func:`lookup_numpy`."""
+        found = _lookup(self._snap, array)
         if array.null_count:
             found[np.asarray(array.is_null())] = -1
-        return _verified(found, lengths, passes, snap)
+        return found
 
     def add(self, names: Any, ids: Ids) -> None:
         """Make ``names[i]`` (new, distinct) known as ``ids[i]``. The writer's alone."""
@@ -265,13 +247,52 @@ class NameIndex:
         return grown
 
 
-def _probe_each(snap: _Snapshot, pending: Ids, tags: Hashes, homes: Ids, found: Ids) -> None:
-    """The probes of the last few names one at a time: a NumPy pass costs microseconds whatever its length,
-    and the longest probe sequences (tens of slots) belong to a handful of names in a batch."""
+def lookup_numpy(snap: _Snapshot, array: Any) -> Ids:
+    """The id of each name of ``array`` (an Arrow string array) in ``snap``, -1 where it is not there; nulls
+    are the caller's. In NumPy passes over the whole batch; the twin of ``_native.lookup_names``."""
+    starts, lengths, data = _padded(array)
+    passes = _passes(starts, lengths, data)
+    hashes = name_hashes(lengths, passes)
+    tags = (hashes >> _SHIFT_32) | U64(1)
+    homes = (hashes & U64(snap.mask)).astype(I64)
+    # The first probe for all (most names are in their home slot), then for those still going.
+    entries = np.take(snap.slots, homes)
+    hit = (entries >> _SHIFT_32) == tags
+    found = np.where(hit, (entries & _LOW_32).astype(I64), -1)
+    pending = np.flatnonzero(~hit & (entries != 0))
+    tags, homes = tags[pending], (homes[pending] + 1) & snap.mask
+    for done in range(1, snap.probes_max):
+        if len(pending) <= SCALAR_PROBES_MAX:
+            _probe_each(snap, snap.probes_max - done, pending, tags, homes, found)
+            break
+        entries = np.take(snap.slots, homes)
+        hit = (entries >> _SHIFT_32) == tags
+        found[pending[hit]] = entries[hit] & _LOW_32
+        going = ~hit & (entries != 0)
+        pending, tags, homes = pending[going], tags[going], (homes[going] + 1) & snap.mask
+    return _verified(found, lengths, passes, snap)
+
+
+def lookup_native(snap: _Snapshot, array: Any) -> Ids:
+    """:func:`lookup_numpy` as one C call, with the GIL released while it runs (the compiled core's)."""
+    offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
+    found = np.empty(len(array), I64)
+    _lookup_names(offsets, array.buffers()[2] or b"", snap.slots, snap.extents, snap.data, snap.probes_max,
+                        found)
+    return found
+
+
+_lookup_names: Any = native.lookup_names if native is not None else None
+_lookup = lookup_native if native is not None else lookup_numpy
+
+
+def _probe_each(snap: _Snapshot, probes: int, pending: Ids, tags: Hashes, homes: Ids, found: Ids) -> None:
+    """The last ``probes`` probes of the last few names one at a time: a NumPy pass costs microseconds
+    whatever its length, and the longest probe sequences (tens of slots) belong to a handful of names."""
     slots, mask = snap.slots, snap.mask
     for at, tag, home in zip(pending.tolist(), tags.tolist(), homes.tolist(), strict=True):
         slot = home
-        for _ in range(snap.probes_max):
+        for _ in range(probes):
             entry = slots.item(slot)
             if entry >> ID_BITS == tag:
                 found[at] = entry & ID_MAX
