@@ -131,11 +131,23 @@ def test_pages_the_page_cache_does_not_hold_are_not_read_alike(place: Path) -> N
     path.write_bytes(runs)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     os.fsync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)   # clean pages: dropped from the page cache
     assert native_crc is not None
     args = (fd, len(runs), page_crcs(runs), "evicted", 0, 5200, 50, 0, 0, 50)
-    assert outcome(native_crc.read_messages_cached, *args) == outcome(read_messages_cached, *args)
-    assert outcome(native_crc.read_run_cached, *args[:8]) == outcome(read_run_cached, *args[:8])
+
+    def evicted(read: object, *read_args: object) -> Outcome:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)   # clean pages: dropped from the page cache
+        return outcome(read, *read_args)
+
+    for mine, twin, read_args in ((native_crc.read_messages_cached, read_messages_cached, args),
+                                  (native_crc.read_run_cached, read_run_cached, args[:8])):
+        # A read the page cache could not serve may start the kernel's readahead, whose pages can land
+        # after the next call's eviction and serve it: tried again until the pages stay out for both.
+        seen = []
+        for _ in range(100):
+            seen.append((evicted(mine, *read_args), evicted(twin, *read_args)))
+            if seen[-1] == (("returned", None), ("returned", None)):
+                break
+        assert seen[-1] == (("returned", None), ("returned", None)), seen[-3:]
     os.close(fd)
 
 

@@ -24,7 +24,7 @@ def test_take_returns_single_and_bulk_puts_in_the_order_they_were_made() -> None
     pending = _pending()
     names, known, batch = pa.array(["b", "c"]), np.array([-1, 3], I64), pa.array([b"2", b"3"], pa.binary())
     pending.add("a", b"1")
-    pending.add_bulk(names, known, batch, 2)
+    pending.add_bulk(names, known, batch, 2, 1)
     pending.add("d", b"4")
     pending.add_large("e", b"5")
     taken = pending.take()
@@ -32,7 +32,7 @@ def test_take_returns_single_and_bulk_puts_in_the_order_they_were_made() -> None
     parts = list(taken.parts())
     assert parts[0] == SinglePuts(["a"], [b"1"])
     assert isinstance(parts[1], BulkPut) and parts[1].names is names and parts[1].known is known \
-        and parts[1].messages is batch
+        and parts[1].messages is batch and parts[1].unknown == 1
     assert parts[2] == SinglePuts(["d", "e"], [b"4", b"5"])
     assert len(parts) == 3
     assert pending.take() is None and not pending.waiting()
@@ -70,7 +70,7 @@ def test_the_bounds_count_single_puts_and_the_bytes_of_large_and_bulk_ones() -> 
     assert pending.full()
     pending.take()
     assert not pending.full()
-    pending.add_bulk(pa.array(["q"]), np.array([-1], I64), pa.array([b"x" * 10], pa.binary()), 10)
+    pending.add_bulk(pa.array(["q"]), np.array([-1], I64), pa.array([b"x" * 10], pa.binary()), 10, 1)
     assert pending.full()
     pending.take()
     pending.add_large("q", b"x" * 9)
@@ -101,7 +101,7 @@ def test_refused_puts_raise_the_owners_error() -> None:
     with pytest.raises(StoreFailedError):
         pending.add_large("q", b"m")
     with pytest.raises(StoreFailedError):
-        pending.add_bulk(pa.array(["q"]), np.array([-1], I64), pa.array([b"m"], pa.binary()), 1)
+        pending.add_bulk(pa.array(["q"]), np.array([-1], I64), pa.array([b"m"], pa.binary()), 1, 1)
 
 
 def test_refused_puts_do_not_keep_their_owner_alive() -> None:

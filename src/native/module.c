@@ -90,6 +90,11 @@ static PyMethodDef native_methods[] = {
      "The id of each name of a string array (int32 offsets into data) in a NameIndex snapshot (slots,\n"
      "extents, stored bytes), -1 where it is not known, written into found (int64, one per name), with the\n"
      "GIL released. As stratalog.queues.names.lookup_numpy, its Python twin."},
+    {"sort_record", (PyCFunction)(void (*)(void))native_sort_record, METH_FASTCALL,
+     "sort_record(ids, lo, chunks, next_offsets, messages_max)\n"
+     "    -> (stream_ids, base_offsets, counts, runs_u32, data, message_at)\n\n"
+     "A bulk record's messages sorted by queue (stably), with its runs, as bytes. As\n"
+     "stratalog.queues.record_sort.sort_record_numpy, its Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

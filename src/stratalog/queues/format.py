@@ -143,10 +143,18 @@ def decode_names(buf: bytes | memoryview, pos: int, count: int) -> tuple[list[tu
 def encode_bulk(stream_ids: Ids, base_offsets: Ids, counts: Ids, names: Sequence[tuple[int, str]],
                 stream_count: int, ends: npt.NDArray[np.integer], data: bytes | memoryview) -> list[bytes | memoryview]:
     """The parts of one bulk record (join them, or hand them to a writer that gathers)."""
-    head = BULK_HEADER.pack(BULK_MAGIC, FORMAT_VERSION, 0, len(stream_ids), len(ends), len(names), stream_count,
+    runs_u32 = np.concatenate([stream_ids, base_offsets, counts]).astype(U32).tobytes()
+    return encode_bulk_parts(len(stream_ids), runs_u32, names, stream_count, ends.astype(U32).tobytes(), data)
+
+
+def encode_bulk_parts(run_count: int, runs_u32: bytes | memoryview, names: Sequence[tuple[int, str]],
+                      stream_count: int, ends_u32: bytes | memoryview,
+                      data: bytes | memoryview) -> list[bytes | memoryview]:
+    """:func:`encode_bulk` from its run section (stream ids, base offsets and counts, u32 each, one column
+    after the other) and its messages' ends (u32) already laid out."""
+    head = BULK_HEADER.pack(BULK_MAGIC, FORMAT_VERSION, 0, run_count, len(ends_u32) // 4, len(names), stream_count,
                             len(data))
-    return [head, stream_ids.astype(U32).tobytes(), base_offsets.astype(U32).tobytes(),
-            counts.astype(U32).tobytes(), encode_names(names), ends.astype(U32).tobytes(), data]
+    return [head, runs_u32, encode_names(names), ends_u32, data]
 
 
 def decode_bulk(body: bytes | memoryview) -> BulkRecord:

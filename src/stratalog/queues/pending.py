@@ -46,11 +46,13 @@ class SinglePuts:
 
 @dataclass(frozen=True, slots=True)
 class BulkPut:
-    """One put_many: names (an Arrow string array), their ids where known (-1: not yet), messages (Arrow)."""
+    """One put_many: names (an Arrow string array), their ids where known (-1: not yet), messages (Arrow),
+    and how many ids are not known yet (0: the writer has nothing to resolve)."""
 
     names: Any
     known: Ids
     messages: Any
+    unknown: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +116,13 @@ class PendingPuts:
             self._large_bytes += len(message)
             self.slots.extend((name, message, UNKNOWN_ID))
 
-    def add_bulk(self, names: Any, known: Ids, messages: Any, size_bytes: int) -> None:
+    def add_bulk(self, names: Any, known: Ids, messages: Any, size_bytes: int, unknown: int) -> None:
         """Add a put_many: names (an Arrow string array), the ids its caller found (-1: not known), the
-        messages (an Arrow binary array) and their bytes."""
+        messages (an Arrow binary array), their bytes, and how many ids are -1."""
         with self._cond:
             self._large_bytes += size_bytes
             self._bulk_count += 1
-            self.slots.extend(((names, known, messages), None, _BULK))
+            self.slots.extend(((names, known, messages, unknown), None, _BULK))
 
     def waiting(self) -> bool:
         """Puts are pending or taken and not yet written: a get must drain first to see them."""

@@ -199,7 +199,7 @@ class QueueStore:
         queues, queues_max = self.writer.stream_count, self._config.queues_max
         if unknown and queues + len(unknown) > queues_max and queues + len(set(unknown)) > queues_max:
             raise too_many_queues(queues, len(set(unknown)), queues_max)
-        self.pending.add_bulk(names, known, batch, int(pc.sum(lengths).as_py() or 0))
+        self.pending.add_bulk(names, known, batch, int(pc.sum(lengths).as_py() or 0), len(unknown_at))
         self._backpressure()
 
     def _backpressure(self) -> None:

@@ -24,12 +24,13 @@ import pyarrow.compute as pc
 
 from stratalog.engine.store import StoreFailedError
 from stratalog.errors import OverCapacityError, WALFailedError
-from stratalog.queues.errors import QueueError, TooManyQueuesError, too_many_queues
-from stratalog.queues.format import I64, NAME_HEAD, STREAM_MESSAGES_MAX, BulkRecord, Ids, encode_bulk
+from stratalog.queues.errors import TooManyQueuesError, too_many_queues
+from stratalog.queues.format import I64, NAME_HEAD, STREAM_MESSAGES_MAX, BulkRecord, Ids, encode_bulk_parts
 from stratalog.queues.lifecycle import Lifecycle
 from stratalog.queues.logcache import CachedRecord, LogCache
 from stratalog.queues.names import NameIndex
 from stratalog.queues.pending import PendingPuts, SinglePuts
+from stratalog.queues.record_sort import Chunk, chunks_of, sort_record
 from stratalog.wal import WriteAheadLog
 
 _EMPTY_BATCH = pa.array([], type=pa.binary())
@@ -110,10 +111,10 @@ class Writer:
                         id_parts.append(self._resolve(part.names))
                         arrays.append(pa.array(part.messages, type=pa.binary()))
                     else:
-                        id_parts.append(self._complete(part.known, part.names))
+                        id_parts.append(self._complete(part.known, part.names) if part.unknown else part.known)
                         arrays.append(part.messages)
                 ids = id_parts[0] if len(id_parts) == 1 else np.concatenate(id_parts)
-                self._write(ids, arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays))
+                self._write(ids, arrays)
             except TooManyQueuesError as e:
                 # The puts taken are lost: were the store to go on, a flush after them would say they were
                 # durable. It stops, and every later call says why.
@@ -165,8 +166,9 @@ class Writer:
         """Each queue's next offset (room beyond ``stream_count``: zeros)."""
         return self.queues.next_offsets
 
-    def _write(self, ids: Ids, batch: Any) -> None:
-        """Split into records of about record_bytes_target; write each. New queues' names go first, in
+    def _write(self, ids: Ids, arrays: list[Any]) -> None:
+        """Split the messages (``arrays``, Arrow binary arrays one after the other; message i on queue
+        ``ids[i]``) into records of about record_bytes_target; write each. New queues' names go first, in
         records of their own when there are many (a million new queues bring ~20 MB of names)."""
         target = self._record_bytes_target
         names, self._new_names = self._new_names, []
@@ -178,10 +180,10 @@ class Writer:
                 done = int(sizes[start - 1]) if start else 0
                 stop = max(start + 1, int(np.searchsorted(sizes, done + target, side="right")))
                 chunk = names[start:stop]
-                self._write_record(np.zeros(0, I64), _EMPTY_BATCH, chunk, chunk[-1][0] + 1)
+                self._write_record(np.zeros(0, I64), 0, (), chunk, chunk[-1][0] + 1)
                 start = stop
-        lengths = np.asarray(pc.binary_length(batch), I64)
-        cumulative = np.cumsum(lengths)
+        chunks = chunks_of(arrays)
+        cumulative = np.cumsum(np.concatenate([np.diff(offsets) for offsets, _ in chunks]) if chunks else [], dtype=I64)
         total = int(cumulative[-1]) if len(cumulative) else 0
         start = 0
         while start < len(ids):
@@ -189,36 +191,29 @@ class Writer:
             if total > target:
                 already = int(cumulative[start - 1]) if start else 0
                 stop = max(start + 1, int(np.searchsorted(cumulative, already + target, side="right")))
-            self._write_record(ids[start:stop], batch.slice(start, stop - start), [], self.stream_count)
+            self._write_record(ids[start:stop], start, chunks, [], self.stream_count)
             start = stop
 
-    def _write_record(self, ids: Ids, batch: Any, names: list[tuple[int, str]], stream_count: int) -> None:
-        order = np.argsort(ids, kind="stable")
-        sorted_ids = ids[order]
-        first = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1]))) if len(ids) \
-            else np.zeros(0, I64)
-        stream_ids = sorted_ids[first]
-        counts = np.diff(np.append(first, len(sorted_ids)))
-        base = self.queues.next_offsets[stream_ids]
-        if len(base) and int((base + counts).max()) > STREAM_MESSAGES_MAX:
-            raise QueueError(f"a queue would exceed {STREAM_MESSAGES_MAX} messages")
-        taken = batch.take(pa.array(order))
-        offsets = np.frombuffer(taken.buffers()[1], np.int32, len(taken) + 1, taken.offset * 4)
-        data = memoryview(taken.buffers()[2] or b"")[int(offsets[0]):int(offsets[-1])]
-        message_at = offsets - offsets[0]
-        parts = encode_bulk(stream_ids, base, counts, names, stream_count, message_at[1:], data)
+    def _write_record(self, ids: Ids, lo: int, chunks: tuple[Chunk, ...], names: list[tuple[int, str]],
+                      stream_count: int) -> None:
+        """One bulk record of messages ``lo .. lo + len(ids) - 1`` of ``chunks`` (and of ``names``)."""
+        laid = sort_record(ids, lo, chunks, self.queues.next_offsets, STREAM_MESSAGES_MAX)
+        parts = encode_bulk_parts(len(laid.stream_ids), laid.runs_u32, names, stream_count,
+                                  laid.message_at.data.cast("B")[4:], laid.data)
         cache_bytes = sum(map(len, parts))
         self._cache.wait_for_room(cache_bytes, self._lifecycle.check_open)
-        # The WAL gathers the parts; the log cache keeps the taken messages themselves (no joined copy of
+        # The WAL gathers the parts; the log cache keeps the sorted messages themselves (no joined copy of
         # the record: at a million queues that was 6 GB of fresh memory per 100 M messages, each page
         # faulted in under the GIL).
         result = self._append_wal(parts)
-        del taken, parts
+        del parts
+        stream_ids, base, counts = laid.stream_ids, laid.base_offsets, laid.counts
         self.queues.next_offsets[stream_ids] = base + counts
         first_msg = np.zeros(len(counts) + 1, I64)
         np.cumsum(counts, out=first_msg[1:])
         record = CachedRecord(self._cache.next_seq(), result.offset, result.future, stream_ids, base, counts,
-                              first_msg, data, message_at.data, names, stream_count, cache_bytes, time.monotonic())
+                              first_msg, laid.data, laid.message_at.data, names, stream_count, cache_bytes,
+                              time.monotonic())
         self._cache.add(record)
         self.last_future = result.future
         self.last_write = record.written_at
