@@ -3,13 +3,17 @@ test per way a run object or bulk record can be damaged."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stratalog.chaos import fuzz_engine, fuzz_queues
+from stratalog.native import native
+from stratalog.queues import format as format_module
 from stratalog.queues.format import (
     OBJECT_FOOTER_BYTES,
     PAGE_BYTES,
@@ -296,3 +300,74 @@ def test_fuzz_finding_a_run_object_name_for_another_stream_is_corrupt() -> None:
         "000000000000002967de2302000000534c514fde2b26ee")
     with pytest.raises(CorruptBulkError):
         fuzz_queues.check_run_object(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=300)), max_size=150),
+       st.lists(st.integers(0, 150), max_size=4), st.sampled_from([1, 100, PAGE_BYTES, 3 * PAGE_BYTES + 5, 1 << 30]))
+def test_the_compiled_layout_lays_out_the_twins_object(puts: list[tuple[int, bytes]], cuts: list[int],
+                                                       slice_bytes: int) -> None:
+    # The same object, part for part, from _native.lay_out_runs and from its twin (the Arrow takes), over
+    # messages in several chunks (as the log cache's records give them), some sliced (offsets not from 0).
+    if native is None:
+        pytest.fail("the compiled core is not loaded: make test builds it")
+    streams = sorted({q for q, _ in puts})
+    counts = np.array([sum(1 for q, _ in puts if q == s) for s in streams], np.int64)
+    order = np.array(sorted(range(len(puts)), key=lambda i: puts[i][0]), np.int64)
+    bounds = [0, *sorted(c for c in cuts if c < len(puts)), len(puts)]
+    chunks = [pa.array([b"before", *(m for _, m in puts[a:b])], pa.binary()).slice(1)
+              for a, b in itertools.pairwise(bounds)]
+    messages = pa.chunked_array(chunks, pa.binary())
+
+    def parts(lay_out: object) -> list[bytes]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(format_module, "_lay_out_runs", lay_out)
+            laid = lay_out_object(np.zeros(0, np.uint32), 41, 0, [(i, f"q{i}") for i in range(41)],
+                                  np.array(streams, np.int64), counts, messages, order, slice_bytes)
+            return [bytes(part) for part in laid.parts]
+
+    assert parts(native.lay_out_runs) == parts(None)
+
+
+@pytest.mark.parametrize(("case", "error"), [
+    ("runs past run_first", "the runs a .. b do not lie within run_first and order"),
+    ("run_first past order", "the runs a .. b do not lie within run_first and order"),
+    ("falling run_first", "the runs a .. b do not lie within run_first and order"),
+    ("index past the chunks", "a message index past the chunks"),
+    ("negative index", "a message index past the chunks"),
+    ("offsets past the bytes", "a message lies outside its chunk's bytes"),
+    ("falling offsets", "a message lies outside its chunk's bytes"),
+])
+def test_the_compiled_layout_refuses_runs_that_do_not_fit(case: str, error: str) -> None:
+    if native is None:
+        pytest.fail("the compiled core is not loaded: make test builds it")
+    offsets, data = np.array([0, 1, 3], np.int32), b"abc"
+    order, run_first, b = np.array([1, 0], np.int64), np.array([0, 1, 2], np.int64), 2
+    if case == "runs past run_first":
+        b = 3
+    elif case == "run_first past order":
+        run_first = np.array([0, 1, 3], np.int64)
+    elif case == "falling run_first":
+        run_first = np.array([0, 2, 1], np.int64)
+    elif case == "index past the chunks":
+        order = np.array([1, 2], np.int64)
+    elif case == "negative index":
+        order = np.array([-1, 0], np.int64)
+    elif case == "offsets past the bytes":
+        offsets = np.array([0, 1, 4], np.int32)
+    else:
+        offsets = np.array([0, 2, 1], np.int32)
+
+    with pytest.raises(ValueError, match=f"lay_out_runs: {error}"):
+        native.lay_out_runs(((offsets, data),), order, run_first, 0, b)
+
+
+def test_the_compiled_layout_lays_out_each_run_as_its_ends_then_its_messages() -> None:
+    if native is None:
+        pytest.fail("the compiled core is not loaded: make test builds it")
+    chunks = ((np.array([0, 1, 3], np.int32), b"abc"), (np.array([0, 0, 4], np.int32), b"defg"))
+    order, run_first = np.array([3, 1, 0, 2], np.int64), np.array([0, 2, 2, 4], np.int64)
+
+    assert native.lay_out_runs(chunks, order, run_first, 0, 3) \
+        == (4).to_bytes(4, "little") + (6).to_bytes(4, "little") + b"defgbc" \
+        + (1).to_bytes(4, "little") + (1).to_bytes(4, "little") + b"a"

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from stratalog.native import native
 from stratalog.queues.errors import QueueError
-from stratalog.queues.format import I64
-from stratalog.queues.record_sort import Chunk, SortedRecord, chunks_of, sort_record_numpy
+from stratalog.queues.format import I64, Chunk, chunks_of
+from stratalog.queues.record_sort import SortedRecord, sort_record_numpy
 
 Outcome = tuple[str, object]
 

@@ -95,6 +95,11 @@ static PyMethodDef native_methods[] = {
      "    -> (stream_ids, base_offsets, counts, runs_u32, data, message_at)\n\n"
      "A bulk record's messages sorted by queue (stably), with its runs, as bytes. As\n"
      "stratalog.queues.record_sort.sort_record_numpy, its Python twin."},
+    {"lay_out_runs", (PyCFunction)(void (*)(void))native_lay_out_runs, METH_FASTCALL,
+     "lay_out_runs(chunks, order, run_first, a, b) -> bytes\n\n"
+     "Runs a .. b - 1 of a run object, each its messages' u32 ends then their bytes, gathered from the\n"
+     "chunks by order, with the GIL released. As the slices of stratalog.queues.format._laid_parts, its\n"
+     "Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

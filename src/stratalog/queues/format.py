@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stratalog.errors import StratalogError
+from stratalog.native import native
 from stratalog.wal.format import crc32c
 
 BULK_MAGIC = 0x42514C53  # "SLQB"
@@ -353,6 +354,16 @@ class PageCrcs:
         return np.concatenate(self._crcs) if self._crcs else np.zeros(0, U32)
 
 
+#: A chunk of messages: an Arrow binary array's int32 offsets (one more than its messages) and its bytes.
+Chunk = tuple[npt.NDArray[np.int32], Any]
+
+
+def chunks_of(arrays: Sequence[Any]) -> tuple[Chunk, ...]:
+    """Arrow binary arrays as the chunks the compiled core reads (no copy)."""
+    return tuple((np.frombuffer(a.buffers()[1], np.int32, len(a) + 1, a.offset * 4), a.buffers()[2] or b"")
+                 for a in arrays)
+
+
 #: An object's runs are laid out this many bytes at a time (about): each slice is fresh memory, so the slice,
 #: not the object, bounds what an upload takes beside the log cache. Each slice costs a few dozen NumPy and
 #: Arrow calls, each of which gives up the GIL and must get it back beside busy producers: not much smaller.
@@ -406,17 +417,50 @@ def lay_out_object(prev_ends: U32s, stream_count: int, first_stream: int, names:
     marks = np.arange(slice_bytes, runs_bytes, slice_bytes, dtype=I64)
     bounds = np.unique(np.concatenate(([0], np.searchsorted(run_ends, marks, side="right"), [runs]))).tolist()
     layout = ObjectParts(size, ends, positions64.astype(U32))
-    layout.parts = _laid_parts(layout, messages, lengths, order, counts, run_first, run_ends, bounds,
-                               names_raw + ends.tobytes() + layout.positions.tobytes(),
-                               footer_fields=(runs_bytes, len(names_raw), first_stream, stream_count, total))
+    index_head = names_raw + ends.tobytes() + layout.positions.tobytes()
+    footer_fields = (runs_bytes, len(names_raw), first_stream, stream_count, total)
+    if _lay_out_runs is not None:
+        layout.parts = _laid_parts_native(layout, messages, order, run_first, run_ends, bounds, index_head,
+                                          footer_fields)
+    else:
+        layout.parts = _laid_parts(layout, messages, lengths, order, counts, run_first, run_ends, bounds, index_head,
+                                   footer_fields=footer_fields)
     return layout
+
+
+def _laid_parts_native(layout: ObjectParts, messages: Any, order: Ids, run_first: Ids, run_ends: Ids,
+                       bounds: list[int], index_head: bytes,
+                       footer_fields: tuple[int, int, int, int, int]) -> Iterator[bytes | memoryview]:
+    """:func:`_laid_parts` with each slice one C call (``_native.lay_out_runs``, the GIL released while it
+    copies), straight from the records' messages: no joined copy of them, no take."""
+    chunks = chunks_of(messages.chunks if isinstance(messages, pa.ChunkedArray) else [messages])
+    pages = PageCrcs()
+    for a, b in itertools.pairwise(bounds):
+        body = _lay_out_runs(chunks, order, run_first, a, b)
+        want = int(run_ends[b - 1]) - (int(run_ends[a - 1]) if a else 0)
+        if len(body) != want:
+            raise AssertionError(f"laid-out runs of {len(body)} bytes where their sizes add up to {want}")
+        pages.add(memoryview(body))
+        yield body
+    yield _index_part(layout, pages, index_head, footer_fields)
+
+
+def _index_part(layout: ObjectParts, pages: PageCrcs, index_head: bytes,
+                footer_fields: tuple[int, int, int, int, int]) -> bytes:
+    """An object's last part, once its runs are laid out: the index (``index_head``, the page CRCs) and the
+    footer; the page CRCs are kept in ``layout``."""
+    crcs = pages.finish()
+    layout.pages = crcs
+    index_raw = index_head + crcs.tobytes()
+    return index_raw + encode_footer(*footer_fields, crc32c(index_raw))
 
 
 def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int32], order: Ids, counts: Ids,
                 run_first: Ids, run_ends: Ids, bounds: list[int], index_head: bytes,
                 footer_fields: tuple[int, int, int, int, int]) -> Iterator[bytes | memoryview]:
     """The parts of ``layout``: runs ``bounds[i] .. bounds[i + 1]`` (of those present) for each i, then the
-    index (``index_head`` and the page CRCs) and the footer."""
+    index (``index_head`` and the page CRCs) and the footer. The twin of ``_native.lay_out_runs`` (its
+    slices), in NumPy and Arrow."""
     runs, total = len(counts), len(order)
     # Each run's head (its message ends, relative to its data) as one element, after the messages in one
     # array the slices take from. One array, made once: Arrow's take on a chunked array joins its chunks
@@ -461,10 +505,7 @@ def _laid_parts(layout: ObjectParts, messages: Any, lengths: npt.NDArray[np.int3
         pages.add(body)
         yield body
     del values
-    crcs = pages.finish()
-    layout.pages = crcs
-    index_raw = index_head + crcs.tobytes()
-    yield index_raw + encode_footer(*footer_fields, crc32c(index_raw))
+    yield _index_part(layout, pages, index_head, footer_fields)
 
 
 def build_object(prev_ends: U32s, stream_count: int, first_stream: int, names: Sequence[tuple[int, str]],
@@ -587,3 +628,6 @@ def decode_run(raw: bytes, count: int, key: str, stream_id: int) -> list[bytes]:
 # Runs are decoded by casting their ends to native u32: the formats are little-endian, and so must be the host.
 if sys.byteorder != "little":
     raise ImportError("stratalog's bulk formats are read natively and need a little-endian host")
+
+
+_lay_out_runs: Any = native.lay_out_runs if native is not None else None

@@ -17,10 +17,7 @@ import pyarrow as pa
 
 from stratalog.native import native
 from stratalog.queues.errors import QueueError
-from stratalog.queues.format import I64, U32, Ids
-
-#: A chunk of messages: an Arrow binary array's int32 offsets (one more than its messages) and its bytes.
-Chunk = tuple[npt.NDArray[np.int32], Any]
+from stratalog.queues.format import I64, U32, Chunk, Ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +32,6 @@ class SortedRecord:
     runs_u32: bytes
     data: bytes | memoryview
     message_at: npt.NDArray[np.int32]
-
-
-def chunks_of(arrays: list[Any]) -> tuple[Chunk, ...]:
-    """Arrow binary arrays as the chunks :func:`sort_record` reads (no copy)."""
-    return tuple((np.frombuffer(a.buffers()[1], np.int32, len(a) + 1, a.offset * 4), a.buffers()[2] or b"")
-                 for a in arrays)
 
 
 def sort_record(ids: Ids, lo: int, chunks: tuple[Chunk, ...], next_offsets: Ids, messages_max: int) -> SortedRecord:

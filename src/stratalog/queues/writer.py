@@ -25,12 +25,21 @@ import pyarrow.compute as pc
 from stratalog.engine.store import StoreFailedError
 from stratalog.errors import OverCapacityError, WALFailedError
 from stratalog.queues.errors import TooManyQueuesError, too_many_queues
-from stratalog.queues.format import I64, NAME_HEAD, STREAM_MESSAGES_MAX, BulkRecord, Ids, encode_bulk_parts
+from stratalog.queues.format import (
+    I64,
+    NAME_HEAD,
+    STREAM_MESSAGES_MAX,
+    BulkRecord,
+    Chunk,
+    Ids,
+    chunks_of,
+    encode_bulk_parts,
+)
 from stratalog.queues.lifecycle import Lifecycle
 from stratalog.queues.logcache import CachedRecord, LogCache
 from stratalog.queues.names import NameIndex
 from stratalog.queues.pending import PendingPuts, SinglePuts
-from stratalog.queues.record_sort import Chunk, chunks_of, sort_record
+from stratalog.queues.record_sort import sort_record
 from stratalog.wal import WriteAheadLog
 
 _EMPTY_BATCH = pa.array([], type=pa.binary())
