@@ -70,7 +70,8 @@ sanitize: $(STAMP)
 	$(BIN)/python -c "from stratalog.native import native; assert native is not None and native.__file__.startswith('$(abspath $(SANITIZED))'), native" && \
 	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py tests/test_record_index.py \
 	  tests/test_block_io.py tests/test_queue_putter.py tests/test_queue_cached_reads.py tests/test_kafka_produce_request.py \
-	  tests/test_queue_names.py tests/test_record_sort.py tests/test_queue_format.py && \
+	  tests/test_queue_names.py tests/test_record_sort.py tests/test_queue_format.py \
+	  tests/test_queue_compaction.py && \
 	$(BIN)/stratalog chaos fuzz --seconds 15 --runs 100000 --target native_record_walk --target kafka_record_check \
 	  --target native_record_index --target native_array_counts --target native_run_read \
 	  --target native_produce_request \

@@ -19,13 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from queuekit import one_object_per_round, small_queue_config
 from stratalog.engine.metadata import Metadata
 from stratalog.errors import StratalogError
+from stratalog.native import native
 from stratalog.objects.local import SPARES_DIR_NAME, TEMP_PREFIX, LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.queues import QueueStore
+from stratalog.queues import compaction as compaction_module
 from stratalog.queues.compaction import (
     MergeResult,
     MergeSource,
@@ -827,3 +831,68 @@ def test_no_piece_of_more_than_one_queue_exceeds_the_bound_by_a_byte() -> None:
             assert size <= piece_bytes_max or hi - lo == 1, (piece_bytes_max, p, size)
             tried += 1
     assert tried > 300
+
+
+def _merged_both_ways(sources: list[MergeSource], prev: np.ndarray, slice_bytes: int) -> list[tuple[bytes, tuple]]:
+    """The merge of ``sources`` by the compiled join (_native.merge_runs) and by its twin (Arrow takes)."""
+    if native is None:
+        pytest.fail("the compiled core is not loaded: make test builds it")
+    out = []
+    for join in (native.merge_runs, None):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(compaction_module, "_merge_runs", join)
+            result = MergeResult()
+            merged = b"".join(merge_objects(sources, prev, slice_bytes, result))
+            out.append((merged, (result.size_bytes, result.ends.tolist(), result.positions.tolist(),
+                                 result.pages.tolist(), result.runs_written, result.pages_checked)))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.integers(2, 5), st.sampled_from([1, 64, 3000, 1 << 20]))
+def test_the_compiled_join_merges_as_its_twin(seed: int, rounds: int, slice_bytes: int) -> None:
+    rng = random.Random(seed)
+    objects, _ = _objects(rng, rounds, [rng.randint(0, 8) or 1 for _ in range(rounds)])
+    first = rng.randrange(rounds - 1)
+    prev = _source("p", objects[first - 1]).ends if first else np.zeros(0, U32)
+    sources = [_source(f"o{i}", objects[i]) for i in range(first, rounds)]
+
+    mine, twin = _merged_both_ways(sources, prev, slice_bytes)
+
+    assert mine == twin
+
+
+def _run(ends: list[int], data: bytes) -> bytes:
+    return b"".join(e.to_bytes(4, "little") for e in ends) + data
+
+
+def test_the_compiled_join_joins_each_streams_runs_in_source_order() -> None:
+    if native is None:
+        pytest.fail("the compiled core is not loaded: make test builds it")
+    # Two sources, two streams: source 0 has (a, bc) for stream 0, nothing for 1; source 1 has (d) and (ef).
+    runs = [_run([1, 3], b"abc"), _run([1], b"d"), _run([2], b"ef")]
+    sources = b"".join(runs)
+    starts = np.array([[0, 11, 11], [11, 16, 22]], np.int64)
+    counts = np.array([[2, 0], [1, 1]], np.int64)
+
+    assert native.merge_runs(sources, starts, counts) == _run([1, 3, 4], b"abcd") + _run([2], b"ef")
+
+
+def test_a_run_whose_last_end_is_not_its_length_is_left_to_the_caller() -> None:
+    if native is None:
+        pytest.fail("the compiled core is not loaded: make test builds it")
+    assert native.merge_runs(_run([1, 2], b"abc"), np.array([[0, 11]], np.int64), np.array([[2]], np.int64)) is None
+
+
+@pytest.mark.parametrize(("starts", "counts"), [
+    ([[0, 12]], [[2]]),        # past the sources' bytes
+    ([[3, 2]], [[0]]),         # a run that ends before it starts
+    ([[0, 11]], [[3]]),        # more ends than the run holds
+    ([[0, 11]], [[-1]]),
+    ([[0, 11]], [[1], [1]]),   # counts for two sources, starts for one
+])
+def test_the_compiled_join_refuses_runs_that_do_not_fit(starts: list[list[int]], counts: list[list[int]]) -> None:
+    if native is None:
+        pytest.fail("the compiled core is not loaded: make test builds it")
+    with pytest.raises(ValueError, match="merge_runs"):
+        native.merge_runs(_run([1, 3], b"abc"), np.array(starts, np.int64), np.array(counts, np.int64))

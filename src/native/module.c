@@ -100,6 +100,11 @@ static PyMethodDef native_methods[] = {
      "Runs a .. b - 1 of a run object, each its messages' u32 ends then their bytes, gathered from the\n"
      "chunks by order, with the GIL released. As the slices of stratalog.queues.format._laid_parts, its\n"
      "Python twin."},
+    {"merge_runs", (PyCFunction)(void (*)(void))native_merge_runs, METH_FASTCALL,
+     "merge_runs(sources, starts, counts) -> bytes | None\n\n"
+     "A slice of a merge's new runs, each stream's runs of every source joined (their message ends shifted,\n"
+     "then their data); None where a run's last end is not its length. As the Arrow takes of\n"
+     "stratalog.queues.compaction._merge_slice, its Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

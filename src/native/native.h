@@ -38,6 +38,7 @@ PyObject *native_read_random_cached(PyObject *module, PyObject *const *args, Py_
 PyObject *native_decode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_sort_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_lay_out_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_merge_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_lookup_names(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif
