@@ -71,7 +71,10 @@ sanitize: $(STAMP)
 	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py tests/test_record_index.py \
 	  tests/test_block_io.py tests/test_queue_putter.py tests/test_queue_cached_reads.py tests/test_kafka_produce_request.py \
 	  tests/test_queue_names.py tests/test_record_sort.py tests/test_queue_format.py \
-	  tests/test_queue_compaction.py && \
+	  tests/test_queue_compaction.py::test_the_compiled_join_merges_as_its_twin \
+	  tests/test_queue_compaction.py::test_the_compiled_join_refuses_runs_that_do_not_fit \
+	  tests/test_queue_compaction.py::test_the_compiled_join_joins_each_streams_runs_in_source_order \
+	  tests/test_queue_compaction.py::test_a_run_whose_last_end_is_not_its_length_is_left_to_the_caller && \
 	$(BIN)/stratalog chaos fuzz --seconds 15 --runs 100000 --target native_record_walk --target kafka_record_check \
 	  --target native_record_index --target native_array_counts --target native_run_read \
 	  --target native_produce_request \
