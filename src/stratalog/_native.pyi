@@ -35,3 +35,11 @@ class BlockWriter:
 def lookup_names(offsets: np.ndarray, data: bytes | memoryview | pa.Buffer, slots: np.ndarray, extents: np.ndarray,
                  stored: np.ndarray, probes_max: int, found: np.ndarray) -> None:
     """stratalog.queues.names.lookup_numpy."""
+def sort_record(ids: np.ndarray, lo: int, chunks: tuple[tuple[np.ndarray, bytes | memoryview | pa.Buffer], ...],
+                next_offsets: np.ndarray, messages_max: int) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes]:
+    """stratalog.queues.record_sort.sort_record_numpy."""
+def lay_out_runs(chunks: tuple[tuple[np.ndarray, bytes | memoryview | pa.Buffer], ...], order: np.ndarray,
+                 run_first: np.ndarray, a: int, b: int) -> bytes:
+    """The slices of stratalog.queues.format._laid_parts."""
+def merge_runs(sources: bytes | memoryview, starts: np.ndarray, counts: np.ndarray) -> bytes | None:
+    """The Arrow takes of stratalog.queues.compaction._merge_slice."""
