@@ -875,13 +875,25 @@ def test_the_compiled_join_joins_each_streams_runs_in_source_order() -> None:
     starts = np.array([[0, 11, 11], [11, 16, 22]], np.int64)
     counts = np.array([[2, 0], [1, 1]], np.int64)
 
-    assert native.merge_runs(sources, starts, counts) == _run([1, 3, 4], b"abcd") + _run([2], b"ef")
+    out = bytearray(22)
+
+    assert native.merge_runs(sources, starts, counts, out) is True
+    assert out == _run([1, 3, 4], b"abcd") + _run([2], b"ef")
 
 
 def test_a_run_whose_last_end_is_not_its_length_is_left_to_the_caller() -> None:
     if native is None:
         pytest.fail("the compiled core is not loaded: make test builds it")
-    assert native.merge_runs(_run([1, 2], b"abc"), np.array([[0, 11]], np.int64), np.array([[2]], np.int64)) is None
+    assert native.merge_runs(_run([1, 2], b"abc"), np.array([[0, 11]], np.int64), np.array([[2]], np.int64),
+                             bytearray(11)) is None
+
+
+def test_the_compiled_join_fills_exactly_the_room_it_is_given() -> None:
+    if native is None:
+        pytest.fail("the compiled core is not loaded: make test builds it")
+    with pytest.raises(ValueError, match="merge_runs: the runs take 11 bytes, out holds 10"):
+        native.merge_runs(_run([1, 3], b"abc"), np.array([[0, 11]], np.int64), np.array([[2]], np.int64),
+                          bytearray(10))
 
 
 @pytest.mark.parametrize(("starts", "counts"), [
@@ -895,4 +907,5 @@ def test_the_compiled_join_refuses_runs_that_do_not_fit(starts: list[list[int]],
     if native is None:
         pytest.fail("the compiled core is not loaded: make test builds it")
     with pytest.raises(ValueError, match="merge_runs"):
-        native.merge_runs(_run([1, 3], b"abc"), np.array(starts, np.int64), np.array(counts, np.int64))
+        native.merge_runs(_run([1, 3], b"abc"), np.array(starts, np.int64), np.array(counts, np.int64),
+                          bytearray(11))

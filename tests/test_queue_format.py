@@ -337,6 +337,7 @@ def test_the_compiled_layout_lays_out_the_twins_object(puts: list[tuple[int, byt
     ("negative index", "a message index past the chunks"),
     ("offsets past the bytes", "a message lies outside its chunk's bytes"),
     ("falling offsets", "a message lies outside its chunk's bytes"),
+    ("out too small", "the runs take 11 bytes, out holds 10"),
 ])
 def test_the_compiled_layout_refuses_runs_that_do_not_fit(case: str, error: str) -> None:
     if native is None:
@@ -355,11 +356,12 @@ def test_the_compiled_layout_refuses_runs_that_do_not_fit(case: str, error: str)
         order = np.array([-1, 0], np.int64)
     elif case == "offsets past the bytes":
         offsets = np.array([0, 1, 4], np.int32)
-    else:
+    elif case == "falling offsets":
         offsets = np.array([0, 2, 1], np.int32)
+    out = bytearray(10 if case == "out too small" else 11)
 
     with pytest.raises(ValueError, match=f"lay_out_runs: {error}"):
-        native.lay_out_runs(((offsets, data),), order, run_first, 0, b)
+        native.lay_out_runs(((offsets, data),), order, run_first, 0, b, out)
 
 
 def test_the_compiled_layout_lays_out_each_run_as_its_ends_then_its_messages() -> None:
@@ -368,6 +370,8 @@ def test_the_compiled_layout_lays_out_each_run_as_its_ends_then_its_messages() -
     chunks = ((np.array([0, 1, 3], np.int32), b"abc"), (np.array([0, 0, 4], np.int32), b"defg"))
     order, run_first = np.array([3, 1, 0, 2], np.int64), np.array([0, 2, 2, 4], np.int64)
 
-    assert native.lay_out_runs(chunks, order, run_first, 0, 3) \
-        == (4).to_bytes(4, "little") + (6).to_bytes(4, "little") + b"defgbc" \
+    out = bytearray(23)
+
+    assert native.lay_out_runs(chunks, order, run_first, 0, 3, out) is None
+    assert out == (4).to_bytes(4, "little") + (6).to_bytes(4, "little") + b"defgbc" \
         + (1).to_bytes(4, "little") + (1).to_bytes(4, "little") + b"a"

@@ -1,11 +1,13 @@
 /* lay_out_runs: a slice of a run object's runs, laid out in one C call. Its twin and spec is the slice loop
  * of stratalog.queues.format._laid_parts (docs/formats/queues.md, "Run objects"):
  *
- *     lay_out_runs(chunks, order, run_first, a, b) -> bytes
+ *     lay_out_runs(chunks, order, run_first, a, b, out) -> None
  *
  * The messages are the chunks' (Arrow binary arrays given as (int32 offsets, data), one after the other);
- * run r holds messages order[run_first[r]] .. order[run_first[r + 1] - 1]. Out: runs a .. b - 1, each as
- * its messages' ends (u32, from the start of its data) and then their bytes.
+ * run r holds messages order[run_first[r]] .. order[run_first[r + 1] - 1]. Into `out` (writable, exactly
+ * the slice's bytes: the caller allocates it from Arrow's pool, which reuses memory, where a new bytes
+ * object of a slice's size is fresh pages every time): runs a .. b - 1, each as its messages' ends (u32,
+ * from the start of its data) and then their bytes.
  *
  * Everything is checked before it is used (run bounds, indices into the messages, each message within its
  * chunk's bytes), in a first pass that also sizes the slice; the second pass copies. Both run without the
@@ -20,7 +22,7 @@
 #define U32_MAX 0xFFFFFFFFLL
 
 typedef struct {
-    Py_buffer order, run_first;
+    Py_buffer order, run_first, out;
     Py_buffer *chunk_buffers; /* two per chunk: offsets, data */
     Py_ssize_t chunk_count, held_chunk_buffers;
     int held;
@@ -51,6 +53,9 @@ static void release_layout(Layout *l) {
     }
     if (l->held > 1) {
         PyBuffer_Release(&l->run_first);
+    }
+    if (l->held > 2) {
+        PyBuffer_Release(&l->out);
     }
     for (Py_ssize_t i = 0; i < l->held_chunk_buffers; i++) {
         PyBuffer_Release(&l->chunk_buffers[i]);
@@ -165,9 +170,9 @@ static void fill_slice(const Layout *l, Py_ssize_t a, Py_ssize_t b, uint8_t *out
 
 PyObject *native_lay_out_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "lay_out_runs takes 5 arguments (chunks, order, run_first, a, b), not %zd",
-                     nargs);
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "lay_out_runs takes 6 arguments (chunks, order, run_first, a, b, out), "
+                                      "not %zd", nargs);
         return NULL;
     }
     if (!PyTuple_Check(args[0])) {
@@ -188,6 +193,10 @@ PyObject *native_lay_out_runs(PyObject *module, PyObject *const *args, Py_ssize_
         goto done;
     }
     l.held = 2;
+    if (PyObject_GetBuffer(args[5], &l.out, PyBUF_WRITABLE) < 0) {
+        goto done;
+    }
+    l.held = 3;
     if (l.order.len % 8 || (uintptr_t)l.order.buf % 8 || l.run_first.len % 8 || l.run_first.len < 8 ||
         (uintptr_t)l.run_first.buf % 8) {
         PyErr_SetString(PyExc_ValueError, "lay_out_runs: order and run_first are aligned int64 arrays, "
@@ -206,13 +215,14 @@ PyObject *native_lay_out_runs(PyObject *module, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_ValueError, check_message(check));
         goto done;
     }
-    result = PyBytes_FromStringAndSize(NULL, size);
-    if (result != NULL) {
-        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
-        Py_BEGIN_ALLOW_THREADS
-        fill_slice(&l, a, b, out);
-        Py_END_ALLOW_THREADS
+    if (size != l.out.len) {
+        PyErr_Format(PyExc_ValueError, "lay_out_runs: the runs take %zd bytes, out holds %zd", size, l.out.len);
+        goto done;
     }
+    Py_BEGIN_ALLOW_THREADS
+    fill_slice(&l, a, b, l.out.buf);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
 done:
     release_layout(&l);
     return result;

@@ -2,13 +2,15 @@
  * spec is the Arrow part of stratalog.queues.compaction._merge_slice (docs/formats/queues.md, "Run
  * objects"; the module's doc says what a merge is):
  *
- *     merge_runs(sources, starts, counts) -> bytes | None
+ *     merge_runs(sources, starts, counts, out) -> True | None
  *
  * `sources` holds the sources' pages read for the slice, one source after the other; starts[j] (int64,
  * streams + 1 of them) is where each stream's run of source j begins in it, and its end; counts[j] (int64,
  * one per stream) how many messages the run holds. A run is its messages' ends (u32, from the start of its
- * data), then the data. Out: each stream's new run: the ends of every source's messages in source order,
- * each shifted by the data of the sources before it, then every source's data in that order. None where a
+ * data), then the data. Into `out` (writable, exactly the runs' bytes: the caller allocates it from Arrow's
+ * pool, which reuses memory, where a new bytes object of a slice's size is fresh pages every time): each
+ * stream's new run: the ends of every source's messages in source order, each shifted by the data of the
+ * sources before it, then every source's data in that order. True; None where a
  * run's last message end is not its data's length (the caller raises CorruptBulkError, as the twin); a run
  * that does not lie within `sources` or whose count does not fit it is a ValueError (the caller's plan is
  * checked before, so neither comes from a file). */
@@ -19,12 +21,12 @@
 #include <string.h>
 
 typedef struct {
-    Py_buffer sources, starts, counts;
+    Py_buffer sources, starts, counts, out;
     int held;
 } MergeArgs;
 
 static void release_merge(MergeArgs *m) {
-    Py_buffer *all[] = {&m->sources, &m->starts, &m->counts};
+    Py_buffer *all[] = {&m->sources, &m->starts, &m->counts, &m->out};
     for (int i = 0; i < m->held; i++) {
         PyBuffer_Release(all[i]);
     }
@@ -89,14 +91,15 @@ static void join_runs(const MergeArgs *m, Py_ssize_t source_count, Py_ssize_t st
 
 PyObject *native_merge_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "merge_runs takes 3 arguments (sources, starts, counts), not %zd", nargs);
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "merge_runs takes 4 arguments (sources, starts, counts, out), not %zd",
+                     nargs);
         return NULL;
     }
     MergeArgs m = {.held = 0};
-    Py_buffer *all[] = {&m.sources, &m.starts, &m.counts};
-    for (int i = 0; i < 3; i++) {
-        if (PyObject_GetBuffer(args[i], all[i], PyBUF_SIMPLE) < 0) {
+    Py_buffer *all[] = {&m.sources, &m.starts, &m.counts, &m.out};
+    for (int i = 0; i < 4; i++) {
+        if (PyObject_GetBuffer(args[i], all[i], i == 3 ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
             release_merge(&m);
             return NULL;
         }
@@ -122,13 +125,14 @@ PyObject *native_merge_runs(PyObject *module, PyObject *const *args, Py_ssize_t 
         result = Py_NewRef(Py_None);
         goto done;
     }
-    result = PyBytes_FromStringAndSize(NULL, size);
-    if (result != NULL) {
-        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
-        Py_BEGIN_ALLOW_THREADS
-        join_runs(&m, source_count, streams, out);
-        Py_END_ALLOW_THREADS
+    if (size != m.out.len) {
+        PyErr_Format(PyExc_ValueError, "merge_runs: the runs take %zd bytes, out holds %zd", size, m.out.len);
+        goto done;
     }
+    Py_BEGIN_ALLOW_THREADS
+    join_runs(&m, source_count, streams, m.out.buf);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_True);
 done:
     release_merge(&m);
     return result;

@@ -96,14 +96,14 @@ static PyMethodDef native_methods[] = {
      "A bulk record's messages sorted by queue (stably), with its runs, as bytes. As\n"
      "stratalog.queues.record_sort.sort_record_numpy, its Python twin."},
     {"lay_out_runs", (PyCFunction)(void (*)(void))native_lay_out_runs, METH_FASTCALL,
-     "lay_out_runs(chunks, order, run_first, a, b) -> bytes\n\n"
-     "Runs a .. b - 1 of a run object, each its messages' u32 ends then their bytes, gathered from the\n"
-     "chunks by order, with the GIL released. As the slices of stratalog.queues.format._laid_parts, its\n"
+     "lay_out_runs(chunks, order, run_first, a, b, out) -> None\n\n"
+     "Runs a .. b - 1 of a run object into out (exactly their size), each its messages' u32 ends then\n"
+     "their bytes, gathered from the chunks by order, with the GIL released. As the slices of stratalog.queues.format._laid_parts, its\n"
      "Python twin."},
     {"merge_runs", (PyCFunction)(void (*)(void))native_merge_runs, METH_FASTCALL,
-     "merge_runs(sources, starts, counts) -> bytes | None\n\n"
-     "A slice of a merge's new runs, each stream's runs of every source joined (their message ends shifted,\n"
-     "then their data); None where a run's last end is not its length. As the Arrow takes of\n"
+     "merge_runs(sources, starts, counts, out) -> True | None\n\n"
+     "A slice of a merge's new runs into out (exactly their size), each stream's runs of every source joined\n"
+     "(their message ends shifted, then their data); None where a run's last end is not its length. As the Arrow takes of\n"
      "stratalog.queues.compaction._merge_slice, its Python twin."},
     {NULL, NULL, 0, NULL},
 };

@@ -39,7 +39,8 @@ def sort_record(ids: np.ndarray, lo: int, chunks: tuple[tuple[np.ndarray, bytes 
                 next_offsets: np.ndarray, messages_max: int) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes]:
     """stratalog.queues.record_sort.sort_record_numpy."""
 def lay_out_runs(chunks: tuple[tuple[np.ndarray, bytes | memoryview | pa.Buffer], ...], order: np.ndarray,
-                 run_first: np.ndarray, a: int, b: int) -> bytes:
+                 run_first: np.ndarray, a: int, b: int, out: pa.Buffer | bytearray) -> None:
     """The slices of stratalog.queues.format._laid_parts."""
-def merge_runs(sources: bytes | memoryview, starts: np.ndarray, counts: np.ndarray) -> bytes | None:
+def merge_runs(sources: bytes | memoryview, starts: np.ndarray, counts: np.ndarray,
+               out: pa.Buffer | bytearray) -> bool | None:
     """The Arrow takes of stratalog.queues.compaction._merge_slice."""

@@ -301,8 +301,9 @@ def _merge_slice(sources: Sequence[MergeSource], lo: int, hi: int, counts: np.nd
     if _merge_runs is not None:
         # The runs joined in one C call (the Arrow takes below are its twin).
         starts = np.ascontiguousarray(offsets[:heads_at].reshape(j_count, width)[:, ::2])
-        joined = _merge_runs(buf[:sources_bytes], starts, np.ascontiguousarray(counts, np.int64))
-        if joined is None:
+        # Out into Arrow's pool, which reuses freed memory (a bytes object of a slice's size is fresh pages).
+        joined = pa.allocate_buffer(int((starts[:, -1] - starts[:, 0]).sum()))
+        if _merge_runs(buf[:sources_bytes], starts, np.ascontiguousarray(counts, np.int64), joined) is None:
             raise CorruptBulkError(f"objects {sources[0].key} .. {sources[-1].key}: a run's message ends do not "
                                    "match its length")
         result.runs_written += int(np.count_nonzero(counts.sum(axis=0)))

@@ -436,12 +436,12 @@ def _laid_parts_native(layout: ObjectParts, messages: Any, order: Ids, run_first
     chunks = chunks_of(messages.chunks if isinstance(messages, pa.ChunkedArray) else [messages])
     pages = PageCrcs()
     for a, b in itertools.pairwise(bounds):
-        body = _lay_out_runs(chunks, order, run_first, a, b)
-        want = int(run_ends[b - 1]) - (int(run_ends[a - 1]) if a else 0)
-        if len(body) != want:
-            raise AssertionError(f"laid-out runs of {len(body)} bytes where their sizes add up to {want}")
-        pages.add(memoryview(body))
-        yield body
+        # Out into Arrow's pool, which reuses freed memory (a bytes object of a slice's size is fresh pages).
+        body = pa.allocate_buffer(int(run_ends[b - 1]) - (int(run_ends[a - 1]) if a else 0))
+        _lay_out_runs(chunks, order, run_first, a, b, body)
+        view = memoryview(body)
+        pages.add(view)
+        yield view
     yield _index_part(layout, pages, index_head, footer_fields)
 
 
