@@ -43,7 +43,8 @@ setup(
                                     "src/native/writer.c", "src/native/array_counts.c", "src/native/puts.c",
                                     "src/native/crc.c", "src/native/runs.c", "src/native/produce.c",
                                     "src/native/names.c", "src/native/bulk.c",
-                                    "src/native/layout.c", "src/native/merge.c"],
+                                    "src/native/layout.c", "src/native/merge.c",
+                                    "src/native/chunks.c"],
                            depends=["src/native/native.h"], extra_compile_args=flags, extra_link_args=link)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -33,8 +33,7 @@ typedef struct {
 typedef struct {
     Py_buffer ids, next_offsets;
     int held;
-    Py_buffer *chunk_buffers; /* two per chunk: offsets, data */
-    Py_ssize_t chunks_held;
+    NativeChunks chunks;
 } Inputs;
 
 static void release_inputs(Inputs *in) {
@@ -44,10 +43,7 @@ static void release_inputs(Inputs *in) {
     if (in->held > 1) {
         PyBuffer_Release(&in->next_offsets);
     }
-    for (Py_ssize_t i = 0; i < in->chunks_held; i++) {
-        PyBuffer_Release(&in->chunk_buffers[i]);
-    }
-    PyMem_Free(in->chunk_buffers);
+    native_release_chunks(&in->chunks);
 }
 
 static int value_error(const char *message) {
@@ -56,48 +52,15 @@ static int value_error(const char *message) {
 }
 
 /* Each message lo .. lo + count - 1 of the chunks, where its bytes are (in `sources`). */
-static int find_sources(Inputs *in, PyObject *chunks, Py_ssize_t lo, Py_ssize_t count, Source *sources) {
-    Py_ssize_t chunk_count = PyTuple_GET_SIZE(chunks);
-    in->chunk_buffers = PyMem_Calloc((size_t)(2 * chunk_count) + 1, sizeof(Py_buffer));
-    if (in->chunk_buffers == NULL) {
-        PyErr_NoMemory();
-        return -1;
+static int find_sources(const NativeChunks *chunks, Py_ssize_t lo, Py_ssize_t count, Source *sources) {
+    Py_ssize_t total = chunks->starts[chunks->count];
+    for (Py_ssize_t i = 0; i < count && i < total - lo; i++) {
+        sources[i].at = native_chunk_message(chunks, lo + i, &sources[i].size);
+        if (sources[i].at == NULL) {
+            return value_error("sort_record: a message lies outside its chunk's bytes");
+        }
     }
-    Py_ssize_t first = 0, found = 0; /* the global index of the chunk's first message; messages placed */
-    for (Py_ssize_t c = 0; c < chunk_count && found < count; c++) {
-        PyObject *chunk = PyTuple_GET_ITEM(chunks, c);
-        if (!PyTuple_Check(chunk) || PyTuple_GET_SIZE(chunk) != 2) {
-            PyErr_SetString(PyExc_TypeError, "sort_record: each chunk is (offsets, data)");
-            return -1;
-        }
-        Py_buffer *offsets_buffer = &in->chunk_buffers[in->chunks_held];
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(chunk, 0), offsets_buffer, PyBUF_SIMPLE) < 0) {
-            return -1;
-        }
-        in->chunks_held++;
-        Py_buffer *data_buffer = &in->chunk_buffers[in->chunks_held];
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(chunk, 1), data_buffer, PyBUF_SIMPLE) < 0) {
-            return -1;
-        }
-        in->chunks_held++;
-        if (offsets_buffer->len % (Py_ssize_t)sizeof(int32_t) != 0 ||
-            offsets_buffer->len < (Py_ssize_t)sizeof(int32_t) || (uintptr_t)offsets_buffer->buf % sizeof(int32_t)) {
-            return value_error("sort_record: a chunk's offsets are aligned int32, one more than its messages");
-        }
-        const int32_t *offsets = offsets_buffer->buf;
-        const uint8_t *data = data_buffer->buf;
-        Py_ssize_t size = offsets_buffer->len / (Py_ssize_t)sizeof(int32_t) - 1;
-        for (Py_ssize_t m = lo > first ? lo - first : 0; m < size && found < count; m++) {
-            if (offsets[m] < 0 || offsets[m] > offsets[m + 1] || offsets[m + 1] > data_buffer->len) {
-                return value_error("sort_record: a message lies outside its chunk's bytes");
-            }
-            sources[found].at = data + offsets[m];
-            sources[found].size = offsets[m + 1] - offsets[m];
-            found++;
-        }
-        first += size;
-    }
-    if (found < count) {
+    if (count > 0 && lo > total - count) {
         return value_error("sort_record: the chunks hold fewer messages than the ids name");
     }
     return 0;
@@ -237,7 +200,8 @@ static PyObject *sort_held(Inputs *in, PyObject *chunks, Py_ssize_t lo, long lon
         keys[i] = (uint64_t)ids[i] << POSITION_BITS | (uint64_t)i;
         id_max = (uint64_t)ids[i] > id_max ? (uint64_t)ids[i] : id_max;
     }
-    if (find_sources(in, chunks, lo, count, sources) < 0) {
+    if (native_hold_chunks(chunks, "sort_record", &in->chunks) < 0 ||
+        find_sources(&in->chunks, lo, count, sources) < 0) {
         goto done;
     }
     result = lay_out(radix_sort(keys, spare, count, id_max), count, sources, in->next_offsets.buf, messages_max);
@@ -260,11 +224,7 @@ PyObject *native_sort_record(PyObject *module, PyObject *const *args, Py_ssize_t
     if (PyErr_Occurred()) {
         return NULL;
     }
-    if (!PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "sort_record: chunks is a tuple of (offsets, data)");
-        return NULL;
-    }
-    Inputs in = {.held = 0, .chunk_buffers = NULL, .chunks_held = 0};
+    Inputs in = {.held = 0};
     PyObject *result = NULL;
     if (PyObject_GetBuffer(args[0], &in.ids, PyBUF_SIMPLE) == 0) {
         in.held = 1;

@@ -23,10 +23,8 @@
 
 typedef struct {
     Py_buffer order, run_first, out;
-    Py_buffer *chunk_buffers; /* two per chunk: offsets, data */
-    Py_ssize_t chunk_count, held_chunk_buffers;
     int held;
-    Py_ssize_t *chunk_starts; /* the index of each chunk's first message; then the total */
+    NativeChunks chunks;
 } Layout;
 
 typedef enum { LAID, BAD_RUNS, BAD_INDEX, BAD_MESSAGE, TOO_BIG } Check;
@@ -48,72 +46,11 @@ static const char *check_message(Check check) {
 }
 
 static void release_layout(Layout *l) {
-    if (l->held > 0) {
-        PyBuffer_Release(&l->order);
+    Py_buffer *all[] = {&l->order, &l->run_first, &l->out};
+    for (int i = 0; i < l->held; i++) {
+        PyBuffer_Release(all[i]);
     }
-    if (l->held > 1) {
-        PyBuffer_Release(&l->run_first);
-    }
-    if (l->held > 2) {
-        PyBuffer_Release(&l->out);
-    }
-    for (Py_ssize_t i = 0; i < l->held_chunk_buffers; i++) {
-        PyBuffer_Release(&l->chunk_buffers[i]);
-    }
-    PyMem_Free(l->chunk_buffers);
-    PyMem_Free(l->chunk_starts);
-}
-
-static int hold_chunks(Layout *l, PyObject *chunks) {
-    l->chunk_count = PyTuple_GET_SIZE(chunks);
-    l->chunk_buffers = PyMem_Calloc((size_t)(2 * l->chunk_count) + 1, sizeof(Py_buffer));
-    l->chunk_starts = PyMem_Calloc((size_t)l->chunk_count + 1, sizeof(Py_ssize_t));
-    if (l->chunk_buffers == NULL || l->chunk_starts == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t c = 0; c < l->chunk_count; c++) {
-        PyObject *chunk = PyTuple_GET_ITEM(chunks, c);
-        if (!PyTuple_Check(chunk) || PyTuple_GET_SIZE(chunk) != 2) {
-            PyErr_SetString(PyExc_TypeError, "lay_out_runs: each chunk is (offsets, data)");
-            return -1;
-        }
-        for (int k = 0; k < 2; k++) {
-            if (PyObject_GetBuffer(PyTuple_GET_ITEM(chunk, k), &l->chunk_buffers[2 * c + k], PyBUF_SIMPLE) < 0) {
-                return -1;
-            }
-            l->held_chunk_buffers++;
-        }
-        const Py_buffer *offsets = &l->chunk_buffers[2 * c];
-        if (offsets->len % (Py_ssize_t)sizeof(int32_t) || offsets->len < (Py_ssize_t)sizeof(int32_t) ||
-            (uintptr_t)offsets->buf % sizeof(int32_t)) {
-            PyErr_SetString(PyExc_ValueError, "lay_out_runs: a chunk's offsets are aligned int32, one more than "
-                                              "its messages");
-            return -1;
-        }
-        l->chunk_starts[c + 1] = l->chunk_starts[c] + offsets->len / (Py_ssize_t)sizeof(int32_t) - 1;
-    }
-    return 0;
-}
-
-/* Where message `index` lies (NULL: outside its chunk's bytes); its size in *size. */
-static const uint8_t *message_at(const Layout *l, long long index, int32_t *size) {
-    Py_ssize_t lo = 0, hi = l->chunk_count; /* the chunk c with starts[c] <= index < starts[c + 1] */
-    while (hi - lo > 1) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (l->chunk_starts[mid] <= index) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    const int32_t *offsets = l->chunk_buffers[2 * lo].buf;
-    Py_ssize_t m = (Py_ssize_t)index - l->chunk_starts[lo];
-    if (offsets[m] < 0 || offsets[m] > offsets[m + 1] || offsets[m + 1] > l->chunk_buffers[2 * lo + 1].len) {
-        return NULL;
-    }
-    *size = offsets[m + 1] - offsets[m];
-    return (const uint8_t *)l->chunk_buffers[2 * lo + 1].buf + offsets[m];
+    native_release_chunks(&l->chunks);
 }
 
 /* The first pass: every bound and message checked, the slice's bytes counted. */
@@ -121,7 +58,7 @@ static Check size_slice(const Layout *l, Py_ssize_t a, Py_ssize_t b, Py_ssize_t 
     const long long *order = l->order.buf, *run_first = l->run_first.buf;
     Py_ssize_t order_count = l->order.len / (Py_ssize_t)sizeof(long long);
     Py_ssize_t runs = l->run_first.len / (Py_ssize_t)sizeof(long long) - 1;
-    Py_ssize_t total_messages = l->chunk_starts[l->chunk_count];
+    Py_ssize_t total_messages = l->chunks.starts[l->chunks.count];
     if (a < 0 || a > b || b > runs) {
         return BAD_RUNS;
     }
@@ -136,7 +73,7 @@ static Check size_slice(const Layout *l, Py_ssize_t a, Py_ssize_t b, Py_ssize_t 
             if (order[i] < 0 || order[i] >= total_messages) {
                 return BAD_INDEX;
             }
-            if (message_at(l, order[i], &message_bytes) == NULL) {
+            if (native_chunk_message(&l->chunks, order[i], &message_bytes) == NULL) {
                 return BAD_MESSAGE;
             }
             run_bytes += message_bytes;
@@ -159,7 +96,7 @@ static void fill_slice(const Layout *l, Py_ssize_t a, Py_ssize_t b, uint8_t *out
         uint32_t end = 0;
         for (long long i = 0; i < count; i++) {
             int32_t size = 0;
-            const uint8_t *message = message_at(l, order[run_first[r] + i], &size);
+            const uint8_t *message = native_chunk_message(&l->chunks, order[run_first[r] + i], &size);
             memcpy(data + end, message, (size_t)size);
             end += (uint32_t)size;
             memcpy(ends + 4 * i, &end, 4); /* little-endian, as the format and the host are */
@@ -175,15 +112,11 @@ PyObject *native_lay_out_runs(PyObject *module, PyObject *const *args, Py_ssize_
                                       "not %zd", nargs);
         return NULL;
     }
-    if (!PyTuple_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "lay_out_runs: chunks is a tuple of (offsets, data)");
-        return NULL;
-    }
     Py_ssize_t a = PyLong_AsSsize_t(args[3]), b = PyLong_AsSsize_t(args[4]);
     if (PyErr_Occurred()) {
         return NULL;
     }
-    Layout l = {.held = 0, .chunk_buffers = NULL, .chunk_starts = NULL, .held_chunk_buffers = 0};
+    Layout l = {.held = 0};
     PyObject *result = NULL;
     if (PyObject_GetBuffer(args[1], &l.order, PyBUF_SIMPLE) < 0) {
         goto done;
@@ -203,7 +136,7 @@ PyObject *native_lay_out_runs(PyObject *module, PyObject *const *args, Py_ssize_
                                           "run_first one more than the runs");
         goto done;
     }
-    if (hold_chunks(&l, args[0]) < 0) {
+    if (native_hold_chunks(args[0], "lay_out_runs", &l.chunks) < 0) {
         goto done;
     }
     Py_ssize_t size = 0;

@@ -41,4 +41,19 @@ PyObject *native_lay_out_runs(PyObject *module, PyObject *const *args, Py_ssize_
 PyObject *native_merge_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_lookup_names(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* Chunks of messages (chunks.c): a tuple of (int32 offsets, data), messages numbered across them. */
+typedef struct {
+    Py_buffer *buffers;    /* two per chunk: offsets, data */
+    Py_ssize_t count;      /* chunks */
+    Py_ssize_t held;       /* buffers held */
+    Py_ssize_t *starts;    /* the number of each chunk's first message; then the messages in all */
+} NativeChunks;
+/* Hold `tuple`'s chunks (its shape checked; `who` names the caller in errors): 0, or -1 with an error set
+ * (release them either way). */
+int native_hold_chunks(PyObject *tuple, const char *who, NativeChunks *chunks);
+void native_release_chunks(NativeChunks *chunks);
+/* Message `index` (0 <= index < starts[count]): its bytes and *size, or NULL where its offsets do not lie
+ * within its chunk's bytes. No GIL needed. */
+const uint8_t *native_chunk_message(const NativeChunks *chunks, long long index, int32_t *size);
+
 #endif

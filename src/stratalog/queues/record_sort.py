@@ -72,14 +72,16 @@ def sort_record_numpy(ids: Ids, lo: int, chunks: tuple[Chunk, ...], next_offsets
 
 
 def _messages(chunks: tuple[Chunk, ...], lo: int, count: int) -> Any:
-    """Messages ``lo .. lo + count - 1`` of the chunks as one Arrow binary array. Each of those messages is
-    checked to lie within its chunk's bytes (and only those: the chunks past them are not read)."""
+    """Messages ``lo .. lo + count - 1`` of the chunks as one Arrow binary array. Each chunk's offsets are
+    checked to be int32 (one more than its messages), and each of those messages to lie within its chunk's
+    bytes (only those: the others are not read)."""
+    for offsets, _ in chunks:
+        if offsets.dtype != np.int32 or len(offsets) < 1:
+            raise ValueError("sort_record: a chunk's offsets are aligned int32, one more than its messages")
     arrays, first, found = [], 0, 0
     for offsets, data in chunks:
         if found == count:
             break
-        if offsets.dtype != np.int32 or len(offsets) < 1:
-            raise ValueError("sort_record: a chunk's offsets are aligned int32, one more than its messages")
         size = len(offsets) - 1
         start = max(lo - first, 0)
         stop = min(size, start + count - found) if start < size else start
