@@ -75,7 +75,7 @@ sanitize: $(STAMP)
 	  tests/test_queue_compaction.py::test_the_compiled_join_refuses_runs_that_do_not_fit \
 	  tests/test_queue_compaction.py::test_the_compiled_join_fills_exactly_the_room_it_is_given \
 	  tests/test_queue_compaction.py::test_the_compiled_join_joins_each_streams_runs_in_source_order \
-	  tests/test_queue_compaction.py::test_a_run_whose_last_end_is_not_its_length_is_left_to_the_caller && \
+	  tests/test_queue_compaction.py::test_the_compiled_join_leaves_a_run_whose_last_end_is_not_its_length_to_the_caller && \
 	$(BIN)/stratalog chaos fuzz --seconds 15 --runs 100000 --target native_record_walk --target kafka_record_check \
 	  --target native_record_index --target native_array_counts --target native_run_read \
 	  --target native_produce_request \

@@ -881,7 +881,7 @@ def test_the_compiled_join_joins_each_streams_runs_in_source_order() -> None:
     assert out == _run([1, 3, 4], b"abcd") + _run([2], b"ef")
 
 
-def test_a_run_whose_last_end_is_not_its_length_is_left_to_the_caller() -> None:
+def test_the_compiled_join_leaves_a_run_whose_last_end_is_not_its_length_to_the_caller() -> None:
     if native is None:
         pytest.fail("the compiled core is not loaded: make test builds it")
     assert native.merge_runs(_run([1, 2], b"abc"), np.array([[0, 11]], np.int64), np.array([[2]], np.int64),
