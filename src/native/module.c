@@ -105,6 +105,12 @@ static PyMethodDef native_methods[] = {
      "A slice of a merge's new runs into out (exactly their size), each stream's runs of every source joined\n"
      "(their message ends shifted, then their data); None where a run's last end is not its length. As the Arrow takes of\n"
      "stratalog.queues.compaction._merge_slice, its Python twin."},
+    {"read_tail", (PyCFunction)(void (*)(void))native_read_tail, METH_FASTCALL,
+     "read_tail(out, stream_id, pos, stop, record_min, starts, run_record, run_first, run_base, run_end, datas,\n"
+     "          message_ats) -> int\n\n"
+     "Messages pos .. stop - 1 of a stream that a log cache's TailIndex holds (in its records from record_min\n"
+     "on) appended to out; the offset reached. As stratalog.queues.index.TailIndex.read_python, its Python\n"
+     "twin."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -44,3 +44,7 @@ def lay_out_runs(chunks: tuple[tuple[np.ndarray, bytes | memoryview | pa.Buffer]
 def merge_runs(sources: bytes | memoryview, starts: np.ndarray, counts: np.ndarray,
                out: pa.Buffer | bytearray) -> bool | None:
     """The Arrow takes of stratalog.queues.compaction._merge_slice."""
+def read_tail(out: list[bytes], stream_id: int, pos: int, stop: int, record_min: int, starts: np.ndarray,
+              run_record: np.ndarray, run_first: np.ndarray, run_base: np.ndarray, run_end: np.ndarray,
+              datas: tuple[bytes | memoryview | None, ...], message_ats: tuple[memoryview | None, ...]) -> int:
+    """stratalog.queues.index.TailIndex.read_python."""

@@ -96,9 +96,6 @@ class QueueConfig:
     tail_rebuild_s: float = 0.05
     #: ... and a reader that would search more than this many records one by one waits for the rebuild.
     tail_lookups_max: int = 16
-    #: A log-cache read cuts up to this many messages of one run in a Python loop, more with one Arrow
-    #: slice (whose fixed cost is that of several messages cut in the loop).
-    tail_loop_messages_max: int = 8
     #: Read-ahead across queues starts where a sequential reader's run starts within 1/this of
     #: ``read_ahead_bytes`` of where the last sequential read in its object ended (consumers walking the
     #: queues in order) ...
@@ -154,8 +151,8 @@ class QueueConfig:
             raise ValueError(f"queues_max must be within 1 .. {QUEUES_FORMAT_MAX} (queue ids are u32)")
         if self.small_message_bytes_max < 0:
             raise ValueError("small_message_bytes_max must be >= 0")
-        if self.tail_rebuild_s < 0 or self.tail_lookups_max < 0 or self.tail_loop_messages_max < 0:
-            raise ValueError("tail_rebuild_s, tail_lookups_max and tail_loop_messages_max must be >= 0")
+        if self.tail_rebuild_s < 0 or self.tail_lookups_max < 0:
+            raise ValueError("tail_rebuild_s and tail_lookups_max must be >= 0")
         if self.read_ahead_walk_span < 1 or self.read_ahead_walk_runs_min < 0 \
                 or self.read_ahead_chunks_per_object_min < 1:
             raise ValueError("read_ahead_walk_span and read_ahead_chunks_per_object_min must be >= 1, "

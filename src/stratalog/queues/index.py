@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stratalog.invariant import invariant
+from stratalog.invariant import InvariantError, invariant
+from stratalog.native import native
 from stratalog.queues.format import U32, U32s
 
 #: Columns (objects) are added in chunks of at least this many, rows (streams) grown by a quarter:
@@ -155,6 +156,11 @@ class TailIndex:
     run_base: U32s                    # the stream's offset of that message
     run_end: U32s                     # the stream's end offset after the run
     built_at: float
+    # Per record, as the C read takes them: its seq, its messages' bytes and int32 offsets (None where an
+    # upload took it).
+    seqs: tuple[int, ...] = ()
+    datas: tuple[Any, ...] = ()
+    message_ats: tuple[Any, ...] = ()
 
     @classmethod
     def empty(cls) -> TailIndex:
@@ -179,7 +185,8 @@ class TailIndex:
         run_base = np.concatenate([r.base_offsets.astype(U32) for r in records])[order]
         run_end = np.concatenate([(r.base_offsets + r.counts).astype(U32) for r in records])[order]
         return cls(tuple(records), records[-1].seq, records[0].seq, starts, run_record, run_first, run_base, run_end,
-                   time.monotonic())
+                   time.monotonic(), tuple(r.seq for r in records), tuple(r.data for r in records),
+                   tuple(r.message_at for r in records))
 
     def without_through(self, seq: int) -> TailIndex:
         """This index with the records up to ``seq`` dropped (an upload took them): their runs are skipped,
@@ -189,7 +196,9 @@ class TailIndex:
         if seq >= self.last_seq:
             return TailIndex.empty()
         records = tuple(None if r is None or r.seq <= seq else r for r in self.records)
-        return dataclasses.replace(self, records=records, first_seq=seq + 1)
+        datas = tuple(None if r is None else d for r, d in zip(records, self.datas, strict=True))
+        message_ats = tuple(None if r is None else m for r, m in zip(records, self.message_ats, strict=True))
+        return dataclasses.replace(self, records=records, first_seq=seq + 1, datas=datas, message_ats=message_ats)
 
     def runs(self, stream_id: int, offset: int = 0, since_seq: int = 0,
              stop: int | None = None) -> list[tuple[Any, int, int, int]]:
@@ -213,3 +222,48 @@ class TailIndex:
         runs = zip(map(self.records.__getitem__, self.run_record[a:b].tolist()), self.run_first[a:b].tolist(),
                    self.run_base[a:b].tolist(), ends, strict=True)
         return [run for run in runs if run[0] is not None and run[0].seq >= since_seq]
+
+    def read(self, stream_id: int, pos: int, stop: int, since_seq: int, out: list[bytes]) -> int:
+        """Append messages ``pos .. stop - 1`` of ``stream_id`` that this index's records from ``since_seq``
+        on hold to ``out``, in order; return the offset reached. One C call where the compiled core is built
+        (``_native.read_tail``), else :meth:`read_python`."""
+        if _read_tail is None:
+            return self.read_python(stream_id, pos, stop, since_seq, out)
+        record_min = bisect.bisect_left(self.seqs, since_seq)
+        reached: int = _read_tail(out, stream_id, pos, stop, record_min, self.starts, self.run_record,
+                                  self.run_first, self.run_base, self.run_end, self.datas, self.message_ats)
+        return reached
+
+    def read_python(self, stream_id: int, pos: int, stop: int, since_seq: int, out: list[bytes]) -> int:
+        """:meth:`read` as its runs read in turn: the twin of ``_native.read_tail``."""
+        return read_runs(self.runs(stream_id, pos, since_seq, stop), pos, stop, out)
+
+
+def read_runs(runs: Sequence[tuple[Any, int, int, int]], pos: int, stop: int, out: list[bytes]) -> int:
+    """Append messages ``pos .. stop - 1`` of the ``(record, first message, base, end)`` runs of one stream,
+    in order, to ``out``; return the offset reached. A run must start at or before where the last one
+    left off; a run's messages must lie within its record (both the writer's: checked, never trusted)."""
+    for rec, run_first, base, end in runs:
+        if end <= pos:
+            continue
+        invariant(base <= pos, "the log cache's runs of a stream follow on from where its reader is")
+        first = run_first + pos - base
+        upto = min(stop, end)
+        data, message_at = rec.data, rec.message_at
+        if not (first >= 0 and first + upto - pos < len(message_at)):
+            raise InvariantError("a log-cache run's messages lie past its record's message offsets")
+        size = len(data)
+        lo = message_at[first]
+        for m in range(first + 1, first + upto - pos + 1):
+            hi = message_at[m]
+            if not 0 <= lo <= hi <= size:
+                raise InvariantError("a log-cache message lies outside its record's bytes")
+            out.append(bytes(data[lo:hi]))
+            lo = hi
+        pos = upto
+        if pos >= stop:
+            break
+    return pos
+
+
+_read_tail: Any = native.read_tail if native is not None else None

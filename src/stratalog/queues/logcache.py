@@ -24,7 +24,7 @@ from stratalog.invariant import invariant
 from stratalog.queues.config import QueueConfig
 from stratalog.queues.errors import PutBackpressureError
 from stratalog.queues.format import Ids, U32s
-from stratalog.queues.index import RunIndex, TailIndex
+from stratalog.queues.index import RunIndex, TailIndex, read_runs
 from stratalog.queues.objects import ReadArgs, RunObject
 
 
@@ -104,7 +104,6 @@ class LogCache:
         self._wait_s_max = config.put_wait_s_max
         self._rebuild_s = config.tail_rebuild_s
         self._lookups_max = config.tail_lookups_max
-        self._loop_messages_max = config.tail_loop_messages_max
         self.lock = threading.Condition(threading.Lock())
         self.view = View.empty()
         #: Bytes of the records held (under the lock).
@@ -225,25 +224,9 @@ class LogCache:
         while newer > older and records[newer - 1].seq > tail.last_seq:
             newer -= 1
         # (Records an upload took in this get's view are in its objects: the index's runs start at its first.)
-        runs = runs_in(records[:older], stream_id) + tail.runs(stream_id, pos, first_seq, stop) \
-            + runs_in(records[newer:], stream_id)
-        for rec, run_first, base, end in runs:
-            if end <= pos:
-                continue
-            invariant(base <= pos, "the log cache's runs of a stream follow on from where its reader is")
-            first = run_first + pos - base
-            n = min(stop, end) - pos
-            if n < self._loop_messages_max:
-                # A few messages (most runs here: at many queues a record holds a message or two of each):
-                # sliced one by one, each cheaper than an Arrow slice's fixed cost.
-                data, message_at = rec.data, rec.message_at
-                lo = message_at[first]
-                for m in range(first + 1, first + n + 1):
-                    hi = message_at[m]
-                    out.append(bytes(data[lo:hi]))
-                    lo = hi
-            else:
-                out += rec.messages().slice(first, n).to_pylist()    # in C
-            pos += n
-            if pos >= stop:
-                return
+        if older:
+            pos = read_runs(runs_in(records[:older], stream_id), pos, stop, out)
+        if pos < stop:
+            pos = tail.read(stream_id, pos, stop, first_seq, out)
+        if pos < stop and newer < len(records):
+            read_runs(runs_in(records[newer:], stream_id), pos, stop, out)
