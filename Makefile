@@ -71,6 +71,7 @@ sanitize: $(STAMP)
 	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py tests/test_record_index.py \
 	  tests/test_block_io.py tests/test_queue_putter.py tests/test_queue_cached_reads.py tests/test_kafka_produce_request.py \
 	  tests/test_queue_names.py tests/test_record_sort.py tests/test_queue_format.py tests/test_queue_index.py \
+	  tests/test_wal_place_record.py \
 	  tests/test_queue_compaction.py::test_the_compiled_join_merges_as_its_twin \
 	  tests/test_queue_compaction.py::test_the_compiled_join_refuses_runs_that_do_not_fit \
 	  tests/test_queue_compaction.py::test_the_compiled_join_fills_exactly_the_room_it_is_given \

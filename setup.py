@@ -44,7 +44,8 @@ setup(
                                     "src/native/crc.c", "src/native/runs.c", "src/native/produce.c",
                                     "src/native/names.c", "src/native/bulk.c",
                                     "src/native/layout.c", "src/native/merge.c",
-                                    "src/native/chunks.c", "src/native/tail.c"],
+                                    "src/native/chunks.c", "src/native/tail.c",
+                                    "src/native/wal_record.c"],
                            depends=["src/native/native.h"], extra_compile_args=flags, extra_link_args=link)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

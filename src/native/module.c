@@ -111,6 +111,11 @@ static PyMethodDef native_methods[] = {
      "Messages pos .. stop - 1 of a stream that a log cache's TailIndex holds (in its records from record_min\n"
      "on) appended to out; the offset reached. As stratalog.queues.index.TailIndex.read_python, its Python\n"
      "twin."},
+    {"place_record", (PyCFunction)(void (*)(void))native_place_record, METH_FASTCALL,
+     "place_record(buf, pos, parts, offset) -> int\n\n"
+     "A WAL data record at buf[pos:]: the parts copied as its body, its CRCs and header; the record's end.\n"
+     "Bodies of 64 KiB and more are copied with the GIL released. As\n"
+     "stratalog.wal.format.place_record_python, its Python twin."},
     {NULL, NULL, 0, NULL},
 };
 

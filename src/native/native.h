@@ -40,6 +40,7 @@ PyObject *native_sort_record(PyObject *module, PyObject *const *args, Py_ssize_t
 PyObject *native_lay_out_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_merge_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_lookup_names(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_place_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_read_tail(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* Chunks of messages (chunks.c): a tuple of (int32 offsets, data), messages numbered across them. */

@@ -13,10 +13,14 @@ A logical offset ``L`` (it only grows) lives at physical position ``HEADERS_BYTE
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 import crc32c as _crc32c
+
+from stratalog.native import native_crc
 
 #: Direct I/O unit: every write starts and ends on a multiple of it (page size and the 4 KiB sector).
 ALIGN_BYTES = 4096
@@ -146,8 +150,39 @@ def encode_record(offset: int, body: bytes) -> bytes:
     return bytes(out)
 
 
+def place_record_python(buf: Any, pos: int, views: Sequence[memoryview], offset: int) -> int:
+    """Lay a data record out at ``buf[pos:]``: its header, then ``views`` (byte views, the body's parts, in
+    order) as its body; return where it ends. The twin of ``_native.place_record``."""
+    if offset < 0:
+        raise ValueError(f"place_record: offset {offset} < 0")
+    if memoryview(buf).readonly:
+        raise TypeError("place_record: buf must be a writable buffer")
+    body_bytes = sum(map(len, views))
+    if body_bytes > 0xFFFFFFFF or pos < 0 or pos > len(buf) or len(buf) - pos < RECORD_HEADER_BYTES + body_bytes:
+        raise ValueError(f"place_record: a body of {body_bytes} bytes at {pos} does not fit a buffer of {len(buf)}")
+    at = pos + RECORD_HEADER_BYTES
+    body_crc = 0
+    for view in views:
+        buf[at:at + len(view)] = view
+        body_crc = crc32c(view, body_crc)
+        at += len(view)
+    pack_record_header(buf, pos, RECORD_MAGIC, body_bytes, offset, body_crc)
+    return at
+
+
+def place_record(buf: Any, pos: int, views: Sequence[memoryview], offset: int) -> int:
+    """:func:`place_record_python` in one C call where the compiled core and its CRC32C are loaded
+    (``_native.place_record``: a large body is copied, and its CRC taken as it is, with the GIL released)."""
+    if _place_record is None:
+        return place_record_python(buf, pos, views, offset)
+    end: int = _place_record(buf, pos, views, offset)
+    return end
+
+
 def encode_pad(offset: int, ring_end_offset: int) -> bytes:
     """A padding record at ``offset`` whose (unwritten, unchecked) body reaches ``ring_end_offset``."""
     out = bytearray(RECORD_HEADER_BYTES)
     pack_record_header(out, 0, PAD_MAGIC, ring_end_offset - offset - RECORD_HEADER_BYTES, offset, 0)
     return bytes(out)
+
+_place_record: Any = native_crc.place_record if native_crc is not None else None
