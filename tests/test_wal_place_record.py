@@ -71,5 +71,5 @@ def test_the_compiled_placement_refuses_what_its_twin_refuses() -> None:
 def test_the_compiled_placement_writes_only_into_writable_buffers() -> None:
     assert native_crc is not None
     for place in (native_crc.place_record, place_record_python):
-        with pytest.raises(TypeError, match="^place_record: buf must be a writable buffer$"):
+        with pytest.raises(TypeError, match=r"^place_record: buf must be a writable buffer$"):
             place(bytes(100), 0, [memoryview(b"x")], 0)
