@@ -45,12 +45,16 @@ endif
 # on one of them, so its module-scoped servers start once; tests/schedulekit.py says which goes where.
 test: lint postgres-server sanitize
 	$(BIN)/pytest -n 3 --dist loadscope
-	STRATALOG_PURE_PYTHON=1 $(BIN)/pytest -q -p no:randomly $(PARSER_TESTS)
+	STRATALOG_PURE_PYTHON=1 $(BIN)/pytest -q -p no:randomly $(PARSER_TESTS) $(QUEUE_STORE_TESTS)
 
 # The parsers' tests on the Python twins too (STRATALOG_PURE_PYTHON), as a machine without a compiler runs.
 PARSER_TESTS := tests/test_kafka_record_check.py tests/test_kafka_records.py tests/test_kafka_fetch_response.py \
 	tests/test_kafka_produce_response.py tests/test_record_index.py tests/test_kafka_array_bounds.py \
 	tests/test_kafka_produce_request.py
+# ... and the queue store's, whose puts, drains, uploads, merges and reads each have a compiled core: the
+# store against its model, crash and recovery sequences, kill -9, faults and bounds, on the twins alone.
+QUEUE_STORE_TESTS := tests/test_queue_store.py tests/test_queue_stateful.py tests/test_queue_recovery.py \
+	tests/test_queue_kill9.py tests/test_queue_faults.py tests/test_queue_limits.py
 
 # The compiled core under AddressSanitizer and UndefinedBehaviorSanitizer: built apart (build/sanitize) and
 # loaded by the interpreter with gcc's sanitizer runtimes preloaded and Python's own allocator off
