@@ -2,6 +2,7 @@
 # named beside it; stratalog.native says whether the module loaded.
 
 import mmap
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -48,3 +49,6 @@ def read_tail(out: list[bytes], stream_id: int, pos: int, stop: int, record_min:
               run_record: np.ndarray, run_first: np.ndarray, run_base: np.ndarray, run_end: np.ndarray,
               datas: tuple[bytes | memoryview | None, ...], message_ats: tuple[memoryview | None, ...]) -> int:
     """stratalog.queues.index.TailIndex.read_python."""
+def place_record(buf: mmap.mmap | bytearray | memoryview, pos: int, parts: Sequence[bytes | bytearray | memoryview],
+                 offset: int) -> int:
+    """stratalog.wal.format.place_record_python."""

@@ -185,4 +185,5 @@ def encode_pad(offset: int, ring_end_offset: int) -> bytes:
     pack_record_header(out, 0, PAD_MAGIC, ring_end_offset - offset - RECORD_HEADER_BYTES, offset, 0)
     return bytes(out)
 
+
 _place_record: Any = native_crc.place_record if native_crc is not None else None
