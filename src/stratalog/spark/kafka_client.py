@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,30 +124,92 @@ class BrokerView:
 
 # Executor side -------------------------------------------------------------------------------------
 
-_consumers: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]] = {}
-_consumers_lock = threading.Lock()
+#: A consumer given back is closed once it has been idle this long. An idle consumer keeps its connections to
+#: its broker, and once that broker is gone it retries them for as long as it lives: a Spark worker would
+#: knock on a closed port for good, and whatever binds that port next would get a stranger's connection
+#: (Spark's own local sockets serve the first connection that comes, and refuse the one they wait for).
+IDLE_CONSUMER_S_MAX = 5.0
+#: How often a worker with idle consumers looks for ones to close.
+IDLE_SWEEP_S = 1.0
+
+_ConsumerKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def _take_consumer(bootstrap: str, settings: dict[str, str]) -> tuple[Any, tuple[str, tuple[tuple[str, str], ...]]]:
-    """A consumer for these settings: one kept from an earlier task of this Python worker, or a new one
-    (a consumer's bootstrap costs round trips; Spark runs many tasks in one worker)."""
+class IdleConsumers:
+    """The consumers this Python worker keeps between tasks, by bootstrap and settings; each is closed
+    once it has been idle IDLE_CONSUMER_S_MAX (by a sweeper thread that runs while any is kept)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._idle: dict[_ConsumerKey, list[tuple[Any, float]]] = {}   # consumer, when given back
+        self._lock = threading.Lock()
+        self._sweeping = False
+
+    def take(self, key: _ConsumerKey) -> Any | None:
+        with self._lock:
+            idle = self._idle.get(key)
+            if not idle:
+                return None
+            consumer, _ = idle.pop()
+            if not idle:
+                del self._idle[key]
+            return consumer
+
+    def give_back(self, consumer: Any, key: _ConsumerKey) -> None:
+        consumer.unassign()
+        with self._lock:
+            self._idle.setdefault(key, []).append((consumer, self._clock()))
+            if not self._sweeping:
+                self._sweeping = True
+                threading.Thread(target=self._sweep, name="stratalog-spark-idle-consumers", daemon=True).start()
+
+    def close_expired(self, now: float) -> int:
+        """Close the consumers given back more than IDLE_CONSUMER_S_MAX before ``now``; return how many."""
+        expired = []
+        with self._lock:
+            for key, idle in list(self._idle.items()):
+                expired += [c for c, at in idle if now - at > IDLE_CONSUMER_S_MAX]
+                keep = [(c, at) for c, at in idle if now - at <= IDLE_CONSUMER_S_MAX]
+                if keep:
+                    self._idle[key] = keep
+                else:
+                    del self._idle[key]
+        for consumer in expired:
+            consumer.close()
+        return len(expired)
+
+    def kept(self) -> int:
+        with self._lock:
+            return sum(map(len, self._idle.values()))
+
+    def _sweep(self) -> None:
+        """Close idle consumers as they expire; leave once none is kept (the next give-back starts another)."""
+        while True:
+            time.sleep(IDLE_SWEEP_S)
+            self.close_expired(self._clock())
+            with self._lock:
+                if not self._idle:
+                    self._sweeping = False
+                    return
+
+
+_consumers = IdleConsumers()
+
+
+def _take_consumer(bootstrap: str, settings: dict[str, str]) -> tuple[Any, _ConsumerKey]:
+    """A consumer for these settings: one kept from an earlier task of this Python worker (within
+    IDLE_CONSUMER_S_MAX), or a new one (a consumer's bootstrap costs round trips; Spark runs many tasks in
+    one worker)."""
     key = (bootstrap, tuple(sorted(settings.items())))
-    with _consumers_lock:
-        idle = _consumers.get(key)
-        if idle:
-            return idle.pop(), key
+    kept = _consumers.take(key)
+    if kept is not None:
+        return kept, key
     from confluent_kafka import Consumer
 
     config = {**_client_settings(bootstrap, settings), "group.id": "stratalog-spark", "enable.auto.commit": False,
               "enable.auto.offset.store": False, "auto.offset.reset": "error", "enable.partition.eof": False,
               "fetch.wait.max.ms": 100}
     return Consumer(config), key
-
-
-def _give_back(consumer: Any, key: tuple[str, tuple[tuple[str, str], ...]]) -> None:
-    consumer.unassign()
-    with _consumers_lock:
-        _consumers.setdefault(key, []).append(consumer)
 
 
 def read_tail(bootstrap: str, settings: dict[str, str], topic: str, partition: int, start: int, end: int, *,
@@ -201,7 +263,7 @@ def read_tail(bootstrap: str, settings: dict[str, str], topic: str, partition: i
         healthy = True
     finally:
         if healthy:
-            _give_back(consumer, key)
+            _consumers.give_back(consumer, key)
         else:
             consumer.close()
 
