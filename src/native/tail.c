@@ -96,8 +96,8 @@ done:
 
 /* The runs a .. b - 1 of one stream (ends ascending), as TailIndex.runs narrows them to offset..stop,
  * then read in order as read_runs does. *pos moves. 0, or -1 with an error set. */
-static long long read_stream(const TailColumns *c, long long a, long long b, long long *pos, long long stop,
-                             long long record_min, PyObject *datas, PyObject *message_ats, PyObject *out) {
+static int read_stream(const TailColumns *c, long long a, long long b, long long *pos, long long stop,
+                       long long record_min, PyObject *datas, PyObject *message_ats, PyObject *out) {
     /* The first run that reaches stop is the last one (bisect_left of stop, plus one). */
     long long lo = a, hi = b;
     while (lo < hi) {
