@@ -112,7 +112,8 @@ def describe(cluster: BrokerCluster, topic: str) -> str:
 def create_topic(cluster: BrokerCluster, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(timeout=60)
-    wait_until(lambda: balanced(cluster, topic), "every partition served, two by each broker", timeout_s=120)
+    wait_until(lambda: balanced(cluster, topic),
+               lambda: f"every partition served, two by each broker:\n{describe(cluster, topic)}", timeout_s=120)
 
 
 def restart_exited(cluster: BrokerCluster, allowed: frozenset[int] = frozenset({EXIT_LEASE_LOST})) -> list[int]:
@@ -215,7 +216,8 @@ def test_a_broker_cut_off_from_the_database_stops_acknowledging_and_loses_nothin
             assert cluster.brokers[CUT_OFF].process.returncode == EXIT_LEASE_LOST
             assert any("is fenced and stops" in line for line in cluster.brokers[CUT_OFF].output)
             after = wait_until(lambda: served(cluster, topic, frozenset({CUT_OFF})),
-                               "its partitions served by the others", timeout_s=FAILOVER_S_MAX)
+                               lambda: f"its partitions served by the others:\n{describe(cluster, topic)}",
+                               timeout_s=FAILOVER_S_MAX)
             failover_s = time.monotonic() - cut_at
             for p in cut_off_partitions:
                 assert after[p].leader_id != CUT_OFF and after[p].leader_epoch > before[p].leader_epoch
