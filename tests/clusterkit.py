@@ -53,6 +53,12 @@ def tails(cluster: BrokerCluster, lines: int = 40) -> str:
     return "\n".join(f"--- {b.bootstrap} ({b.process.poll()}):\n" + "".join(b.output[-lines:]) for b in cluster.started)
 
 
+def stacks(cluster: BrokerCluster) -> str:
+    """What every thread and task of each running broker is doing (for a failure's message)."""
+    return "\n".join(f"--- stacks of {b.bootstrap}:\n{b.stacks()}" for b in cluster.started
+                     if b.process.poll() is None)
+
+
 def produce_error(connection: KafkaConnection, topic: str, partition: int,
                   value: bytes = b"sent to the wrong broker") -> int:
     """The error code of a Produce (acks=all) of one record holding ``value``."""

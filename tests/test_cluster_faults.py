@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clusterkit import NOT_LEADER_OR_FOLLOWER, produce_error, tails
+from clusterkit import NOT_LEADER_OR_FOLLOWER, produce_error, stacks, tails
 from netkit import Namespace, network_namespace
 from stratalog.broker.cluster_node import EXIT_LEASE_LOST, EXIT_STORE_FAILED
 from stratalog.chaos import cluster_probe
@@ -91,8 +91,8 @@ def balanced(cluster: BrokerCluster, topic: str) -> dict[int, PartitionView] | N
 
 
 def describe(cluster: BrokerCluster, topic: str) -> str:
-    """What each live broker's Metadata says of ``topic``, and what each leader answers ListOffsets with
-    (for a failure's message)."""
+    """What each live broker's Metadata says of ``topic``, what each leader answers ListOffsets with, each
+    broker's last lines and what its threads and tasks are doing (for a failure's message)."""
     said = []
     for broker_id in cluster.live():
         try:
@@ -106,7 +106,7 @@ def describe(cluster: BrokerCluster, topic: str) -> str:
             said.append(f"broker {broker_id}: {view}; ListOffsets at leaders: {answers}")
         except (OSError, BrokerConnectionError) as e:
             said.append(f"broker {broker_id}: {e!r}")
-    return "\n".join(said) + "\n" + tails(cluster)
+    return "\n".join(said) + "\n" + tails(cluster) + "\n" + stacks(cluster)
 
 
 def create_topic(cluster: BrokerCluster, topic: str) -> None:

@@ -9,10 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from stratalog.broker.stack_dump import DUMP_END
 
 _LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 #: One line per listener: "listening on HOST:PORT (PROTOCOL; ...".
@@ -22,6 +25,8 @@ START_TIMEOUT_S = 60.0
 #: What `serve` says when its port is taken (a fixed port picked free, then taken by another process of a
 #: busy machine before the broker bound it).
 PORT_TAKEN = "address already in use"
+#: How long a broker may take to print its stacks (stack_dump.py) once asked: its loop may be busy.
+STACKS_WAIT_S_MAX = 30.0
 
 
 class PortTakenError(RuntimeError):
@@ -55,6 +60,20 @@ class BrokerProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=60)
+
+    def stacks(self, wait_s_max: float = STACKS_WAIT_S_MAX) -> str:
+        """What every thread and task of the broker is doing (SIGUSR1; broker/stack_dump.py), for a
+        failure's message; what it printed so far if it does not finish within ``wait_s_max``."""
+        start = len(self.output)
+        if self.process.poll() is not None:
+            return f"(exited with status {self.process.returncode})"
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + wait_s_max
+        while not any(line.startswith(DUMP_END) for line in self.output[start:]):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        return "".join(line for line in self.output[start:])
 
     def close_output(self) -> None:
         """Once the process has ended: let the pump read to the end, then close the pipe."""

@@ -21,6 +21,7 @@ from stratalog.broker.groups import GroupConfig
 from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError, TLSConfig, tls_config_from
 from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
+from stratalog.broker.stack_dump import dump_stacks
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata_backends import MetadataUnavailableError, wait_until_reachable, without_password
 from stratalog.io.device import Device, FileDevice
@@ -142,6 +143,7 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGUSR1, dump_stacks)
     broker = Broker.open(data_dir, config, object_store=object_store, wal_device=wal_device)
     server = BrokerServer(broker)
     try:
@@ -171,7 +173,7 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
     finally:
         await server.stop()
         await broker.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
     click.echo("stopped: everything acknowledged is durable")
@@ -245,7 +247,8 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
     """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
 
     Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
-    kill -9 at any time loses nothing acknowledged. SIGINT or SIGTERM stops it cleanly.
+    kill -9 at any time loses nothing acknowledged. SIGINT or SIGTERM stops it cleanly; SIGUSR1 prints
+    what every thread and task is doing to stderr (for a broker that seems stuck).
 
     \b
     Security: listeners with TLS and SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), users from
