@@ -27,8 +27,11 @@ from stratalog.engine.store import (
     StreamStore,
 )
 from stratalog.errors import StratalogError
+from stratalog.io.faulty import MemDevice
+from stratalog.kafka.records import encode_batch
 from stratalog.records import NewRecord
-from waiting import wait_until
+from stratalog.wal.config import WALConfig
+from waiting import WAIT_S, wait_until
 
 
 def open_store(path: Path, mem: MemoryStore, **overrides: object) -> StreamStore:
@@ -472,3 +475,55 @@ def test_old_manifests_are_pruned(tmp_path: Path) -> None:
         assert sum(k.endswith(".snapshot.json") for k in manifests) == 2
         assert len(manifests) <= 2 + 2 * 4
         assert read_manifest(mem).streams[s.stream_id].end_offset == 40
+
+
+def _stalled_store(tmp_path: Path) -> tuple[StreamStore, MemDevice]:
+    """A store whose WAL device never finishes a sync until released, with a write buffer of 1 MiB (four
+    blocks of 256 KiB). The WAL's own wait for room is an hour: the store must never wait in it."""
+    config = small_store_config(wal=WALConfig(record_bytes_max=256 << 10, window_bytes_max=1 << 20,
+                                              buffered_bytes_max=1 << 20, append_wait_s_max=3600.0))
+    device = MemDevice(config.wal_capacity_bytes)
+    store = StreamStore.open(tmp_path / "s", MemoryStore(), config, wal_device=device)
+    device.stall_syncs()
+    return store, device
+
+
+def test_an_append_finding_the_wal_buffer_full_waits_without_the_stores_lock(tmp_path: Path) -> None:
+    store, device = _stalled_store(tmp_path)
+    stream = store.create_stream("s")
+    first = stream.append([b"first"])
+    appended: list[int] = []
+
+    def append_until_released() -> None:
+        for _ in range(8):   # each its own block: the buffer holds four
+            stream.append([bytes(200 << 10)])
+            appended.append(1)
+
+    appender = threading.Thread(target=append_until_released)
+    appender.start()
+    wait_until(lambda: len(appended) >= 3, "appends up to the write buffer's bound")
+    # The appender now waits for room; reads of the store go on meanwhile (and find nothing durable yet).
+    read: list[int] = []
+    reader = threading.Thread(target=lambda: read.append(len(stream.fetch(0, max_bytes=64))))
+    reader.start()
+    reader.join(timeout=WAIT_S)
+    assert read == [0] and appender.is_alive()
+    device.release_syncs()
+    appender.join(timeout=WAIT_S)
+    assert len(appended) == 8 and first.result(timeout=WAIT_S) == 0
+    store.close()
+
+
+def test_an_append_that_may_not_wait_for_the_wal_is_refused_at_once(tmp_path: Path) -> None:
+    store, device = _stalled_store(tmp_path)
+    stream = store.create_stream("s")
+    futures = [stream.append([bytes(200 << 10)]) for _ in range(4)]
+    batch = encode_batch([(None, b"v", (), 0)], base_offset=0)
+    started = time.monotonic()
+    with pytest.raises(BackpressureError, match="WAL's write buffer"):
+        stream.append_kafka(batch, 1, 0, wait_s_max=0)
+    assert time.monotonic() - started < WAIT_S
+    device.release_syncs()
+    assert stream.append_kafka(batch, 1, 0, wait_s_max=WAIT_S).result(timeout=WAIT_S) == 4
+    assert [f.result(timeout=WAIT_S) for f in futures] == [0, 1, 2, 3]
+    store.close()

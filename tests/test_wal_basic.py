@@ -20,6 +20,7 @@ from stratalog.errors import (
     WALClosedError,
     WALFailedError,
     WALStateError,
+    WriteBufferFullError,
 )
 from stratalog.io.faulty import FaultPlan, MemDevice
 from stratalog.wal import WriteAheadLog
@@ -343,3 +344,67 @@ def recover_and_keep(image: bytearray) -> tuple[list[object], WriteAheadLog]:
 def test_config_rejects_a_window_smaller_than_a_block() -> None:
     with pytest.raises(ValueError, match="window_bytes_max"):
         small_config(window_bytes_max=4096).validate()
+
+
+def _fill_write_buffer(wal: WriteAheadLog) -> list[Future[int]]:
+    """Appends until the write buffer (64 KiB: four blocks of 16 KiB) has no room for another block; their
+    futures."""
+    futures = []
+    while True:
+        try:
+            futures.append(wal.append(bytes(6 << 10), wait_s_max=0).future)
+        except WriteBufferFullError:
+            return futures
+
+
+def test_an_append_that_may_not_wait_is_refused_at_once_while_the_buffer_is_full() -> None:
+    wal, device = new_wal(seal_when_idle=True)
+    device.stall_syncs()   # nothing is acknowledged: the buffer stays full
+    futures = _fill_write_buffer(wal)
+    assert 4 <= len(futures) <= 8   # 4 blocks, each of one or two records
+    with pytest.raises(WriteBufferFullError, match="slower than the appends"):
+        wal.append(b"one more", wait_s_max=0)
+    assert wal.wait_for_room(100, timeout_s=0.05) is False
+    device.release_syncs()
+    assert wal.wait_for_room(100, timeout_s=WAIT_S) is True
+    wal.append(b"one more", wait_s_max=0).future.result(timeout=WAIT_S)
+    assert all(f.done() and f.exception() is None for f in futures)
+    wal.close()
+
+
+def test_an_append_that_may_wait_takes_the_room_a_completion_frees() -> None:
+    wal, device = new_wal(seal_when_idle=True)
+    device.stall_syncs()
+    _fill_write_buffer(wal)
+    appended: list[int] = []
+    waiter = threading.Thread(target=lambda: appended.append(wal.append(b"waits", wait_s_max=WAIT_S).offset))
+    waiter.start()
+    assert wal.wait_for_room(100, timeout_s=0.05) is False   # still full: the waiter waits too
+    device.release_syncs()
+    waiter.join(timeout=WAIT_S)
+    assert len(appended) == 1
+    wal.close()
+
+
+def test_a_record_larger_than_the_write_buffer_goes_alone() -> None:
+    """buffered_bytes_max bounds what waits for the device; a record larger than it (up to record_bytes_max)
+    is written once nothing else is buffered, rather than refused."""
+    wal, _ = new_wal(seal_when_idle=True, block_bytes_soft_max=4096, buffered_bytes_max=8192)
+    small = wal.append(b"first")
+    large = wal.append(bytes(RECORD_BYTES_MAX))   # a block of 12 KiB, over the 8 KiB bound
+    assert large.future.result(timeout=WAIT_S) > large.offset
+    assert small.future.done()
+    wal.close()
+
+
+def test_closing_ends_a_wait_for_room() -> None:
+    wal, device = new_wal(seal_when_idle=True)
+    device.stall_syncs()
+    _fill_write_buffer(wal)
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(wal.wait_for_room(100, timeout_s=3600)))
+    waiter.start()
+    device.release_syncs()
+    wal.close()
+    waiter.join(timeout=WAIT_S)
+    assert waited and not waiter.is_alive()

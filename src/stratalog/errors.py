@@ -15,6 +15,11 @@ class OverCapacityError(WALError):
     """The ring has no room for this append: trim what has been uploaded, then retry."""
 
 
+class WriteBufferFullError(OverCapacityError):
+    """The write buffer is full (the device or the object store is behind) and the append was asked not to
+    wait: wait for room (``wait_for_room``), or append from a thread that may wait."""
+
+
 class WALFailedError(WALError):
     """A write or sync failed; the log stopped and acknowledges nothing more. Reopen to recover."""
 

@@ -42,7 +42,14 @@ from stratalog.engine.manifest import ManifestPublisher
 from stratalog.engine.metadata import Fence, Metadata, NewObject, RangeRow, StreamMeta, UnknownStreamError
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch, placed_batches
 from stratalog.engine.upkeep import delete_orphans, with_retries
-from stratalog.errors import OverCapacityError, RecordTooLargeError, StratalogError, WALFailedError, release_frames
+from stratalog.errors import (
+    OverCapacityError,
+    RecordTooLargeError,
+    StratalogError,
+    WALFailedError,
+    WriteBufferFullError,
+    release_frames,
+)
 from stratalog.invariant import invariant
 from stratalog.io.block_io import CompletionWatch
 from stratalog.io.device import Device
@@ -498,10 +505,12 @@ class StreamStore:
         """Append the batch ``encode(base_offset)`` returns (its bytes and max timestamp) of ``count``
         records; the base offset is the stream's next, given under the store lock."""
         config = self._config
+        wait_s = config.append_wait_s_max if wait_s_max is None else wait_s_max
         deadline: float | None = None
         with self._cond:
             while True:
                 self._check_open()
+                behind_bytes = 0   # > 0: the WAL's write buffer is full (its device or store is behind)
                 if self._cache_bytes < config.log_cache_bytes_max and not st.fenced:
                     data, max_ts = encode(st.next_offset)
                     if len(data) > config.wal.record_bytes_max:
@@ -510,26 +519,25 @@ class StreamStore:
                             " append fewer or smaller records at a time"
                         )
                     try:
-                        res = self._wal.append(data)
+                        # Never waits under the store's lock (nor on a broker's event loop): below if at all.
+                        res = self._wal.append(data, wait_s_max=0)
                         break
+                    except WriteBufferFullError:
+                        behind_bytes = len(data)
                     except OverCapacityError:
                         pass  # the ring is full until the uploader trims it: wait below
                     except WALFailedError as e:
                         self._stop_locked(e)  # the WAL logged it
                         raise StoreFailedError(f"the store stopped after an error: {e}") from e
-                self._upload_wanted = True
-                self._cond.notify_all()
-                wait_s = config.append_wait_s_max if wait_s_max is None else wait_s_max
                 deadline = deadline or time.monotonic() + wait_s
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    if st.fenced:
-                        raise BackpressureError(f"appends to stream {st.stream_id} waited {wait_s} s for a commit of "
-                                                "external objects (a Spark write) to place its records")
-                    raise BackpressureError(
-                        f"appends waited {wait_s} s for uploads to free room "
-                        f"({self._cache_bytes} bytes not yet in objects): object storage is too slow or failing"
-                    )
+                    raise self._backpressure(st, wait_s, behind_bytes)
+                if behind_bytes:
+                    self._wait_for_wal_room(behind_bytes, remaining)
+                    continue
+                self._upload_wanted = True
+                self._cond.notify_all()
                 self._cond.wait(remaining)
             entry = _Entry(st.next_offset, count, data, max_ts, res.offset, time.monotonic())
             st.next_offset += count
@@ -545,6 +553,27 @@ class StreamStore:
         done: Future[int] = Future()
         res.future.add_done_callback(lambda wal_future: self._on_durable(st, entry, done, wal_future))
         return done
+
+    def _backpressure(self, st: _StreamState, wait_s: float, wal_behind_bytes: int) -> BackpressureError:
+        """Why an append found no room for ``wait_s`` (lock held)."""
+        if wal_behind_bytes:
+            return BackpressureError(f"appends waited {wait_s} s for room in the WAL's write buffer: its device "
+                                     "(or object store) is slower than the appends")
+        if st.fenced:
+            return BackpressureError(f"appends to stream {st.stream_id} waited {wait_s} s for a commit of "
+                                     "external objects (a Spark write) to place its records")
+        return BackpressureError(
+            f"appends waited {wait_s} s for uploads to free room "
+            f"({self._cache_bytes} bytes not yet in objects): object storage is too slow or failing")
+
+    def _wait_for_wal_room(self, size_bytes: int, timeout_s: float) -> None:
+        """Wait for the WAL's write buffer with the store's lock let go (held on entry and on return): reads,
+        uploads and the WAL's completions go on meanwhile."""
+        self._cond.release()
+        try:
+            self._wal.wait_for_room(size_bytes, timeout_s)
+        finally:
+            self._cond.acquire()
 
     def _on_durable(self, st: _StreamState, entry: _Entry, done: Future[int], wal_future: Future[int]) -> None:
         # Runs in the WAL's completion order, which is append order: durable_end only grows.

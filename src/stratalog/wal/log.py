@@ -33,6 +33,7 @@ from stratalog.errors import (
     WALClosedError,
     WALFailedError,
     WALStateError,
+    WriteBufferFullError,
     release_frames,
 )
 from stratalog.invariant import invariant
@@ -315,13 +316,15 @@ class WriteAheadLog:
 
     # Appending -------------------------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]) -> AppendResult:
+    def append(self, data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview], *,
+               wait_s_max: float | None = None) -> AppendResult:
         """Add one record; return its offset and a future that completes once it is durable. ``data``: the
         record's body, or its parts in order (gathered into the write buffer: no joined copy first).
+        ``wait_s_max``: how long to wait for room in the write buffer (default ``append_wait_s_max``).
 
         Raises OverCapacityError when the ring has no room left (trim, then retry) or when the write
-        buffer stayed full for ``append_wait_s_max``; RecordTooLargeError above ``record_bytes_max``;
-        WALFailedError after a write or sync error.
+        buffer stayed full for ``wait_s_max`` (WriteBufferFullError at once if that is 0);
+        RecordTooLargeError above ``record_bytes_max``; WALFailedError after a write or sync error.
         """
         parts = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
         views = [memoryview(part).cast("B") for part in parts]
@@ -335,7 +338,7 @@ class WriteAheadLog:
         with self._lock:
             block = self._current
             if block is None or block.used + size > block.limit:
-                block = self._roll(size)
+                block = self._roll(size, self._config.append_wait_s_max if wait_s_max is None else wait_s_max)
             pos = block.used
             offset = block.start + pos
             # Header, body and both CRCs in one pass (a large body without the GIL: the I/O engine's
@@ -348,8 +351,9 @@ class WriteAheadLog:
                 self._sealer_wake.notify()
             return AppendResult(offset, block.future)
 
-    def _roll(self, size: int) -> _Block:
-        """Seal the current block and open one that can take a record of ``size`` bytes (lock held)."""
+    def _roll(self, size: int, wait_s_max: float) -> _Block:
+        """Seal the current block and open one that can take a record of ``size`` bytes (lock held), waiting
+        up to ``wait_s_max`` for room in the write buffer."""
         deadline = None
         while True:
             self._check_writable()
@@ -364,15 +368,19 @@ class WriteAheadLog:
                     self._release_buffer(current)
             block_bytes = align_up(size)
             buffer_bytes = max(self._config.block_bytes_soft_max, block_bytes)
-            if self._buffered_bytes + buffer_bytes <= self._config.buffered_bytes_max:
+            if self._has_room(buffer_bytes):
                 break
             # Backpressure: the device is behind; wait for blocks to be acknowledged.
+            if wait_s_max <= 0:
+                raise WriteBufferFullError(
+                    f"write buffer full ({self._buffered_bytes} bytes waiting for the device): the device is "
+                    "slower than the appends")
             now = time.monotonic()
-            deadline = deadline or now + self._config.append_wait_s_max
+            deadline = deadline or now + wait_s_max
             if now >= deadline:
                 raise OverCapacityError(
                     f"write buffer full ({self._buffered_bytes} bytes waiting for the device) for "
-                    f"{self._config.append_wait_s_max} s: the device is slower than the appends"
+                    f"{wait_s_max} s: the device is slower than the appends"
                 )
             self._space_free.wait(deadline - now)
         start = self._next_offset
@@ -391,6 +399,21 @@ class WriteAheadLog:
         self._buffered_bytes += buffer_bytes
         self._current = block
         return block
+
+    def _has_room(self, buffer_bytes: int) -> bool:
+        """Whether a block buffer of this size fits the write buffer now (lock held). A block larger than
+        the whole bound (a record near ``record_bytes_max``) goes alone, once nothing else is buffered."""
+        return self._buffered_bytes + buffer_bytes <= self._config.buffered_bytes_max or not self._buffered_bytes
+
+    def wait_for_room(self, size_bytes: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until a record of ``size_bytes`` would find room in the write buffer
+        (or the log stopped); whether it would. For a caller that appended with ``wait_s_max=0`` and must
+        not wait while holding a lock of its own."""
+        buffer_bytes = max(self._config.block_bytes_soft_max, align_up(RECORD_HEADER_BYTES + size_bytes))
+        with self._lock:
+            return self._space_free.wait_for(
+                lambda: self._has_room(buffer_bytes) or self._failure is not None or self._state is not _State.OPEN,
+                timeout_s)
 
     def _check_room(self, start: int, block_bytes: int) -> None:
         live_end = max(self._trim_offset, 0) + self._ring_bytes
@@ -668,6 +691,7 @@ class WriteAheadLog:
                 self._seal(self._current)
             futures = [b.future for b in self._unacked]
             self._sealer_wake.notify_all()
+            self._space_free.notify_all()   # a wait_for_room ends: no room will come
         for future in futures:
             future.exception()  # wait; a failure is already recorded in self._failure
         self._stop_background.set()

@@ -36,6 +36,7 @@ from stratalog.errors import (
     WALClosedError,
     WALFailedError,
     WALStateError,
+    WriteBufferFullError,
     release_frames,
 )
 from stratalog.invariant import invariant
@@ -189,12 +190,14 @@ class ObjectWAL:
 
     # Appending -----------------------------------------------------------------------------------------
 
-    def append(self, data: Data | Sequence[Data]) -> AppendResult:
+    def append(self, data: Data | Sequence[Data], *, wait_s_max: float | None = None) -> AppendResult:
         """Add one record; return its offset and a future that completes once its object is put (and every
-        earlier one). ``data``: the record's body, or its parts in order.
+        earlier one). ``data``: the record's body, or its parts in order. ``wait_s_max``: how long to wait
+        for room under ``buffered_bytes_max`` (default ``append_wait_s_max``).
 
         Raises RecordTooLargeError above ``record_bytes_max``; OverCapacityError when appended bytes stayed
-        above ``buffered_bytes_max`` for ``append_wait_s_max``; WALFailedError after a put failed.
+        above ``buffered_bytes_max`` for ``wait_s_max`` (WriteBufferFullError at once if that is 0);
+        WALFailedError after a put failed.
         """
         parts = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
         if len(parts) == 1 and isinstance(parts[0], bytes):
@@ -208,7 +211,7 @@ class ObjectWAL:
         size = RECORD_HEADER_BYTES + len(body)
         self._fresh = False
         with self._lock:
-            self._wait_for_room(size)
+            self._wait_for_room(size, self._config.append_wait_s_max if wait_s_max is None else wait_s_max)
             batch = self._current
             if batch is not None and batch.size_bytes and batch.size_bytes + size > self._config.object_bytes_soft_max:
                 self._seal(batch)
@@ -227,20 +230,34 @@ class ObjectWAL:
                 self._seal(batch)
             return AppendResult(offset, batch.future)
 
-    def _wait_for_room(self, size: int) -> None:
+    def _wait_for_room(self, size: int, wait_s_max: float) -> None:
         """Wait (lock held) until the record fits under ``buffered_bytes_max``; raise when it cannot."""
         deadline: float | None = None
         while True:
             self._check_writable()
             if self._buffered_bytes + size <= self._config.buffered_bytes_max:
                 return
+            if wait_s_max <= 0:
+                raise WriteBufferFullError(
+                    f"{self._buffered_bytes} bytes appended to the object WAL wait for their puts "
+                    f"(buffered_bytes_max={self._config.buffered_bytes_max}): the object store is too slow")
             now = time.monotonic()
-            deadline = deadline or now + self._config.append_wait_s_max
+            deadline = deadline or now + wait_s_max
             if now >= deadline:
                 raise OverCapacityError(
                     f"{self._buffered_bytes} bytes appended to the object WAL wait for their puts "
                     f"(buffered_bytes_max={self._config.buffered_bytes_max}): the object store is too slow")
             self._space_free.wait(deadline - now)
+
+    def wait_for_room(self, size_bytes: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until a record of ``size_bytes`` would fit under ``buffered_bytes_max``
+        (or the log stopped); whether it would (see WriteAheadLog.wait_for_room)."""
+        size = RECORD_HEADER_BYTES + size_bytes
+        with self._lock:
+            return self._space_free.wait_for(
+                lambda: self._buffered_bytes + size <= self._config.buffered_bytes_max or self._failure is not None
+                or self._state is not _State.OPEN,
+                timeout_s)
 
     def _seal(self, batch: _Batch) -> None:
         """Close ``batch`` to further records and queue its put (lock held)."""
@@ -429,6 +446,7 @@ class ObjectWAL:
                 self._seal(self._current)
             futures = [b.future for b in self._unacked]
             self._sealer_wake.notify_all()
+            self._space_free.notify_all()   # a wait_for_room ends: no room will come
         for future in futures:
             future.exception()  # wait; a failure is already recorded in self._failure
         if self._sealer is not None:

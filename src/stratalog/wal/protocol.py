@@ -26,7 +26,13 @@ class WAL(Protocol):
         """Every record after the trim point, in offset order; runs once, before the first append."""
         ...
 
-    def append(self, data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]) -> AppendResult:
+    def append(self, data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview], *,
+               wait_s_max: float | None = None) -> AppendResult:
+        ...
+
+    def wait_for_room(self, size_bytes: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until a record of ``size_bytes`` would find room in the write buffer,
+        or the log stopped; whether it would."""
         ...
 
     def trim(self, offset: int) -> None:
