@@ -199,12 +199,19 @@ def disk_bytes(path: Path) -> int:
     return total
 
 
+#: /proc/diskstats fields (Documentation/admin-guide/iostats.rst): the device's name, and the sectors it
+#: has written, counted in 512-byte sectors whatever the device's own sector size.
+_DISKSTATS_NAME, _DISKSTATS_SECTORS_WRITTEN, _DISKSTATS_SECTOR_BYTES = 2, 9, 512
+#: /proc/self/mounts fields: source, mount point, file system type, ...
+_MOUNTS_FSTYPE = 2
+
+
 def _disk_written_bytes(disk_device: str) -> int:
     name = Path(disk_device).name
     for line in _read_lines("/proc/diskstats"):
         fields = line.split()
-        if len(fields) > 9 and fields[2] == name:
-            return int(fields[9]) * 512  # sectors written; /proc/diskstats counts 512-byte sectors
+        if len(fields) > _DISKSTATS_SECTORS_WRITTEN and fields[_DISKSTATS_NAME] == name:
+            return int(fields[_DISKSTATS_SECTORS_WRITTEN]) * _DISKSTATS_SECTOR_BYTES
     return 0
 
 
@@ -235,7 +242,7 @@ def _mount_of(path: Path) -> dict[str, str]:
     best = {"mount_point": "", "fstype": "unknown", "source": "unknown"}
     for line in _read_lines("/proc/self/mounts"):
         fields = line.split()
-        if len(fields) < 3:
+        if len(fields) <= _MOUNTS_FSTYPE:
             continue
         # /proc/self/mounts escapes spaces and tabs in paths as octal (\040, \011).
         source, mount_point, fstype = (f.encode().decode("unicode_escape") for f in fields[:3])

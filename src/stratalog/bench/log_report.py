@@ -7,14 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from stratalog.bench.common import size_label
-from stratalog.bench.tables import FigureTable, Verdict, report
+from stratalog.bench.tables import WHOLE_FIGURE_MIN, FigureTable, Verdict, report
 
 LATENCY_KEYS = ("p50", "p90", "p99", "p99_9", "p99_99", "max")
 LATENCY_HEADS = ("p50", "p90", "p99", "p99.9", "p99.99", "max")
 
+#: The record size the latency target is set for ("Building a Distributed Log from Scratch, Part 1").
+TARGET_RECORD_BYTES = 256
+
 
 def ms(value: float) -> str:
-    return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    return f"{value:,.2f}" if value < WHOLE_FIGURE_MIN else f"{value:,.0f}"
 
 
 def _target_text(result: dict[str, Any] | None) -> str:
@@ -39,7 +42,7 @@ def latency_table(doc: dict[str, Any]) -> FigureTable:
     goal = doc["targets"][0] if doc["targets"] else None
     for r in doc["latency"]:
         lat = r["latency_ms"]
-        mine = goal if r["record_bytes"] == 256 else None
+        mine = goal if r["record_bytes"] == TARGET_RECORD_BYTES else None
         out.add(size_label(r["record_bytes"]), doc["fsync"], f"{r['count']:,}", *(ms(lat[k]) for k in LATENCY_KEYS),
                 _target_text(mine), _verdict(mine))
     ref = doc["reference"]

@@ -27,12 +27,15 @@ def times(ratio: float) -> str:
     """12.3x, 1.5x, 0.31x, 0.0041x: two significant digits below 1, where send's ratio often falls."""
     return f"{ratio:,.1f}x" if ratio >= 1 else f"{ratio:.2g}x"
 
+#: Counts are printed in these units from these on.
+KILO, MEGA = 1_000, 1_000_000
+
 
 def _count(n: int) -> str:
     """1000000 -> "1 M", 100000 -> "100 k", 2500 -> "2.5 k", 200 -> "200"."""
-    if n >= 1_000_000:
-        return f"{n / 1e6:g} M"
-    return f"{n / 1e3:g} k" if n >= 1000 else str(n)
+    if n >= MEGA:
+        return f"{n / MEGA:g} M"
+    return f"{n / KILO:g} k" if n >= KILO else str(n)
 
 
 def _scale(doc: dict[str, Any]) -> str:

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MIB_PER_GIB = 1024
+#: Figures from this on are printed without decimals (1,234 ms, not 1,234.00): the digits after the point
+#: say nothing beside them.
+WHOLE_FIGURE_MIN = 100
 
 
 @dataclass(frozen=True, slots=True)

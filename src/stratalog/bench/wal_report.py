@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from stratalog.bench.common import MIB_BYTES, size_label
-from stratalog.bench.tables import FigureTable, Verdict, report
+from stratalog.bench.tables import WHOLE_FIGURE_MIN, FigureTable, Verdict, report
 
 
 def _target(result: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -19,7 +19,8 @@ def _target_text(target: dict[str, Any] | None) -> str:
         return "-"
     sign = ">=" if target["at_least"] else "<="
     bound = target["bound"]
-    return f"{target['name']} {sign} {bound:,.0f}" if bound >= 100 else f"{target['name']} {sign} {bound:g}"
+    shown = f"{bound:,.0f}" if bound >= WHOLE_FIGURE_MIN else f"{bound:g}"
+    return f"{target['name']} {sign} {shown}"
 
 
 def _verdict(target: dict[str, Any] | None) -> Verdict | str:

@@ -124,10 +124,14 @@ def _placement_refused(broker: Broker, named: set[int]) -> tuple[ErrorCode, str]
             "create the topic without an assignment")
 
 
+#: DeleteTopics names topics by name or id (KIP-516) from this version on, by name alone before.
+_TOPIC_IDS_FROM_VERSION = 6
+
+
 async def delete_topics(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     names: list[tuple[str | None, Any]]
-    if request.api_version >= 6:
+    if request.api_version >= _TOPIC_IDS_FROM_VERSION:
         names = [(t.name, t.topic_id) for t in body.topics]
     else:
         names = [(name, None) for name in body.topic_names]

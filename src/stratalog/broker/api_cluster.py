@@ -135,6 +135,10 @@ async def describe_cluster(broker: Broker, request: Request, session: Session) -
     }
 
 
+#: FindCoordinator asks for several keys at once (KIP-699) from this version on, one before.
+_BATCHED_FROM_VERSION = 4
+
+
 async def find_coordinator(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     host, port = session.listener.endpoint
@@ -157,7 +161,7 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
             return ErrorCode.coordinator_not_available, "no live broker coordinates the group yet", -1, host, port
         return ErrorCode.none, None, found.broker_id, *found.endpoint(session.listener.protocol.value)
 
-    if request.api_version >= 4:
+    if request.api_version >= _BATCHED_FROM_VERSION:
         coordinators = []
         for key in body.coordinator_keys:
             error, message, node, at_host, at_port = await answer(key)

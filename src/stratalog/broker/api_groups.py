@@ -35,22 +35,33 @@ def _ms(value: Any) -> int:
     return int(value.total_seconds() * 1000)
 
 
+#: JoinGroup: a new member is told its id and must join again with it (KIP-394) from this version on.
+_MEMBER_ID_REQUIRED_FROM_VERSION = 4
+#: JoinGroup answers with a protocol name that may be null (KIP-559) from this version on ("" before).
+_NULLABLE_NAME_FROM_VERSION = 7
+#: LeaveGroup names several members, static ones by instance id (KIP-345), from this version on.
+_MEMBERS_FROM_VERSION = 3
+#: OffsetFetch asks for several groups at once (KIP-709) from this version on.
+_GROUPS_FROM_VERSION = 8
+
+
 async def join_group(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     refused = ErrorCode.group_authorization_failed if not session.may_group(Operation.READ, body.group_id) \
         else ErrorCode.not_coordinator if _elsewhere(broker, body.group_id) else None
     if refused is not None:
         return {"throttle_time": 0, "error_code": refused, "generation_id": -1,
-                "protocol_type": None, "protocol_name": "" if request.api_version < 7 else None, "leader": "",
-                "member_id": body.member_id, "members": []}
+                "protocol_type": None,
+                "protocol_name": "" if request.api_version < _NULLABLE_NAME_FROM_VERSION else None,
+                "leader": "", "member_id": body.member_id, "members": []}
     session_ms = _ms(body.session_timeout)
     rebalance = getattr(body, "rebalance_timeout", None)
     result = await broker.groups.join(
         body.group_id, body.member_id, getattr(body, "group_instance_id", None), request.client_id or "",
         f"/{session.host}", session_ms, _ms(rebalance) if rebalance is not None else session_ms, body.protocol_type,
-        [(p.name, p.metadata) for p in body.protocols], request.api_version >= 4)
+        [(p.name, p.metadata) for p in body.protocols], request.api_version >= _MEMBER_ID_REQUIRED_FROM_VERSION)
     protocol_name = result.protocol_name
-    if protocol_name is None and request.api_version < 7:
+    if protocol_name is None and request.api_version < _NULLABLE_NAME_FROM_VERSION:
         protocol_name = ""
     return {"throttle_time": 0, "error_code": result.error_code, "generation_id": result.generation_id,
             "protocol_type": result.protocol_type, "protocol_name": protocol_name, "leader": result.leader,
@@ -89,7 +100,7 @@ async def leave_group(broker: Broker, request: Request, session: Session) -> dic
         return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed, "members": []}
     if _elsewhere(broker, body.group_id):
         return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "members": []}
-    if request.api_version < 3:
+    if request.api_version < _MEMBERS_FROM_VERSION:
         error, members = broker.groups.leave(body.group_id, [(body.member_id, None)])
         return {"throttle_time": 0, "error_code": error or (members[0][2] if members else 0)}
     error, members = broker.groups.leave(body.group_id, [(m.member_id, m.group_instance_id) for m in body.members])
@@ -201,7 +212,7 @@ async def offset_fetch(broker: Broker, request: Request, session: Session) -> di
                      "error_code": unavailable} for p in t.partition_indexes]} for t in wanted]}
         return {"group_id": group_id, "topics": topics, "error_code": ErrorCode.none}
 
-    if request.api_version >= 8:
+    if request.api_version >= _GROUPS_FROM_VERSION:
         return {"throttle_time": 0, "groups": [await answer(g.group_id, g.topics) for g in body.groups]}
     return {"throttle_time": 0, **(await answer(body.group_id, body.topics))}
 

@@ -31,7 +31,15 @@ from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResul
 from stratalog.kafka.produce_request import ProduceBody
 from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from stratalog.kafka.record_check import check_records
-from stratalog.kafka.records import BatchHeader, Compression, KafkaBatchError, check_batch, encode_batch, recompress
+from stratalog.kafka.records import (
+    INT16_MAX,
+    BatchHeader,
+    Compression,
+    KafkaBatchError,
+    check_batch,
+    encode_batch,
+    recompress,
+)
 
 log = logging.getLogger("stratalog.broker")
 
@@ -451,7 +459,7 @@ async def init_producer_id(broker: Broker, request: Request, session: Session) -
     if given >= 0:
         # KIP-360: a producer that lost track of its sequence bumps its epoch and starts again at 0.
         epoch = getattr(body, "producer_epoch", -1) + 1
-        if epoch < 32767:
+        if epoch < INT16_MAX:   # an int16 on the wire: at its end, a new producer id instead
             return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": given, "producer_epoch": epoch}
     producer_id = await asyncio.to_thread(broker.topics.next_counter, "producer_id")
     return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": producer_id, "producer_epoch": 0}

@@ -12,6 +12,15 @@ from stratalog.broker.sasl import MECHANISMS
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata_backends import is_postgres_uri
 
+#: A lease shorter than this would be spent renewing it (a renewal is a database round trip).
+LEASE_MS_MIN = 100
+#: The smallest request bound that still takes every client's first requests (ApiVersions, Metadata).
+REQUEST_BYTES_MIN = 1024
+#: Longest wait for the metadata database at start (10 minutes): past it, say so and stop.
+METADATA_CONNECT_WAIT_MS_LIMIT = 600_000
+#: Longest backstop for the WAL's completions (1 minute; it is meant to be milliseconds).
+WAL_COMPLETION_BACKSTOP_MS_LIMIT = 60_000
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
@@ -49,8 +58,8 @@ class ClusterConfig:
             return
         if self.broker_id < 0:
             raise ValueError("cluster broker_id must be >= 0")
-        if self.lease_ms < 100:
-            raise ValueError("cluster lease_ms must be at least 100")
+        if self.lease_ms < LEASE_MS_MIN:
+            raise ValueError(f"cluster lease_ms must be at least {LEASE_MS_MIN}")
         if not 0 < self.renew_interval_ms * 2 <= self.lease_ms:
             raise ValueError("cluster renew_interval_ms must be positive and at most half of lease_ms, so a "
                              "renewal that is late once does not lose the lease")
@@ -179,16 +188,17 @@ class BrokerConfig:
             raise ValueError("message_bytes_max must fit a WAL record (store.wal.record_bytes_max - 64)")
         if not 0 < self.default_partitions <= self.partitions_per_topic_max:
             raise ValueError("default_partitions must be in [1, partitions_per_topic_max]")
-        if self.request_bytes_max < 1024:
-            raise ValueError("request_bytes_max must be at least 1 KiB")
+        if self.request_bytes_max < REQUEST_BYTES_MIN:
+            raise ValueError(f"request_bytes_max must be at least {REQUEST_BYTES_MIN} bytes")
         if self.request_memory_bytes_max < self.request_bytes_max:
             raise ValueError("request_memory_bytes_max must hold at least one request (request_bytes_max)")
         if self.response_memory_bytes_max < self.fetch_response_bytes_max:
             raise ValueError("response_memory_bytes_max must hold at least one fetch response "
                              "(fetch_response_bytes_max)")
-        if not 0 <= self.metadata_connect_wait_ms <= 600_000:
-            raise ValueError("metadata_connect_wait_ms must be in [0, 600000] (0: give up at the first failure)")
-        if not 0 <= self.wal_completion_backstop_ms <= 60_000:
-            raise ValueError("wal_completion_backstop_ms must be in [0, 60000] (0: the WAL's thread completes "
-                             "appends)")
+        if not 0 <= self.metadata_connect_wait_ms <= METADATA_CONNECT_WAIT_MS_LIMIT:
+            raise ValueError(f"metadata_connect_wait_ms must be in [0, {METADATA_CONNECT_WAIT_MS_LIMIT}] (0: give up "
+                             "at the first failure)")
+        if not 0 <= self.wal_completion_backstop_ms <= WAL_COMPLETION_BACKSTOP_MS_LIMIT:
+            raise ValueError(f"wal_completion_backstop_ms must be in [0, {WAL_COMPLETION_BACKSTOP_MS_LIMIT}] (0: the "
+                             "WAL's thread completes appends)")
         self.store.validate()

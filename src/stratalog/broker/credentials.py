@@ -84,8 +84,12 @@ class ScramCredential:
     server_key: bytes
 
 
+#: Characters below this are ASCII control characters, which a user name may not hold.
+CONTROL_CHARS_END = 0x20
+
+
 def check_user_name(user: str) -> str:
-    if not user or len(user) > USER_NAME_CHARS_MAX or any(ord(c) < 0x20 for c in user):
+    if not user or len(user) > USER_NAME_CHARS_MAX or any(ord(c) < CONTROL_CHARS_END for c in user):
         raise CredentialError(f"a user name is 1 to {USER_NAME_CHARS_MAX} printable characters")
     return user
 

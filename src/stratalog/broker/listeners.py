@@ -99,9 +99,13 @@ class Listener:
         return self.protocol.sasl or (self.protocol.tls and tls.client_auth is ClientAuth.REQUIRED)
 
 
+#: The largest TCP port number.
+PORT_MAX = 65535
+
+
 def parse_address(address: str, text: str | None = None) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host or not 0 <= int(port) <= 65535:
+    if not sep or not port.isdigit() or not host or not 0 <= int(port) <= PORT_MAX:
         raise ListenerConfigError(f"{text or address!r}: expected HOST:PORT, such as 127.0.0.1:9092")
     return host.strip("[]"), int(port)
 

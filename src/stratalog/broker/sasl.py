@@ -33,6 +33,10 @@ MECHANISMS = (PLAIN, *(m.sasl_name for m in ScramMechanism))
 FAILED_MESSAGE = "Authentication failed: invalid username or password"
 #: The longest PLAIN or SCRAM token read (a name and a password, or a SCRAM message, are far smaller).
 TOKEN_BYTES_MAX = 4096
+#: A PLAIN token: authzid, user and password, separated by NUL bytes (RFC 4616).
+PLAIN_TOKEN_PARTS = 3
+#: SCRAM's second client message (client-final, RFC 5802) arrives in this round of a login.
+SCRAM_CLIENT_FINAL_ROUND = 2
 
 
 class AuthenticationFailedError(StratalogError):
@@ -80,7 +84,7 @@ class PlainExchange:
         if len(token) > TOKEN_BYTES_MAX:
             raise AuthenticationFailedError(f"PLAIN token of {len(token)} bytes")
         parts = token.split(b"\0")
-        if len(parts) != 3:
+        if len(parts) != PLAIN_TOKEN_PARTS:
             raise AuthenticationFailedError("a PLAIN token is authzid NUL user NUL password")
         try:
             authzid, user, password = (p.decode() for p in parts)
@@ -134,7 +138,7 @@ class ScramExchange:
             if self._round == 1:
                 self._server.set_client_first(message)
                 return str(self._server.get_server_first()).encode()
-            if self._round == 2:
+            if self._round == SCRAM_CLIENT_FINAL_ROUND:
                 self._server.set_client_final(message)
                 final = str(self._server.get_server_final()).encode()
             else:

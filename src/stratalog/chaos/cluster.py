@@ -52,6 +52,9 @@ ACK_WAIT_S_MAX = 120.0
 GROUP_READ_S_MAX = 180.0
 #: Records acknowledged and read before the first kill: the load is flowing.
 WARM_UP_RECORDS = 300
+#: Brokers a second kill leaves alive at least, so one is always there to take over (and the fewest a run
+#: needs).
+LIVE_BROKERS_MIN = 2
 #: The run's progress is reported this often while it waits.
 TICK_S = 0.5
 MUST_BE_ZERO = ("lost", "log_duplicates", "out_of_order", "delivery_failures", "commits_backwards",
@@ -244,7 +247,7 @@ class _Run:
             return False
         dead = frozenset({victim})
         room = config.kills_max is None or len(self.kills) < config.kills_max
-        if room and len(live) - len(dead) >= 2 and self.rng.random() < config.second_kill_chance:
+        if room and len(live) - len(dead) >= LIVE_BROKERS_MIN and self.rng.random() < config.second_kill_chance:
             other = self.rng.choice([i for i in live if i not in dead])
             if not self.kill(other, dead, second=True):
                 return False
@@ -265,7 +268,7 @@ def run_cluster_chaos(work: Path, config: ClusterChaosConfig,
                       on_progress: Callable[[RunProgress], None] = lambda _: None) -> ClusterChaosFigures:
     """Run the whole harness in ``work`` (its servers' directories go there); everything it starts is
     stopped when it returns or raises."""
-    if config.brokers < 2:
+    if config.brokers < LIVE_BROKERS_MIN:
         raise ChaosHarnessError("a cluster chaos run needs two brokers or more: one must stay alive")
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 

@@ -248,10 +248,11 @@ def _round_trip_bulk(reader: Reader) -> None:
     data = reader.take(sum(lengths)).ljust(sum(lengths), b"\0")
     ends = np.cumsum(np.array(lengths, np.int64)).astype(np.uint32)
     names = [(int(i), reader.take(reader.below(12)).decode("utf-8", "replace")) for i in ids[:reader.below(3)]]
-    body = b"".join(bf.encode_bulk(ids, bases, counts, names, 1000, ends, data))
+    stream_count = 1000
+    body = b"".join(bf.encode_bulk(ids, bases, counts, names, stream_count, ends, data))
     bulk = bf.decode_bulk(body)
     check(bulk.stream_ids.tolist() == ids.tolist() and bulk.base_offsets.tolist() == bases.tolist()
-          and bulk.counts.tolist() == counts.tolist() and bulk.names == names and bulk.stream_count == 1000
+          and bulk.counts.tolist() == counts.tolist() and bulk.names == names and bulk.stream_count == stream_count
           and bulk.ends.tolist() == ends.tolist() and bytes(bulk.data) == data,
           "a bulk record encoded then decoded is not the record")
 

@@ -331,6 +331,8 @@ def frame_seeds() -> list[bytes]:
 
 #: Bounds the target passes to the parsers: a batch of 64 KiB may inflate to at most 256 KiB.
 BATCH_BYTES_MAX = 64 << 10
+#: A generated record's value is null when both of these bits of its choice byte are set: one time in four.
+NULL_VALUE_BITS = 0x11
 DECOMPRESSED_BYTES_MAX = 256 << 10
 #: Control byte: bit 0 reseals each batch (batchLength of the last batch, CRC of all); bit 7 builds
 #: records from the input and round-trips them instead.
@@ -506,7 +508,7 @@ def _round_trip_batch(reader: Reader) -> None:
     base_ts = reader.uint(6)
     for _ in range(count):
         key = None if reader.u8() & 1 else reader.take(reader.below(40))
-        value = None if reader.u8() & 0x11 == 0x11 else reader.take(reader.below(300))
+        value = None if reader.u8() & NULL_VALUE_BITS == NULL_VALUE_BITS else reader.take(reader.below(300))
         headers = tuple((reader.take(reader.below(8)).decode("utf-8", "replace"),
                          None if reader.u8() & 1 else reader.take(reader.below(16)))
                         for _ in range(reader.below(4)))

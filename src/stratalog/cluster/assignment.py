@@ -23,6 +23,10 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+#: Handoffs go on while the most loaded live broker holds more than this many resources of a kind above the
+#: least loaded: one more would only move the imbalance to another broker.
+IMBALANCE_MAX = 1
+
 
 class Kind(StrEnum):
     PARTITION = "partition"
@@ -98,7 +102,7 @@ def _plan_kind(resources: list[Resource], holders: Mapping[Resource, Holder], li
     while True:
         most = max(counted, key=lambda b: (len(counted[b]), b))
         least = min(counted, key=lambda b: (len(counted[b]), b))
-        if len(counted[most]) - len(counted[least]) < 2 or not movable[most]:
+        if len(counted[most]) - len(counted[least]) <= IMBALANCE_MAX or not movable[most]:
             return moves
         resource = max(movable[most])
         movable[most].remove(resource)

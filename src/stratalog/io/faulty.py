@@ -18,6 +18,9 @@ from stratalog.io.device import DIRECT_ALIGN_BYTES
 
 SECTOR_BYTES = 512
 PAGE_BYTES = 4096
+#: At a crash, each unsynced write is lost whole (below the first bound), lands whole (below the second), or
+#: lands in part: sector by sector or page by page (half and half), each piece with even odds.
+CRASH_LOST_WHOLE, CRASH_LANDED_WHOLE, HALF = 0.3, 0.6, 0.5
 
 
 @dataclass
@@ -139,15 +142,15 @@ class MemDevice:
         landed: list[tuple[int, int]] = []
         for pos, data in pending:
             fate = rng.random()
-            if fate < 0.3:
+            if fate < CRASH_LOST_WHOLE:
                 continue
-            if fate < 0.6:
+            if fate < CRASH_LANDED_WHOLE:
                 image[pos:pos + len(data)] = data
                 landed.append((pos, len(data)))
                 continue
-            unit = SECTOR_BYTES if rng.random() < 0.5 else PAGE_BYTES
+            unit = SECTOR_BYTES if rng.random() < HALF else PAGE_BYTES
             for start in range(0, len(data), unit):
-                if rng.random() < 0.5:
+                if rng.random() < HALF:
                     end = min(start + unit, len(data))
                     image[pos + start:pos + end] = data[start:end]
                     landed.append((pos + start, end - start))

@@ -109,6 +109,9 @@ RECORD_HEADER_BYTES_MIN = 2
 #: A varlong takes at most 10 bytes (64 bits, 7 per byte); a longer run of continuation bits is damage.
 VARLONG_SHIFT_LIMIT = 70
 NULL_LENGTH = -1
+#: A byte of a varint below this has no continuation bit: it is the varint's last.
+VARINT_CONTINUATION = 0x80
+INT16_MAX = 0x7FFF
 INT32_MAX = 0x7FFF_FFFF
 INT64_MIN = -0x8000_0000_0000_0000
 INT64_MAX = 0x7FFF_FFFF_FFFF_FFFF

@@ -37,6 +37,7 @@ import struct
 from dataclasses import dataclass
 
 from stratalog.kafka.codec import FRAME_SIZE, KafkaProtocolError
+from stratalog.kafka.records import INT16_MAX
 
 #: Outside the numbers Kafka gives its APIs (0 up; under 100 today), so no Kafka release takes it.
 API_KEY = 32_000
@@ -187,7 +188,7 @@ def _string(out: bytearray, value: str | None) -> None:
         out += _I16.pack(-1)
         return
     raw = value.encode()
-    if len(raw) > 0x7FFF:
+    if len(raw) > INT16_MAX:
         raise ValueError(f"a string of {len(raw)} bytes does not fit an int16 length")
     out += _I16.pack(len(raw)) + raw
 

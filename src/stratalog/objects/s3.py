@@ -56,6 +56,11 @@ _AUTH_CODES = frozenset({
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "403",
 })
 
+#: The most tries of one request: past this an endpoint that fails is down, not flaky.
+ATTEMPTS_MAX = 20
+#: S3's bound on a key's length, in UTF-8 bytes.
+KEY_BYTES_MAX = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class S3Config:
@@ -90,8 +95,8 @@ class S3Config:
         """Raise ValueError naming the first bound that makes no sense."""
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise ValueError("connect_timeout_s and read_timeout_s must be > 0")
-        if not 1 <= self.attempts_max <= 20:
-            raise ValueError("attempts_max must be within 1..20")
+        if not 1 <= self.attempts_max <= ATTEMPTS_MAX:
+            raise ValueError(f"attempts_max must be within 1..{ATTEMPTS_MAX}")
         if self.pool_connections_max < 1:
             raise ValueError("pool_connections_max must be >= 1")
         if not PART_BYTES_MIN <= self.multipart_part_bytes <= PART_BYTES_MAX:
@@ -306,9 +311,9 @@ class S3Store:
 
     def _full_key(self, key: str) -> str:
         full_key = self.prefix + check_key(key)
-        if len(full_key.encode("utf-8", "surrogatepass")) > 1024:
+        if len(full_key.encode("utf-8", "surrogatepass")) > KEY_BYTES_MAX:
             raise ValueError(f"key {key!r} with the store's prefix {self.prefix!r} is longer than S3's "
-                             "1024 bytes")
+                             f"{KEY_BYTES_MAX} bytes")
         return full_key
 
     def _head(self, full_key: str) -> int:

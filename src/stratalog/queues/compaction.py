@@ -51,6 +51,8 @@ RangeReader = Callable[[int, int], bytes | memoryview]
 #: A read of one object's bytes from ``start`` into ``view``; returns the count read (short only at its end).
 IntoReader = Callable[[memoryview, int], int]
 IndexReader = Callable[[int, int], bytes]
+#: A merge joins this many objects at least: one alone has nothing to join.
+MERGE_SOURCES_MIN = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +127,8 @@ def plan_merge(sources: Sequence[MergeSource], prev_ends: U32s, piece_bytes_max:
     """The merge of ``sources`` (consecutive objects, oldest first), in pieces of at most ``piece_bytes_max``
     bytes (a single stream's run too large for that gets a piece of its own). ``prev_ends`` are the
     streams' ends before the first source. Raises CorruptBulkError when the sources do not follow on."""
-    if len(sources) < 2:
-        raise ValueError("a merge takes at least two objects")
+    if len(sources) < MERGE_SOURCES_MIN:
+        raise ValueError(f"a merge takes at least {MERGE_SOURCES_MIN} objects")
     first_stream = sources[0].first_stream
     if len(prev_ends) != first_stream:
         raise CorruptBulkError(f"object {sources[0].key} names streams from {first_stream}, but "

@@ -36,6 +36,9 @@ from stratalog.wal.format import crc32c
 ReadArgs = tuple[int, int, U32s, str]
 #: Every queue object's key starts so (an upload's and a merge's).
 QUEUE_PREFIX = "queues/"
+#: What the compiled twins take (a message count is a uint32, a file descriptor a C int): the reads check
+#: the same bounds.
+COUNT_LIMIT, FD_LIMIT = 0xFFFF_FFFF, 0x7FFF_FFFF
 
 
 def queue_object_key(object_id: int, first_id: int | None = None) -> str:
@@ -173,7 +176,7 @@ def read_messages_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start:
     them all (the read keeps the GIL and would not wait: libc.cached_view). Raises CorruptBulkError
     where a page fails its CRC or the run's ends do not frame it; ValueError for a run or messages out
     of bounds. The twin of ``stratalog._native.read_messages_cached``."""
-    if not (0 <= start <= end <= runs_bytes and 0 <= first <= stop <= count <= 0xFFFFFFFF and 0 <= fd <= 0x7FFFFFFF):
+    if not (0 <= start <= end <= runs_bytes and 0 <= first <= stop <= count <= COUNT_LIMIT and 0 <= fd <= FD_LIMIT):
         raise ValueError(f"a run at bytes {start} .. {end} of {runs_bytes}, messages {first} .. {stop} of {count}: "
                          "out of bounds")
     cached = _cached_pages(fd, runs_bytes, start, end)
@@ -194,7 +197,7 @@ def read_run_cached(fd: int, runs_bytes: int, pages: U32s, key: str, start: int,
     checked, as bytes to keep; and the bytes of the pages read. None where the page cache does not hold
     them all. Raises CorruptBulkError where a page fails its CRC or the run's ends do not frame it;
     ValueError for a run out of bounds. The twin of ``stratalog._native.read_run_cached``."""
-    if not (0 <= start <= end <= runs_bytes and 0 <= count <= 0xFFFFFFFF and 0 <= fd <= 0x7FFFFFFF):
+    if not (0 <= start <= end <= runs_bytes and 0 <= count <= COUNT_LIMIT and 0 <= fd <= FD_LIMIT):
         raise ValueError(f"a run at bytes {start} .. {end} of {runs_bytes} ({count} messages): out of bounds")
     cached = _cached_pages(fd, runs_bytes, start, end)
     if cached is None:

@@ -13,6 +13,9 @@ from stratalog.queues.config import QUEUE_NAME_CHARS_MAX
 from stratalog.queues.errors import InvalidQueueNameError, check_name
 from stratalog.queues.names import name_array
 
+#: A NumPy message buffer is 2-D: one message per row, all of the row's width.
+MESSAGE_ROWS_NDIM = 2
+
 
 def plain_name(name: object) -> bool:
     """A name that needs no further check: a str of 1 to QUEUE_NAME_CHARS_MAX ASCII characters (for any
@@ -56,7 +59,7 @@ def messages_as_arrow(messages: Sequence[bytes] | Any) -> Any:
             raise TypeError(f"messages must be a binary Arrow array, got {messages.type}")
         return messages
     if isinstance(messages, np.ndarray):
-        if messages.dtype != np.uint8 or messages.ndim != 2:
+        if messages.dtype != np.uint8 or messages.ndim != MESSAGE_ROWS_NDIM:
             raise TypeError("a NumPy message buffer must be a 2-D uint8 array, one message per row")
         rows, width = messages.shape
         offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int32)

@@ -359,6 +359,11 @@ def write_task(store: ObjectStore, prefix: str, partition: int, batches: Iterato
 
 # Driver side -------------------------------------------------------------------------------------
 
+#: Records stay at least this large however small the WAL (a page).
+_RECORD_BYTES_FLOOR = 4096
+#: More than the WAL's header slots, and than a record's header and alignment: room to spare, not a fit.
+_SLACK_BYTES = 8192
+
 
 def store_config_for(data_dir: Path) -> StoreConfig:
     """A StoreConfig that opens an existing data directory: the WAL keeps the capacity it was made with,
@@ -375,9 +380,9 @@ def store_config_for(data_dir: Path) -> StoreConfig:
     finally:
         device.close()
     record_bytes_max = base.wal.record_bytes_max
-    while record_bytes_max > 4096 and capacity - 8192 < 4 * (record_bytes_max + 8192):
+    while record_bytes_max > _RECORD_BYTES_FLOOR and capacity - _SLACK_BYTES < 4 * (record_bytes_max + _SLACK_BYTES):
         record_bytes_max //= 2
-    block = record_bytes_max + 8192
+    block = record_bytes_max + _SLACK_BYTES
     wal = WALConfig(record_bytes_max=record_bytes_max, window_bytes_max=max(block, min(16 << 20, capacity // 4)),
                     buffered_bytes_max=max(block, min(64 << 20, capacity // 2)))
     return replace(base, wal_capacity_bytes=capacity, wal=wal)

@@ -7,6 +7,16 @@ from enum import StrEnum
 
 from stratalog.wal.format import ALIGN_BYTES, RECORD_HEADER_BYTES
 
+#: The most I/O threads a WAL may have (the compiled writer's bound too: src/native/writer.c).
+IO_THREADS_MAX = 64
+#: The most puts or gets an object WAL keeps in flight: each holds a connection and an object's bytes.
+IN_FLIGHT_MAX = 256
+#: The most tries of one put or get: past this a store that fails is down, not flaky.
+ATTEMPTS_MAX = 20
+#: Longest pause between tries, and longest wait before a failed put may be tried again.
+PUT_BACKOFF_S_LIMIT = 10.0
+PUT_RETRY_S_LIMIT = 600.0
+
 
 class FsyncPolicy(StrEnum):
     """When an append is acknowledged.
@@ -67,8 +77,8 @@ class WALConfig:
             raise ValueError(f"block_bytes_soft_max must be a positive multiple of {ALIGN_BYTES}")
         if self.block_linger_s < 0:
             raise ValueError("block_linger_s must be >= 0")
-        if not 1 <= self.io_threads <= 64:
-            raise ValueError("io_threads must be within 1..64")
+        if not 1 <= self.io_threads <= IO_THREADS_MAX:
+            raise ValueError(f"io_threads must be within 1..{IO_THREADS_MAX}")
         if not 1 <= self.record_bytes_max <= (1 << 31):
             raise ValueError("record_bytes_max must be within 1..2 GiB")
         if self.window_bytes_max < self.block_bytes_max:
@@ -137,19 +147,20 @@ class ObjectWALConfig:
             raise ValueError("linger_s must be within 0..1 s")
         if self.object_bytes_soft_max < 1:
             raise ValueError("object_bytes_soft_max must be >= 1")
-        if not 1 <= self.puts_in_flight_max <= 256:
-            raise ValueError("puts_in_flight_max must be within 1..256")
-        if not 1 <= self.put_attempts_max <= 20 or not 1 <= self.read_attempts_max <= 20:
-            raise ValueError("put_attempts_max and read_attempts_max must be within 1..20")
-        if not 0 <= self.put_backoff_s <= self.put_backoff_s_max <= 10.0:
-            raise ValueError("put_backoff_s and put_backoff_s_max must be within 0..10 s, in that order")
-        if not 0 <= self.put_retry_s_min <= 600.0:
-            raise ValueError("put_retry_s_min must be within 0..600 s")
+        if not 1 <= self.puts_in_flight_max <= IN_FLIGHT_MAX:
+            raise ValueError(f"puts_in_flight_max must be within 1..{IN_FLIGHT_MAX}")
+        if not 1 <= self.put_attempts_max <= ATTEMPTS_MAX or not 1 <= self.read_attempts_max <= ATTEMPTS_MAX:
+            raise ValueError(f"put_attempts_max and read_attempts_max must be within 1..{ATTEMPTS_MAX}")
+        if not 0 <= self.put_backoff_s <= self.put_backoff_s_max <= PUT_BACKOFF_S_LIMIT:
+            raise ValueError(f"put_backoff_s and put_backoff_s_max must be within 0..{PUT_BACKOFF_S_LIMIT:g} s, in "
+                             "that order")
+        if not 0 <= self.put_retry_s_min <= PUT_RETRY_S_LIMIT:
+            raise ValueError(f"put_retry_s_min must be within 0..{PUT_RETRY_S_LIMIT:g} s")
         if not 1 <= self.record_bytes_max <= (1 << 31):
             raise ValueError("record_bytes_max must be within 1..2 GiB")
         if self.buffered_bytes_max < self.record_bytes_max + RECORD_HEADER_BYTES:
             raise ValueError("buffered_bytes_max must hold the largest record")
         if self.append_wait_s_max < 0:
             raise ValueError("append_wait_s_max must be >= 0")
-        if not 1 <= self.recovery_gets_in_flight_max <= 256:
-            raise ValueError("recovery_gets_in_flight_max must be within 1..256")
+        if not 1 <= self.recovery_gets_in_flight_max <= IN_FLIGHT_MAX:
+            raise ValueError(f"recovery_gets_in_flight_max must be within 1..{IN_FLIGHT_MAX}")

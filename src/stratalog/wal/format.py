@@ -47,6 +47,8 @@ HEADER_CRC_COVERS_BYTES = HEADER.size - 4
 #: magic u32, body_bytes u32, offset u64, body_crc32c u32, header_crc32c u32 (of the 20 bytes before it).
 RECORD_HEADER = struct.Struct("<IIQII")
 RECORD_HEADER_BYTES = RECORD_HEADER.size
+#: The header's body length is a uint32.
+BODY_BYTES_LIMIT = 0xFFFF_FFFF
 RECORD_HEADER_CRC_COVERS_BYTES = RECORD_HEADER_BYTES - 4
 _RECORD_PREFIX = struct.Struct("<IIQI")
 
@@ -158,7 +160,7 @@ def place_record_python(buf: Any, pos: int, views: Sequence[memoryview], offset:
     if memoryview(buf).readonly:
         raise TypeError("place_record: buf must be a writable buffer")
     body_bytes = sum(map(len, views))
-    if body_bytes > 0xFFFFFFFF or pos < 0 or pos > len(buf) or len(buf) - pos < RECORD_HEADER_BYTES + body_bytes:
+    if body_bytes > BODY_BYTES_LIMIT or pos < 0 or pos > len(buf) or len(buf) - pos < RECORD_HEADER_BYTES + body_bytes:
         raise ValueError(f"place_record: a body of {body_bytes} bytes at {pos} does not fit a buffer of {len(buf)}")
     at = pos + RECORD_HEADER_BYTES
     body_crc = 0
