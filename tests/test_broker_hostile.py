@@ -71,7 +71,7 @@ def _config(path: Path, **settings: float) -> Path:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     root = tmp_path_factory.mktemp("hostile")
-    config = _config(root / "broker.toml", request_read_timeout_s=REQUEST_READ_TIMEOUT_S,
+    config = _config(root / "broker.toml", request_read_timeout_ms=int(REQUEST_READ_TIMEOUT_S * 1000),
                      request_bytes_max=REQUEST_BYTES_MAX,
                      fetch_wait_ms_max=FETCH_WAIT_MS_MAX, fetch_response_bytes_max=FETCH_RESPONSE_BYTES_MAX)
     with running_broker(root / "data", "--config", str(config)) as b:
@@ -328,7 +328,7 @@ def test_a_stalled_frame_is_closed_after_request_read_timeout(broker: BrokerProc
 
 
 def test_an_idle_connection_is_closed_after_idle_timeout(tmp_path: Path) -> None:
-    config = _config(tmp_path / "idle.toml", idle_timeout_s=IDLE_TIMEOUT_S)
+    config = _config(tmp_path / "idle.toml", idle_timeout_ms=int(IDLE_TIMEOUT_S * 1000))
     with running_broker(tmp_path / "data", "--config", str(config)) as broker:
         connected_s = time.monotonic()  # before the connection exists, so before the broker's clock starts
         with connect(broker) as sock:

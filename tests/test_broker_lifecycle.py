@@ -83,7 +83,7 @@ def test_sigterm_answers_what_is_in_flight_and_loses_nothing(tmp_path: Path) -> 
 
 
 def test_a_half_sent_request_is_closed_after_the_read_timeout_while_others_are_served(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "request_read_timeout_s = 1.0\nidle_timeout_s = 600.0\n")
+    config = write_config(tmp_path, "request_read_timeout_ms = 1000\nidle_timeout_ms = 600000\n")
     with running_broker(tmp_path / "data", "--config", config) as broker:
         # Closed within the socket's timeout (a recv timeout fails the test): the read timeout, as the idle one
         # is ten minutes away.
@@ -98,7 +98,7 @@ def test_a_half_sent_request_is_closed_after_the_read_timeout_while_others_are_s
 
 
 def test_an_idle_connection_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "idle_timeout_s = 1.0\n")
+    config = write_config(tmp_path, "idle_timeout_ms = 1000\n")
     with running_broker(tmp_path / "data", "--config", config) as broker, \
             socket.create_connection((broker.host, broker.port), timeout=WAIT_S) as idle:
         # Timed from before the request, so before the broker's idle clock starts: a slow machine can only

@@ -112,7 +112,7 @@ def test_connections_that_read_none_of_their_responses_are_closed(tmp_path: Path
     # Responses of 8 MiB: more than the kernel's send buffer takes (4 MiB here), so the rest waits in the
     # broker until the peer reads, or the connection is closed for not reading.
     config.write_text(f"fetch_response_bytes_max = {8 << 20}\nresponse_memory_bytes_max = {16 << 20}\n"
-                      "response_write_timeout_s = 2.0\n")
+                      "response_write_timeout_ms = 2000\n")
     with running_broker(tmp_path / "data", "--config", str(config)) as broker:
         produce(broker, "big", 90, 100_000)
         hoarders = []

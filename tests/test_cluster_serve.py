@@ -170,7 +170,7 @@ def test_the_cluster_table_of_the_config_is_read_and_its_bounds_checked(tmp_path
 def test_a_clean_stop_hands_everything_over_and_a_lost_lease_stops_the_broker(
         tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
     # No periodic snapshot of idempotent producers: the one the stop takes is the only one.
-    config = "producer_snapshot_interval_s = 3600\n" + CLUSTER_TOML
+    config = "producer_snapshot_interval_ms = 3600000\n" + CLUSTER_TOML
     with running_cluster(tmp_path, pg_database, seaweedfs, 2, config) as cluster:
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
         admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(timeout=60)

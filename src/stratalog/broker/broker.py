@@ -427,7 +427,7 @@ class Broker:
 
     async def _snapshot_periodically(self) -> None:
         while True:
-            await asyncio.sleep(self.config.producer_snapshot_interval_s)
+            await asyncio.sleep(self.config.producer_snapshot_interval_ms / 1000)
             ends = self._snapshot_ends()         # in the same loop step as the entries: they agree
             entries = self.producers.entries()
             try:

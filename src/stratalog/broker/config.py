@@ -117,12 +117,12 @@ class BrokerConfig:
     response_memory_bytes_max: int = 512 << 20
     #: A connection whose peer takes none of the responses written to it for this long is closed: the
     #: responses it leaves unread hold broker memory (response_memory_bytes_max).
-    response_write_timeout_s: float = 30.0
+    response_write_timeout_ms: int = 30_000
     #: A connection idle this long is closed (connections.max.idle.ms: 10 minutes).
-    idle_timeout_s: float = 600.0
+    idle_timeout_ms: int = 600_000
     #: A connection whose frame has been arriving for this long is closed: a slow sender cannot hold
     #: its buffer forever.
-    request_read_timeout_s: float = 60.0
+    request_read_timeout_ms: int = 60_000
     #: The longest a fetch waits for data, whatever it asks (replica.fetch.wait.max.ms is 500 ms; a
     #: consumer's fetch.max.wait.ms is bounded here so a fetch never outlives a client's timeout).
     fetch_wait_ms_max: int = 30_000
@@ -152,7 +152,7 @@ class BrokerConfig:
     producers_max: int = 100_000
     #: How often idempotent producers' state is snapshotted; a restart reads the batches written since
     #: the last snapshot to rebuild it, so this bounds the work at start.
-    producer_snapshot_interval_s: float = 2.0
+    producer_snapshot_interval_ms: int = 2_000
     store: StoreConfig = field(default_factory=StoreConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
     #: Where topics, committed offsets, users, ACLs, quotas, producer snapshots and the stream store's

@@ -1,6 +1,6 @@
 """Idempotent producers' state across restarts: a periodic snapshot, then the batches written after it.
 
-Every ``producer_snapshot_interval_s`` the broker writes each producer's last batches per partition and
+Every ``producer_snapshot_interval_ms`` the broker writes each producer's last batches per partition and
 each partition's end offset into ``producers.sqlite`` or PostgreSQL (metadata_db.py), in one
 transaction. At start it loads the last snapshot and reads each partition's batches from the snapshot's
 end offset to its end (Kafka batch headers only: producer id, epoch, base sequence, count), recording

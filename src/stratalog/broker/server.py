@@ -251,7 +251,7 @@ class _KafkaProtocol(asyncio.Protocol):
         self.ordered_task: asyncio.Task[EncodedResponse | None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         #: When the request being read began to arrive (None: no partial request): its whole frame must
-        #: arrive within request_read_timeout_s of that, however it trickles.
+        #: arrive within request_read_timeout_ms of that, however it trickles.
         self.partial_since: float | None = None
         #: Armed while the socket takes nothing: a peer that stops reading is closed when it fires.
         self.write_timer: asyncio.TimerHandle | None = None
@@ -507,21 +507,22 @@ class _KafkaProtocol(asyncio.Protocol):
         if self.frames.buffered_bytes:
             # From the first byte of the request, not the last: a peer that trickles a byte now and then
             # is closed all the same.
-            timeout_s = self.config.request_read_timeout_s
+            timeout_s = self.config.request_read_timeout_ms / 1000
             now = self.loop.time()
             if self.partial_since is None:
                 self.partial_since = now
             delay_s, why = max(0.0, self.partial_since + timeout_s - now), \
                 f"a request still incomplete after {timeout_s:.0f} s"
         elif not self.responses:
-            delay_s, why = self.config.idle_timeout_s, f"idle for {self.config.idle_timeout_s:.0f} s"
+            delay_s = self.config.idle_timeout_ms / 1000
+            why = f"idle for {delay_s:.0f} s"
         else:
             return  # handlers are at work; each has its own bound
         self.timer = self.loop.call_later(delay_s, self._timed_out, why)
 
     def _arm_write_timer(self) -> None:
         assert self.transport is not None
-        delay_s = self.config.response_write_timeout_s
+        delay_s = self.config.response_write_timeout_ms / 1000
         self.write_timer = self.loop.call_later(delay_s, self._write_timed_out, delay_s,
                                                 self.transport.get_write_buffer_size())
 

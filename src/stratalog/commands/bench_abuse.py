@@ -22,7 +22,7 @@ PHASE_S_DEFAULT = 20.0
 RATE_PER_S_DEFAULT = 200.0
 RECORD_BYTES_DEFAULT = 256
 REPEAT_INTERVAL_S_DEFAULT = 1.0
-#: "A byte every few seconds": well inside the broker's request_read_timeout_s (60 s).
+#: "A byte every few seconds": well inside the broker's request_read_timeout_ms (60 s).
 SLOWLORIS_BYTE_INTERVAL_S_DEFAULT = 3.0
 #: What each slowloris frame claims: 1 MiB, under request_bytes_max (100 MiB), so the broker waits for it.
 SLOWLORIS_CLAIM_BYTES = 1 << 20
