@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from stratalog.kafka.codec import FRAME_SIZE, HEADER_PREFIX, KafkaProtocolError
 
+#: Frames read from the front of the buffer are dropped once they pass this many bytes (and whenever the
+#: buffer empties): a copy of what is left then, rather than a buffer that grows with every frame.
+READ_BYTES_COMPACT_MIN = 1 << 20
+
 
 class FrameTooLargeError(KafkaProtocolError):
     """A frame claims more bytes than the broker accepts (socket.request.max.bytes in Kafka)."""
@@ -70,7 +74,7 @@ class FrameReader:
         if end == len(buf):
             buf.clear()
             self._pos = 0
-        elif end > (1 << 20):
+        elif end > READ_BYTES_COMPACT_MIN:
             del buf[:end]  # keep the buffer from growing with many frames read in one go
             self._pos = 0
         return frame

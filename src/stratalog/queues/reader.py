@@ -186,6 +186,10 @@ class Reader:
                 reader.will_need(start, stop)
 
 
+#: What a kept run costs besides its bytes: its cache entry, its key and the objects' heads, about.
+RUN_ENTRY_OVERHEAD_BYTES = 100
+
+
 def _run_entry_bytes(raw: bytes) -> int:
-    """A kept run's share of read_cache_bytes_max: its bytes and about 100 of entry, key and object heads."""
-    return len(raw) + 100
+    """A kept run's share of read_cache_bytes_max: its bytes and its entry's overhead."""
+    return len(raw) + RUN_ENTRY_OVERHEAD_BYTES
