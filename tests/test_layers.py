@@ -94,3 +94,28 @@ def test_the_checker_sees_a_lazy_upward_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from stratalog.broker.topics import parse_stream_name\n")
     assert _imports(module) == [(2, "broker")]
+
+
+def _runtime_imports_of_modules(path: Path) -> set[str]:
+    """The stratalog modules ``path`` imports when it runs: those under ``if TYPE_CHECKING:`` left out."""
+    tree = ast.parse(path.read_text(), str(path))
+    checking = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                for n in ast.walk(block)}
+    return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+            and node.module.startswith("stratalog.") and id(node) not in checking}
+
+
+def test_the_api_handlers_do_not_import_the_broker_back() -> None:
+    """broker.py registers what api_registry.py gathers from the api_* modules; they name the Broker only
+    for the type checker, so broker/ has no import circle."""
+    handlers = [*sorted((ROOT / "broker").glob("api_*.py")), ROOT / "broker" / "apis.py"]
+    back = {p.name for p in handlers if "stratalog.broker.broker" in _runtime_imports_of_modules(p)}
+    assert len(handlers) >= 8 and not back, back
+
+
+def test_the_circle_checker_sees_an_import_outside_type_checking(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from stratalog.broker.topics import T\n"
+                      "from stratalog.broker.broker import Broker\n")
+    assert _runtime_imports_of_modules(module) == {"stratalog.broker.broker"}

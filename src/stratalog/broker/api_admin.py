@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
-from stratalog.broker.broker import Api, Broker
+from stratalog.broker.apis import Api
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import (
     SPECS,
@@ -22,6 +22,9 @@ from stratalog.broker.topics import InvalidTopicError, TopicExistsError, Unknown
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 from stratalog.objects.uri import OBJECT_STORE_CONFIG
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
 
 #: CreateTopics: -1 asks for the broker's default partition count or replication factor.
 DEFAULT_COUNT = -1

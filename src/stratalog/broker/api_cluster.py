@@ -10,16 +10,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
-from stratalog.broker.broker import TRANSACTIONS_REFUSED, Api, Broker
+from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
 from stratalog.broker.session import Session
 from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name, stream_name
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
 
 #: FindCoordinator key types: 0 a consumer group, 1 a transactional id (refused: no transactions).
 KEY_TYPE_GROUP = 0

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
-from stratalog.broker.broker import Api, Broker
+from stratalog.broker.apis import Api
 from stratalog.broker.group_state import GroupDescription
 from stratalog.broker.offsets import OffsetEntry, OffsetsUnavailableError
 from stratalog.broker.session import Session
 from stratalog.cluster.leases import ClusterError
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
 
 #: What DescribeGroups says of authorized operations when nobody asked (no ACLs yet).
 OPERATIONS_NOT_ASKED = -2147483648

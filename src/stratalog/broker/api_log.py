@@ -12,12 +12,12 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation, ResourceType
-from stratalog.broker.broker import TRANSACTIONS_REFUSED, Api, Broker
+from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
 from stratalog.broker.producers import Verdict
 from stratalog.broker.quotas import CONSUMER_BYTE_RATE
 from stratalog.broker.session import Session
@@ -40,6 +40,9 @@ from stratalog.kafka.records import (
     encode_batch,
     recompress,
 )
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
 
 log = logging.getLogger("stratalog.broker")
 

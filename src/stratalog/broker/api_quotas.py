@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
-from stratalog.broker.broker import Api, Broker
+from stratalog.broker.apis import Api
 from stratalog.broker.quotas import Entity, QuotaError, check_entity
 from stratalog.broker.session import Session
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
 
 #: DescribeClientQuotas match types: a name, the default entity, any named (non-default) entity.
 MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2

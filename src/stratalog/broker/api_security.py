@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -24,12 +24,15 @@ from stratalog.broker.acls import (
     Permission,
     ResourceType,
 )
-from stratalog.broker.broker import Api, Broker
+from stratalog.broker.apis import Api
 from stratalog.broker.credentials import CredentialError, ScramMechanism, check_user_name, credential_from_salted
 from stratalog.broker.sasl import FAILED_MESSAGE, AuthenticationFailedError, start_exchange
 from stratalog.broker.session import Session
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
 
 log = logging.getLogger("stratalog.broker")
 

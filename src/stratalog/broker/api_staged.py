@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
-from stratalog.broker.broker import Api, Broker
+from stratalog.broker.apis import Api
 from stratalog.broker.session import Session
 from stratalog.broker.topics import parse_stream_name
 from stratalog.engine import BackpressureError, StoreClosedError, StoreFailedError
@@ -56,6 +57,9 @@ from stratalog.kafka.staged_commit import (
 )
 from stratalog.objects.local import check_key
 from stratalog.objects.store import ObjectNotFoundError, ObjectStoreError
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
 
 log = logging.getLogger("stratalog.broker")
 

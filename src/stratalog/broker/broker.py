@@ -11,15 +11,16 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Authorizer
+from stratalog.broker.api_registry import all_apis
+from stratalog.broker.apis import Api
 from stratalog.broker.appender import OrderedAppender
 from stratalog.broker.cluster_node import ClusterNode
 from stratalog.broker.config import BrokerConfig
@@ -32,7 +33,6 @@ from stratalog.broker.producer_recovery import ProducerSnapshots, replay
 from stratalog.broker.producers import ProducerStates
 from stratalog.broker.quotas import Quotas
 from stratalog.broker.sasl import new_secret
-from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicExistsError, TopicRegistry, check_topic_name, stream_name
 from stratalog.cluster.failover import log_owner
@@ -43,7 +43,6 @@ from stratalog.engine.metadata_backends import MetadataUnavailableError
 from stratalog.errors import StratalogError
 from stratalog.io.block_io import CompletionWatch
 from stratalog.io.device import Device
-from stratalog.kafka.codec import Request
 from stratalog.objects.uri import without_credentials
 from stratalog.wal.object_wal import ObjectWAL
 
@@ -69,30 +68,7 @@ def _open_cluster_store(path: Path, config: BrokerConfig, object_store: str | No
         raise
     return node, store
 
-Handler = Callable[["Broker", Request, Session], Awaitable[Any]]
-#: The message beside TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the answer to every transactional request: the
-#: error clients fail at once on (librdkafka, kafka-python and aiokafka), and this says why.
-TRANSACTIONS_REFUSED = "transactions are not served yet by this broker"
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Api:
-    """One API the broker serves: its versions and its handler. A handler returns the response as
-    plain values (see ``stratalog.kafka.build``), a frame it encoded itself (``codec.Prebuilt``: Fetch),
-    or None for a request that gets no response."""
-
-    key: int
-    name: str
-    min_version: int
-    max_version: int
-    handler: Handler
-    #: Its effect (a commit, a topic made, a record trimmed) lands after an await, in a worker thread or
-    #: the database: the connection's later requests start only once it is answered, and it starts only
-    #: once the connection's earlier such requests are. Kafka applies one connection's requests in order;
-    #: without this, two pipelined commits could land in either order. Produce needs none: it appends in
-    #: arrival order before its first await.
-    ordered: bool = False
 
 
 class Broker:
@@ -173,9 +149,8 @@ class Broker:
             if node is not None:
                 node.leave(clean=False)
             raise
-        from stratalog.broker.apis import register_all
-
-        register_all(broker)
+        for api in all_apis():
+            broker.register(api)
         broker._watch_completions()
         broker.groups.start()
         broker._snapshot_task = asyncio.get_running_loop().create_task(broker._snapshot_periodically())
