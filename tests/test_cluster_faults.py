@@ -78,6 +78,21 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultyCluster]:
                 yield FaultyCluster(cluster, postgres, s3, namespace)
 
 
+@pytest.fixture
+def whole(faulty: FaultyCluster) -> FaultyCluster:
+    """The module's cluster as each test must find it, whatever a failed test before left: every link up,
+    the object store answering, every broker running (a supervisor's restart, whatever its exit)."""
+    for link in faulty.namespace.links:
+        faulty.namespace.mend(link)
+    if faulty.s3.process is None or faulty.s3.process.poll() is not None:
+        faulty.s3.start()   # on the same ports, with the same objects
+    faulty.s3.resume()
+    for broker_id, broker in sorted(faulty.cluster.brokers.items()):
+        if broker.process.poll() is not None:
+            faulty.cluster.start(broker_id)
+    return faulty
+
+
 def served(cluster: BrokerCluster, topic: str, dead: frozenset[int] = frozenset()) -> dict[int, PartitionView] | None:
     via = next(i for i in cluster.live() if i not in dead)
     return cluster_probe.served_without(cluster, via, topic, PARTITIONS, dead)
@@ -188,7 +203,8 @@ def lease_expiry_ms(postgres: PostgresServer, broker_id: int) -> tuple[int, int]
 
 
 @pytest.mark.slow
-def test_a_broker_cut_off_from_the_database_stops_acknowledging_and_loses_nothing(faulty: FaultyCluster) -> None:
+def test_a_broker_cut_off_from_the_database_stops_acknowledging_and_loses_nothing(whole: FaultyCluster) -> None:
+    faulty = whole
     cluster, topic, group = faulty.cluster, "partitioned", "partitioned-readers"
     create_topic(cluster, topic)
     before = served(cluster, topic)
@@ -251,7 +267,8 @@ def test_a_broker_cut_off_from_the_database_stops_acknowledging_and_loses_nothin
 
 
 @pytest.mark.slow
-def test_a_restart_of_the_database_under_load_loses_nothing(faulty: FaultyCluster) -> None:
+def test_a_restart_of_the_database_under_load_loses_nothing(whole: FaultyCluster) -> None:
+    faulty = whole
     cluster, topic, group = faulty.cluster, "db-restart", "db-restart-readers"
     create_topic(cluster, topic)
     load = Load(cluster.bootstrap(), topic, PARTITIONS, ROUND_S)
@@ -283,7 +300,8 @@ def test_a_restart_of_the_database_under_load_loses_nothing(faulty: FaultyCluste
 
 
 @pytest.mark.slow
-def test_an_object_store_that_hangs_then_restarts_under_load_loses_nothing(faulty: FaultyCluster) -> None:
+def test_an_object_store_that_hangs_then_restarts_under_load_loses_nothing(whole: FaultyCluster) -> None:
+    faulty = whole
     cluster, topic, group = faulty.cluster, "s3-faults", "s3-faults-readers"
     create_topic(cluster, topic)
     load = Load(cluster.bootstrap(), topic, PARTITIONS, ROUND_S)
