@@ -26,6 +26,7 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.listeners import Listener, certificate_principal, check_listeners, server_ssl_context
 from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.quotas import PRODUCER_BYTE_RATE, REQUEST_RATE
+from stratalog.broker.read_gate import Hold, ReadGate
 from stratalog.broker.session import ANONYMOUS, Session
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.build import build
@@ -156,8 +157,7 @@ class BrokerServer:
     def may_read_request(self, connection: _KafkaProtocol) -> bool:
         """Whether a connection may read another request now (see requests_queued_max): while the queue is
         full, only a connection that waits on nothing and sent one request, not a pipeline of them."""
-        if connection.admitted:  # woken from the waiting room: its turn, whoever came in meanwhile
-            connection.admitted = False
+        if connection.gate.take_admission():  # woken from the waiting room: its turn, whoever came in meanwhile
             return True
         if self.requests_queued < self.broker.config.requests_queued_max or not connection.responses:
             return True
@@ -235,16 +235,8 @@ class _KafkaProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: object = None
         self.session: Session | None = None
-        #: No more requests are read: the peer closed its side, sent garbage, or the broker is stopping.
-        self.reading_done = False
-        self.paused = False
-        self.write_blocked = False
-        #: Reading stopped until a throttle time passes (a quota was exceeded).
-        self.muted = False
-        #: Reading stopped until requests queued across connections fall (requests_queued_max); and, once
-        #: woken in turn, its next request is read whatever the queue holds then.
-        self.waiting_for_room = False
-        self.admitted = False
+        #: Whether requests are read now, and why not (read_gate.py).
+        self.gate = ReadGate()
         #: Bytes of the requests read and not yet answered.
         self.in_flight_bytes = 0
         #: The newest ordered request's handler (``Api.ordered``) while it runs: later requests start after it.
@@ -279,7 +271,7 @@ class _KafkaProtocol(asyncio.Protocol):
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
-        if self.reading_done:
+        if self.gate.done:
             return
         self.frames.receive_data(data)
         self._read_frames()
@@ -297,7 +289,7 @@ class _KafkaProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
             log.info("connection from %s lost: %s", self.peer, exc)
-        self.reading_done = True
+        self.gate.end()
         if self.timer is not None:
             self.timer.cancel()
         if self.write_timer is not None:
@@ -318,12 +310,11 @@ class _KafkaProtocol(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The socket takes less than is written: read no more requests until it catches up, so responses
         # do not pile up in the transport's buffer.
-        self.write_blocked = True
-        self._pause()
+        self._pause(Hold.WRITE_BLOCKED)
         self._arm_write_timer()
 
     def resume_writing(self) -> None:
-        self.write_blocked = False
+        self.gate.release(Hold.WRITE_BLOCKED)
         if self.write_timer is not None:
             self.write_timer.cancel()
             self.write_timer = None
@@ -336,10 +327,9 @@ class _KafkaProtocol(asyncio.Protocol):
         limit = self.config.in_flight_requests_max
         server = self.server
         try:
-            while not self.reading_done and len(self.responses) < limit:
+            while not self.gate.done and len(self.responses) < limit:
                 if not server.may_read_request(self):
-                    self.waiting_for_room = True
-                    self._pause()
+                    self._pause(Hold.WAITING_FOR_ROOM)
                     break
                 frame = self.frames.next_frame()
                 if frame is None:
@@ -450,16 +440,16 @@ class _KafkaProtocol(asyncio.Protocol):
                 throttle_ms = max(throttle_ms, done.throttle_ms)
         self._count_request_memory()
         self._count_response_memory()
-        if self.waiting_for_room and not responses:
+        if Hold.WAITING_FOR_ROOM in self.gate.holds and not responses:
             self.server.leave_waiting_room(self)  # nothing in flight: it may read whatever the others hold
-            self.waiting_for_room = False
+            self.gate.release(Hold.WAITING_FOR_ROOM)
         if throttle_ms:
             self._mute(throttle_ms)
-        if self.session is not None and self.session.close_after_response and not self.reading_done:
+        if self.session is not None and self.session.close_after_response and not self.gate.done:
             log.info("connection from %s closed after a failed or out-of-order login", self.peer)
             self._end_reading()
             return
-        if not responses and self.reading_done:
+        if not responses and self.gate.done:
             self._close()
             return
         self._resume()
@@ -467,31 +457,26 @@ class _KafkaProtocol(asyncio.Protocol):
 
     # Flow control, timeouts, closing -------------------------------------------------------------------
 
-    def _pause(self) -> None:
-        if not self.paused and self.transport is not None:
-            self.paused = True
+    def _pause(self, reason: Hold = Hold.NONE) -> None:
+        """Read nothing for ``reason`` (NONE: in_flight_requests_max responses are pending)."""
+        if self.gate.hold(reason) and self.transport is not None:
             self.transport.pause_reading()
 
     def _mute(self, throttle_ms: int) -> None:
         """Read nothing more from this client until its throttle time has passed (Kafka's muting)."""
-        self.muted = True
-        self._pause()
+        self._pause(Hold.MUTED)
         self.loop.call_later(throttle_ms / 1000, self._unmute)
 
     def _unmute(self) -> None:
-        self.muted = False
+        self.gate.release(Hold.MUTED)
         self._resume()
 
     def resume_after_wait(self) -> None:
-        self.waiting_for_room = False
-        self.admitted = True
+        self.gate.admit()
         self._resume()
 
     def _resume(self) -> None:
-        if (self.paused and not self.write_blocked and not self.muted and not self.reading_done
-                and not self.waiting_for_room
-                and len(self.responses) < self.config.in_flight_requests_max and self.transport is not None):
-            self.paused = False
+        if self.transport is not None and self.gate.go_on(len(self.responses) < self.config.in_flight_requests_max):
             self.transport.resume_reading()
             self._read_frames()  # frames read before the pause may wait in the buffer
 
@@ -500,9 +485,9 @@ class _KafkaProtocol(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if self.reading_done:
+        if self.gate.done:
             return
-        if self.paused:
+        if self.gate.held:
             return  # reading waits on the broker (requests in flight, a full socket, a throttle): not the peer
         if self.frames.buffered_bytes:
             # From the first byte of the request, not the last: a peer that trickles a byte now and then
@@ -545,7 +530,7 @@ class _KafkaProtocol(asyncio.Protocol):
         self._end_reading()
 
     def _end_reading(self) -> None:
-        self.reading_done = True
+        self.gate.end()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -572,7 +557,7 @@ class _KafkaProtocol(asyncio.Protocol):
 
     def evict(self) -> None:
         """Close at once, dropping what is in flight (memory pressure)."""
-        self.reading_done = True
+        self.gate.end()
         self.server.request_memory.set(self, 0)
         self.abort()
 
