@@ -537,7 +537,7 @@ def batch_seeds() -> list[bytes]:
 
 
 def _batch_allocation_bytes_max(input_bytes: int) -> int:
-    # Decompression builds the inflated data once and its growing buffer once (see _decompress_growing),
+    # Decompression builds the inflated data once and its growing buffer once (see codecs._decompress_growing),
     # and the round trip re-encodes what it decoded.
     return ALLOCATION_BYTES_BASE + 4 * DECOMPRESSED_BYTES_MAX + ALLOCATION_BYTES_PER_INPUT_BYTE * input_bytes
 
