@@ -60,10 +60,10 @@ class WALConfig:
     #: written). When full, append waits up to ``append_wait_s_max`` for room, then raises
     #: OverCapacityError; a block larger than this goes alone. 4 MiB: enough blocks for the I/O threads to
     #: keep the device busy, few enough that flat-out appends do not queue behind tens of MiB (flat-out p99
-    #: 34-42 -> 2-3 ms) and the device reads the same few MiB of memory over and over, which a virtual
+    #: 10-43 -> 2-7 ms) and the device reads the same few MiB of memory over and over, which a virtual
     #: disk whose host copies each write finds in the CPU's caches (256 KiB and 1 MiB records, `bench wal`
     #: alternating with 64 MiB: 0.73-0.97x and 0.81-0.92x of plain O_DIRECT writes against 0.72-0.75x
-    #: and 0.70-0.71x).
+    #: and 0.70-0.71x). The stream store asks for more (engine/config.py says why).
     buffered_bytes_max: int = 4 << 20
     append_wait_s_max: float = 30.0
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
