@@ -151,6 +151,7 @@ def test_the_config_file_sets_broker_group_store_and_wal_settings_and_refuses_un
 
     from stratalog.broker.listeners import Listener
     from stratalog.commands.serve import load_config
+    from stratalog.engine.config import StoreConfig
     from stratalog.wal.config import FsyncPolicy
 
     path = tmp_path / "broker.toml"
@@ -161,6 +162,8 @@ def test_the_config_file_sets_broker_group_store_and_wal_settings_and_refuses_un
     assert config.groups.group_initial_rebalance_delay_ms == 0
     assert config.store.upload_bytes_threshold == 128 << 20
     assert config.store.wal.fsync is FsyncPolicy.INTERVAL
+    # What [store.wal] leaves out is the store's default, not the bare WAL's (its write buffer differs).
+    assert config.store.wal.buffered_bytes_max == StoreConfig().wal.buffered_bytes_max
     for text, named in (("[store]\nupload_bytes = 1\n", "upload_bytes"),
                         ("[store.wal]\nfsync = \"sometimes\"\n", "sometimes"),
                         ("partitions = 2\n", "partitions"),

@@ -76,7 +76,7 @@ def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
                         raise click.BadParameter(f"[store.wal] fsync: {wal['fsync']!r} is not one of "
                                                  f"{', '.join(p.value for p in FsyncPolicy)}",
                                                  param_hint="--config") from None
-                store["wal"] = WALConfig(**wal)
+                store["wal"] = dataclasses.replace(StoreConfig().wal, **wal)   # the store's defaults, not the WAL's
             values["store"] = StoreConfig(**store)
     values.update({k: v for k, v in overrides.items() if v is not None})
     config = BrokerConfig(**values)
