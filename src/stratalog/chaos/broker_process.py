@@ -73,7 +73,7 @@ class BrokerProcess:
             if time.monotonic() > deadline or self.process.poll() is not None:
                 break
             time.sleep(0.05)
-        return "".join(line for line in self.output[start:])
+        return "".join(self.output[start:])
 
     def close_output(self) -> None:
         """Once the process has ended: let the pump read to the end, then close the pipe."""

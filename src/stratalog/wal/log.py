@@ -367,7 +367,7 @@ class WriteAheadLog:
                     self._current = None
                     self._release_buffer(current)
             block_bytes = align_up(size)
-            buffer_bytes = max(self._config.block_bytes_soft_max, block_bytes)
+            buffer_bytes = self._buffer_bytes(block_bytes)
             if self._has_room(buffer_bytes):
                 break
             # Backpressure: the device is behind; wait for blocks to be acknowledged.
@@ -400,6 +400,11 @@ class WriteAheadLog:
         self._current = block
         return block
 
+    def _buffer_bytes(self, block_bytes: int) -> int:
+        """The buffer a new block takes when its first record needs ``block_bytes`` (aligned): room for
+        more records after it, up to the size a block is sealed at."""
+        return max(self._config.block_bytes_soft_max, block_bytes)
+
     def _has_room(self, buffer_bytes: int) -> bool:
         """Whether a block buffer of this size fits the write buffer now (lock held). A block larger than
         the whole bound (a record near ``record_bytes_max``) goes alone, once nothing else is buffered."""
@@ -409,7 +414,7 @@ class WriteAheadLog:
         """Wait up to ``timeout_s`` until a record of ``size_bytes`` would find room in the write buffer
         (or the log stopped); whether it would. For a caller that appended with ``wait_s_max=0`` and must
         not wait while holding a lock of its own."""
-        buffer_bytes = max(self._config.block_bytes_soft_max, align_up(RECORD_HEADER_BYTES + size_bytes))
+        buffer_bytes = self._buffer_bytes(align_up(RECORD_HEADER_BYTES + size_bytes))
         with self._lock:
             return self._space_free.wait_for(
                 lambda: self._has_room(buffer_bytes) or self._failure is not None or self._state is not _State.OPEN,
