@@ -60,6 +60,63 @@ def test_appends_wait_off_the_loop_and_keep_their_order() -> None:
     assert offsets == [0, 1, 2, 3, 4, 5]
 
 
+def test_once_the_worker_made_room_the_queued_appends_go_straight_on_the_loop() -> None:
+    """The worker only waits: after its append went in, those queued behind it are appended by the loop
+    itself (no wait allowed), and only one that finds no room again goes to the worker."""
+    class RoomForThree(FullThenFreeStream):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[int, float | None, bool]] = []   # batch, wait_s_max, in the loop's thread
+            self.loop_thread = threading.get_ident()
+            self.room_left = 0
+
+        def append_kafka(self, batch: Any, count: int, max_timestamp_ms: int, *,
+                         wait_s_max: float | None = None) -> Future[int]:
+            self.calls.append((batch, wait_s_max, threading.get_ident() == self.loop_thread))
+            if self.room.is_set() and wait_s_max == 0:
+                if not self.room_left:
+                    raise BackpressureError("full again")
+                self.room_left -= 1
+            return super().append_kafka(batch, count, max_timestamp_ms, wait_s_max=wait_s_max)
+
+    async def scenario() -> RoomForThree:
+        stream = RoomForThree()
+        appender = OrderedAppender()
+        futures = [appender.append(stream, i, 1, 0) for i in range(6)]  # type: ignore[arg-type]
+        assert appender.queued == 6
+        stream.room_left = 3
+        stream.room.set()
+        assert list(await asyncio.gather(*futures)) == [0, 1, 2, 3, 4, 5]
+        assert appender.queued == 0
+        appender.close()
+        return stream
+
+    stream = asyncio.run(scenario())
+    assert stream.appended == [0, 1, 2, 3, 4, 5]
+    assert stream.calls == [
+        (0, 0, True),        # refused: the worker takes it
+        (0, None, False),    # the worker waits for room and appends it
+        (1, 0, True), (2, 0, True), (3, 0, True),   # room for three: straight, on the loop
+        (4, 0, True),        # full again: the worker takes it
+        (4, None, False),
+        (5, 0, True),        # still full: the worker again
+        (5, None, False),
+    ]
+
+
+def test_close_runs_what_is_still_queued_in_order() -> None:
+    async def scenario() -> tuple[list[int], list[int]]:
+        stream = FullThenFreeStream()
+        appender = OrderedAppender()
+        futures = [appender.append(stream, i, 1, 0) for i in range(4)]  # type: ignore[arg-type]
+        stream.room.set()
+        appender.close()   # at once: the loop has not yet heard that the worker's append went in
+        offsets = list(await asyncio.wait_for(asyncio.gather(*futures), WAIT_S))
+        return stream.appended, offsets
+
+    assert asyncio.run(scenario()) == ([0, 1, 2, 3], [0, 1, 2, 3])
+
+
 def test_an_append_that_waits_too_long_fails_with_backpressure() -> None:
     class AlwaysFull:
         def append_kafka(self, batch: Any, count: int, max_timestamp_ms: int, *,

@@ -2,70 +2,134 @@
 
 While the store has room, an append goes straight to the engine (a WAL append: microseconds). When the
 log cache or the WAL is full, the engine would wait for uploads, up to ``append_wait_s_max``, and with
-it every connection, heartbeat and fetch of the broker. So an append that finds no room, and every
-append after it, is handed to one worker thread that waits in its place; appends go straight to the
-engine again once that queue is empty. One worker, first in first out, and no direct append while any
-is queued: the engine sees the appends in the order the broker accepted them.
+it every connection, heartbeat and fetch of the broker. So the append that finds no room is handed to one
+worker thread that waits in its place, and every append after it queues on the loop behind it. Once the
+worker's append has gone in, the loop appends the queued ones straight again, until one finds no room and
+goes to the worker in its turn. The worker only ever waits: appends that find room run on the loop, and a
+burst that fills the store does not send every later append through a thread (each a wake-up and a turn
+for the interpreter's lock). First in first out, and no straight append while any is queued: the engine
+sees the appends in the order the broker accepted them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import threading
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 from stratalog.engine import BackpressureError, Stream
 
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    stream: Stream
+    batch: memoryview
+    count: int
+    max_timestamp_ms: int
+    done: asyncio.Future[int]
+
+
 class OrderedAppender:
     def __init__(self) -> None:
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stratalog-appender")
-        #: Appends handed to the worker whose engine call has not returned yet (read and written on the loop).
-        self._queued = 0
+        #: Appends asked for after one found no room, in order, not yet handed on (only the loop touches
+        #: these fields).
+        self._waiting: collections.deque[_Queued] = collections.deque()
+        #: The append the worker holds (waiting for room), if any.
+        self._in_worker: _Queued | None = None
+        #: Appends queued so far, and how many of them have reached the engine (or failed): for drained().
+        self._queued_total = 0
+        self._reached_total = 0
+        self._drain_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     @property
     def queued(self) -> int:
-        return self._queued
+        """Appends waiting for room: the worker's and those behind it."""
+        return len(self._waiting) + (self._in_worker is not None)
 
     def append(self, stream: Stream, batch: memoryview, count: int, max_timestamp_ms: int) -> asyncio.Future[int]:
         """The future of the batch's base offset, complete once durable. Errors the engine raises at once
         (a closed or failed store, a batch too large) are raised here when the append goes straight."""
         loop = asyncio.get_running_loop()
-        if not self._queued:
+        if not self.queued:
             try:
                 return on_loop(stream.append_kafka(batch, count, max_timestamp_ms, wait_s_max=0), loop)
             except BackpressureError:
                 pass  # no room now: wait in the worker, and let later appends queue behind this one
-        self._queued += 1
-        done: asyncio.Future[int] = loop.create_future()
-        handed = self._worker.submit(stream.append_kafka, batch, count, max_timestamp_ms)
-        handed.add_done_callback(lambda f: loop.call_soon_threadsafe(self._appended, f, done))
-        return done
+        entry = _Queued(stream, batch, count, max_timestamp_ms, loop.create_future())
+        self._queued_total += 1
+        if self._in_worker is None:
+            self._hand_to_worker(entry)
+        else:
+            self._waiting.append(entry)
+        return entry.done
 
     def drained(self) -> asyncio.Future[None]:
-        """A future complete once every append handed to the worker before this call has reached the engine
-        (the worker runs them in order): a handoff waits for it after it stops taking the partition's
-        appends, so none of them can join later."""
-        loop = asyncio.get_running_loop()
-        if not self._queued:
-            done: asyncio.Future[None] = loop.create_future()
+        """A future complete once every append queued before this call has reached the engine: a handoff
+        waits for it after it stops taking the partition's appends, so none of them can join later."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._reached_total == self._queued_total:
             done.set_result(None)
-            return done
-        return asyncio.wrap_future(self._worker.submit(_nothing), loop=loop)
+        else:
+            self._drain_waiters.append((self._queued_total, done))
+        return done
 
-    def _appended(self, handed: concurrent.futures.Future[Any], done: asyncio.Future[int]) -> None:
-        self._queued -= 1
-        error = handed.exception()
+    def _hand_to_worker(self, entry: _Queued) -> None:
+        loop = entry.done.get_loop()
+        self._in_worker = entry
+        handed = self._worker.submit(entry.stream.append_kafka, entry.batch, entry.count, entry.max_timestamp_ms)
+        handed.add_done_callback(lambda f: loop.call_soon_threadsafe(self._worker_done, f))
+
+    def _worker_done(self, handed: concurrent.futures.Future[concurrent.futures.Future[int]]) -> None:
+        entry, self._in_worker = self._in_worker, None
+        assert entry is not None
+        self._settle(entry, handed)
+        while self._waiting:  # room was made: the queued appends go straight until one finds none
+            entry = self._waiting.popleft()
+            answer: concurrent.futures.Future[concurrent.futures.Future[int]] = concurrent.futures.Future()
+            try:
+                answer.set_result(entry.stream.append_kafka(entry.batch, entry.count, entry.max_timestamp_ms,
+                                                            wait_s_max=0))
+            except BackpressureError:
+                self._hand_to_worker(entry)
+                break
+            except Exception as error:  # a failed or closed store, a batch too large: this append's answer
+                answer.set_exception(error)
+            self._settle(entry, answer)
+        self._wake_drain_waiters()
+
+    def _settle(self, entry: _Queued, answer: concurrent.futures.Future[concurrent.futures.Future[int]]) -> None:
+        """``entry`` reached the engine: ``answer`` holds the engine's future of it, or the engine's error."""
+        self._reached_total += 1
+        error = answer.exception()
         if error is not None:
-            if not done.done():
-                done.set_exception(error)
+            if not entry.done.done():
+                entry.done.set_exception(error)
             return
-        _bridge(handed.result(), done)
+        _bridge(answer.result(), entry.done)
+
+    def _wake_drain_waiters(self) -> None:
+        still = []
+        for target, waiter in self._drain_waiters:
+            if self._reached_total < target:
+                still.append((target, waiter))
+            elif not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters = still
 
     def close(self) -> None:
+        """Run what is still queued through the worker, in order, and wait for it (the store is still open
+        here; its answers reach the loop's futures as ever)."""
+        for entry in self._waiting:
+            handed = self._worker.submit(entry.stream.append_kafka, entry.batch, entry.count, entry.max_timestamp_ms)
+            handed.add_done_callback(
+                lambda f, e=entry: e.done.get_loop().call_soon_threadsafe(self._settle, e, f))  # type: ignore[misc]
+        self._waiting.clear()
         self._worker.shutdown(wait=True, cancel_futures=False)
 
 
@@ -101,5 +165,3 @@ def _copy_state(source: concurrent.futures.Future[T], target: asyncio.Future[T])
         target.set_result(source.result())
 
 
-def _nothing() -> None:
-    pass
