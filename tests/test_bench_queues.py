@@ -97,7 +97,9 @@ def test_bench_peers_run_the_same_workload_and_nats_is_stopped(tmp_path: Path) -
     for name, system in systems.items():
         assert system["ok"], name
         assert system["phases"]["index_check"]["bad"] == 0 and system["phases"]["consume"]["bad"] == 0, name
-        assert system["phases"]["consume"]["messages"] == 800, name  # 20% of the queues, read in full
+        # A fifth of the queues, then the next, ... until 10 s had passed: at this size, every queue once.
+        assert system["phases"]["consume"]["messages"] == 4000, name
+        assert system["phases"]["consume"]["queues"] == 200, name
     assert set(doc["ratios"]) >= {"send", "index_check", "consume"}
     leftover = subprocess.run(["pgrep", "-f", f"nats-server.*{tmp_path}"], capture_output=True, check=False)
     assert leftover.returncode == 1, "the bench left a nats-server running"
@@ -127,6 +129,34 @@ class _ListQueues:
         pass
 
 
+@pytest.mark.parametrize(("consume_s_min", "shares"), [(0.0, 1), (3600.0, 5)])
+def test_bench_consume_reads_a_fifth_then_more_fifths_until_it_ran_long_enough(
+        tmp_path: Path, consume_s_min: float, shares: int) -> None:
+    """The race reads a fifth of the queues; the bench goes on with further fifths, each queue at most
+    once, while the phase has run less than consume_s_min."""
+    from stratalog.bench.queues import _consume, _send, message_tails, queue_names
+
+    plan = QueueBenchPlan(queues=100, messages=1000, message_bytes=20, threads=2, batch=0, consume_batch=3,
+                          dir_path=tmp_path, consume_s_min=consume_s_min)
+    names, tails = queue_names(plan.queues), message_tails(plan.queues, plan.message_bytes)
+    fake = _ListQueues()
+    _send(fake, plan, names, tails, [0, 0, 0])
+    asked: list[str] = []
+    get = fake.get
+
+    def counted_get(name: str, offset: int, num: int) -> list[bytes]:
+        if offset == 0:
+            asked.append(name)
+        return get(name, offset, num)
+
+    fake.get = counted_get  # type: ignore[method-assign]
+    progress = [0, 0, 0]
+    read, bad, queues = _consume(fake, plan, names, tails, progress)
+    assert bad == 0 and queues == 20 * shares
+    assert read == progress[2] == 20 * shares * plan.rounds
+    assert len(asked) == len(set(asked)) == 20 * shares, "each queue read once, from its start"
+
+
 @pytest.mark.parametrize("arrow_names", [False, True])
 def test_bench_send_with_put_many_puts_every_message_in_order(tmp_path: Path, arrow_names: bool) -> None:
     """The send phase's put_many mode (batches smaller than a producer's queues, so a round spans several
@@ -146,7 +176,7 @@ def test_bench_send_with_put_many_puts_every_message_in_order(tmp_path: Path, ar
         assert progress[0] == plan.total_messages
         for q in (0, 1, 150, 299):
             assert qs.get(names[q], 0, plan.rounds + 1) == fake.queues[names[q]]
-        read, bad = _consume(qs, plan, names, tails, [0, 0, 0])
+        read, bad, _ = _consume(qs, plan, names, tails, [0, 0, 0])
     assert bad == 0 and read == plan.rounds * int(plan.queues * 0.2)
 
 
@@ -174,6 +204,6 @@ def test_bench_consume_checks_every_message(tmp_path: Path, damage: str) -> None
             queue[9], queue[10] = queue[9] + queue[10][:1], queue[10][1:]
         elif damage == "short":
             queue.pop()
-    read, bad = _consume(system, plan, names, tails, [0, 0, 0])
+    read, bad, _ = _consume(system, plan, names, tails, [0, 0, 0])
     assert read == (10 * plan.rounds if damage != "short" else 10 * (plan.rounds - 1))
     assert bad == (0 if damage == "none" else 10)

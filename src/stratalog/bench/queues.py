@@ -9,7 +9,9 @@ Three phases per system, each in its own process (so peak RSS is the system's ow
 - index check: every queue once, in random order, ``get(queue, random offset, 10)``, checking the first
   message and the count.
 - consume: 20% of the queues read from offset 0 to the end with ``get(queue, offset, consume_batch)``,
-  every message compared with what was sent.
+  every message compared with what was sent; then, while the phase has run less than ``consume_s_min``,
+  another fifth of the queues, and so on (each queue at most once): at a million queues one fifth takes
+  about 5 s, too short for a steady figure.
 
 For stratalog alone, two plain-disk references on the same files in the same run (see
 :mod:`stratalog.bench.disk_reference`): random 4 KiB reads of the store's objects right after consume, with the
@@ -51,7 +53,8 @@ if TYPE_CHECKING:
 
 #: The index check reads this many messages per get, as the million-queue race does.
 INDEX_CHECK_NUM = 10
-#: Share of queues the consume phase reads in full, as in the million-queue race.
+#: Share of queues the consume phase reads in full, as in the million-queue race (and then further
+#: shares, while it has run less than the plan's consume_s_min).
 CONSUME_SHARE = 0.2
 PHASES = ("send", "index_check", "consume")
 SYSTEMS = ("stratalog", "rocksdict", "lmdb", "sqlite3", "nats")
@@ -85,6 +88,9 @@ class QueueBenchPlan:
     consume_batch: int
     dir_path: Path
     seed: int = 1
+    #: The consume phase reads further shares of the queues until it has run this long (0: one share, the
+    #: race's; the command's default is CONSUME_S_MIN there).
+    consume_s_min: float = 0.0
     #: Bounds of stratalog's disk references (tests pass small ones).
     reference_read_s_max: float = disk_reference.READ_S_MAX
     reference_write_bytes: int = disk_reference.WRITE_BYTES
@@ -197,16 +203,19 @@ def round_prefixes(rounds: int) -> tuple[bytes, ...]:
 
 
 def _consume(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails: list[bytes],
-             progress: Any) -> tuple[int, int]:
-    """Every message is checked: each get's messages must equal the queue's expected messages at those
-    offsets, one by one (a list comparison, in C). The expected messages are built without NumPy: its
-    copies give up the GIL, and beside 8 consumer threads each give-up is a hand-over (an early version
-    made 690 k context switches in a phase of 15 s and cost every system alike a third of its rate)."""
-    chosen = sorted(random.Random(plan.seed + 1).sample(range(plan.queues), max(1, int(plan.queues * CONSUME_SHARE))))
+             progress: Any) -> tuple[int, int, int]:
+    """The messages read, the bad reads, and the queues read. Every message is checked: each get's
+    messages must equal the queue's expected messages at those offsets, one by one (a list comparison, in
+    C). The expected messages are built without NumPy: its copies give up the GIL, and beside 8 consumer
+    threads each give-up is a hand-over (an early version made 690 k context switches in a phase of 15 s
+    and cost every system alike a third of its rate)."""
+    order = list(range(plan.queues))
+    random.Random(plan.seed + 1).shuffle(order)
+    share = max(1, int(plan.queues * CONSUME_SHARE))
     bad = [0]
     read = [0]
 
-    def consumer(t: int) -> None:
+    def consumer(t: int, chosen: list[int]) -> None:
         get = system.get
         rounds = plan.rounds
         for q in chosen[t::plan.threads]:
@@ -225,8 +234,13 @@ def _consume(system: QueueSystem, plan: QueueBenchPlan, names: list[str], tails:
             if off != rounds:
                 bad[0] += 1
 
-    run_threads(plan.threads, consumer)
-    return read[0], bad[0]
+    started = time.perf_counter()
+    first = 0
+    while first < plan.queues and (first == 0 or time.perf_counter() - started < plan.consume_s_min):
+        chosen = sorted(order[first:first + share])   # in order of queue, as a consumer walks them
+        run_threads(plan.threads, functools.partial(consumer, chosen=chosen))
+        first += share
+    return read[0], bad[0], min(first, plan.queues)
 
 
 def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]:
@@ -255,10 +269,10 @@ def run_system(name: str, plan: QueueBenchPlan, progress: Any) -> dict[str, Any]
         _add_disk_reads(phases["index_check"], disk_reads)
         disk_reads = _disk_read_bytes()
         started = time.perf_counter()
-        consumed, consume_bad = _consume(system, plan, names, tails, progress)
+        consumed, consume_bad, consumed_queues = _consume(system, plan, names, tails, progress)
         seconds = time.perf_counter() - started
         phases["consume"] = {"seconds": seconds, "per_s": consumed / seconds, "messages": consumed,
-                             "bad": consume_bad}
+                             "queues": consumed_queues, "bad": consume_bad}
         stats = _stats(system)
         _add_object_reads(phases["consume"], stats_after_index, stats)
         _add_disk_reads(phases["consume"], disk_reads)
