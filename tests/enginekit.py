@@ -70,6 +70,8 @@ def small_store_config(**overrides: object) -> StoreConfig:
         "append_wait_s_max": 10.0,
         "upload_backoff_s": 0.01,
         "upload_retry_s_min": 0.0,   # a test's faults stop the store after upload_attempts_max tries
+        "free_bytes_min": 0,         # the machine's own free space never refuses a test's appends
+        "free_percent_min": 0.0,
     }
     values.update(overrides)
     return StoreConfig(**values)  # type: ignore[arg-type]

@@ -13,8 +13,8 @@ import stratalog
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "invariant", "records", "caching", "native"}),   # shared types and helpers, no I/O;
                                                        # which core runs (compiled or Python)
-    frozenset({"io", "retrying"}),                     # devices and libc: the only pread/pwrite/fdatasync;
-                                                       # retries with backoff
+    frozenset({"io", "retrying", "free_space"}),       # devices and libc: the only pread/pwrite/fdatasync;
+                                                       # retries with backoff; free space and headroom
     frozenset({"objects"}),                            # object storage: a local directory, any S3 API
     frozenset({"wal"}),                                # the write-ahead logs: on a device, in objects
     frozenset({"kafka"}),                              # Kafka's wire and record-batch formats, sans-I/O

@@ -7,6 +7,12 @@ class StratalogError(Exception):
     """Base of every error stratalog raises on purpose."""
 
 
+class OutOfSpaceError(StratalogError):
+    """Storage is full, or below the free space a store keeps in reserve: writes are refused until room is
+    made (delete data, grow the filesystem, raise the bucket's quota); reads go on, and writes resume by
+    themselves."""
+
+
 class WALError(StratalogError):
     """Base of write-ahead log errors."""
 

@@ -22,7 +22,13 @@ from stratalog.broker.producers import Verdict
 from stratalog.broker.quotas import CONSUMER_BYTE_RATE
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import config_value, stored_codec
-from stratalog.engine import BackpressureError, OffsetOutOfRangeError, StoreClosedError, StoreFailedError
+from stratalog.engine import (
+    BackpressureError,
+    OffsetOutOfRangeError,
+    StoreClosedError,
+    StoreFailedError,
+    StoreFullError,
+)
 from stratalog.engine.batch import ENCODING_KAFKA, KAFKA_DECOMPRESSED_BYTES_MAX, StoredBatch, stored_records
 from stratalog.errors import RecordTooLargeError
 from stratalog.kafka.api_keys import ApiKey
@@ -208,7 +214,10 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
         future = broker.appender.append(stream, view, header.record_count, header.max_timestamp_ms)
     except RecordTooLargeError as e:
         raise _RefusedError(ErrorCode.message_too_large, str(e)) from None
-    except (StoreFailedError, StoreClosedError) as e:
+    except (StoreFailedError, StoreClosedError, StoreFullError) as e:
+        # StoreFullError: the disk is low or object storage full. KAFKA_STORAGE_ERROR is what Kafka answers
+        # for an offline log directory, and every client retries it (after a metadata refresh) until its
+        # delivery timeout: writes resume here by themselves once space is back.
         raise _RefusedError(ErrorCode.kafka_storage_error, str(e)) from None
     stream_id = stream.stream_id
     if idempotent:

@@ -16,6 +16,7 @@ from stratalog.engine.store import (
     OffsetOutOfRangeError,
     StoreClosedError,
     StoreFailedError,
+    StoreFullError,
     Stream,
     StreamStore,
 )
@@ -23,5 +24,6 @@ from stratalog.records import NewRecord, Record
 
 __all__ = [
     "StreamStore", "Stream", "StoreConfig", "NewRecord", "Record",
-    "BackpressureError", "OffsetOutOfRangeError", "StoreClosedError", "StoreFailedError", "StoreLockedError",
+    "BackpressureError", "OffsetOutOfRangeError", "StoreClosedError", "StoreFailedError", "StoreFullError",
+    "StoreLockedError",
 ]

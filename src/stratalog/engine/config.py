@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stratalog.free_space import Headroom
 from stratalog.wal.config import WALConfig
 
 
@@ -48,6 +49,19 @@ class StoreConfig:
     upload_backoff_s: float = 0.2
     upload_retry_s_min: float = 30.0
     upload_backoff_s_max: float = 2.0
+    #: Appends are refused (StoreFullError; a broker answers KAFKA_STORAGE_ERROR) while the filesystem of the
+    #: data directory, or of a local object store, has less free than the larger of these two, so that what
+    #: the store must still write once it stops taking appends has room: the uploads of what it holds (an
+    #: upload makes objects of upload_bytes_threshold, 64 MiB, at a time; the log cache holds up to four),
+    #: the metadata's journal, the producers' snapshots. Reads go on meanwhile, and appends resume by
+    #: themselves once space is back. 0 and 0: refuse only when a write finds the disk full.
+    free_bytes_min: int = 256 << 20
+    free_percent_min: float = 1.0
+    #: Free space is looked at this often (by the uploader thread) ...
+    free_space_check_interval_s: float = 1.0
+    #: ... and at a refused append, when the last look is older than this: a freed disk takes appends again
+    #: at once, and a storm of refused appends costs a statvfs now and then, not one each.
+    free_space_recheck_interval_s: float = 0.1
     #: Objects nothing refers to are deleted this long after, so readers holding them finish first.
     object_grace_s: float = 60.0
     #: How often retention and object deletion run in the background.
@@ -68,4 +82,10 @@ class StoreConfig:
             raise ValueError("upload_attempts_max must be >= 1")
         if self.upload_retry_s_min < 0 or not 0 <= self.upload_backoff_s <= self.upload_backoff_s_max:
             raise ValueError("upload_retry_s_min must be >= 0, and 0 <= upload_backoff_s <= upload_backoff_s_max")
+        self.headroom.validate("")
         self.wal.validate(self.wal_capacity_bytes - 8192)
+
+    @property
+    def headroom(self) -> Headroom:
+        return Headroom(self.free_bytes_min, self.free_percent_min, self.free_space_check_interval_s,
+                        self.free_space_recheck_interval_s)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from stratalog.errors import StratalogError
+from stratalog.errors import OutOfSpaceError, StratalogError
 
 #: The URI schemes that name a PostgreSQL database (libpq's).
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -122,6 +122,17 @@ def writing(db: Backend) -> Iterator[None]:
     db.commit()
 
 
+class MetadataFullError(OutOfSpaceError):
+    """The metadata database could not write: its disk is full. Nothing of the change was kept."""
+
+
+def _full_or(error: sqlite3.OperationalError) -> Exception:
+    """MetadataFullError for SQLite's "database or disk is full", else the error itself."""
+    if error.sqlite_errorcode == sqlite3.SQLITE_FULL:
+        return MetadataFullError(f"the metadata database could not write: {error}; free space on its disk")
+    return error
+
+
 class SqliteBackend:
     """A SQLite file; ``read_only`` opens it beside a running store (WAL mode lets readers in).
 
@@ -152,18 +163,25 @@ class SqliteBackend:
             return self._db.execute(sql, params)
         except sqlite3.IntegrityError as e:
             raise DuplicateError(str(e)) from e
+        except sqlite3.OperationalError as e:
+            raise _full_or(e) from e
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         try:
             self._db.executemany(sql, rows)
         except sqlite3.IntegrityError as e:
             raise DuplicateError(str(e)) from e
+        except sqlite3.OperationalError as e:
+            raise _full_or(e) from e
 
     def begin_writer(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")
 
     def commit(self) -> None:
-        self._db.execute("COMMIT")
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as e:
+            raise _full_or(e) from e
 
     def rollback(self) -> None:
         self._db.execute("ROLLBACK")

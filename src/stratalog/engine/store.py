@@ -43,6 +43,7 @@ from stratalog.engine.metadata import Fence, Metadata, NewObject, RangeRow, Stre
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, ObjectBuilder, StreamBatch, placed_batches
 from stratalog.engine.upkeep import delete_orphans, with_retries
 from stratalog.errors import (
+    OutOfSpaceError,
     OverCapacityError,
     RecordTooLargeError,
     StratalogError,
@@ -50,9 +51,11 @@ from stratalog.errors import (
     WriteBufferFullError,
     release_frames,
 )
+from stratalog.free_space import SpaceGuard
 from stratalog.invariant import invariant
 from stratalog.io.block_io import CompletionWatch
 from stratalog.io.device import Device
+from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.records import NewRecord, Record
 from stratalog.wal import WriteAheadLog
@@ -78,6 +81,11 @@ class StoreClosedError(StratalogError):
 
 class StoreFailedError(StratalogError):
     """A durability step failed; the store stopped accepting appends. Reopen it to recover."""
+
+
+class StoreFullError(OutOfSpaceError):
+    """Appends are refused: the disk under the store is below its free-space headroom, or object storage
+    is out of room. Reads go on; appends resume by themselves once space is back (retry)."""
 
 
 class UnflushedStreamError(StratalogError):
@@ -337,6 +345,11 @@ class StreamStore:
         self._closed = False
         self._failure: BaseException | None = None
         self._last_wal_future: Future[int] | None = None
+        local_roots = [objects.root] if isinstance(objects, LocalDirStore) else []
+        self._space = SpaceGuard([data_dir, *local_roots], config.headroom, log)
+        self._space.check()   # a store opened on a full disk refuses appends from the start
+        #: After an upload ran out of room: no upload is tried before this (monotonic seconds).
+        self._upload_retry_at = 0.0
         self._manifest = ManifestPublisher(objects)
         # A snapshot at open only when the published chain does not reach the last commit: a store with
         # a million streams would otherwise write its whole manifest at every open.
@@ -505,6 +518,8 @@ class StreamStore:
         """Append the batch ``encode(base_offset)`` returns (its bytes and max timestamp) of ``count``
         records; the base offset is the stream's next, given under the store lock."""
         config = self._config
+        if self._space.refusal is not None and self._space.recheck() is not None:
+            raise StoreFullError(f"appends refused: {self._space.refusal}")
         wait_s = config.append_wait_s_max if wait_s_max is None else wait_s_max
         deadline: float | None = None
         with self._cond:
@@ -1014,33 +1029,51 @@ class StreamStore:
             log.warning("publishing manifest %d failed; the next one will be a snapshot: %s", seq, str(e))
 
     def _with_retries(self, what: str, step: Callable[[], _T]) -> _T:
+        """``step()`` retried with backoff; a step out of room fails at once (see _uploader_loop)."""
         config = self._config
         return with_retries(what, step, attempts=config.upload_attempts_max, backoff_s=config.upload_backoff_s,
-                            log=log, retry_s_min=config.upload_retry_s_min, backoff_s_max=config.upload_backoff_s_max)
+                            log=log, retry_s_min=config.upload_retry_s_min, backoff_s_max=config.upload_backoff_s_max,
+                            never_on=(OutOfSpaceError,))
 
     def _uploader_loop(self) -> None:
+        """Uploads, retention and the free-space checks, in the background. An upload that runs out of room
+        does not stop the store: appends are refused (SpaceGuard) and the upload is tried again every
+        free_space_check_interval_s until it goes through."""
         config = self._config
+        space_check_s = config.free_space_check_interval_s
+        next_space_check = time.monotonic() + space_check_s
         while True:
             with self._cond:
                 while not self._closing:
                     oldest = self._cache_oldest if self._cached else None
                     now = time.monotonic()
-                    if (self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold
-                            or (oldest is not None and now - oldest >= config.upload_interval_s)
-                            or now - self._last_retention >= config.retention_interval_s):
-                        break
-                    due = [self._last_retention + config.retention_interval_s]
+                    upload_due = [self._last_retention + config.retention_interval_s]
                     if oldest is not None:
-                        due.append(oldest + config.upload_interval_s)
-                    self._cond.wait(max(0.001, min(due) - now))
+                        upload_due.append(oldest + config.upload_interval_s)
+                    if self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold:
+                        upload_due.append(now)
+                    wake = min(max(min(upload_due), self._upload_retry_at), next_space_check)
+                    if wake <= now:
+                        break
+                    self._cond.wait(wake - now)
                 if self._closing:
                     return
+            if time.monotonic() >= next_space_check:
+                self._space.check()
+                next_space_check = time.monotonic() + space_check_s
+            if time.monotonic() < self._upload_retry_at:
+                continue
+            with self._cond:
                 self._upload_wanted = False
             try:
                 self._upload(trim_wal=True)
+                self._space.objects_ok()
                 if time.monotonic() - self._last_retention >= config.retention_interval_s:
                     self._last_retention = time.monotonic()
                     self.apply_retention()
+            except OutOfSpaceError as e:
+                self._space.objects_full(e)
+                self._upload_retry_at = time.monotonic() + space_check_s
             except BaseException as e:
                 self._fail(e)
                 return
@@ -1152,6 +1185,9 @@ class StreamStore:
                 if last is not None:
                     last.exception()
                 self._upload(trim_wal=True)
+        except OutOfSpaceError as e:   # durable in the WAL: the next open uploads it
+            log.warning("closing with appends not yet in objects (the WAL keeps them for the next open): %s",
+                        str(e))
         finally:
             self._closed = True
             # The last WAL future's callback holds this store: kept, the pair would wait for a full garbage

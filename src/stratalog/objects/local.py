@@ -25,7 +25,7 @@ from pathlib import Path
 
 from stratalog.io import libc
 from stratalog.io.libc import CACHED_READ_BYTES_MAX
-from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStoreError
+from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStoreError, ObjectStoreFullError
 
 #: S3's own limit on a key's length, in UTF-8 bytes; the local store keeps it too so keys stay portable.
 KEY_BYTES_MAX = 1024
@@ -85,9 +85,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: What a full disk answers a write with: no space left, or the user's disk quota reached.
+OUT_OF_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _os_error(exc: OSError, message: str) -> ObjectStoreError:
+    """The store's error for a failed system call: ObjectStoreFullError where the disk is full."""
+    if exc.errno in OUT_OF_SPACE_ERRNOS:
+        return ObjectStoreFullError(message)
+    return ObjectStoreError(message)
+
+
 def _advice(exc: OSError) -> str:
     """What an operator can do about an OS error, for the error message."""
-    if exc.errno == errno.ENOSPC:
+    if exc.errno in OUT_OF_SPACE_ERRNOS:
         return "the disk is full: free space under the store's root, then retry"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "check that the process may write the store's root"
@@ -113,7 +124,7 @@ class LocalDirStore:
             if created:
                 _fsync_dir(self.root.parent)
         except OSError as exc:
-            raise ObjectStoreError(f"cannot create the object store directory {self.root}: {exc}; "
+            raise _os_error(exc, f"cannot create the object store directory {self.root}: {exc}; "
                                    f"{_advice(exc)}") from exc
 
     def __repr__(self) -> str:
@@ -144,7 +155,7 @@ class LocalDirStore:
             else:
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise ObjectStoreError(f"cannot create a temp file for key {key!r} in {path.parent}: {exc}; "
+            raise _os_error(exc, f"cannot create a temp file for key {key!r} in {path.parent}: {exc}; "
                                    f"{_advice(exc)}") from exc
         try:
             try:
@@ -175,15 +186,15 @@ class LocalDirStore:
             if not isinstance(exc, OSError):
                 raise  # a part failed to be made (the caller's error): nothing was stored
             if isinstance(exc, IsADirectoryError):
-                raise ObjectStoreError(f"cannot store key {key!r}: {path} is a directory (keys exist under "
+                raise _os_error(exc, f"cannot store key {key!r}: {path} is a directory (keys exist under "
                                        f"'{key}/'), and a local store cannot hold both") from exc
-            raise ObjectStoreError(f"put of key {key!r} to {path} failed, nothing was stored: {exc}; "
+            raise _os_error(exc, f"put of key {key!r} to {path} failed, nothing was stored: {exc}; "
                                    f"{_advice(exc)}") from exc
         try:
             # Without this the rename may be lost in a power cut even though put returned.
             _fsync_dir(path.parent)
         except OSError as exc:
-            raise ObjectStoreError(f"put of key {key!r}: the directory {path.parent} could not be synced, so "
+            raise _os_error(exc, f"put of key {key!r}: the directory {path.parent} could not be synced, so "
                                    f"the object may not survive a power cut: {exc}; {_advice(exc)}") from exc
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -208,7 +219,7 @@ class LocalDirStore:
                 remaining -= len(chunk)
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         except OSError as exc:
-            raise ObjectStoreError(f"read of key {key!r} from {path} failed: {exc}; {_advice(exc)}") from exc
+            raise _os_error(exc, f"read of key {key!r} from {path} failed: {exc}; {_advice(exc)}") from exc
         finally:
             os.close(fd)
 
@@ -219,7 +230,7 @@ class LocalDirStore:
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise ObjectNotFoundError(f"no object {key!r} in {self.root}") from exc
         except OSError as exc:
-            raise ObjectStoreError(f"stat of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
+            raise _os_error(exc, f"stat of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
         if not stat.S_ISREG(st.st_mode):
             raise ObjectNotFoundError(f"no object {key!r} in {self.root} ({path} is not a file)")
         return st.st_size
@@ -252,7 +263,7 @@ class LocalDirStore:
                     elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
                         found.append(ObjectInfo(key, entry.stat(follow_symlinks=False).st_size))
         except OSError as exc:
-            raise ObjectStoreError(f"listing {prefix!r} in {self.root} failed: {exc}; {_advice(exc)}") from exc
+            raise _os_error(exc, f"listing {prefix!r} in {self.root} failed: {exc}; {_advice(exc)}") from exc
         found.sort(key=lambda info: info.key)
         return iter(found)
 
@@ -265,7 +276,7 @@ class LocalDirStore:
         except IsADirectoryError:
             return  # no object under this key, only keys below it
         except OSError as exc:
-            raise ObjectStoreError(f"delete of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
+            raise _os_error(exc, f"delete of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
         # Empty parent directories stay: removing them would race with a put creating a file in them.
 
     def recycle(self, key: str, spare_bytes_max: int) -> None:
@@ -345,7 +356,7 @@ class LocalDirStore:
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise ObjectNotFoundError(f"no object {src!r} in {self.root}") from exc
         except OSError as exc:
-            raise ObjectStoreError(f"rename of key {src!r} to {dst!r} failed, nothing moved: {exc}; "
+            raise _os_error(exc, f"rename of key {src!r} to {dst!r} failed, nothing moved: {exc}; "
                                    f"{_advice(exc)}") from exc
         try:
             # Without these the move may be undone (or, across directories, half done) by a power cut.
@@ -353,7 +364,7 @@ class LocalDirStore:
             if src_path.parent != dst_path.parent:
                 _fsync_dir(src_path.parent)
         except OSError as exc:
-            raise ObjectStoreError(f"rename of key {src!r} to {dst!r}: a directory could not be synced, so the "
+            raise _os_error(exc, f"rename of key {src!r} to {dst!r}: a directory could not be synced, so the "
                                    f"move may not survive a power cut: {exc}; {_advice(exc)}") from exc
 
     def close(self) -> None:
@@ -390,12 +401,12 @@ class LocalDirStore:
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise ObjectNotFoundError(f"no object {key!r} in {self.root}") from exc
         except OSError as exc:
-            raise ObjectStoreError(f"open of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
+            raise _os_error(exc, f"open of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
         try:
             is_file = stat.S_ISREG(os.fstat(fd).st_mode)
         except OSError as exc:
             os.close(fd)
-            raise ObjectStoreError(f"stat of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
+            raise _os_error(exc, f"stat of key {key!r} ({path}) failed: {exc}; {_advice(exc)}") from exc
         if not is_file:
             os.close(fd)
             raise ObjectNotFoundError(f"no object {key!r} in {self.root} ({path} is not a file)")
@@ -414,18 +425,18 @@ class LocalDirStore:
             except FileExistsError as exc:
                 if not path.is_dir():
                     object_key = path.relative_to(self.root).as_posix()
-                    raise ObjectStoreError(
+                    raise _os_error(exc,
                         f"cannot store key {key!r}: {object_key!r} is an object, and a local store cannot hold "
                         "keys below an object's key; choose keys where no key is a prefix of another + '/'"
                     ) from exc
                 continue  # a concurrent put made it
             except OSError as exc:
-                raise ObjectStoreError(f"cannot create directory {path} for key {key!r}: {exc}; "
+                raise _os_error(exc, f"cannot create directory {path} for key {key!r}: {exc}; "
                                        f"{_advice(exc)}") from exc
             try:
                 _fsync_dir(path.parent)
             except OSError as exc:
-                raise ObjectStoreError(f"cannot sync directory {path.parent} for key {key!r}: {exc}; "
+                raise _os_error(exc, f"cannot sync directory {path.parent} for key {key!r}: {exc}; "
                                        f"{_advice(exc)}") from exc
 
 
@@ -492,7 +503,7 @@ class LocalObjectReader:
         return done
 
     def _read_failed(self, exc: OSError) -> ObjectStoreError:
-        return ObjectStoreError(f"read of key {self._key!r} from {self._path} failed: {exc}; {_advice(exc)}")
+        return _os_error(exc, f"read of key {self._key!r} from {self._path} failed: {exc}; {_advice(exc)}")
 
     @property
     def fd(self) -> int:

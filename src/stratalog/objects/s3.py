@@ -28,7 +28,7 @@ from botocore.exceptions import (
 )
 
 from stratalog.objects.local import check_key, check_range
-from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStoreError
+from stratalog.objects.store import ObjectInfo, ObjectNotFoundError, ObjectStoreError, ObjectStoreFullError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -392,20 +392,7 @@ class S3Store:
         code = _error_code(exc)
         if code in _NOT_FOUND_CODES:
             return ObjectNotFoundError(f"no object s3://{self.bucket}/{full_key} at {self.endpoint_url}")
-        if code == "NoSuchBucket":
-            return ObjectStoreError(f"{action} {where}: bucket {self.bucket!r} does not exist; create it, or "
-                                    "fix the bucket name in the store URI")
-        message = exc.response.get("Error", {}).get("Message", "")
-        if code in _AUTH_CODES:
-            return ObjectStoreError(f"{action} {where}: access denied ({code}: {message}); check the "
-                                    "credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or access_key / "
-                                    "secret_key) and that they may use this bucket")
-        if code in ("BadDigest", "InvalidDigest"):
-            return ObjectStoreError(f"{action} {where}: the body was damaged on its way to the server and "
-                                    "was refused; retry")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return ObjectStoreError(f"{action} {where} failed: {code} {message} (HTTP {status}); retry, and "
-                                "check the server's health if it persists")
+        return _client_error(exc, code, f"{action} {where}", self.bucket)
 
     def _transport_advice(self, exc: BotoCoreError) -> str:
         """What went wrong below S3 (credentials, network, timeouts), and what to do about it."""
@@ -419,6 +406,33 @@ class S3Store:
             return (f"no answer within {self.config.read_timeout_s} s after {self.config.attempts_max} "
                     "attempts; the server is overloaded or down, retry later")
         return f"failed: {exc}; retry, and check the network and the server if it persists"
+
+
+def _client_error(exc: ClientError, code: str, what: str, bucket: str) -> ObjectStoreError:
+    """The typed error for a server's refusal (``what``: the action and the object), saying what to do."""
+    if code == "NoSuchBucket":
+        return ObjectStoreError(f"{what}: bucket {bucket!r} does not exist; create it, or "
+                                "fix the bucket name in the store URI")
+    message = exc.response.get("Error", {}).get("Message", "")
+    if code in _AUTH_CODES:
+        return ObjectStoreError(f"{what}: access denied ({code}: {message}); check the "
+                                "credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or access_key / "
+                                "secret_key) and that they may use this bucket")
+    if code in ("BadDigest", "InvalidDigest"):
+        return ObjectStoreError(f"{what}: the body was damaged on its way to the server and "
+                                "was refused; retry")
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if code in _FULL_CODES or status == HTTP_INSUFFICIENT_STORAGE:
+        return ObjectStoreFullError(f"{what}: the store is out of room ({code}: {message}, HTTP "
+                                    f"{status}); raise the bucket's quota or free space on its servers")
+    return ObjectStoreError(f"{what} failed: {code} {message} (HTTP {status}); retry, and "
+                            "check the server's health if it persists")
+
+
+#: What S3 servers answer a put with when they have no room for it: a bucket over its quota (Ceph RGW,
+#: SeaweedFS), MinIO's disks full; and HTTP 507 Insufficient Storage, whatever the code.
+_FULL_CODES = frozenset({"QuotaExceeded", "XMinioStorageFull", "InsufficientStorage", "StorageFull"})
+HTTP_INSUFFICIENT_STORAGE = 507
 
 
 def _error_code(exc: ClientError) -> str:

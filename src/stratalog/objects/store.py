@@ -7,11 +7,17 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
-from stratalog.errors import StratalogError
+from stratalog.errors import OutOfSpaceError, StratalogError
 
 
 class ObjectStoreError(StratalogError):
     """An object-store call failed (network, permissions, server error). Safe to retry the whole step."""
+
+
+class ObjectStoreFullError(ObjectStoreError, OutOfSpaceError):
+    """The object store has no room for a put: a local directory's disk is full (ENOSPC, EDQUOT), an S3
+    bucket is over its quota or its backend out of storage. Retrying at once does not help; making room
+    does."""
 
 
 class ObjectNotFoundError(ObjectStoreError, KeyError):
