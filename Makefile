@@ -54,7 +54,7 @@ PARSER_TESTS := tests/test_kafka_record_check.py tests/test_kafka_records.py tes
 # ... and the queue store's, whose puts, drains, uploads, merges and reads each have a compiled core: the
 # store against its model, crash and recovery sequences, kill -9, faults and bounds, on the twins alone.
 QUEUE_STORE_TESTS := tests/test_queue_store.py tests/test_queue_stateful.py tests/test_queue_recovery.py \
-	tests/test_queue_kill9.py tests/test_queue_faults.py tests/test_queue_limits.py
+	tests/test_queue_kill9.py tests/test_queue_faults.py tests/test_queue_limits.py tests/test_queue_full_disk.py
 
 # The compiled core under AddressSanitizer and UndefinedBehaviorSanitizer: built apart (build/sanitize) and
 # loaded by the interpreter with gcc's sanitizer runtimes preloaded and Python's own allocator off

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from stratalog.engine.store import StoreClosedError, StoreFailedError
-from stratalog.queues.errors import PutBackpressureError
+from stratalog.queues.errors import PutBackpressureError, QueueStoreFullError
 from stratalog.queues.format import I64
 from stratalog.queues.pending import BulkPut, PendingPuts, SinglePuts
 
@@ -118,4 +118,50 @@ def test_refused_puts_do_not_keep_their_owner_alive() -> None:
     finally:
         gc.enable()
     with pytest.raises(StoreClosedError):
+        pending.add("q", b"m")
+
+
+class _Gate:
+    """An owner whose admit refuses while ``full``, and resumes the puts once not."""
+
+    def __init__(self, pending: PendingPuts) -> None:
+        self.pending = pending
+        self.full = True
+
+    def admit(self) -> None:
+        if self.full:
+            raise QueueStoreFullError("the disk is nearly full")
+        self.pending.resume()
+
+
+def test_paused_puts_are_refused_then_land_once_admitted_and_a_put_that_raced_the_pause_is_kept() -> None:
+    pending = _pending()
+    gate = _Gate(pending)
+    before = pending.slots
+    pending.pause(gate.admit)
+    before.extend(("q", b"raced", -1))   # a put that read the list just before the pause
+    with pytest.raises(QueueStoreFullError):
+        pending.add("q", b"refused")
+    with pytest.raises(QueueStoreFullError):
+        pending.add_bulk(pa.array(["q"]), np.array([-1], I64), pa.array([b"m"], pa.binary()), 1, 1)
+    assert pending.waiting()
+    taken = pending.take()
+    assert taken is not None and taken.messages == [b"raced"], "the writer drains the raced put all the same"
+    gate.full = False
+    pending.add("q", b"admitted")    # admit resumes, and this put lands
+    assert pending.slots is pending.accepting
+    pending.add("q", b"after")
+    taken = pending.take()
+    assert taken is not None and taken.messages == [b"admitted", b"after"]
+
+
+def test_a_store_that_stopped_while_paused_stays_refused() -> None:
+    pending = _pending()
+    gate = _Gate(pending)
+    owner = _Owner()
+    pending.pause(gate.admit)
+    pending.refuse(owner.check_open)
+    pending.resume()
+    pending.pause(gate.admit)
+    with pytest.raises(StoreFailedError):
         pending.add("q", b"m")

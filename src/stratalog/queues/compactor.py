@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from stratalog.engine.metadata import Metadata, NewObject
-from stratalog.errors import StratalogError
+from stratalog.errors import OutOfSpaceError, StratalogError
 from stratalog.io import libc
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore, put_parts
@@ -80,6 +80,8 @@ class Compactor:
         self.merge_worker_peak_rss_bytes = 0
         #: What stopped merging (the objects stay as they are and reads go on), or None.
         self.compaction_error: BaseException | None = None
+        #: Whether a merge may start now (the store says no while its disk is low).
+        self.may_merge: Callable[[], bool] = lambda: True
         #: Looks the compactor has finished (returns of :meth:`work`): whoever must know that it has looked at
         #: the store since some moment waits for this to go up by two (a look may be under way at that moment).
         self.looks = 0
@@ -100,7 +102,7 @@ class Compactor:
             # few milliseconds at a time and falls behind (several times the objects after a long send).
             # A merge in the worker process has its own.
             self.let_uploads_go_first()
-            if not self.merge_once():
+            if not self.may_merge() or not self.merge_once():
                 break
             self.retire_due()
         if not self.writing():
@@ -193,9 +195,10 @@ class Compactor:
             keys.append((object_id, queue_object_key(object_id, place)))
         try:
             results = self._merge_in_worker(replaced, prev_ends, keys) if in_worker else self._merge_here(merge, keys)
-        except CompactionCancelledError:
-            # The store is closing. Pieces already written are committed nowhere: they go now rather than at
-            # the next open (each may be gigabytes, and a store's size read after close would count them).
+        except (CompactionCancelledError, OutOfSpaceError):
+            # The store is closing, or the merge's output did not fit. Pieces already written are committed
+            # nowhere: they go now rather than at the next open (each may be gigabytes, and a store's size
+            # read after close would count them; a full disk wants their room back).
             for _, key in keys:
                 with contextlib.suppress(StratalogError):    # what stays goes at the next open
                     self._objects.delete(key)

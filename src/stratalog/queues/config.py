@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stratalog.free_space import Headroom
 from stratalog.io.libc import CACHED_READ_BYTES_MAX
 from stratalog.queues.format import LAY_OUT_SLICE_BYTES, OBJECT_BYTES_MAX
 from stratalog.wal.config import WALConfig
@@ -146,6 +147,24 @@ class QueueConfig:
     #: once no put has come for ``compact_idle_s`` (a store not being written needs none) and at close.
     spare_bytes_max: int = 2 << 30
 
+    #: Puts are refused (QueueStoreFullError) while the filesystem of the data directory, or of a local
+    #: object store, has less free than the larger of these two, so that what the store must still write
+    #: once it stops taking puts has room: the uploads of its log cache (log_cache_bytes_max, 512 MiB) and
+    #: the metadata's journal. Merges wait meanwhile (a merge writes its output before the objects it
+    #: replaces go), and the spare files are deleted. Gets go on; puts resume by themselves once space is
+    #: back. 0 and 0: refuse only when a write finds the disk full.
+    free_bytes_min: int = 512 << 20
+    free_percent_min: float = 1.0
+    #: Free space is looked at this often (by the uploader thread) ...
+    free_space_check_interval_s: float = 1.0
+    #: ... and at a refused put, when the last look is older than this.
+    free_space_recheck_interval_s: float = 0.1
+
+    @property
+    def headroom(self) -> Headroom:
+        return Headroom(self.free_bytes_min, self.free_percent_min, self.free_space_check_interval_s,
+                        self.free_space_recheck_interval_s)
+
     def validate(self) -> None:
         if not 1 <= self.queues_max <= QUEUES_FORMAT_MAX:
             raise ValueError(f"queues_max must be within 1 .. {QUEUES_FORMAT_MAX} (queue ids are u32)")
@@ -164,6 +183,7 @@ class QueueConfig:
                              "its message ends")
         if not 1 <= self.pending_messages_wake <= self.pending_messages_max:
             raise ValueError("pending_messages_wake must be within 1 .. pending_messages_max")
+        self.headroom.validate("")
         if self.upload_slice_bytes < 1:
             raise ValueError("upload_slice_bytes must be positive")
         if self.upload_bytes_threshold > self.log_cache_bytes_max:

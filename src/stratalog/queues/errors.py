@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stratalog.errors import StratalogError
+from stratalog.errors import OutOfSpaceError, StratalogError
 from stratalog.queues.config import QUEUE_NAME_CHARS_MAX
 
 
@@ -20,6 +20,11 @@ class MessageTooLargeError(QueueError, ValueError):
 
 class PutBackpressureError(QueueError):
     """Puts outran the writer and the uploads for ``put_wait_s_max``."""
+
+
+class QueueStoreFullError(QueueError, OutOfSpaceError):
+    """Puts are refused: the disk under the store is below its free-space headroom, or object storage is
+    out of room. Gets go on; puts resume by themselves once space is back (retry)."""
 
 
 class TooManyQueuesError(QueueError):

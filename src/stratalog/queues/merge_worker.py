@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 
 import stratalog
+from stratalog.errors import OutOfSpaceError
 from stratalog.io import libc
 from stratalog.objects.local import LocalDirStore
-from stratalog.objects.store import ObjectStoreError, put_parts
+from stratalog.objects.store import ObjectStoreError, ObjectStoreFullError, put_parts
 from stratalog.queues.compaction import MergeResult, MergeSource, merge_piece, plan_merge
 from stratalog.queues.format import CorruptBulkError, U32s
 
@@ -41,6 +42,10 @@ POLL_S = 0.2
 
 class MergeWorkerError(ObjectStoreError):
     """The merge worker failed, or exited without an answer (safe to retry: it committed nothing)."""
+
+
+class MergeWorkerFullError(MergeWorkerError, ObjectStoreFullError):
+    """The merge worker's output did not fit: the disk is full."""
 
 
 class MergeCancelledError(Exception):
@@ -103,6 +108,8 @@ def run_merge_job(job: MergeJob, cancelled: Callable[[], bool]) -> MergeAnswer:
     kind, message = answer[1], answer[2]
     if kind == "corrupt":
         raise CorruptBulkError(message)
+    if kind == "full":
+        raise MergeWorkerFullError(message)
     raise MergeWorkerError(message)
 
 
@@ -150,6 +157,8 @@ def main() -> None:
         answer: tuple[object, ...] = ("ok", results, _peak_rss_bytes())
     except CorruptBulkError as e:
         answer = ("error", "corrupt", str(e))
+    except OutOfSpaceError as e:
+        answer = ("error", "full", str(e))
     except Exception as e:
         answer = ("error", type(e).__name__, f"{type(e).__name__}: {e}")
     sys.stdout.buffer.write(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))

@@ -11,7 +11,10 @@ module's business (QueueStore.put inlines :meth:`PendingPuts.add`, and so does t
 
 Small messages count against ``pending_messages_max``; large ones and bulk puts also by their bytes
 (``pending_bytes_max``). Once the store stops, :meth:`PendingPuts.refuse` makes every later put raise the
-store's error, at no cost to the puts of a store that runs.
+store's error, at no cost to the puts of a store that runs; while its disk is low, :meth:`PendingPuts.pause`
+does the same until the space comes back. A put that read the list just before either swap lands in it
+all the same: the writer always drains the list puts were taken into (``accepting``), so a paused put
+that got in is written and made durable like any other.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class PendingPuts:
         #: The flat list of slots: single puts add ``(name, message, UNKNOWN_ID)``, put_many its batch. Read
         #: it anew for each put (:meth:`refuse` swaps it).
         self.slots: list[Any] = []
+        #: The list puts land in when the store takes them: what the writer drains, whatever ``slots`` is.
+        self.accepting = self.slots
         #: Slots at which the writer should wake.
         self.wake_slots = PUT_SLOTS * messages_wake
         self._max_slots = PUT_SLOTS * messages_max
@@ -126,13 +131,13 @@ class PendingPuts:
 
     def waiting(self) -> bool:
         """Puts are pending or taken and not yet written: a get must drain first to see them."""
-        return bool(self.slots) or self._in_flight
+        return bool(self.accepting) or self._in_flight
 
     def empty(self) -> bool:
-        return not self.slots
+        return not self.accepting
 
     def full(self) -> bool:
-        return len(self.slots) >= self._max_slots or self._large_bytes >= self._bytes_max
+        return len(self.accepting) >= self._max_slots or self._large_bytes >= self._bytes_max
 
     def wait_for_room(self, wait_s_max: float, check_open: Callable[[], None]) -> None:
         """Wait while the pending puts are at their bound; PutBackpressureError after ``wait_s_max``."""
@@ -150,7 +155,7 @@ class PendingPuts:
         """Take every pending put (None: there was none); :meth:`written` once they are written."""
         with self._cond:
             # Lock-free puts may add meanwhile; they land after the prefix taken here.
-            slots = self.slots
+            slots = self.accepting
             taken = len(slots)
             # Set before the puts leave the list: a get that finds it empty then sees them in flight and
             # waits for this drain (a get sees every put made before it).
@@ -174,10 +179,41 @@ class PendingPuts:
 
     def refuse(self, check_open: Callable[[], None]) -> None:
         """From now on every put raises what ``check_open`` raises (the store's error). A put that read the
-        list before the swap lands in the old one: never written, never acknowledged."""
+        list before the swap lands in it, and is written only if the writer still runs: a stopped store
+        acknowledges nothing more (flush raises)."""
         self.slots = _RefusedPuts(check_open)
         with self._cond:
             self._cond.notify_all()
+
+    def pause(self, admit: Callable[[], None]) -> None:
+        """Until :meth:`resume`, every put calls ``admit`` first: it raises the reason puts are refused, or
+        returns once they may go on (having resumed them), and the put lands. Nothing if refused for good."""
+        if type(self.slots) is list:
+            self.slots = _PausedPuts(admit, self.accepting)
+
+    def resume(self) -> None:
+        """Puts land again (unless the store stopped or closed meanwhile)."""
+        if type(self.slots) is _PausedPuts:
+            self.slots = self.accepting
+
+
+class _PausedPuts(list[Any]):
+    """The slots of a store that refuses puts for a while (its disk is low): a put asks ``admit``, which
+    raises the refusal, or returns once puts go on again, and then the put lands in ``accepting``.
+
+    ``admit`` is held weakly, as :class:`_RefusedPuts` holds its check."""
+
+    def __init__(self, admit: Callable[[], None], accepting: list[Any]) -> None:
+        super().__init__()
+        self._admit = weakref.WeakMethod(admit)
+        self._accepting = accepting
+
+    def extend(self, items: Any) -> None:
+        admit = self._admit()
+        if admit is None:
+            raise StoreClosedError("the queue store is closed")
+        admit()
+        self._accepting.extend(items)
 
 
 class _RefusedPuts(list[Any]):

@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +37,8 @@ import pyarrow.compute as pc
 from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
 from stratalog.engine.metadata import Metadata
 from stratalog.engine.store import StoreFailedError
-from stratalog.errors import release_frames
+from stratalog.errors import OutOfSpaceError, release_frames
+from stratalog.free_space import SpaceGuard
 from stratalog.invariant import invariant
 from stratalog.io.device import Device
 from stratalog.native import native
@@ -44,7 +46,7 @@ from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore
 from stratalog.queues.compactor import CompactionCancelledError, Compactor
 from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
-from stratalog.queues.errors import MessageTooLargeError, check_name, too_many_queues
+from stratalog.queues.errors import MessageTooLargeError, QueueStoreFullError, check_name, too_many_queues
 from stratalog.queues.lifecycle import Lifecycle
 from stratalog.queues.logcache import LogCache
 from stratalog.queues.pending import UNKNOWN_ID, PendingPuts
@@ -111,6 +113,14 @@ class QueueStore:
         self.compactor = Compactor(config=config, objects=objects, meta=self._meta, log_cache=self.log_cache,
                                    uploader=self.uploader, writer=self.writer, reader=self.reader,
                                    pending=self.pending, lifecycle=self._lifecycle)
+        local_roots = [objects.root] if isinstance(objects, LocalDirStore) else []
+        self._space = space = SpaceGuard([data_dir, *local_roots], config.headroom, log)
+        # A merge writes its whole output before the objects it replaces go: none while the disk is low.
+        # (Through the guard, not the store: the compactor must not hold the store; see lifecycle.py.)
+        self.compactor.may_merge = lambda: space.refusal is None
+        #: After an upload ran out of room: no upload is tried before this (monotonic seconds).
+        self._upload_retry_at = 0.0
+        self._check_space()   # a store opened on a full disk refuses puts from the start
         self.recovery: QueueRecoveryReport = recover(
             objects=objects, meta=self._meta, wal=self._wal, writer=self.writer, log_cache=self.log_cache,
             uploader=self.uploader, upload_bytes_threshold=config.upload_bytes_threshold)
@@ -267,22 +277,63 @@ class QueueStore:
                 return
 
     def _uploader_loop(self) -> None:
+        """Uploads, and the free-space checks. An upload that runs out of room does not stop the store:
+        puts are refused (see _check_space) and the upload is tried again every free_space_check_interval_s
+        until it goes through."""
         cache = self.log_cache
-        wait_s = min(self._config.upload_idle_s, 0.1)
+        check_s = self._config.free_space_check_interval_s
+        wait_s = min(self._config.upload_idle_s, 0.1, check_s)
+        next_check = time.monotonic() + check_s
         while True:
             with cache.lock:
                 while not self._lifecycle.closing:
-                    if self.uploader.due():
+                    now = time.monotonic()
+                    if now >= next_check or (now >= self._upload_retry_at and self.uploader.due()):
                         break
                     cache.lock.wait(wait_s)
                 if self._lifecycle.closing:
                     return
+            if time.monotonic() >= next_check:
+                self._check_space()
+                next_check = time.monotonic() + check_s
+            if time.monotonic() < self._upload_retry_at or not self.uploader.due():
+                continue
+            with cache.lock:
                 cache.upload_wanted = False
             try:
                 self.uploader.upload()
+                self._space.objects_ok()
+                self._follow_space()
+            except OutOfSpaceError as e:
+                self._space.objects_full(e)
+                self._follow_space()
+                self._upload_retry_at = time.monotonic() + check_s
             except BaseException as e:
                 self._lifecycle.fail(e)
                 return
+
+    # Free space ------------------------------------------------------------------------------------
+
+    def _check_space(self) -> None:
+        self._space.check()
+        self._follow_space()
+
+    def _follow_space(self) -> None:
+        """Pause or resume the puts as the space guard says. Pausing also drops the spare files: they are
+        room the store holds for reuse, and a disk that is low needs it back."""
+        if self._space.refusal is None:
+            self.pending.resume()
+        else:
+            self.pending.pause(self._admit)
+            self.compactor.drop_spares()
+
+    def _admit(self) -> None:
+        """A put while puts are paused: QueueStoreFullError while the space guard (looked at again, at most
+        every free_space_recheck_interval_s) still refuses; else puts resume and this one lands."""
+        self._lifecycle.check_open()
+        if self._space.recheck() is not None:
+            raise QueueStoreFullError(f"puts refused: {self._space.refusal}")
+        self.pending.resume()
 
     def _compactor_loop(self) -> None:
         compactor = self.compactor
@@ -296,6 +347,12 @@ class QueueStore:
             except CompactionCancelledError:
                 compactor.merge_cancelled = True
                 return
+            except OutOfSpaceError as e:
+                # The merge's output did not fit: its pieces are gone, the objects it read stay; puts are
+                # refused until space is back, and merging goes on then.
+                log.warning("a merge ran out of room: %s", str(e))
+                self._space.objects_full(e)
+                self._follow_space()
             except BaseException as e:
                 # The objects stay as they are and reads go on; only merging stops (until the next open).
                 log.error("queue compaction stopped: %s", str(e))

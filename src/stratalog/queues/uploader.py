@@ -24,6 +24,7 @@ import pyarrow as pa
 from stratalog.engine.metadata import Metadata, NewObject
 from stratalog.engine.store import StoreFailedError
 from stratalog.engine.upkeep import with_retries
+from stratalog.errors import OutOfSpaceError
 from stratalog.invariant import invariant
 from stratalog.io import libc
 from stratalog.objects.store import ObjectStore, made_ahead, put_parts
@@ -196,8 +197,10 @@ class Uploader:
         return opener(key) if callable(opener) else None
 
     def with_retries(self, what: str, step: Callable[[], _T]) -> _T:
+        """``step()`` retried with backoff; a step out of room fails at once (the store refuses puts and
+        tries the upload again later: QueueStore._uploader_loop)."""
         return with_retries(what, step, attempts=self._config.upload_attempts_max,
-                            backoff_s=self._config.upload_backoff_s, log=log)
+                            backoff_s=self._config.upload_backoff_s, log=log, never_on=(OutOfSpaceError,))
 
 
 _first = operator.itemgetter(0)
