@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 
 from conftest import SeaweedS3
 from stratalog.chaos.ports import free_ports
+from stratalog.errors import OutOfSpaceError
 from stratalog.io import libc
 from stratalog.objects import local as local_module
 from stratalog.objects import s3 as s3_module
@@ -29,6 +30,7 @@ from stratalog.objects.store import (
     ObjectNotFoundError,
     ObjectStore,
     ObjectStoreError,
+    ObjectStoreFullError,
     made_ahead,
     put_parts,
 )
@@ -468,7 +470,7 @@ def test_local_failed_sync_stores_nothing_and_says_why(tmp_path: Path, monkeypat
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(local_module.os, "fsync", failing_fsync)
-    with pytest.raises(ObjectStoreError, match="disk is full"):
+    with pytest.raises(ObjectStoreFullError, match="disk is full"):
         store.put("kept", b"new")
     with pytest.raises(ObjectStoreError, match="nothing was stored"):
         store.put("fresh", b"new")
@@ -631,6 +633,22 @@ def test_s3_failed_multipart_put_is_aborted_and_leaves_nothing(
     assert open_uploads(s3) == []
     with pytest.raises(ObjectNotFoundError):
         s3.size("large")
+
+
+@pytest.mark.parametrize(("code", "status"), [("QuotaExceeded", 403), ("XMinioStorageFull", 507),
+                                              ("InternalError", 507)])
+def test_s3_out_of_room_is_an_object_store_full_error(s3: S3Store, monkeypatch: pytest.MonkeyPatch,
+                                                      code: str, status: int) -> None:
+    """A bucket over its quota or a backend out of storage (by its code, or HTTP 507 whatever the code)
+    is ObjectStoreFullError: a store refuses writes until room is made instead of retrying and stopping."""
+    def full(**kwargs: Any) -> Any:
+        raise ClientError({"Error": {"Code": code, "Message": "no room"},
+                           "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+    monkeypatch.setattr(s3.client, "put_object", full)
+    with pytest.raises(ObjectStoreFullError, match="out of room") as raised:
+        s3.put("small", b"x")
+    assert isinstance(raised.value, OutOfSpaceError)
 
 
 def test_s3_abort_incomplete_uploads_removes_orphans(s3: S3Store) -> None:
