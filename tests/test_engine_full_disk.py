@@ -88,6 +88,9 @@ def test_below_the_headroom_appends_are_refused_reads_go_on_and_appends_resume(t
     assert isinstance(error, OutOfSpaceError)
     assert [r.value for r in stream.fetch(0)] == acked, "reads go on while appends are refused"
     assert store.failure is None
+    stats = store.stats()
+    assert (stats["space_free_bytes"], stats["space_kept_free_bytes"], stats["space_refusing"]) == \
+        (60 * MIB, 100 * MIB, 1)
     disk.free_bytes = 500 * MIB
     stream.append([b"after"]).result()   # the refusal itself looks again: no wait for the timer
     acked.append(b"after")

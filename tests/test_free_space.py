@@ -56,6 +56,8 @@ def test_writable_to_disk_low_when_a_check_finds_free_bytes_below_the_bound(
     assert refusal is not None and "/data" in refusal and "99 MiB free" in refusal and "100 MiB" in refusal
     assert [r.getMessage() for r in caplog.records] == [refusal], "the change is logged once"
     assert space.figures == {Path("/data"): (99 * MIB, 100 * MIB)}
+    assert space.stats() == {"space_free_bytes": 99 * MIB, "space_kept_free_bytes": 100 * MIB,
+                             "space_refusing": 1}
 
 
 def test_disk_low_to_writable_when_a_check_finds_room_again(caplog: pytest.LogCaptureFixture) -> None:

@@ -96,6 +96,14 @@ class SpaceGuard:
     def check_interval_s(self) -> float:
         return self._headroom.check_interval_s
 
+    def stats(self) -> dict[str, int]:
+        """The last check's figures for the tightest directory (the least free above its bound), and whether
+        writes are refused: what an operator's metrics show."""
+        figures = self.figures
+        free, bound = min(figures.values(), key=lambda f: f[0] - f[1]) if figures else (-1, -1)
+        return {"space_free_bytes": free, "space_kept_free_bytes": bound,
+                "space_refusing": int(self.refusal is not None)}
+
     def check(self) -> str | None:
         """Look at every directory's free space now; return the refusal that holds after it."""
         low: str | None = None

@@ -1214,6 +1214,7 @@ class StreamStore:
                 "block_cache_bytes": self._blocks.cached_bytes,
                 "wal_trim_offset": self._wal.trim_offset,
                 "commit_seq": self._meta.commit_seq,
+                **self._space.stats(),
             }
 
     def iter_streams(self) -> Iterator[StreamMeta]:

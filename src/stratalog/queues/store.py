@@ -441,5 +441,6 @@ class QueueStore:
             "merge_worker_peak_rss_bytes": compactor.merge_worker_peak_rss_bytes,
             "compacted_bytes": compactor.compacted_bytes,
             "spare_bytes": self._objects.spare_bytes() if isinstance(self._objects, LocalDirStore) else 0,
+            **self._space.stats(),
         }
 
