@@ -25,7 +25,7 @@ $(NATIVE): $(STAMP) setup.py $(wildcard src/native/*.c src/native/*.h)
 	touch $(NATIVE)
 
 run: $(NATIVE)
-	$(BIN)/stratalog serve --data-dir data --listen 127.0.0.1:9092
+	$(BIN)/stratalog serve --data-dir data --listen 127.0.0.1:9092 --metrics-listen 127.0.0.1:0
 
 lint: $(NATIVE)
 	$(BIN)/ruff check src tests

@@ -88,6 +88,7 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
             results.append(response)
             if not writable:
                 response.error_code = ErrorCode.topic_authorization_failed
+                broker.metrics.produce_failed(response.error_code.name)
                 continue
             outcome = _append(broker, session, name, index, records, response)
             if outcome is not None:
@@ -101,6 +102,7 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
         for response, future, stream in pending:
             if future not in done:
                 response.error_code = ErrorCode.request_timed_out
+                broker.metrics.produce_failed(response.error_code.name)
                 continue
             failure = future.exception()
             if failure is not None:
@@ -109,6 +111,7 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
                     else ErrorCode.message_too_large if isinstance(failure, RecordTooLargeError) \
                     else ErrorCode.kafka_storage_error
                 response.error_message = str(failure)
+                broker.metrics.produce_failed(response.error_code.name)
                 continue
             response.base_offset = future.result()
             response.log_start_offset = stream.start_offset
@@ -161,6 +164,7 @@ def _append(broker: Broker, session: Session, topic_name: str, index: int, recor
     except _RefusedError as e:
         response.error_code = e.error
         response.error_message = e.message
+        broker.metrics.produce_failed(e.error.name)
         return None
 
 
@@ -219,6 +223,7 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
         # for an offline log directory, and every client retries it (after a metadata refresh) until its
         # delivery timeout: writes resume here by themselves once space is back.
         raise _RefusedError(ErrorCode.kafka_storage_error, str(e)) from None
+    broker.metrics.produced(topic_name, header.record_count, len(view))
     stream_id = stream.stream_id
     if idempotent:
         key = (producer_id, stream_id, header.base_sequence)
@@ -304,6 +309,11 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
             FetchPartitionResult(p.partition_index, ErrorCode.not_leader_or_follower, -1) for p in t.partitions])
             for t in topics]
         total = 0
+    if total:
+        for t in topics:
+            fetched = sum(len(r) for p in t.partitions for r in p.records)
+            if fetched:
+                broker.metrics.fetched(t.topic, fetched)
     throttle_ms = max(request.throttle_ms, broker.quotas.record(session.user, request.client_id or "",
                                                                 CONSUMER_BYTE_RATE, total))
     # Encoded here, not by kio: the records stay views of the stored batches up to the socket.

@@ -28,6 +28,7 @@ from stratalog.broker.credentials import CredentialStore
 from stratalog.broker.groups import GroupCoordinator
 from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.metadata_db import BrokerTables
+from stratalog.broker.metrics import BrokerMetrics
 from stratalog.broker.offsets import CommittedOffsets
 from stratalog.broker.producer_recovery import ProducerSnapshots, replay
 from stratalog.broker.producers import ProducerStates
@@ -102,6 +103,8 @@ class Broker:
         self._offsets_worker = ThreadPoolExecutor(1, thread_name_prefix="stratalog-offsets")
         self.producers = ProducerStates(config.producers_max)
         self.appender = OrderedAppender()
+        #: What the broker counts as it serves (Prometheus; served by ``serve --metrics-listen``).
+        self.metrics = BrokerMetrics()
         self._snapshots = ProducerSnapshots(self.tables.producers)
         self.producer_snapshots = self._snapshots
         self._snapshot_task: asyncio.Task[None] | None = None

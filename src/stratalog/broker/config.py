@@ -148,6 +148,9 @@ class BrokerConfig:
     #: but whose records lie would stop every consumer at it). Costs about 0.8 us a record on the event
     #: loop; off only where every producer is trusted.
     validate_records: bool = True
+    #: Where ``/metrics``, ``/healthz`` and ``/readyz`` are served (``HOST:PORT``, a loopback address: the
+    #: endpoint has no authentication yet); None: not served.
+    metrics_listen: str | None = None
     #: Idempotent producers remembered; the oldest idle one is forgotten beyond it.
     producers_max: int = 100_000
     #: How often idempotent producers' state is snapshotted; a restart reads the batches written since

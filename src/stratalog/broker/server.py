@@ -102,6 +102,10 @@ class BrokerServer:
     def stopping(self) -> bool:
         return self._stopping
 
+    @property
+    def connections(self) -> int:
+        return len(self._live)
+
     async def start(self) -> list[Listener]:
         """Listen on every listener; returns them with the ports bound (an ephemeral port 0 resolved)."""
         c = self.broker.config
@@ -402,7 +406,9 @@ class _KafkaProtocol(asyncio.Protocol):
         response.queued = False
         self.server.request_started()
         api = self.broker.apis[request.api_key]
+        started = time.perf_counter()
         values = await api.handler(self.broker, request, session)
+        self.broker.metrics.answered(api.name, request.api_version, time.perf_counter() - started)
         if values is None:
             return None
         if isinstance(values, Prebuilt):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -19,6 +20,7 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig, ClusterConfig
 from stratalog.broker.groups import GroupConfig
 from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError, TLSConfig, tls_config_from
+from stratalog.broker.metrics_http import MetricsEndpoint, MetricsEndpointError, parse_address
 from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
 from stratalog.broker.stack_dump import dump_stacks
@@ -146,12 +148,22 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
     loop.add_signal_handler(signal.SIGUSR1, dump_stacks)
     broker = Broker.open(data_dir, config, object_store=object_store, wal_device=wal_device)
     server = BrokerServer(broker)
+    endpoint: MetricsEndpoint | None = None
     try:
         try:
             listeners = await server.start()
         except OSError as e:   # its message names the address: "... bind on address (...): address already in use"
             raise click.ClickException(f"cannot listen: {e.strerror}") from None
         click.echo(f"stratalog core: {native_core()}")  # before the listeners: who waits for those sees it
+        if config.metrics_listen is not None:
+            broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections})
+            try:
+                endpoint = MetricsEndpoint(parse_address(config.metrics_listen), broker.metrics.registry,
+                                           functools.partial(_not_ready, broker, server))
+            except OSError as e:
+                raise click.ClickException(f"cannot serve metrics on {config.metrics_listen}: {e.strerror}") from None
+            host, port = endpoint.address
+            click.echo(f"  metrics on http://{host}:{port}/metrics (probes: /healthz, /readyz)")
         for listener in listeners:
             click.echo(f"stratalog broker listening on {listener.host}:{listener.port} ({listener.protocol.value}; "
                        f"data in {data_dir})")
@@ -171,12 +183,30 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
             ready.set()
         await stop.wait()
     finally:
+        if endpoint is not None:
+            endpoint.close()
         await server.stop()
         await broker.close()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
     click.echo("stopped: everything acknowledged is durable")
+
+
+def _not_ready(broker: Broker, server: BrokerServer) -> list[str]:
+    """Why the broker does not take writes now (/readyz); called in the metrics endpoint's thread."""
+    reasons = []
+    if server.stopping:
+        reasons.append("stopping")
+    failure = broker.store.failure
+    if failure is not None:
+        reasons.append(f"the store stopped after an error: {failure}")
+    refusal = broker.store.space_refusal
+    if refusal is not None:
+        reasons.append(f"not writable: {refusal}")
+    if broker.node is not None and not broker.node.may_acknowledge():
+        reasons.append("the cluster lease is not confirmed (the metadata database is out of reach)")
+    return reasons
 
 
 def _wait_for_metadata(uri: str, wait_s: float) -> None:
@@ -238,12 +268,18 @@ def _wait_for_metadata(uri: str, wait_s: float) -> None:
               help="Serve as one broker of several over --metadata and a shared --object-store: each partition "
                    "is led, and each group coordinated, by one live broker; the WAL is in the object store "
                    "(docs/cluster.md). Exits with status 75 if its lease is lost: restart it.")
+@click.option("--metrics-listen", metavar="HOST:PORT", default=None,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics, with /healthz (the process serves) "
+                   "and /readyz (it takes writes: the store runs and has room, the cluster lease holds). "
+                   "Loopback addresses only (127.0.0.1, ::1): the endpoint has no authentication yet. "
+                   "Port 0 picks a free one; the banner says which.")
 @click.option("--broker-id", type=click.IntRange(min=0), default=None,
               help="This broker's id in the cluster (unique among the brokers).")
 def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], object_store: str | None,
           wal_device: Path | None, config_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
           tls_ca: Path | None, tls_client_auth: str | None, acls: bool, super_user: tuple[str, ...],
-          allow_plaintext_anywhere: bool, metadata: str | None, cluster: bool, broker_id: int | None) -> None:
+          allow_plaintext_anywhere: bool, metadata: str | None, cluster: bool, metrics_listen: str | None,
+          broker_id: int | None) -> None:
     """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
 
     Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
@@ -281,6 +317,13 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
         allow_plaintext_anywhere=allow_plaintext_anywhere or None, metadata=metadata, cluster=cluster_config)
     if cluster_config.enabled:
         config = dataclasses.replace(config, node_id=cluster_config.broker_id)
+    if metrics_listen is not None:
+        config = dataclasses.replace(config, metrics_listen=metrics_listen)
+    if config.metrics_listen is not None:
+        try:
+            parse_address(config.metrics_listen)
+        except MetricsEndpointError as e:
+            raise click.BadParameter(str(e), param_hint="--metrics-listen") from None
     device = FileDevice.open(wal_device) if wal_device is not None else None
     if device is not None:
         # The WAL ring takes the whole device.

@@ -905,6 +905,11 @@ class StreamStore:
         return self._failure
 
     @property
+    def space_refusal(self) -> str | None:
+        """Why appends are refused for want of space now (the disk low, object storage full), or None."""
+        return self._space.refusal
+
+    @property
     def metadata(self) -> Metadata:
         return self._meta
 

@@ -1,0 +1,104 @@
+"""The broker's Prometheus metrics, named after Kafka's JMX metrics where Kafka has one.
+
+Kafka's ``kafka.server:type=BrokerTopicMetrics,name=MessagesInPerSec,topic=T`` becomes
+``kafka_server_brokertopicmetrics_messagesin_total{topic="T"}`` (a counter: Prometheus takes the rate), as
+the JMX exporter's usual rules name it; the store's own figures are ``stratalog_*`` gauges read from the
+stores at each scrape. docs/operations.md lists them all.
+
+Counting costs a dict lookup and an increment per produced batch, fetched partition and request (the
+labelled children are kept per topic and per API), on the event loop; the endpoint that serves them
+(metrics_http.py) runs in a thread of its own, so a scrape never waits for the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+#: Request latency buckets, seconds: a synced produce takes a millisecond or two; a long-polled fetch up to
+#: fetch_wait_ms_max (Kafka's consumers ask for 500 ms).
+REQUEST_SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class BrokerMetrics:
+    """What the broker counts as it serves, and the stores' figures at each scrape."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._messages_in = Counter("kafka_server_brokertopicmetrics_messagesin", "Records produced, by topic "
+                                    "(Kafka: BrokerTopicMetrics MessagesInPerSec)", ["topic"], registry=r)
+        self._bytes_in = Counter("kafka_server_brokertopicmetrics_bytesin", "Record batch bytes produced, by "
+                                 "topic (Kafka: BrokerTopicMetrics BytesInPerSec)", ["topic"], registry=r)
+        self._bytes_out = Counter("kafka_server_brokertopicmetrics_bytesout", "Record batch bytes fetched, by "
+                                  "topic (Kafka: BrokerTopicMetrics BytesOutPerSec)", ["topic"], registry=r)
+        self._requests = Counter("kafka_network_requestmetrics_requests", "Requests answered, by API and "
+                                 "version (Kafka: RequestMetrics RequestsPerSec)", ["request", "version"], registry=r)
+        self._request_seconds = Histogram(
+            "kafka_network_requestmetrics_totaltime_seconds", "From a request's start to its answer, by API "
+            "(Kafka: RequestMetrics TotalTimeMs; a fetch's long poll included)", ["request"],
+            buckets=REQUEST_SECONDS_BUCKETS, registry=r)
+        self._failed = Counter("kafka_server_brokertopicmetrics_failedproducerequests", "Produced batches "
+                               "refused, by Kafka error (Kafka: FailedProduceRequestsPerSec)", ["error"], registry=r)
+        self._topic_in: dict[str, tuple[Any, Any]] = {}
+        self._topic_out: dict[str, Any] = {}
+        self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def watch(self, stats: Callable[[], dict[str, int]]) -> None:
+        """Publish ``stats()`` (the store's figures and the server's) as gauges, read at each scrape."""
+        self.registry.register(_StoreCollector(stats))
+
+    def produced(self, topic: str, records: int, size_bytes: int) -> None:
+        children = self._topic_in.get(topic)
+        if children is None:
+            children = self._topic_in[topic] = (self._messages_in.labels(topic), self._bytes_in.labels(topic))
+        children[0].inc(records)
+        children[1].inc(size_bytes)
+
+    def produce_failed(self, error: str) -> None:
+        self._failed.labels(error).inc()
+
+    def fetched(self, topic: str, size_bytes: int) -> None:
+        child = self._topic_out.get(topic)
+        if child is None:
+            child = self._topic_out[topic] = self._bytes_out.labels(topic)
+        child.inc(size_bytes)
+
+    def answered(self, request: str, version: int, seconds: float) -> None:
+        children = self._request_children.get((request, version))
+        if children is None:
+            children = self._request_children[(request, version)] = (
+                self._requests.labels(request, str(version)), self._request_seconds.labels(request))
+        children[0].inc()
+        children[1].observe(seconds)
+
+
+#: The stores' figures (StreamStore.stats(), with the broker's), each a gauge: name, help.
+STORE_GAUGES: dict[str, str] = {
+    "streams": "Streams (partitions) in the store",
+    "log_cache_bytes": "Appended bytes not yet in objects, held in memory for tail reads",
+    "block_cache_bytes": "Cold data blocks cached in memory",
+    "commit_seq": "Metadata commits so far (each upload, trim or topic change is one)",
+    "space_free_bytes": "Free bytes under the store's tightest directory at the last look",
+    "space_kept_free_bytes": "Bytes the store keeps free there: below it, produce is refused",
+    "space_refusing": "1 while produce is refused for want of space (disk low or object storage full)",
+    "connections": "Client connections open",
+}
+
+
+class _StoreCollector(Collector):
+    def __init__(self, stats: Callable[[], dict[str, int]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._stats()
+        for name, help_text in STORE_GAUGES.items():
+            if name in stats:
+                yield GaugeMetricFamily(f"stratalog_{name}", help_text, value=stats[name])
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())

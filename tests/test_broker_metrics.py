@@ -1,0 +1,117 @@
+"""`serve --metrics-listen`: Prometheus metrics that move by exactly what was sent, and the probes an
+orchestrator asks (/healthz, /readyz), against a real broker and a real Kafka client."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+import uuid
+import warnings
+from pathlib import Path
+
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from brokerkit import BrokerProcess, running_broker
+from stratalog.commands.serve import serve
+from waiting import WAIT_S, wait_until
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.errors import KafkaStorageError
+
+_METRICS_AT = re.compile(r"metrics on (http://[0-9.]+:\d+)/metrics")
+RECORDS = 500
+VALUE_BYTES = 100
+
+
+def endpoint(broker: BrokerProcess) -> str:
+    for line in broker.output:
+        if match := _METRICS_AT.search(line):
+            return match.group(1)
+    raise AssertionError("the banner names no metrics endpoint:\n" + "".join(broker.output))
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=WAIT_S) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, text = get(f"{base}/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_counters_move_by_exactly_what_was_produced_and_the_probes_answer(tmp_path: Path) -> None:
+    with running_broker(tmp_path / "data", "--metrics-listen", "127.0.0.1:0") as broker:
+        base = endpoint(broker)
+        assert get(f"{base}/healthz") == (200, "ok\n")
+        assert get(f"{base}/readyz") == (200, "ready\n")
+        assert get(f"{base}/nothing")[0] == 404
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
+        for i in range(RECORDS):
+            producer.send("measured", f"{i:0{VALUE_BYTES}d}".encode())
+        producer.flush()
+        producer.close()
+        consumer = KafkaConsumer("measured", bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                                 group_id=f"g-{uuid.uuid4().hex}", consumer_timeout_ms=1000)
+        got: list[bytes] = []
+        wait_until(lambda: got.extend(r.value for r in consumer) or len(got) >= RECORDS or None,
+                   "every record consumed", poll_s=0)
+        consumer.close()
+        metrics = scrape(base)
+        topic = (("topic", "measured"),)
+        assert metrics[("kafka_server_brokertopicmetrics_messagesin_total", topic)] == RECORDS
+        bytes_in = metrics[("kafka_server_brokertopicmetrics_bytesin_total", topic)]
+        assert RECORDS * VALUE_BYTES < bytes_in < RECORDS * (VALUE_BYTES + 100), "batch bytes: values and framing"
+        assert metrics[("kafka_server_brokertopicmetrics_bytesout_total", topic)] >= bytes_in, "all read once at least"
+        produces = [v for (name, labels), v in metrics.items()
+                    if name == "kafka_network_requestmetrics_requests_total" and ("request", "Produce") in labels]
+        assert produces and sum(produces) >= 1
+        samples = metrics[("kafka_network_requestmetrics_totaltime_seconds_count", (("request", "Produce"),))]
+        assert samples == sum(produces), "every answered produce has its latency sample"
+        assert metrics[("kafka_network_requestmetrics_totaltime_seconds_count", (("request", "Fetch"),))] >= 1
+        assert metrics[("stratalog_streams", ())] >= 1
+        assert metrics[("stratalog_space_refusing", ())] == 0
+        assert metrics[("stratalog_space_free_bytes", ())] > metrics[("stratalog_space_kept_free_bytes", ())]
+        assert metrics[("stratalog_connections", ())] >= 0
+
+
+def test_readyz_says_not_writable_while_the_disk_is_below_the_headroom(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(f"[store]\nfree_bytes_min = {1 << 60}\n")   # more than any disk: refused from the start
+    with running_broker(tmp_path / "data", "--metrics-listen", "127.0.0.1:0", "--config", str(config)) as broker:
+        base = endpoint(broker)
+        assert get(f"{base}/healthz") == (200, "ok\n"), "the process serves"
+        status, text = get(f"{base}/readyz")
+        assert status == 503 and "not writable" in text and "nearly full" in text
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", retries=0)
+        try:
+            future = producer.send("refused", b"x")
+            try:
+                future.get(timeout=WAIT_S)
+            except KafkaStorageError:
+                pass
+            else:
+                raise AssertionError("a produce was taken by a broker below its headroom")
+        finally:
+            producer.close()
+        metrics = scrape(base)
+        assert metrics[("kafka_server_brokertopicmetrics_failedproducerequests_total",
+                        (("error", "kafka_storage_error"),))] >= 1
+        assert metrics[("stratalog_space_refusing", ())] == 1
+
+
+def test_the_endpoint_binds_loopback_only() -> None:
+    result = CliRunner().invoke(serve, ["--metrics-listen", "0.0.0.0:9644"])
+    assert result.exit_code == 2
+    assert "not a loopback address" in result.output and "--metrics-listen" in result.output
+    result = CliRunner().invoke(serve, ["--metrics-listen", "9644"])
+    assert result.exit_code == 2 and "HOST:PORT" in result.output
