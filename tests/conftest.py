@@ -1,5 +1,6 @@
 """Shared fixtures: a real S3 server (SeaweedFS's ``weed mini``) on 127.0.0.1 and a local SparkSession, each
-started once per session; and the order in which ``make test``'s workers take the modules."""
+started once per session; a disk whose free space the test sets; and the order in which ``make test``'s
+workers take the modules."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from diskkit import FakeDisk, fake_disk
 from stratalog.chaos.cluster_process import S3Endpoint, running_seaweedfs
 
 #: The longest modules, longest first (``pytest --durations``, summed per module, on this 2-core machine):
@@ -57,6 +59,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 #: How to reach the session's SeaweedFS S3 gateway (the harness's own type: one way to start it).
 SeaweedS3 = S3Endpoint
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> FakeDisk:
+    """Every store's look at its free space sees this disk (free bytes set by the test)."""
+    return fake_disk(monkeypatch)
 
 
 @pytest.fixture(scope="session")

@@ -9,34 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from diskkit import FakeDisk
 from enginekit import MemoryStore, small_store_config
-from stratalog import free_space
 from stratalog.engine import StoreFullError, StreamStore
 from stratalog.engine.metadata_backends import MetadataFullError, _full_or
 from stratalog.errors import OutOfSpaceError
-from stratalog.free_space import Usage
 from stratalog.objects.store import ObjectStoreFullError
 from waiting import wait_until
 
 MIB = 1 << 20
 CHECK_S = 0.02
-
-
-class FakeDisk:
-    """Every filesystem the stores look at, with the free bytes the test sets."""
-
-    def __init__(self) -> None:
-        self.free_bytes = 1 << 30
-
-    def usage(self, path: Path) -> Usage:
-        return Usage(1 << 40, self.free_bytes)
-
-
-@pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> FakeDisk:
-    fake = FakeDisk()
-    monkeypatch.setattr(free_space, "disk_usage", fake.usage)
-    return fake
 
 
 class FullObjects(MemoryStore):

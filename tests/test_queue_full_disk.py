@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from diskkit import FakeDisk
 from queuekit import small_queue_config
-from stratalog import free_space
 from stratalog.errors import OutOfSpaceError
-from stratalog.free_space import Usage
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStoreFullError
 from stratalog.queues import QueueStore
@@ -21,21 +20,6 @@ from waiting import wait_until
 
 MIB = 1 << 20
 CHECK_S = 0.02
-
-
-class FakeDisk:
-    def __init__(self) -> None:
-        self.free_bytes = 1 << 30
-
-    def usage(self, path: Path) -> Usage:
-        return Usage(1 << 40, self.free_bytes)
-
-
-@pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> FakeDisk:
-    fake = FakeDisk()
-    monkeypatch.setattr(free_space, "disk_usage", fake.usage)
-    return fake
 
 
 class FullDir(LocalDirStore):
