@@ -98,7 +98,7 @@ def test_object_storage_out_of_room_refuses_appends_without_stopping_and_uploads
     acked: list[bytes] = []
     objects.full.set()
     error = append_until_refused(store, "s", acked)
-    assert "object storage is out of room" in str(error) and "QuotaExceeded" in str(error)
+    assert "an upload ran out of room" in str(error) and "QuotaExceeded" in str(error)
     assert objects.refused_puts >= 1 and store.failure is None, "the store did not stop"
     assert [r.value for r in stream.fetch(0)] == acked, "what was acknowledged is read from the log cache"
     refused_puts = objects.refused_puts

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,8 +15,14 @@ from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.chaos.postgres import PostgresServer
 from stratalog.engine import StreamStore
 from stratalog.engine.metadata import Metadata, NewObject
-from stratalog.engine.metadata_backends import MetadataUnavailableError, postgres_schema
+from stratalog.engine.metadata_backends import (
+    MetadataFullError,
+    MetadataUnavailableError,
+    PostgresBackend,
+    postgres_schema,
+)
 from stratalog.engine.objformat import BlockEntry
+from stratalog.errors import OutOfSpaceError
 from waiting import wait_until
 
 pytest_plugins = ["pgkit"]
@@ -131,3 +138,39 @@ def test_an_unreachable_database_is_a_clear_error_and_frees_the_directory(tmp_pa
         StreamStore.open(tmp_path, MemoryStore(), small_store_config(),
                          metadata="postgresql://nobody:x@127.0.0.1:9/none?connect_timeout=2")
     StreamStore.open(tmp_path, MemoryStore(), small_store_config()).close()   # the lock was let go
+
+
+def test_a_full_database_disk_is_an_out_of_space_error_and_the_connection_goes_on(
+        pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL's "disk full" (SQLSTATE 53100) is MetadataFullError, which a store takes as "refuse
+    appends until space is back" rather than as a failure that stops it; the next statement works."""
+    import psycopg
+
+    meta = Metadata(pg_database)
+    try:
+        backend = meta._db
+        assert isinstance(backend, PostgresBackend)
+        real_connect = backend._connect
+        full = [True]
+
+        def connect() -> Any:
+            conn = real_connect()
+            if not full[0]:
+                return conn
+
+            class Full:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(conn, name)
+
+                def execute(self, *args: Any) -> Any:
+                    full[0] = False
+                    raise psycopg.errors.DiskFull("could not extend file: No space left on device")
+            return Full()
+
+        monkeypatch.setattr(backend, "_connect", connect)
+        with pytest.raises(MetadataFullError, match="free space") as raised:
+            meta.create_stream("refused")
+        assert isinstance(raised.value, OutOfSpaceError)
+        assert meta.create_stream("taken").name == "taken"
+    finally:
+        meta.close()

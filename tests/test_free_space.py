@@ -78,7 +78,7 @@ def test_writable_to_objects_full_when_an_upload_runs_out_of_room() -> None:
     space = guard(Disk())
     space.check()
     space.objects_full(ObjectStoreFullError("QuotaExceeded"))
-    assert space.refusal is not None and "object storage is out of room" in space.refusal
+    assert space.refusal is not None and "an upload ran out of room" in space.refusal
     assert "QuotaExceeded" in space.refusal
     assert space.check() is not None, "a disk with room does not end it: an upload going through does"
 
@@ -100,7 +100,7 @@ def test_both_at_once_name_the_disk_first_and_each_ends_alone() -> None:
     assert space.refusal is not None and space.refusal.startswith("the disk under /data")
     disk.free_bytes = 400 * MIB
     space.check()
-    assert space.refusal is not None and "object storage" in space.refusal
+    assert space.refusal is not None and "an upload ran out of room" in space.refusal
     space.objects_ok()
     assert space.refusal is None
 

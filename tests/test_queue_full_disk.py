@@ -94,7 +94,7 @@ def test_object_storage_out_of_room_refuses_puts_without_stopping_and_uploads_re
     kept: list[bytes] = []
     objects.full.set()
     error = put_until_refused(store, kept)
-    assert "object storage is out of room" in str(error)
+    assert "an upload ran out of room" in str(error)
     assert store._lifecycle.failure is None, "the store did not stop"
     assert store.get("q", 0, len(kept) + 10) == kept
     refused_puts = objects.refused_puts

@@ -17,7 +17,8 @@ writable            a check finds every directory above the      a check finds o
                     headroom and no upload is out of room        upload runs out of room
 disk low            a check finds a directory's free bytes       a check finds them all above it
                     below the headroom (timer, or a refusal)     again
-objects full        an upload fails for want of room             an upload goes through
+objects full        an upload fails for want of room (object     an upload goes through
+                    storage, or the metadata database)
 ==================  ===========================================  =====================================
 
 Both "not writable" states may hold at once; the refusal names the disk first. Each change is logged once.
@@ -133,9 +134,10 @@ class SpaceGuard:
         return self.refusal
 
     def objects_full(self, error: BaseException) -> None:
-        """An upload failed for want of room in object storage: refuse writes until one goes through."""
+        """An upload failed for want of room (in object storage, or in the metadata database it commits
+        to): refuse writes until one goes through."""
         with self._lock:
-            self._set(self._disk_low, f"object storage is out of room ({error}); writes are refused until an "
+            self._set(self._disk_low, f"an upload ran out of room ({error}); writes are refused until an "
                                       "upload goes through again, retried every few seconds")
 
     def objects_ok(self) -> None:

@@ -316,6 +316,9 @@ class PostgresBackend:
                 return conn.execute(statement, params)
             except self._psycopg.errors.UniqueViolation as e:
                 raise DuplicateError(str(e)) from e
+            except self._psycopg.errors.DiskFull as e:   # SQLSTATE 53100: nothing of the statement was kept
+                raise MetadataFullError(f"the metadata database could not write: {self._scrub(e)}; free space "
+                                        "on its server's disk") from e
             except self._psycopg.OperationalError as e:
                 in_transaction = self._in_transaction
                 self._drop()
