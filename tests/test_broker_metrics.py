@@ -60,18 +60,30 @@ def test_the_counters_move_by_exactly_what_was_produced_and_the_probes_answer(tm
             producer.send("measured", f"{i:0{VALUE_BYTES}d}".encode())
         producer.flush()
         producer.close()
+        group = f"g-{uuid.uuid4().hex}"
         consumer = KafkaConsumer("measured", bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
-                                 group_id=f"g-{uuid.uuid4().hex}", consumer_timeout_ms=1000)
+                                 group_id=group, enable_auto_commit=False, consumer_timeout_ms=1000)
         got: list[bytes] = []
         wait_until(lambda: got.extend(r.value for r in consumer) or len(got) >= RECORDS or None,
                    "every record consumed", poll_s=0)
+        consumer.commit()
         consumer.close()
-        metrics = scrape(base)
+        lag = ("kafka_consumergroup_lag", (("consumergroup", group), ("partition", "0"), ("topic", "measured")))
+        read = scrape(base)
+        assert read[lag] == 0, "the group read everything and committed"
         topic = (("topic", "measured"),)
-        assert metrics[("kafka_server_brokertopicmetrics_messagesin_total", topic)] == RECORDS
+        assert read[("kafka_server_brokertopicmetrics_bytesout_total", topic)] >= \
+            read[("kafka_server_brokertopicmetrics_bytesin_total", topic)], "all of it read once at least"
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        for _ in range(7):
+            producer.send("measured", b"later")
+        producer.flush()
+        producer.close()
+        assert scrape(base)[lag] == 7, "seven records produced since the group's commit"
+        metrics = scrape(base)
+        assert metrics[("kafka_server_brokertopicmetrics_messagesin_total", topic)] == RECORDS + 7
         bytes_in = metrics[("kafka_server_brokertopicmetrics_bytesin_total", topic)]
-        assert RECORDS * VALUE_BYTES < bytes_in < RECORDS * (VALUE_BYTES + 100), "batch bytes: values and framing"
-        assert metrics[("kafka_server_brokertopicmetrics_bytesout_total", topic)] >= bytes_in, "all read once at least"
+        assert RECORDS * VALUE_BYTES < bytes_in < (RECORDS + 7) * (VALUE_BYTES + 100), "batch bytes: values, framing"
         produces = [v for (name, labels), v in metrics.items()
                     if name == "kafka_network_requestmetrics_requests_total" and ("request", "Produce") in labels]
         assert produces and sum(produces) >= 1

@@ -250,6 +250,21 @@ class Broker:
         self._streams[(topic, partition)] = stream
         return stream
 
+    def end_offset_of(self, topic: str, partition: int) -> int | None:
+        """A partition's end offset, or None where this broker does not serve it; from any thread (it
+        changes nothing here, unlike :meth:`partition`)."""
+        stream = self._streams.get((topic, partition))
+        if stream is None:
+            name = stream_name(topic, partition)
+            if self.node is not None:
+                stream = self.node.stream(name)
+            else:
+                try:
+                    stream = self.store.open_stream(name)
+                except UnknownStreamError:
+                    return None
+        return None if stream is None else stream.end_offset
+
     def partition_error(self, topic: str, partition: int) -> int:
         """Why ``partition`` gave no stream: NOT_LEADER_OR_FOLLOWER for a partition another broker of the
         cluster leads (the client refreshes its metadata), else UNKNOWN_TOPIC_OR_PARTITION."""

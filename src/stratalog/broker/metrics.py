@@ -12,16 +12,41 @@ labelled children are kept per topic and per API), on the event loop; the endpoi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from stratalog.errors import StratalogError
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
+
+log = logging.getLogger("stratalog.broker")
+
 #: Request latency buckets, seconds: a synced produce takes a millisecond or two; a long-polled fetch up to
 #: fetch_wait_ms_max (Kafka's consumers ask for 500 ms).
 REQUEST_SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: One group's lag on one partition: (group, topic, partition, the partition's end offset minus the offset
+#: the group committed; 0 at least).
+GroupLag = tuple[str, str, int, int]
+#: Group-partitions published per scrape at most: a scrape must stay small for Prometheus (each is a
+#: series); past it the rest are left out, and stratalog_group_lag_series_left_out says how many.
+LAG_SERIES_MAX = 10_000
+
+
+def group_lags(broker: Broker) -> Iterator[GroupLag]:
+    """Every committed offset's lag on the partitions this broker serves (in a cluster, those it leads:
+    each broker publishes its own). Runs in the endpoint's thread: the committed offsets are read under
+    their store's lock, the partitions' ends from the stream store, and nothing of the broker is changed."""
+    for group in broker.offsets.groups():
+        for (topic, partition), entry in sorted(broker.offsets.fetch(group).items()):
+            end = broker.end_offset_of(topic, partition)
+            if end is not None:
+                yield group, topic, partition, max(0, end - entry.offset)
 
 
 class BrokerMetrics:
@@ -48,9 +73,11 @@ class BrokerMetrics:
         self._topic_out: dict[str, Any] = {}
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
-    def watch(self, stats: Callable[[], dict[str, int]]) -> None:
-        """Publish ``stats()`` (the store's figures and the server's) as gauges, read at each scrape."""
+    def watch(self, stats: Callable[[], dict[str, int]], lags: Callable[[], Iterable[GroupLag]]) -> None:
+        """Publish ``stats()`` (the store's figures and the server's) as gauges, and ``lags()`` as each
+        group's lag per partition, read at each scrape (in the endpoint's thread)."""
         self.registry.register(_StoreCollector(stats))
+        self.registry.register(_LagCollector(lags))
 
     def produced(self, topic: str, records: int, size_bytes: int) -> None:
         children = self._topic_in.get(topic)
@@ -88,6 +115,31 @@ STORE_GAUGES: dict[str, str] = {
     "space_refusing": "1 while produce is refused for want of space (disk low or object storage full)",
     "connections": "Client connections open",
 }
+
+
+class _LagCollector(Collector):
+    def __init__(self, lags: Callable[[], Iterable[GroupLag]]) -> None:
+        self._lags = lags
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        lag = GaugeMetricFamily("kafka_consumergroup_lag", "A consumer group's lag on a partition: its end "
+                                "offset minus the group's committed offset (as kafka-exporter names it)",
+                                labels=["consumergroup", "topic", "partition"])
+        left_out = 0
+        try:
+            for count, (group, topic, partition, behind) in enumerate(self._lags()):
+                if count >= LAG_SERIES_MAX:
+                    left_out += 1
+                    continue
+                lag.add_metric([group, topic, str(partition)], behind)
+        except StratalogError as e:   # the offsets' database out of reach, or closing: the rest still scrapes
+            log.warning("consumer group lag not published: %s", e)
+        yield lag
+        yield GaugeMetricFamily("stratalog_group_lag_series_left_out", "Group-partitions left out of "
+                                "kafka_consumergroup_lag at the last scrape (past LAG_SERIES_MAX)", value=left_out)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
 
 
 class _StoreCollector(Collector):

@@ -20,6 +20,7 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig, ClusterConfig
 from stratalog.broker.groups import GroupConfig
 from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError, TLSConfig, tls_config_from
+from stratalog.broker.metrics import group_lags
 from stratalog.broker.metrics_http import MetricsEndpoint, MetricsEndpointError, parse_address
 from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
@@ -156,7 +157,8 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
             raise click.ClickException(f"cannot listen: {e.strerror}") from None
         click.echo(f"stratalog core: {native_core()}")  # before the listeners: who waits for those sees it
         if config.metrics_listen is not None:
-            broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections})
+            broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections},
+                                 functools.partial(group_lags, broker))
             try:
                 endpoint = MetricsEndpoint(parse_address(config.metrics_listen), broker.metrics.registry,
                                            functools.partial(_not_ready, broker, server))
