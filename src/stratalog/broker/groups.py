@@ -5,6 +5,10 @@ Protocol-agnostic: plain values in, plain values out (request handlers translate
 on one asyncio event loop; every method is called from the loop's thread. A JoinGroup or SyncGroup that
 must wait for the rest of the group is an ``async`` call that returns when the group gets there.
 
+This module is the membership protocol (joins, rebalances, syncs, heartbeats, leaves, sessions) and the
+coordinator's facade; the groups it holds are a GroupTable (group_table.py), and listing, deletion and
+expiry are GroupAdmin's (group_admin.py).
+
 Group state lives in memory only. As in Kafka, where classic groups are rebuilt from a log, members simply
 join again after a broker restart. Committed offsets are durable (:mod:`stratalog.broker.offsets`).
 
@@ -43,6 +47,7 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 
+from stratalog.broker.group_admin import GroupAdmin
 from stratalog.broker.group_state import (
     UNKNOWN_MEMBER_ID,
     E,
@@ -65,6 +70,7 @@ from stratalog.broker.group_state import (
     unique_protocols,
     wall_clock_ms,
 )
+from stratalog.broker.group_table import GroupTable, cancel_join_timer, cancel_session_timer, cancel_sync_timer
 from stratalog.broker.offsets import CommittedOffsets
 from stratalog.invariant import InvariantError, invariant
 
@@ -80,9 +86,9 @@ class GroupCoordinator:
         self._config = config or GroupConfig()
         self._clock_ms = clock_ms
         self._timers = timers
-        self._groups: dict[str, Group] = {}
+        self._table = GroupTable(self._config, clock_ms)
+        self._admin = GroupAdmin(self._table, offsets, self._config, clock_ms, self._check_started)
         self._started = False
-        self._closed = False
         self._retention_task: asyncio.Task[None] | None = None
 
     @property
@@ -97,23 +103,23 @@ class GroupCoordinator:
         if self._timers is None:
             self._timers = LoopTimers(loop)
         self._started = True
-        self._retention_task = loop.create_task(self._expire_offsets_periodically())
+        self._retention_task = loop.create_task(self._admin.expire_offsets_periodically())
 
     async def close(self) -> None:
         """Stop: waiting joins and syncs are answered COORDINATOR_NOT_AVAILABLE (clients find the
         coordinator again and rejoin), every timer is cancelled, and later calls get that error too. The
         offsets store is the caller's to close."""
-        if self._closed:
+        if self._table.closed:
             return
-        self._closed = True
+        self._table.closed = True
         if self._retention_task is not None:
             self._retention_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retention_task
             self._retention_task = None
-        for group in self._groups.values():
-            self._drop_group(group, E.COORDINATOR_NOT_AVAILABLE)
-        self._groups.clear()
+        for group in self._table.groups.values():
+            self._table.drop(group, E.COORDINATOR_NOT_AVAILABLE)
+        self._table.groups.clear()
 
     # -- JoinGroup ---------------------------------------------------------------------------------------
 
@@ -133,7 +139,7 @@ class GroupCoordinator:
         return await future
 
     def _check_join(self, group_id: str, session_timeout_ms: int, protocols: list[tuple[str, bytes]]) -> int:
-        if self._closed:
+        if self._table.closed:
             return E.COORDINATOR_NOT_AVAILABLE
         self._check_started()
         if not group_id:
@@ -150,13 +156,13 @@ class GroupCoordinator:
         return E.NONE
 
     def _join(self, group_id: str, request: JoinRequest, future: asyncio.Future[JoinResult]) -> None:
-        group = self._groups.get(group_id)
+        group = self._table.groups.get(group_id)
         if group is None:
             # Only a member without an id creates a group: a member id names a member of an existing one.
             if request.member_id != UNKNOWN_MEMBER_ID:
                 answer(future, join_error(request.member_id, E.UNKNOWN_MEMBER_ID))
                 return
-            group = self._create_group(group_id)
+            group = self._table.create(group_id)
             if group is None:
                 answer(future, join_error(request.member_id, E.COORDINATOR_NOT_AVAILABLE))
                 return
@@ -299,8 +305,8 @@ class GroupCoordinator:
             for member in group.members.values():
                 member.assignment = b""
             self._propagate_assignment(group, E.REBALANCE_IN_PROGRESS)
-        self._cancel_sync_timer(group)
-        self._cancel_join_timer(group)
+        cancel_sync_timer(group)
+        cancel_join_timer(group)
         delay_ms = self._config.group_initial_rebalance_delay_ms
         if group.state is S.EMPTY and delay_ms > 0:
             remaining_ms = max(group.rebalance_timeout_ms() - delay_ms, 0)
@@ -321,7 +327,7 @@ class GroupCoordinator:
             self._complete_join(group)
 
     def _on_initial_delay_expired(self, group: Group, remaining_ms: int) -> None:
-        if not self._holds(group) or group.state is not S.PREPARING_REBALANCE:
+        if not self._table.holds(group) or group.state is not S.PREPARING_REBALANCE:
             return
         group.join_timer = None
         if group.new_member_added and remaining_ms > 0:
@@ -334,16 +340,16 @@ class GroupCoordinator:
             self._complete_join(group)
 
     def _on_join_timeout(self, group: Group) -> None:
-        if self._holds(group) and group.state is S.PREPARING_REBALANCE:
+        if self._table.holds(group) and group.state is S.PREPARING_REBALANCE:
             group.join_timer = None
             self._complete_join(group)
 
     def _complete_join(self, group: Group) -> None:
-        self._cancel_join_timer(group)
+        cancel_join_timer(group)
         for member in [m for m in group.members.values() if not m.awaiting_join]:
             logger.info("group %s: member %s did not join in time and was removed", group.group_id,
                         member.member_id)
-            self._cancel_session_timer(member)
+            cancel_session_timer(member)
             group.remove(member.member_id)
         group.generation_id += 1
         group.new_member_added = False
@@ -368,7 +374,7 @@ class GroupCoordinator:
             group.rebalance_timeout_ms(), partial(self._on_sync_timeout, group, group.generation_id))
 
     def _on_sync_timeout(self, group: Group, generation_id: int) -> None:
-        if not self._holds(group) or group.generation_id != generation_id:
+        if not self._table.holds(group) or group.generation_id != generation_id:
             return
         group.sync_timer = None
         if group.state not in (S.COMPLETING_REBALANCE, S.STABLE) or not group.pending_sync:
@@ -378,7 +384,7 @@ class GroupCoordinator:
             if member is not None:
                 logger.info("group %s: member %s sent no SyncGroup in time and was removed",
                             group.group_id, member_id)
-                self._cancel_session_timer(member)
+                cancel_session_timer(member)
                 group.remove(member_id)
         self._prepare_rebalance_or_complete_join(group)
 
@@ -439,7 +445,7 @@ class GroupCoordinator:
     def _sync_received(self, group: Group, member_id: str) -> None:
         group.pending_sync.discard(member_id)
         if not group.pending_sync:
-            self._cancel_sync_timer(group)
+            cancel_sync_timer(group)
 
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> int:
         """Heartbeat: keeps the member's session; REBALANCE_IN_PROGRESS tells it to join again."""
@@ -456,12 +462,12 @@ class GroupCoordinator:
                      group_instance_id: str | None) -> tuple[Group | None, int]:
         """The group of a member of the current generation, or the error that says why not (the checks
         SyncGroup and Heartbeat share, in Kafka's order)."""
-        if self._closed:
+        if self._table.closed:
             return None, E.COORDINATOR_NOT_AVAILABLE
         self._check_started()
         if not group_id:
             return None, E.INVALID_GROUP_ID
-        group = self._groups.get(group_id)
+        group = self._table.groups.get(group_id)
         if group is None:
             return None, E.UNKNOWN_MEMBER_ID
         error = group.validate_member(member_id, group_instance_id)
@@ -474,12 +480,12 @@ class GroupCoordinator:
         """LeaveGroup: (member id, group instance id) of each leaving member; returns the top-level error and
         each member's. A static member may be removed by its instance id alone (member id ""). LeaveGroup
         v0-2 carries one member: the handler answers with that member's error."""
-        if self._closed:
+        if self._table.closed:
             return E.COORDINATOR_NOT_AVAILABLE, []
         self._check_started()
         if not group_id:
             return E.INVALID_GROUP_ID, []
-        group = self._groups.get(group_id)
+        group = self._table.groups.get(group_id)
         if group is None:
             return E.NONE, [(m, i, int(E.UNKNOWN_MEMBER_ID)) for m, i in members]
         return E.NONE, [(m, i, self._leave_one(group, m, i)) for m, i in members]
@@ -506,13 +512,13 @@ class GroupCoordinator:
     # -- sessions ----------------------------------------------------------------------------------------
 
     def _schedule_session_expiry(self, group: Group, member: Member, timeout_ms: int | None = None) -> None:
-        self._cancel_session_timer(member)
+        cancel_session_timer(member)
         member.session_timer = self._call_later(
             member.session_timeout_ms if timeout_ms is None else timeout_ms,
             partial(self._on_session_expired, group, member))
 
     def _on_session_expired(self, group: Group, member: Member) -> None:
-        if not self._holds(group) or group.members.get(member.member_id) is not member:
+        if not self._table.holds(group) or group.members.get(member.member_id) is not member:
             return
         member.session_timer = None
         # A member waiting in a join or a sync is alive (its next deadline is set when the wait ends),
@@ -522,7 +528,7 @@ class GroupCoordinator:
             self._remove_member(group, member)
 
     def _on_pending_member_expired(self, group: Group, member_id: str) -> None:
-        if self._holds(group) and group.pending_join.pop(member_id, None) is not None:
+        if self._table.holds(group) and group.pending_join.pop(member_id, None) is not None:
             self._maybe_complete_join(group)
 
     def _remove_member(self, group: Group, member: Member) -> None:
@@ -531,7 +537,7 @@ class GroupCoordinator:
         answer(join_future, join_error(UNKNOWN_MEMBER_ID, E.UNKNOWN_MEMBER_ID))
         sync_future, member.sync_future = member.sync_future, None
         answer(sync_future, SyncResult(E.UNKNOWN_MEMBER_ID))
-        self._cancel_session_timer(member)
+        cancel_session_timer(member)
         group.remove(member.member_id)
         if group.state in (S.STABLE, S.COMPLETING_REBALANCE):
             self._prepare_rebalance(group, f"member {member.member_id} was removed")
@@ -544,10 +550,10 @@ class GroupCoordinator:
                                group_instance_id: str | None) -> int:
         """What OffsetCommit may do: 0 to store the offsets, or the error for every partition. Generation -1
         with no member: a standalone consumer's (or an admin tool's) commit, for a group without members."""
-        if self._closed:
+        if self._table.closed:
             return E.COORDINATOR_NOT_AVAILABLE
         self._check_started()
-        group = self._groups.get(group_id)
+        group = self._table.groups.get(group_id)
         if group is None:
             # Generation >= 0 names a generation of a group this coordinator does not have (Kafka's answer
             # before OffsetCommit v9 added GROUP_ID_NOT_FOUND).
@@ -568,146 +574,24 @@ class GroupCoordinator:
             self._schedule_session_expiry(group, group.members[member_id])
         return error
 
-    # -- DescribeGroups, ListGroups, DeleteGroups, retention ---------------------------------------------
+    # -- DescribeGroups, ListGroups, DeleteGroups, retention: group_admin.py ------------------------------
 
     def describe(self, group_ids: list[str]) -> list[GroupDescription]:
-        """DescribeGroups. A group known only by its committed offsets (a standalone consumer's, or any
-        group after a restart) is Empty with no protocol type."""
-        if self._closed:
-            return [GroupDescription(E.COORDINATOR_NOT_AVAILABLE, g, "", "", "", []) for g in group_ids]
-        self._check_started()
-        return [self._describe_one(group_id) for group_id in group_ids]
-
-    def _describe_one(self, group_id: str) -> GroupDescription:
-        group = self._groups.get(group_id)
-        if group is None:
-            state = S.EMPTY if self._offsets.has_group(group_id) else S.DEAD
-            return GroupDescription(E.NONE, group_id, state.value, "", "", [])
-        stable = group.state is S.STABLE
-        members = [MemberDescription(m.member_id, m.group_instance_id, m.client_id, m.client_host,
-                                     m.metadata(group.protocol_name) if stable else b"",
-                                     m.assignment if stable else b"")
-                   for m in group.members.values()]
-        return GroupDescription(E.NONE, group_id, group.state.value, group.protocol_type or "",
-                                (group.protocol_name or "") if stable else "", members)
+        return self._admin.describe(group_ids)
 
     def list_groups(self, states_filter: set[str] | None = None) -> list[tuple[str, str, str]]:
-        """ListGroups: (group id, protocol type, state) of every group, or of those in ``states_filter``
-        (state names, any case). Groups known only by their committed offsets are Empty."""
-        if self._closed:
-            return []
-        self._check_started()
-        listed = {gid: (gid, g.protocol_type or "", g.state.value) for gid, g in self._groups.items()}
-        for group_id in self._offsets.groups():
-            listed.setdefault(group_id, (group_id, "", S.EMPTY.value))
-        wanted = None if not states_filter else {s.lower() for s in states_filter}
-        return [row for _, row in sorted(listed.items()) if wanted is None or row[2].lower() in wanted]
+        return self._admin.list_groups(states_filter)
 
     def delete_groups(self, group_ids: list[str]) -> list[tuple[str, int]]:
-        """DeleteGroups: each group with its error (NON_EMPTY_GROUP while it has members, GROUP_ID_NOT_FOUND
-        for one the coordinator does not know). A deleted group's committed offsets are deleted too (one
-        durable write each, on the caller's thread)."""
-        if self._closed:
-            return [(group_id, int(E.COORDINATOR_NOT_AVAILABLE)) for group_id in group_ids]
-        self._check_started()
-        results = []
-        for group_id in group_ids:
-            group = self._groups.get(group_id)
-            if group is not None and group.state is not S.EMPTY:
-                results.append((group_id, int(E.NON_EMPTY_GROUP)))
-                continue
-            if group is None and not self._offsets.has_group(group_id):
-                results.append((group_id, int(E.GROUP_ID_NOT_FOUND)))
-                continue
-            if group is not None:
-                self._drop_group(group, E.COORDINATOR_NOT_AVAILABLE)
-                group.transition(S.DEAD, self._clock_ms())
-                del self._groups[group_id]
-            self._offsets.delete_group(group_id)
-            logger.info("group %s deleted", group_id)
-            results.append((group_id, int(E.NONE)))
-        return results
+        return self._admin.delete_groups(group_ids)
 
     def unload(self, group_id: str) -> bool:
-        """Forget a group's membership: its coordination moved to another broker (a cluster). Whoever waits
-        in a join or sync is answered NOT_COORDINATOR, so clients find the new coordinator and join there;
-        committed offsets stay (they are shared). Returns whether the group was known here."""
-        group = self._groups.pop(group_id, None)
-        if group is None:
-            return False
-        self._drop_group(group, E.NOT_COORDINATOR)
-        logger.info("group %s unloaded: its coordinator is another broker now", group_id)
-        return True
+        return self._admin.unload(group_id)
 
     def expire_offsets(self) -> int:
-        """Drop the committed offsets past retention (see :meth:`CommittedOffsets.expire`), and Empty groups
-        past retention that have none left; returns how many offsets were dropped. Runs every
-        ``offsets_retention_check_interval_ms`` once started; one durable write on the loop's thread."""
-        now_ms = self._clock_ms()
-        retention_ms = self._config.offsets_retention_ms
-
-        def empty_since_ms(group_id: str) -> int | None:
-            group = self._groups.get(group_id)
-            if group is None:
-                return 0
-            return group.state_since_ms if group.state is S.EMPTY and not group.pending_join else None
-
-        removed = self._offsets.expire(now_ms, retention_ms, empty_since_ms)
-        for group in list(self._groups.values()):
-            since_ms = empty_since_ms(group.group_id)
-            if (since_ms is not None and since_ms <= now_ms - retention_ms
-                    and not self._offsets.has_group(group.group_id)):
-                self._drop_group(group, E.COORDINATOR_NOT_AVAILABLE)
-                del self._groups[group.group_id]
-        return removed
-
-    async def _expire_offsets_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.offsets_retention_check_interval_ms / 1000)
-            try:
-                removed = self.expire_offsets()
-            except Exception as e:  # a failed pass (disk full, I/O error) is retried at the next interval
-                logger.warning("expiring committed offsets failed: %s", e)
-            else:
-                if removed:
-                    logger.info("expired %d committed offsets", removed)
+        return self._admin.expire_offsets()
 
     # -- plumbing ----------------------------------------------------------------------------------------
-
-    def _create_group(self, group_id: str) -> Group | None:
-        if len(self._groups) >= self._config.groups_max and not self._evict_empty_group():
-            logger.warning("group %s not created: %d groups held, none empty", group_id, len(self._groups))
-            return None
-        group = Group(group_id, self._clock_ms())
-        self._groups[group_id] = group
-        return group
-
-    def _evict_empty_group(self) -> bool:
-        empty = [g for g in self._groups.values() if g.state is S.EMPTY and not g.pending_join]
-        if not empty:
-            return False
-        oldest = min(empty, key=lambda g: g.state_since_ms)
-        self._drop_group(oldest, E.COORDINATOR_NOT_AVAILABLE)
-        del self._groups[oldest.group_id]
-        return True
-
-    def _drop_group(self, group: Group, error: int) -> None:
-        """Cancel the group's timers and answer whoever waits in it with ``error``."""
-        self._cancel_join_timer(group)
-        self._cancel_sync_timer(group)
-        for handle in group.pending_join.values():
-            handle.cancel()
-        group.pending_join.clear()
-        for member in group.members.values():
-            self._cancel_session_timer(member)
-            join_future, member.join_future = member.join_future, None
-            answer(join_future, join_error(member.member_id, error))
-            sync_future, member.sync_future = member.sync_future, None
-            answer(sync_future, SyncResult(error))
-
-    def _holds(self, group: Group) -> bool:
-        """The group is still this coordinator's (a timer may fire for a group deleted since)."""
-        return not self._closed and self._groups.get(group.group_id) is group
 
     def _call_later(self, delay_ms: int, callback: Callable[[], None]) -> TimerHandle:
         timers = self._timers
@@ -717,26 +601,6 @@ class GroupCoordinator:
 
     def _check_started(self) -> None:
         invariant(self._started, "call GroupCoordinator.start() on the event loop first")
-
-    @staticmethod
-    def _cancel_session_timer(member: Member) -> None:
-        if member.session_timer is not None:
-            member.session_timer.cancel()
-            member.session_timer = None
-
-    @staticmethod
-    def _cancel_join_timer(group: Group) -> None:
-        if group.join_timer is not None:
-            group.join_timer.cancel()
-            group.join_timer = None
-        group.join_timer_initial = False
-
-    @staticmethod
-    def _cancel_sync_timer(group: Group) -> None:
-        if group.sync_timer is not None:
-            group.sync_timer.cancel()
-            group.sync_timer = None
-
 
 __all__ = [
     "GroupConfig", "GroupCoordinator", "GroupDescription", "GroupErrorCode", "GroupState", "JoinResult",
