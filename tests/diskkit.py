@@ -16,8 +16,11 @@ class FakeDisk:
 
     def __init__(self) -> None:
         self.free_bytes = 1 << 30
+        #: How many times a store looked.
+        self.looks = 0
 
     def usage(self, path: Path) -> Usage:
+        self.looks += 1
         return Usage(1 << 40, self.free_bytes)
 
 

@@ -82,6 +82,21 @@ def test_below_the_headroom_appends_are_refused_reads_go_on_and_appends_resume(t
         assert [r.value for r in again.open_stream("s").fetch(0)] == acked, "every acknowledged record, once"
 
 
+def test_looking_at_free_space_every_check_does_not_upload_before_its_time(tmp_path: Path, disk: FakeDisk) -> None:
+    """The uploader thread wakes every free_space_check_interval_s to look at the disk; an upload still
+    waits for upload_interval_s (or the threshold, or a flush): objects of a second's appends each would
+    multiply the objects and the object store's requests."""
+    objects = MemoryStore()
+    with open_store(tmp_path, objects) as store:   # (small_store_config: upload_interval_s is an hour)
+        stream = store.create_stream("s")
+        stream.append([b"waits"]).result()
+        looks = disk.looks
+        wait_until(lambda: disk.looks >= looks + 10, "ten looks at the free space")
+        assert not [k for k in objects.objects if k.startswith("data/")], "nothing was uploaded yet"
+        store.flush()
+        assert [k for k in objects.objects if k.startswith("data/")], "a flush uploads"
+
+
 def test_a_store_opened_on_a_full_disk_refuses_from_the_start(tmp_path: Path, disk: FakeDisk) -> None:
     disk.free_bytes = 10 * MIB
     with open_store(tmp_path, MemoryStore()) as store:

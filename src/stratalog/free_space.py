@@ -93,10 +93,6 @@ class SpaceGuard:
         #: The last check's figures, per directory: (free bytes, the bound).
         self.figures: dict[Path, tuple[int, int]] = {}
 
-    @property
-    def check_interval_s(self) -> float:
-        return self._headroom.check_interval_s
-
     def stats(self) -> dict[str, int]:
         """The last check's figures for the tightest directory (the least free above its bound), and whether
         writes are refused: what an operator's metrics show."""
@@ -138,7 +134,7 @@ class SpaceGuard:
         to): refuse writes until one goes through."""
         with self._lock:
             self._set(self._disk_low, f"an upload ran out of room ({error}); writes are refused until an "
-                                      "upload goes through again, retried every few seconds")
+                                      "upload goes through again (it is retried meanwhile)")
 
     def objects_ok(self) -> None:
         """An upload went through."""

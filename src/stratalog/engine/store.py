@@ -1050,26 +1050,21 @@ class StreamStore:
         while True:
             with self._cond:
                 while not self._closing:
-                    oldest = self._cache_oldest if self._cached else None
                     now = time.monotonic()
-                    upload_due = [self._last_retention + config.retention_interval_s]
-                    if oldest is not None:
-                        upload_due.append(oldest + config.upload_interval_s)
-                    if self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold:
-                        upload_due.append(now)
-                    wake = min(max(min(upload_due), self._upload_retry_at), next_space_check)
-                    if wake <= now:
+                    upload_at = max(self._upload_due_at(now), self._upload_retry_at)
+                    if now >= min(upload_at, next_space_check):
                         break
-                    self._cond.wait(wake - now)
+                    self._cond.wait(min(upload_at, next_space_check) - now)
                 if self._closing:
                     return
+                upload = time.monotonic() >= upload_at
+                if upload:
+                    self._upload_wanted = False
             if time.monotonic() >= next_space_check:
                 self._space.check()
                 next_space_check = time.monotonic() + space_check_s
-            if time.monotonic() < self._upload_retry_at:
+            if not upload:
                 continue
-            with self._cond:
-                self._upload_wanted = False
             try:
                 self._upload(trim_wal=True)
                 self._space.objects_ok()
@@ -1082,6 +1077,18 @@ class StreamStore:
             except BaseException as e:
                 self._fail(e)
                 return
+
+    def _upload_due_at(self, now: float) -> float:
+        """When the uploader should upload next (store lock held): now when asked or when the log cache
+        holds upload_bytes_threshold; else when its oldest entry is upload_interval_s old, or retention is
+        due, whichever comes first."""
+        config = self._config
+        if self._upload_wanted or self._cache_bytes >= config.upload_bytes_threshold:
+            return now
+        due = self._last_retention + config.retention_interval_s
+        if self._cached and self._cache_oldest is not None:
+            due = min(due, self._cache_oldest + config.upload_interval_s)
+        return due
 
     def _fail(self, error: BaseException) -> None:
         log.error("the store stopped: %s", str(error))
