@@ -293,13 +293,16 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
     # (a consumer always progresses); when the response budget is spent, not even that one.
     one_over = room > 0
     while True:
-        topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over, denied)
+        topics, topic_bytes, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over, denied)
+        total = sum(topic_bytes.values())
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or remaining_s <= 0 or not waiting_on or broker.stopping:
             break
         await broker.wait_for_data(waiting_on, remaining_s)
         if time.monotonic() >= deadline:
-            topics, total, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over, denied)
+            topics, topic_bytes, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over,
+                                                                denied)
+            total = sum(topic_bytes.values())
             break
     if not _lease_confirmed(broker):
         # Records made durable after the lease's confirmation ended may be missing from the replay that
@@ -308,12 +311,9 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
         topics = [FetchTopicResult(t.topic, [
             FetchPartitionResult(p.partition_index, ErrorCode.not_leader_or_follower, -1) for p in t.partitions])
             for t in topics]
-        total = 0
-    if total:
-        for t in topics:
-            fetched = sum(len(r) for p in t.partitions for r in p.records)
-            if fetched:
-                broker.metrics.fetched(t.topic, fetched)
+        total, topic_bytes = 0, {}
+    for topic, size_bytes in topic_bytes.items():
+        broker.metrics.fetched(topic, size_bytes)
     throttle_ms = max(request.throttle_ms, broker.quotas.record(session.user, request.client_id or "",
                                                                 CONSUMER_BYTE_RATE, total))
     # Encoded here, not by kio: the records stay views of the stored batches up to the socket.
@@ -322,12 +322,16 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
 
 
 async def _fetch_once(broker: Broker, wanted: Any, response_max: int, one_over: bool,
-                      denied: set[str]) -> tuple[list[FetchTopicResult], int, list[int]]:
+                      denied: set[str]) -> tuple[list[FetchTopicResult], dict[str, int], list[int]]:
+    """The topics' results, the record bytes of each topic that has some, and the streams with nothing
+    past the offset asked (a fetch that waits waits on them)."""
     total = 0
+    topic_bytes: dict[str, int] = {}
     waiting_on: list[int] = []
     topics = []
     for t in wanted:
         partitions = []
+        before = total
         for p in t.partitions:
             if t.topic in denied:
                 partitions.append(FetchPartitionResult(p.partition, ErrorCode.topic_authorization_failed, -1))
@@ -359,7 +363,9 @@ async def _fetch_once(broker: Broker, wanted: Any, response_max: int, one_over: 
             partitions.append(FetchPartitionResult(p.partition, error, high, last_stable_offset=high,
                                                    log_start_offset=start, records=records))
         topics.append(FetchTopicResult(t.topic, partitions))
-    return topics, total, waiting_on
+        if total > before:
+            topic_bytes[t.topic] = topic_bytes.get(t.topic, 0) + total - before
+    return topics, topic_bytes, waiting_on
 
 
 def _within(batches: list[bytes | memoryview], budget: int, first: bool) -> list[bytes | memoryview]:
