@@ -20,13 +20,18 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from brokerkit import running_broker
-from waiting import wait_until
+from waiting import wait_progressing
 
 pytestmark = pytest.mark.slow
 
 DRIVER = Path(__file__).with_name("spark_stream_driver.py")
 #: A driver starts its own JVM: allow for a slow start on a busy machine.
 DRIVER_START_S = 120.0
+#: How long the streams may show no progress at all (no new checkpoint file, no new sink row, no new
+#: record in the topic) before the test calls them stuck: a busy machine is slower, never stuck this long.
+STALL_S = 300.0
+#: Between looks at the sink: each look is a Spark job of the test's own session.
+LOOK_S = 0.5
 
 
 class Producing(threading.Thread):
@@ -164,10 +169,23 @@ def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: Admin
     def sink_count() -> int:
         return sink().count() if (tmp_path / "sink" / "_spark_metadata").is_dir() else 0
 
+    def progress() -> tuple[int, int]:
+        """What moves while the driver works: its checkpoint files and the records in the written topic."""
+        checkpoint = tmp_path / "checkpoint"
+        files = sum(1 for _ in checkpoint.rglob("*")) if checkpoint.is_dir() else 0
+        return files, topic_records(bootstrap, "out")
+
+    def until(condition: Any, what: str, driver: str) -> None:
+        def said() -> str:
+            log = (tmp_path / f"{driver}.log").read_text(errors="replace")[-3000:]
+            return f"{what} (sink {sink_count()} rows, topic out {topic_records(bootstrap, 'out')}); " \
+                   f"{driver}'s log ends:\n{log}"
+        wait_progressing(condition, progress, said, stall_s=STALL_S, poll_s=LOOK_S)
+
     with stream_driver(tmp_path, bootstrap, inputs, "driver-1"):
-        wait_until(lambda: sink_count() >= 3000, "the first micro-batches of the read", timeout_s=120)
-        wait_until(lambda: topic_records(bootstrap, "out") >= 2 * ROWS_PER_FILE,
-                   "the first micro-batches of the write", timeout_s=120)
+        until(lambda: sink_count() >= 3000, "the first micro-batches of the read", "driver-1")
+        until(lambda: topic_records(bootstrap, "out") >= 2 * ROWS_PER_FILE, "the first micro-batches of the write",
+              "driver-1")
         # Trim what the sink holds (a retention pass behind the reader); the kill comes a few
         # micro-batches later, so the batch a restart plans again starts past the trim.
         held = sink().groupBy("stream").max("offset").collect()
@@ -180,19 +198,18 @@ def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: Admin
         written = topic_records(bootstrap, "out")
         inputs.add(8)
         producing.produce(6000)
-        wait_until(lambda: sink_count() >= count + 4500, "micro-batches of the read after the trim", timeout_s=120)
-        wait_until(lambda: topic_records(bootstrap, "out") > written, "a micro-batch of the new files",
-                   timeout_s=120)
+        until(lambda: sink_count() >= count + 4500, "micro-batches of the read after the trim", "driver-1")
+        until(lambda: topic_records(bootstrap, "out") > written, "a micro-batch of the new files", "driver-1")
     killed_at = sink_count()
 
     with stream_driver(tmp_path, bootstrap, inputs, "driver-2"):
         producing.produce(6000)
         inputs.add(2)
-        wait_until(lambda: sink_count() >= killed_at + 3000, "micro-batches after the restart", timeout_s=180)
+        until(lambda: sink_count() >= killed_at + 3000, "micro-batches after the restart", "driver-2")
         producing.stop()
         assert not producing.errors
-        wait_until(lambda: sink_count() >= len(producing.acked), "the last acknowledged records", timeout_s=180)
-        wait_until(lambda: topic_records(bootstrap, "out") >= inputs.rows, "every file written", timeout_s=180)
+        until(lambda: sink_count() >= len(producing.acked), "the last acknowledged records", "driver-2")
+        until(lambda: topic_records(bootstrap, "out") >= inputs.rows, "every file written", "driver-2")
         return list(sink().collect())
 
 
