@@ -211,7 +211,7 @@ class Sampler:
 
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     # NewTopic lives in confluent_kafka.admin, whose type stubs leave it out of __all__.
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=30).values():

@@ -135,7 +135,7 @@ def produce_for(bootstrap: str, seconds: float, rate_per_s: float | None) -> dic
 
 
 def _create_topic(bootstrap: str) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(timeout=60)

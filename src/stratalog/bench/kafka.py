@@ -367,9 +367,7 @@ class _Pacer:
 
 def _kafka_create_topic(bootstrap: str, topic: str, configs: dict[str, str] | None = None) -> None:
     from confluent_kafka import KafkaError
-
-    # NewTopic lives in confluent_kafka.admin, whose type stubs leave it out of __all__.
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     config = {"max.message.bytes": str(MESSAGE_BYTES_MAX), **(configs or {})}

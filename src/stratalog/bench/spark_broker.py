@@ -45,7 +45,7 @@ def run_broker_bench(spark: SparkSession, source: DataFrame, records: int, work_
                      scan: Callable[[DataFrame], tuple[int, int]], parquet: dict[str, float],
                      phase: Callable[[str], None]) -> dict[str, Any]:
     """The broker half; ``parquet`` holds the same run's ``write_s`` and ``read_s``."""
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.admin import AdminClient, NewTopic
     from pyspark.sql import functions as f
 
     from stratalog.spark.materialize import load, materialize

@@ -174,7 +174,7 @@ def run_broker_chaos(data_dir: Path, config: BrokerChaosConfig,
         from confluent_kafka import Consumer, TopicPartition
 
         # NewTopic lives in confluent_kafka.admin, whose type stubs leave it out of __all__.
-        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+        from confluent_kafka.admin import AdminClient, NewTopic
     except ImportError as e:  # pragma: no cover - the bench and test extras install it
         raise ChaosHarnessError("the broker harness drives librdkafka: pip install confluent-kafka") from e
     started = time.monotonic()

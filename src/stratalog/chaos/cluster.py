@@ -270,7 +270,7 @@ def run_cluster_chaos(work: Path, config: ClusterChaosConfig,
     stopped when it returns or raises."""
     if config.brokers < LIVE_BROKERS_MIN:
         raise ChaosHarnessError("a cluster chaos run needs two brokers or more: one must stay alive")
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     with running_services(work) as services, \
             running_cluster(work / "brokers", services.database, services.objects(), config.brokers) as cluster:

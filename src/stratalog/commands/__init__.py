@@ -5,10 +5,14 @@ from __future__ import annotations
 
 #: Commands of ``stratalog`` itself.
 TOP = {
+    "consume": "stratalog.commands.consume:consume",
     "demo": "stratalog.commands.demo:demo",
+    "groups": "stratalog.commands.groups:groups",
     "inspect": "stratalog.commands.inspect:inspect",
     "pipeline": "stratalog.commands.pipeline:pipeline",
+    "produce": "stratalog.commands.produce:produce",
     "serve": "stratalog.commands.serve:serve",
+    "topics": "stratalog.commands.topics:topics",
     "users": "stratalog.commands.users:users",
 }
 #: Commands of ``stratalog bench``.

@@ -86,7 +86,7 @@ class BrokerView:
     def ends(self, partitions: list[TopicPartition]) -> dict[TopicPartition, PartitionEnds]:
         """Each partition's first and next offset, in two ListOffsets round trips."""
         from confluent_kafka import TopicPartition as KafkaPartition
-        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+        from confluent_kafka.admin import OffsetSpec
 
         if not partitions:
             return {}
@@ -108,7 +108,7 @@ class BrokerView:
 
     def object_store_uri(self) -> str | None:
         """The broker's object storage as it advertises it (None: it does not say)."""
-        from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+        from confluent_kafka.admin import ConfigResource, ResourceType
 
         try:
             metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)

@@ -1,0 +1,94 @@
+"""How the admin tools connect: librdkafka's settings from a bootstrap list, a properties file and
+``-X name=value`` pairs, and Kafka errors turned into one error type with the error's name.
+
+Settings use librdkafka's names (``security.protocol``, ``sasl.mechanism``, ``sasl.username``,
+``sasl.password``, ``ssl.ca.location``, ...), as Kafka's own client properties files mostly do; a later
+source overrides an earlier one: the file, then ``-X``, then ``--bootstrap``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from stratalog.errors import StratalogError
+
+#: The bootstrap servers when none are given: `stratalog serve`'s own default listener.
+BOOTSTRAP_DEFAULT = "127.0.0.1:9092"
+#: How long one admin request (or the broker's metadata) may take: a healthy broker answers in milliseconds;
+#: a cluster moving a lease may take seconds.
+REQUEST_TIMEOUT_S = 30.0
+#: Settings that are not librdkafka's but Java's: named in the error instead of passed on to fail obscurely.
+JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.location", "ssl.keystore.location")
+
+
+class AdminError(StratalogError):
+    """A broker refused or failed a request; the message names what was asked and Kafka's error."""
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """``name=value`` lines of a client properties file (``#`` and ``!`` start comments; ``:`` also
+    separates, as in Java's properties). Raises AdminError naming the line that is neither."""
+    settings: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        cut = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+        if cut < 0:
+            raise AdminError(f"{path}:{number}: expected name=value, got {line!r}")
+        settings[line[:cut].strip()] = line[cut + 1:].strip()
+    return settings
+
+
+def parse_pairs(pairs: Iterable[str], what: str = "-X") -> dict[str, str]:
+    """``name=value`` strings as a dict; AdminError naming the one without ``=``."""
+    settings = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise AdminError(f"{what} {pair!r}: expected name=value")
+        settings[name.strip()] = value
+    return settings
+
+
+def client_settings(bootstrap: str | None, properties: Path | None = None,
+                    overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """librdkafka's settings for a client of ``bootstrap`` (host:port[,host:port...])."""
+    settings = read_properties(properties) if properties is not None else {}
+    settings.update(overrides or {})
+    if bootstrap is not None:
+        settings["bootstrap.servers"] = bootstrap
+    settings.setdefault("bootstrap.servers", BOOTSTRAP_DEFAULT)
+    java = [name for name in JAVA_ONLY if name in settings]
+    if java:
+        raise AdminError(f"{', '.join(java)}: Java client settings; use librdkafka's (sasl.username, "
+                         "sasl.password, ssl.ca.location, ...)")
+    return settings
+
+
+def describe_error(error: BaseException) -> str:
+    """A Kafka error as its name and message (KafkaException carries a KafkaError), anything else as text."""
+    inner: Any = error.args[0] if error.args else None
+    if hasattr(inner, "name") and hasattr(inner, "str"):
+        return f"{inner.name()}: {inner.str()}"
+    return str(error) or type(error).__name__
+
+
+def result(future: concurrent.futures.Future[Any], what: str, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
+    """A confluent-kafka future's result, or AdminError naming ``what`` and the Kafka error."""
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise AdminError(f"{what}: no answer within {timeout_s:g} s") from None
+    except Exception as e:  # KafkaException, or ValueError/TypeError for what librdkafka refuses to send
+        raise AdminError(f"{what}: {describe_error(e)}") from None
+
+
+def admin_client(settings: Mapping[str, str]) -> Any:
+    """A confluent-kafka AdminClient over ``settings``."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(dict(settings))
