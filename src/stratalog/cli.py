@@ -12,6 +12,7 @@ import click
 
 from stratalog import __version__
 from stratalog.commands import BENCH, CHAOS, TOP
+from stratalog.commands.log_format import TEXT_FORMAT
 
 
 class LazyGroup(click.Group):
@@ -42,7 +43,7 @@ def cli(verbose: int) -> None:
     or `stratalog demo` for a short end-to-end tour of the write-ahead log.
     """
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format=TEXT_FORMAT)
 
 
 @cli.group(cls=LazyGroup, lazy=BENCH)

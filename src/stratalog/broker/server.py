@@ -43,6 +43,8 @@ from stratalog.kafka.codec import (
 from stratalog.kafka.connection import FrameReader
 
 log = logging.getLogger("stratalog.broker")
+#: One debug line per request answered (``serve --log-requests``): who asked what, and how long it took.
+requests_log = logging.getLogger("stratalog.broker.requests")
 
 #: What a client on a SASL listener may ask before its login succeeds (Kafka closes the connection on
 #: anything else): ApiVersions, SaslHandshake, SaslAuthenticate.
@@ -292,7 +294,7 @@ class _KafkaProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
-            log.info("connection from %s lost: %s", self.peer, exc)
+            log.info("connection from %s lost: %s", self.peer, exc, extra={"connection": _address(self.peer)})
         self.gate.end()
         if self.timer is not None:
             self.timer.cancel()
@@ -408,7 +410,10 @@ class _KafkaProtocol(asyncio.Protocol):
         api = self.broker.apis[request.api_key]
         started = time.perf_counter()
         values = await api.handler(self.broker, request, session)
-        self.broker.metrics.answered(api.name, request.api_version, time.perf_counter() - started)
+        took_s = time.perf_counter() - started
+        self.broker.metrics.answered(api.name, request.api_version, took_s)
+        if requests_log.isEnabledFor(logging.DEBUG):
+            self._log_request(api.name, request, session, took_s)
         if values is None:
             return None
         if isinstance(values, Prebuilt):
@@ -419,13 +424,22 @@ class _KafkaProtocol(asyncio.Protocol):
         return encode_response(request.correlation_id, build(response_schema(request.api_key, request.api_version),
                                                              values))
 
+    def _log_request(self, api: str, request: Request, session: Session, took_s: float) -> None:
+        took_ms = round(took_s * 1000, 3)
+        requests_log.debug("%s v%d from %s as %s (client %s, request %d): %.3f ms", api, request.api_version,
+                           self.peer, session.principal, request.client_id, request.correlation_id, took_ms,
+                           extra={"connection": _address(self.peer), "listener": session.listener.name,
+                                  "principal": session.principal, "client_id": request.client_id, "api": api,
+                                  "api_version": request.api_version, "correlation_id": request.correlation_id,
+                                  "duration_ms": took_ms})
+
     def _answered(self, response: _Response, task: asyncio.Task[EncodedResponse | None]) -> None:
         if task.cancelled():
             return  # the connection is gone
         error = task.exception()
         if error is not None:
             log.error("connection from %s closed: request %d failed in the broker: %r", self.peer,
-                      response.correlation_id, error, exc_info=error)
+                      response.correlation_id, error, exc_info=error, extra={"connection": _address(self.peer)})
             self.abort()
             return
         response.frame, response.ready = task.result(), True
@@ -527,7 +541,7 @@ class _KafkaProtocol(asyncio.Protocol):
         self.evict()
 
     def _timed_out(self, why: str) -> None:
-        log.info("connection from %s closed: %s", self.peer, why)
+        log.info("connection from %s closed: %s", self.peer, why, extra={"connection": _address(self.peer)})
         self._end_reading()
 
     def stop_reading(self) -> None:
@@ -588,3 +602,11 @@ def write_response(transport: asyncio.Transport, frame: EncodedResponse) -> None
             transport.write(piece)
     else:
         transport.writelines(frame)  # a gather write of the views (sendmsg), from Python 3.12
+
+
+def _address(peer: object) -> str:
+    """A peer as HOST:PORT (an IPv6 host in brackets): the JSON log's connection field."""
+    if isinstance(peer, tuple) and len(peer) > 1:   # (host, port), or (host, port, flow, scope) for IPv6
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return str(peer)

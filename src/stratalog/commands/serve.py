@@ -25,6 +25,7 @@ from stratalog.broker.metrics_http import MetricsEndpoint, MetricsEndpointError,
 from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
 from stratalog.broker.stack_dump import dump_stacks
+from stratalog.commands.log_format import TEXT_FORMAT, use_format
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata_backends import MetadataUnavailableError, wait_until_reachable, without_password
 from stratalog.io.device import Device, FileDevice
@@ -275,13 +276,19 @@ def _wait_for_metadata(uri: str, wait_s: float) -> None:
                    "and /readyz (it takes writes: the store runs and has room, the cluster lease holds). "
                    "Loopback addresses only (127.0.0.1, ::1): the endpoint has no authentication yet. "
                    "Port 0 picks a free one; the banner says which.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one JSON object a line (time, level, logger, message, and a request's connection, "
+                   "principal and API), for log shippers.")
+@click.option("--log-requests", is_flag=True, default=False,
+              help="Log every request answered: API and version, connection, principal, client id, time taken "
+                   "(a line per request: for finding who sends what, not for a busy broker's normal run).")
 @click.option("--broker-id", type=click.IntRange(min=0), default=None,
               help="This broker's id in the cluster (unique among the brokers).")
 def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], object_store: str | None,
           wal_device: Path | None, config_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
           tls_ca: Path | None, tls_client_auth: str | None, acls: bool, super_user: tuple[str, ...],
           allow_plaintext_anywhere: bool, metadata: str | None, cluster: bool, metrics_listen: str | None,
-          broker_id: int | None) -> None:
+          log_format: str, log_requests: bool, broker_id: int | None) -> None:
     """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
 
     Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
@@ -296,7 +303,10 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
         --acls --super-user User:alice
     """
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=logging.WARNING, format=TEXT_FORMAT)
+    use_format(log_format)
+    if log_requests:    # its lines reach the root's handlers whatever the root's own level
+        logging.getLogger("stratalog.broker.requests").setLevel(logging.DEBUG)
     base = load_config(config_path) if config_path else BrokerConfig()
     authorizer = base.authorizer
     if acls or super_user:
