@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean postgres-server sanitize
+.PHONY: run test lint bench clean debian-packages sanitize
 
 # STRATALOG_BUILD_STRICT: the compiled core's warnings are errors and a failed build stops here, so a tree
 # that is run or tested never falls back to the Python twins unnoticed (setup.py).
@@ -25,25 +25,29 @@ $(NATIVE): $(STAMP) setup.py $(wildcard src/native/*.c src/native/*.h)
 	touch $(NATIVE)
 
 run: $(NATIVE)
-	$(BIN)/stratalog serve --data-dir data --listen 127.0.0.1:9092 --metrics-listen 127.0.0.1:0
+	$(BIN)/stratalog serve --data-dir data --listen 127.0.0.1:9092 --metrics-listen 127.0.0.1:0 \
+		--console 127.0.0.1:0
 
 lint: $(NATIVE)
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
-# The tests start PostgreSQL servers of their own on 127.0.0.1, from the binaries of Debian's package.
+# Debian packages the tests need: PostgreSQL's server (the tests start servers of their own on 127.0.0.1
+# from its binaries) and chromium with its driver (the web console's tests drive it headless).
 POSTGRES_SERVER := $(firstword $(wildcard /usr/lib/postgresql/*/bin/postgres))
+DEBIAN_NEEDED := $(strip $(if $(POSTGRES_SERVER),,postgresql) $(if $(wildcard /usr/bin/chromium),,chromium) \
+	$(if $(wildcard /usr/bin/chromedriver),,chromium-driver))
 
-postgres-server:
-ifeq ($(POSTGRES_SERVER),)
-	@if [ "$$(id -u)" != 0 ]; then echo "the tests need PostgreSQL's server: apt-get install postgresql (as root)"; exit 1; fi
+debian-packages:
+ifneq ($(DEBIAN_NEEDED),)
+	@if [ "$$(id -u)" != 0 ]; then echo "the tests need Debian's $(DEBIAN_NEEDED): apt-get install them (as root)"; exit 1; fi
 	apt-get update -q
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(DEBIAN_NEEDED)
 endif
 
 # Three workers on two cores (much of the suite waits on servers, leases and timers), each module's tests
 # on one of them, so its module-scoped servers start once; tests/schedulekit.py says which goes where.
-test: lint postgres-server sanitize
+test: lint debian-packages sanitize
 	$(BIN)/pytest -n 3 --dist loadscope
 	STRATALOG_PURE_PYTHON=1 $(BIN)/pytest -q -p no:randomly $(PARSER_TESTS) $(QUEUE_STORE_TESTS)
 

@@ -22,7 +22,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"engine"}),                             # StreamStore
     frozenset({"cluster"}),                            # leases and holders in PostgreSQL
     frozenset({"queues", "broker"}),                   # QueueStore; the Kafka-compatible broker
-    frozenset({"spark", "admin"}),                     # the data source and its jobs; Kafka admin clients
+    frozenset({"spark", "admin", "console"}),          # the data source and its jobs; Kafka admin clients;
+                                                       # the broker's web console
     frozenset({"chaos", "bench", "commands", "cli", "__init__"}),   # tools on top of it all
 )
 #: Imports across one layer that are allowed, with why.

@@ -251,19 +251,23 @@ class Broker:
         return stream
 
     def end_offset_of(self, topic: str, partition: int) -> int | None:
-        """A partition's end offset, or None where this broker does not serve it; from any thread (it
-        changes nothing here, unlike :meth:`partition`)."""
-        stream = self._streams.get((topic, partition))
-        if stream is None:
-            name = stream_name(topic, partition)
-            if self.node is not None:
-                stream = self.node.stream(name)
-            else:
-                try:
-                    stream = self.store.open_stream(name)
-                except UnknownStreamError:
-                    return None
+        """A partition's end offset, or None where this broker does not serve it; from any thread."""
+        stream = self.stream_anywhere(topic, partition)
         return None if stream is None else stream.end_offset
+
+    def stream_anywhere(self, topic: str, partition: int) -> Stream | None:
+        """The stream of a partition this broker serves (None: it serves no such partition), from any
+        thread: it changes nothing here, unlike :meth:`partition`."""
+        stream = self._streams.get((topic, partition))
+        if stream is not None:
+            return stream
+        name = stream_name(topic, partition)
+        if self.node is not None:
+            return self.node.stream(name)
+        try:
+            return self.store.open_stream(name)
+        except UnknownStreamError:
+            return None
 
     def partition_error(self, topic: str, partition: int) -> int:
         """Why ``partition`` gave no stream: NOT_LEADER_OR_FOLLOWER for a partition another broker of the

@@ -151,6 +151,8 @@ class BrokerConfig:
     #: Where ``/metrics``, ``/healthz`` and ``/readyz`` are served (``HOST:PORT``, a loopback address: the
     #: endpoint has no authentication yet); None: not served.
     metrics_listen: str | None = None
+    #: Where the web console is served (``HOST:PORT``, a loopback address: it has no login yet); None: not.
+    console_listen: str | None = None
     #: Idempotent producers remembered; the oldest idle one is forgotten beyond it.
     producers_max: int = 100_000
     #: How often idempotent producers' state is snapshotted; a restart reads the batches written since

@@ -24,8 +24,9 @@ class MetricsEndpointError(ValueError):
     """The endpoint's address is not one it may bind."""
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` of a loopback address (127.0.0.0/8 or ::1); MetricsEndpointError otherwise."""
+def parse_address(text: str, service: str = "the metrics endpoint") -> tuple[str, int]:
+    """``HOST:PORT`` of a loopback address (127.0.0.0/8 or ::1); MetricsEndpointError otherwise, naming
+    ``service``."""
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not port.isdigit() or not host:
@@ -35,9 +36,9 @@ def parse_address(text: str) -> tuple[str, int]:
     except ValueError:
         loopback = host == "localhost"
     if not loopback:
-        raise MetricsEndpointError(f"{host} is not a loopback address: the metrics endpoint has no "
-                                   "authentication yet, so it binds 127.0.0.1 or ::1 only (reach it through "
-                                   "a local agent or a tunnel)")
+        raise MetricsEndpointError(f"{host} is not a loopback address: {service} has no authentication "
+                                   "yet, so it binds 127.0.0.1 or ::1 only (reach it through a local agent or "
+                                   "a tunnel)")
     return host, int(port)
 
 

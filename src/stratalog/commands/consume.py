@@ -57,4 +57,4 @@ def consume(topic: str, from_beginning: bool, offset: int | None, from_time: str
         read = consume_records(settings, topic, show, start, group, partition, max_messages, idle_timeout_s)
     except KeyboardInterrupt:
         return
-    click.echo(f"consumed {read} records", err=True)
+    click.echo(f"consumed {read} record{'' if read == 1 else 's'}", err=True)

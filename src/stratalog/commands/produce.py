@@ -57,7 +57,7 @@ def produce(topic: str, path: Path | None, fmt: str, key_separator: str | None, 
         outcome = produce_records(settings, topic, records(), partition, added)
     for error in outcome.errors:
         click.echo(f"error: {error}", err=True)
-    click.echo(f"produced {outcome.acknowledged} records to {topic}"
+    click.echo(f"produced {outcome.acknowledged} record{'' if outcome.acknowledged == 1 else 's'} to {topic}"
                + (f"; {outcome.failed} failed" if outcome.failed else ""), err=True)
     if outcome.failed:
         sys.exit(1)

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,10 @@ from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
 from stratalog.broker.stack_dump import dump_stacks
 from stratalog.commands.log_format import TEXT_FORMAT, use_format
+from stratalog.console.app import ConsoleApp
+from stratalog.console.history import History
+from stratalog.console.http import ConsoleServer
+from stratalog.console.views import ConsoleData
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata_backends import MetadataUnavailableError, wait_until_reachable, without_password
 from stratalog.io.device import Device, FileDevice
@@ -151,6 +156,7 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
     broker = Broker.open(data_dir, config, object_store=object_store, wal_device=wal_device)
     server = BrokerServer(broker)
     endpoint: MetricsEndpoint | None = None
+    console: _Console | None = None
     try:
         try:
             listeners = await server.start()
@@ -167,6 +173,10 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
                 raise click.ClickException(f"cannot serve metrics on {config.metrics_listen}: {e.strerror}") from None
             host, port = endpoint.address
             click.echo(f"  metrics on http://{host}:{port}/metrics (probes: /healthz, /readyz)")
+        if config.console_listen is not None:
+            console = _start_console(broker, server, config.console_listen, loop)
+            host, port = console.server.address
+            click.echo(f"  console on http://{host}:{port}/")
         for listener in listeners:
             click.echo(f"stratalog broker listening on {listener.host}:{listener.port} ({listener.protocol.value}; "
                        f"data in {data_dir})")
@@ -188,12 +198,47 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
     finally:
         if endpoint is not None:
             endpoint.close()
+        if console is not None:
+            console.close()
         await server.stop()
         await broker.close()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
     click.echo("stopped: everything acknowledged is durable")
+
+
+#: How long a console page waits for the broker's loop to read its tables (a loop busy for this long is
+#: itself the news: the page fails with a 500 and a log line).
+CONSOLE_LOOP_WAIT_S = 10.0
+
+
+@dataclasses.dataclass
+class _Console:
+    server: ConsoleServer
+    sampling: asyncio.Task[None]
+
+    def close(self) -> None:
+        self.server.close()
+        self.sampling.cancel()
+
+
+def _start_console(broker: Broker, server: BrokerServer, address: str, loop: asyncio.AbstractEventLoop) -> _Console:
+    """The web console's server thread, and the sampler of its plots on the loop."""
+    async def call(fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    def on_loop(fn: Callable[[], Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(call(fn), loop).result(CONSOLE_LOOP_WAIT_S)
+
+    history = History()
+    sampling = loop.create_task(history.run(broker))
+    data = ConsoleData(broker, on_loop, history, lambda: server.connections)
+    try:
+        return _Console(ConsoleServer(parse_address(address, "the console"), ConsoleApp(data)), sampling)
+    except OSError as e:
+        sampling.cancel()
+        raise click.ClickException(f"cannot serve the console on {address}: {e.strerror}") from None
 
 
 def _not_ready(broker: Broker, server: BrokerServer) -> list[str]:
@@ -276,6 +321,9 @@ def _wait_for_metadata(uri: str, wait_s: float) -> None:
                    "and /readyz (it takes writes: the store runs and has room, the cluster lease holds). "
                    "Loopback addresses only (127.0.0.1, ::1): the endpoint has no authentication yet. "
                    "Port 0 picks a free one; the banner says which.")
+@click.option("--console", "console_listen", metavar="HOST:PORT", default=None,
+              help="Serve the web console (read-only: the broker, topics and their messages, groups and their "
+                   "lag, the store) at http://HOST:PORT/; a loopback address: it has no login yet.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one JSON object a line (time, level, logger, message, and a request's connection, "
                    "principal and API), for log shippers.")
@@ -288,7 +336,7 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
           wal_device: Path | None, config_path: Path | None, tls_cert: Path | None, tls_key: Path | None,
           tls_ca: Path | None, tls_client_auth: str | None, acls: bool, super_user: tuple[str, ...],
           allow_plaintext_anywhere: bool, metadata: str | None, cluster: bool, metrics_listen: str | None,
-          log_format: str, log_requests: bool, broker_id: int | None) -> None:
+          console_listen: str | None, log_format: str, log_requests: bool, broker_id: int | None) -> None:
     """Run the Kafka-compatible broker: every Kafka client and tool can produce and consume.
 
     Records are durable in the write-ahead log before a produce with acks=1 or acks=all is answered;
@@ -336,6 +384,13 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
             parse_address(config.metrics_listen)
         except MetricsEndpointError as e:
             raise click.BadParameter(str(e), param_hint="--metrics-listen") from None
+    if console_listen is not None:
+        config = dataclasses.replace(config, console_listen=console_listen)
+    if config.console_listen is not None:
+        try:
+            parse_address(config.console_listen, "the console")
+        except MetricsEndpointError as e:
+            raise click.BadParameter(str(e), param_hint="--console") from None
     device = FileDevice.open(wal_device) if wal_device is not None else None
     if device is not None:
         # The WAL ring takes the whole device.

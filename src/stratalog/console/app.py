@@ -1,0 +1,140 @@
+"""The console's pages: a request's path and query in, a status and an HTML page out (no I/O here).
+
+    /                         the broker: listeners, connections, store, counts
+    /topics                   every topic: partitions, records, bytes, produce rate
+    /topics/NAME              its partitions, configs, produce and consume rates (plots), and a form for
+                              its messages
+    /topics/NAME/messages     ?partition=P&offset=O|time=ISO-or-ms&count=N&format=text|json|hex
+    /groups                   every group: state, lag
+    /groups/NAME              members and their partitions, committed offset and lag per partition, lag
+                              over time (a plot)
+
+Templates live in ``templates/`` and are rendered with autoescaping: every key, value and name a client
+sent is escaped, whatever it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+
+from stratalog.console.plots import line_plot
+from stratalog.console.views import FORMATS, MESSAGES_MAX, ConsoleData, ConsoleError, Formats
+
+HTTP_OK, HTTP_BAD_REQUEST, HTTP_NOT_FOUND = 200, 400, 404
+#: Seconds between reloads of the pages that watch things move (lists, a topic, a group).
+REFRESH_S = 10
+KIB = 1024
+#: Records a messages page shows unless asked for another count.
+MESSAGES_DEFAULT = 20
+
+
+@dataclass(frozen=True)
+class Page:
+    status: int
+    body: str
+
+
+def _environment() -> Environment:
+    env = Environment(loader=PackageLoader("stratalog.console", "templates"),
+                      autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+    env.filters["time"] = lambda ms: "-" if ms is None else \
+        datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    env.filters["count"] = lambda n: "-" if n is None else f"{n:,}"
+    env.filters["bytes"] = _bytes
+    env.filters["rate"] = lambda r: "-" if r is None else f"{r:,.1f}/s"
+    return env
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < KIB or unit == "GiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= KIB
+    return f"{n} B"
+
+
+class ConsoleApp:
+    """Routes requests to pages over ``data``."""
+
+    def __init__(self, data: ConsoleData) -> None:
+        self.data = data
+        self._env = _environment()
+
+    def handle(self, target: str) -> Page:
+        """The page for a request target (``/topics/x?partition=0``)."""
+        parts = urlsplit(target)
+        path = [unquote(p) for p in parts.path.split("/") if p]
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        try:
+            return self._route(path, query)
+        except ConsoleError as e:
+            return self._render(HTTP_NOT_FOUND, "error.html", title="not found", message=str(e))
+        except ValueError as e:
+            return self._render(HTTP_BAD_REQUEST, "error.html", title="bad request", message=str(e))
+
+    def _route(self, path: list[str], query: dict[str, str]) -> Page:
+        if not path:
+            return self._render(HTTP_OK, "overview.html", title="broker", refresh=REFRESH_S,
+                                broker=self.data.overview())
+        match path:
+            case ["topics"]:
+                return self._render(HTTP_OK, "topics.html", title="topics", refresh=REFRESH_S, **self.data.topics())
+            case ["topics", name]:
+                topic = self.data.topic(name)
+                return self._render(HTTP_OK, "topic.html", title=f"topic {name}", refresh=REFRESH_S, t=topic,
+                                    formats=FORMATS, count=MESSAGES_DEFAULT,
+                                    produced=Markup(line_plot(topic["produced"], "records/s", "produced")),
+                                    consumed=Markup(line_plot(topic["consumed"], "records/s",
+                                                              "consumed (offsets committed)")))
+            case ["topics", name, "messages"]:
+                return self._messages(name, query)
+            case ["groups"]:
+                return self._render(HTTP_OK, "groups.html", title="groups", refresh=REFRESH_S, **self.data.groups())
+            case ["groups", name]:
+                group = self.data.group(name)
+                return self._render(HTTP_OK, "group.html", title=f"group {name}", refresh=REFRESH_S, g=group,
+                                    lag=Markup(line_plot(group["lag_series"], "records", "lag")))
+        raise ConsoleError(f"no page {'/' + '/'.join(path)}")
+
+    def _messages(self, topic: str, query: dict[str, str]) -> Page:
+        partition = _int(query.get("partition", "0"), "partition")
+        count = _int(query.get("count", str(MESSAGES_DEFAULT)), "count")
+        offset = _int(query["offset"], "offset") if query.get("offset") else None
+        when = _time_ms(query["time"]) if query.get("time") else None
+        fmt = query.get("format", "text")
+        if fmt not in FORMATS:
+            raise ValueError(f"format {fmt!r}: one of {', '.join(FORMATS)}")
+        found = self.data.messages(topic, partition, offset, when, count, Formats(fmt))
+        return self._render(HTTP_OK, "messages.html", title=f"{topic}/{partition} messages", m=found,
+                            formats=FORMATS, count=count, count_max=MESSAGES_MAX)
+
+    def _render(self, status: int, template: str, **context: Any) -> Page:
+        return Page(status, self._env.get_template(template).render(**context))
+
+
+def _int(text: str, name: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(f"{name} {text!r}: expected a whole number")
+    return int(text)
+
+
+def _time_ms(text: str) -> int:
+    """Milliseconds since 1970, or an ISO 8601 time (UTC unless it names its zone)."""
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"time {text!r}: expected ms since 1970 or an ISO 8601 time") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)

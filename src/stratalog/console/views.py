@@ -1,0 +1,204 @@
+"""What the console's pages show, gathered from a live broker as plain dicts.
+
+The broker's own tables (topics, groups) are read on its event loop, through ``on_loop``; the streams'
+offsets and records, the committed offsets and the store's figures are safe to read from the console's
+thread (each behind its own lock), so a page that reads records never holds up the loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment
+from kio.serial import entity_reader
+
+from stratalog.broker.topics import stream_name
+from stratalog.errors import StratalogError
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
+    from stratalog.console.history import History
+
+T = TypeVar("T")
+OnLoop = Callable[[Callable[[], T]], T]
+
+#: Records a messages page shows at most: a page is for looking, `stratalog consume` for reading.
+MESSAGES_MAX = 200
+#: Bytes of record values one messages page reads at most (a few large records fill it).
+MESSAGES_BYTES_MAX = 1 << 20
+#: Characters of one key or value shown; the rest is cut, saying how much was.
+SHOWN_CHARS_MAX = 2000
+#: A consumer assignment's leading version (int16); every version starts with v0's fields.
+ASSIGNMENT_VERSION_BYTES = 2
+#: Topics and groups listed on one page at most (the rest are counted, not listed).
+LISTED_MAX = 1000
+
+
+class ConsoleError(StratalogError):
+    """A page asked for something that is not there (a topic, a partition, a group)."""
+
+
+@dataclass(frozen=True)
+class Formats:
+    """How a record's key and value are shown: ``text`` (UTF-8, other bytes escaped), ``json`` (indented
+    when the bytes are JSON, else as text) or ``hex``."""
+
+    name: str = "text"
+
+    def show(self, data: bytes | None) -> str | None:
+        if data is None:
+            return None
+        if self.name == "hex":
+            shown = data.hex(" ")
+        elif self.name == "json":
+            try:
+                shown = json.dumps(json.loads(data), indent=2, ensure_ascii=False)
+            except ValueError:   # not JSON (nor UTF-8): shown as text
+                shown = data.decode("utf-8", "backslashreplace")
+        else:
+            shown = data.decode("utf-8", "backslashreplace")
+        if len(shown) > SHOWN_CHARS_MAX:
+            return f"{shown[:SHOWN_CHARS_MAX]}... ({len(shown) - SHOWN_CHARS_MAX} more characters)"
+        return shown
+
+
+FORMATS = ("text", "json", "hex")
+
+
+class ConsoleData:
+    """The data of every page, from ``broker``; ``on_loop(fn)`` runs ``fn`` on the broker's loop and
+    returns its result."""
+
+    def __init__(self, broker: Broker, on_loop: OnLoop[Any], history: History,
+                 connections: Callable[[], int]) -> None:
+        self.broker = broker
+        self._on_loop = on_loop
+        self.history = history
+        self._connections = connections
+
+    # Overview --------------------------------------------------------------------------------------
+
+    def overview(self) -> dict[str, Any]:
+        broker = self.broker
+        topics = self._on_loop(broker.topics.all)
+        listeners = [listener.name for listener in broker.config.listeners]
+        groups = broker.offsets.groups()
+        stats = broker.store.stats()
+        return {"node_id": broker.config.node_id, "cluster": broker.node is not None, "listeners": listeners,
+                "connections": self._connections(), "topics": len(topics),
+                "partitions": sum(t.partitions for t in topics), "groups": len(groups),
+                "object_store": broker.object_store_uri, "store": stats,
+                "writable": not stats.get("space_refusing", 0)}
+
+    # Topics ----------------------------------------------------------------------------------------
+
+    def topics(self) -> dict[str, Any]:
+        topics = sorted(self._on_loop(self.broker.topics.all), key=lambda t: t.name)
+        sizes = self._sizes()
+        rows = []
+        for topic in topics[:LISTED_MAX]:
+            partitions = [self._partition(topic.name, p, sizes) for p in range(topic.partitions)]
+            rows.append({"topic": topic.name, "partitions": topic.partitions,
+                         "records": sum(p["records"] for p in partitions),
+                         "bytes": sum(p["bytes"] for p in partitions),
+                         "produced_per_s": self.history.latest_rate(("produced", topic.name))})
+        return {"topics": rows, "unlisted": max(0, len(topics) - LISTED_MAX)}
+
+    def topic(self, name: str) -> dict[str, Any]:
+        topic = self._on_loop(lambda: self.broker.topics.get(name))
+        if topic is None:
+            raise ConsoleError(f"no topic {name!r}")
+        sizes = self._sizes()
+        partitions = [self._partition(name, p, sizes) for p in range(topic.partitions)]
+        return {"topic": name, "configs": dict(sorted(topic.configs.items())), "partitions": partitions,
+                "records": sum(p["records"] for p in partitions), "bytes": sum(p["bytes"] for p in partitions),
+                "produced": self.history.series(("produced", name)),
+                "consumed": self.history.series(("consumed", name))}
+
+    def _sizes(self) -> dict[str, int]:
+        """Bytes in object storage of each stream (the part not uploaded yet is not counted)."""
+        return {meta.name: meta.committed_bytes for meta in self.broker.store.iter_streams() if meta.name}
+
+    def _partition(self, topic: str, partition: int, sizes: dict[str, int]) -> dict[str, Any]:
+        stream = self.broker.stream_anywhere(topic, partition)
+        if stream is None:   # led by another broker of the cluster
+            return {"partition": partition, "start": None, "end": None, "records": 0, "bytes": 0, "here": False}
+        start, end = stream.start_offset, stream.end_offset
+        return {"partition": partition, "start": start, "end": end, "records": end - start,
+                "bytes": sizes.get(stream_name(topic, partition), 0), "here": True}
+
+    def messages(self, topic: str, partition: int, offset: int | None, timestamp_ms: int | None, count: int,
+                 formats: Formats) -> dict[str, Any]:
+        """Up to ``count`` records of a partition from ``offset`` (or from the first at or after
+        ``timestamp_ms``; neither: the last ``count``)."""
+        stream = self.broker.stream_anywhere(topic, partition)
+        if stream is None:
+            raise ConsoleError(f"no partition {partition} of topic {topic!r} on this broker")
+        count = max(1, min(count, MESSAGES_MAX))
+        start, end = stream.start_offset, stream.end_offset
+        if timestamp_ms is not None:
+            found = stream.offset_for_timestamp(timestamp_ms)
+            first = end if found is None else found
+        elif offset is not None:
+            first = offset
+        else:
+            first = end - count
+        first = min(max(first, start), end)
+        records = stream.fetch(first, min(first + count, end), MESSAGES_BYTES_MAX) if first < end else []
+        shown = [{"offset": r.offset, "timestamp_ms": r.timestamp_ms, "key": formats.show(r.key),
+                  "value": formats.show(r.value), "headers": [(k, formats.show(v)) for k, v in r.headers]}
+                 for r in records]
+        return {"topic": topic, "partition": partition, "start": start, "end": end, "first": first,
+                "records": shown, "format": formats.name}
+
+    # Groups ----------------------------------------------------------------------------------------
+
+    def groups(self) -> dict[str, Any]:
+        listed = self._on_loop(self.broker.groups.list_groups)
+        rows = []
+        for group_id, protocol_type, state in listed[:LISTED_MAX]:
+            lags = self._lags(group_id)
+            rows.append({"group": group_id, "state": state, "protocol": protocol_type or None,
+                         "lag": sum(row["lag"] for row in lags if row["lag"] is not None)})
+        return {"groups": rows, "unlisted": max(0, len(listed) - LISTED_MAX)}
+
+    def group(self, group_id: str) -> dict[str, Any]:
+        [described] = self._on_loop(lambda: self.broker.groups.describe([group_id]))
+        if described.state == "Dead":
+            raise ConsoleError(f"no group {group_id!r}")
+        owners: dict[tuple[str, int], str] = {}
+        members = []
+        for m in described.members:
+            assigned = assignment(m.member_assignment)
+            owners.update({tp: m.member_id for tp in assigned})
+            members.append({"member": m.member_id, "instance": m.group_instance_id, "client_id": m.client_id,
+                            "host": m.client_host, "partitions": [f"{t}/{p}" for t, p in assigned]})
+        lags = self._lags(group_id)
+        for row in lags:
+            row["member"] = owners.get((row["topic"], row["partition"]))
+        return {"group": group_id, "state": described.state, "protocol": described.protocol_data or None,
+                "members": members, "partitions": lags, "lag": sum(r["lag"] or 0 for r in lags),
+                "lag_series": self.history.series(("lag", group_id))}
+
+    def _lags(self, group_id: str) -> list[dict[str, Any]]:
+        rows = []
+        for (topic, partition), entry in sorted(self.broker.offsets.fetch(group_id).items()):
+            end = self.broker.end_offset_of(topic, partition)
+            rows.append({"topic": topic, "partition": partition, "committed": entry.offset, "end": end,
+                         "lag": None if end is None else max(0, end - entry.offset)})
+        return rows
+
+
+def assignment(data: bytes) -> list[tuple[str, int]]:
+    """The partitions of a consumer's assignment (Kafka's ConsumerProtocolAssignment: a version, then the
+    topics and their partitions); empty for bytes that are not one, as a client may send anything."""
+    if len(data) < ASSIGNMENT_VERSION_BYTES:
+        return []
+    try:
+        decoded, _ = entity_reader(ConsumerProtocolAssignment)(memoryview(data), ASSIGNMENT_VERSION_BYTES)
+    except Exception:  # a client's bytes: any parse failure means "not a consumer assignment"
+        return []
+    return sorted((tp.topic, p) for tp in decoded.assigned_partitions for p in tp.partitions)
