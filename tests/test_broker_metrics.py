@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from brokerkit import BrokerProcess, running_broker
+from stratalog.cli import cli
 from stratalog.commands.serve import serve
 from waiting import WAIT_S, wait_until
 
@@ -127,3 +128,38 @@ def test_the_endpoint_binds_loopback_only() -> None:
     assert "not a loopback address" in result.output and "--metrics-listen" in result.output
     result = CliRunner().invoke(serve, ["--metrics-listen", "9644"])
     assert result.exit_code == 2 and "HOST:PORT" in result.output
+
+
+def test_the_stores_listeners_and_quotas_metrics_move_with_what_was_done(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text("[store]\nupload_interval_s = 0.2\n")   # uploads soon after the produce
+    with running_broker(tmp_path / "data", "--metrics-listen", "127.0.0.1:0", "--config", str(config)) as broker:
+        base = endpoint(broker)
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        for i in range(50):
+            producer.send("stored", b"v%d" % i)
+        producer.flush()
+
+        def uploaded() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            read = scrape(base)
+            return read if read.get(("stratalog_object_requests_total", (("operation", "put"),)), 0) >= 1 else None
+
+        metrics = wait_until(uploaded, "an upload counted as an object store put")
+        assert metrics[("stratalog_object_request_seconds_count", (("operation", "put"),))] >= 1
+        assert metrics[("stratalog_wal_write_seconds_count", ())] >= 1
+        assert metrics[("stratalog_wal_append_seconds_count", ())] == metrics[("stratalog_wal_write_seconds_count", ())]
+        assert metrics[("stratalog_wal_append_seconds_sum", ())] >= metrics[("stratalog_wal_write_seconds_sum", ())]
+        assert metrics[("stratalog_listener_connections", (("listener", f"PLAINTEXT://{broker.bootstrap}"),))] >= 1
+        assert ("stratalog_block_cache_hits_total", ()) in metrics and ("stratalog_upload_lag_ms", ()) in metrics
+
+        admin = CliRunner().invoke(cli, ["quotas", "alter", "--default-user", "--set", "producer_byte_rate=1024",
+                                         "--bootstrap", broker.bootstrap])
+        assert admin.exit_code == 0, admin.output
+        throttled = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", client_id="greedy")
+        for _ in range(20):
+            throttled.send("stored", b"x" * 1000)
+        throttled.flush()
+        throttled.close()
+        producer.close()
+        throttle = ("stratalog_quota_throttle_seconds_total", (("client_id", "greedy"), ("user", "ANONYMOUS")))
+        assert scrape(base)[throttle] > 0, "the greedy client was throttled and the delay counted"

@@ -9,6 +9,7 @@ source overrides an earlier one: the file, then ``-X``, then ``--bootstrap``.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ BOOTSTRAP_DEFAULT = "127.0.0.1:9092"
 #: How long one admin request (or the broker's metadata) may take: a healthy broker answers in milliseconds;
 #: a cluster moving a lease may take seconds.
 REQUEST_TIMEOUT_S = 30.0
+#: While a request waits, how often librdkafka's own errors (a refused login) are looked at.
+ERRORS_POLL_S = 0.05
+#: librdkafka's errors that retrying will not mend: a refused login, a TLS handshake that failed.
+LASTING_ERRORS = ("_AUTHENTICATION", "_SSL")
 #: Settings that are not librdkafka's but Java's: named in the error instead of passed on to fail obscurely.
 JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.location", "ssl.keystore.location")
 
@@ -77,18 +82,32 @@ def describe_error(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def result(future: concurrent.futures.Future[Any], what: str, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
-    """A confluent-kafka future's result, or AdminError naming ``what`` and the Kafka error."""
+def answer(admin: Any, future: concurrent.futures.Future[Any], what: str, timeout_s: float = REQUEST_TIMEOUT_S) -> Any:
+    """A confluent-kafka future's result, or AdminError naming ``what`` and the Kafka error; a refused
+    login or a failed TLS handshake of ``admin`` (see :func:`admin_client`) ends the wait at once."""
+    deadline = time.monotonic() + timeout_s
+    while not concurrent.futures.wait([future], ERRORS_POLL_S).done:
+        if time.monotonic() > deadline:
+            raise AdminError(f"{what}: no answer within {timeout_s:g} s")
+        try:
+            admin.poll(0)
+        except AdminError as e:
+            raise AdminError(f"{what}: {e}") from None
     try:
-        return future.result(timeout_s)
-    except concurrent.futures.TimeoutError:
-        raise AdminError(f"{what}: no answer within {timeout_s:g} s") from None
+        return future.result(0)
     except Exception as e:  # KafkaException, or ValueError/TypeError for what librdkafka refuses to send
         raise AdminError(f"{what}: {describe_error(e)}") from None
 
 
 def admin_client(settings: Mapping[str, str]) -> Any:
-    """A confluent-kafka AdminClient over ``settings``."""
+    """A confluent-kafka AdminClient over ``settings`` whose requests end at once, with AdminError, when
+    the brokers refuse its login or its TLS handshake fails: librdkafka itself retries a login until the
+    request times out, and says why only in its log."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(dict(settings))
+    def lasting(error: Any) -> None:   # served by poll(), which raises what this raises
+        if error.fatal() or error.name() in LASTING_ERRORS:
+            raise AdminError(f"{error.name()}: {error.str()}")
+
+    config: dict[str, Any] = {**settings, "error_cb": lasting}
+    return AdminClient(config)

@@ -22,6 +22,9 @@ FLUSH_S_MAX = 300.0
 POLL_EVERY = 1000
 #: Delivery errors kept word for word: the first few name the cause; the count says how many failed.
 ERRORS_KEPT = 10
+#: Errors a consumer without a group passes over: librdkafka wants a group id even to assign partitions,
+#: and looks up that group's coordinator, which a principal with topic ACLs alone may not describe.
+IGNORED_UNGROUPED = ("GROUP_AUTHORIZATION_FAILED",)
 #: One consumer poll: short, so that Ctrl-C and the idle timeout are noticed promptly.
 POLL_S = 0.2
 
@@ -55,9 +58,19 @@ def produce(settings: Mapping[str, str], topic: str, records: Iterable[Record], 
 
     ``partition`` (or a record's own) picks the partition, otherwise the key's hash does; ``headers`` are
     added to every record. ``progress`` is told of each record handed over."""
-    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka import Producer
 
     producer = Producer({"linger.ms": 5, **settings, "acks": "all", "enable.idempotence": True})
+    try:
+        return _produce_all(producer, topic, records, partition, headers, progress)
+    finally:
+        producer.close()
+
+
+def _produce_all(producer: Any, topic: str, records: Iterable[Record], partition: int | None,
+                 headers: tuple[tuple[str, bytes | None], ...], progress: Callable[[int], None] | None) -> Produced:
+    from confluent_kafka import KafkaException
+
     outcome = Produced()
     for record in records:
         options: dict[str, Any] = {"value": record.value, "key": record.key, "on_delivery": outcome.delivered}
@@ -124,7 +137,8 @@ def consume(settings: Mapping[str, str], topic: str, on_record: Callable[[Record
             consumer.subscribe([topic], on_assign=on_assign)
         else:
             consumer.assign(_assignment(consumer, topic, start, partition))
-        return _read(consumer, on_record, max_records, idle_s, lambda: assigned[0])
+        return _read(consumer, on_record, max_records, idle_s, lambda: assigned[0], ignored=IGNORED_UNGROUPED
+                     if group is None else ())
     except KafkaException as e:
         raise AdminError(f"consume {topic}: {describe_error(e)}") from None
     finally:
@@ -136,7 +150,8 @@ def _assignment(consumer: Any, topic: str, start: Start, partition: int | None) 
 
     metadata = consumer.list_topics(topic, timeout=REQUEST_TIMEOUT_S).topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
-        raise AdminError(f"topic {topic}: unknown")
+        why = metadata.error.str() if metadata is not None and metadata.error is not None else "unknown"
+        raise AdminError(f"topic {topic}: {why}")
     numbers = sorted(metadata.partitions)
     if partition is not None:
         if partition not in metadata.partitions:
@@ -153,7 +168,7 @@ def _assignment(consumer: Any, topic: str, start: Start, partition: int | None) 
 
 
 def _read(consumer: Any, on_record: Callable[[Record], None], max_records: int | None, idle_s: float | None,
-          assigned: Callable[[], bool]) -> int:
+          assigned: Callable[[], bool], ignored: tuple[str, ...] = ()) -> int:
     from confluent_kafka import KafkaException
 
     read = 0
@@ -167,6 +182,8 @@ def _read(consumer: Any, on_record: Callable[[Record], None], max_records: int |
                 break
             continue
         if message.error() is not None:
+            if message.error().name() in ignored:
+                continue
             raise KafkaException(message.error())
         last = time.monotonic()
         _, timestamp = message.timestamp()

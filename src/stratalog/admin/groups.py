@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stratalog.admin.connect import REQUEST_TIMEOUT_S, AdminError, result
+from stratalog.admin.connect import REQUEST_TIMEOUT_S, AdminError, answer
 from stratalog.admin.topics import end_offsets, offsets_for_time
 
 #: Group states in which a group's offsets may be changed from outside (Kafka's reset tool's rule: no member
@@ -20,7 +20,7 @@ RESETTABLE_STATES = ("EMPTY", "DEAD", "UNKNOWN")
 
 def list_groups(admin: Any) -> list[dict[str, Any]]:
     """Every group the brokers know: id, state, and whether it is a simple (assign-only) group."""
-    listed = result(admin.list_consumer_groups(request_timeout=REQUEST_TIMEOUT_S), "list the consumer groups")
+    listed = answer(admin, admin.list_consumer_groups(request_timeout=REQUEST_TIMEOUT_S), "list the consumer groups")
     if listed.errors:
         raise AdminError(f"list the consumer groups: {listed.errors[0]}")
     return sorted(({"group": g.group_id, "state": g.state.name, "simple": bool(g.is_simple_consumer_group)}
@@ -33,7 +33,7 @@ def committed_offsets(admin: Any, group: str) -> dict[tuple[str, int], int]:
 
     futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
                                                 request_timeout=REQUEST_TIMEOUT_S)
-    found = result(futures[group], f"the committed offsets of group {group}")
+    found = answer(admin, futures[group], f"the committed offsets of group {group}")
     return {(tp.topic, tp.partition): tp.offset for tp in found.topic_partitions if tp.offset >= 0}
 
 
@@ -41,7 +41,7 @@ def describe_group(admin: Any, group: str) -> dict[str, Any]:
     """A group: state, coordinator, assignor, members, and per partition its committed offset, latest
     offset, lag and the member it is assigned to."""
     futures = admin.describe_consumer_groups([group], request_timeout=REQUEST_TIMEOUT_S)
-    described = result(futures[group], f"describe group {group}")
+    described = answer(admin, futures[group], f"describe group {group}")
     owners: dict[tuple[str, int], Any] = {}
     members = []
     for member in described.members:
@@ -149,7 +149,7 @@ def reset_offsets(admin: Any, group: str, rows: Sequence[dict[str, Any]]) -> Non
     offsets = [TopicPartition(r["topic"], r["partition"], r["new"]) for r in rows]
     futures = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, offsets)],
                                                  request_timeout=REQUEST_TIMEOUT_S)
-    done = result(futures[group], f"reset the offsets of group {group}")
+    done = answer(admin, futures[group], f"reset the offsets of group {group}")
     failed = [tp for tp in done.topic_partitions if tp.error is not None]
     if failed:
         raise AdminError(f"reset the offsets of group {group}: {failed[0].topic}/{failed[0].partition}: "
@@ -158,12 +158,12 @@ def reset_offsets(admin: Any, group: str, rows: Sequence[dict[str, Any]]) -> Non
 
 def describe_state(admin: Any, group: str) -> str:
     futures = admin.describe_consumer_groups([group], request_timeout=REQUEST_TIMEOUT_S)
-    return str(result(futures[group], f"describe group {group}").state.name)
+    return str(answer(admin, futures[group], f"describe group {group}").state.name)
 
 
 def delete_groups(admin: Any, groups: Sequence[str]) -> list[str]:
     """Delete groups (each must be empty); the ids deleted."""
     futures = admin.delete_consumer_groups(list(groups), request_timeout=REQUEST_TIMEOUT_S)
     for group in groups:
-        result(futures[group], f"delete group {group}")
+        answer(admin, futures[group], f"delete group {group}")
     return list(groups)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stratalog.admin.connect import REQUEST_TIMEOUT_S, AdminError, describe_error, result
+from stratalog.admin.connect import REQUEST_TIMEOUT_S, AdminError, answer, describe_error
 
 #: A topic's replication factor left to the broker's default (CreateTopics' -1).
 REPLICATION_DEFAULT = -1
@@ -44,7 +44,7 @@ def end_offsets(admin: Any, partitions: Sequence[tuple[str, int]], latest: bool 
     futures = admin.list_offsets({TopicPartition(t, p): spec for t, p in partitions},
                                  request_timeout=REQUEST_TIMEOUT_S)
     which = "latest" if latest else "earliest"
-    return {(tp.topic, tp.partition): result(f, f"the {which} offset of {tp.topic}/{tp.partition}").offset
+    return {(tp.topic, tp.partition): answer(admin, f, f"the {which} offset of {tp.topic}/{tp.partition}").offset
             for tp, f in futures.items()}
 
 
@@ -56,7 +56,8 @@ def offsets_for_time(admin: Any, partitions: Sequence[tuple[str, int]],
 
     futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.for_timestamp(timestamp_ms) for t, p in partitions},
                                  request_timeout=REQUEST_TIMEOUT_S)
-    return {(tp.topic, tp.partition): result(f, f"the offset at {timestamp_ms} ms of {tp.topic}/{tp.partition}").offset
+    return {(tp.topic, tp.partition):
+            answer(admin, f, f"the offset at {timestamp_ms} ms of {tp.topic}/{tp.partition}").offset
             for tp, f in futures.items()}
 
 
@@ -84,7 +85,7 @@ def topic_configs(admin: Any, name: str, all_configs: bool = False) -> dict[str,
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     resource = ConfigResource(ResourceType.TOPIC, name)
-    entries = result(admin.describe_configs([resource], request_timeout=REQUEST_TIMEOUT_S)[resource],
+    entries = answer(admin, admin.describe_configs([resource], request_timeout=REQUEST_TIMEOUT_S)[resource],
                      f"the configs of topic {name}")
     return {key: (None if entry.is_sensitive else entry.value) for key, entry in sorted(entries.items())
             if all_configs or not entry.is_default}
@@ -99,7 +100,7 @@ def create_topic(admin: Any, name: str, partitions: int, replication_factor: int
                      config=dict(configs or {}))
     future = admin.create_topics([topic], request_timeout=REQUEST_TIMEOUT_S)[name]
     try:
-        result(future, f"create topic {name}")
+        answer(admin, future, f"create topic {name}")
     except AdminError as e:
         if if_not_exists and "TOPIC_ALREADY_EXISTS" in str(e):
             return False
@@ -113,7 +114,7 @@ def delete_topics(admin: Any, names: Sequence[str], if_exists: bool = False) -> 
     deleted = []
     for name in names:
         try:
-            result(futures[name], f"delete topic {name}")
+            answer(admin, futures[name], f"delete topic {name}")
         except AdminError as e:
             if if_exists and "UNKNOWN_TOPIC" in str(e):
                 continue
@@ -129,10 +130,10 @@ def alter_topic(admin: Any, name: str, set_configs: Mapping[str, str] | None = N
 
     if partitions is not None:
         future = admin.create_partitions([NewPartitions(name, partitions)], request_timeout=REQUEST_TIMEOUT_S)[name]
-        result(future, f"raise topic {name} to {partitions} partitions")
+        answer(admin, future, f"raise topic {name} to {partitions} partitions")
     entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in (set_configs or {}).items()]
     entries += [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in delete_configs]
     if entries:
         resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
         futures = admin.incremental_alter_configs([resource], request_timeout=REQUEST_TIMEOUT_S)
-        result(next(iter(futures.values())), f"alter the configs of topic {name}")
+        answer(admin, next(iter(futures.values())), f"alter the configs of topic {name}")

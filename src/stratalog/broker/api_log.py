@@ -314,8 +314,10 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
         total, topic_bytes = 0, {}
     for topic, size_bytes in topic_bytes.items():
         broker.metrics.fetched(topic, size_bytes)
-    throttle_ms = max(request.throttle_ms, broker.quotas.record(session.user, request.client_id or "",
-                                                                CONSUMER_BYTE_RATE, total))
+    fetch_throttle_ms = broker.quotas.record(session.user, request.client_id or "", CONSUMER_BYTE_RATE, total)
+    if fetch_throttle_ms:
+        broker.metrics.throttled(session.user, request.client_id or "", fetch_throttle_ms)
+    throttle_ms = max(request.throttle_ms, fetch_throttle_ms)
     # Encoded here, not by kio: the records stay views of the stored batches up to the socket.
     return Prebuilt(encode_fetch_response(request.correlation_id, request.api_version, throttle_time_ms=throttle_ms,
                                           error_code=ErrorCode.none, session_id=0, topics=topics), throttle_ms)

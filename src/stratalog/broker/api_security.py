@@ -125,7 +125,8 @@ async def create_acls(broker: Broker, request: Request, session: Session) -> dic
     disabled = _security_disabled(broker)
     if disabled or not session.may_cluster(Operation.ALTER):
         error = ErrorCode.security_disabled if disabled else ErrorCode.cluster_authorization_failed
-        return {"throttle_time": 0, "results": [{"error_code": error, "error_message": disabled} for _ in creations]}
+        message = disabled or _not_authorized(session, "create ACLs")
+        return {"throttle_time": 0, "results": [{"error_code": error, "error_message": message} for _ in creations]}
     results: list[dict[str, Any]] = []
     valid: list[Acl] = []
     for c in creations:
@@ -152,9 +153,9 @@ async def delete_acls(broker: Broker, request: Request, session: Session) -> dic
     disabled = _security_disabled(broker)
     if disabled or not session.may_cluster(Operation.ALTER):
         error = ErrorCode.security_disabled if disabled else ErrorCode.cluster_authorization_failed
+        message = disabled or _not_authorized(session, "delete ACLs")
         return {"throttle_time": 0, "filter_results": [
-            {"error_code": error, "error_message": disabled, "matching_acls": []}
-                                   for _ in filters]}
+            {"error_code": error, "error_message": message, "matching_acls": []} for _ in filters]}
     results: list[dict[str, Any]] = []
     for f in filters:
         try:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stratalog.errors import StratalogError
@@ -69,15 +69,37 @@ class BrokerMetrics:
             buckets=REQUEST_SECONDS_BUCKETS, registry=r)
         self._failed = Counter("kafka_server_brokertopicmetrics_failedproducerequests", "Produced batches "
                                "refused, by Kafka error (Kafka: FailedProduceRequestsPerSec)", ["error"], registry=r)
+        self._throttle_seconds = Counter("stratalog_quota_throttle_seconds", "Delay given to clients by quotas "
+                                         "(Kafka: produce/fetch/request throttle-time per user and client-id)",
+                                         ["user", "client_id"], registry=r)
+        self._throttled_children: dict[tuple[str, str], Any] = {}
         self._topic_in: dict[str, tuple[Any, Any]] = {}
         self._topic_out: dict[str, Any] = {}
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
-    def watch(self, stats: Callable[[], dict[str, int]], lags: Callable[[], Iterable[GroupLag]]) -> None:
-        """Publish ``stats()`` (the store's figures and the server's) as gauges, and ``lags()`` as each
-        group's lag per partition, read at each scrape (in the endpoint's thread)."""
+    def watch(self, stats: Callable[[], dict[str, int]], lags: Callable[[], Iterable[GroupLag]],
+              connections: Callable[[], dict[str, int]], collectors: Iterable[Collector] = ()) -> None:
+        """Publish ``stats()`` (the store's figures and the server's) as gauges and counters, ``lags()``
+        as each group's lag per partition and ``connections()`` per listener, read at each scrape (in the
+        endpoint's thread); and the store's own ``collectors`` (object store calls, WAL timings)."""
         self.registry.register(_StoreCollector(stats))
         self.registry.register(_LagCollector(lags))
+        self.registry.register(_ConnectionsCollector(connections))
+        for collector in collectors:
+            self.registry.register(collector)
+
+    def throttled(self, user: str, client_id: str, throttle_ms: int) -> None:
+        """A request throttled by a quota: its delay, counted per (user, client id), the first
+        THROTTLED_ENTITIES_MAX of them by name and the rest together."""
+        key = (user, client_id)
+        child = self._throttled_children.get(key)
+        if child is None:
+            if len(self._throttled_children) >= THROTTLED_ENTITIES_MAX:
+                key = (OTHER_ENTITIES, OTHER_ENTITIES)
+                child = self._throttled_children.get(key)
+            if child is None:
+                child = self._throttled_children[key] = self._throttle_seconds.labels(*key)
+        child.inc(throttle_ms / 1000)
 
     def produced(self, topic: str, records: int, size_bytes: int) -> None:
         children = self._topic_in.get(topic)
@@ -114,7 +136,16 @@ STORE_GAUGES: dict[str, str] = {
     "space_kept_free_bytes": "Bytes the store keeps free there: below it, produce is refused",
     "space_refusing": "1 while produce is refused for want of space (disk low or object storage full)",
     "connections": "Client connections open",
+    "upload_lag_ms": "How long the oldest appended bytes not yet in object storage have waited (0: none wait)",
 }
+#: The stores' running counts, each a counter: name, help.
+STORE_COUNTERS: dict[str, str] = {
+    "block_cache_hits": "Reads of cold data served from the block cache",
+    "block_cache_misses": "Reads of cold data that went to object storage",
+}
+#: Quota entities counted by name in stratalog_quota_throttle_seconds; past it, together as OTHER_ENTITIES.
+THROTTLED_ENTITIES_MAX = 1000
+OTHER_ENTITIES = "(others)"
 
 
 class _LagCollector(Collector):
@@ -146,11 +177,29 @@ class _StoreCollector(Collector):
     def __init__(self, stats: Callable[[], dict[str, int]]) -> None:
         self._stats = stats
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         stats = self._stats()
         for name, help_text in STORE_GAUGES.items():
             if name in stats:
                 yield GaugeMetricFamily(f"stratalog_{name}", help_text, value=stats[name])
+        for name, help_text in STORE_COUNTERS.items():
+            if name in stats:
+                yield CounterMetricFamily(f"stratalog_{name}", help_text, value=stats[name])
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+class _ConnectionsCollector(Collector):
+    def __init__(self, connections: Callable[[], dict[str, int]]) -> None:
+        self._connections = connections
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("stratalog_listener_connections", "Client connections open, by listener",
+                                   labels=["listener"])
+        for listener, count in sorted(self._connections().items()):
+            family.add_metric([listener], count)
+        yield family
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

@@ -108,6 +108,14 @@ class BrokerServer:
     def connections(self) -> int:
         return len(self._live)
 
+    def connections_by_listener(self) -> dict[str, int]:
+        """Open connections per listener (its name, PROTOCOL://HOST:PORT), every listener included."""
+        listeners = self.broker.config.listeners
+        counts = dict.fromkeys((listener.name for listener in listeners), 0)
+        for connection in list(self._live):
+            counts[listeners[connection.listener_index].name] += 1
+        return counts
+
     async def start(self) -> list[Listener]:
         """Listen on every listener; returns them with the ports bound (an ephemeral port 0 resolved)."""
         c = self.broker.config
@@ -399,6 +407,8 @@ class _KafkaProtocol(asyncio.Protocol):
         throttle_ms = quotas.record(user, client, REQUEST_RATE, 1)
         if request.api_key == ApiKey.PRODUCE:
             throttle_ms = max(throttle_ms, quotas.record(user, client, PRODUCER_BYTE_RATE, request.frame_bytes))
+        if throttle_ms:
+            self.broker.metrics.throttled(user, client, throttle_ms)
         return throttle_ms
 
     async def _handle(self, request: Request, session: Session, response: _Response,

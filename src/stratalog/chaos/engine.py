@@ -495,8 +495,9 @@ def _check_objects(store: StreamStore, tally: Tally) -> None:
         tally.error(f"{len(orphans)} object(s) under {DATA_PREFIX} unknown to metadata after open: {orphans[:3]}")
     if missing:
         tally.error(f"{len(missing)} object(s) metadata refers to do not exist: {missing[:3]}")
-    if isinstance(store.object_store, LocalDirStore):
-        root = store.object_store.root / DATA_PREFIX
+    local = getattr(store.object_store, "inner", store.object_store)   # under its call counting
+    if isinstance(local, LocalDirStore):
+        root = local.root / DATA_PREFIX
         tally.temp_files_after_open = sum(1 for p in root.glob(f"{TEMP_PREFIX}*"))
 
 

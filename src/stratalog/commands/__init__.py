@@ -5,12 +5,14 @@ from __future__ import annotations
 
 #: Commands of ``stratalog`` itself.
 TOP = {
+    "acls": "stratalog.commands.acls:acls",
     "consume": "stratalog.commands.consume:consume",
     "demo": "stratalog.commands.demo:demo",
     "groups": "stratalog.commands.groups:groups",
     "inspect": "stratalog.commands.inspect:inspect",
     "pipeline": "stratalog.commands.pipeline:pipeline",
     "produce": "stratalog.commands.produce:produce",
+    "quotas": "stratalog.commands.quotas:quotas",
     "serve": "stratalog.commands.serve:serve",
     "topics": "stratalog.commands.topics:topics",
     "users": "stratalog.commands.users:users",

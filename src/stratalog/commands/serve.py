@@ -165,7 +165,8 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
         click.echo(f"stratalog core: {native_core()}")  # before the listeners: who waits for those sees it
         if config.metrics_listen is not None:
             broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections},
-                                 functools.partial(group_lags, broker))
+                                 functools.partial(group_lags, broker), server.connections_by_listener,
+                                 broker.store.collectors())
             try:
                 endpoint = MetricsEndpoint(parse_address(config.metrics_listen), broker.metrics.registry,
                                            functools.partial(_not_ready, broker, server))

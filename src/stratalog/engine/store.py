@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from prometheus_client.registry import Collector
+
 from stratalog.caching import BoundedCache
 from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
 from stratalog.engine.batch import (
@@ -56,6 +58,7 @@ from stratalog.invariant import invariant
 from stratalog.io.block_io import CompletionWatch
 from stratalog.io.device import Device
 from stratalog.objects.local import LocalDirStore
+from stratalog.objects.metered import MeteredStore
 from stratalog.objects.store import ObjectStore, put_parts
 from stratalog.records import NewRecord, Record
 from stratalog.wal import WriteAheadLog
@@ -346,6 +349,8 @@ class StreamStore:
         self._failure: BaseException | None = None
         self._last_wal_future: Future[int] | None = None
         local_roots = [objects.root] if isinstance(objects, LocalDirStore) else []
+        # Every call below counted for /metrics (objects/metered.py); a local store's own root kept above.
+        objects = self._objects = MeteredStore(objects)
         self._space = SpaceGuard([data_dir, *local_roots], config.headroom, log)
         self._space.check()   # a store opened on a full disk refuses appends from the start
         #: After an upload ran out of room: no upload is tried before this (monotonic seconds).
@@ -1220,14 +1225,26 @@ class StreamStore:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
+            oldest = self._cache_oldest
             return {
                 "streams": len(self._streams),
                 "log_cache_bytes": self._cache_bytes,
                 "block_cache_bytes": self._blocks.cached_bytes,
+                "block_cache_hits": self._blocks.stats.hits,
+                "block_cache_misses": self._blocks.stats.misses,
+                # How long the oldest appended bytes not yet in objects have waited (0: none wait).
+                "upload_lag_ms": 0 if oldest is None else max(0, int((time.monotonic() - oldest) * 1000)),
                 "wal_trim_offset": self._wal.trim_offset,
                 "commit_seq": self._meta.commit_seq,
                 **self._space.stats(),
             }
+
+    def collectors(self) -> list[Collector]:
+        """The store's own Prometheus collectors, in no registry until a broker serving metrics registers
+        them: object store calls by operation, and the WAL's write and append times (a device WAL's)."""
+        found = list(self._objects.collectors()) if isinstance(self._objects, MeteredStore) else []
+        collectors = getattr(self._wal, "collectors", None)
+        return found + (collectors() if collectors is not None else [])
 
     def iter_streams(self) -> Iterator[StreamMeta]:
         yield from self._meta.streams()

@@ -25,6 +25,9 @@ from concurrent.futures import Future
 from enum import Enum
 from typing import NamedTuple
 
+from prometheus_client import Histogram
+from prometheus_client.registry import Collector
+
 from stratalog.errors import (
     CapacityMismatchError,
     CorruptHeaderError,
@@ -88,10 +91,14 @@ class _State(Enum):
     CLOSED = "closed"
 
 
+#: From a page cache's tens of microseconds to a slow disk's or a busy machine's quarter second.
+WAL_SECONDS_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
 class _Block:
     """A run of records written with one aligned write; the unit of I/O and of acknowledgement."""
 
-    __slots__ = ("buf", "end", "future", "limit", "opened_at", "pad", "start", "used", "written")
+    __slots__ = ("buf", "end", "future", "limit", "opened_at", "pad", "start", "submitted_at", "used", "written")
 
     def __init__(self, start: int, buf: mmap.mmap, limit: int) -> None:
         self.start = start
@@ -101,6 +108,7 @@ class _Block:
         self.end = start
         self.future: Future[int] = Future()
         self.opened_at = 0.0
+        self.submitted_at = 0.0
         self.written = False
         self.pad = False
 
@@ -152,6 +160,14 @@ class WriteAheadLog:
         self._threads: list[threading.Thread] = []
         self._stop_background = threading.Event()
         self.recovery_stats = RecoveryStats()
+        #: For /metrics (registered by a broker that serves them): a block's write, its sync included,
+        #: and a block's time from its first record to its acknowledgement (linger, queue, write, sync).
+        self._write_seconds = Histogram("stratalog_wal_write_seconds", "Time of a WAL block's write and "
+                                        "sync (submitted to written durably)", buckets=WAL_SECONDS_BUCKETS,
+                                        registry=None)
+        self._append_seconds = Histogram("stratalog_wal_append_seconds", "Time from a WAL block's first "
+                                         "append to its acknowledgement (linger, queue, write, sync)",
+                                         buckets=WAL_SECONDS_BUCKETS, registry=None)
         # Writes need a sync after them unless the device makes each write durable by itself.
         self._sync_after_write = config.fsync is FsyncPolicy.ALWAYS and not device.durable_writes
 
@@ -344,10 +360,11 @@ class WriteAheadLog:
             # Header, body and both CRCs in one pass (a large body without the GIL: the I/O engine's
             # completions need it meanwhile).
             block.used = place_record(block.buf, pos, views, offset)
+            if pos == 0:
+                block.opened_at = time.monotonic()
             if block.used >= self._config.block_bytes_soft_max or (pos == 0 and self._device_idle()):
                 self._seal(block)
             elif pos == 0:
-                block.opened_at = time.monotonic()
                 self._sealer_wake.notify()
             return AppendResult(offset, block.future)
 
@@ -468,6 +485,7 @@ class WriteAheadLog:
             self._pending.popleft()
             self._writing += 1
             assert self._io is not None
+            block.submitted_at = time.monotonic()
             self._io.submit(block.buf, _length(block), HEADERS_BYTES + block.start % self._ring_bytes, block)
 
     # I/O threads -----------------------------------------------------------------------------------
@@ -479,6 +497,7 @@ class WriteAheadLog:
         if error is not None:
             self._fail(error, f"writing {_length(block)} bytes at logical offset {block.start}", writer=True)
             return
+        self._write_seconds.observe(time.monotonic() - block.submitted_at)
         try:
             with self._lock:
                 block.written = True
@@ -520,7 +539,12 @@ class WriteAheadLog:
                     self._release_buffer(block)
                     self._dispatch()
                     self._space_free.notify_all()
+                self._append_seconds.observe(time.monotonic() - block.opened_at)
                 block.future.set_result(block.end)
+
+    def collectors(self) -> list[Collector]:
+        """The WAL's timings, for a broker's /metrics."""
+        return [self._write_seconds, self._append_seconds]
 
     def _release_buffer(self, block: _Block) -> None:
         size = len(block.buf)
