@@ -11,14 +11,18 @@ broker then comes back as a new incarnation and gets partitions back by handoffs
 
 from __future__ import annotations
 
+import re
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
+from brokerkit import console_address
 from clusterkit import (
     NONE,
     BrokerCluster,
@@ -30,7 +34,9 @@ from clusterkit import (
 )
 from conftest import SeaweedS3
 from stratalog.chaos import cluster_load, cluster_probe
+from stratalog.chaos.broker_process import BrokerProcess
 from stratalog.chaos.cluster_load import GroupReader, Load, read_log
+from stratalog.chaos.cluster_process import CLUSTER_TOML
 from stratalog.cluster.failover import log_owner
 from stratalog.objects.uri import open_object_store
 from waiting import wait_until
@@ -60,7 +66,9 @@ def committed(bootstrap: str) -> dict[int, int]:
 @pytest.mark.slow
 def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_when_it_returns(
         tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
-    with running_cluster(tmp_path, pg_database, seaweedfs, 3, verbose=True) as cluster:
+    # Each broker serves /metrics too: the survivors say what the failover did.
+    config = 'metrics_listen = "127.0.0.1:0"\nconsole_listen = "127.0.0.1:0"\n' + CLUSTER_TOML
+    with running_cluster(tmp_path, pg_database, seaweedfs, 3, config, verbose=True) as cluster:
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(timeout=60)
         before = wait_until(lambda: served_without(cluster, 1, None), "every partition served")
@@ -92,6 +100,17 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
             wait_until(lambda: load.acked_count() >= acked_at_kill + AFTER_STEP_RECORDS,
                        "acknowledgements after the failover", timeout_s=120)
             assert all(o >= committed_before[p] for p, o in committed(cluster.bootstrap(survivor)).items())
+            survivors = [scrape(metrics_url(cluster.brokers[i])) for i in cluster.brokers if i != victim]
+            assert [m["stratalog_cluster_partitions_led"] for m in survivors] == [3.0, 3.0]
+            assert all(m["stratalog_cluster_lease_confirmed"] == 1 for m in survivors)
+            assert sum(m["stratalog_cluster_logs_replayed_total"] for m in survivors) >= 1, "the failover counted"
+            assert sum(m["stratalog_cluster_partitions_gained_total"] for m in survivors) >= 4 + 2
+            wait_until(lambda: all(m["stratalog_cluster_partitions_without_leader"] == 0 and
+                                   m["stratalog_cluster_live_brokers"] == 2 for m in
+                                   [scrape(metrics_url(cluster.brokers[i])) for i in cluster.brokers if i != victim]),
+                       "each survivor to see two live brokers and no partition without a leader")
+            page = console_page(cluster.brokers[survivor])
+            assert re.search(r"live brokers</th><td class=\"n\">2<", page) and "partitions led here" in page
 
             # What a broker cut off from the database may still put to its log after the log was replayed: the
             # restarted broker's first sweep deletes it.
@@ -154,3 +173,23 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
             assert failover_s < FAILOVER_S_MAX
         finally:
             load.kill()
+
+
+def metrics_url(broker: BrokerProcess) -> str:
+    found = re.search(r"metrics on (http://\S+/metrics)", "".join(broker.output))
+    assert found, "".join(broker.output)
+    return found.group(1)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The samples without labels of a broker's /metrics, by name."""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if not s.labels}
+
+
+def console_page(broker: BrokerProcess) -> str:
+    """The broker's console's first page (its cluster section among the rest)."""
+    with urllib.request.urlopen(console_address(broker.output) + "/", timeout=30) as response:
+        return str(response.read().decode())

@@ -6,36 +6,23 @@ in build/test-artifacts/console/."""
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from brokerkit import BrokerProcess, running_broker
+from brokerkit import BrokerProcess, console_address, running_broker
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts" / "console"
-#: The flags a headless chromium needs on a closed, shared machine (no sandbox as root, no GPU, no
-#: background calls home).
-CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,1400")
-
+pytest_plugins = ["browserkit"]
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
@@ -49,29 +36,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 
 @pytest.fixture(scope="module")
 def console(broker: BrokerProcess) -> str:
-    found = re.search(r"console on (http://\S+)/", "".join(broker.output))
-    assert found, "".join(broker.output)
-    return found.group(1)
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    assert shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER), "make test installs chromium and chromium-driver"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium')}")
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def shot(browser: Any, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    return console_address(broker.output)
 
 
 def topic_with(broker: BrokerProcess, values: list[bytes], keys: list[bytes] | None = None) -> str:
@@ -104,22 +69,22 @@ def cell(browser: Any, css: str) -> str:
     return str(browser.find_element(By.CSS_SELECTOR, css).text)
 
 
-def test_a_topic_produced_to_appears_with_its_record_count(broker: BrokerProcess, console: str,
+def test_a_topic_produced_to_appears_with_its_record_count(broker: BrokerProcess, console: str, screenshot: Any,
                                                             browser: Any) -> None:
     topic = topic_with(broker, [b"r%d" % i for i in range(7)])
     browser.get(f"{console}/topics")
     assert cell(browser, f'tr[data-topic="{topic}"] td.records') == "7"
-    shot(browser, "topics")
+    screenshot("topics")
     browser.find_element(By.LINK_TEXT, topic).click()
     assert cell(browser, "#records") == "7"
     assert cell(browser, 'tr[data-partition="0"]').split()[:4] == ["0", "0", "7", "7"]
-    shot(browser, "topic")
+    screenshot("topic")
     browser.get(f"{console}/")
     assert cell(browser, "#writable") == "yes"
-    shot(browser, "broker")
+    screenshot("broker")
 
 
-def test_a_groups_lag_shows_and_drops_to_zero_once_it_consumes(broker: BrokerProcess, console: str,
+def test_a_groups_lag_shows_and_drops_to_zero_once_it_consumes(broker: BrokerProcess, console: str, screenshot: Any,
                                                                 browser: Any) -> None:
     topic, group = topic_with(broker, [b"e%d" % i for i in range(5)]), f"billing-{uuid.uuid4().hex[:6]}"
     consume(broker, topic, group, 2)
@@ -128,7 +93,7 @@ def test_a_groups_lag_shows_and_drops_to_zero_once_it_consumes(broker: BrokerPro
     browser.find_element(By.LINK_TEXT, group).click()
     assert cell(browser, "#lag") == "3"
     assert cell(browser, f'tr[data-partition="{topic}/0"] td.lag') == "3"
-    shot(browser, "group-lagging")
+    screenshot("group-lagging")
     consume(broker, topic, group, 3)
 
     def lag() -> str | None:
@@ -136,10 +101,10 @@ def test_a_groups_lag_shows_and_drops_to_zero_once_it_consumes(broker: BrokerPro
         return cell(browser, "#lag") if cell(browser, "#lag") == "0" else None
 
     wait_until(lag, "the page to show lag 0")
-    shot(browser, "group-caught-up")
+    screenshot("group-caught-up")
 
 
-def test_a_json_value_renders_and_a_hostile_one_stays_text(broker: BrokerProcess, console: str,
+def test_a_json_value_renders_and_a_hostile_one_stays_text(broker: BrokerProcess, console: str, screenshot: Any,
                                                            browser: Any) -> None:
     value = {"amount": 3, "to": "Zoë", "note": "<b id='injected'>bold</b>"}
     topic = topic_with(broker, [b"plain", json.dumps(value).encode()], keys=[b"k0", b"<script>alert(1)</script>"])
@@ -153,7 +118,7 @@ def test_a_json_value_renders_and_a_hostile_one_stays_text(broker: BrokerProcess
     assert cell(browser, f"{row} pre.key") == "<script>alert(1)</script>"
     assert not browser.find_elements(By.ID, "injected"), "a value's markup must not become the page's"
     assert browser.find_elements(By.CSS_SELECTOR, 'tr[data-offset="0"]') == []
-    shot(browser, "messages-json")
+    screenshot("messages-json")
 
 
 def test_a_page_asked_for_something_missing_or_malformed_says_so(console: str) -> None:

@@ -97,6 +97,9 @@ class ClusterNode:
         self.holds: dict[Resource, Hold] = {}
         #: Partitions this broker serves: stream name -> its stream, reloaded when it was gained.
         self._served: dict[str, Stream] = {}
+        #: For /metrics: partitions this broker came to lead, and dead brokers' logs it replayed.
+        self.partitions_gained = 0
+        self.logs_replayed = 0
 
     @property
     def epoch(self) -> int:
@@ -266,6 +269,7 @@ class ClusterNode:
         replayed = replay_dead_log(self.cluster, broker.store.object_store, self._database_uri,
                                    Path(broker.data_dir) / "replays", broker.config.store, ObjectWALConfig())
         if replayed is not None:
+            self.logs_replayed += 1
             log.warning("broker %d replayed the log of broker %d (incarnation %d): %d batches in %.2f s",
                         self.broker_id, replayed.dead.broker_id, replayed.dead.broker_epoch,
                         replayed.report.batches_replayed, replayed.seconds)
@@ -321,6 +325,7 @@ class ClusterNode:
             broker.producers.restore(producer_id, partition, epoch, batches)
         broker.settled_ends[stream.stream_id] = stream.end_offset   # nothing of it in flight here yet
         self._served[resource.name] = stream
+        self.partitions_gained += 1
         log.info("broker %d leads %s (leader epoch %d) from offset %d; stream reloaded in %.3f s, %d producer "
                  "batches replayed in %.3f s", self.broker_id, resource.name, hold.leader_epoch, stream.end_offset,
                  reloaded - started, replayed, time.monotonic() - reloaded)
@@ -400,6 +405,16 @@ class ClusterNode:
         self.holds = await asyncio.to_thread(self.cluster.holds)
         self.live = await asyncio.to_thread(self.cluster.live)
         return self._live_holder(resource)
+
+    def stats(self) -> dict[str, int]:
+        """This broker's view of the cluster, for /metrics (from any thread: it reads what the last
+        reconcile published)."""
+        holds = self.holds
+        partitions = [r for r in holds if r.kind is Kind.PARTITION]
+        return {"cluster_lease_confirmed": int(self.lease.confirmed()), "cluster_live_brokers": len(self.live),
+                "cluster_partitions_led": len(self._served),
+                "cluster_partitions_without_leader": sum(1 for r in partitions if self._live_holder(r) is None),
+                "cluster_partitions_gained": self.partitions_gained, "cluster_logs_replayed": self.logs_replayed}
 
     def _live_holder(self, resource: Resource) -> BrokerInfo | None:
         hold = self.holds.get(resource)

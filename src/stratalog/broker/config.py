@@ -151,7 +151,7 @@ class BrokerConfig:
     #: Where ``/metrics``, ``/healthz`` and ``/readyz`` are served (``HOST:PORT``, a loopback address: the
     #: endpoint has no authentication yet); None: not served.
     metrics_listen: str | None = None
-    #: Where the web console is served (``HOST:PORT``, a loopback address: it has no login yet); None: not.
+    #: Where the web console is served (``HOST:PORT``, a loopback address: plain HTTP); None: not served.
     console_listen: str | None = None
     #: Idempotent producers remembered; the oldest idle one is forgotten beyond it.
     producers_max: int = 100_000

@@ -137,11 +137,17 @@ STORE_GAUGES: dict[str, str] = {
     "space_refusing": "1 while produce is refused for want of space (disk low or object storage full)",
     "connections": "Client connections open",
     "upload_lag_ms": "How long the oldest appended bytes not yet in object storage have waited (0: none wait)",
+    "cluster_lease_confirmed": "1 while this broker's lease is confirmed (it may acknowledge writes)",
+    "cluster_live_brokers": "Brokers of the cluster with a live lease, as this broker last read them",
+    "cluster_partitions_led": "Partitions this broker leads",
+    "cluster_partitions_without_leader": "Partitions with no live leader (Kafka: OfflinePartitionsCount)",
 }
 #: The stores' running counts, each a counter: name, help.
 STORE_COUNTERS: dict[str, str] = {
     "block_cache_hits": "Reads of cold data served from the block cache",
     "block_cache_misses": "Reads of cold data that went to object storage",
+    "cluster_partitions_gained": "Partitions this broker came to lead (at its start, and on failovers)",
+    "cluster_logs_replayed": "Logs of dead brokers this broker replayed (failovers it carried out)",
 }
 #: Quota entities counted by name in stratalog_quota_throttle_seconds; past it, together as OTHER_ENTITIES.
 THROTTLED_ENTITIES_MAX = 1000

@@ -9,11 +9,12 @@ the Kafka listeners' rules for exposing a port (TLS, SASL) do not cover it yet.
 from __future__ import annotations
 
 import ipaddress
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from stratalog.broker.http_thread import ServingThread
 
 HTTP_OK = 200
 HTTP_NOT_FOUND = 404
@@ -42,27 +43,13 @@ def parse_address(text: str, service: str = "the metrics endpoint") -> tuple[str
     return host, int(port)
 
 
-class MetricsEndpoint:
+class MetricsEndpoint(ServingThread):
     """Serve the registry and the probes on ``address`` until :meth:`close`. ``not_ready()`` says why the
     broker does not take writes now (empty: ready); it is called in the endpoint's thread."""
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
                  not_ready: Callable[[], list[str]]) -> None:
-        handler = _handler(registry, not_ready)
-        self._server = ThreadingHTTPServer(address, handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="stratalog-metrics", daemon=True)
-        self._thread.start()
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self._server.server_address[:2]
-        return str(host), int(port)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        super().__init__(address, _handler(registry, not_ready), "stratalog-metrics")
 
 
 def _handler(registry: CollectorRegistry, not_ready: Callable[[], list[str]]) -> type[BaseHTTPRequestHandler]:

@@ -30,6 +30,7 @@ from stratalog.commands.log_format import TEXT_FORMAT, use_format
 from stratalog.console.app import ConsoleApp
 from stratalog.console.history import History
 from stratalog.console.http import ConsoleServer
+from stratalog.console.login import Sessions
 from stratalog.console.views import ConsoleData
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata_backends import MetadataUnavailableError, wait_until_reachable, without_password
@@ -164,7 +165,9 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
             raise click.ClickException(f"cannot listen: {e.strerror}") from None
         click.echo(f"stratalog core: {native_core()}")  # before the listeners: who waits for those sees it
         if config.metrics_listen is not None:
-            broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections},
+            node = broker.node
+            broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections,
+                                          **(node.stats() if node is not None else {})},
                                  functools.partial(group_lags, broker), server.connections_by_listener,
                                  broker.store.collectors())
             try:
@@ -235,8 +238,9 @@ def _start_console(broker: Broker, server: BrokerServer, address: str, loop: asy
     history = History()
     sampling = loop.create_task(history.run(broker))
     data = ConsoleData(broker, on_loop, history, lambda: server.connections)
+    app = ConsoleApp(data, Sessions(broker, on_loop))
     try:
-        return _Console(ConsoleServer(parse_address(address, "the console"), ConsoleApp(data)), sampling)
+        return _Console(ConsoleServer(parse_address(address, "the console"), app), sampling)
     except OSError as e:
         sampling.cancel()
         raise click.ClickException(f"cannot serve the console on {address}: {e.strerror}") from None
@@ -324,7 +328,8 @@ def _wait_for_metadata(uri: str, wait_s: float) -> None:
                    "Port 0 picks a free one; the banner says which.")
 @click.option("--console", "console_listen", metavar="HOST:PORT", default=None,
               help="Serve the web console (read-only: the broker, topics and their messages, groups and their "
-                   "lag, the store) at http://HOST:PORT/; a loopback address: it has no login yet.")
+                   "lag, the store) at http://HOST:PORT/; a loopback address (plain HTTP). With --acls or a SASL "
+                   "listener, users log in and see what their ACLs allow.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one JSON object a line (time, level, logger, message, and a request's connection, "
                    "principal and API), for log shippers.")

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment
 from kio.serial import entity_reader
 
-from stratalog.broker.topics import stream_name
+from stratalog.broker.acls import Operation, ResourceType
+from stratalog.broker.topics import Topic, stream_name
+from stratalog.console.login import Access, Viewer
 from stratalog.errors import StratalogError
 
 if TYPE_CHECKING:
@@ -38,7 +40,12 @@ LISTED_MAX = 1000
 
 
 class ConsoleError(StratalogError):
-    """A page asked for something that is not there (a topic, a partition, a group)."""
+    """A page asked for something that is not there (a topic, a partition, a group), or that its viewer
+    may not describe: the two look alike, so a page does not tell what exists to whoever may not see it."""
+
+
+class ConsoleForbiddenError(StratalogError):
+    """The viewer may see the thing but not do this with it (read a topic's messages without Read)."""
 
 
 @dataclass(frozen=True)
@@ -78,25 +85,35 @@ class ConsoleData:
         self._on_loop = on_loop
         self.history = history
         self._connections = connections
+        self.access = Access(broker, on_loop)
+
+    def _visible_topics(self, viewer: Viewer) -> list[Topic]:
+        topics = sorted(self._on_loop(self.broker.topics.all), key=lambda t: t.name)
+        names = set(self.access.allowed(viewer, Operation.DESCRIBE, ResourceType.TOPIC, [t.name for t in topics]))
+        return [t for t in topics if t.name in names]
 
     # Overview --------------------------------------------------------------------------------------
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self, viewer: Viewer) -> dict[str, Any]:
+        """The broker; its store, connections and object store only for a viewer who may describe the
+        cluster; the counts of the topics and groups the viewer may see."""
         broker = self.broker
-        topics = self._on_loop(broker.topics.all)
+        topics = self._visible_topics(viewer)
         listeners = [listener.name for listener in broker.config.listeners]
-        groups = broker.offsets.groups()
+        groups = self.access.allowed(viewer, Operation.DESCRIBE, ResourceType.GROUP, broker.offsets.groups())
         stats = broker.store.stats()
+        whole = self.access.cluster(viewer)
         return {"node_id": broker.config.node_id, "cluster": broker.node is not None, "listeners": listeners,
-                "connections": self._connections(), "topics": len(topics),
+                "connections": self._connections() if whole else None, "topics": len(topics),
                 "partitions": sum(t.partitions for t in topics), "groups": len(groups),
-                "object_store": broker.object_store_uri, "store": stats,
-                "writable": not stats.get("space_refusing", 0)}
+                "object_store": broker.object_store_uri if whole else None, "store": stats if whole else None,
+                "writable": not stats.get("space_refusing", 0),
+                "cluster_stats": broker.node.stats() if whole and broker.node is not None else None}
 
     # Topics ----------------------------------------------------------------------------------------
 
-    def topics(self) -> dict[str, Any]:
-        topics = sorted(self._on_loop(self.broker.topics.all), key=lambda t: t.name)
+    def topics(self, viewer: Viewer) -> dict[str, Any]:
+        topics = self._visible_topics(viewer)
         sizes = self._sizes()
         rows = []
         for topic in topics[:LISTED_MAX]:
@@ -107,9 +124,9 @@ class ConsoleData:
                          "produced_per_s": self.history.latest_rate(("produced", topic.name))})
         return {"topics": rows, "unlisted": max(0, len(topics) - LISTED_MAX)}
 
-    def topic(self, name: str) -> dict[str, Any]:
+    def topic(self, viewer: Viewer, name: str) -> dict[str, Any]:
         topic = self._on_loop(lambda: self.broker.topics.get(name))
-        if topic is None:
+        if topic is None or not self.access.topic(viewer, name):
             raise ConsoleError(f"no topic {name!r}")
         sizes = self._sizes()
         partitions = [self._partition(name, p, sizes) for p in range(topic.partitions)]
@@ -130,10 +147,14 @@ class ConsoleData:
         return {"partition": partition, "start": start, "end": end, "records": end - start,
                 "bytes": sizes.get(stream_name(topic, partition), 0), "here": True}
 
-    def messages(self, topic: str, partition: int, offset: int | None, timestamp_ms: int | None, count: int,
-                 formats: Formats) -> dict[str, Any]:
+    def messages(self, viewer: Viewer, topic: str, partition: int, offset: int | None, timestamp_ms: int | None,
+                 count: int, formats: Formats) -> dict[str, Any]:
         """Up to ``count`` records of a partition from ``offset`` (or from the first at or after
-        ``timestamp_ms``; neither: the last ``count``)."""
+        ``timestamp_ms``; neither: the last ``count``), for a viewer who may read the topic."""
+        if not self.access.topic(viewer, topic):
+            raise ConsoleError(f"no topic {topic!r}")
+        if not self.access.topic(viewer, topic, Operation.READ):
+            raise ConsoleForbiddenError(f"{viewer.principal} may not read topic {topic!r}")
         stream = self.broker.stream_anywhere(topic, partition)
         if stream is None:
             raise ConsoleError(f"no partition {partition} of topic {topic!r} on this broker")
@@ -156,36 +177,47 @@ class ConsoleData:
 
     # Groups ----------------------------------------------------------------------------------------
 
-    def groups(self) -> dict[str, Any]:
-        listed = self._on_loop(self.broker.groups.list_groups)
+    def groups(self, viewer: Viewer) -> dict[str, Any]:
+        every = self._on_loop(self.broker.groups.list_groups)
+        names = set(self.access.allowed(viewer, Operation.DESCRIBE, ResourceType.GROUP, [g[0] for g in every]))
+        listed = [g for g in every if g[0] in names]
         rows = []
         for group_id, protocol_type, state in listed[:LISTED_MAX]:
-            lags = self._lags(group_id)
+            lags = self._lags(viewer, group_id)
             rows.append({"group": group_id, "state": state, "protocol": protocol_type or None,
                          "lag": sum(row["lag"] for row in lags if row["lag"] is not None)})
         return {"groups": rows, "unlisted": max(0, len(listed) - LISTED_MAX)}
 
-    def group(self, group_id: str) -> dict[str, Any]:
+    def group(self, viewer: Viewer, group_id: str) -> dict[str, Any]:
         [described] = self._on_loop(lambda: self.broker.groups.describe([group_id]))
-        if described.state == "Dead":
+        if described.state == "Dead" or not self.access.group(viewer, group_id):
             raise ConsoleError(f"no group {group_id!r}")
         owners: dict[tuple[str, int], str] = {}
         members = []
-        for m in described.members:
-            assigned = assignment(m.member_assignment)
+        assignments = [assignment(m.member_assignment) for m in described.members]
+        visible = set(self.access.allowed(viewer, Operation.DESCRIBE, ResourceType.TOPIC,
+                                          sorted({t for assigned in assignments for t, _ in assigned})))
+        for m, every in zip(described.members, assignments, strict=True):
+            assigned = [(t, p) for t, p in every if t in visible]
             owners.update({tp: m.member_id for tp in assigned})
             members.append({"member": m.member_id, "instance": m.group_instance_id, "client_id": m.client_id,
                             "host": m.client_host, "partitions": [f"{t}/{p}" for t, p in assigned]})
-        lags = self._lags(group_id)
+        lags = self._lags(viewer, group_id)
         for row in lags:
             row["member"] = owners.get((row["topic"], row["partition"]))
         return {"group": group_id, "state": described.state, "protocol": described.protocol_data or None,
                 "members": members, "partitions": lags, "lag": sum(r["lag"] or 0 for r in lags),
                 "lag_series": self.history.series(("lag", group_id))}
 
-    def _lags(self, group_id: str) -> list[dict[str, Any]]:
+    def _lags(self, viewer: Viewer, group_id: str) -> list[dict[str, Any]]:
+        """The group's committed offsets and lag on the topics the viewer may describe."""
+        committed = sorted(self.broker.offsets.fetch(group_id).items())
+        visible = set(self.access.allowed(viewer, Operation.DESCRIBE, ResourceType.TOPIC,
+                                          sorted({t for (t, _), _ in committed})))
         rows = []
-        for (topic, partition), entry in sorted(self.broker.offsets.fetch(group_id).items()):
+        for (topic, partition), entry in committed:
+            if topic not in visible:
+                continue
             end = self.broker.end_offset_of(topic, partition)
             rows.append({"topic": topic, "partition": partition, "committed": entry.offset, "end": end,
                          "lag": None if end is None else max(0, end - entry.offset)})
