@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -12,6 +15,7 @@ from stratalog.console import history as history_module
 from stratalog.console.history import History
 from stratalog.console.plots import line_plot
 from stratalog.console.views import Formats, assignment
+from stratalog.errors import StratalogError
 
 
 def test_a_counter_is_plotted_as_its_rate_and_a_level_as_it_is() -> None:
@@ -71,3 +75,30 @@ def test_a_consumer_assignment_is_read_and_any_other_bytes_give_none() -> None:
 def test_any_bytes_a_client_sends_as_its_assignment_are_read_or_refused_quietly(data: bytes) -> None:
     found = assignment(data)
     assert all(isinstance(topic, str) and isinstance(partition, int) for topic, partition in found)
+
+
+def test_a_sample_that_fails_is_logged_once_and_sampling_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    class Offsets:
+        calls = 0
+
+        def groups(self) -> list[str]:
+            self.calls += 1
+            if self.calls <= 2:
+                raise StratalogError("the offsets' database is out of reach")
+            return []
+
+        def fetch(self, group: str) -> dict[object, object]:
+            return {}
+
+    offsets = Offsets()
+    broker: Any = SimpleNamespace(offsets=offsets, topics=SimpleNamespace(all=list), end_offset_of=lambda t, p: 0)
+
+    async def sample_four_times() -> None:
+        task = asyncio.create_task(History().run(broker, interval_s=0))
+        while offsets.calls < 4:
+            await asyncio.sleep(0.001)
+        task.cancel()
+
+    asyncio.run(sample_four_times())
+    warnings = [r for r in caplog.records if "missed a sample" in r.getMessage()]
+    assert len(warnings) == 1, "two failures in a row, one line"

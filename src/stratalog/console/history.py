@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from stratalog.errors import StratalogError
+
 if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
     from stratalog.broker.topics import Topic
+
+log = logging.getLogger("stratalog.console")
 
 #: Between samples: a rate over 5 s is smooth enough to read and fresh enough to watch.
 SAMPLE_S = 5.0
@@ -99,6 +104,13 @@ class History:
     async def run(self, broker: Broker, interval_s: float = SAMPLE_S) -> None:
         """Sample every ``interval_s`` until cancelled: the topic table read on the loop, the rest in a
         thread (the committed offsets are a database's)."""
+        failing = False
         while True:
-            await asyncio.to_thread(self.sample, broker, broker.topics.all())
+            try:
+                await asyncio.to_thread(self.sample, broker, broker.topics.all())
+                failing = False
+            except StratalogError as e:   # the offsets' database out of reach: the next sample tries again
+                if not failing:
+                    log.warning("the console's plots missed a sample (they go on at the next): %s", e)
+                failing = True
             await asyncio.sleep(interval_s)
