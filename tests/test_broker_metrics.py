@@ -28,6 +28,9 @@ RECORDS = 500
 VALUE_BYTES = 100
 
 
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+
+
 def endpoint(broker: BrokerProcess) -> str:
     for line in broker.output:
         if match := _METRICS_AT.search(line):
@@ -163,3 +166,7 @@ def test_the_stores_listeners_and_quotas_metrics_move_with_what_was_done(tmp_pat
         producer.close()
         throttle = ("stratalog_quota_throttle_seconds_total", (("client_id", "greedy"), ("user", "ANONYMOUS")))
         assert scrape(base)[throttle] > 0, "the greedy client was throttled and the delay counted"
+        documented = DOCS.read_text()
+        families = {re.sub(r"_(total|count|sum|bucket|created)$", "", name) for name, _ in scrape(base)}
+        undocumented = sorted(f for f in families if f"`{f}" not in documented)
+        assert not undocumented, f"metrics missing from docs/operations.md: {undocumented}"
