@@ -79,9 +79,11 @@ def test_once_the_worker_made_room_the_queued_appends_go_straight_on_the_loop() 
                 self.room_left -= 1
             return super().append_kafka(batch, count, max_timestamp_ms, wait_s_max=wait_s_max)
 
+    full: list[int] = []
+
     async def scenario() -> RoomForThree:
         stream = RoomForThree()
-        appender = OrderedAppender()
+        appender = OrderedAppender(on_full=lambda: full.append(len(stream.calls)))
         futures = [appender.append(stream, i, 1, 0) for i in range(6)]  # type: ignore[arg-type]
         assert appender.queued == 6
         stream.room_left = 3
@@ -102,6 +104,7 @@ def test_once_the_worker_made_room_the_queued_appends_go_straight_on_the_loop() 
         (5, 0, True),        # still full: the worker again
         (5, None, False),
     ]
+    assert full == [1, 6, 8], "each refusal told, as it happened (the log cache full: /metrics counts it)"
 
 
 def test_close_runs_what_is_still_queued_in_order() -> None:

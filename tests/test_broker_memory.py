@@ -3,13 +3,16 @@ the connections that hold them are the ones that pay."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
+import urllib.request
 import warnings
 from pathlib import Path
 
 import pytest
 from kio.schema.errors import ErrorCode
+from prometheus_client.parser import text_string_to_metric_families
 
 from brokerkit import BrokerProcess, running_broker
 from stratalog.broker.memory import MemoryBudget
@@ -101,6 +104,8 @@ def test_fetches_answer_with_what_fits_the_response_budget_and_nothing_when_it_i
         assert 0 < fetched_bytes() <= 1000, "only what fits"
         memory.set("unread elsewhere", memory.bytes_max)
         assert fetched_bytes() == 0, "nothing while the budget is full"
+        assert world.broker.metrics.registry.get_sample_value(
+            "stratalog_memory_bound_reached_total", {"bound": "response_memory_bytes_max"}) == 2
         memory.set("unread elsewhere", 0)
         assert fetched_bytes() == everything
     finally:
@@ -136,7 +141,7 @@ def test_connections_that_read_none_of_their_responses_are_closed(tmp_path: Path
 def test_queued_requests_are_bounded_across_connections_without_starving_anyone(tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
     config.write_text("requests_queued_max = 2\n")
-    with running_broker(tmp_path / "data", "--config", str(config)) as broker:
+    with running_broker(tmp_path / "data", "--config", str(config), "--metrics-listen", "127.0.0.1:0") as broker:
         produce(broker, "waits", 1, 10)
         # Two long polls, as many as the bound, wait 20 s for a record that does not come: waiting on data
         # is not queued work, so they hold none of it.
@@ -155,6 +160,7 @@ def test_queued_requests_are_bounded_across_connections_without_starving_anyone(
             for i in range(20):
                 answer = read_frame(pipeliner)
                 assert answer is not None and answer[:4] == struct.pack(">i", i)
+        assert bound_reached(broker, "requests_queued_max") >= 1, "the pipeliner waited, and /metrics says so"
         for sock in pollers:
             sock.close()
         assert broker.stop() == 0, "".join(broker.output)
@@ -177,3 +183,13 @@ def test_refused_connections_are_logged_at_a_bounded_rate(caplog: pytest.LogCapt
     assert lines == ["connection 0 closed", "connection 1 closed", "connection 2 closed",
                      "connection 1001 closed (998 more like it not logged)", "connection 1002 closed",
                      "connection 1003 closed"]
+
+
+def bound_reached(broker: BrokerProcess, bound: str) -> float:
+    """stratalog_memory_bound_reached_total{bound} as the broker's /metrics says."""
+    found = re.search(r"metrics on (http://\S+/metrics)", "".join(broker.output))
+    assert found, "".join(broker.output)
+    with urllib.request.urlopen(found.group(1), timeout=30) as response:
+        text = response.read().decode()
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "stratalog_memory_bound_reached_total" and s.labels.get("bound") == bound)

@@ -285,6 +285,7 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
     if room < response_max:
         # Responses written and not yet taken by their clients fill the budget: answer with what fits,
         # and with no records at all (after the wait, so the client does not spin) when nothing does.
+        broker.metrics.bound_reached("response_memory_bytes_max")
         response_max = room
         if room <= 0:
             await asyncio.sleep(min(wait_s, MEMORY_WAIT_S_MAX))

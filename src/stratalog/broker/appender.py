@@ -17,6 +17,7 @@ import asyncio
 import collections
 import concurrent.futures
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -35,7 +36,9 @@ class _Queued:
 
 
 class OrderedAppender:
-    def __init__(self) -> None:
+    def __init__(self, on_full: Callable[[], None] = lambda: None) -> None:
+        #: Told each time an append finds no room (the log cache full: uploads have to make some).
+        self._on_full = on_full
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stratalog-appender")
         #: Appends asked for after one found no room, in order, not yet handed on (only the loop touches
         #: these fields).
@@ -60,7 +63,7 @@ class OrderedAppender:
             try:
                 return on_loop(stream.append_kafka(batch, count, max_timestamp_ms, wait_s_max=0), loop)
             except BackpressureError:
-                pass  # no room now: wait in the worker, and let later appends queue behind this one
+                self._on_full()   # no room now: wait in the worker, and let later appends queue behind this one
         entry = _Queued(stream, batch, count, max_timestamp_ms, loop.create_future())
         self._queued_total += 1
         if self._in_worker is None:
@@ -96,6 +99,7 @@ class OrderedAppender:
                 answer.set_result(entry.stream.append_kafka(entry.batch, entry.count, entry.max_timestamp_ms,
                                                             wait_s_max=0))
             except BackpressureError:
+                self._on_full()
                 self._hand_to_worker(entry)
                 break
             except Exception as error:  # a failed or closed store, a batch too large: this append's answer

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -102,9 +103,9 @@ class Broker:
         #: commits of a group from several connections land, and are answered, in the order they came.
         self._offsets_worker = ThreadPoolExecutor(1, thread_name_prefix="stratalog-offsets")
         self.producers = ProducerStates(config.producers_max)
-        self.appender = OrderedAppender()
         #: What the broker counts as it serves (Prometheus; served by ``serve --metrics-listen``).
         self.metrics = BrokerMetrics()
+        self.appender = OrderedAppender(on_full=functools.partial(self.metrics.bound_reached, "log_cache_bytes_max"))
         self._snapshots = ProducerSnapshots(self.tables.producers)
         self.producer_snapshots = self._snapshots
         self._snapshot_task: asyncio.Task[None] | None = None

@@ -73,6 +73,9 @@ class BrokerMetrics:
                                          "(Kafka: produce/fetch/request throttle-time per user and client-id)",
                                          ["user", "client_id"], registry=r)
         self._throttled_children: dict[tuple[str, str], Any] = {}
+        bounds = Counter("stratalog_memory_bound_reached", "Times a memory or queue bound held work back, by "
+                         "bound (see BOUNDS)", ["bound"], registry=r)
+        self._bounds = {name: bounds.labels(name) for name in BOUNDS}
         self._topic_in: dict[str, tuple[Any, Any]] = {}
         self._topic_out: dict[str, Any] = {}
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -87,6 +90,10 @@ class BrokerMetrics:
         self.registry.register(_ConnectionsCollector(connections))
         for collector in collectors:
             self.registry.register(collector)
+
+    def bound_reached(self, bound: str) -> None:
+        """A memory or queue bound held something back: ``bound`` is one of BOUNDS."""
+        self._bounds[bound].inc()
 
     def throttled(self, user: str, client_id: str, throttle_ms: int) -> None:
         """A request throttled by a quota: its delay, counted per (user, client id), the first
@@ -148,6 +155,13 @@ STORE_COUNTERS: dict[str, str] = {
     "block_cache_misses": "Reads of cold data that went to object storage",
     "cluster_partitions_gained": "Partitions this broker came to lead (at its start, and on failovers)",
     "cluster_logs_replayed": "Logs of dead brokers this broker replayed (failovers it carried out)",
+}
+#: The bounds counted by stratalog_memory_bound_reached, with what reaching each does.
+BOUNDS = {
+    "requests_queued_max": "a connection waits to read its next request: the broker's request queue is full",
+    "request_memory_bytes_max": "a connection holding the most unanswered request bytes is closed",
+    "response_memory_bytes_max": "a fetch answers with less (or nothing) while unsent responses fill the budget",
+    "log_cache_bytes_max": "a produce waits for uploads to make room in the log cache",
 }
 #: Quota entities counted by name in stratalog_quota_throttle_seconds; past it, together as OTHER_ENTITIES.
 THROTTLED_ENTITIES_MAX = 1000

@@ -176,6 +176,7 @@ class BrokerServer:
         if self.requests_queued < self.broker.config.requests_queued_max or not connection.responses:
             return True
         self._waiting_room[connection] = None
+        self.broker.metrics.bound_reached("requests_queued_max")
         return False
 
     def request_started(self) -> None:
@@ -204,6 +205,7 @@ class BrokerServer:
             log.warning("connection from %s closed: it holds %d bytes of unanswered requests and all connections "
                         "%d, over request_memory_bytes_max (%d)", connection.peer, held_bytes,
                         self.request_memory.held_bytes, self.request_memory.bytes_max)
+            self.broker.metrics.bound_reached("request_memory_bytes_max")
             connection.evict()
 
     def discard(self, connection: _KafkaProtocol, address: str) -> None:
