@@ -65,7 +65,7 @@ def produce(broker: BrokerProcess, topic: str, count: int, size_bytes: int) -> N
 def test_slow_senders_past_the_request_budget_are_closed_largest_first_and_others_go_on(tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
     config.write_text(f"request_bytes_max = {1 << 20}\nrequest_memory_bytes_max = {4 << 20}\n")
-    with running_broker(tmp_path / "data", "--config", str(config)) as broker:
+    with running_broker(tmp_path / "data", "--config", str(config), "--metrics-listen", "127.0.0.1:0") as broker:
         senders = []
         for i in range(8):
             sock = socket.create_connection((broker.host, broker.port), timeout=10)
@@ -80,6 +80,7 @@ def test_slow_senders_past_the_request_budget_are_closed_largest_first_and_other
                    "the closes to be logged", ACT_S_MAX)
         # The largest go first: the last sender (the smallest) is among those kept.
         assert not closed(senders[-1])
+        assert bound_reached(broker, "request_memory_bytes_max") >= 4, "each close counted"
         produce(broker, "after", 10, 1000)  # a well-behaved client is served throughout
         for sock in senders:
             sock.close()
