@@ -148,10 +148,10 @@ class BrokerConfig:
     #: but whose records lie would stop every consumer at it). Costs about 0.8 us a record on the event
     #: loop; off only where every producer is trusted.
     validate_records: bool = True
-    #: Where ``/metrics``, ``/healthz`` and ``/readyz`` are served (``HOST:PORT``, a loopback address: the
-    #: endpoint has no authentication yet); None: not served.
+    #: Where ``/metrics``, ``/healthz`` and ``/readyz`` are served (``HOST:PORT``, plain HTTP on a loopback
+    #: address; ``https://HOST:PORT``, with a login: broker/http_address.py); None: not served.
     metrics_listen: str | None = None
-    #: Where the web console is served (``HOST:PORT``, a loopback address: plain HTTP); None: not served.
+    #: Where the web console is served (as metrics_listen: plain HTTP on loopback, or https://); None: not.
     console_listen: str | None = None
     #: Idempotent producers remembered; the oldest idle one is forgotten beyond it.
     producers_max: int = 100_000

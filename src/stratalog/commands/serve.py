@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import signal
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +19,12 @@ from stratalog.broker.broker import Broker
 from stratalog.broker.config import BrokerConfig, ClusterConfig
 from stratalog.broker.groups import GroupConfig
 from stratalog.broker.listeners import ClientAuth, Listener, ListenerConfigError, TLSConfig, tls_config_from
-from stratalog.broker.metrics import group_lags
-from stratalog.broker.metrics_http import MetricsEndpoint, MetricsEndpointError, parse_address
+from stratalog.broker.metrics_http import MetricsEndpoint
 from stratalog.broker.quotas import QuotaConfig
 from stratalog.broker.server import BrokerServer
 from stratalog.broker.stack_dump import dump_stacks
 from stratalog.commands.log_format import TEXT_FORMAT, use_format
-from stratalog.console.app import ConsoleApp
-from stratalog.console.history import History
-from stratalog.console.http import ConsoleServer
-from stratalog.console.login import Sessions
-from stratalog.console.views import ConsoleData
+from stratalog.commands.serve_http import Console, check_addresses, start_console, start_metrics
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.metadata_backends import MetadataUnavailableError, wait_until_reachable, without_password
 from stratalog.io.device import Device, FileDevice
@@ -157,7 +150,7 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
     broker = Broker.open(data_dir, config, object_store=object_store, wal_device=wal_device)
     server = BrokerServer(broker)
     endpoint: MetricsEndpoint | None = None
-    console: _Console | None = None
+    console: Console | None = None
     try:
         try:
             listeners = await server.start()
@@ -165,22 +158,11 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
             raise click.ClickException(f"cannot listen: {e.strerror}") from None
         click.echo(f"stratalog core: {native_core()}")  # before the listeners: who waits for those sees it
         if config.metrics_listen is not None:
-            node = broker.node
-            broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections,
-                                          **(node.stats() if node is not None else {})},
-                                 functools.partial(group_lags, broker), server.connections_by_listener,
-                                 broker.store.collectors())
-            try:
-                endpoint = MetricsEndpoint(parse_address(config.metrics_listen), broker.metrics.registry,
-                                           functools.partial(_not_ready, broker, server))
-            except OSError as e:
-                raise click.ClickException(f"cannot serve metrics on {config.metrics_listen}: {e.strerror}") from None
-            host, port = endpoint.address
-            click.echo(f"  metrics on http://{host}:{port}/metrics (probes: /healthz, /readyz)")
+            endpoint, url = start_metrics(broker, server, config, loop)
+            click.echo(f"  metrics on {url} (probes: /healthz, /readyz)")
         if config.console_listen is not None:
-            console = _start_console(broker, server, config.console_listen, loop)
-            host, port = console.server.address
-            click.echo(f"  console on http://{host}:{port}/")
+            console = start_console(broker, server, config, loop)
+            click.echo(f"  console on {console.url}/")
         for listener in listeners:
             click.echo(f"stratalog broker listening on {listener.host}:{listener.port} ({listener.protocol.value}; "
                        f"data in {data_dir})")
@@ -210,56 +192,6 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
     click.echo("stopped: everything acknowledged is durable")
-
-
-#: How long a console page waits for the broker's loop to read its tables (a loop busy for this long is
-#: itself the news: the page fails with a 500 and a log line).
-CONSOLE_LOOP_WAIT_S = 10.0
-
-
-@dataclasses.dataclass
-class _Console:
-    server: ConsoleServer
-    sampling: asyncio.Task[None]
-
-    def close(self) -> None:
-        self.server.close()
-        self.sampling.cancel()
-
-
-def _start_console(broker: Broker, server: BrokerServer, address: str, loop: asyncio.AbstractEventLoop) -> _Console:
-    """The web console's server thread, and the sampler of its plots on the loop."""
-    async def call(fn: Callable[[], Any]) -> Any:
-        return fn()
-
-    def on_loop(fn: Callable[[], Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(call(fn), loop).result(CONSOLE_LOOP_WAIT_S)
-
-    history = History()
-    sampling = loop.create_task(history.run(broker))
-    data = ConsoleData(broker, on_loop, history, lambda: server.connections)
-    app = ConsoleApp(data, Sessions(broker, on_loop))
-    try:
-        return _Console(ConsoleServer(parse_address(address, "the console"), app), sampling)
-    except OSError as e:
-        sampling.cancel()
-        raise click.ClickException(f"cannot serve the console on {address}: {e.strerror}") from None
-
-
-def _not_ready(broker: Broker, server: BrokerServer) -> list[str]:
-    """Why the broker does not take writes now (/readyz); called in the metrics endpoint's thread."""
-    reasons = []
-    if server.stopping:
-        reasons.append("stopping")
-    failure = broker.store.failure
-    if failure is not None:
-        reasons.append(f"the store stopped after an error: {failure}")
-    refusal = broker.store.space_refusal
-    if refusal is not None:
-        reasons.append(f"not writable: {refusal}")
-    if broker.node is not None and not broker.node.may_acknowledge():
-        reasons.append("the cluster lease is not confirmed (the metadata database is out of reach)")
-    return reasons
 
 
 def _wait_for_metadata(uri: str, wait_s: float) -> None:
@@ -321,15 +253,16 @@ def _wait_for_metadata(uri: str, wait_s: float) -> None:
               help="Serve as one broker of several over --metadata and a shared --object-store: each partition "
                    "is led, and each group coordinated, by one live broker; the WAL is in the object store "
                    "(docs/cluster.md). Exits with status 75 if its lease is lost: restart it.")
-@click.option("--metrics-listen", metavar="HOST:PORT", default=None,
-              help="Serve Prometheus metrics at http://HOST:PORT/metrics, with /healthz (the process serves) "
-                   "and /readyz (it takes writes: the store runs and has room, the cluster lease holds). "
-                   "Loopback addresses only (127.0.0.1, ::1): the endpoint has no authentication yet. "
+@click.option("--metrics-listen", metavar="[https://]HOST:PORT", default=None,
+              help="Serve Prometheus metrics at /metrics, with /healthz (the process serves) and /readyz (it "
+                   "takes writes: the store runs and has room, the cluster lease holds). HOST:PORT: plain HTTP "
+                   "on a loopback address (any with --allow-plaintext-anywhere); https://HOST:PORT: HTTPS with "
+                   "the broker's --tls-cert, /metrics for a user who may describe the cluster (HTTP Basic). "
                    "Port 0 picks a free one; the banner says which.")
-@click.option("--console", "console_listen", metavar="HOST:PORT", default=None,
+@click.option("--console", "console_listen", metavar="[https://]HOST:PORT", default=None,
               help="Serve the web console (read-only: the broker, topics and their messages, groups and their "
-                   "lag, the store) at http://HOST:PORT/; a loopback address (plain HTTP). With --acls or a SASL "
-                   "listener, users log in and see what their ACLs allow.")
+                   "lag, the store): plain HTTP on a loopback address, or https://HOST:PORT with --tls-cert. "
+                   "With --acls, a SASL listener or HTTPS, users log in and see what their ACLs allow.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one JSON object a line (time, level, logger, message, and a request's connection, "
                    "principal and API), for log shippers.")
@@ -385,18 +318,9 @@ def serve(data_dir: Path, listen: tuple[str, ...], advertise: tuple[str, ...], o
         config = dataclasses.replace(config, node_id=cluster_config.broker_id)
     if metrics_listen is not None:
         config = dataclasses.replace(config, metrics_listen=metrics_listen)
-    if config.metrics_listen is not None:
-        try:
-            parse_address(config.metrics_listen)
-        except MetricsEndpointError as e:
-            raise click.BadParameter(str(e), param_hint="--metrics-listen") from None
     if console_listen is not None:
         config = dataclasses.replace(config, console_listen=console_listen)
-    if config.console_listen is not None:
-        try:
-            parse_address(config.console_listen, "the console")
-        except MetricsEndpointError as e:
-            raise click.BadParameter(str(e), param_hint="--console") from None
+    check_addresses(config)
     device = FileDevice.open(wal_device) if wal_device is not None else None
     if device is not None:
         # The WAL ring takes the whole device.

@@ -82,9 +82,11 @@ def _bytes(n: int | None) -> str:
 class ConsoleApp:
     """Routes requests to pages over ``data``; ``sessions`` says who is logged in."""
 
-    def __init__(self, data: ConsoleData, sessions: Sessions) -> None:
+    def __init__(self, data: ConsoleData, sessions: Sessions, *, secure: bool = False) -> None:
         self.data = data
         self.sessions = sessions
+        #: Served over HTTPS: the session cookie is sent over HTTPS only.
+        self._cookie_attributes = "Path=/; HttpOnly; SameSite=Strict" + ("; Secure" if secure else "")
         self._env = _environment()
 
     def handle(self, request: Request) -> Page:
@@ -96,7 +98,7 @@ class ConsoleApp:
             return self._login(request, query)
         if path == ["logout"]:
             self.sessions.logout(request.cookies.get(COOKIE))
-            return _redirect("/login", (("Set-Cookie", f"{COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict"),))
+            return _redirect("/login", (("Set-Cookie", f"{COOKIE}=; Max-Age=0; {self._cookie_attributes}"),))
         if request.method != "GET":
             return self._render(HTTP_METHOD_NOT_ALLOWED, "error.html", title="not allowed",
                                 message="the console is read-only")
@@ -127,7 +129,7 @@ class ConsoleApp:
         if token is None:
             return self._render(HTTP_UNAUTHORIZED, "login.html", title="log in", next=wanted,
                                 failed="unknown user or wrong password", user=request.form.get("user", ""))
-        cookie = f"{COOKIE}={token}; Path=/; Max-Age={int(SESSION_S)}; HttpOnly; SameSite=Strict"
+        cookie = f"{COOKIE}={token}; Max-Age={int(SESSION_S)}; {self._cookie_attributes}"
         return _redirect(wanted, (("Set-Cookie", cookie),))
 
     def _route(self, viewer: Viewer, path: list[str], query: dict[str, str]) -> Page:

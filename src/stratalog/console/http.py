@@ -1,10 +1,11 @@
 """The console's HTTP server: a thread of its own (the standard library's), each request handed to
-``ConsoleApp``. GET, and POST for the login form (its body bounded before it is read); loopback addresses
-only, as the metrics endpoint: without TLS, a login over the network would send its password in clear."""
+``ConsoleApp``. GET, and POST for the login form (its body bounded before it is read). Where it may
+listen, and when over HTTPS, is ``broker.http_address``'s."""
 
 from __future__ import annotations
 
 import logging
+import ssl
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
@@ -28,8 +29,8 @@ COOKIE_CHARS_MAX = 4096
 class ConsoleServer(ServingThread):
     """Serve ``app`` on ``address`` until :meth:`close`."""
 
-    def __init__(self, address: tuple[str, int], app: ConsoleApp) -> None:
-        super().__init__(address, _handler(app), "stratalog-console")
+    def __init__(self, address: tuple[str, int], app: ConsoleApp, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(address, _handler(app), "stratalog-console", tls)
 
 
 def _handler(app: ConsoleApp) -> type[BaseHTTPRequestHandler]:

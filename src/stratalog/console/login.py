@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stratalog.broker.acls import Operation, ResourceType
-from stratalog.broker.credentials import password_matches
+from stratalog.broker.http_login import password_ok
 
 if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
@@ -27,8 +27,6 @@ SESSION_S = 3600.0
 SESSIONS_MAX = 1000
 #: The session cookie's name.
 COOKIE = "stratalog_console"
-#: The longest user name or password taken from the login form.
-FIELD_CHARS_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -79,10 +77,12 @@ class Access:
 class Sessions:
     """Logged-in users by session token. Thread-safe: the console serves each request in a thread."""
 
-    def __init__(self, broker: Broker, on_loop: Callable[[Callable[[], Any]], Any],
+    def __init__(self, broker: Broker, on_loop: Callable[[Callable[[], Any]], Any], *, always: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._broker = broker
         self._on_loop = on_loop
+        #: A login even from a broker that checks no client: the console is served over HTTPS, to a network.
+        self._always = always
         self._clock = clock
         self._lock = threading.Lock()
         self._sessions: dict[str, tuple[str, float]] = {}
@@ -91,15 +91,12 @@ class Sessions:
     def required(self) -> bool:
         """Whether the broker checks who its clients are (ACLs on, or a SASL listener)."""
         config = self._broker.config
-        return config.authorizer.enabled or any(listener.protocol.sasl for listener in config.listeners)
+        return self._always or config.authorizer.enabled or any(listener.protocol.sasl
+                                                                 for listener in config.listeners)
 
     def login(self, user: str, password: str) -> str | None:
         """A new session's token, or None for an unknown user or a wrong password (alike)."""
-        if not user or not password or len(user) > FIELD_CHARS_MAX or len(password) > FIELD_CHARS_MAX:
-            return None
-        credentials = self._broker.credentials
-        credential = self._on_loop(lambda: credentials.any_of(user))
-        if credential is None or not password_matches(credential, password):  # PBKDF2 here, not on the loop
+        if not password_ok(self._broker, self._on_loop, user, password):
             return None
         token = secrets.token_urlsafe(32)
         with self._lock:
