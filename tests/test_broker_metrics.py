@@ -78,6 +78,7 @@ def test_the_counters_move_by_exactly_what_was_produced_and_the_probes_answer(tm
         topic = (("topic", "measured"),)
         assert read[("kafka_server_brokertopicmetrics_bytesout_total", topic)] >= \
             read[("kafka_server_brokertopicmetrics_bytesin_total", topic)], "all of it read once at least"
+        assert read[("stratalog_messagesout_total", topic)] >= RECORDS, "every record sent once at least"
         producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
         for _ in range(7):
             producer.send("measured", b"later")

@@ -295,7 +295,7 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
     one_over = room > 0
     while True:
         topics, topic_bytes, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over, denied)
-        total = sum(topic_bytes.values())
+        total = sum(size for size, _ in topic_bytes.values())
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or remaining_s <= 0 or not waiting_on or broker.stopping:
             break
@@ -303,7 +303,7 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
         if time.monotonic() >= deadline:
             topics, topic_bytes, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over,
                                                                 denied)
-            total = sum(topic_bytes.values())
+            total = sum(size for size, _ in topic_bytes.values())
             break
     if not _lease_confirmed(broker):
         # Records made durable after the lease's confirmation ended may be missing from the replay that
@@ -313,8 +313,8 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
             FetchPartitionResult(p.partition_index, ErrorCode.not_leader_or_follower, -1) for p in t.partitions])
             for t in topics]
         total, topic_bytes = 0, {}
-    for topic, size_bytes in topic_bytes.items():
-        broker.metrics.fetched(topic, size_bytes)
+    for topic, (size_bytes, records_out) in topic_bytes.items():
+        broker.metrics.fetched(topic, size_bytes, records_out)
     fetch_throttle_ms = broker.quotas.record(session.user, request.client_id or "", CONSUMER_BYTE_RATE, total)
     if fetch_throttle_ms:
         broker.metrics.throttled(session.user, request.client_id or "", fetch_throttle_ms)
@@ -325,16 +325,17 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
 
 
 async def _fetch_once(broker: Broker, wanted: Any, response_max: int, one_over: bool,
-                      denied: set[str]) -> tuple[list[FetchTopicResult], dict[str, int], list[int]]:
-    """The topics' results, the record bytes of each topic that has some, and the streams with nothing
-    past the offset asked (a fetch that waits waits on them)."""
+                      denied: set[str]) -> tuple[list[FetchTopicResult], dict[str, tuple[int, int]], list[int]]:
+    """The topics' results, the record bytes and records sent of each topic that has some, and the streams
+    with nothing past the offset asked (a fetch that waits waits on them)."""
     total = 0
-    topic_bytes: dict[str, int] = {}
+    topic_bytes: dict[str, tuple[int, int]] = {}
     waiting_on: list[int] = []
     topics = []
     for t in wanted:
         partitions = []
         before = total
+        sent_records = 0
         for p in t.partitions:
             if t.topic in denied:
                 partitions.append(FetchPartitionResult(p.partition, ErrorCode.topic_authorization_failed, -1))
@@ -358,6 +359,7 @@ async def _fetch_once(broker: Broker, wanted: Any, response_max: int, one_over: 
                 try:
                     batches = await _read(stream, offset, max(budget, 0), first)
                     records = _within([as_kafka_batch(b) for b in batches], budget, first)
+                    sent_records += sum(b.count for b in batches[:len(records)])
                 except OffsetOutOfRangeError:
                     error = ErrorCode.offset_out_of_range
                 except (StoreFailedError, StoreClosedError):
@@ -367,7 +369,8 @@ async def _fetch_once(broker: Broker, wanted: Any, response_max: int, one_over: 
                                                    log_start_offset=start, records=records))
         topics.append(FetchTopicResult(t.topic, partitions))
         if total > before:
-            topic_bytes[t.topic] = topic_bytes.get(t.topic, 0) + total - before
+            sent_bytes, records_before = topic_bytes.get(t.topic, (0, 0))
+            topic_bytes[t.topic] = (sent_bytes + total - before, records_before + sent_records)
     return topics, topic_bytes, waiting_on
 
 

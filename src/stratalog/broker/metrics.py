@@ -61,6 +61,8 @@ class BrokerMetrics:
                                  "topic (Kafka: BrokerTopicMetrics BytesInPerSec)", ["topic"], registry=r)
         self._bytes_out = Counter("kafka_server_brokertopicmetrics_bytesout", "Record batch bytes fetched, by "
                                   "topic (Kafka: BrokerTopicMetrics BytesOutPerSec)", ["topic"], registry=r)
+        self._messages_out = Counter("stratalog_messagesout", "Records sent to fetches, by topic (the records of "
+                                     "each whole batch sent; Kafka counts none)", ["topic"], registry=r)
         self._requests = Counter("kafka_network_requestmetrics_requests", "Requests answered, by API and "
                                  "version (Kafka: RequestMetrics RequestsPerSec)", ["request", "version"], registry=r)
         self._request_seconds = Histogram(
@@ -77,7 +79,7 @@ class BrokerMetrics:
                          "bound (see BOUNDS)", ["bound"], registry=r)
         self._bounds = {name: bounds.labels(name) for name in BOUNDS}
         self._topic_in: dict[str, tuple[Any, Any]] = {}
-        self._topic_out: dict[str, Any] = {}
+        self._topic_out: dict[str, tuple[Any, Any]] = {}
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     def watch(self, stats: Callable[[], dict[str, int]], lags: Callable[[], Iterable[GroupLag]],
@@ -118,11 +120,12 @@ class BrokerMetrics:
     def produce_failed(self, error: str) -> None:
         self._failed.labels(error).inc()
 
-    def fetched(self, topic: str, size_bytes: int) -> None:
-        child = self._topic_out.get(topic)
-        if child is None:
-            child = self._topic_out[topic] = self._bytes_out.labels(topic)
-        child.inc(size_bytes)
+    def fetched(self, topic: str, size_bytes: int, records: int) -> None:
+        children = self._topic_out.get(topic)
+        if children is None:
+            children = self._topic_out[topic] = (self._bytes_out.labels(topic), self._messages_out.labels(topic))
+        children[0].inc(size_bytes)
+        children[1].inc(records)
 
     def answered(self, request: str, version: int, seconds: float) -> None:
         children = self._request_children.get((request, version))
