@@ -6,6 +6,7 @@ in build/test-artifacts/console/."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 import uuid
@@ -81,6 +82,9 @@ def test_a_topic_produced_to_appears_with_its_record_count(broker: BrokerProcess
     screenshot("topic")
     browser.get(f"{console}/")
     assert cell(browser, "#writable") == "yes"
+    assert re.fullmatch(r"[\d,]+ \([\d,.]+ (B|KiB|MiB)\)", cell(browser, "#objects"))
+    assert re.fullmatch(r"[\d,.]+ (B|KiB|MiB)", cell(browser, "#wal-used"))
+    assert re.fullmatch(r"[\d,]+ ms", cell(browser, "#upload-lag"))
     screenshot("broker")
 
 

@@ -146,6 +146,8 @@ STORE_GAUGES: dict[str, str] = {
     "space_kept_free_bytes": "Bytes the store keeps free there: below it, produce is refused",
     "space_refusing": "1 while produce is refused for want of space (disk low or object storage full)",
     "connections": "Client connections open",
+    "wal_used_bytes": "WAL bytes not yet trimmed (written since the last upload covered them): what a restart "
+                      "replays",
     "upload_lag_ms": "How long the oldest appended bytes not yet in object storage have waited (0: none wait)",
     "cluster_lease_confirmed": "1 while this broker's lease is confirmed (it may acknowledge writes)",
     "cluster_live_brokers": "Brokers of the cluster with a live lease, as this broker last read them",

@@ -108,7 +108,13 @@ class ConsoleData:
                 "partitions": sum(t.partitions for t in topics), "groups": len(groups),
                 "object_store": broker.object_store_uri if whole else None, "store": stats if whole else None,
                 "writable": not stats.get("space_refusing", 0),
-                "cluster_stats": broker.node.stats() if whole and broker.node is not None else None}
+                "cluster_stats": broker.node.stats() if whole and broker.node is not None else None,
+                "objects": self._objects() if whole else None}
+
+    def _objects(self) -> dict[str, int]:
+        """The store's objects in object storage, as its metadata lists them (those still referenced)."""
+        live = [o for o in self.broker.store.metadata.objects() if o.unreferenced_ms is None]
+        return {"count": len(live), "bytes": sum(o.size_bytes for o in live)}
 
     # Topics ----------------------------------------------------------------------------------------
 

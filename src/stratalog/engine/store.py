@@ -1235,6 +1235,8 @@ class StreamStore:
                 # How long the oldest appended bytes not yet in objects have waited (0: none wait).
                 "upload_lag_ms": 0 if oldest is None else max(0, int((time.monotonic() - oldest) * 1000)),
                 "wal_trim_offset": self._wal.trim_offset,
+                # The WAL's bytes not yet trimmed: what a restart would replay.
+                "wal_used_bytes": max(0, self._wal.durable_offset - self._wal.trim_offset),
                 "commit_seq": self._meta.commit_seq,
                 **self._space.stats(),
             }
