@@ -40,7 +40,10 @@ def connection(command: _F) -> _F:
             settings = client_settings(bootstrap, command_config, parse_pairs(extra))
             return command(*args, settings=settings, **kwargs)
         except AdminError as e:
-            raise click.ClickException(str(e)) from None
+            failure = str(e)
+        # Raised outside the handler: nothing keeps the failed call's frames (and their Kafka clients, whose
+        # threads would go on calling a broker that is gone) alive through the exception's context.
+        raise click.ClickException(failure)
 
     return wrapper  # type: ignore[return-value]
 
