@@ -421,6 +421,7 @@ def test_replace_objects_swaps_atomically_and_old_readers_finish(tmp_path: Path)
         with pytest.raises(ValueError, match="cover exactly"):
             store.replace_objects([o.object_id for o in old[:2]], [NewObject(object_id, key, 0, builder.entries)])
         store.replace_objects([o.object_id for o in old], [NewObject(object_id, key, 0, builder.entries)])
+        assert (store.stats()["compactions"], store.stats()["objects_compacted"]) == (1, 4), "the refused one not"
         assert values(s.fetch(0)) == [b"r0", b"r1", b"r2", b"r3"]
         assert all(o.key in mem.objects for o in old), "old objects must outlive their grace period"
         assert store.delete_unreferenced(now_ms=int(time.time() * 1000) + 3_600_001) == 4

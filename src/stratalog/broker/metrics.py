@@ -158,6 +158,8 @@ STORE_GAUGES: dict[str, str] = {
 STORE_COUNTERS: dict[str, str] = {
     "block_cache_hits": "Reads of cold data served from the block cache",
     "block_cache_misses": "Reads of cold data that went to object storage",
+    "compactions": "Compactions committed (the Spark compaction job's swaps of objects for fewer, larger ones)",
+    "objects_compacted": "Objects replaced by compactions (deleted after the grace period)",
     "cluster_partitions_gained": "Partitions this broker came to lead (at its start, and on failovers)",
     "cluster_logs_replayed": "Logs of dead brokers this broker replayed (failovers it carried out)",
 }

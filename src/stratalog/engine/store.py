@@ -353,6 +353,9 @@ class StreamStore:
         objects = self._objects = MeteredStore(objects)
         self._space = SpaceGuard([data_dir, *local_roots], config.headroom, log)
         self._space.check()   # a store opened on a full disk refuses appends from the start
+        #: For /metrics: compactions committed here, and the objects they replaced.
+        self._compactions = 0
+        self._objects_compacted = 0
         #: After an upload ran out of room: no upload is tried before this (monotonic seconds).
         self._upload_retry_at = 0.0
         self._manifest = ManifestPublisher(objects)
@@ -842,6 +845,8 @@ class StreamStore:
             seq = self._meta.replace_objects(old_object_ids, new_objects)
             self._cold_rows.invalidate()
             self._publish([], snapshot=True)
+            self._compactions += 1
+            self._objects_compacted += len(old_object_ids)
         return seq
 
     def commit_external_objects(self, stream_ids: Sequence[int],
@@ -1238,6 +1243,8 @@ class StreamStore:
                 # The WAL's bytes not yet trimmed: what a restart would replay.
                 "wal_used_bytes": max(0, self._wal.durable_offset - self._wal.trim_offset),
                 "commit_seq": self._meta.commit_seq,
+                "compactions": self._compactions,
+                "objects_compacted": self._objects_compacted,
                 **self._space.stats(),
             }
 
