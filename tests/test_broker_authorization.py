@@ -192,6 +192,9 @@ ROWS: dict[str, Row] = {
                                 "include_synonyms": False, "include_documentation": False},
                         lambda r: r.results[0].error_code, [(TOPIC, "t", Operation.DESCRIBE_CONFIGS)], TOPIC_DENIED,
                         ErrorCode.none),
+    "AlterConfigs": (33, 2, {"resources": [{"resource_type": 2, "resource_name": "t", "configs": [
+        {"name": "retention.ms", "value": "60000"}]}], "validate_only": True},
+        lambda r: r.responses[0].error_code, [(TOPIC, "t", Operation.ALTER_CONFIGS)], TOPIC_DENIED, ErrorCode.none),
     "CreatePartitions": (37, 3, {"topics": [{"name": "t", "count": 2, "assignments": None}], "timeout": 5000,
                                  "validate_only": True},
                          lambda r: r.results[0].error_code, [(TOPIC, "t", Operation.ALTER)], TOPIC_DENIED,

@@ -9,19 +9,18 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
 from stratalog.broker.apis import Api
+from stratalog.broker.broker_configs import broker_configs
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import (
     SPECS,
     TYPE_LIST,
-    TYPE_STRING,
     InvalidConfigError,
     check_configs,
     effective,
 )
-from stratalog.broker.topics import InvalidTopicError, TopicExistsError, UnknownTopicError, check_topic_name
+from stratalog.broker.topics import InvalidTopicError, Topic, TopicExistsError, UnknownTopicError, check_topic_name
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
-from stratalog.objects.uri import OBJECT_STORE_CONFIG
 
 if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
@@ -206,12 +205,13 @@ async def describe_configs(broker: Broker, request: Request, session: Session) -
             elif r.resource_name not in ("", str(broker.config.node_id)):
                 result["error_code"] = ErrorCode.invalid_request
                 result["error_message"] = f"this is broker {broker.config.node_id}, not {r.resource_name!r}"
-            elif r.configuration_keys is None or OBJECT_STORE_CONFIG in r.configuration_keys:
+            else:
+                keys = set(r.configuration_keys) if r.configuration_keys is not None else None
                 result["configs"] = [
-                    {"name": OBJECT_STORE_CONFIG, "value": broker.object_store_uri, "read_only": True,
-                     "config_source": SOURCE_STATIC_BROKER, "is_default": False, "is_sensitive": False,
-                     "synonyms": [], "config_type": TYPE_STRING,
-                     "documentation": "Where this broker keeps its objects (no credentials)." if documented else None}]
+                    {"name": e.name, "value": e.value, "read_only": True, "config_source": SOURCE_STATIC_BROKER,
+                     "is_default": False, "is_sensitive": False, "synonyms": [], "config_type": e.config_type,
+                     "documentation": e.doc if documented else None}
+                    for e in broker_configs(broker) if keys is None or e.name in keys]
             continue
         if r.resource_type != RESOURCE_TOPIC:
             result["error_code"] = ErrorCode.invalid_request
@@ -234,6 +234,49 @@ async def describe_configs(broker: Broker, request: Request, session: Session) -
     return {"throttle_time": 0, "results": results}
 
 
+def _topic_to_alter(broker: Broker, session: Session, resource: Any, result: dict[str, Any]) -> Topic | None:
+    """The topic an alter of ``resource`` changes, or None with ``result``'s error set: a broker's configs
+    are static (its --config file), another type is not served, the principal may not, the topic is unknown."""
+    if resource.resource_type == RESOURCE_BROKER:
+        result["error_code"] = ErrorCode.invalid_request
+        result["error_message"] = ("a broker's configs are static: set them in its --config file and restart it "
+                                   "(DescribeConfigs shows them)")
+        return None
+    if resource.resource_type != RESOURCE_TOPIC:
+        result["error_code"] = ErrorCode.invalid_request
+        result["error_message"] = f"resource type {resource.resource_type} is not supported"
+        return None
+    if not session.may_topic(Operation.ALTER_CONFIGS, resource.resource_name):
+        result["error_code"] = ErrorCode.topic_authorization_failed
+        return None
+    topic = broker.topics.get(resource.resource_name)
+    if topic is None:
+        result["error_code"] = ErrorCode.unknown_topic_or_partition
+    return topic
+
+
+async def alter_configs(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
+    """AlterConfigs (KafkaJS's alterConfigs, kafka-python's alter_configs): the configs given become the
+    topic's whole set; those left out return to their defaults (IncrementalAlterConfigs changes one)."""
+    body = request.body
+    responses = []
+    for r in body.resources:
+        result: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None,
+                                  "resource_type": r.resource_type, "resource_name": r.resource_name}
+        responses.append(result)
+        topic = _topic_to_alter(broker, session, r, result)
+        if topic is None:
+            continue
+        try:
+            checked = check_configs({c.name: c.value for c in r.configs if c.value is not None})
+        except InvalidConfigError as e:
+            result["error_code"], result["error_message"] = ErrorCode.invalid_config, str(e)
+            continue
+        if not body.validate_only:
+            broker.set_topic_configs(topic.name, checked)
+    return {"throttle_time": 0, "responses": responses}
+
+
 async def incremental_alter_configs(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     responses = []
@@ -241,16 +284,8 @@ async def incremental_alter_configs(broker: Broker, request: Request, session: S
         result: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None,
                                   "resource_type": r.resource_type, "resource_name": r.resource_name}
         responses.append(result)
-        topic = broker.topics.get(r.resource_name) if r.resource_type == RESOURCE_TOPIC else None
-        if r.resource_type != RESOURCE_TOPIC:
-            result["error_code"] = ErrorCode.invalid_request
-            result["error_message"] = f"resource type {r.resource_type} is not supported"
-            continue
-        if not session.may_topic(Operation.ALTER_CONFIGS, r.resource_name):
-            result["error_code"] = ErrorCode.topic_authorization_failed
-            continue
+        topic = _topic_to_alter(broker, session, r, result)
         if topic is None:
-            result["error_code"] = ErrorCode.unknown_topic_or_partition
             continue
         configs = dict(topic.configs)
         try:
@@ -290,5 +325,6 @@ APIS = (
     Api(ApiKey.DELETE_TOPICS, "DeleteTopics", 1, 6, delete_topics, ordered=True),
     Api(ApiKey.CREATE_PARTITIONS, "CreatePartitions", 0, 3, create_partitions, ordered=True),
     Api(ApiKey.DESCRIBE_CONFIGS, "DescribeConfigs", 1, 4, describe_configs),
+    Api(ApiKey.ALTER_CONFIGS, "AlterConfigs", 0, 2, alter_configs, ordered=True),
     Api(ApiKey.INCREMENTAL_ALTER_CONFIGS, "IncrementalAlterConfigs", 0, 1, incremental_alter_configs, ordered=True),
 )
