@@ -21,6 +21,7 @@ from kio.static.primitive import i16, i32
 from brokerkit import BrokerProcess, running_broker
 from stratalog.kafka.codec import KafkaProtocolError, UnsupportedVersionError, decode_request
 from stratalog.kafka.connection import FrameReader, FrameTooLargeError
+from waiting import wait_until
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -114,6 +115,25 @@ def test_api_versions_of_an_unknown_version_answers_unsupported_version_with_the
     decoded, _ = entity_reader(ApiVersionsResponse)(response, 4)
     assert decoded.error_code == 35
     assert {(k.api_key, k.min_version, k.max_version) for k in decoded.api_keys} >= {(18, 0, 3), (0, 3, 9)}
+
+
+@pytest.mark.parametrize(("api_key", "version", "said"), [
+    (26, 3, "EndTxn (API 26) v3 is not served (this broker serves no version of it)"),
+    (3, 99, "Metadata (API 3) v99 is not served (this broker serves versions 0-12)"),
+    (9000, 0, "API 9000 v0 is not served (this broker serves no version of it)"),
+])
+def test_a_request_of_an_api_or_version_not_served_is_logged_by_name(broker: BrokerProcess, api_key: int,
+                                                                     version: int, said: str) -> None:
+    def refused_and_logged() -> bool:
+        with connect(broker) as sock:
+            sock.sendall(frame(struct.pack(">hhih", api_key, version, 5, 1) + b"t"))
+            assert read_frame(sock) is None, "the broker closes the connection, as Kafka does"
+        return any(said in line for line in broker.output)
+
+    # Refusals are logged 10 a second at most (the rest counted): the bad frames before may have used a
+    # second's share, so the request is sent again until its line shows.
+    wait_until(refused_and_logged, f"a log line saying {said!r}", poll_s=0.2)
+    assert_still_serves(broker)
 
 
 def test_pipelined_requests_are_answered_in_order(broker: BrokerProcess) -> None:

@@ -28,7 +28,7 @@ from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.quotas import PRODUCER_BYTE_RATE, REQUEST_RATE
 from stratalog.broker.read_gate import Hold, ReadGate
 from stratalog.broker.session import ANONYMOUS, Session
-from stratalog.kafka.api_keys import ApiKey
+from stratalog.kafka.api_keys import ApiKey, api_label
 from stratalog.kafka.build import build
 from stratalog.kafka.codec import (
     EncodedResponse,
@@ -366,8 +366,9 @@ class _KafkaProtocol(asyncio.Protocol):
         except UnsupportedVersionError as e:
             if e.api_key != ApiKey.API_VERSIONS:
                 api = self.broker.apis.get(e.api_key)
-                served = f"{api.name} versions {api.min_version}-{api.max_version}" if api else "no such API"
-                raise KafkaProtocolError(f"{e} (this broker serves {served})") from None
+                served = f"versions {api.min_version}-{api.max_version}" if api else "no version of it"
+                raise KafkaProtocolError(f"{api_label(e.api_key)} v{e.api_version} is not served (this broker "
+                                         f"serves {served})") from None
             # Kafka's rule: answer ApiVersions of an unknown version at v0 with the versions served.
             response = _Response(e.correlation_id, 0)
             response.frame, response.ready = self._api_versions_error(e.correlation_id), True

@@ -44,3 +44,12 @@ class ApiKey(IntEnum):
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
+
+
+def api_label(api_key: int) -> str:
+    """Kafka's name of an API with its key (``EndTxn (API 26)``), served here or not; ``API <key>`` for a
+    key Kafka has no API for. For log lines about requests this broker refuses."""
+    from kio.schema.index import api_key_map
+
+    name = api_key_map.get(api_key)
+    return f"{''.join(part.title() for part in name.split('_'))} (API {api_key})" if name else f"API {api_key}"
