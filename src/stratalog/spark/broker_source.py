@@ -7,8 +7,11 @@ Options, besides ``path`` / ``bootstrap`` and ``kafka.<setting>`` (location.py):
     pushed-down filters on ``stream`` narrow it further.
 ``coldReads``
     ``auto`` (default): uploaded records from the object storage the broker names, when this machine can
-    reach it, else everything from the broker; ``objects``: the same, but an unreachable store is an
-    error; ``broker``: everything through Kafka Fetch.
+    read it (tried once, on the driver), else everything from the broker, saying why once; ``objects``:
+    the same, but a store that cannot be read is an error; ``broker``: everything through Kafka Fetch.
+``s3.accessKey``, ``s3.secretKey`` (and ``s3.endpoint``, ``s3.region``)
+    Credentials (and a route) for the broker's S3 store, beside AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+    in the environment (object_access.py).
 ``failOnDataLoss``
     ``true`` (default): a read that finds records it was to return trimmed fails, as Spark's Kafka source
     does; ``false`` goes on without them.
@@ -31,9 +34,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Filter, InputPartition
@@ -45,10 +46,12 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from stratalog.engine.manifest import Manifest, ManifestError, read_manifest
+from stratalog.objects.uri import redact
 from stratalog.spark.broker_plan import TailPartition, label, plan_broker_read, read_ranges
 from stratalog.spark.filters import PushedFilters
 from stratalog.spark.kafka_client import BrokerReadError, BrokerView, PartitionEnds, TopicPartition, read_tail
 from stratalog.spark.location import Location
+from stratalog.spark.object_access import NEEDS, unreadable, with_s3_options
 from stratalog.spark.options import bool_option, include_headers, int_option, option
 from stratalog.spark.plan import BYTES_PER_PARTITION, ROWS_PER_PARTITION, ReadPartition
 from stratalog.spark.reader import open_store, read_partition, shared_store
@@ -76,6 +79,7 @@ class BrokerRead:
         raw_streams = option(options, "streams")
         self.streams = None if raw_streams is None else frozenset(
             s.strip() for s in raw_streams.split(",") if s.strip())
+        self.options = options
         self.cold_reads = (option(options, "coldReads") or "auto").lower()
         if self.cold_reads not in COLD_READS:
             raise ValueError(f"option 'coldReads' must be one of {', '.join(COLD_READS)}, not {self.cold_reads!r}")
@@ -101,23 +105,27 @@ class BrokerRead:
         if self.cold_reads == "broker":
             self.objects = None
             return
-        if self.objects is not None:
-            return
-        try:
-            advertised = view.object_store_uri()
-        except BrokerReadError as e:  # not authorized to describe the broker's configs, say
-            advertised, refused = None, f" ({e})"
+        given = self.objects
+        refused = ""
+        if given is None:
+            try:
+                given = view.object_store_uri()
+            except BrokerReadError as e:  # not authorized to describe the broker's configs, say
+                refused = f" ({e})"
+        if given is not None:
+            uri = with_s3_options(given, self.options)
+            reason = unreadable(uri)
+            if reason is None:
+                self.objects = uri
+                return
+            why = f"the object store {redact(given)} cannot be read from here: {reason}"
         else:
-            refused = ""
-        if advertised is not None and _reachable(advertised):
-            self.objects = advertised
-            return
-        why = (f"broker {self.bootstrap} keeps its objects at {advertised}, which this machine cannot reach"
-               if advertised else f"broker {self.bootstrap} does not say where its objects are{refused}")
+            why = f"broker {self.bootstrap} does not say where its objects are{refused}"
+        self.objects = None
         if self.cold_reads == "objects":
-            raise ValueError(f"{why}: give the object store as option 'path', or set coldReads=broker")
-        log.warning("%s: every record is read through the broker (give the object store as option 'path' "
-                    "to read uploaded records from it)", why)
+            raise ValueError(f"{why}; {NEEDS}, give the object store as option 'path', or set coldReads=broker")
+        log.warning("%s: every record is read through the broker with Kafka Fetch (to read uploaded records from "
+                    "objects, %s)", why, NEEDS)
 
     def manifest(self) -> Manifest | None:
         if self.objects is None:
@@ -173,13 +181,6 @@ def reachable_objects(location: Location, options: dict[str, str]) -> str:
         view.close()
     assert source.objects is not None
     return source.objects
-
-
-def _reachable(uri: str) -> bool:
-    """Whether this machine can read the object store ``uri`` (a local directory must exist here)."""
-    if uri.startswith("file://"):
-        return Path(unquote(urlsplit(uri).path)).is_dir()
-    return True
 
 
 class BrokerBatchReader(DataSourceReader):

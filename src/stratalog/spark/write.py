@@ -414,7 +414,7 @@ class _WriterBase:
         self.kafka = location.kafka
         self.destinations: Destinations | None = None
         if location.broker:
-            self.uri, counts = _broker_objects(location)
+            self.uri, counts = _broker_objects(location, options)
             self.destinations = Destinations(names, option(options, "topic"), counts)
             self.data_dir = None
         else:
@@ -463,11 +463,12 @@ class _WriterBase:
             store.close()
 
 
-def _broker_objects(location: Location) -> tuple[str, dict[str, int]]:
-    """Where tasks stage for a broker (its object storage, reachable from here: ValueError otherwise), and
-    its topics' partition counts (driver side, when the writer is made)."""
+def _broker_objects(location: Location, options: dict[str, str]) -> tuple[str, dict[str, int]]:
+    """Where tasks stage for a broker (its object storage, read and written from here with the s3.* options'
+    credentials: ValueError, saying what it needs, otherwise), and its topics' partition counts (driver
+    side, when the writer is made)."""
     assert location.bootstrap is not None
-    uri = reachable_objects(location, {})
+    uri = reachable_objects(location, options)
     view = BrokerView(location.bootstrap, location.kafka)
     try:
         return uri, view.topics(None)
