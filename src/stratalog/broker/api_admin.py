@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -258,26 +259,18 @@ def _topic_to_alter(broker: Broker, session: Session, resource: Any, result: dic
 async def alter_configs(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     """AlterConfigs (KafkaJS's alterConfigs, kafka-python's alter_configs): the configs given become the
     topic's whole set; those left out return to their defaults (IncrementalAlterConfigs changes one)."""
-    body = request.body
-    responses = []
-    for r in body.resources:
-        result: dict[str, Any] = {"error_code": ErrorCode.none, "error_message": None,
-                                  "resource_type": r.resource_type, "resource_name": r.resource_name}
-        responses.append(result)
-        topic = _topic_to_alter(broker, session, r, result)
-        if topic is None:
-            continue
-        try:
-            checked = check_configs({c.name: c.value for c in r.configs if c.value is not None})
-        except InvalidConfigError as e:
-            result["error_code"], result["error_message"] = ErrorCode.invalid_config, str(e)
-            continue
-        if not body.validate_only:
-            broker.set_topic_configs(topic.name, checked)
-    return {"throttle_time": 0, "responses": responses}
+    return _alter_each(broker, request, session,
+                       lambda _topic, r: {c.name: c.value for c in r.configs if c.value is not None})
 
 
 async def incremental_alter_configs(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
+    return _alter_each(broker, request, session, _incremented)
+
+
+def _alter_each(broker: Broker, request: Request, session: Session,
+                configs_of: Callable[[Topic, Any], dict[str, str]]) -> dict[str, Any]:
+    """Each resource's topic set to ``configs_of(topic, resource)``, checked (INVALID_CONFIG for a bad
+    one), unless the request only validates."""
     body = request.body
     responses = []
     for r in body.resources:
@@ -287,24 +280,29 @@ async def incremental_alter_configs(broker: Broker, request: Request, session: S
         topic = _topic_to_alter(broker, session, r, result)
         if topic is None:
             continue
-        configs = dict(topic.configs)
         try:
-            for c in r.configs:
-                if c.config_operation == OP_SET:
-                    configs[c.name] = c.value
-                elif c.config_operation == OP_DELETE:
-                    configs.pop(c.name, None)
-                elif c.config_operation in (OP_APPEND, OP_SUBTRACT):
-                    configs[c.name] = _altered_list(configs, c.name, c.value, append=c.config_operation == OP_APPEND)
-                else:
-                    raise InvalidConfigError(f"{c.name}: no config operation {c.config_operation}")
-            checked = check_configs(configs)
+            checked = check_configs(configs_of(topic, r))
         except InvalidConfigError as e:
             result["error_code"], result["error_message"] = ErrorCode.invalid_config, str(e)
             continue
         if not body.validate_only:
             broker.set_topic_configs(topic.name, checked)
     return {"throttle_time": 0, "responses": responses}
+
+
+def _incremented(topic: Topic, resource: Any) -> dict[str, str]:
+    """IncrementalAlterConfigs: the topic's configs with each operation of ``resource`` applied."""
+    configs = dict(topic.configs)
+    for c in resource.configs:
+        if c.config_operation == OP_SET:
+            configs[c.name] = c.value
+        elif c.config_operation == OP_DELETE:
+            configs.pop(c.name, None)
+        elif c.config_operation in (OP_APPEND, OP_SUBTRACT):
+            configs[c.name] = _altered_list(configs, c.name, c.value, append=c.config_operation == OP_APPEND)
+        else:
+            raise InvalidConfigError(f"{c.name}: no config operation {c.config_operation}")
+    return configs
 
 
 def _altered_list(configs: dict[str, str], name: str, value: str | None, *, append: bool) -> str:
