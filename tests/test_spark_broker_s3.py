@@ -100,3 +100,19 @@ def test_a_write_without_credentials_says_what_it_needs_and_one_with_them_writes
         writer = writer.option(name, value)
     writer.mode("append").save()
     assert read(spark, process.bootstrap, "written", coldReads="broker") == sorted(b"row-%d" % i for i in range(50))
+
+
+def test_materialized_tables_on_s3_are_read_without_the_s3a_connector(
+        spark: Any, broker: tuple[BrokerProcess, str]) -> None:
+    from stratalog.spark.materialize import load, materialize
+
+    process, keys = broker
+    path = f"kafka://{process.bootstrap}"
+    report = materialize(spark, path, [TOPIC], options=credentials(keys))
+    assert report.rows == RECORDS and report.files_written >= PARTITIONS
+    rows = load(spark, path, [TOPIC], **credentials(keys)).collect()
+    assert sorted(bytes(r.value) for r in rows) == sorted(b"v%d" % i for i in range(RECORDS))
+    assert sorted((r.stream, r.offset) for r in rows) == sorted(
+        (f"{TOPIC}/{i % PARTITIONS}", i // PARTITIONS) for i in range(RECORDS))
+    with pytest.raises(Exception, match="s3a"):   # this session has no hadoop-aws: Spark's reader cannot
+        load(spark, path, [TOPIC], tableReader="spark", **credentials(keys)).collect()

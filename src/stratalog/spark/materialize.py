@@ -255,7 +255,7 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
     finally:
         if client is not None:
             client.close()
-    files: list[str] = []
+    files: list[str] = []   # object keys of the table files to read
     resume: dict[str, dict[str, int]] = {}
     cut: list[tuple[str, int]] = []
     for topic, partitions in sorted(by_topic.items()):
@@ -265,13 +265,13 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
             resume.setdefault(topic, {})[str(partition)] = max(done.get(partition, 0), start)
             for f in tables[topic].files:
                 if f.partition == partition and f.end > start:
-                    files.append(spark_path(uri, f.key))
+                    files.append(f.key)
                     if f.start < start:
                         cut.append((f"{topic}/{partition}", start))
     caught_up = all(resume[t][str(p)] >= bounds[(t, p)][1] for t, ps in by_topic.items() for p in ps)
     materialized = None
     if files:
-        materialized = spark.read.schema(f"{SCHEMA_DDL}, {HEADERS_DDL}").parquet(*files)
+        materialized = _read_tables(spark, uri, files, (opts.get("tablereader") or "auto").lower())
         for label, start in cut:  # offsets trimmed since their file was written
             materialized = materialized.where(~((F.col("stream") == label) & (F.col("offset") < start)))
         if not headers:
@@ -286,6 +286,42 @@ def load(spark: SparkSession, path: str, topics: list[str] | None = None, **opti
     # The schema given, so Spark need not ask a Python worker for it.
     rest = spark.read.format("stratalog").schema(schema).options(**rest_options).load()
     return rest if materialized is None else materialized.unionByName(rest)
+
+
+TABLE_READERS = ("auto", "spark", "objects")
+
+
+def _read_tables(spark: SparkSession, uri: str, keys: list[str], reader: str) -> DataFrame:
+    """The table files ``keys``: through Spark's Parquet reader where the session reads the store's URIs
+    (a local directory; S3 with the S3A connector, hadoop-aws, on its class path), else through the data
+    source's tasks, each reading a file from the object store with pyarrow (option ``tableReader``:
+    ``spark`` or ``objects`` to choose; ``auto`` picks)."""
+    if reader not in TABLE_READERS:
+        raise ValueError(f"option 'tableReader' must be one of {', '.join(TABLE_READERS)}, not {reader!r}")
+    full = f"{SCHEMA_DDL}, {HEADERS_DDL}"
+    if reader == "spark" or (reader == "auto" and _spark_reads(spark, uri)):
+        return spark.read.schema(full).parquet(*(spark_path(uri, key) for key in keys))
+    return spark.read.format("stratalog").schema(full).options(
+        path=uri, tableFiles=json.dumps(keys), includeHeaders="true").load()
+
+
+#: The class a Spark session needs to read s3a:// URIs (hadoop-aws, not on PyPI).
+S3A_CLASS = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+
+
+def _spark_reads(spark: SparkSession, uri: str) -> bool:
+    if not uri.startswith("s3://"):
+        return True
+    try:
+        spark._jvm.java.lang.Class.forName(S3A_CLASS)  # type: ignore[union-attr]
+    except Exception:   # not on the class path (Py4J's error), or no JVM here at all (Spark Connect)
+        return False
+    return True
+
+
+def read_table_file(store: ObjectStore, key: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of one table file (a task of a ``tableFiles`` read)."""
+    yield from pq.read_table(pa.BufferReader(store.get(key))).to_batches()
 
 
 def _bounds(client: BrokerView | None, manifest: Manifest,

@@ -26,6 +26,9 @@ Options (all strings, as Spark passes them):
 ``startingOffsets``
     Batch reads of streams named ``topic/partition``: JSON ``{"topic": {"partition": offset}}``, where each
     named stream starts (as in Spark's Kafka source).
+``tableFiles``
+    A JSON list of materialized table files (object keys) to read instead, a task each, with pyarrow from
+    the object store: how ``materialize.load`` reads tables where Spark has no S3A connector.
 
 The driver reads the manifest once and plans partitions (:mod:`stratalog.spark.plan`); each task reads
 its blocks from the object store directly (:mod:`stratalog.spark.reader`). Filters ``stream = x``,
@@ -37,7 +40,9 @@ push down the ``stream`` and ``offset`` filters the same way (a run is read whol
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -122,6 +127,13 @@ class StratalogDataSource(DataSource):
         return StratalogStreamWriter(self._options(), schema, overwrite)
 
 
+@dataclass(frozen=True)
+class TableFilePartition:
+    """A task of a read of materialized table files (``tableFiles``): one Parquet file, by object key."""
+
+    key: str
+
+
 class StratalogReader(DataSourceReader):
     """Batch reader: plans on the driver, reads on executors. Picklable (options and plan only)."""
 
@@ -133,6 +145,8 @@ class StratalogReader(DataSourceReader):
         self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)
         self.headers = include_headers(options)
         self.starting = option(options, "startingOffsets")
+        raw_tables = option(options, "tableFiles")
+        self.table_files: list[str] | None = None if raw_tables is None else json.loads(raw_tables)
         if self.queues is not None and (self.streams is not None or self.headers):
             raise ValueError("option 'queues' reads a queue store: it does not go with 'streams' or "
                              "'includeHeaders'")
@@ -171,6 +185,8 @@ class StratalogReader(DataSourceReader):
                 if f"{t}/{p}" in by_name and offset >= 0}
 
     def partitions(self) -> Sequence[InputPartition]:
+        if self.table_files is not None:
+            return [InputPartition(TableFilePartition(key)) for key in self.table_files]
         return [InputPartition(p) for p in self.plan()]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -179,6 +195,11 @@ class StratalogReader(DataSourceReader):
             return  # an empty plan: Spark still runs one task, with no partition value
         if isinstance(value, QueuePartition):
             yield from read_queue_partition(shared_store(self.uri), value)
+            return
+        if isinstance(value, TableFilePartition):
+            from stratalog.spark.materialize import read_table_file
+
+            yield from read_table_file(shared_store(self.uri), value.key)
             return
         assert isinstance(value, ReadPartition)
         yield from read_partition(shared_store(self.uri), value, headers=self.headers)
