@@ -13,6 +13,7 @@ from typing import Any
 
 from stratalog.admin.connect import REQUEST_TIMEOUT_S, AdminError, describe_error
 from stratalog.admin.record_format import Record
+from stratalog.admin.topics import topic_metadata
 
 #: How long the producer may take to have everything acknowledged at the end: librdkafka's own default
 #: message timeout (delivery.timeout.ms) is 300 s; a healthy broker needs milliseconds.
@@ -148,10 +149,7 @@ def consume(settings: Mapping[str, str], topic: str, on_record: Callable[[Record
 def _assignment(consumer: Any, topic: str, start: Start, partition: int | None) -> list[Any]:
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
-    metadata = consumer.list_topics(topic, timeout=REQUEST_TIMEOUT_S).topics.get(topic)
-    if metadata is None or metadata.error is not None or not metadata.partitions:
-        why = metadata.error.str() if metadata is not None and metadata.error is not None else "unknown"
-        raise AdminError(f"topic {topic}: {why}")
+    metadata = topic_metadata(consumer, topic)
     numbers = sorted(metadata.partitions)
     if partition is not None:
         if partition not in metadata.partitions:

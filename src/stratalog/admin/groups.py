@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratalog.admin.connect import REQUEST_TIMEOUT_S, AdminError, answer
-from stratalog.admin.topics import end_offsets, offsets_for_time
+from stratalog.admin.topics import end_offsets, offsets_for_time, topic_metadata
 
 #: Group states in which a group's offsets may be changed from outside (Kafka's reset tool's rule: no member
 #: may be consuming while its position moves under it).
@@ -121,9 +121,7 @@ def partitions_of(admin: Any, group: str, topics: Sequence[str]) -> list[tuple[s
     chosen = []
     for spec in topics:
         name, _, listed = spec.partition(":")
-        metadata = admin.list_topics(topic=name, timeout=REQUEST_TIMEOUT_S).topics.get(name)
-        if metadata is None or metadata.error is not None or not metadata.partitions:
-            raise AdminError(f"topic {name}: unknown")
+        metadata = topic_metadata(admin, name)
         numbers = sorted(metadata.partitions)
         if listed:
             try:

@@ -22,6 +22,15 @@ def _metadata(admin: Any, topic: str | None = None) -> Any:
         raise AdminError(f"metadata of {topic or 'the cluster'}: {describe_error(e)}") from None
 
 
+def topic_metadata(client: Any, name: str) -> Any:
+    """A topic's metadata (partitions, leaders) as any confluent-kafka client reads it; AdminError naming
+    the topic when it is unknown, refused or has no partition."""
+    topic = _metadata(client, name).topics.get(name)
+    if topic is None or topic.error is not None or not topic.partitions:
+        raise AdminError(f"topic {name}: {topic.error.str() if topic is not None and topic.error else 'unknown'}")
+    return topic
+
+
 def list_topics(admin: Any) -> list[dict[str, Any]]:
     """Every topic: name, partitions, replication factor (of its first partition), sorted by name."""
     rows = []
@@ -64,9 +73,7 @@ def offsets_for_time(admin: Any, partitions: Sequence[tuple[str, int]],
 def describe_topic(admin: Any, name: str, all_configs: bool = False) -> dict[str, Any]:
     """One topic: its partitions (leader, replicas, in-sync replicas, earliest and latest offsets, records
     between them) and its configs (those set on the topic, or every one with ``all_configs``)."""
-    topic = _metadata(admin, name).topics.get(name)
-    if topic is None or topic.error is not None:
-        raise AdminError(f"topic {name}: {topic.error.str() if topic is not None else 'unknown'}")
+    topic = topic_metadata(admin, name)
     ids = sorted(topic.partitions)
     keys = [(name, p) for p in ids]
     earliest = end_offsets(admin, keys, latest=False)

@@ -12,6 +12,7 @@ labelled children are kept per topic and per API), on the event loop; the endpoi
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -87,9 +88,9 @@ class BrokerMetrics:
         """Publish ``stats()`` (the store's figures and the server's) as gauges and counters, ``lags()``
         as each group's lag per partition and ``connections()`` per listener, read at each scrape (in the
         endpoint's thread); and the store's own ``collectors`` (object store calls, WAL timings)."""
-        self.registry.register(_StoreCollector(stats))
-        self.registry.register(_LagCollector(lags))
-        self.registry.register(_ConnectionsCollector(connections))
+        self.registry.register(_AtScrape(functools.partial(_store_metrics, stats)))
+        self.registry.register(_AtScrape(functools.partial(_lag_metrics, lags)))
+        self.registry.register(_AtScrape(functools.partial(_connection_metrics, connections)))
         for collector in collectors:
             self.registry.register(collector)
 
@@ -175,58 +176,50 @@ THROTTLED_ENTITIES_MAX = 1000
 OTHER_ENTITIES = "(others)"
 
 
-class _LagCollector(Collector):
-    def __init__(self, lags: Callable[[], Iterable[GroupLag]]) -> None:
-        self._lags = lags
+class _AtScrape(Collector):
+    """Metrics ``collect`` makes at each scrape. It describes nothing, so registering it reads nothing."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        lag = GaugeMetricFamily("kafka_consumergroup_lag", "A consumer group's lag on a partition: its end "
-                                "offset minus the group's committed offset (as kafka-exporter names it)",
-                                labels=["consumergroup", "topic", "partition"])
-        left_out = 0
-        try:
-            for count, (group, topic, partition, behind) in enumerate(self._lags()):
-                if count >= LAG_SERIES_MAX:
-                    left_out += 1
-                    continue
-                lag.add_metric([group, topic, str(partition)], behind)
-        except StratalogError as e:   # the offsets' database out of reach, or closing: the rest still scrapes
-            log.warning("consumer group lag not published: %s", e)
-        yield lag
-        yield GaugeMetricFamily("stratalog_group_lag_series_left_out", "Group-partitions left out of "
-                                "kafka_consumergroup_lag at the last scrape (past LAG_SERIES_MAX)", value=left_out)
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
-
-
-class _StoreCollector(Collector):
-    def __init__(self, stats: Callable[[], dict[str, int]]) -> None:
-        self._stats = stats
+    def __init__(self, make: Callable[[], Iterator[Metric]]) -> None:
+        self._make = make
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._stats()
-        for name, help_text in STORE_GAUGES.items():
-            if name in stats:
-                yield GaugeMetricFamily(f"stratalog_{name}", help_text, value=stats[name])
-        for name, help_text in STORE_COUNTERS.items():
-            if name in stats:
-                yield CounterMetricFamily(f"stratalog_{name}", help_text, value=stats[name])
+        return self._make()
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
+    def describe(self) -> Iterator[Metric]:
         return iter(())
 
 
-class _ConnectionsCollector(Collector):
-    def __init__(self, connections: Callable[[], dict[str, int]]) -> None:
-        self._connections = connections
+def _lag_metrics(lags: Callable[[], Iterable[GroupLag]]) -> Iterator[Metric]:
+    lag = GaugeMetricFamily("kafka_consumergroup_lag", "A consumer group's lag on a partition: its end "
+                            "offset minus the group's committed offset (as kafka-exporter names it)",
+                            labels=["consumergroup", "topic", "partition"])
+    left_out = 0
+    try:
+        for count, (group, topic, partition, behind) in enumerate(lags()):
+            if count >= LAG_SERIES_MAX:
+                left_out += 1
+                continue
+            lag.add_metric([group, topic, str(partition)], behind)
+    except StratalogError as e:   # the offsets' database out of reach, or closing: the rest still scrapes
+        log.warning("consumer group lag not published: %s", e)
+    yield lag
+    yield GaugeMetricFamily("stratalog_group_lag_series_left_out", "Group-partitions left out of "
+                            "kafka_consumergroup_lag at the last scrape (past LAG_SERIES_MAX)", value=left_out)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("stratalog_listener_connections", "Client connections open, by listener",
-                                   labels=["listener"])
-        for listener, count in sorted(self._connections().items()):
-            family.add_metric([listener], count)
-        yield family
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
+def _store_metrics(stats: Callable[[], dict[str, int]]) -> Iterator[Metric]:
+    figures = stats()
+    for name, help_text in STORE_GAUGES.items():
+        if name in figures:
+            yield GaugeMetricFamily(f"stratalog_{name}", help_text, value=figures[name])
+    for name, help_text in STORE_COUNTERS.items():
+        if name in figures:
+            yield CounterMetricFamily(f"stratalog_{name}", help_text, value=figures[name])
+
+
+def _connection_metrics(connections: Callable[[], dict[str, int]]) -> Iterator[Metric]:
+    family = GaugeMetricFamily("stratalog_listener_connections", "Client connections open, by listener",
+                               labels=["listener"])
+    for listener, count in sorted(connections().items()):
+        family.add_metric([listener], count)
+    yield family
