@@ -3,18 +3,15 @@ the connections that hold them are the ones that pay."""
 
 from __future__ import annotations
 
-import re
 import socket
 import struct
-import urllib.request
 import warnings
 from pathlib import Path
 
 import pytest
 from kio.schema.errors import ErrorCode
-from prometheus_client.parser import text_string_to_metric_families
 
-from brokerkit import BrokerProcess, running_broker
+from brokerkit import BrokerProcess, metrics_address, running_broker, scrape_metrics
 from stratalog.broker.memory import MemoryBudget
 from test_broker_authorization import ROWS, World, call
 from test_broker_bad_input import api_versions_request, read_frame
@@ -188,9 +185,5 @@ def test_refused_connections_are_logged_at_a_bounded_rate(caplog: pytest.LogCapt
 
 def bound_reached(broker: BrokerProcess, bound: str) -> float:
     """stratalog_memory_bound_reached_total{bound} as the broker's /metrics says."""
-    found = re.search(r"metrics on (http://\S+/metrics)", "".join(broker.output))
-    assert found, "".join(broker.output)
-    with urllib.request.urlopen(found.group(1), timeout=30) as response:
-        text = response.read().decode()
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == "stratalog_memory_bound_reached_total" and s.labels.get("bound") == bound)
+    samples = scrape_metrics(metrics_address(broker.output))
+    return samples.get(("stratalog_memory_bound_reached_total", (("bound", bound),)), 0.0)

@@ -11,9 +11,8 @@ import warnings
 from pathlib import Path
 
 from click.testing import CliRunner
-from prometheus_client.parser import text_string_to_metric_families
 
-from brokerkit import BrokerProcess, running_broker
+from brokerkit import BrokerProcess, metrics_address, running_broker, scrape_metrics
 from stratalog.cli import cli
 from stratalog.commands.serve import serve
 from waiting import WAIT_S, wait_until
@@ -23,7 +22,6 @@ with warnings.catch_warnings():
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.errors import KafkaStorageError
 
-_METRICS_AT = re.compile(r"metrics on (http://[0-9.]+:\d+)/metrics")
 RECORDS = 500
 VALUE_BYTES = 100
 
@@ -32,10 +30,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 
 
 def endpoint(broker: BrokerProcess) -> str:
-    for line in broker.output:
-        if match := _METRICS_AT.search(line):
-            return match.group(1)
-    raise AssertionError("the banner names no metrics endpoint:\n" + "".join(broker.output))
+    return metrics_address(broker.output)
 
 
 def get(url: str) -> tuple[int, str]:
@@ -47,10 +42,7 @@ def get(url: str) -> tuple[int, str]:
 
 
 def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    status, text = get(f"{base}/metrics")
-    assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return scrape_metrics(base)
 
 
 def test_the_counters_move_by_exactly_what_was_produced_and_the_probes_answer(tmp_path: Path) -> None:

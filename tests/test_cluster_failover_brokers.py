@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from prometheus_client.parser import text_string_to_metric_families
 
-from brokerkit import console_address
+from brokerkit import console_address, metrics_address, scrape_metrics
 from clusterkit import (
     NONE,
     BrokerCluster,
@@ -100,14 +99,14 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
             wait_until(lambda: load.acked_count() >= acked_at_kill + AFTER_STEP_RECORDS,
                        "acknowledgements after the failover", timeout_s=120)
             assert all(o >= committed_before[p] for p, o in committed(cluster.bootstrap(survivor)).items())
-            survivors = [scrape(metrics_url(cluster.brokers[i])) for i in cluster.brokers if i != victim]
+            survivors = [scrape(cluster.brokers[i]) for i in cluster.brokers if i != victim]
             assert [m["stratalog_cluster_partitions_led"] for m in survivors] == [3.0, 3.0]
             assert all(m["stratalog_cluster_lease_confirmed"] == 1 for m in survivors)
             assert sum(m["stratalog_cluster_logs_replayed_total"] for m in survivors) >= 1, "the failover counted"
             assert sum(m["stratalog_cluster_partitions_gained_total"] for m in survivors) >= 4 + 2
             wait_until(lambda: all(m["stratalog_cluster_partitions_without_leader"] == 0 and
                                    m["stratalog_cluster_live_brokers"] == 2 for m in
-                                   [scrape(metrics_url(cluster.brokers[i])) for i in cluster.brokers if i != victim]),
+                                   [scrape(cluster.brokers[i]) for i in cluster.brokers if i != victim]),
                        "each survivor to see two live brokers and no partition without a leader")
             page = console_page(cluster.brokers[survivor])
             assert re.search(r"live brokers</th><td class=\"n\">2<", page) and "partitions led here" in page
@@ -175,18 +174,10 @@ def test_kill9_of_a_broker_under_load_loses_nothing_and_it_gets_partitions_back_
             load.kill()
 
 
-def metrics_url(broker: BrokerProcess) -> str:
-    found = re.search(r"metrics on (http://\S+/metrics)", "".join(broker.output))
-    assert found, "".join(broker.output)
-    return found.group(1)
-
-
-def scrape(url: str) -> dict[str, float]:
+def scrape(broker: BrokerProcess) -> dict[str, float]:
     """The samples without labels of a broker's /metrics, by name."""
-    with urllib.request.urlopen(url, timeout=30) as response:
-        text = response.read().decode()
-    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-            if not s.labels}
+    return {name: value for (name, labels), value in scrape_metrics(metrics_address(broker.output)).items()
+            if not labels}
 
 
 def console_page(broker: BrokerProcess) -> str:
