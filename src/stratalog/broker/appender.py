@@ -8,7 +8,12 @@ worker's append has gone in, the loop appends the queued ones straight again, un
 goes to the worker in its turn. The worker only ever waits: appends that find room run on the loop, and a
 burst that fills the store does not send every later append through a thread (each a wake-up and a turn
 for the interpreter's lock). First in first out, and no straight append while any is queued: the engine
-sees the appends in the order the broker accepted them.
+sees the appends in the order the broker accepted them. And a prefix of that order: once a queued append
+fails (it waited ``append_wait_s_max`` for room in vain), every append queued behind it fails too instead
+of going in. One of them may be the next batch of the same idempotent producer on the same partition,
+which must not land in the log after a gap in the producer's sequence: the broker forgets the failed
+batch and those recorded in flight after it, so a batch that landed anyway would be unknown to its
+producer state, and a retry of it would be written a second time (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from stratalog.engine import BackpressureError, Stream
+from stratalog.engine import BackpressureError, StoreClosedError, StoreFailedError, StoreFullError, Stream
 
 T = TypeVar("T")
 
@@ -92,9 +97,14 @@ class OrderedAppender:
         entry, self._in_worker = self._in_worker, None
         assert entry is not None
         self._settle(entry, handed)
+        failed = handed.exception()
         while self._waiting:  # room was made: the queued appends go straight until one finds none
             entry = self._waiting.popleft()
             answer: concurrent.futures.Future[concurrent.futures.Future[int]] = concurrent.futures.Future()
+            if failed is not None:   # never after a gap: see the module's doc
+                answer.set_exception(_behind(failed))
+                self._settle(entry, answer)
+                continue
             try:
                 answer.set_result(entry.stream.append_kafka(entry.batch, entry.count, entry.max_timestamp_ms,
                                                             wait_s_max=0))
@@ -104,6 +114,7 @@ class OrderedAppender:
                 break
             except Exception as error:  # a failed or closed store, a batch too large: this append's answer
                 answer.set_exception(error)
+                failed = error
             self._settle(entry, answer)
         self._wake_drain_waiters()
 
@@ -135,6 +146,16 @@ class OrderedAppender:
                 lambda f, e=entry: e.done.get_loop().call_soon_threadsafe(self._settle, e, f))  # type: ignore[misc]
         self._waiting.clear()
         self._worker.shutdown(wait=True, cancel_futures=False)
+
+
+def _behind(error: BaseException) -> BaseException:
+    """What an append queued behind one that failed with ``error`` fails with: the same error when it is
+    the store's (no room for too long, a full disk, a failed or closed store: the later append would have
+    met it too), else a BackpressureError naming it (a batch too large says nothing of the others). The
+    broker answers either with an error its producers retry."""
+    if isinstance(error, (BackpressureError, StoreFullError, StoreFailedError, StoreClosedError)):
+        return error
+    return BackpressureError(f"not appended: an append queued before it failed ({error})")
 
 
 def on_loop(source: concurrent.futures.Future[T], loop: asyncio.AbstractEventLoop) -> asyncio.Future[T]:
