@@ -116,15 +116,8 @@ def _assignment_malformed(broker: Broker, topic: Any) -> tuple[ErrorCode, str] |
 def _placement_refused(broker: Broker, named: set[int]) -> tuple[ErrorCode, str] | None:
     """Standalone, every partition is this broker's. In a cluster, partitions go where the cluster's balance
     puts them: an assignment that names a broker is refused rather than silently not followed."""
-    if broker.node is None:
-        others = named - {broker.config.node_id}
-        return None if not others else (ErrorCode.invalid_replica_assignment, (
-            f"this broker is broker {broker.config.node_id}, alone: no broker {', '.join(map(str, sorted(others)))}"))
-    unknown = named - set(broker.node.live)
-    if unknown:
-        return ErrorCode.invalid_replica_assignment, f"no live broker {', '.join(map(str, sorted(unknown)))}"
-    return (ErrorCode.invalid_replica_assignment, "in a cluster, partitions are placed by the cluster's balance: "
-            "create the topic without an assignment")
+    why = broker.ownership.assignment_refused(named)
+    return None if why is None else (ErrorCode.invalid_replica_assignment, why)
 
 
 #: DeleteTopics names topics by name or id (KIP-516) from this version on, by name alone before.

@@ -2,7 +2,8 @@
 
 Alone, a broker is the whole cluster: it leads every partition and coordinates every group. A broker of
 a cluster (``--cluster``) names the live brokers, each partition's leader and leader epoch, and each
-group's coordinator, as the cluster's tables say (broker/cluster_node.py).
+group's coordinator, as the cluster's tables say. The broker's ``ownership`` answers either way
+(broker/ownership.py).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
 from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
+from stratalog.broker.ownership import BrokerEndpoint
 from stratalog.broker.session import Session
-from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name, stream_name
+from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 
@@ -50,25 +52,19 @@ def _topic_metadata(broker: Broker, topic: Topic) -> dict[str, Any]:
 
 
 def _partition_metadata(broker: Broker, topic: str, partition: int) -> dict[str, Any]:
-    leader, epoch = broker.config.node_id, 0
-    if broker.node is not None:
-        led = broker.node.leader(stream_name(topic, partition))
-        if led is None:   # between a leader's death and its takeover: clients ask again
-            return {"error_code": ErrorCode.leader_not_available, "partition_index": partition, "leader_id": -1,
-                    "leader_epoch": -1, "replica_nodes": [], "isr_nodes": [], "offline_replicas": []}
-        leader, epoch = led
+    led = broker.ownership.leader(topic, partition)
+    if led is None:   # between a leader's death and its takeover: clients ask again
+        return {"error_code": ErrorCode.leader_not_available, "partition_index": partition, "leader_id": -1,
+                "leader_epoch": -1, "replica_nodes": [], "isr_nodes": [], "offline_replicas": []}
+    leader, epoch = led
     return {"error_code": ErrorCode.none, "partition_index": partition, "leader_id": leader, "leader_epoch": epoch,
             "replica_nodes": [leader], "isr_nodes": [leader], "offline_replicas": []}
 
 
-def _brokers(broker: Broker, session: Session) -> list[tuple[int, str, int]]:
+def _brokers(broker: Broker, session: Session) -> list[BrokerEndpoint]:
     """(id, host, port) of every live broker: this one alone, or the cluster's as they registered, each
     at its listener of the protocol this client connected with."""
-    if broker.node is None:
-        host, port = session.listener.endpoint
-        return [(broker.config.node_id, host, port)]
-    protocol = session.listener.protocol.value
-    return [(b.broker_id, *b.endpoint(protocol)) for b in broker.node.live.values()]
+    return broker.ownership.brokers(session.listener)
 
 
 async def metadata(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
@@ -105,7 +101,7 @@ async def metadata(broker: Broker, request: Request, session: Session) -> dict[s
                                "topic_id": NO_TOPIC_ID, "is_internal": False, "partitions": []})
                 continue
             topic = broker.topics.cached(name)
-            if topic is None and broker.node is not None:
+            if topic is None and broker.ownership.topics_shared:
                 # Perhaps made by another broker: a round trip to the table, off the event loop.
                 topic = await asyncio.to_thread(broker.topics.get, name)
             if topic is None and allow_create and session.may_create_topic(name):
@@ -157,12 +153,10 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
             return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_REFUSED, -1, host, port
         if not session.may_group(Operation.DESCRIBE, key):
             return ErrorCode.group_authorization_failed, None, -1, host, port
-        if broker.node is None:
-            return ErrorCode.none, None, broker.config.node_id, host, port
-        found = await broker.node.coordinator(key)
+        found = await broker.ownership.coordinator(key, session.listener)
         if found is None:
             return ErrorCode.coordinator_not_available, "no live broker coordinates the group yet", -1, host, port
-        return ErrorCode.none, None, found.broker_id, *found.endpoint(session.listener.protocol.value)
+        return ErrorCode.none, None, *found
 
     if request.api_version >= _BATCHED_FROM_VERSION:
         coordinators = []

@@ -31,7 +31,7 @@ log = logging.getLogger("stratalog.broker")
 def _elsewhere(broker: Broker, group_id: str) -> bool:
     """The group is coordinated by another broker of the cluster: its APIs answer NOT_COORDINATOR here, so
     the client finds the coordinator again (FindCoordinator)."""
-    return broker.node is not None and not broker.node.coordinates(group_id)
+    return not broker.ownership.coordinates(group_id)
 
 
 def _ms(value: Any) -> int:

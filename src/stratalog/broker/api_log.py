@@ -124,7 +124,7 @@ def _lease_confirmed(broker: Broker) -> bool:
     """Whether this broker may answer for what it leads right now: always alone; in a cluster while its
     lease is confirmed (cluster/lease_clock.py). Checked when an answer is complete, so everything in it
     was durable before the lease's confirmation ended, and so in the log any replay of it finds."""
-    return broker.node is None or broker.node.may_acknowledge()
+    return broker.ownership.may_acknowledge()
 
 
 def _withhold_acknowledgements(topics: list[ProduceTopicResult]) -> None:

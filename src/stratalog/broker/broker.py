@@ -2,7 +2,8 @@
 
 ``Broker`` is what the request handlers share. It runs on one asyncio event loop (the server's): every
 method is called from that loop's thread, so its dicts need no locks; the engine's own threads (WAL,
-uploader) reach back only through futures, which complete on the loop via ``wrap_future``.
+uploader) reach back only through futures, which complete on the loop via ``wrap_future``. Which partitions
+and groups it serves, alone or as one broker of a cluster, its ``ownership`` answers (ownership.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from stratalog.broker.acls import Authorizer
 from stratalog.broker.api_registry import all_apis
 from stratalog.broker.apis import Api
 from stratalog.broker.appender import OrderedAppender
-from stratalog.broker.cluster_node import ClusterNode
+from stratalog.broker.cluster_ownership import open_cluster_store
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.credentials import CredentialStore
 from stratalog.broker.groups import GroupCoordinator
@@ -31,44 +32,22 @@ from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.metadata_db import BrokerTables
 from stratalog.broker.metrics import BrokerMetrics
 from stratalog.broker.offsets import CommittedOffsets
+from stratalog.broker.ownership import Ownership, StandaloneOwnership
 from stratalog.broker.producer_recovery import ProducerSnapshots, replay
 from stratalog.broker.producers import ProducerStates
 from stratalog.broker.quotas import Quotas
 from stratalog.broker.sasl import new_secret
 from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicExistsError, TopicRegistry, check_topic_name, stream_name
-from stratalog.cluster.failover import log_owner
-from stratalog.datadir import prepare_data_dir
 from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.metadata_backends import MetadataUnavailableError
-from stratalog.errors import StratalogError
 from stratalog.io.block_io import CompletionWatch
 from stratalog.io.device import Device
 from stratalog.objects.uri import without_credentials
-from stratalog.wal.object_wal import ObjectWAL
 
 log = logging.getLogger("stratalog.broker")
 
-
-def _open_cluster_store(path: Path, config: BrokerConfig, object_store: str | None) -> tuple[ClusterNode, StreamStore]:
-    """Join the cluster, then open the stream store on this incarnation's log in the shared object store,
-    its metadata commits fenced by the partitions this incarnation holds."""
-    assert config.metadata is not None
-    if object_store is None:
-        raise ValueError("a broker of a cluster needs an object store the others reach too (--object-store)")
-    node = ClusterNode(config.cluster, config.metadata,
-                       [(listener.protocol.value, *listener.endpoint) for listener in config.listeners])
-    epoch = node.join()
-    try:
-        path, objects = prepare_data_dir(path, object_store)
-        wal = ObjectWAL.open(objects, log_owner(config.cluster.broker_id, epoch))
-        store = StreamStore.open(path, objects, config.store, metadata=config.metadata,
-                                 fence=node.cluster.stream_fence, wal=wal)
-    except BaseException:
-        node.leave(clean=False)
-        raise
-    return node, store
 
 T = TypeVar("T")
 
@@ -77,17 +56,18 @@ class Broker:
     """State shared by the handlers. Open with ``Broker.open`` inside the event loop; ``close`` it."""
 
     def __init__(self, data_dir: Path, store: StreamStore, config: BrokerConfig,
-                 object_store_uri: str | None = None, node: ClusterNode | None = None) -> None:
+                 object_store_uri: str | None = None, *, ownership: Ownership) -> None:
         self.config = config
         self.store = store
-        #: This broker's membership of a cluster (``--cluster``), or None: alone, it leads everything.
-        self.node = node
+        #: The partitions this broker serves and the groups it coordinates: all of them alone, its share as
+        #: one broker of a cluster (``--cluster``). The handlers ask it (broker/ownership.py).
+        self.ownership = ownership
         self.data_dir = data_dir
         #: The object store as other processes open it (DescribeConfigs ``stratalog.object.store.uri``).
         self.object_store_uri = object_store_uri or without_credentials(None, data_dir)
         #: Where the broker's tables live: the data directory's files, or config.metadata's database.
         self.tables = BrokerTables(data_dir, config.metadata)
-        self.topics = TopicRegistry(self.tables.broker, shared=node is not None)
+        self.topics = TopicRegistry(self.tables.broker, shared=self.ownership.topics_shared)
         self.credentials = CredentialStore(self.tables.broker)
         self.authorizer = Authorizer(self.tables.broker, config.authorizer)
         self.quotas = Quotas(self.tables.broker, config.quotas)
@@ -96,8 +76,7 @@ class Broker:
         #: Keys the stand-in credentials of unknown users (sasl.py): fresh at each start.
         self.sasl_secret = new_secret()
         self.offsets = CommittedOffsets(self.tables.offsets)
-        if node is not None:   # only the group's coordinator commits its offsets, checked in the commit
-            self.offsets.fence = node.cluster.group_fence
+        self.offsets.fence = self.ownership.offsets_fence
         self.groups = GroupCoordinator(self.offsets, config=config.groups)
         #: One thread for the handlers' calls on the committed offsets, run in the order they were made:
         #: commits of a group from several connections land, and are answered, in the order they came.
@@ -119,18 +98,13 @@ class Broker:
         #: a snapshot taken between the two with the durable end would skip a batch its producer states do
         #: not hold yet (and the producer's next batch after a restart would be out of order).
         self.settled_ends: dict[int, int] = {}
-        self._streams: dict[tuple[str, int], Stream] = {}
         #: Fetches waiting for data, by stream id.
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
         self.apis: dict[int, Api] = {}
         #: api key -> (min, max) version served: what every request is checked against.
         self.supported_versions: dict[int, tuple[int, int]] = {}
         self._stopping = False
-        if node is None:
-            # In a cluster, each partition's producers are loaded when this broker gains it, and a doomed
-            # stream is deleted by whoever deletes its topic.
-            self._finish_deletes()
-            self._recover_producers()
+        self.ownership.open(self)
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], config: BrokerConfig | None = None, *,
@@ -140,26 +114,25 @@ class Broker:
         config = config or BrokerConfig()
         config.validate()
         path = Path(data_dir)
-        node = None
+        ownership: Ownership
         if config.cluster.enabled:
-            node, store = _open_cluster_store(path, config, object_store)
+            ownership, store = open_cluster_store(path, config, object_store)
         else:
+            ownership = StandaloneOwnership()
             store = StreamStore.open(path, object_store, config.store, wal_device=wal_device,
                                      metadata=config.metadata)
         try:
-            broker = cls(path, store, config, without_credentials(object_store, path), node)
+            broker = cls(path, store, config, without_credentials(object_store, path), ownership=ownership)
         except BaseException:
             store.close()
-            if node is not None:
-                node.leave(clean=False)
+            ownership.leave(clean=False)
             raise
         for api in all_apis():
             broker.register(api)
         broker._watch_completions()
         broker.groups.start()
         broker._snapshot_task = asyncio.get_running_loop().create_task(broker._snapshot_periodically())
-        if node is not None:
-            node.start(broker)
+        broker.ownership.start()
         return broker
 
     @property
@@ -181,8 +154,7 @@ class Broker:
         return asyncio.get_running_loop().run_in_executor(self._offsets_worker, call, *args)
 
     async def close(self) -> None:
-        if self.node is not None:
-            await self.node.stop()
+        await self.ownership.stop()
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -205,16 +177,9 @@ class Broker:
         self.quotas.close()
         self._offsets_worker.shutdown(wait=True)
         self.offsets.close()
-        clean = False
-        if self.node is not None:
-            try:
-                self.store.flush()   # everything acknowledged committed: the log needs no replay
-                clean = True
-            except Exception as e:  # the log keeps it: another broker replays it
-                log.warning("the last upload before leaving the cluster failed: %s", e)
+        clean = self.ownership.commit_before_leaving()
         self.store.close()
-        if self.node is not None:
-            self.node.leave(clean)
+        self.ownership.leave(clean)
 
     def _watch_completions(self) -> None:
         """Complete the WAL's appends on this loop, as soon as their block is written (a produce answered
@@ -238,18 +203,9 @@ class Broker:
     # Topics and partitions ---------------------------------------------------------------------------
 
     def partition(self, topic: str, partition: int) -> Stream | None:
-        """The stream of a topic's partition, or None when there is no such partition."""
-        stream = self._streams.get((topic, partition))
-        if stream is not None:
-            return stream
-        if self.node is not None:   # a cluster: only the partitions this broker leads now
-            return self.node.stream(stream_name(topic, partition))
-        t = self.topics.get(topic)
-        if t is None or not 0 <= partition < t.partitions:
-            return None
-        stream = self.store.open_stream(stream_name(topic, partition))
-        self._streams[(topic, partition)] = stream
-        return stream
+        """The stream of a topic's partition, or None when there is no such partition or another broker of
+        the cluster leads it."""
+        return self.ownership.stream(topic, partition)
 
     def end_offset_of(self, topic: str, partition: int) -> int | None:
         """A partition's end offset, or None where this broker does not serve it; from any thread."""
@@ -259,35 +215,25 @@ class Broker:
     def stream_anywhere(self, topic: str, partition: int) -> Stream | None:
         """The stream of a partition this broker serves (None: it serves no such partition), from any
         thread: it changes nothing here, unlike :meth:`partition`."""
-        stream = self._streams.get((topic, partition))
-        if stream is not None:
-            return stream
-        name = stream_name(topic, partition)
-        if self.node is not None:
-            return self.node.stream(name)
-        try:
-            return self.store.open_stream(name)
-        except UnknownStreamError:
-            return None
+        return self.ownership.stream_anywhere(topic, partition)
 
     def partition_error(self, topic: str, partition: int) -> int:
         """Why ``partition`` gave no stream: NOT_LEADER_OR_FOLLOWER for a partition another broker of the
         cluster leads (the client refreshes its metadata), else UNKNOWN_TOPIC_OR_PARTITION."""
         t = self.topics.get(topic)
-        if self.node is not None and t is not None and 0 <= partition < t.partitions:
-            return int(ErrorCode.not_leader_or_follower)
+        if t is not None and 0 <= partition < t.partitions:
+            return int(self.ownership.not_served_error)
         return int(ErrorCode.unknown_topic_or_partition)
 
     def leader_epoch(self, topic: str, partition: int) -> int:
-        """The partition's leader epoch: 0 alone, the cluster's count of leader changes in a cluster."""
-        if self.node is None:
-            return 0
-        led = self.node.leader(stream_name(topic, partition))
+        """The partition's leader epoch: 0 alone, the cluster's count of leader changes in a cluster (-1
+        while the partition has no leader)."""
+        led = self.ownership.leader(topic, partition)
         return -1 if led is None else led[1]
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """This broker no longer leads the partition (a cluster's handoff)."""
-        self._streams.pop((topic, partition), None)
+        self.ownership.forget(topic, partition)
 
     def create_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> Topic:
         """Create a topic with its streams; raises InvalidTopicError, TopicExistsError, InvalidConfigError,
@@ -300,8 +246,7 @@ class Broker:
             raise TopicExistsError(f"topic {name!r} already exists")
         self._create_streams(name, 0, partitions, checked)
         topic = self.topics.add(name, partitions, checked)
-        if self.node is not None:
-            self.node.poke()   # its partitions get leaders at once, not at the next reconcile
+        self.ownership.topic_created()
         return topic
 
     def _create_streams(self, name: str, first: int, count: int, configs: dict[str, str]) -> None:
@@ -329,60 +274,25 @@ class Broker:
     def set_topic_configs(self, name: str, configs: dict[str, str]) -> Topic:
         topic = self.topics.set_configs(name, configs)
         retention_ms, retention_bytes = retention(configs)
-        for p in range(topic.partitions):
-            if self.node is not None:
-                # Every partition's row, led here or not: the retention is the stream's, whoever leads it.
-                meta = self.store.metadata
-                meta.set_retention(meta.stream(stream_name(name, p)).stream_id, retention_ms, retention_bytes)
-                continue
-            stream = self.partition(name, p)
-            if stream is not None:
-                self.store.set_retention(stream, retention_ms=retention_ms, retention_bytes=retention_bytes)
+        self.ownership.set_retention(topic, retention_ms, retention_bytes)
         return topic
 
     def delete_topic(self, name: str) -> Topic:
         self.topics.get(name)   # a topic another broker of the cluster made: known here from now on
         topic = self.topics.remove(name)
         for p in range(topic.partitions):
-            stream = self._streams.pop((name, p), None)
+            stream = self.ownership.forget(name, p)
             if stream is not None:
                 self.producers.forget_partition(stream.stream_id)
         self.offsets.delete_topic(name)
-        self._finish_deletes()
+        self.finish_deletes()
         return topic
 
-    def _finish_deletes(self) -> None:
-        doomed = self.topics.doomed_streams()
-        deleted = []
-        for n in doomed:
-            try:
-                self._delete_stream(n)
-            except StratalogError as e:
-                if self.node is None:
-                    raise
-                # A cluster: only the partition's last leader may change its stream (the fence); it deletes
-                # it at its next reconcile.
-                log.info("the stream %s of a deleted topic is left to its leader: %s", n, e)
-                continue
-            deleted.append(n)
-        self.topics.forget_doomed(deleted)
-
     def finish_deletes(self) -> None:
-        """Delete the streams of deleted topics this broker may delete (a cluster's reconcile calls it)."""
-        self._finish_deletes()
-
-    def _delete_stream(self, name: str) -> None:
-        try:
-            stream = self.store.open_stream(name)
-        except UnknownStreamError:
-            if self.node is None:
-                return   # deleted before a crash cut the cleanup short
-            try:
-                stream = self.store.reload_stream(name)   # made by another broker of the cluster
-            except UnknownStreamError:
-                return   # deleted already, by whichever broker could
-        with contextlib.suppress(UnknownStreamError):
-            self.store.delete_stream(stream)
+        """Delete the streams of deleted topics this broker may delete (at the open alone; a cluster's
+        reconcile calls it)."""
+        doomed = self.topics.doomed_streams()
+        self.topics.forget_doomed([n for n in doomed if self.ownership.delete_stream(n)])
 
     def auto_create(self, name: str) -> Topic | None:
         """The topic, created with the defaults if auto-creation is on and the name is valid."""
@@ -400,14 +310,11 @@ class Broker:
 
     # Idempotent producers across restarts -----------------------------------------------------------
 
-    def _partition_streams(self) -> list[Stream]:
-        if self.node is not None:
-            return self.node.served()
-        return [s for t in self.topics.all() for p in range(t.partitions) if (s := self.partition(t.name, p))]
-
-    def _recover_producers(self) -> None:
+    def recover_producers(self) -> None:
+        """Rebuild the idempotent producers of every partition served here: their snapshot, then the batches
+        after it (at the open alone; a cluster's broker does it per partition as it gains each)."""
         ends = self._snapshots.load(self.producers)
-        streams = self._partition_streams()
+        streams = self.ownership.served_streams()
         replayed = sum(replay(self.producers, s, ends.get(s.stream_id, 0)) for s in streams)
         self.settled_ends.update((s.stream_id, s.end_offset) for s in streams)
         if replayed:
@@ -417,11 +324,11 @@ class Broker:
         """Where the snapshot taken now ends for each partition: at the end of what the loop has settled,
         so every batch past it is replayed at the next start, none skipped."""
         return {s.stream_id: min(s.end_offset, self.settled_ends.get(s.stream_id, s.end_offset))
-                for s in self._partition_streams()}
+                for s in self.ownership.served_streams()}
 
     def _save_producers(self) -> None:
         ends = self._snapshot_ends()
-        self._snapshots.save(self.producers.entries(), ends, partitions_only=self.node is not None)
+        self._snapshots.save(self.producers.entries(), ends, partitions_only=self.ownership.snapshot_partitions_only)
 
     async def _snapshot_periodically(self) -> None:
         while True:
@@ -429,7 +336,8 @@ class Broker:
             ends = self._snapshot_ends()         # in the same loop step as the entries: they agree
             entries = self.producers.entries()
             try:
-                await asyncio.to_thread(self._snapshots.save, entries, ends, partitions_only=self.node is not None)
+                await asyncio.to_thread(self._snapshots.save, entries, ends,
+                                        partitions_only=self.ownership.snapshot_partitions_only)
             except MetadataUnavailableError as e:
                 # The last snapshot stands; a restart replays more batches after it. The next one retries.
                 log.warning("idempotent producers' snapshot not saved: %s", e)

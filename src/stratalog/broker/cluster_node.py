@@ -24,9 +24,10 @@ PostgreSQL decides (stratalog.cluster.leases); this module follows what it says:
   - it holds a group being handed over, or another broker holds a group it knows: it forgets the group's
     members (NOT_COORDINATOR: they join at the new coordinator), and releases the group if asked.
 
-The handlers ask :meth:`ClusterNode.stream` (the stream of a partition this broker serves, or None) and
-:meth:`coordinates`; Metadata and FindCoordinator read :attr:`live` and :attr:`holds`. Everything here but
-the renewal thread runs on the event loop.
+The broker and its handlers ask it through ``ClusterOwnership`` (broker/cluster_ownership.py), which reads
+:meth:`ClusterNode.stream` (the stream of a partition this broker serves, or None), :meth:`coordinates`,
+:meth:`leader`, :meth:`coordinator` and :attr:`live`. Everything here but the renewal thread runs on the
+event loop.
 """
 
 from __future__ import annotations

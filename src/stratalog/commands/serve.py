@@ -172,9 +172,8 @@ async def run_broker(data_dir: Path, config: BrokerConfig, object_store: str | N
         if config.metadata is not None:
             click.echo(f"  topics, offsets, users, ACLs, quotas and stream metadata in "
                        f"{without_password(config.metadata)}")
-        if broker.node is not None:
-            click.echo(f"  broker {broker.node.broker_id} of a cluster (incarnation {broker.node.epoch}; lease "
-                       f"{config.cluster.lease_ms} ms)")
+        if (summary := broker.ownership.summary()) is not None:
+            click.echo(f"  {summary}")
         if config.authorizer.enabled:
             supers = ", ".join(config.authorizer.super_users) or "none"
             click.echo(f"  ACLs are checked on every request (super users: {supers})")

@@ -66,9 +66,8 @@ def start_metrics(broker: Broker, server: BrokerServer, config: BrokerConfig,
     """The metrics endpoint, and the URL of its /metrics."""
     assert config.metrics_listen is not None
     address = parse_http_address(config.metrics_listen, METRICS, config.allow_plaintext_anywhere)
-    node = broker.node
-    broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections,
-                                  **(node.stats() if node is not None else {})},
+    ownership = broker.ownership
+    broker.metrics.watch(lambda: {**broker.store.stats(), "connections": server.connections, **ownership.stats()},
                          functools.partial(group_lags, broker), server.connections_by_listener,
                          broker.store.collectors())
     login = BasicLogin(broker, _on_loop(loop)) if address.secure else None
@@ -122,6 +121,6 @@ def not_ready(broker: Broker, server: BrokerServer) -> list[str]:
     refusal = broker.store.space_refusal
     if refusal is not None:
         reasons.append(f"not writable: {refusal}")
-    if broker.node is not None and not broker.node.may_acknowledge():
+    if not broker.ownership.may_acknowledge():
         reasons.append("the cluster lease is not confirmed (the metadata database is out of reach)")
     return reasons

@@ -103,12 +103,12 @@ class ConsoleData:
         groups = self.access.allowed(viewer, Operation.DESCRIBE, ResourceType.GROUP, broker.offsets.groups())
         stats = broker.store.stats()
         whole = self.access.cluster(viewer)
-        return {"node_id": broker.config.node_id, "cluster": broker.node is not None, "listeners": listeners,
+        return {"node_id": broker.config.node_id, "cluster": broker.ownership.in_cluster, "listeners": listeners,
                 "connections": self._connections() if whole else None, "topics": len(topics),
                 "partitions": sum(t.partitions for t in topics), "groups": len(groups),
                 "object_store": broker.object_store_uri if whole else None, "store": stats if whole else None,
                 "writable": not stats.get("space_refusing", 0),
-                "cluster_stats": broker.node.stats() if whole and broker.node is not None else None,
+                "cluster_stats": broker.ownership.stats() if whole and broker.ownership.in_cluster else None,
                 "objects": self._objects() if whole else None}
 
     def _objects(self) -> dict[str, int]:
