@@ -16,6 +16,7 @@ from kio.schema.delete_records.v0.request import DeleteRecordsPartition, DeleteR
 from kio.schema.fetch.v4.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.find_coordinator.v2.request import FindCoordinatorRequest
 from kio.schema.heartbeat.v1.request import HeartbeatRequest
+from kio.schema.init_producer_id.v0.request import InitProducerIdRequest
 from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import i16, i32, i32Timedelta, i64
@@ -26,10 +27,11 @@ from stratalog.chaos.cluster_probe import NONE, PartitionView, list_offsets_erro
 from stratalog.chaos.cluster_process import CLUSTER_TOML, BrokerCluster, S3Endpoint
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.client import KafkaConnection
-from stratalog.kafka.records import HEADER, encode_batch
+from stratalog.kafka.records import HEADER, LOG_OVERHEAD_BYTES, decode_records, encode_batch, split_batches
 
 PRODUCE, FETCH, FIND_COORDINATOR, HEARTBEAT, DELETE_RECORDS = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.FIND_COORDINATOR,
                                                       ApiKey.HEARTBEAT, ApiKey.DELETE_RECORDS)
+INIT_PRODUCER_ID = ApiKey.INIT_PRODUCER_ID
 LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR = 5, 6, 16
 
 
@@ -62,12 +64,54 @@ def stacks(cluster: BrokerCluster) -> str:
 def produce_error(connection: KafkaConnection, topic: str, partition: int,
                   value: bytes = b"sent to the wrong broker") -> int:
     """The error code of a Produce (acks=all) of one record holding ``value``."""
-    batch = encode_batch([(None, value, (), 0)], base_offset=0)
+    return produce_batch(connection, topic, partition, encode_batch([(None, value, (), 0)], base_offset=0))[0]
+
+
+def produce_batch(connection: KafkaConnection, topic: str, partition: int, batch: bytes) -> tuple[int, int]:
+    """(error code, base offset) of a Produce (acks=all) of one record batch, as a client sends it (an
+    idempotent producer's carries its producer id, epoch and base sequence)."""
     response = connection.call(PRODUCE, 3, ProduceRequest(
         acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)), topic_data=(
             TopicProduceData(name=TopicName(topic), partition_data=(
                 PartitionProduceData(index=i32(partition), records=batch),)),)))
-    return int(response.responses[0].partition_responses[0].error_code)
+    answer = response.responses[0].partition_responses[0]
+    return int(answer.error_code), int(answer.base_offset)
+
+
+def init_producer_id(connection: KafkaConnection) -> tuple[int, int]:
+    """(producer id, epoch) of a new idempotent producer."""
+    response = connection.call(INIT_PRODUCER_ID, 0, InitProducerIdRequest(
+        transactional_id=None, transaction_timeout=i32Timedelta.parse(datetime.timedelta(seconds=60))))
+    assert int(response.error_code) == NONE, response
+    return int(response.producer_id), int(response.producer_epoch)
+
+
+def partition_log(connection: KafkaConnection, topic: str, partition: int) -> list[tuple[int, str, bytes]]:
+    """Every record of a partition the broker leads, read with Fetch from offset 0 to its end: (offset,
+    its batch's producer fields as ``"id/epoch/sequence"`` of the record, value). Offsets must follow each
+    other: a gap or a repeat raises AssertionError."""
+    out: list[tuple[int, str, bytes]] = []
+    while True:
+        response = connection.call(FETCH, 4, FetchRequest(
+            max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), topics=(
+                FetchTopic(topic=TopicName(topic), partitions=(
+                    FetchPartition(partition=i32(partition), fetch_offset=i64(len(out)),
+                                   partition_max_bytes=i32(1 << 20)),)),)))
+        answer = response.responses[0].partitions[0]
+        assert int(answer.error_code) == NONE, answer
+        records = bytes(answer.records or b"")
+        before = len(out)
+        for position, header in split_batches(records, batch_bytes_max=len(records)) if records else ():
+            batch = records[position:position + header.batch_length + LOG_OVERHEAD_BYTES]
+            for i, record in enumerate(decode_records(batch, decompressed_bytes_max=1 << 20)):
+                if record.offset < len(out):
+                    continue   # a whole batch is sent; the fetch asked from within it
+                assert record.offset == len(out), f"offset {record.offset} read where {len(out)} was next"
+                producer = f"{header.producer_id}/{header.producer_epoch}/{header.base_sequence + i}"
+                out.append((record.offset, producer, record.value))
+        if len(out) >= int(answer.high_watermark) or len(out) == before:
+            assert len(out) == int(answer.high_watermark), "a fetch below the end gave nothing"
+            return out
 
 
 def fetch_error(connection: KafkaConnection, topic: str, partition: int) -> int:
