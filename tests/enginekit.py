@@ -79,5 +79,5 @@ def small_store_config(**overrides: object) -> StoreConfig:
 
 def abandon(store: StreamStore) -> None:
     """Stop a store as a crash would: no final upload; the WAL keeps what was not uploaded."""
-    store._failure = RuntimeError("abandoned")
+    store._core.failure = RuntimeError("abandoned")
     store.close()

@@ -439,10 +439,10 @@ class Scenario:
         rng = self.rng if hold_upload_lock else self.hook_rng
         with contextlib.ExitStack() as held:
             if hold_upload_lock:
-                assert store._upload_lock.acquire(timeout=LOCK_WAIT_S_MAX), "an upload hung"
-                held.callback(store._upload_lock.release)
+                assert store._core.upload_lock.acquire(timeout=LOCK_WAIT_S_MAX), "an upload hung"
+                held.callback(store._core.upload_lock.release)
             # Trims and stream creation commit under the commit lock: hold it so metadata stands still.
-            held.enter_context(store._commit_lock)
+            held.enter_context(store._core.commit_lock)
             acked = self.acknowledged_now()
             trims = dict(self.trims)
             meta = committed_metadata(store._dir)
@@ -573,7 +573,7 @@ def test_wal_eio_stops_the_store_and_loses_nothing_acknowledged(tmp_path: Path) 
 
 def live_wal_extent(store: StreamStore, image: bytearray) -> tuple[int, int]:
     """Logical ``[start, end)`` of the live WAL records: from past the trimmed record to the durable end."""
-    wal = store._wal
+    wal = store._core.wal
     trim = wal.trim_offset
     if trim < 0:
         return 0, wal.durable_offset
@@ -597,12 +597,12 @@ def test_bit_flips_outside_the_live_wal_return_nothing_corrupt_and_lose_nothing(
         scenario.append_burst(live.store, rng.randint(1, 20))
         for a in scenario.appends:
             a.future.result(timeout=WAIT_S)
-        with live.store._upload_lock:
+        with live.store._core.upload_lock:
             state = scenario.capture(live, "flips outside the live log", hold_upload_lock=False)
             # Everything was acknowledged, so the durable image holds it all.
             state.image = live.device.durable_image()
             start, end = live_wal_extent(live.store, state.image)
-            trim = live.store._wal.trim_offset
+            trim = live.store._core.wal.trim_offset
         live_phys = {(start + i) % RING_BYTES for i in range(end - start)}
         assert len(live_phys) < RING_BYTES // 2, "the live log should leave most of the ring to flip"
         state.flipped_bits = 16
@@ -642,8 +642,8 @@ def test_flipped_bit_in_an_acknowledged_wal_batch_is_detected_and_never_returned
         scenario.append_burst(live.store, rng.randint(10, 25))
         for a in scenario.appends:
             a.future.result(timeout=WAIT_S)
-        with live.store._upload_lock:
-            cached = [(sid, st.cache) for sid, st in live.store._streams.items() if st.cache]
+        with live.store._core.upload_lock:
+            cached = [(sid, st.cache) for sid, st in live.store._core.streams.items() if st.cache]
             sid, cache = rng.choice(cached)
             victim = rng.choice(list(cache))
             later = sum(e.base_offset > victim.base_offset for e in cache)
@@ -658,7 +658,7 @@ def test_flipped_bit_in_an_acknowledged_wal_batch_is_detected_and_never_returned
         r = check_state(state, scenario.known, tally, dirs, scenario.config, keep_open=True)
         assert r is not None
         assert r.store.open_stream(sid).end_offset == victim.base_offset
-        assert r.store._wal.recovery_stats.bad_body_records == 1, "the WAL's CRC must catch the flip"
+        assert r.store._core.wal.recovery_stats.bad_body_records == 1, "the WAL's CRC must catch the flip"
         rep = r.store.recovery
         assert rep.batches_not_contiguous == later
         assert rep.wal_records_damaged == 1

@@ -26,6 +26,7 @@ from stratalog.engine.store import (
     StoreFailedError,
     StreamStore,
 )
+from stratalog.engine.uploads import Uploads
 from stratalog.errors import StratalogError
 from stratalog.io.faulty import MemDevice
 from stratalog.kafka.records import encode_batch
@@ -104,7 +105,7 @@ def test_sequential_cold_reads_read_ahead_within_the_block_cache_bound(tmp_path:
             got.extend(numbers)
             assert store.stats()["block_cache_bytes"] <= cache_max
         assert got == list(range(128))  # record i is at offset i
-        stats = store._blocks.stats
+        stats = store._core.blocks.stats
         assert stats.readahead_blocks > 0, "a sequential reader got no readahead"
         assert stats.fetched_bytes <= data_bytes * 1.1, "blocks fetched ahead were evicted before they were read"
 
@@ -155,9 +156,9 @@ def test_blocks_read_to_the_end_are_evicted_first(tmp_path: Path) -> None:
 def uploader_parked(store: StreamStore) -> bool:
     """Whether the store's uploader waits in its loop for something to come due: the innermost Python frame
     of its thread is Condition.wait (blocked on the lock inside it), called from the loop."""
-    frame = sys._current_frames().get(store._uploader.ident or -1)
+    frame = sys._current_frames().get(store._uploads.thread.ident or -1)
     return (frame is not None and frame.f_code is threading.Condition.wait.__code__
-            and frame.f_back is not None and frame.f_back.f_code.co_name == "_uploader_loop")
+            and frame.f_back is not None and frame.f_back.f_code is Uploads._loop.__code__)
 
 
 def test_a_quiet_store_uploads_after_upload_interval(tmp_path: Path) -> None:
@@ -320,11 +321,11 @@ def test_crash_between_upload_and_commit_leaves_no_orphan_and_loses_nothing(tmp_
     def crash(*_: object) -> int:
         raise StratalogError("killed between the object put and the metadata commit")
 
-    store._meta.commit_objects = crash  # type: ignore[method-assign]
+    store._core.meta.commit_objects = crash  # type: ignore[method-assign]
     with pytest.raises(StratalogError):
         store.flush()
     assert any(k.startswith(DATA_PREFIX) for k in mem.objects), "the object should have been written"
-    store._failure = RuntimeError("crashed")
+    store._core.failure = RuntimeError("crashed")
     store.close()
     reopened = open_store(tmp_path, mem)
     assert reopened.recovery.orphan_objects_deleted == 1
@@ -344,10 +345,10 @@ def test_crash_between_commit_and_wal_trim_replays_nothing_twice(tmp_path: Path)
     def crash(_: int) -> None:
         raise StratalogError("killed after the commit, before the WAL trim")
 
-    store._wal.trim = crash  # type: ignore[method-assign]
+    store._core.wal.trim = crash  # type: ignore[method-assign]
     with pytest.raises(StratalogError):
         store.flush()
-    store._failure = RuntimeError("crashed")
+    store._core.failure = RuntimeError("crashed")
     store.close()
     reopened = open_store(tmp_path, mem)
     assert reopened.recovery.batches_already_in_objects == 20
