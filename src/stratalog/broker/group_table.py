@@ -1,13 +1,25 @@
-"""The groups a coordinator holds, bounded by ``groups_max``: what its membership protocol (groups.py) and
-its listing and expiry (group_admin.py) share, and the one way a group leaves it (its timers cancelled,
-whoever waits in it answered)."""
+"""The groups a coordinator holds, bounded by ``groups_max``: what its membership protocol (group_join.py,
+group_rebalance.py, group_sync.py, group_sessions.py) and its listing and expiry (group_admin.py) share, and
+the one way a group leaves it (its timers cancelled, whoever waits in it answered). GroupContext is that
+table with the rest the membership protocol's parts share: bounds, clock and timers."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from stratalog.broker.group_state import E, Group, GroupConfig, Member, S, SyncResult, answer, join_error
+from stratalog.broker.group_state import (
+    E,
+    Group,
+    GroupConfig,
+    Member,
+    S,
+    SyncResult,
+    TimerHandle,
+    answer,
+    join_error,
+)
 
 logger = logging.getLogger("stratalog.broker.groups")
 
@@ -62,6 +74,19 @@ class GroupTable:
             answer(join_future, join_error(member.member_id, error))
             sync_future, member.sync_future = member.sync_future, None
             answer(sync_future, SyncResult(error))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupContext:
+    """What the parts of a coordinator's membership protocol share, all of it the coordinator's (groups.py)."""
+
+    table: GroupTable
+    config: GroupConfig
+    clock_ms: Callable[[], int]
+    #: Runs a callback on the loop after so many ms (never before the coordinator started).
+    call_later: Callable[[int, Callable[[], None]], TimerHandle]
+    #: Refuses a call made before the coordinator started.
+    check_started: Callable[[], None]
 
 
 def cancel_session_timer(member: Member) -> None:
