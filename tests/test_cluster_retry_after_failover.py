@@ -2,8 +2,9 @@
 new leader answers it as the duplicate it is, with the offset the batch got the first time, and the log
 holds one copy. After a kill -9 (the batch only in the dead broker's object log, its producer state in no
 snapshot: the new leader has only the batches themselves to go by) and after a handoff (a snapshot taken
-at the handoff, and the batches after it). docs/cluster.md, "Why an idempotent record is never written
-twice across a failover", lists the paths to a second copy and what closes each; these hold the first.
+at the handoff, through the check that its broker still holds the partition, and the batches after it).
+docs/cluster.md, "Why an idempotent record is never written twice across a failover", lists the paths to
+a second copy and what closes each; these hold the first.
 
 Raw requests, so that the test decides exactly what is sent where and when (librdkafka would hide it)."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -54,6 +56,14 @@ def batch(producer: tuple[int, int], sequence: int, partition: int) -> bytes:
 
 def leaders(cluster: BrokerCluster, via: int, dead: frozenset[int] = frozenset()) -> dict[int, PartitionView] | None:
     return cluster_probe.served_without(cluster, via, TOPIC, PARTITIONS, dead)
+
+
+def snapshot_end(database: str, partition: int) -> int | None:
+    """Where the partition's producer snapshot ends, or None without one."""
+    with psycopg.connect(database) as connection:
+        row = connection.execute("SELECT e.end_offset FROM producer_snapshot_ends e JOIN streams s "
+                                 "ON s.stream_id = e.stream_id WHERE s.name = %s", (f"{TOPIC}/{partition}",)).fetchone()
+    return None if row is None else int(row[0])
 
 
 def send_until_served(cluster: BrokerCluster, broker_id: int, partition: int, data: bytes) -> tuple[int, int]:
@@ -105,6 +115,8 @@ def test_a_retry_at_the_new_leader_of_a_batch_the_old_one_wrote_is_answered_with
                             lambda: f"a partition handed back to the restarted broker\n{tails(cluster)}",
                             timeout_s=FAILOVER_S_MAX)
         (back,) = [p for p, v in handed.items() if v.leader_id == victim]
+        assert snapshot_end(pg_database, back) == sent[back], \
+            "the handoff snapshotted the partition's producers (its broker held it: the snapshot's check passed)"
         last = sent[back] - 1
         assert send_until_served(cluster, victim, back, batch(producer, last, back)) == (NONE, last), \
             f"the retry of partition {back}'s last batch at the broker it was handed to\n{tails(cluster)}"

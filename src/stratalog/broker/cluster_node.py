@@ -189,6 +189,9 @@ class ClusterNode:
 
     def start(self, broker: Broker) -> None:
         self._broker = broker
+        # Its producers' snapshots keep to the partitions it still holds: one it lost while paused past its
+        # lease keeps the rows its new leader wrote (producer_recovery.py).
+        broker.producer_snapshots.held = self.cluster.streams_held
         self._loop = asyncio.get_running_loop()
         self._poked = asyncio.Event()
         self._task = self._loop.create_task(self._reconcile_forever())

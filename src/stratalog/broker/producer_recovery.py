@@ -10,20 +10,22 @@ work at start is bounded by what was written during one snapshot interval.
 
 Rows are kept per partition (stream id). A broker of a cluster snapshots only the partitions it leads
 and replaces only their rows, so brokers sharing the tables never delete each other's; a broker that
-gains a partition loads that partition's rows and replays its batches after them.
+gains a partition loads that partition's rows and replays its batches after them. Which partitions it
+leads is asked in the snapshot's own transaction (``held``): one it lost while paused past its lease
+keeps the rows its new leader wrote, so a partition's rows always describe a prefix of its log.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from stratalog.broker.metadata_db import Location, open_metadata
 from stratalog.broker.producers import ProducerStates
 from stratalog.engine import Stream
 from stratalog.engine.batch import ENCODING_KAFKA
-from stratalog.engine.metadata_backends import writing
+from stratalog.engine.metadata_backends import Backend, writing
 from stratalog.kafka.records import HEADER
 
 SCHEMA = """
@@ -46,6 +48,10 @@ class ProducerSnapshots:
         self._lock = threading.Lock()
         # NORMAL: a snapshot lost to a power cut costs a longer replay, nothing else.
         self._db = open_metadata(location, SCHEMA, synchronous="NORMAL")
+        #: A broker of a cluster: called inside a partitions-only snapshot's transaction with the streams it
+        #: would replace; returns those it may (Cluster.streams_held: the partitions it still holds under a
+        #: live lease). Rows of the others are left as their new leader wrote them.
+        self.held: Callable[[Backend, Sequence[int]], set[int]] | None = None
 
     def close(self) -> None:
         with self._lock:
@@ -60,6 +66,9 @@ class ProducerSnapshots:
                 for pid, partition, epoch, batches in entries]
         with self._lock, writing(self._db):
             if partitions_only:
+                if self.held is not None:
+                    held = self.held(self._db, list(ends))
+                    ends = {stream_id: end for stream_id, end in ends.items() if stream_id in held}
                 rows = [r for r in rows if r[1] in ends]
                 ids = list(ends)
                 for i in range(0, len(ids), IN_LIST_MAX):

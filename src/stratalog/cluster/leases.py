@@ -368,6 +368,25 @@ class Cluster:
         if row is None:
             raise LeaseLostError(f"broker {self.broker_id} (epoch {self.epoch}) has no live lease")
 
+    def streams_held(self, db: Backend, stream_ids: Sequence[int]) -> set[int]:
+        """Inside another transaction on the same database: those of ``stream_ids`` whose partitions this
+        incarnation holds under a live lease (none once its lease ran out). A producer snapshot keeps to
+        them (broker/producer_recovery.py): a broker that lost a partition while it was paused must not
+        replace the rows the partition's new leader rebuilds its producers from."""
+        try:
+            self._check_lease(db)
+        except LeaseLostError:
+            return set()
+        ids = sorted(set(stream_ids))
+        held: set[int] = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            held.update(int(r[0]) for r in db.execute(
+                "SELECT s.stream_id FROM streams s JOIN cluster_leaders l ON l.name = s.name WHERE l.kind = ? "
+                f"AND l.broker_id = ? AND l.broker_epoch = ? AND s.stream_id IN ({','.join('?' * len(chunk))})",
+                (Kind.PARTITION.value, self.broker_id, self.epoch, *chunk)).fetchall())
+        return held
+
     def stream_fence(self, db: Backend, stream_ids: Sequence[int]) -> None:
         """The stream store's fence (``StreamStore.open(..., fence=cluster.stream_fence)``): a change of
         streams' data commits only while this broker holds their partitions (streams ``<topic>/<p>``)."""
