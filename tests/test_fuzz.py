@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from stratalog.chaos.fuzz import FuzzConfig, TargetFigures, run_target
+from stratalog.chaos.fuzz_selftest import PLANTED_PREFIX
 from stratalog.chaos.fuzz_targets import find_target, registry
 from stratalog.cli import cli
 from stratalog.kafka.codec import KafkaProtocolError, decode_request
@@ -23,7 +24,7 @@ TARGETS = list(registry())
 #: target has 262): most run thousands of inputs a second, so the child's start (about 2 s of
 #: instrumented imports) is most of a target's time; the slowest (WAL recovery: open, recover, append,
 #: reopen) runs 250-500 a second on a quiet machine.
-RUNS_PER_TARGET = 500
+RUNS_PER_TARGET = 300
 #: Only a bound on a target that hangs: a run is ended by its count of inputs, never by the clock, so a
 #: busy machine takes longer and gives the same answer.
 SECONDS_PER_TARGET_MAX = 300.0
@@ -59,9 +60,19 @@ def test_every_seed_keeps_the_contract(name: str) -> None:
             target.run(seed)
 
 
+#: A planted bug's run ends at its finding, a few hundred inputs in (42-387 in ten runs); this only bounds a
+#: harness that never finds it.
+PLANTED_RUNS_MAX = 100_000
+
+
+def planted(findings_dir: Path) -> FuzzConfig:
+    return FuzzConfig(seconds=SECONDS_PER_TARGET_MAX, runs_max=PLANTED_RUNS_MAX, stop_after_findings=1,
+                      findings_dir=findings_dir)
+
+
 @pytest.mark.slow
 def test_a_planted_exception_is_reported_with_its_input(tmp_path: Path) -> None:
-    figures = run_target("selftest_exception", FuzzConfig(seconds=3, findings_dir=tmp_path))
+    figures = run_target("selftest_exception", planted(tmp_path))
     assert [f.kind for f in figures.findings] == ["exception"]
     finding = figures.findings[0]
     assert finding.signature.startswith("KeyError@") and "fuzz_selftest.py" in finding.signature
@@ -73,7 +84,7 @@ def test_a_planted_exception_is_reported_with_its_input(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_planted_allocation_is_reported(tmp_path: Path) -> None:
-    figures = run_target("selftest_allocation", FuzzConfig(seconds=3, findings_dir=tmp_path))
+    figures = run_target("selftest_allocation", planted(tmp_path))
     assert [f.kind for f in figures.findings] == ["allocation"]
     record = json.loads(Path(figures.findings[0].path).read_text())
     assert bytes.fromhex(record["input_hex"]).startswith(b"B")
@@ -82,8 +93,13 @@ def test_a_planted_allocation_is_reported(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_cli_prints_the_table_and_exits_1_on_a_finding(tmp_path: Path) -> None:
     out = tmp_path / "fuzz.json"
-    result = CliRunner().invoke(cli, ["chaos", "fuzz", "--seconds", "3", "--target", "selftest_exception",
-                                      "--target", "queue_manifest", "--findings-dir", str(tmp_path / "f"),
+    # The planted input is in the corpus the run starts from: found at once, whatever the machine's speed.
+    corpus = tmp_path / "corpus"
+    (corpus / "selftest_exception").mkdir(parents=True)
+    (corpus / "selftest_exception" / "planted").write_bytes(PLANTED_PREFIX + b"!")
+    result = CliRunner().invoke(cli, ["chaos", "fuzz", "--seconds", str(SECONDS_PER_TARGET_MAX), "--runs", "300",
+                                      "--target", "selftest_exception", "--target", "queue_manifest",
+                                      "--corpus-dir", str(corpus), "--findings-dir", str(tmp_path / "f"),
                                       "--json", str(out)])
     assert result.exit_code == 1, result.output
     assert "selftest_exception" in result.output and "1 finding(s)" in result.output

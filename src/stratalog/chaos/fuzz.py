@@ -43,6 +43,8 @@ class FuzzConfig:
     findings_dir: Path = Path("fuzz-findings")
     corpus_dir: Path | None = None
     seed: int = 0
+    #: End a target's run at its Nth finding (0: never; findings otherwise do not stop a run).
+    stop_after_findings: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,7 @@ def run_target(name: str, config: FuzzConfig) -> TargetFigures:
         if config.runs_max:
             flags.append(f"-runs={config.runs_max}")
         command = [sys.executable, "-m", "stratalog.chaos.fuzz_child", name, str(findings_dir), str(corpus_dir),
-                   *flags]
+                   str(config.stop_after_findings), *flags]
         started = time.monotonic()
         try:
             done = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False,

@@ -1,14 +1,14 @@
 """The fuzzing process: one target under atheris (libFuzzer), started by ``stratalog.chaos.fuzz``.
 
-    python -m stratalog.chaos.fuzz_child TARGET FINDINGS_DIR CORPUS_DIR [libFuzzer flags...]
+    python -m stratalog.chaos.fuzz_child TARGET FINDINGS_DIR CORPUS_DIR STOP_AFTER [libFuzzer flags...]
 
 stratalog is imported under atheris' instrumentation, so libFuzzer sees which branches of the parsers
 each input reaches. Each input runs inside the contract check: an exception outside the target's
 contract, a ContractViolationError, or a Python allocation peak above the target's bound is a *finding*. A
 finding does not stop the run (one bug would otherwise hide every other): its first input and traceback
-go to ``FINDINGS_DIR/<signature>.json`` and the fuzzer goes on. Hangs (-timeout) and memory beyond
--rss_limit_mb stop the process; libFuzzer writes those inputs itself (``timeout-*``, ``oom-*``, with
--artifact_prefix set to FINDINGS_DIR) and the parent reports them.
+go to ``FINDINGS_DIR/<signature>.json`` and the fuzzer goes on, unless STOP_AFTER (> 0) findings are in.
+Hangs (-timeout) and memory beyond -rss_limit_mb stop the process; libFuzzer writes those inputs itself
+(``timeout-*``, ``oom-*``, with -artifact_prefix set to FINDINGS_DIR) and the parent reports them.
 
 Nothing from stratalog is imported at the top: what is imported before the instrumentation starts is
 not instrumented.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
 import sys
 import traceback
@@ -50,10 +51,13 @@ def _signature(error: BaseException) -> str:
 class _Findings:
     """Findings by signature; each written once, when first seen."""
 
-    def __init__(self, directory: Path, target: str) -> None:
+    def __init__(self, directory: Path, target: str, stop_after: int) -> None:
         self._directory = directory
         self._target = target
         self._seen: set[str] = set()
+        #: End the run once this many findings are written (0: never): a harness test that looks for a
+        #: planted bug stops when it is found, its run bounded by a count of inputs and not by the clock.
+        self._stop_after = stop_after
 
     def add(self, signature: str, kind: str, data: bytes, detail: Callable[[], str]) -> None:
         if signature in self._seen:
@@ -65,19 +69,22 @@ class _Findings:
         path = self._directory / f"finding-{digest}.json"
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"FINDING {kind} {signature} -> {path}", file=sys.stderr, flush=True)
+        if self._stop_after and len(self._seen) >= self._stop_after:
+            print(f"STOPPED after {len(self._seen)} finding(s)", file=sys.stderr, flush=True)
+            os._exit(0)   # libFuzzer's loop has no way out but the process's end; the finding is written
 
 
 def main(argv: list[str]) -> None:
     import atheris  # type: ignore[import-untyped]  # no type information published
 
-    target_name, findings_dir, corpus_dir = argv[1], Path(argv[2]), Path(argv[3])
+    target_name, findings_dir, corpus_dir, stop_after = argv[1], Path(argv[2]), Path(argv[3]), int(argv[4])
     with atheris.instrument_imports(include=["stratalog"]):
         from stratalog.chaos.fuzz_targets import find_target
 
         target = find_target(target_name)
     for function in target.coverage_functions():
         atheris.instrument_func(function)
-    findings = _Findings(findings_dir, target.name)
+    findings = _Findings(findings_dir, target.name, stop_after)
     _write_seeds(corpus_dir, target.seeds())
     contract = target.contract
     known = target.known_issues
@@ -116,7 +123,7 @@ def main(argv: list[str]) -> None:
                              f"{len(data)} bytes"))
             rss_peak[0] = rss
 
-    flags = [argv[0], str(corpus_dir), f"-max_len={target.input_bytes_max}", *argv[4:]]
+    flags = [argv[0], str(corpus_dir), f"-max_len={target.input_bytes_max}", *argv[5:]]
     atheris.Setup(flags, one_input)
     atheris.Fuzz()
 

@@ -31,6 +31,8 @@ def figures_table(results: list[TargetFigures], title: str = "Fuzzing") -> Table
               help="Fuzzing time per target.")
 @click.option("--runs", "runs_max", type=click.IntRange(min=0), default=0, show_default=True,
               help="Also stop a target after this many executions (0: no limit).")
+@click.option("--stop-after", "stop_after_findings", type=click.IntRange(min=0), default=0, show_default=True,
+              help="End a target's run at its Nth finding (0: never; a finding otherwise does not stop it).")
 @click.option("--target", "targets", multiple=True, metavar="NAME",
               help="Run only this target (repeatable). Default: every target.")
 @click.option("--list", "list_only", is_flag=True, help="List the targets and exit.")
@@ -41,8 +43,8 @@ def figures_table(results: list[TargetFigures], title: str = "Fuzzing") -> Table
 @click.option("--seed", type=int, default=0, show_default=True, help="libFuzzer's seed (0: from the clock).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write each target's figures and findings as JSON here.")
-def fuzz(seconds: float, runs_max: int, targets: tuple[str, ...], list_only: bool, findings_dir: Path,
-         corpus_dir: Path | None, seed: int, json_path: Path | None) -> None:
+def fuzz(seconds: float, runs_max: int, stop_after_findings: int, targets: tuple[str, ...], list_only: bool,
+         findings_dir: Path, corpus_dir: Path | None, seed: int, json_path: Path | None) -> None:
     """Fuzz every parser (Kafka requests, frames and batches; WAL recovery; objects, manifests, bulk
     records; queue objects and names) with atheris, each target in its own process.
 
@@ -65,7 +67,7 @@ def fuzz(seconds: float, runs_max: int, targets: tuple[str, ...], list_only: boo
             raise click.BadParameter(str(e.args[0]), param_hint="--target") from None
     console = Console()
     config = FuzzConfig(seconds=seconds, runs_max=runs_max, findings_dir=findings_dir, corpus_dir=corpus_dir,
-                        seed=seed)
+                        seed=seed, stop_after_findings=stop_after_findings)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=console, transient=True) as progress:
