@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from enginekit import MemoryStore, small_store_config
-from stratalog.broker.api_cluster import _brokers
+from stratalog.broker.cluster_ownership import ClusterOwnership
 from stratalog.broker.listeners import Listener
 from stratalog.broker.offsets import CommittedOffsets, OffsetEntry
 from stratalog.cluster.assignment import Holder, Kind, MoveType, Resource
@@ -247,7 +247,6 @@ def test_each_listener_is_registered_and_a_client_is_told_the_one_of_its_protoco
     assert live[1].endpoint("PLAINTEXT") == ("10.0.0.1", 9092)
     assert live[1].endpoint("SSL") == ("10.0.0.1", 9092), "no listener of that protocol: the first"
     assert live[2].endpoint("SASL_SSL") == ("127.0.0.1", 9002)
-    node = SimpleNamespace(live=live)
-    broker = SimpleNamespace(node=node, config=SimpleNamespace(node_id=1))
-    tls_client = SimpleNamespace(listener=Listener.parse("SASL_SSL://0.0.0.0:9093"))
-    assert _brokers(broker, tls_client) == [(1, "kafka-1.example", 9093), (2, "127.0.0.1", 9002)]  # type: ignore[arg-type]
+    ownership = ClusterOwnership(SimpleNamespace(live=live))  # type: ignore[arg-type]  # the node's live brokers
+    tls_client = Listener.parse("SASL_SSL://0.0.0.0:9093")
+    assert ownership.brokers(tls_client) == [(1, "kafka-1.example", 9093), (2, "127.0.0.1", 9002)]
