@@ -2,31 +2,72 @@
 
 A Kafka client sends batches packed back to back; the broker checks each one (``split_batches``),
 writes its ``baseOffset`` (``with_base_offset``, outside the CRC) and stores it unchanged, compressed
-or not. Readers decode records (``decode_records``), decompressing as needed under a bound. Layout
-(big-endian; spec in docs/formats/kafka-batch.md)::
+or not. Readers decode records (``decode_records``), decompressing as needed under a bound; the broker
+and the engine build batches of their own (``encode_batch``).
 
-    batch   = baseOffset:i64 batchLength:i32 partitionLeaderEpoch:i32 magic:i8 crc:u32
-              attributes:i16 lastOffsetDelta:i32 baseTimestamp:i64 maxTimestamp:i64
-              producerId:i64 producerEpoch:i16 baseSequence:i32 recordsCount:i32 payload
-    payload = record{recordsCount}, or those records compressed as one stream (attributes bits 0-2)
-    record  = length:varint attributes:i8 timestampDelta:varlong offsetDelta:varint
-              keyLength:varint key valueLength:varint value headersCount:varint
-              (headerKeyLength:varint headerKey headerValueLength:varint headerValue)*
-
-``batchLength`` counts the bytes after itself; the CRC32C covers ``attributes`` to the end. Varints
-are zigzag-encoded (protobuf's sint); a length of -1 means null.
+This is where callers take the batch from. Its siblings hold the parts, re-exported here: the layout's
+constants, the header and the errors (``batch_format.py``), the one walk of the records' grammar that
+Produce's check and these decoders share (``record_check.py``), and a payload's compression
+(``batch_compression.py`` over ``codecs.py``). Spec: docs/formats/kafka-batch.md.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from enum import IntEnum
-from typing import ClassVar, NamedTuple
 
-from stratalog.errors import StratalogError
 from stratalog.invariant import invariant
-from stratalog.kafka.codecs import Compression, PayloadError, compress, decompress
+from stratalog.kafka.batch_compression import decompress_payload, recompress, uncompressed_records
+from stratalog.kafka.batch_format import (
+    ATTRIBUTES,
+    ATTRIBUTES_POSITION,
+    BASE_OFFSET,
+    BASE_OFFSET_POSITION,
+    BASE_SEQUENCE_POSITION,
+    BASE_TIMESTAMP_POSITION,
+    BATCH_BYTES_LIMIT,
+    BATCH_LENGTH,
+    BATCH_LENGTH_MIN,
+    BATCH_LENGTH_POSITION,
+    COMPRESSION_MASK,
+    CONTROL_BIT,
+    CRC,
+    CRC_COVERS_FROM_POSITION,
+    CRC_POSITION,
+    DELETE_HORIZON_BIT,
+    HEADER,
+    HEADER_BYTES,
+    INT16_MAX,
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    LAST_OFFSET_DELTA_POSITION,
+    LOG_OVERHEAD_BYTES,
+    MAGIC,
+    MAGIC_POSITION,
+    MAX_TIMESTAMP_POSITION,
+    NULL_LENGTH,
+    PARTITION_LEADER_EPOCH_POSITION,
+    PRODUCER_EPOCH_POSITION,
+    PRODUCER_ID_POSITION,
+    RECORD_BODY_BYTES_MIN,
+    RECORD_BYTES_MIN,
+    RECORDS_COUNT_POSITION,
+    RECORDS_POSITION,
+    TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
+    VARINT_CONTINUATION,
+    VARLONG_SHIFT_LIMIT,
+    BatchHeader,
+    CorruptRecordError,
+    InvalidRecordError,
+    KafkaBatchError,
+    RecordBatchTooLargeError,
+    TimestampType,
+    UnsupportedMagicError,
+)
+from stratalog.kafka.codecs import Compression, compress
+from stratalog.kafka.record_check import Headers, read_varint, walk_fields, walk_headers
 from stratalog.records import Record
 from stratalog.wal.format import crc32c
 
@@ -36,173 +77,20 @@ __all__ = [
     "RecordBatchTooLargeError",
     "split_batches", "check_batch", "with_base_offset", "write_base_offset",
     "decode_records", "record_timestamps", "encode_batch", "recompress", "uncompressed_records",
-    "HEADER_BYTES", "MAGIC",
+    # The layout (batch_format.py), for callers that read or patch header fields.
+    "HEADER", "HEADER_BYTES", "BASE_OFFSET", "CRC", "BATCH_LENGTH", "ATTRIBUTES",
+    "BASE_OFFSET_POSITION", "BATCH_LENGTH_POSITION", "PARTITION_LEADER_EPOCH_POSITION", "MAGIC_POSITION",
+    "CRC_POSITION", "ATTRIBUTES_POSITION", "LAST_OFFSET_DELTA_POSITION", "BASE_TIMESTAMP_POSITION",
+    "MAX_TIMESTAMP_POSITION", "PRODUCER_ID_POSITION", "PRODUCER_EPOCH_POSITION", "BASE_SEQUENCE_POSITION",
+    "RECORDS_COUNT_POSITION", "RECORDS_POSITION", "CRC_COVERS_FROM_POSITION", "LOG_OVERHEAD_BYTES",
+    "BATCH_LENGTH_MIN", "BATCH_BYTES_LIMIT", "MAGIC", "COMPRESSION_MASK", "TIMESTAMP_TYPE_BIT",
+    "TRANSACTIONAL_BIT", "CONTROL_BIT", "DELETE_HORIZON_BIT", "RECORD_BYTES_MIN", "RECORD_BODY_BYTES_MIN",
+    "VARLONG_SHIFT_LIMIT", "NULL_LENGTH", "VARINT_CONTINUATION", "INT16_MAX", "INT32_MAX", "INT64_MIN",
+    "INT64_MAX",
 ]
 
 # ---------------------------------------------------------------------------------------------------
-# The batch header (61 bytes, big-endian, no padding)
-
-#: baseOffset batchLength partitionLeaderEpoch magic crc attributes lastOffsetDelta baseTimestamp
-#: maxTimestamp producerId producerEpoch baseSequence recordsCount.
-HEADER = struct.Struct(">qiibIhiqqqhii")
-HEADER_BYTES = 61
-BASE_OFFSET = struct.Struct(">q")
-CRC = struct.Struct(">I")
-BATCH_LENGTH = struct.Struct(">i")
-ATTRIBUTES = struct.Struct(">h")
-
-BASE_OFFSET_POSITION = 0
-BATCH_LENGTH_POSITION = 8
-PARTITION_LEADER_EPOCH_POSITION = 12
-MAGIC_POSITION = 16
-CRC_POSITION = 17
-ATTRIBUTES_POSITION = 21
-LAST_OFFSET_DELTA_POSITION = 23
-BASE_TIMESTAMP_POSITION = 27
-MAX_TIMESTAMP_POSITION = 35
-PRODUCER_ID_POSITION = 43
-PRODUCER_EPOCH_POSITION = 51
-BASE_SEQUENCE_POSITION = 53
-RECORDS_COUNT_POSITION = 57
-RECORDS_POSITION = HEADER_BYTES
-#: The CRC covers attributes to the end of the batch: not baseOffset (the broker writes it), nor
-#: partitionLeaderEpoch (the leader writes it), nor magic (read first, to know the layout at all).
-CRC_COVERS_FROM_POSITION = ATTRIBUTES_POSITION
-#: baseOffset and batchLength, the bytes batchLength does not count (Kafka's LOG_OVERHEAD).
-LOG_OVERHEAD_BYTES = 12
-#: The smallest batchLength: a header and nothing else (still refused later: a batch has a record).
-BATCH_LENGTH_MIN = HEADER_BYTES - LOG_OVERHEAD_BYTES
-#: The largest batch the format can describe (batchLength is an int32).
-BATCH_BYTES_LIMIT = 0x7FFF_FFFF + LOG_OVERHEAD_BYTES
-MAGIC = 2
-
-# Each named position is where the header struct puts that field: the layout is written once.
-for _position, _prefix in (
-        (BATCH_LENGTH_POSITION, ">q"), (PARTITION_LEADER_EPOCH_POSITION, ">qi"), (MAGIC_POSITION, ">qii"),
-        (CRC_POSITION, ">qiib"), (ATTRIBUTES_POSITION, ">qiibI"), (LAST_OFFSET_DELTA_POSITION, ">qiibIh"),
-        (BASE_TIMESTAMP_POSITION, ">qiibIhi"), (MAX_TIMESTAMP_POSITION, ">qiibIhiq"),
-        (PRODUCER_ID_POSITION, ">qiibIhiqq"), (PRODUCER_EPOCH_POSITION, ">qiibIhiqqq"),
-        (BASE_SEQUENCE_POSITION, ">qiibIhiqqqh"), (RECORDS_COUNT_POSITION, ">qiibIhiqqqhi"),
-        (HEADER_BYTES, HEADER.format)):
-    invariant(struct.calcsize(_prefix) == _position, f"header field at {_position} moved")
-
-# Attributes (int16)
-COMPRESSION_MASK = 0x07
-TIMESTAMP_TYPE_BIT = 0x08        # set: LogAppendTime (the broker's clock), clear: CreateTime
-TRANSACTIONAL_BIT = 0x10
-CONTROL_BIT = 0x20               # transaction markers, written by brokers only
-DELETE_HORIZON_BIT = 0x40        # baseTimestamp is a compaction delete horizon, not a record time
-
-# ---------------------------------------------------------------------------------------------------
-# Records
-
-#: The smallest record: length, attributes, timestampDelta, offsetDelta, keyLength, valueLength and
-#: headersCount, one byte each. Bounds recordsCount by the payload before any record is read.
-RECORD_BYTES_MIN = 7
-#: The same less its length varint: what a record's length must at least say.
-RECORD_BODY_BYTES_MIN = RECORD_BYTES_MIN - 1
-#: The smallest header: key length and value length, one byte each.
-RECORD_HEADER_BYTES_MIN = 2
-#: A varlong takes at most 10 bytes (64 bits, 7 per byte); a longer run of continuation bits is damage.
-VARLONG_SHIFT_LIMIT = 70
-NULL_LENGTH = -1
-#: A byte of a varint below this has no continuation bit: it is the varint's last.
-VARINT_CONTINUATION = 0x80
-INT16_MAX = 0x7FFF
-INT32_MAX = 0x7FFF_FFFF
-INT64_MIN = -0x8000_0000_0000_0000
-INT64_MAX = 0x7FFF_FFFF_FFFF_FFFF
-
-class TimestampType(IntEnum):
-    """Attributes bit 3."""
-
-    CREATE_TIME = 0
-    LOG_APPEND_TIME = 1
-
-
-# ---------------------------------------------------------------------------------------------------
-# Errors
-
-
-class KafkaBatchError(StratalogError):
-    """A record batch a client sent is not one the broker can take; ``error_code`` is the Kafka error
-    to answer with."""
-
-    #: CORRUPT_MESSAGE unless a subclass says otherwise.
-    error_code: ClassVar[int] = 2
-
-
-class CorruptRecordError(KafkaBatchError):
-    """Bad CRC, truncated, or lengths that do not add up: the bytes are damaged. Kafka: CORRUPT_MESSAGE."""
-
-    error_code = 2
-
-
-class UnsupportedMagicError(KafkaBatchError):
-    """A batch whose magic is not 2 (message formats 0 and 1 are not supported).
-    Kafka: UNSUPPORTED_FOR_MESSAGE_FORMAT."""
-
-    error_code = 43
-
-
-class InvalidRecordError(KafkaBatchError):
-    """A well-formed batch that breaks a rule: no records, a count that disagrees with lastOffsetDelta,
-    a negative length, offsets that are not dense. Kafka: INVALID_RECORD."""
-
-    error_code = 87
-
-
-class RecordBatchTooLargeError(KafkaBatchError):
-    """A batch larger than the broker takes (``batch_bytes_max``). Kafka: MESSAGE_TOO_LARGE."""
-
-    error_code = 10
-
-
-# ---------------------------------------------------------------------------------------------------
-# Headers
-
-
-class BatchHeader(NamedTuple):
-    """The 61-byte header of a batch, field by field (a named tuple: one is built per produced batch)."""
-
-    base_offset: int
-    batch_length: int
-    partition_leader_epoch: int
-    magic: int
-    crc: int
-    attributes: int
-    last_offset_delta: int
-    base_timestamp_ms: int
-    max_timestamp_ms: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    record_count: int
-
-    @property
-    def compression(self) -> Compression:
-        return Compression(self.attributes & COMPRESSION_MASK)
-
-    @property
-    def timestamp_type(self) -> TimestampType:
-        return TimestampType.LOG_APPEND_TIME if self.attributes & TIMESTAMP_TYPE_BIT else TimestampType.CREATE_TIME
-
-    @property
-    def is_transactional(self) -> bool:
-        return bool(self.attributes & TRANSACTIONAL_BIT)
-
-    @property
-    def is_control(self) -> bool:
-        return bool(self.attributes & CONTROL_BIT)
-
-    @property
-    def batch_bytes(self) -> int:
-        """The whole batch, header included."""
-        return self.batch_length + LOG_OVERHEAD_BYTES
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta
+# Batches: checked, split, numbered
 
 
 def check_batch(view: memoryview, position_bytes: int, *, batch_bytes_max: int) -> BatchHeader:
@@ -335,46 +223,14 @@ def _records_data(batch: bytes | bytearray | memoryview, view: memoryview, heade
     if codec == Compression.NONE:
         return (batch if isinstance(batch, bytes) else bytes(view)), RECORDS_POSITION  # values slice it
     with view[RECORDS_POSITION:] as payload:
-        data = _decompress(codec, payload, decompressed_bytes_max)
+        data = decompress_payload(codec, payload, decompressed_bytes_max)
     if header.record_count > len(data) // RECORD_BYTES_MIN:
         raise CorruptRecordError(f"{header.record_count} records cannot fit in {len(data)} decompressed bytes")
     return data, 0
 
 
-def _read_varint(data: bytes, p: int) -> tuple[int, int]:
-    """The zigzag varint (or varlong) at ``data[p:]`` and the position after it."""
-    b = data[p]
-    if b < 0x80:  # one byte: -64..63, most lengths and deltas
-        return (b >> 1) ^ -(b & 1), p + 1
-    raw = b & 0x7F
-    shift = 7
-    while True:
-        p += 1
-        b = data[p]
-        raw |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (raw >> 1) ^ -(raw & 1), p + 1
-        shift += 7
-        if shift >= VARLONG_SHIFT_LIMIT:
-            raise CorruptRecordError(f"a varint longer than {VARLONG_SHIFT_LIMIT // 7} bytes at byte {p}")
-
-
-def _read_record_start(data: bytes, p: int, end: int, index: int) -> tuple[int, int, int]:
-    """The position after a record, its timestampDelta, and the position of its key length."""
-    read_varint = _read_varint
-    length, p = read_varint(data, p)
-    record_end = p + length
-    if length < RECORD_BODY_BYTES_MIN or record_end > end:
-        raise _bad_record_length(length, index)
-    p += 1  # attributes: int8, no bits defined for records
-    timestamp_delta, p = read_varint(data, p)
-    offset_delta, p = read_varint(data, p)
-    if offset_delta != index:
-        raise InvalidRecordError(f"record {index} has offsetDelta {offset_delta}: offsets must be dense")
-    return record_end, timestamp_delta, p
-
-
-def _bad_record_length(length: int, index: int) -> KafkaBatchError:
+def _decoded_length_error(length: int, index: int) -> KafkaBatchError:
+    """A bad record length as the decoders word it (Produce's check calls a negative one short)."""
     if length < 0:
         return InvalidRecordError(f"record {index}: negative length {length}")
     if length < RECORD_BODY_BYTES_MIN:
@@ -383,206 +239,46 @@ def _bad_record_length(length: int, index: int) -> KafkaBatchError:
 
 
 def _iter_records(header: BatchHeader, data: bytes, p: int, start_offset: int) -> Iterator[Record]:
-    # The hot loop of every Kafka read: one-byte varints (lengths under 64, small deltas) are decoded
-    # inline, longer ones by _read_varint; each field's bound is checked before it is sliced.
-    base_offset = header.base_offset
+    # The hot loop of every Kafka read in Python: walk_fields checks each record, its positions slice it.
     base_ts = header.base_timestamp_ms
     append_ts = header.max_timestamp_ms if header.attributes & TIMESTAMP_TYPE_BIT else None
     end = len(data)
-    read_varint = _read_varint
     new_record = tuple.__new__  # Record(...) goes through a Python-level __new__: a third of the cost
-    try:
-        for i in range(header.record_count):
-            b = data[p]
-            if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
-                p += 1
-            elif data[p + 1] < 0x80:  # two bytes: records of 64 bytes to 8 KiB
-                raw = (b & 0x7F) | (data[p + 1] << 7)
-                length = (raw >> 1) ^ -(raw & 1)
-                p += 2
-            else:
-                length, p = read_varint(data, p)
-            record_end = p + length
-            if length < RECORD_BODY_BYTES_MIN or record_end > end:
-                raise _bad_record_length(length, i)
-            offset = base_offset + i
-            if offset < start_offset:
-                p = record_end
-                continue
-            p += 1  # attributes: int8, no bits defined for records
-            b = data[p]
-            if b < 0x80:
-                timestamp_delta = (b >> 1) ^ -(b & 1)
-                p += 1
-            elif data[p + 1] < 0x80:  # two bytes: up to 8 s after the first record
-                raw = (b & 0x7F) | (data[p + 1] << 7)
-                timestamp_delta = (raw >> 1) ^ -(raw & 1)
-                p += 2
-            else:
-                timestamp_delta, p = read_varint(data, p)
-            b = data[p]
-            if b < 0x80:
-                offset_delta = (b >> 1) ^ -(b & 1)
-                p += 1
-            else:
-                offset_delta, p = read_varint(data, p)
-            if offset_delta != i:
-                raise InvalidRecordError(f"record {i} has offsetDelta {offset_delta}: offsets must be dense")
-            b = data[p]
-            if b < 0x80:
-                key_length = (b >> 1) ^ -(b & 1)
-                p += 1
-            else:
-                key_length, p = read_varint(data, p)
-            key = None
-            if key_length >= 0:
-                key = data[p:p + key_length]
-                p += key_length
-            elif key_length != NULL_LENGTH:
-                raise InvalidRecordError(f"record at offset {offset}: key length {key_length}")
-            b = data[p]
-            if b < 0x80:
-                value_length = (b >> 1) ^ -(b & 1)
-                p += 1
-            elif data[p + 1] < 0x80:  # two bytes: values of 64 bytes to 8 KiB
-                raw = (b & 0x7F) | (data[p + 1] << 7)
-                value_length = (raw >> 1) ^ -(raw & 1)
-                p += 2
-            else:
-                value_length, p = read_varint(data, p)
-            value = b""
-            if value_length >= 0:
-                value = data[p:p + value_length]
-                p += value_length
-            elif value_length != NULL_LENGTH:
-                raise InvalidRecordError(f"record at offset {offset}: value length {value_length}")
-            if p >= record_end:  # a key or value ran past the record (headersCount is still to come)
-                raise CorruptRecordError(f"record at offset {offset}: key or value runs past its record")
-            b = data[p]
-            headers: tuple[tuple[str, bytes | None], ...] = ()
-            if b:
-                header_count, p = read_varint(data, p)
-                if header_count < 0:
-                    raise InvalidRecordError(f"record at offset {offset}: {header_count} headers")
-                if header_count > (record_end - p) // RECORD_HEADER_BYTES_MIN:
-                    raise CorruptRecordError(f"record at offset {offset}: {header_count} headers cannot "
-                                             f"fit in its {record_end - p} remaining bytes")
-                headers, p = _read_headers(data, p, record_end, header_count)
-            else:
-                p += 1
-            if p != record_end:
-                raise CorruptRecordError(f"record at offset {offset}: its parts do not add up to its length")
-            timestamp_ms = base_ts + timestamp_delta if append_ts is None else append_ts
-            yield new_record(Record, (offset, timestamp_ms, key, value, headers))
-        if p != end:
-            raise CorruptRecordError(f"{end - p} bytes after the last record")
-    except IndexError:  # a varint ran off the end of the data
-        raise CorruptRecordError("a record runs past the end of the batch") from None
-
-
-def _read_headers(data: bytes, p: int, record_end: int,
-                  count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
-    """``count`` record headers at ``data[p:]`` and the position after them (one-byte lengths inline)."""
-    out = []
-    read_varint = _read_varint
-    for _ in range(count):
-        b = data[p]
-        if b < 0x80:
-            length = (b >> 1) ^ -(b & 1)
-            p += 1
-        else:
-            length, p = read_varint(data, p)
-        if length < 0:
-            raise InvalidRecordError("a header key is null" if length == NULL_LENGTH else
-                                     f"header key length {length}")
-        q = p + length
-        if q > record_end:
-            raise CorruptRecordError(f"header key of {length} bytes runs past its record")
-        try:
-            key = data[p:q].decode()
-        except UnicodeDecodeError:
-            raise CorruptRecordError(f"header key {data[p:min(q, p + 40)]!r} is not UTF-8") from None
-        p = q
-        b = data[p]
-        if b < 0x80:
-            length = (b >> 1) ^ -(b & 1)
-            p += 1
-        else:
-            length, p = read_varint(data, p)
-        value = None
-        if length >= 0:
-            q = p + length
-            if q > record_end:
-                raise CorruptRecordError(f"header value of {length} bytes runs past its record")
-            value = data[p:q]
-            p = q
-        elif length != NULL_LENGTH:
-            raise InvalidRecordError(f"header value length {length}")
-        out.append((key, value))
-    return tuple(out), p
+    offset = header.base_offset - 1
+    for fields in walk_fields(data, p, header.record_count, _decoded_length_error, True):
+        p, delta, key_at, key_bytes, value_at, value_bytes, headers = fields
+        offset += 1
+        if offset < start_offset:
+            continue
+        yield new_record(Record, (offset, base_ts + delta if append_ts is None else append_ts,
+                                  data[key_at:key_at + key_bytes] if key_bytes >= 0 else None,
+                                  data[value_at:value_at + value_bytes] if value_bytes >= 0 else b"",
+                                  headers))
+    if p != end:
+        raise CorruptRecordError(f"{end - p} bytes after the last record")
 
 
 def _iter_timestamps(header: BatchHeader, data: bytes, p: int) -> Iterator[tuple[int, int]]:
-    base_offset = header.base_offset
     base_ts = header.base_timestamp_ms
     end = len(data)
-    try:
-        for i in range(header.record_count):
-            record_end, timestamp_delta, _ = _read_record_start(data, p, end, i)
-            yield base_offset + i, base_ts + timestamp_delta
-            p = record_end
-        if p != end:
-            raise CorruptRecordError(f"{end - p} bytes after the last record")
-    except IndexError:
-        raise CorruptRecordError("a record runs past the end of the batch") from None
+    offset = header.base_offset
+    for fields in walk_fields(data, p, header.record_count, _decoded_length_error):
+        p = fields[0]
+        yield offset, base_ts + fields[1]
+        offset += 1
+    if p != end:
+        raise CorruptRecordError(f"{end - p} bytes after the last record")
 
 
-# ---------------------------------------------------------------------------------------------------
-# Compression (codecs.py), its errors as the batch's
+#: record_index.py reads an indexed record's varints and headers by these names.
+_read_varint = read_varint
 
 
-def _decompress(codec: int, payload: memoryview, bytes_max: int) -> bytes:
-    try:
-        return decompress(codec, payload, bytes_max)
-    except PayloadError as e:
-        raise CorruptRecordError(str(e)) from None
-
-
-def recompress(view: memoryview, header: BatchHeader, codec: Compression, *, decompressed_bytes_max: int,
-               records: bytes | memoryview | None = None) -> tuple[bytes, BatchHeader]:
-    """The batch ``view`` (checked: ``header`` is its own) with its records compressed by ``codec`` instead,
-    as a broker stores it under a topic's ``compression.type``. Every header field but the length, the
-    codec bits and the CRC stays as the producer sent it (offsets, timestamps, producer id, epoch and
-    sequence): the records are the same, only their payload's encoding changes. ``records``: the batch's
-    records uncompressed, when the caller has them already (``check_records`` returns them); else they are
-    decompressed here. Returns the new batch and its header."""
-    if records is None:
-        records = uncompressed_records(view, header, decompressed_bytes_max=decompressed_bytes_max)
-    payload = bytes(records) if codec == Compression.NONE else compress(codec, bytes(records))
-    batch_bytes = HEADER_BYTES + len(payload)
-    if batch_bytes > BATCH_BYTES_LIMIT:
-        raise RecordBatchTooLargeError(f"the batch recompressed with {codec.name.lower()} is {batch_bytes} bytes, "
-                                       "more than the format allows")
-    attributes = (header.attributes & ~COMPRESSION_MASK) | int(codec)
-    out = bytearray(view[:HEADER_BYTES])
-    BATCH_LENGTH.pack_into(out, BATCH_LENGTH_POSITION, batch_bytes - LOG_OVERHEAD_BYTES)
-    ATTRIBUTES.pack_into(out, ATTRIBUTES_POSITION, attributes)
-    out += payload
-    crc = crc32c(memoryview(out)[CRC_COVERS_FROM_POSITION:])
-    CRC.pack_into(out, CRC_POSITION, crc)
-    return bytes(out), header._replace(batch_length=batch_bytes - LOG_OVERHEAD_BYTES, attributes=attributes, crc=crc)
-
-
-def uncompressed_records(view: memoryview, header: BatchHeader, *, decompressed_bytes_max: int
-                         ) -> bytes | memoryview:
-    """The records of the batch ``view`` (exactly one batch, ``header`` its own) as they are before
-    compression (a view when they are not compressed); decompression is bounded by
-    ``decompressed_bytes_max``."""
-    codec = header.attributes & COMPRESSION_MASK
-    if codec == Compression.NONE:
-        return view[RECORDS_POSITION:]
-    return _decompress(codec, view[RECORDS_POSITION:], decompressed_bytes_max)
+def _read_headers(data: bytes, p: int, record_end: int, count: int) -> tuple[Headers, int]:
+    """``count`` record headers at ``data[p:]`` (after their count) and the position after them."""
+    found: list[tuple[str, bytes | None]] = []
+    p = walk_headers(data, p, record_end, count, 0, found)  # (indexed records were checked: no error names 0)
+    return tuple(found), p
 
 
 # ---------------------------------------------------------------------------------------------------
