@@ -1,17 +1,14 @@
-"""The log APIs: Produce, Fetch, ListOffsets, DeleteRecords, InitProducerId.
+"""The log APIs but Fetch (api_fetch.py): Produce, ListOffsets, DeleteRecords, InitProducerId.
 
 Produce stores each record batch as it arrived (checked: bounds, magic, CRC, counts; its baseOffset
-written) and answers acks=1 and acks=all once the engine says the batch is durable in the WAL. Fetch
-returns stored batches whole: Kafka batches as they were produced, batches appended through the Python
-API encoded as Kafka batches on the way out.
+written) and answers acks=1 and acks=all once the engine says the batch is durable in the WAL; fetches
+waiting on its partition are woken.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -19,21 +16,18 @@ from kio.schema.errors import ErrorCode
 from stratalog.broker.acls import Operation, ResourceType
 from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
 from stratalog.broker.producers import Verdict
-from stratalog.broker.quotas import CONSUMER_BYTE_RATE
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import config_value, stored_codec
 from stratalog.engine import (
     BackpressureError,
-    OffsetOutOfRangeError,
     StoreClosedError,
     StoreFailedError,
     StoreFullError,
 )
-from stratalog.engine.batch import ENCODING_KAFKA, KAFKA_DECOMPRESSED_BYTES_MAX, StoredBatch, stored_records
+from stratalog.engine.batch import KAFKA_DECOMPRESSED_BYTES_MAX
 from stratalog.errors import RecordTooLargeError
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Prebuilt, Request
-from stratalog.kafka.fetch_response import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from stratalog.kafka.produce_request import ProduceBody
 from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from stratalog.kafka.record_check import check_records
@@ -43,7 +37,6 @@ from stratalog.kafka.records import (
     Compression,
     KafkaBatchError,
     check_batch,
-    encode_batch,
     recompress,
 )
 
@@ -56,9 +49,6 @@ log = logging.getLogger("stratalog.broker")
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
-#: A fetch refused for lack of response memory waits at most this long (its own wait, if shorter) before
-#: it answers with no records.
-MEMORY_WAIT_S_MAX = 0.5
 #: Produce acks: none, the leader's (here: durable in the WAL), all replicas' (the same on one node).
 ACKS_NONE = 0
 ACKS_ALLOWED = (0, 1, -1)
@@ -264,134 +254,6 @@ def _recompressed(view: memoryview, header: BatchHeader, codec: Compression, lim
     return memoryview(batch), header
 
 
-# Fetch ---------------------------------------------------------------------------------------------
-
-
-def as_kafka_batch(batch: StoredBatch) -> bytes | memoryview:
-    """A stored batch as Kafka consumers read it: Kafka batches as stored, native ones encoded."""
-    if batch.encoding == ENCODING_KAFKA:
-        return batch.body
-    return encode_batch(list(stored_records(batch)), base_offset=batch.base_offset)
-
-
-async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
-    body = request.body
-    wait_s = min(body.max_wait.total_seconds(), broker.config.fetch_wait_ms_max / 1000)
-    deadline = time.monotonic() + wait_s
-    response_max = min(getattr(body, "max_bytes", 2**31 - 1), broker.config.fetch_response_bytes_max)
-    min_bytes = body.min_bytes
-    denied = {t.topic for t in body.topics if not session.may_topic(Operation.READ, t.topic)}
-    room = broker.response_memory.left_bytes()
-    if room < response_max:
-        # Responses written and not yet taken by their clients fill the budget: answer with what fits,
-        # and with no records at all (after the wait, so the client does not spin) when nothing does.
-        broker.metrics.bound_reached("response_memory_bytes_max")
-        response_max = room
-        if room <= 0:
-            await asyncio.sleep(min(wait_s, MEMORY_WAIT_S_MAX))
-    # Kafka's bound (from Fetch v3): the records of a response fit max_bytes, and a partition's its
-    # partition_max_bytes, except the first batch of the first partition that has one, which goes whole
-    # (a consumer always progresses); when the response budget is spent, not even that one.
-    one_over = room > 0
-    while True:
-        topics, topic_bytes, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over, denied)
-        total = sum(size for size, _ in topic_bytes.values())
-        remaining_s = deadline - time.monotonic()
-        if total >= min_bytes or remaining_s <= 0 or not waiting_on or broker.stopping:
-            break
-        await broker.wait_for_data(waiting_on, remaining_s)
-        if time.monotonic() >= deadline:
-            topics, topic_bytes, waiting_on = await _fetch_once(broker, body.topics, response_max, one_over,
-                                                                denied)
-            total = sum(size for size, _ in topic_bytes.values())
-            break
-    if not _lease_confirmed(broker):
-        # Records made durable after the lease's confirmation ended may be missing from the replay that
-        # another broker makes of this one's log: a consumer that read them would skip the records the new
-        # leader writes at their offsets.
-        topics = [FetchTopicResult(t.topic, [
-            FetchPartitionResult(p.partition_index, ErrorCode.not_leader_or_follower, -1) for p in t.partitions])
-            for t in topics]
-        total, topic_bytes = 0, {}
-    for topic, (size_bytes, records_out) in topic_bytes.items():
-        broker.metrics.fetched(topic, size_bytes, records_out)
-    fetch_throttle_ms = broker.quotas.record(session.user, request.client_id or "", CONSUMER_BYTE_RATE, total)
-    if fetch_throttle_ms:
-        broker.metrics.throttled(session.user, request.client_id or "", fetch_throttle_ms)
-    throttle_ms = max(request.throttle_ms, fetch_throttle_ms)
-    # Encoded here, not by kio: the records stay views of the stored batches up to the socket.
-    return Prebuilt(encode_fetch_response(request.correlation_id, request.api_version, throttle_time_ms=throttle_ms,
-                                          error_code=ErrorCode.none, session_id=0, topics=topics), throttle_ms)
-
-
-async def _fetch_once(broker: Broker, wanted: Any, response_max: int, one_over: bool,
-                      denied: set[str]) -> tuple[list[FetchTopicResult], dict[str, tuple[int, int]], list[int]]:
-    """The topics' results, the record bytes and records sent of each topic that has some, and the streams
-    with nothing past the offset asked (a fetch that waits waits on them)."""
-    total = 0
-    topic_bytes: dict[str, tuple[int, int]] = {}
-    waiting_on: list[int] = []
-    topics = []
-    for t in wanted:
-        partitions = []
-        before = total
-        sent_records = 0
-        for p in t.partitions:
-            if t.topic in denied:
-                partitions.append(FetchPartitionResult(p.partition, ErrorCode.topic_authorization_failed, -1))
-                continue
-            stream = broker.partition(t.topic, p.partition)
-            if stream is None:
-                partitions.append(FetchPartitionResult(p.partition, ErrorCode(broker.partition_error(
-                    t.topic, p.partition)), -1))
-                continue
-            high, start = stream.end_offset, stream.start_offset
-            error = ErrorCode.none
-            # The stored batches, each whole, as views of the engine's immutable bytes (LogCache entries,
-            # cached blocks): never joined, so a fetch copies no record byte before the socket.
-            records: list[bytes | memoryview] = []
-            offset = p.fetch_offset
-            budget = min(p.partition_max_bytes, response_max - total)
-            first = one_over and not total  # clients drop a response over their bound: never two over
-            if offset == high:
-                waiting_on.append(stream.stream_id)
-            elif budget > 0 or first:
-                try:
-                    batches = await _read(stream, offset, max(budget, 0), first)
-                    records = _within([as_kafka_batch(b) for b in batches], budget, first)
-                    sent_records += sum(b.count for b in batches[:len(records)])
-                except OffsetOutOfRangeError:
-                    error = ErrorCode.offset_out_of_range
-                except (StoreFailedError, StoreClosedError):
-                    error = ErrorCode.kafka_storage_error
-                total += sum(len(r) for r in records)
-            partitions.append(FetchPartitionResult(p.partition, error, high, last_stable_offset=high,
-                                                   log_start_offset=start, records=records))
-        topics.append(FetchTopicResult(t.topic, partitions))
-        if total > before:
-            sent_bytes, records_before = topic_bytes.get(t.topic, (0, 0))
-            topic_bytes[t.topic] = (sent_bytes + total - before, records_before + sent_records)
-    return topics, topic_bytes, waiting_on
-
-
-def _within(batches: list[bytes | memoryview], budget: int, first: bool) -> list[bytes | memoryview]:
-    """The leading batches that fit ``budget`` (the first whatever its size when ``first``): a batch
-    appended through the Python API is larger once encoded as Kafka's than the store counted it."""
-    used = 0
-    for i, batch in enumerate(batches):
-        used += len(batch)
-        if used > budget and (i or not first):
-            return batches[:i]
-    return batches
-
-
-async def _read(stream: Any, offset: int, max_bytes: int, at_least_one: bool) -> list[StoredBatch]:
-    if offset >= stream.uploaded_end_offset:
-        return list(stream.fetch_batches(offset, max_bytes, at_least_one=at_least_one))  # in memory: no hop
-    return list(await asyncio.to_thread(functools.partial(stream.fetch_batches, offset, max_bytes,
-                                                          at_least_one=at_least_one)))
-
-
 # ListOffsets, DeleteRecords ------------------------------------------------------------------------
 
 
@@ -501,7 +363,6 @@ async def init_producer_id(broker: Broker, request: Request, session: Session) -
 
 APIS = (
     Api(ApiKey.PRODUCE, "Produce", 3, 9, produce),
-    Api(ApiKey.FETCH, "Fetch", 4, 12, fetch),
     Api(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, list_offsets),
     Api(ApiKey.DELETE_RECORDS, "DeleteRecords", 0, 2, delete_records, ordered=True),
     Api(ApiKey.INIT_PRODUCER_ID, "InitProducerId", 0, 4, init_producer_id, ordered=True),

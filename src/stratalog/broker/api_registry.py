@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from stratalog.broker import api_admin, api_cluster, api_groups, api_log, api_quotas, api_security, api_staged
+from stratalog.broker import (
+    api_admin,
+    api_cluster,
+    api_fetch,
+    api_groups,
+    api_log,
+    api_quotas,
+    api_security,
+    api_staged,
+)
 from stratalog.broker.apis import Api
 
 
 def all_apis() -> list[Api]:
     """Every API of every handler module."""
-    return [api for module in (api_cluster, api_log, api_admin, api_groups, api_security, api_quotas, api_staged)
-            for api in module.APIS]
+    return [api for module in (api_cluster, api_log, api_fetch, api_admin, api_groups, api_security, api_quotas,
+                               api_staged) for api in module.APIS]

@@ -27,6 +27,7 @@ from stratalog.broker.appender import OrderedAppender
 from stratalog.broker.cluster_ownership import open_cluster_store
 from stratalog.broker.config import BrokerConfig
 from stratalog.broker.credentials import CredentialStore
+from stratalog.broker.fetch_sessions import FetchSessions
 from stratalog.broker.groups import GroupCoordinator
 from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.metadata_db import BrokerTables
@@ -84,6 +85,11 @@ class Broker:
         self.producers = ProducerStates(config.producers_max)
         #: What the broker counts as it serves (Prometheus; served by ``serve --metrics-listen``).
         self.metrics = BrokerMetrics()
+        #: Consumers' fetch sessions (KIP-227), kept by id whatever connection they come on.
+        self.fetch_sessions = FetchSessions(config.fetch_sessions_max, config.fetch_session_partitions_max,
+                                            config.fetch_session_cache_partitions_max,
+                                            config.fetch_session_eviction_ms / 1000)
+        self.metrics.watch_fetch_sessions(self.fetch_sessions.stats)
         self.appender = OrderedAppender(on_full=functools.partial(self.metrics.bound_reached, "log_cache_bytes_max"))
         self._snapshots = ProducerSnapshots(self.tables.producers)
         self.producer_snapshots = self._snapshots

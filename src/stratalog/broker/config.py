@@ -128,6 +128,20 @@ class BrokerConfig:
     fetch_wait_ms_max: int = 30_000
     #: The largest fetch response, whatever the request asks (fetch.max.bytes: 55 MiB).
     fetch_response_bytes_max: int = 55 << 20
+    #: Fetch sessions kept (KIP-227; max.incremental.fetch.session.cache.slots: 1000): a consumer in one
+    #: names only the partitions that changed, and is answered only those with news. When it is full a new
+    #: session takes the place of one unused for fetch_session_eviction_ms, or of a smaller one older than
+    #: that; else the consumer fetches without one (full fetches), which works as well and costs more.
+    fetch_sessions_max: int = 1000
+    #: Partitions one fetch session keeps: a fetch naming more gets no session (Kafka has no such bound; a
+    #: consumer rarely fetches more than a few thousand partitions from one broker).
+    fetch_session_partitions_max: int = 10_000
+    #: Partitions all fetch sessions keep together, each about 300 bytes: 100,000 bound the cache near
+    #: 30 MiB whatever clients ask (1000 sessions of 10,000 partitions would take 3 GiB).
+    fetch_session_cache_partitions_max: int = 100_000
+    #: A fetch session unused this long may be evicted by any new one, and one created longer ago than
+    #: this by a new one of more partitions (min.incremental.fetch.session.eviction.ms: 120 s).
+    fetch_session_eviction_ms: int = 120_000
     #: A produce waits this long for durability before it answers REQUEST_TIMED_OUT.
     produce_wait_ms_max: int = 30_000
     #: The event loop completes the WAL's appends itself, as soon as their block is written (no thread
@@ -200,6 +214,10 @@ class BrokerConfig:
         if self.response_memory_bytes_max < self.fetch_response_bytes_max:
             raise ValueError("response_memory_bytes_max must hold at least one fetch response "
                              "(fetch_response_bytes_max)")
+        if not (self.fetch_sessions_max >= 0 and 0 <= self.fetch_session_partitions_max
+                <= self.fetch_session_cache_partitions_max and self.fetch_session_eviction_ms >= 0):
+            raise ValueError("fetch_sessions_max, fetch_session_partitions_max and fetch_session_eviction_ms must be "
+                             "at least 0, and fetch_session_partitions_max at most fetch_session_cache_partitions_max")
         if not 0 <= self.metadata_connect_wait_ms <= METADATA_CONNECT_WAIT_MS_LIMIT:
             raise ValueError(f"metadata_connect_wait_ms must be in [0, {METADATA_CONNECT_WAIT_MS_LIMIT}] (0: give up "
                              "at the first failure)")

@@ -94,6 +94,10 @@ class BrokerMetrics:
         for collector in collectors:
             self.registry.register(collector)
 
+    def watch_fetch_sessions(self, stats: Callable[[], dict[str, int]]) -> None:
+        """Publish the fetch sessions' figures (``FetchSessions.stats``), read at each scrape."""
+        self.registry.register(_AtScrape(functools.partial(_fetch_session_metrics, stats)))
+
     def bound_reached(self, bound: str) -> None:
         """A memory or queue bound held something back: ``bound`` is one of BOUNDS."""
         self._bounds[bound].inc()
@@ -171,6 +175,8 @@ BOUNDS = {
     "response_memory_bytes_max": "a fetch answers with less (or nothing) while unsent responses fill the budget",
     "log_cache_bytes_max": "a produce waits for uploads to make room in the log cache",
 }
+#: What a fetch is to the fetch sessions (fetch_sessions.Kind's values), counted by stratalog_fetch_requests.
+FETCH_KINDS = ("sessionless", "full", "incremental", "refused")
 #: Quota entities counted by name in stratalog_quota_throttle_seconds; past it, together as OTHER_ENTITIES.
 THROTTLED_ENTITIES_MAX = 1000
 OTHER_ENTITIES = "(others)"
@@ -215,6 +221,23 @@ def _store_metrics(stats: Callable[[], dict[str, int]]) -> Iterator[Metric]:
     for name, help_text in STORE_COUNTERS.items():
         if name in figures:
             yield CounterMetricFamily(f"stratalog_{name}", help_text, value=figures[name])
+
+
+def _fetch_session_metrics(stats: Callable[[], dict[str, int]]) -> Iterator[Metric]:
+    figures = stats()
+    yield GaugeMetricFamily("stratalog_fetch_sessions", "Fetch sessions in the cache (Kafka: "
+                            "NumIncrementalFetchSessions)", value=figures["fetch_sessions"])
+    yield GaugeMetricFamily("stratalog_fetch_session_partitions", "Partitions kept by the fetch sessions (Kafka: "
+                            "NumIncrementalFetchPartitionsCached)", value=figures["fetch_session_partitions"])
+    yield CounterMetricFamily("stratalog_fetch_session_evictions", "Fetch sessions evicted to make room for new "
+                              "ones (Kafka: IncrementalFetchSessionEvictionsPerSec)",
+                              value=figures["fetch_session_evictions"])
+    requests = CounterMetricFamily("stratalog_fetch_requests", "Fetch requests by what they were to the fetch "
+                                   "sessions: sessionless, full, incremental or refused (a session error)",
+                                   labels=["session"])
+    for kind in FETCH_KINDS:
+        requests.add_metric([kind], figures[f"fetch_requests_{kind}"])
+    yield requests
 
 
 def _connection_metrics(connections: Callable[[], dict[str, int]]) -> Iterator[Metric]:

@@ -72,10 +72,10 @@ from stratalog.wal.format import crc32c
 def served_versions() -> dict[int, tuple[int, int]]:
     """``{api_key: (min_version, max_version)}`` of every API the broker registers (broker.apis), read
     from the modules' APIS lists without opening a broker."""
-    from stratalog.broker import api_admin, api_cluster, api_groups, api_log
+    from stratalog.broker import api_admin, api_cluster, api_fetch, api_groups, api_log
 
     return {api.key: (api.min_version, api.max_version)
-            for module in (api_cluster, api_log, api_admin, api_groups) for api in module.APIS}
+            for module in (api_cluster, api_log, api_fetch, api_admin, api_groups) for api in module.APIS}
 
 
 _SERVED: dict[int, tuple[int, int]] = {}

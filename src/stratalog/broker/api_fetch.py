@@ -1,0 +1,263 @@
+"""The Fetch API: stored batches returned whole, within the request's bounds, in fetch sessions.
+
+A fetch goes through the session cache first (fetch_sessions.py, KIP-227): it says which partitions this
+fetch reads (those it names, or its session's) and, once they are read, which the answer carries and under
+which session id. Between the two, each partition is read: Kafka batches as they were produced, batches
+appended through the Python API encoded as Kafka batches on the way out; from the log cache on the loop,
+or from objects in a worker thread. A fetch with less than ``min_bytes`` waits for the next durable
+append to one of its partitions (api_log.py's Produce wakes it), up to its wait.
+
+Topics are named by name up to Fetch v12 and by topic id from v13 (KIP-516): an id this broker does not
+know is answered UNKNOWN_TOPIC_ID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from stratalog.broker.acls import Operation
+from stratalog.broker.apis import Api
+from stratalog.broker.fetch_sessions import FINAL_EPOCH, Key, Kind, Outcome, Wanted
+from stratalog.broker.quotas import CONSUMER_BYTE_RATE
+from stratalog.broker.session import Session
+from stratalog.engine import OffsetOutOfRangeError, StoreClosedError, StoreFailedError
+from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch, stored_records
+from stratalog.kafka.api_keys import ApiKey
+from stratalog.kafka.codec import Prebuilt, Request
+from stratalog.kafka.fetch_response import (
+    FETCH_VERSION_MAX,
+    FETCH_VERSION_MIN,
+    NO_TOPIC_ID,
+    TOPIC_ID_VERSION,
+    FetchPartitionResult,
+    FetchTopicResult,
+    encode_fetch_response,
+)
+from stratalog.kafka.records import encode_batch
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
+
+#: A fetch refused for lack of response memory waits at most this long (its own wait, if shorter) before
+#: it answers with no records.
+MEMORY_WAIT_S_MAX = 0.5
+
+
+def as_kafka_batch(batch: StoredBatch) -> bytes | memoryview:
+    """A stored batch as Kafka consumers read it: Kafka batches as stored, native ones encoded."""
+    if batch.encoding == ENCODING_KAFKA:
+        return batch.body
+    return encode_batch(list(stored_records(batch)), base_offset=batch.base_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One partition a fetch reads: the session's key for it, its topic's name (None: an id not known
+    here) and id, and what the fetch asks of it."""
+
+    key: Key
+    topic: str | None
+    topic_id: uuid.UUID
+    partition: int
+    wanted: Wanted
+
+
+async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
+    body = request.body
+    by_id = request.api_version >= TOPIC_ID_VERSION
+    sessions = broker.fetch_sessions
+    plan = sessions.begin(getattr(body, "session_id", 0), getattr(body, "session_epoch", FINAL_EPOCH), by_id,
+                          _wanted(body, by_id), _forgotten(body, by_id), time.monotonic())
+    if plan.kind is Kind.REFUSED:
+        return _response(request, plan.error_code, 0, [], request.throttle_ms)
+    targets = [_target(broker, key, wanted, by_id) for key, wanted in plan.partitions]
+    results, topic_bytes = await _read_waiting(broker, body, targets, session)
+    if not broker.ownership.may_acknowledge():
+        # Records made durable after the lease's confirmation ended may be missing from the replay that
+        # another broker makes of this one's log: a consumer that read them would skip the records the new
+        # leader writes at their offsets.
+        results = [FetchPartitionResult(t.partition, ErrorCode.not_leader_or_follower, -1) for t in targets]
+        topic_bytes = {}
+    answer = sessions.finish(plan, [_outcome(r) for r in results], time.monotonic())
+    for topic, (size_bytes, records_out) in topic_bytes.items():
+        broker.metrics.fetched(topic, size_bytes, records_out)
+    total = sum(size for size, _ in topic_bytes.values())
+    fetch_throttle_ms = broker.quotas.record(session.user, request.client_id or "", CONSUMER_BYTE_RATE, total)
+    if fetch_throttle_ms:
+        broker.metrics.throttled(session.user, request.client_id or "", fetch_throttle_ms)
+    topics = list(_grouped(targets, results, answer.included))
+    return _response(request, answer.error_code, answer.session_id, topics,
+                     max(request.throttle_ms, fetch_throttle_ms))
+
+
+def _response(request: Request, error_code: int, session_id: int, topics: Sequence[FetchTopicResult],
+              throttle_ms: int) -> Prebuilt:
+    # Encoded here, not by kio: the records stay views of the stored batches up to the socket.
+    return Prebuilt(encode_fetch_response(request.correlation_id, request.api_version, throttle_time_ms=throttle_ms,
+                                          error_code=error_code, session_id=session_id, topics=topics), throttle_ms)
+
+
+def _wanted(body: Any, by_id: bool) -> dict[Key, Wanted]:
+    """The partitions a fetch names, in its order (one named twice: the last parameters, the first place)."""
+    wanted: dict[Key, Wanted] = {}
+    for t in body.topics:
+        name = t.topic_id if by_id else t.topic
+        for p in t.partitions:
+            wanted[(name, p.partition)] = Wanted(p.fetch_offset, p.partition_max_bytes,
+                                                 getattr(p, "current_leader_epoch", -1))
+    return wanted
+
+
+def _forgotten(body: Any, by_id: bool) -> Iterator[Key]:
+    for t in getattr(body, "forgotten_topics_data", ()):
+        name = t.topic_id if by_id else t.topic
+        for partition in t.partitions:
+            yield name, partition
+
+
+def _target(broker: Broker, key: Key, wanted: Wanted, by_id: bool) -> _Target:
+    named, partition = key
+    if by_id:
+        assert isinstance(named, uuid.UUID)
+        topic = broker.topics.by_id(named)
+        return _Target(key, None if topic is None else topic.name, named, partition, wanted)
+    assert isinstance(named, str)
+    return _Target(key, named, NO_TOPIC_ID, partition, wanted)
+
+
+def _outcome(result: FetchPartitionResult) -> Outcome:
+    return Outcome(result.error_code, result.high_watermark, result.log_start_offset, bool(result.records))
+
+
+def _grouped(targets: Sequence[_Target], results: Sequence[FetchPartitionResult],
+             included: Sequence[bool]) -> Iterator[FetchTopicResult]:
+    """The answer's topics: each run of partitions of one topic, in the order read (Kafka's grouping)."""
+    run: list[FetchPartitionResult] = []
+    current: _Target | None = None
+    for target, result, carried in zip(targets, results, included, strict=True):
+        if not carried:
+            continue
+        if current is not None and target.key[0] != current.key[0]:
+            yield FetchTopicResult(current.topic or "", run, current.topic_id)
+            run = []
+        current = target
+        run.append(result)
+    if current is not None:
+        yield FetchTopicResult(current.topic or "", run, current.topic_id)
+
+
+# Reading -------------------------------------------------------------------------------------------
+
+
+async def _read_waiting(broker: Broker, body: Any, targets: Sequence[_Target],
+                        session: Session) -> tuple[list[FetchPartitionResult], dict[str, tuple[int, int]]]:
+    """Every target read, waiting (up to the fetch's wait) while they hold less than ``min_bytes``: the
+    results, and the record bytes and records sent of each topic that has some."""
+    wait_s = min(body.max_wait.total_seconds(), broker.config.fetch_wait_ms_max / 1000)
+    deadline = time.monotonic() + wait_s
+    response_max = min(getattr(body, "max_bytes", 2**31 - 1), broker.config.fetch_response_bytes_max)
+    min_bytes = body.min_bytes
+    denied = {t.topic for t in targets if t.topic is not None and not session.may_topic(Operation.READ, t.topic)}
+    room = broker.response_memory.left_bytes()
+    if room < response_max:
+        # Responses written and not yet taken by their clients fill the budget: answer with what fits,
+        # and with no records at all (after the wait, so the client does not spin) when nothing does.
+        broker.metrics.bound_reached("response_memory_bytes_max")
+        response_max = room
+        if room <= 0:
+            await asyncio.sleep(min(wait_s, MEMORY_WAIT_S_MAX))
+    # Kafka's bound (from Fetch v3): the records of a response fit max_bytes, and a partition's its
+    # partition_max_bytes, except the first batch of the first partition that has one, which goes whole
+    # (a consumer always progresses); when the response budget is spent, not even that one.
+    one_over = room > 0
+    while True:
+        results, topic_bytes, waiting_on = await _fetch_once(broker, targets, response_max, one_over, denied)
+        total = sum(size for size, _ in topic_bytes.values())
+        remaining_s = deadline - time.monotonic()
+        if total >= min_bytes or remaining_s <= 0 or not waiting_on or broker.stopping:
+            return results, topic_bytes
+        await broker.wait_for_data(waiting_on, remaining_s)
+        if time.monotonic() >= deadline:
+            results, topic_bytes, _ = await _fetch_once(broker, targets, response_max, one_over, denied)
+            return results, topic_bytes
+
+
+async def _fetch_once(broker: Broker, targets: Sequence[_Target], response_max: int, one_over: bool,
+                      denied: set[str]) -> tuple[list[FetchPartitionResult], dict[str, tuple[int, int]], list[int]]:
+    """Each target's result, the record bytes and records sent of each topic that has some, and the
+    streams with nothing past the offset asked (a fetch that waits waits on them)."""
+    total = 0
+    topic_bytes: dict[str, tuple[int, int]] = {}
+    waiting_on: list[int] = []
+    results = []
+    for target in targets:
+        topic, index = target.topic, target.partition
+        if topic is None:
+            results.append(FetchPartitionResult(index, ErrorCode.unknown_topic_id, -1))
+            continue
+        if topic in denied:
+            results.append(FetchPartitionResult(index, ErrorCode.topic_authorization_failed, -1))
+            continue
+        stream = broker.partition(topic, index)
+        if stream is None:
+            results.append(FetchPartitionResult(index, ErrorCode(broker.partition_error(topic, index)), -1))
+            continue
+        high, start = stream.end_offset, stream.start_offset
+        error = ErrorCode.none
+        # The stored batches, each whole, as views of the engine's immutable bytes (LogCache entries,
+        # cached blocks): never joined, so a fetch copies no record byte before the socket.
+        records: list[bytes | memoryview] = []
+        offset = target.wanted.fetch_offset
+        budget = min(target.wanted.partition_max_bytes, response_max - total)
+        first = one_over and not total  # clients drop a response over their bound: never two over
+        sent_records = 0
+        if offset == high:
+            waiting_on.append(stream.stream_id)
+        elif budget > 0 or first:
+            try:
+                batches = await _read(stream, offset, max(budget, 0), first)
+                records = _within([as_kafka_batch(b) for b in batches], budget, first)
+                sent_records = sum(b.count for b in batches[:len(records)])
+            except OffsetOutOfRangeError:
+                error = ErrorCode.offset_out_of_range
+            except (StoreFailedError, StoreClosedError):
+                error = ErrorCode.kafka_storage_error
+        results.append(FetchPartitionResult(index, error, high, last_stable_offset=high, log_start_offset=start,
+                                            records=records))
+        if records:
+            size_bytes = sum(len(r) for r in records)
+            total += size_bytes
+            sent_bytes, records_before = topic_bytes.get(topic, (0, 0))
+            topic_bytes[topic] = (sent_bytes + size_bytes, records_before + sent_records)
+    return results, topic_bytes, waiting_on
+
+
+def _within(batches: list[bytes | memoryview], budget: int, first: bool) -> list[bytes | memoryview]:
+    """The leading batches that fit ``budget`` (the first whatever its size when ``first``): a batch
+    appended through the Python API is larger once encoded as Kafka's than the store counted it."""
+    used = 0
+    for i, batch in enumerate(batches):
+        used += len(batch)
+        if used > budget and (i or not first):
+            return batches[:i]
+    return batches
+
+
+async def _read(stream: Any, offset: int, max_bytes: int, at_least_one: bool) -> list[StoredBatch]:
+    if offset >= stream.uploaded_end_offset:
+        return list(stream.fetch_batches(offset, max_bytes, at_least_one=at_least_one))  # in memory: no hop
+    return list(await asyncio.to_thread(functools.partial(stream.fetch_batches, offset, max_bytes,
+                                                          at_least_one=at_least_one)))
+
+
+APIS = (
+    Api(ApiKey.FETCH, "Fetch", FETCH_VERSION_MIN, FETCH_VERSION_MAX, fetch),
+)
