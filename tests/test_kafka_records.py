@@ -16,6 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stratalog.kafka import records as kr
+from stratalog.kafka.compaction import gap_batch
+from stratalog.kafka.record_check import check_records
 from stratalog.kafka.records import (
     HEADER_BYTES,
     BatchHeader,
@@ -467,13 +469,22 @@ def test_bad_crc_is_corrupt() -> None:
     refused(bytes(damaged), CorruptRecordError, "CRC")
 
 
-def test_no_records_is_invalid() -> None:
+def test_no_records_is_invalid_produced_and_read_as_none_stored() -> None:
     batch = patch(patch(GOLDEN, kr.RECORDS_COUNT_POSITION, ">i", 0), kr.LAST_OFFSET_DELTA_POSITION, ">i", -1)
-    refused(batch, InvalidRecordError, "holds 0 records")
+    refused(batch, InvalidRecordError, "0 records|recordsCount 0")
+    emptied = gap_batch(10, 5)   # what compaction leaves of batches that lost every record
+    with pytest.raises(InvalidRecordError, match="holds 0 records"):
+        split_batches(emptied, batch_bytes_max=BATCH_BYTES_MAX)
+    assert decode(emptied) == []
+    assert list(record_timestamps(emptied, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX)) == []
 
 
-def test_count_disagreeing_with_last_offset_delta_is_invalid() -> None:
-    refused(patch(GOLDEN, kr.LAST_OFFSET_DELTA_POSITION, ">i", 5), InvalidRecordError, "lastOffsetDelta")
+def test_count_disagreeing_with_last_offset_delta_is_invalid_produced_and_a_gap_stored() -> None:
+    wider = patch(GOLDEN, kr.LAST_OFFSET_DELTA_POSITION, ">i", 5)   # 2 records over 6 offsets: compacted
+    with pytest.raises(InvalidRecordError, match="lastOffsetDelta"):
+        split_batches(wider, batch_bytes_max=BATCH_BYTES_MAX)
+    assert as_fields(decode(wider)) == expected(GOLDEN_RECORDS)
+    refused(patch(GOLDEN, kr.LAST_OFFSET_DELTA_POSITION, ">i", 0), InvalidRecordError, "lastOffsetDelta")
 
 
 def test_more_records_than_the_bytes_can_hold_is_corrupt() -> None:
@@ -565,10 +576,21 @@ def test_bytes_after_the_last_record_are_corrupt() -> None:
     records_refused(with_payload(GOLDEN, 0, records_part(GOLDEN) + b"\x00"), CorruptRecordError, "after the last")
 
 
-def test_offsets_that_are_not_dense_are_invalid() -> None:
+def test_offsets_with_gaps_are_invalid_produced_and_read_at_their_offsets_stored() -> None:
     body = bytearray(records_part(GOLDEN))
     body[13] = 0x04  # record 1's offsetDelta 2
-    records_refused(with_payload(GOLDEN, 0, bytes(body)), InvalidRecordError, "dense")
+    gapped = patch(with_payload(GOLDEN, 0, bytes(body)), kr.LAST_OFFSET_DELTA_POSITION, ">i", 2)
+    header = split_batches(with_payload(GOLDEN, 0, bytes(body)), batch_bytes_max=BATCH_BYTES_MAX)[0][1]
+    with pytest.raises(InvalidRecordError, match="dense"):
+        check_records(memoryview(with_payload(GOLDEN, 0, bytes(body))), header,
+                      decompressed_bytes_max=DECOMPRESSED_BYTES_MAX)
+    assert [r.offset for r in decode(patch(gapped, kr.BASE_OFFSET_POSITION, ">q", 100))] == [100, 102]
+    assert [o for o, _ in record_timestamps(gapped, decompressed_bytes_max=DECOMPRESSED_BYTES_MAX)] == [0, 2]
+    # Past lastOffsetDelta, or not increasing: damage, whether produced or stored.
+    records_refused(with_payload(GOLDEN, 0, bytes(body)), InvalidRecordError, "increase")
+    body[13] = 0x00  # record 1's offsetDelta 0, as record 0's
+    with pytest.raises(InvalidRecordError, match="increase"):
+        decode(patch(with_payload(GOLDEN, 0, bytes(body)), kr.LAST_OFFSET_DELTA_POSITION, ">i", 2))
 
 
 def test_negative_lengths_are_invalid() -> None:

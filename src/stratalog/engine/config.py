@@ -9,6 +9,21 @@ from stratalog.wal.config import WALConfig
 
 
 @dataclass(frozen=True, slots=True)
+class CleanerBounds:
+    """What one pass of log compaction (engine/cleaner.py) may use."""
+
+    #: Keys in the key map, each about 120 bytes in memory (a 16-byte digest and an offset in a dict):
+    #: 250,000 is about 30 MiB. A stream with more distinct keys in its uncleaned part is cleaned in
+    #: several passes, each up to where the map filled.
+    key_map_entries_max: int = 250_000
+    #: Input rewritten into one new object before it is committed: what a pass holds in memory at once.
+    rewrite_bytes_max: int = 64 << 20
+    #: Bytes read per second (None: as fast as object storage answers), so a pass leaves the produce and
+    #: fetch paths their share of the machine.
+    read_bytes_per_s_max: int | None = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
 class StoreConfig:
     #: The WAL ring. Only data not yet uploaded lives there, so it need not be large (AutoMQ: 2 GiB).
     wal_capacity_bytes: int = 512 << 20
@@ -68,6 +83,8 @@ class StoreConfig:
     retention_interval_s: float = 30.0
     #: A full manifest snapshot every this many commits; deltas in between.
     manifest_snapshot_every: int = 64
+    #: What a pass of log compaction may use: memory for its key map and its rewrite, read bandwidth.
+    cleaner: CleanerBounds = field(default_factory=CleanerBounds)
 
     def validate(self) -> None:
         if self.upload_bytes_threshold > self.log_cache_bytes_max:
@@ -82,6 +99,11 @@ class StoreConfig:
             raise ValueError("upload_attempts_max must be >= 1")
         if self.upload_retry_s_min < 0 or not 0 <= self.upload_backoff_s <= self.upload_backoff_s_max:
             raise ValueError("upload_retry_s_min must be >= 0, and 0 <= upload_backoff_s <= upload_backoff_s_max")
+        bounds = self.cleaner
+        if bounds.key_map_entries_max < 1 or bounds.rewrite_bytes_max < 1:
+            raise ValueError("cleaner.key_map_entries_max and cleaner.rewrite_bytes_max must be >= 1")
+        if bounds.read_bytes_per_s_max is not None and bounds.read_bytes_per_s_max <= 0:
+            raise ValueError("cleaner.read_bytes_per_s_max must be positive (or None for no limit)")
         self.headroom.validate("")
         self.wal.validate(self.wal_capacity_bytes - 8192)
 

@@ -68,6 +68,11 @@ class UnknownStreamError(StratalogError, KeyError):
     """No stream with that id or name."""
 
 
+class StaleBlocksError(StratalogError):
+    """A replacement of a stream's blocks was refused: they changed since they were read (a trim, a
+    deletion, another replacement). Read them again."""
+
+
 @dataclass(frozen=True, slots=True)
 class StreamMeta:
     stream_id: int
@@ -297,6 +302,50 @@ class Metadata:
                                 b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
             return self._bump_seq(db)
 
+    def replace_stream_blocks(self, stream_id: int, old_blocks: Sequence[RangeRow], new_object: NewObject,
+                              clean_end_offset: int) -> int:
+        """Atomically put ``new_object``'s blocks (a cleaned copy) in place of ``old_blocks`` of one stream,
+        and record that the stream is cleaned up to ``clean_end_offset`` (log compaction: engine/cleaner.py).
+
+        The old blocks must still be the stream's blocks over the span they tile (a trim, a deletion or
+        another replacement since they were read makes this raise StaleBlocksError, and nothing changes);
+        the new blocks must tile the same span. Objects left without blocks are marked unreferenced, as a
+        trim marks them: readers holding them finish within the grace period.
+        """
+        now = int(time.time() * 1000)
+        span = (old_blocks[0].start_offset, old_blocks[-1].end_offset) if old_blocks else (0, 0)
+        new = [(b.start_offset, b.end_offset) for b in new_object.blocks]
+        if not old_blocks or _coverage([(stream_id, a, b) for a, b in new]) != [(stream_id, *span)] \
+                or any(b.stream_id != stream_id for b in new_object.blocks):
+            raise ValueError(f"the new blocks do not tile the span {span} of stream {stream_id}")
+        with self._tx() as db:
+            self._check_fence(db, [stream_id])
+            held = db.execute("SELECT start_offset, end_offset, object_id FROM ranges WHERE stream_id = ? AND "
+                              "end_offset > ? AND start_offset < ? ORDER BY start_offset",
+                              (stream_id, *span)).fetchall()
+            if [tuple(r) for r in held] != [(b.start_offset, b.end_offset, b.object_id) for b in old_blocks]:
+                raise StaleBlocksError(f"stream {stream_id}'s blocks over {span} changed since they were read")
+            db.execute("DELETE FROM ranges WHERE stream_id = ? AND start_offset >= ? AND end_offset <= ?",
+                       (stream_id, *span))
+            db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
+                       (new_object.object_id, new_object.key, new_object.size_bytes, now))
+            db.executemany("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(b.stream_id, b.start_offset, b.end_offset, new_object.object_id, b.position,
+                             b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc) for b in new_object.blocks])
+            shrunk = sum(b.size_bytes for b in old_blocks) - sum(b.size_bytes for b in new_object.blocks)
+            db.execute("UPDATE streams SET committed_bytes = committed_bytes - ? WHERE stream_id = ?",
+                       (shrunk, stream_id))
+            for object_id in sorted({b.object_id for b in old_blocks}):
+                if not db.execute("SELECT 1 FROM ranges WHERE object_id = ? LIMIT 1", (object_id,)).fetchone():
+                    db.execute("UPDATE objects SET unreferenced_ms = ? WHERE object_id = ?", (now, object_id))
+            db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                       (_clean_end_key(stream_id), clean_end_offset))
+            return self._bump_seq(db)
+
+    def clean_end_offset(self, stream_id: int) -> int:
+        """Where the cleaner stopped in ``stream_id`` (0: never cleaned): offsets below were compacted."""
+        return self.get_meta(_clean_end_key(stream_id), 0)
+
     def commit_external_objects(self, objects: Sequence[NewObject], marker_key: str | None = None,
                                 marker_value: int = 0) -> int | None:
         """Register objects written outside the store (Spark writers), like :meth:`commit_objects`.
@@ -409,6 +458,7 @@ class Metadata:
             db.execute("DELETE FROM ranges WHERE stream_id = ?", (stream_id,))
             if db.execute("DELETE FROM streams WHERE stream_id = ?", (stream_id,)).rowcount == 0:
                 raise UnknownStreamError(f"no stream {stream_id}")
+            db.execute("DELETE FROM meta WHERE key = ?", (_clean_end_key(stream_id),))
             for object_id in objects:
                 if not db.execute("SELECT 1 FROM ranges WHERE object_id = ? LIMIT 1", (object_id,)).fetchone():
                     db.execute("UPDATE objects SET unreferenced_ms = ? WHERE object_id = ?", (now, object_id))
@@ -420,6 +470,10 @@ class Metadata:
             rows = self._db.execute("SELECT end_offset, max_timestamp_ms, size_bytes FROM ranges "
                                     "WHERE stream_id = ? ORDER BY start_offset", (stream_id,)).fetchall()
         return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
+def _clean_end_key(stream_id: int) -> str:
+    return f"clean_end:{stream_id}"
 
 
 def _append_objects(db: Backend, objects: Sequence[NewObject], now_ms: int) -> None:

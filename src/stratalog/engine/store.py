@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from stratalog.datadir import lock_data_dir, prepare_data_dir, unlock_data_dir
 from stratalog.engine.appends import Appends
 from stratalog.engine.blockcache import BlockCache
+from stratalog.engine.cleaner import Cleaner, CleanPolicy, CleanReport
 from stratalog.engine.config import StoreConfig
 from stratalog.engine.core import StoreCore
 from stratalog.engine.errors import (
@@ -88,6 +89,7 @@ class StreamStore:
             self._retention = Retention(core)
             self._uploads = Uploads(core, self._retention.apply_retention)
             self._parts = StreamParts(Appends(core), Reads(core), self._retention)
+            self._cleaner = Cleaner(core, config.cleaner)
             self.recovery = recover(core, self._uploads)
         except BaseException:
             # Whatever opened before the failure is let go, so a failed open leaks no connection, thread
@@ -283,6 +285,19 @@ class StreamStore:
         """
         return commit_external_objects(self._core, self._uploads, stream_ids, place, marker)
 
+    def clean_stream(self, stream: Stream, policy: CleanPolicy, *, end_offset_max: int | None = None,
+                     now_ms: int | None = None) -> CleanReport:
+        """One pass of log compaction over ``stream`` if one is due (engine/cleaner.py): the latest record of
+        each key kept, in uploaded data below ``end_offset_max`` (None: all of it). Not thread-safe with
+        itself for one stream: one cleaner per stream at a time."""
+        core = self._core
+        with core.lock:
+            st = core.streams.get(stream.stream_id)
+        if st is None:
+            raise UnknownStreamError(f"no stream {stream.stream_id}")
+        return self._cleaner.clean(st, policy, end_offset_max=(1 << 62) if end_offset_max is None else end_offset_max,
+                                   now_ms=now_ms)
+
     # Upload: uploads.py ----------------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -333,6 +348,8 @@ class StreamStore:
                 "commit_seq": core.meta.commit_seq,
                 "compactions": self._retention.compactions,
                 "objects_compacted": self._retention.objects_compacted,
+                "cleaner_passes": self._cleaner.passes,
+                "cleaner_bytes_read": self._cleaner.bytes_cleaned,
                 **core.space.stats(),
             }
 

@@ -36,9 +36,10 @@ __all__ = ["FieldPositions", "Headers", "check_records", "length_error", "read_v
 
 #: A record's headers: (key, value) pairs, a value None when null.
 Headers = tuple[tuple[str, bytes | None], ...]
-#: What ``walk_fields`` finds in one record: (record_end, timestamp_delta, key_position, key_bytes,
-#: value_position, value_bytes, headers). A null key or value has -1 bytes; headers are () unless asked for.
-FieldPositions = tuple[int, int, int, int, int, int, Headers]
+#: What ``walk_fields`` finds in one record: (record_end, timestamp_delta, offset_delta, key_position,
+#: key_bytes, value_position, value_bytes, headers). A null key or value has -1 bytes; headers are () unless
+#: asked for.
+FieldPositions = tuple[int, int, int, int, int, int, int, Headers]
 #: The error for a record whose length is short or runs past the records, given (length, index).
 LengthError = Callable[[int, int], KafkaBatchError]
 
@@ -70,7 +71,7 @@ _walk_records = native.walk_records if native is not None else walk_records
 
 
 def _walk(data: bytes, p: int, count: int) -> int:
-    for fields in walk_fields(data, p, count, length_error, False, True):
+    for fields in walk_fields(data, p, count, length_error, False, None, True):
         return fields[0]
     return p  # no records
 
@@ -82,10 +83,13 @@ def length_error(length: int, index: int) -> KafkaBatchError:
 
 
 def walk_fields(data: bytes, p: int, count: int, bad_length: LengthError = length_error,
-                headers_wanted: bool = False, last_only: bool = False) -> Iterator[FieldPositions]:
-    """The ``count`` records at ``data[p:]`` (record i must have offsetDelta i), each checked, every length
-    against the bytes left, and yielded as where its fields lie (``FieldPositions``, with its headers when
-    ``headers_wanted``); with ``last_only``, only the last record's, once every record is checked. Raises
+                headers_wanted: bool = False, gaps_up_to: int | None = None,
+                last_only: bool = False) -> Iterator[FieldPositions]:
+    """The ``count`` records at ``data[p:]``, each checked, every length against the bytes left, and
+    yielded as where its fields lie (``FieldPositions``, with its headers when ``headers_wanted``); with
+    ``last_only``, only the last record's, once every record is checked. Record i must have offsetDelta i
+    (what a producer sends), or, with ``gaps_up_to`` (the batch's lastOffsetDelta), offset deltas that
+    increase up to it (what log compaction leaves: stored batches are read so). Raises
     ``bad_length(length, index)`` for a record length that is short or runs past the data,
     CorruptRecordError or InvalidRecordError for anything else wrong."""
     # The hot loop of every Python read and check, one generator step a record (cheaper than a call):
@@ -93,6 +97,7 @@ def walk_fields(data: bytes, p: int, count: int, bad_length: LengthError = lengt
     # The try costs nothing until a varint runs off the end. last_only spares the check a tuple a record
     # (5% of its time on small records).
     end = len(data)
+    previous_delta = -1
     try:
         for index in range(count):
             b = data[p]
@@ -128,8 +133,13 @@ def walk_fields(data: bytes, p: int, count: int, bad_length: LengthError = lengt
                 p += 2
             else:
                 offset_delta, p = read_varint(data, p)
-            if offset_delta != index:
-                raise InvalidRecordError(f"record {index} has offsetDelta {offset_delta}: offsets must be dense")
+            if gaps_up_to is None:
+                if offset_delta != index:
+                    raise InvalidRecordError(f"record {index} has offsetDelta {offset_delta}: offsets must be dense")
+            elif not previous_delta < offset_delta <= gaps_up_to:
+                raise InvalidRecordError(f"record {index} has offsetDelta {offset_delta}: offset deltas must "
+                                         f"increase, up to the batch's lastOffsetDelta {gaps_up_to}")
+            previous_delta = offset_delta
             b = data[p]
             if b < 0x80:
                 key_bytes = (b >> 1) ^ -(b & 1)
@@ -172,11 +182,12 @@ def walk_fields(data: bytes, p: int, count: int, bad_length: LengthError = lengt
             if p != record_end:
                 raise CorruptRecordError(f"record {index}: its parts do not add up to its length")
             if not last_only:
-                yield record_end, timestamp_delta, key_position, key_bytes, value_position, value_bytes, headers
+                yield (record_end, timestamp_delta, offset_delta, key_position, key_bytes, value_position, value_bytes,
+                       headers)
     except IndexError:  # a varint ran off the end of the data
         raise CorruptRecordError("a record runs past the end of the batch") from None
     if last_only and count > 0:
-        yield record_end, timestamp_delta, key_position, key_bytes, value_position, value_bytes, headers
+        yield record_end, timestamp_delta, offset_delta, key_position, key_bytes, value_position, value_bytes, headers
 
 
 def walk_headers(data: bytes, p: int, record_end: int, count: int, index: int,

@@ -93,9 +93,12 @@ __all__ = [
 # Batches: checked, split, numbered
 
 
-def check_batch(view: memoryview, position_bytes: int, *, batch_bytes_max: int) -> BatchHeader:
+def check_batch(view: memoryview, position_bytes: int, *, batch_bytes_max: int, stored: bool = False) -> BatchHeader:
     """The header of the batch at ``view[position_bytes:]``, after checking its bounds, magic, CRC and
-    counts, in that order (each check relies on the ones before it). Does not read the records."""
+    counts, in that order (each check relies on the ones before it). Does not read the records.
+
+    A produced batch holds lastOffsetDelta + 1 records, at least one. A ``stored`` one (read back from a
+    log) may hold fewer, none even: log compaction removes records and keeps the batch's offsets."""
     available = len(view) - position_bytes
     if available < HEADER_BYTES:
         raise CorruptRecordError(f"batch at byte {position_bytes}: {available} bytes left, "
@@ -119,9 +122,13 @@ def check_batch(view: memoryview, position_bytes: int, *, batch_bytes_max: int) 
     codec = header.attributes & COMPRESSION_MASK
     if codec > Compression.ZSTD:
         raise CorruptRecordError(f"batch at byte {position_bytes}: unknown compression codec {codec}")
-    if header.record_count < 1:
+    if stored:
+        if header.last_offset_delta < 0 or not 0 <= header.record_count <= header.last_offset_delta + 1:
+            raise InvalidRecordError(f"batch at byte {position_bytes}: recordsCount {header.record_count} with "
+                                     f"lastOffsetDelta {header.last_offset_delta}")
+    elif header.record_count < 1:
         raise InvalidRecordError(f"batch at byte {position_bytes} holds {header.record_count} records")
-    if header.last_offset_delta != header.record_count - 1:
+    elif header.last_offset_delta != header.record_count - 1:
         raise InvalidRecordError(f"batch at byte {position_bytes}: recordsCount {header.record_count} but "
                                  f"lastOffsetDelta {header.last_offset_delta}")
     if codec == Compression.NONE and header.record_count > (batch_bytes - HEADER_BYTES) // RECORD_BYTES_MIN:
@@ -178,7 +185,7 @@ def decode_records(batch: bytes | bytearray | memoryview, *, start_offset: int =
     """The records of ``batch`` (exactly one whole batch) from ``start_offset`` on. The batch is
     checked (bounds, CRC, counts) and decompressed now; each record is checked as it is read.
 
-    A record's offset is baseOffset + its offsetDelta (which must be its index: offsets are dense); its
+    A record's offset is baseOffset + its offsetDelta (increasing; gaps are what log compaction left); its
     timestamp is baseTimestamp + timestampDelta, or maxTimestamp for every record of a LogAppendTime
     batch. A null value is returned as ``b""``: ``Record.value`` is bytes. Control batches are decoded
     like any other (``BatchHeader.is_control`` tells them apart)."""
@@ -192,7 +199,7 @@ def record_timestamps(batch: bytes | bytearray | memoryview, *,
     LogAppendTime batch is answered from its header alone (every record has maxTimestamp)."""
     with memoryview(batch) as view:
         header = _check_whole_batch(view)
-        if header.attributes & TIMESTAMP_TYPE_BIT:
+        if header.attributes & TIMESTAMP_TYPE_BIT and header.record_count == header.last_offset_delta + 1:
             base_offset, max_ts = header.base_offset, header.max_timestamp_ms
             return ((base_offset + i, max_ts) for i in range(header.record_count))
         data, position_bytes = _records_data(batch, view, header, decompressed_bytes_max)
@@ -200,7 +207,8 @@ def record_timestamps(batch: bytes | bytearray | memoryview, *,
 
 
 def _check_whole_batch(view: memoryview) -> BatchHeader:
-    header = check_batch(view, 0, batch_bytes_max=BATCH_BYTES_LIMIT)
+    """A stored batch's header (the readers' check: its records may have gaps), the batch exactly one."""
+    header = check_batch(view, 0, batch_bytes_max=BATCH_BYTES_LIMIT, stored=True)
     if header.batch_bytes != len(view):
         raise CorruptRecordError(f"a batch of {header.batch_bytes} bytes followed by "
                                  f"{len(view) - header.batch_bytes} more")
@@ -244,10 +252,11 @@ def _iter_records(header: BatchHeader, data: bytes, p: int, start_offset: int) -
     append_ts = header.max_timestamp_ms if header.attributes & TIMESTAMP_TYPE_BIT else None
     end = len(data)
     new_record = tuple.__new__  # Record(...) goes through a Python-level __new__: a third of the cost
-    offset = header.base_offset - 1
-    for fields in walk_fields(data, p, header.record_count, _decoded_length_error, True):
-        p, delta, key_at, key_bytes, value_at, value_bytes, headers = fields
-        offset += 1
+    base = header.base_offset
+    # Stored batches may have gaps in their offsets (log compaction): each record's offset is its delta's.
+    for fields in walk_fields(data, p, header.record_count, _decoded_length_error, True, header.last_offset_delta):
+        p, delta, offset_delta, key_at, key_bytes, value_at, value_bytes, headers = fields
+        offset = base + offset_delta
         if offset < start_offset:
             continue
         yield new_record(Record, (offset, base_ts + delta if append_ts is None else append_ts,
@@ -259,13 +268,13 @@ def _iter_records(header: BatchHeader, data: bytes, p: int, start_offset: int) -
 
 
 def _iter_timestamps(header: BatchHeader, data: bytes, p: int) -> Iterator[tuple[int, int]]:
+    append_ts = header.max_timestamp_ms if header.attributes & TIMESTAMP_TYPE_BIT else None
     base_ts = header.base_timestamp_ms
     end = len(data)
-    offset = header.base_offset
-    for fields in walk_fields(data, p, header.record_count, _decoded_length_error):
+    base = header.base_offset
+    for fields in walk_fields(data, p, header.record_count, _decoded_length_error, False, header.last_offset_delta):
         p = fields[0]
-        yield offset, base_ts + fields[1]
-        offset += 1
+        yield base + fields[2], base_ts + fields[1] if append_ts is None else append_ts
     if p != end:
         raise CorruptRecordError(f"{end - p} bytes after the last record")
 

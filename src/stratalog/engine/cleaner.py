@@ -1,0 +1,279 @@
+"""The cleaner: log compaction of one stream, keeping the latest record of each key (Kafka's
+``cleanup.policy=compact``). Spec: docs/formats/object.md, "Compacted blocks".
+
+A pass over a stream:
+
+1. **What may be cleaned**: its uploaded blocks (never the log cache, the active tail) from its start up
+   to ``end_offset_max`` (the caller's bound: a broker passes where its idempotent producers' snapshot
+   ends), stopping at the first block with a record newer than ``min_compaction_lag_ms``.
+2. **Whether to clean**: the *dirty* blocks, from where the last pass stopped (``clean_end_offset`` in
+   metadata), against all of them: a pass runs when they are ``min_cleanable_dirty_ratio`` of the bytes,
+   or the oldest dirty block is ``max_compaction_lag_ms`` old.
+3. **The key map**: each key of the dirty blocks, as a 16-byte digest, with the offset of its latest
+   record; bounded by ``key_map_entries_max`` (a block at a time: the map's end is the block where it
+   filled, and the next pass goes on from there).
+4. **The rewrite**: every block from the stream's start to the map's end, read at most
+   ``read_bytes_per_s_max``, ``rewrite_bytes_max`` of input at a time: each batch keeps the records no
+   later record of its key supersedes, and the tombstones (null values) not older than
+   ``delete_retention_ms``. A batch keeps its base offset, offset span, timestamps and producer fields,
+   so offsets have gaps, as in Kafka; a run of batches that lost every record becomes one empty batch
+   over their offsets, so the blocks still tile the stream. Each piece of input goes to one new object,
+   which replaces its blocks in one metadata transaction (``Metadata.replace_stream_blocks``); the last
+   one also records where the pass stopped. A crash leaves the blocks replaced so far (each a correct
+   cleaning), and objects written but not committed, which the store deletes at its next open.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from stratalog.engine.batch import ENCODING_KAFKA, BatchInfo, decode_records, kafka_body, wrap_kafka_batch
+from stratalog.engine.cold_reads import Pacer
+from stratalog.engine.config import CleanerBounds
+from stratalog.engine.core import StoreCore
+from stratalog.engine.log_cache import StreamState
+from stratalog.engine.metadata import NewObject, RangeRow, StaleBlocksError
+from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block, placed_batches
+from stratalog.engine.uploads import object_key
+from stratalog.invariant import invariant
+from stratalog.kafka.compaction import (
+    RawRecord,
+    SourceBatch,
+    gap_batch,
+    kafka_batch_records,
+    native_batch_records,
+    rebuilt_batch,
+)
+from stratalog.objects.store import put_parts
+
+log = logging.getLogger("stratalog.engine.cleaner")
+
+#: Bytes of a key's digest in the key map: 16, as Kafka's cleaner (MD5), so that two keys of a partition
+#: colliding is as unlikely as anything else going wrong (about 2**-64 for a billion keys).
+KEY_DIGEST_BYTES = 16
+#: A pass lists the stream's blocks this many at a time.
+_ROWS_PER_QUERY = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CleanPolicy:
+    """A compacted stream's settings (Kafka's topic configs of the same names)."""
+
+    #: A tombstone is kept this long after its timestamp, so consumers that lag less see it.
+    delete_retention_ms: int = 86_400_000
+    #: Records younger than this are not cleaned yet.
+    min_compaction_lag_ms: int = 0
+    #: A stream whose oldest uncleaned record is this old is cleaned whatever its dirty ratio.
+    max_compaction_lag_ms: int = 2**63 - 1
+    #: The share of uncleaned bytes that makes a pass worth it.
+    min_cleanable_dirty_ratio: float = 0.5
+
+
+@dataclass(slots=True)
+class CleanReport:
+    """What a pass did (all zero: nothing was due)."""
+
+    blocks_read: int = 0
+    bytes_read: int = 0
+    records_read: int = 0
+    records_kept: int = 0
+    bytes_written: int = 0
+    objects_written: int = 0
+    #: Where the pass stopped: offsets below are compacted.
+    clean_end_offset: int = 0
+    seconds: float = 0.0
+
+
+def key_digest(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
+
+
+class Cleaner:
+    """Compacts a store's streams one pass at a time (see the module's docstring)."""
+
+    def __init__(self, core: StoreCore, bounds: CleanerBounds) -> None:
+        self._core = core
+        self._bounds = bounds
+        self._pacer = Pacer(bounds.read_bytes_per_s_max) if bounds.read_bytes_per_s_max else None
+        #: For /metrics: passes committed, and the input bytes they read.
+        self.passes = 0
+        self.bytes_cleaned = 0
+
+    def clean(self, st: StreamState, policy: CleanPolicy, *, end_offset_max: int, now_ms: int | None = None
+              ) -> CleanReport:
+        """One pass over the stream ``st``, if one is due (see the module's docstring)."""
+        core = self._core
+        core.check_open()
+        started = time.monotonic()
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        report = CleanReport()
+        blocks = self._cleanable(st, policy, min(end_offset_max, st.committed_end), now_ms)
+        first_dirty = max(core.meta.clean_end_offset(st.stream_id), st.start_offset)
+        report.clean_end_offset = first_dirty
+        if not _due(blocks, first_dirty, policy, now_ms):
+            return report
+        keys, map_end = self._key_map(blocks, first_dirty, report)
+        to_rewrite = [b for b in blocks if b.end_offset <= map_end]
+        try:
+            for piece in _pieces(to_rewrite, self._bounds.rewrite_bytes_max):
+                last = piece[-1] is to_rewrite[-1]
+                self._rewrite(st, piece, keys, policy, now_ms, map_end if last else first_dirty, report)
+        except StaleBlocksError as e:
+            # A trim or the stream's deletion came first: what was replaced stands; the next pass goes on.
+            log.info("compaction of stream %d stopped: %s", st.stream_id, e)
+            return report
+        report.clean_end_offset = map_end
+        report.seconds = time.monotonic() - started
+        self.passes += 1
+        log.info("stream %d compacted up to offset %d: %d of %d records kept, %d bytes read, %d written "
+                 "(%.2f s)", st.stream_id, map_end, report.records_kept, report.records_read, report.bytes_read,
+                 report.bytes_written, report.seconds)
+        return report
+
+    def _cleanable(self, st: StreamState, policy: CleanPolicy, end: int, now_ms: int) -> list[RangeRow]:
+        """The stream's blocks from its start that may be cleaned: below ``end``, none too young."""
+        meta = self._core.meta
+        young_from_ms = now_ms - policy.min_compaction_lag_ms
+        found: list[RangeRow] = []
+        pos = st.start_offset
+        while pos < end:
+            rows = meta.ranges(st.stream_id, pos, end, limit=_ROWS_PER_QUERY)
+            for row in rows:
+                if row.end_offset > end or row.max_timestamp_ms > young_from_ms:
+                    return found
+                found.append(row)
+            if not rows:
+                break
+            pos = rows[-1].end_offset
+        return found
+
+    def _key_map(self, blocks: list[RangeRow], first_dirty: int, report: CleanReport) -> tuple[dict[bytes, int], int]:
+        """Each key of the dirty blocks with its latest offset, and the offset the map covers up to."""
+        keys: dict[bytes, int] = {}
+        map_end = first_dirty
+        for row in blocks:
+            if row.end_offset <= first_dirty:
+                continue
+            if keys and len(keys) + row.record_count > self._bounds.key_map_entries_max:
+                break   # the next pass starts here
+            for record in self._records(row, report):
+                if record.key is not None:
+                    keys[key_digest(record.key)] = record.offset
+            map_end = row.end_offset
+        return keys, map_end
+
+    def _records(self, row: RangeRow, report: CleanReport) -> Iterator[RawRecord]:
+        for _, source in self._batches(row, report):
+            yield from source.records
+
+    def _batches(self, row: RangeRow, report: CleanReport) -> Iterator[tuple[BatchInfo, SourceBatch]]:
+        """Each batch of the block ``row`` with its records, read from object storage (its CRC checked)."""
+        core = self._core
+        # Straight from object storage, not through the block cache: a pass reads the whole stream once,
+        # which would evict what readers use.
+        block = check_block(core.with_retries(f"reading object {row.key}", functools.partial(
+            core.objects.get, row.key, row.position, row.position + row.size_bytes)), row.entry())
+        if self._pacer is not None:
+            self._pacer.take(row.size_bytes)
+        report.blocks_read += 1
+        report.bytes_read += row.size_bytes
+        for at, info in placed_batches(block, row.entry()):
+            if info.encoding == ENCODING_KAFKA:
+                source = kafka_batch_records(kafka_body(block, at, info))
+            else:
+                source = native_batch_records(list(decode_records(block, at, info)), info.base_offset, info.count)
+            report.records_read += len(source.records)
+            yield info, source
+
+    def _rewrite(self, st: StreamState, piece: list[RangeRow], keys: dict[bytes, int], policy: CleanPolicy,
+                 now_ms: int, clean_end: int, report: CleanReport) -> None:
+        """Write the cleaned copy of the blocks ``piece`` as one object and put it in their place."""
+        core = self._core
+        tombstone_before_ms = now_ms - policy.delete_retention_ms
+        out: list[StreamBatch] = []
+        gap_start, gap_end = -1, -1
+        for row in piece:
+            for info, source in self._batches(row, report):
+                kept = [r for r in source.records if _kept(r, keys, st.start_offset, tombstone_before_ms)]
+                if not kept:
+                    gap_start = info.base_offset if gap_end != info.base_offset else gap_start
+                    gap_end = info.end_offset
+                    continue
+                if gap_end == info.base_offset:
+                    out.append(_gap(st.stream_id, gap_start, gap_end))
+                gap_end = -1
+                report.records_kept += len(kept)
+                out.append(_rebuilt(st.stream_id, info, source, kept))
+        if gap_end != -1:
+            out.append(_gap(st.stream_id, gap_start, gap_end))
+        invariant(out[0].base_offset == piece[0].start_offset and
+                  out[-1].base_offset + out[-1].count == piece[-1].end_offset,
+                  "a cleaned piece tiles the offsets of the blocks it replaces")
+        builder = ObjectBuilder()
+        builder.add_stream(st.stream_id, out)
+        parts = builder.finish_parts()
+        size_bytes = sum(len(part) for part in parts)
+        object_id = core.with_retries("allocating an object id", core.meta.allocate_object_id)
+        key = object_key(object_id)
+        core.with_retries(f"writing object {key}", functools.partial(put_parts, core.objects, key, parts))
+        new = NewObject(object_id, key, size_bytes, builder.entries)
+        try:
+            with core.commit_lock:
+                core.meta.replace_stream_blocks(st.stream_id, piece, new, clean_end)
+                core.cold_rows.invalidate()
+                core.publish([], snapshot=True)
+        except StaleBlocksError:
+            core.objects.delete(key)   # never registered: nobody reads it
+            raise
+        self.bytes_cleaned += sum(row.size_bytes for row in piece)
+        report.bytes_written += size_bytes
+        report.objects_written += 1
+
+
+def _due(blocks: list[RangeRow], first_dirty: int, policy: CleanPolicy, now_ms: int) -> bool:
+    dirty = [b for b in blocks if b.end_offset > first_dirty]
+    if not dirty:
+        return False
+    total_bytes = sum(b.size_bytes for b in blocks)
+    dirty_bytes = sum(b.size_bytes for b in dirty)
+    overdue = min(b.max_timestamp_ms for b in dirty) < now_ms - policy.max_compaction_lag_ms
+    return overdue or dirty_bytes >= policy.min_cleanable_dirty_ratio * total_bytes
+
+
+def _kept(record: RawRecord, keys: dict[bytes, int], start_offset: int, tombstone_before_ms: int) -> bool:
+    if record.offset < start_offset:
+        return False   # trimmed: no reader sees it
+    if record.key is None:
+        return True    # written before the topic was compacted: nothing supersedes it
+    if keys.get(key_digest(record.key), record.offset) > record.offset:
+        return False   # a later record of its key supersedes it
+    return not (record.null_value and record.timestamp_ms < tombstone_before_ms)
+
+
+def _rebuilt(stream_id: int, info: BatchInfo, source: SourceBatch, kept: list[RawRecord]) -> StreamBatch:
+    kafka = rebuilt_batch(source, kept)
+    return StreamBatch(info.base_offset, info.count, info.max_timestamp_ms,
+                       wrap_kafka_batch(stream_id, info.base_offset, info.count, info.max_timestamp_ms, kafka))
+
+
+def _gap(stream_id: int, start: int, end: int) -> StreamBatch:
+    kafka = gap_batch(start, end - start)
+    return StreamBatch(start, end - start, -1, wrap_kafka_batch(stream_id, start, end - start, -1, kafka))
+
+
+def _pieces(blocks: list[RangeRow], bytes_max: int) -> Iterator[list[RangeRow]]:
+    piece: list[RangeRow] = []
+    size = 0
+    for row in blocks:
+        if piece and size + row.size_bytes > bytes_max:
+            yield piece
+            piece, size = [], 0
+        piece.append(row)
+        size += row.size_bytes
+    if piece:
+        yield piece
