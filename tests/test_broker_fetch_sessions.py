@@ -1,7 +1,7 @@
 """Fetch sessions (KIP-227) through a real broker: kafka-python's consumer fetches incrementally after its first
-fetch and reads every record of 50 partitions once; librdkafka (which asks for no session: epoch -1) and
-aiokafka read them too; a raw client gets Kafka's session errors; a hostile one cannot grow the cache past its
-bounds, nor slow the others down with huge forgotten lists or lying array counts."""
+fetch and reads every record of 50 partitions once; librdkafka (which asks for no session: epoch -1; Fetch v16,
+topics by id) and aiokafka read them too; a raw client gets Kafka's session errors; a hostile one cannot grow
+the cache past its bounds, nor slow the others down with huge forgotten lists or lying array counts."""
 
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ def fetch_counts(broker: BrokerProcess) -> dict[str, float]:
     counts = {labels[0][1]: value for (name, labels), value in metrics.items()
               if name == "stratalog_fetch_requests_total"}
     counts["sessions"] = metrics[("stratalog_fetch_sessions", ())]
+    counts["fetch v16"] = metrics.get(("kafka_network_requestmetrics_requests_total",
+                                       (("request", "Fetch"), ("version", "16"))), 0)
     return counts
 
 
@@ -105,7 +107,7 @@ def test_kafka_python_fetches_incrementally_after_its_first_fetch_and_reads_each
     assert after["refused"] == before["refused"]
 
 
-def test_librdkafka_asks_for_no_session_and_reads_each_record_once(broker: BrokerProcess) -> None:
+def test_librdkafka_asks_for_no_session_and_reads_each_record_once_with_fetch_v16(broker: BrokerProcess) -> None:
     before = fetch_counts(broker)
     consumer = confluent_kafka.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused",
                                          "enable.auto.commit": False, "fetch.wait.max.ms": 100})
@@ -124,6 +126,7 @@ def test_librdkafka_asks_for_no_session_and_reads_each_record_once(broker: Broke
     assert_exactly_once(got, PARTITIONS, RECORDS_PER_PARTITION)
     after = fetch_counts(broker)
     assert after["sessionless"] > before["sessionless"], "librdkafka's fetches carry session epoch -1"
+    assert after["fetch v16"] > before["fetch v16"], "librdkafka 2.x asks for v16: topics by id"
 
 
 def test_aiokafka_reads_each_record_once(broker: BrokerProcess) -> None:

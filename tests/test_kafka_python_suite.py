@@ -37,10 +37,10 @@ import pytest
 from brokerkit import BrokerProcess, running_broker
 
 KAFKA_PYTHON_VERSION = importlib.metadata.version("kafka-python")
-#: The release kafka-python infers from the broker's ApiVersions (DescribeAcls 3, without Fetch 15: 3.3).
+#: The release kafka-python infers from the broker's ApiVersions (Fetch 17, served since topic ids: 3.9).
 #: Their ``test_kafka_version_infer`` checks the inference against it, so when the broker serves newer
 #: versions this moves with it.
-KAFKA_VERSION = "3.3"
+KAFKA_VERSION = "3.9"
 #: The broker settings of kafka-python's own test Kafka (its kafka.properties): four partitions a topic,
 #: sessions from 1 s (their group test asks for 3 s), no wait before a group's first rebalance, and ACLs
 #: checked on every request but allowed where none is set (allow.everyone.if.no.acl.found=true).

@@ -14,6 +14,7 @@ know is answered UNKNOWN_TOPIC_ID.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 import uuid
@@ -36,9 +37,11 @@ from stratalog.kafka.fetch_response import (
     FETCH_VERSION_MAX,
     FETCH_VERSION_MIN,
     NO_TOPIC_ID,
+    NODE_ENDPOINTS_VERSION,
     TOPIC_ID_VERSION,
     FetchPartitionResult,
     FetchTopicResult,
+    NodeEndpoint,
     encode_fetch_response,
 )
 from stratalog.kafka.records import encode_batch
@@ -46,6 +49,8 @@ from stratalog.kafka.records import encode_batch
 if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
 
+#: The errors whose partitions name their current leader from v16 (Kafka's rule, KIP-951).
+SENT_ELSEWHERE = frozenset((ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch))
 #: A fetch refused for lack of response memory waits at most this long (its own wait, if shorter) before
 #: it answers with no records.
 MEMORY_WAIT_S_MAX = 0.5
@@ -86,6 +91,9 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
         # leader writes at their offsets.
         results = [FetchPartitionResult(t.partition, ErrorCode.not_leader_or_follower, -1) for t in targets]
         topic_bytes = {}
+    endpoints: list[NodeEndpoint] = []
+    if request.api_version >= NODE_ENDPOINTS_VERSION:
+        results, endpoints = _leaders_named(broker, session, targets, results)
     answer = sessions.finish(plan, [_outcome(r) for r in results], time.monotonic())
     for topic, (size_bytes, records_out) in topic_bytes.items():
         broker.metrics.fetched(topic, size_bytes, records_out)
@@ -95,14 +103,35 @@ async def fetch(broker: Broker, request: Request, session: Session) -> Prebuilt:
         broker.metrics.throttled(session.user, request.client_id or "", fetch_throttle_ms)
     topics = list(_grouped(targets, results, answer.included))
     return _response(request, answer.error_code, answer.session_id, topics,
-                     max(request.throttle_ms, fetch_throttle_ms))
+                     max(request.throttle_ms, fetch_throttle_ms), endpoints)
 
 
 def _response(request: Request, error_code: int, session_id: int, topics: Sequence[FetchTopicResult],
-              throttle_ms: int) -> Prebuilt:
+              throttle_ms: int, endpoints: Sequence[NodeEndpoint] = ()) -> Prebuilt:
     # Encoded here, not by kio: the records stay views of the stored batches up to the socket.
     return Prebuilt(encode_fetch_response(request.correlation_id, request.api_version, throttle_time_ms=throttle_ms,
-                                          error_code=error_code, session_id=session_id, topics=topics), throttle_ms)
+                                          error_code=error_code, session_id=session_id, topics=topics,
+                                          node_endpoints=endpoints), throttle_ms)
+
+
+def _leaders_named(broker: Broker, session: Session, targets: Sequence[_Target],
+                   results: list[FetchPartitionResult]) -> tuple[list[FetchPartitionResult], list[NodeEndpoint]]:
+    """KIP-951 (v16+): a partition that sends the client elsewhere names its current leader and epoch, and
+    the response where each such leader listens, so the client goes there without asking for metadata."""
+    named: list[FetchPartitionResult] = []
+    leaders: set[int] = set()
+    for target, result in zip(targets, results, strict=True):
+        led = None
+        if result.error_code in SENT_ELSEWHERE and target.topic is not None:
+            led = broker.ownership.leader(target.topic, target.partition)
+        if led is None:
+            named.append(result)
+            continue
+        leaders.add(led[0])
+        named.append(dataclasses.replace(result, current_leader=led))
+    endpoints = [NodeEndpoint(b.broker_id, b.host, b.port) for b in broker.ownership.brokers(session.listener)
+                 if b.broker_id in leaders]
+    return named, endpoints
 
 
 def _wanted(body: Any, by_id: bool) -> dict[Key, Wanted]:

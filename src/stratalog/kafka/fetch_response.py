@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from stratalog.invariant import invariant
 
 FETCH_VERSION_MIN = 4
-FETCH_VERSION_MAX = 12
+FETCH_VERSION_MAX = 18
 #: The first flexible Fetch version (compact lengths, tagged fields, response header v1).
 FETCH_FIRST_FLEXIBLE_VERSION = 12
 #: Fields added after v4: log_start_offset (v5), top-level error_code and session_id (v7),
