@@ -17,7 +17,7 @@ from stratalog.broker.acls import Operation, ResourceType
 from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
 from stratalog.broker.producers import Verdict
 from stratalog.broker.session import Session
-from stratalog.broker.topic_configs import config_value, stored_codec
+from stratalog.broker.topic_configs import COMPACT, config_value, stored_codec
 from stratalog.engine import (
     BackpressureError,
     StoreClosedError,
@@ -30,7 +30,7 @@ from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.produce_request import ProduceBody
 from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
-from stratalog.kafka.record_check import check_records
+from stratalog.kafka.record_check import check_records, walk_fields
 from stratalog.kafka.records import (
     INT16_MAX,
     BatchHeader,
@@ -38,6 +38,7 @@ from stratalog.kafka.records import (
     KafkaBatchError,
     check_batch,
     recompress,
+    uncompressed_records,
 )
 
 if TYPE_CHECKING:
@@ -185,6 +186,10 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
             raise _RefusedError(ErrorCode(e.error_code), str(e)) from None
     if header.is_transactional or header.is_control:
         raise _RefusedError(ErrorCode.invalid_record, "transactional and control batches are not supported")
+    if COMPACT in config_value(topic.configs, "cleanup.policy") and _has_keyless(view, header, uncompressed):
+        # As Kafka: compaction keeps the latest record of each key, and a record without one has none.
+        raise _RefusedError(ErrorCode.invalid_record, f"compacted topic {topic_name!r} cannot accept a record "
+                            "without a key")
     loop = asyncio.get_running_loop()
     producer_id = header.producer_id
     idempotent = producer_id >= 0
@@ -237,6 +242,18 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
         broker.data_arrived(stream_id)
     future.add_done_callback(arrived)
     return future, stream
+
+
+def _has_keyless(view: memoryview, header: BatchHeader, records: bytes | memoryview | None) -> bool:
+    """Whether a record of the batch has a null key (``records``: its records uncompressed, if the record
+    check has them)."""
+    try:
+        if records is None:
+            records = uncompressed_records(view, header, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
+        return any(key_bytes < 0 for _, _, _, _, key_bytes, _, _, _ in
+                   walk_fields(bytes(records), 0, header.record_count))
+    except KafkaBatchError as e:
+        raise _RefusedError(ErrorCode(e.error_code), str(e)) from None
 
 
 def _recompressed(view: memoryview, header: BatchHeader, codec: Compression, limit: int,

@@ -29,6 +29,7 @@ from stratalog.broker.config import BrokerConfig
 from stratalog.broker.credentials import CredentialStore
 from stratalog.broker.fetch_sessions import FetchSessions
 from stratalog.broker.groups import GroupCoordinator
+from stratalog.broker.log_cleaner import LogCleaner
 from stratalog.broker.memory import MemoryBudget
 from stratalog.broker.metadata_db import BrokerTables
 from stratalog.broker.metrics import BrokerMetrics
@@ -94,6 +95,10 @@ class Broker:
         self._snapshots = ProducerSnapshots(self.tables.producers)
         self.producer_snapshots = self._snapshots
         self._snapshot_task: asyncio.Task[None] | None = None
+        #: Where the last saved snapshot of idempotent producers ends, per stream: the log cleaner compacts
+        #: no further (the batches after it are replayed at a restart, producer fields and all).
+        self.snapshot_ends_saved: dict[int, int] = {}
+        self.cleaner = LogCleaner(self)
         #: The WAL's write completions, taken on the event loop (None: the WAL's own thread takes them).
         self._completions: CompletionWatch | None = None
         #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
@@ -138,6 +143,7 @@ class Broker:
         broker._watch_completions()
         broker.groups.start()
         broker._snapshot_task = asyncio.get_running_loop().create_task(broker._snapshot_periodically())
+        broker.cleaner.start()
         broker.ownership.start()
         return broker
 
@@ -160,6 +166,7 @@ class Broker:
         return asyncio.get_running_loop().run_in_executor(self._offsets_worker, call, *args)
 
     async def close(self) -> None:
+        await self.cleaner.stop()
         await self.ownership.stop()
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
@@ -320,6 +327,7 @@ class Broker:
         """Rebuild the idempotent producers of every partition served here: their snapshot, then the batches
         after it (at the open alone; a cluster's broker does it per partition as it gains each)."""
         ends = self._snapshots.load(self.producers)
+        self.snapshot_ends_saved.update(ends)
         streams = self.ownership.served_streams()
         replayed = sum(replay(self.producers, s, ends.get(s.stream_id, 0)) for s in streams)
         self.settled_ends.update((s.stream_id, s.end_offset) for s in streams)
@@ -335,6 +343,7 @@ class Broker:
     def _save_producers(self) -> None:
         ends = self._snapshot_ends()
         self._snapshots.save(self.producers.entries(), ends, partitions_only=self.ownership.snapshot_partitions_only)
+        self.snapshot_ends_saved = ends
 
     async def _snapshot_periodically(self) -> None:
         while True:
@@ -347,6 +356,8 @@ class Broker:
             except MetadataUnavailableError as e:
                 # The last snapshot stands; a restart replays more batches after it. The next one retries.
                 log.warning("idempotent producers' snapshot not saved: %s", e)
+                continue
+            self.snapshot_ends_saved = ends
 
     # Waiting for data --------------------------------------------------------------------------------
 

@@ -172,6 +172,10 @@ class BrokerConfig:
     #: How often idempotent producers' state is snapshotted; a restart reads the batches written since
     #: the last snapshot to rebuild it, so this bounds the work at start.
     producer_snapshot_interval_ms: int = 2_000
+    #: How often the log cleaner looks for compacted partitions due a pass (Kafka's log.cleaner.backoff.ms):
+    #: a pass runs only once a partition's uncleaned share reaches its min.cleanable.dirty.ratio, so a
+    #: short interval costs a few metadata reads per compacted partition.
+    log_cleaner_interval_ms: int = 15_000
     store: StoreConfig = field(default_factory=StoreConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
     #: Where topics, committed offsets, users, ACLs, quotas, producer snapshots and the stream store's

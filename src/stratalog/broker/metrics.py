@@ -165,6 +165,8 @@ STORE_COUNTERS: dict[str, str] = {
     "block_cache_misses": "Reads of cold data that went to object storage",
     "compactions": "Compactions committed (the Spark compaction job's swaps of objects for fewer, larger ones)",
     "objects_compacted": "Objects replaced by compactions (deleted after the grace period)",
+    "cleaner_passes": "Passes of log compaction (cleanup.policy=compact: the latest record of each key kept)",
+    "cleaner_bytes_read": "Bytes of blocks that passes of log compaction read and rewrote",
     "cluster_partitions_gained": "Partitions this broker came to lead (at its start, and on failovers)",
     "cluster_logs_replayed": "Logs of dead brokers this broker replayed (failovers it carried out)",
 }

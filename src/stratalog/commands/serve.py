@@ -25,7 +25,7 @@ from stratalog.broker.server import BrokerServer
 from stratalog.broker.stack_dump import dump_stacks
 from stratalog.commands.log_format import TEXT_FORMAT, use_format
 from stratalog.commands.serve_http import Console, check_addresses, start_console, start_metrics
-from stratalog.engine.config import StoreConfig
+from stratalog.engine.config import CleanerBounds, StoreConfig
 from stratalog.engine.metadata_backends import MetadataUnavailableError, wait_until_reachable, without_password
 from stratalog.io.device import Device, FileDevice
 from stratalog.native import core as native_core
@@ -80,6 +80,8 @@ def load_config(path: Path | None, **overrides: Any) -> BrokerConfig:
                                                  f"{', '.join(p.value for p in FsyncPolicy)}",
                                                  param_hint="--config") from None
                 store["wal"] = dataclasses.replace(StoreConfig().wal, **wal)   # the store's defaults, not the WAL's
+            if "cleaner" in store:
+                store["cleaner"] = CleanerBounds(**_settings(CleanerBounds, store["cleaner"], "[store.cleaner] "))
             values["store"] = StoreConfig(**store)
     values.update({k: v for k, v in overrides.items() if v is not None})
     config = BrokerConfig(**values)

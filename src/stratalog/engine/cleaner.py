@@ -29,7 +29,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from stratalog.engine.batch import ENCODING_KAFKA, BatchInfo, decode_records, kafka_body, wrap_kafka_batch
@@ -104,9 +104,10 @@ class Cleaner:
         self.passes = 0
         self.bytes_cleaned = 0
 
-    def clean(self, st: StreamState, policy: CleanPolicy, *, end_offset_max: int, now_ms: int | None = None
-              ) -> CleanReport:
-        """One pass over the stream ``st``, if one is due (see the module's docstring)."""
+    def clean(self, st: StreamState, policy: CleanPolicy, *, end_offset_max: int, now_ms: int | None = None,
+              should_stop: Callable[[], bool] = lambda: False) -> CleanReport:
+        """One pass over the stream ``st``, if one is due (see the module's docstring). ``should_stop`` is
+        asked before each piece of the rewrite: a pass asked to stop ends after the piece it is on."""
         core = self._core
         core.check_open()
         started = time.monotonic()
@@ -121,6 +122,8 @@ class Cleaner:
         to_rewrite = [b for b in blocks if b.end_offset <= map_end]
         try:
             for piece in _pieces(to_rewrite, self._bounds.rewrite_bytes_max):
+                if should_stop():
+                    return report
                 last = piece[-1] is to_rewrite[-1]
                 self._rewrite(st, piece, keys, policy, now_ms, map_end if last else first_dirty, report)
         except StaleBlocksError as e:

@@ -286,17 +286,17 @@ class StreamStore:
         return commit_external_objects(self._core, self._uploads, stream_ids, place, marker)
 
     def clean_stream(self, stream: Stream, policy: CleanPolicy, *, end_offset_max: int | None = None,
-                     now_ms: int | None = None) -> CleanReport:
+                     now_ms: int | None = None, should_stop: Callable[[], bool] = lambda: False) -> CleanReport:
         """One pass of log compaction over ``stream`` if one is due (engine/cleaner.py): the latest record of
-        each key kept, in uploaded data below ``end_offset_max`` (None: all of it). Not thread-safe with
-        itself for one stream: one cleaner per stream at a time."""
+        each key kept, in uploaded data below ``end_offset_max`` (None: all of it); ``should_stop`` ends it
+        early, between two commits. One pass per stream at a time."""
         core = self._core
         with core.lock:
             st = core.streams.get(stream.stream_id)
         if st is None:
             raise UnknownStreamError(f"no stream {stream.stream_id}")
         return self._cleaner.clean(st, policy, end_offset_max=(1 << 62) if end_offset_max is None else end_offset_max,
-                                   now_ms=now_ms)
+                                   now_ms=now_ms, should_stop=should_stop)
 
     # Upload: uploads.py ----------------------------------------------------------------------------
 
