@@ -23,6 +23,7 @@ BENCH = {
     "wal-objects": "stratalog.commands.bench_wal_objects:wal_objects",
     "log": "stratalog.commands.bench_log:log",
     "catchup": "stratalog.commands.bench_catchup:catchup",
+    "compaction": "stratalog.commands.bench_compaction:compaction",
     "spark": "stratalog.commands.bench_spark:spark",
     "streams": "stratalog.commands.bench_streams:streams",
     "queues": "stratalog.commands.bench_queues:queues",
