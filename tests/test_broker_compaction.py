@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
-from brokerkit import BrokerProcess, metrics_address, running_broker, scrape_metrics
+from brokerkit import BrokerProcess, metrics_address, read_partition, running_broker, scrape_metrics
 from waiting import WAIT_S, wait_until
 
 KEYS = 200
@@ -66,24 +66,7 @@ def produce(bootstrap: str, topic: str, uploaded: Callable[[], bool] | None = No
 
 def consume(bootstrap: str, topic: str, offset: int, until: int) -> list[Any]:
     """The records of partition 0 from ``offset`` up to the end offset ``until``."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{offset}", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, 0, offset)])
-    got: list[Any] = []
-    try:
-        def at_end() -> bool:
-            message = consumer.poll(1.0)
-            if message is None:
-                return False
-            if message.error() is not None:
-                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
-                return consumer.position([TopicPartition(topic, 0)])[0].offset >= until
-            got.append(message)
-            return False
-        wait_until(at_end, f"the records of {topic} from {offset} to {until}", poll_s=0)
-    finally:
-        consumer.close()
-    return got
+    return read_partition(bootstrap, topic, 0, offset, until)
 
 
 def gauge(broker: BrokerProcess, name: str) -> float:

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
+from brokerkit import read_partition
 from clusterkit import (
     CLUSTER_TOML,
     NONE,
@@ -60,9 +61,13 @@ def settled(cluster: BrokerCluster, topic: str, partitions: int) -> dict[int, Pa
     return first
 
 
+#: Log compaction looks for work every 0.3 s, uploads happen every 0.5 s: a compacted topic is cleaned soon.
+COMPACTING_TOML = "log_cleaner_interval_ms = 300\n[store]\nupload_interval_s = 0.5\n" + CLUSTER_TOML
+
+
 def test_three_brokers_share_a_topic_route_clients_and_refuse_what_they_do_not_lead(
         tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
-    with running_cluster(tmp_path, pg_database, seaweedfs, 3) as cluster:
+    with running_cluster(tmp_path, pg_database, seaweedfs, 3, COMPACTING_TOML) as cluster:
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(timeout=60)
 
@@ -139,6 +144,22 @@ def test_three_brokers_share_a_topic_route_clients_and_refuse_what_they_do_not_l
             return int(streams[0]), int(doomed[0])
 
         wait_until(lambda: scratch_left() == (0, 0), lambda: f"the scratch streams deleted ({scratch_left()} left)")
+
+        # A compacted topic's partitions are cleaned by their leaders: the latest value of each key is left.
+        compacted = NewTopic("ledger", 3, 1, config={"cleanup.policy": "compact"})
+        admin.create_topics([compacted])["ledger"].result(timeout=60)
+        wait_until(lambda: settled(cluster, "ledger", 3), "the ledger topic served")
+        for r in range(5):
+            for k in range(30):
+                producer.produce("ledger", key=f"k{k}".encode(), value=f"{r}".encode(), partition=k % 3)
+        assert producer.flush(60) == 0
+
+        def ledger() -> list[tuple[int, bytes, bytes]]:
+            return [(p, m.key(), m.value()) for p in range(3)
+                    for m in read_partition(cluster.bootstrap(1), "ledger", p, 0, 50)]
+
+        wait_until(lambda: len(ledger()) == 30, lambda: f"every partition compacted ({len(ledger())} records left)")
+        assert sorted(ledger()) == sorted((k % 3, f"k{k}".encode(), b"4") for k in range(30))
 
 
 def test_the_cluster_table_of_the_config_is_read_and_its_bounds_checked(tmp_path: Path) -> None:
