@@ -26,6 +26,7 @@ from stratalog.engine.record_index import index_native_records
 from stratalog.engine.record_layout import encode_records
 from stratalog.kafka.array_bounds import Plan, plan_of, walk_array_counts
 from stratalog.kafka.codec import encode_request, load_request_schema, peek_header
+from stratalog.kafka.compaction import gap_batch, kafka_batch_records, rebuilt_batch
 from stratalog.kafka.produce_request import decode_produce_fields
 from stratalog.kafka.record_check import walk_records
 from stratalog.kafka.record_index import index_kafka_records
@@ -153,18 +154,42 @@ def test_kafka_indexes_are_the_same(records: list[tuple[bytes | None, bytes | No
                                                         int]], append: int | None, base: int) -> None:
     # Bases near the ends of int64 make some timestamps overflow: both refuse those records alike.
     data = records_part(records)
-    same_outcome(index_kafka_records, _native.index_kafka_records, data, 0, len(records), base, append)
-    same_outcome(index_kafka_records, _native.index_kafka_records, memoryview(data), 0, len(records), 0, append)
+    last = len(records) - 1
+    same_outcome(index_kafka_records, _native.index_kafka_records, data, 0, len(records), last, base, append)
+    same_outcome(index_kafka_records, _native.index_kafka_records, memoryview(data), 0, len(records), last, 0, append)
+
+
+def gapped_part(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+                kept: list[bool]) -> tuple[bytes, int, int]:
+    """The records part of the batch of ``records`` as log compaction rewrites it, keeping the records
+    ``kept`` (an empty batch over its offsets where none is), with its record count and lastOffsetDelta."""
+    source = kafka_batch_records(encode_batch([(k, v, tuple(h), ts) for k, v, h, ts in records], base_offset=7))
+    chosen = [r for r, keep in zip(source.records, kept, strict=False) if keep]
+    batch = rebuilt_batch(source, chosen) if chosen else gap_batch(7, len(records))
+    return batch[RECORDS_POSITION:], len(chosen), len(records) - 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=RECORDS, kept=st.lists(st.booleans(), min_size=12, max_size=12),
+       append=st.none() | st.integers(-(1 << 63), (1 << 63) - 1), base=st.integers(-(1 << 63), (1 << 63) - 1))
+def test_compacted_kafka_indexes_are_the_same(
+        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]], kept: list[bool],
+        append: int | None, base: int) -> None:
+    data, count, last = gapped_part(records, kept)
+    assert same_outcome(index_kafka_records, _native.index_kafka_records, data, 0, count, last, 0, append)[0] == \
+        "returned"
+    same_outcome(index_kafka_records, _native.index_kafka_records, data, 0, count, last, base, append)
 
 
 @settings(max_examples=1500, deadline=None)
-@given(records=RECORDS, mutations=MUTATIONS, count_change=st.integers(-3, 2), position=st.integers(-1, 3))
+@given(records=RECORDS, kept=st.lists(st.booleans(), min_size=12, max_size=12), mutations=MUTATIONS,
+       count_change=st.integers(-3, 2), span_change=st.integers(-3, 3), position=st.integers(-1, 3))
 def test_damaged_kafka_records_index_alike(
-        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
-        mutations: list[tuple[str, int, int]], count_change: int, position: int) -> None:
-    data = mutated(records_part(records), mutations)
-    same_outcome(index_kafka_records, _native.index_kafka_records, data, position,
-                 len(records) + count_change, 0, None)
+        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]], kept: list[bool],
+        mutations: list[tuple[str, int, int]], count_change: int, span_change: int, position: int) -> None:
+    data, count, last = gapped_part(records, kept)
+    same_outcome(index_kafka_records, _native.index_kafka_records, mutated(data, mutations), position,
+                 count + count_change, last + span_change, 0, None)
 
 
 NATIVE_RECORDS = st.lists(st.builds(
@@ -189,7 +214,7 @@ def test_native_indexes_are_the_same_whole_or_damaged(records: list[NewRecord],
 @given(data=st.binary(max_size=200), position=st.integers(-1, 210), end=st.integers(-1, 210), count=st.integers(-1, 12))
 def test_any_bytes_index_alike(data: bytes, position: int, end: int, count: int) -> None:
     same_outcome(index_native_records, _native.index_native_records, data, position, end, count)
-    same_outcome(index_kafka_records, _native.index_kafka_records, data, max(position, 0), count, 0, None)
+    same_outcome(index_kafka_records, _native.index_kafka_records, data, max(position, 0), count, end, 0, None)
 
 
 # The bulk record layout of Spark writes (engine/record_layout.py) ------------------------------------------

@@ -40,9 +40,12 @@ static PyMethodDef native_methods[] = {
      "position after the last. Raises CorruptRecordError or InvalidRecordError as\n"
      "stratalog.kafka.record_check.walk_records, its Python twin, does."},
     {"index_kafka_records", (PyCFunction)(void (*)(void))native_index_kafka_records, METH_FASTCALL,
-     "index_kafka_records(data, position, count, base_timestamp_ms, append_timestamp_ms) -> bytes\n\n"
-     "Where each of `count` Kafka records at data[position:] (uncompressed, ending at the data's end)\n"
-     "keeps its fields: seven int64 columns, one after the other (stratalog.kafka.record_index.INDEX_COLUMNS).\n"
+     "index_kafka_records(data, position, count, last_offset_delta, base_timestamp_ms, append_timestamp_ms)\n"
+     "    -> bytes\n\n"
+     "Where each of `count` Kafka records at data[position:] (uncompressed, ending at the data's end) of a\n"
+     "stored batch keeps its fields, its offset delta among them (they increase up to last_offset_delta:\n"
+     "compaction leaves gaps): eight int64 columns, one after the other\n"
+     "(stratalog.kafka.record_index.INDEX_COLUMNS).\n"
      "Raises as stratalog.kafka.record_index.index_kafka_records, its Python twin, does."},
     {"index_native_records", (PyCFunction)(void (*)(void))native_index_native_records, METH_FASTCALL,
      "index_native_records(data, position, end, count) -> bytes\n\n"

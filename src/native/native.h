@@ -13,8 +13,10 @@ void native_raise(const char *name, PyObject *message);
 void native_raise_from(const char *module_name, const char *name, PyObject *message);
 
 /* An index of records: INDEX_COLUMNS int64 columns of `count` rows each, one after the other, in a new
- * bytes object; *columns points at its first. NULL with MemoryError set where it cannot be made. */
-#define INDEX_COLUMNS 7
+ * bytes object; *columns points at its first. NULL with MemoryError set where it cannot be made. The
+ * columns: timestamp, key start and bytes, value start and bytes, headers start and count, offset delta
+ * (kafka/record_index.py's INDEX_COLUMNS). */
+#define INDEX_COLUMNS 8
 PyObject *native_new_index(Py_ssize_t count, long long **columns);
 
 PyObject *native_walk_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

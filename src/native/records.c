@@ -1,4 +1,6 @@
-/* The walk of a Kafka batch's records (kafka/record_check.py's `walk_records`, its Python twin and spec).
+/* The walk of a Kafka batch's records: Produce's check (kafka/record_check.py's `walk_records`) and the
+ * index readers build columns from (kafka/record_index.py's `index_kafka_records`), one walk for both as
+ * record_check.walk_fields is for their Python twins, which are their spec.
  *
  * Every rule, every error and every message is the twin's: tests/test_native_twins.py feeds both the
  * same bytes, valid and hostile, and requires the same result or the same error. Varint values are
@@ -179,8 +181,10 @@ static int is_utf8(const uint8_t *start, Py_ssize_t length) {
         }                                                      \
     } while (0)
 
-/* record_check.py's _walk_headers (record_end <= end, p < record_end). */
-static int walk_headers(const Bytes *in, Py_ssize_t *pp, Py_ssize_t record_end, Py_ssize_t index) {
+/* record_check.py's walk_headers, from the header count (record_end <= end, p < record_end): *pp moves past
+ * the headers; *count and *start are the count and where the first header starts. */
+static int walk_headers(const Bytes *in, Py_ssize_t *pp, Py_ssize_t record_end, Py_ssize_t index, Py_ssize_t *count_out,
+                        Py_ssize_t *start) {
     Py_ssize_t p = *pp;
     i128 count, length;
     READ(in, &p, &count);
@@ -189,6 +193,8 @@ static int walk_headers(const Bytes *in, Py_ssize_t *pp, Py_ssize_t record_end, 
                      (i128)(record_end - p));
         return -1;
     }
+    *count_out = (Py_ssize_t)count;
+    *start = p;
     for (i128 h = 0; h < count; h++) {
         READ(in, &p, &length);
         if (length < 0 || length > (i128)(record_end - p)) {
@@ -216,9 +222,24 @@ static int walk_headers(const Bytes *in, Py_ssize_t *pp, Py_ssize_t record_end, 
     return 0;
 }
 
-/* record_check.py's _walk: returns 0 and the position after the last record, or -1 with an error set. */
-static int walk(const Bytes *in, Py_ssize_t p, Py_ssize_t count, Py_ssize_t *after) {
-    i128 length, value;
+/* How walk() reads offset deltas, and what it notes of each record. */
+typedef struct {
+    int gapped;            /* 0: record i has offsetDelta i (Produce); 1: deltas increase up to gaps_up_to */
+    i128 gaps_up_to;       /* the batch's lastOffsetDelta */
+    long long *columns;    /* NULL: check only; else the index, INDEX_COLUMNS x count, column after column */
+    i128 base_ts;
+    int append;            /* every record has append_ts (LogAppendTime) */
+    long long append_ts;
+    Py_ssize_t overflow;   /* the first record whose timestamp does not fit an int64, or -1 */
+    i128 overflow_ts;
+} Walk;
+
+enum { TIMESTAMP_MS, KEY_START, KEY_BYTES, VALUE_START, VALUE_BYTES, HEADERS_START, HEADER_COUNT, OFFSET_DELTA };
+
+/* record_check.py's walk_fields: returns 0 and the position after the last record, or -1 with an error set.
+ * With w->columns, each record's row of the index is written as it is read. */
+static int walk(const Bytes *in, Py_ssize_t p, Py_ssize_t count, Walk *w, Py_ssize_t *after) {
+    i128 length, delta, offset_delta, key_bytes, value_bytes, previous = -1;
     for (Py_ssize_t i = 0; i < count; i++) {
         READ(in, &p, &length);
         if (length < RECORD_BODY_BYTES_MIN || length > (i128)(in->end - p)) {
@@ -230,33 +251,43 @@ static int walk(const Bytes *in, Py_ssize_t p, Py_ssize_t count, Py_ssize_t *aft
         }
         Py_ssize_t record_end = p + (Py_ssize_t)length;
         p += 1; /* attributes */
-        READ(in, &p, &value); /* timestampDelta: any value */
-        READ(in, &p, &value);
-        if (value != i) {
-            record_error("InvalidRecordError", "record %zd has offsetDelta %S: offsets must be dense", i, 1, value,
-                         0);
+        READ(in, &p, &delta); /* timestampDelta: any value */
+        READ(in, &p, &offset_delta);
+        if (!w->gapped && offset_delta != i) {
+            record_error("InvalidRecordError", "record %zd has offsetDelta %S: offsets must be dense", i, 1,
+                         offset_delta, 0);
             return -1;
         }
-        READ(in, &p, &value); /* key length */
-        if (value >= 0) {
-            p = skip(in, p, value);
-        } else if (value != NULL_LENGTH) {
-            record_error("InvalidRecordError", "record %zd: key length %S", i, 1, value, 0);
+        if (w->gapped && !(previous < offset_delta && offset_delta <= w->gaps_up_to)) {
+            record_error("InvalidRecordError",
+                         "record %zd has offsetDelta %S: offset deltas must increase, up to the batch's "
+                         "lastOffsetDelta %S", i, 2, offset_delta, w->gaps_up_to);
             return -1;
         }
-        READ(in, &p, &value); /* value length: running off here means the key ran past the data */
-        if (value >= 0) {
-            p = skip(in, p, value);
-        } else if (value != NULL_LENGTH) {
-            record_error("InvalidRecordError", "record %zd: value length %S", i, 1, value, 0);
+        previous = offset_delta;
+        READ(in, &p, &key_bytes);
+        Py_ssize_t key_start = p;
+        if (key_bytes >= 0) {
+            p = skip(in, p, key_bytes);
+        } else if (key_bytes != NULL_LENGTH) {
+            record_error("InvalidRecordError", "record %zd: key length %S", i, 1, key_bytes, 0);
+            return -1;
+        }
+        READ(in, &p, &value_bytes); /* running off here means the key ran past the data */
+        Py_ssize_t value_start = p;
+        if (value_bytes >= 0) {
+            p = skip(in, p, value_bytes);
+        } else if (value_bytes != NULL_LENGTH) {
+            record_error("InvalidRecordError", "record %zd: value length %S", i, 1, value_bytes, 0);
             return -1;
         }
         if (p >= record_end) {
             record_error("CorruptRecordError", "record %zd: its key or value runs past the record", i, 0, 0, 0);
             return -1;
         }
+        Py_ssize_t header_count = 0, headers_start = p + 1;
         if (in->data[p]) { /* p < record_end <= end */
-            if (walk_headers(in, &p, record_end, i) < 0) {
+            if (walk_headers(in, &p, record_end, i, &header_count, &headers_start) < 0) {
                 return -1;
             }
         } else {
@@ -265,6 +296,24 @@ static int walk(const Bytes *in, Py_ssize_t p, Py_ssize_t count, Py_ssize_t *aft
         if (p != record_end) {
             record_error("CorruptRecordError", "record %zd: its parts do not add up to its length", i, 0, 0, 0);
             return -1;
+        }
+        if (w->columns != NULL) {
+            /* The walk has proved every length here within the record: each fits a long long. */
+            i128 timestamp = w->append ? (i128)w->append_ts : w->base_ts + delta;
+            int fits = timestamp >= INT64_MIN && timestamp <= INT64_MAX;
+            if (!fits && w->overflow < 0) {
+                w->overflow = i;
+                w->overflow_ts = timestamp;
+            }
+            long long row[INDEX_COLUMNS] = {
+                [TIMESTAMP_MS] = fits ? (long long)timestamp : 0, [KEY_START] = key_start,
+                [KEY_BYTES] = (long long)key_bytes, [VALUE_START] = value_start,
+                [VALUE_BYTES] = value_bytes < 0 ? 0 : (long long)value_bytes, /* a null value reads as empty */
+                [HEADERS_START] = headers_start, [HEADER_COUNT] = header_count,
+                [OFFSET_DELTA] = (long long)offset_delta};
+            for (int c = 0; c < INDEX_COLUMNS; c++) {
+                w->columns[(Py_ssize_t)c * count + i] = row[c];
+            }
         }
     }
     *after = p;
@@ -304,7 +353,8 @@ PyObject *native_walk_records(PyObject *module, PyObject *const *args, Py_ssize_
     }
     Bytes in = {(const uint8_t *)view.buf, view.len};
     Py_ssize_t after = 0;
-    int failed = walk(&in, position, count, &after);
+    Walk produced = {.gapped = 0, .columns = NULL, .overflow = -1};
+    int failed = walk(&in, position, count, &produced, &after);
     PyBuffer_Release(&view);
     if (failed) {
         return NULL;
@@ -312,58 +362,32 @@ PyObject *native_walk_records(PyObject *module, PyObject *const *args, Py_ssize_
     return PyLong_FromSsize_t(after);
 }
 
-/* The second reading of index_kafka_records: the fields of `count` records the walk has checked. */
-static int index_fields(const Bytes *in, Py_ssize_t p, Py_ssize_t count, i128 base_ts, int append,
-                        long long append_ts, long long *columns) {
-    i128 length, delta, value, key_bytes, value_bytes, header_count;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        READ(in, &p, &length);
-        Py_ssize_t record_end = skip(in, p, length);
-        p += 1; /* attributes */
-        READ(in, &p, &delta);
-        READ(in, &p, &value); /* offsetDelta: the walk made it i */
-        READ(in, &p, &key_bytes);
-        Py_ssize_t key_start = p;
-        if (key_bytes > 0) {
-            p = skip(in, p, key_bytes);
-        }
-        READ(in, &p, &value_bytes);
-        Py_ssize_t value_start = p;
-        if (value_bytes < 0) {
-            value_bytes = 0; /* a null value reads as an empty one */
-        }
-        p = skip(in, p, value_bytes);
-        READ(in, &p, &header_count);
-        i128 timestamp = append ? (i128)append_ts : base_ts + delta;
-        if (timestamp < INT64_MIN || timestamp > INT64_MAX) {
-            record_error("CorruptRecordError", "record %zd: timestamp %S does not fit an int64", i, 1, timestamp, 0);
-            return -1;
-        }
-        long long row[INDEX_COLUMNS] = {(long long)timestamp, key_start,   (long long)key_bytes,   value_start,
-                                        (long long)value_bytes, p, (long long)header_count};
-        for (int c = 0; c < INDEX_COLUMNS; c++) {
-            columns[(Py_ssize_t)c * count + i] = row[c];
-        }
-        p = record_end;
+/* RECORD_BYTES_MIN of records.py: a record's length varint and its shortest body. */
+#define RECORD_BYTES_MIN (1 + RECORD_BODY_BYTES_MIN)
+
+static void corrupt_record(PyObject *message) {
+    if (message != NULL) {
+        native_raise("CorruptRecordError", message);
+        Py_DECREF(message);
     }
-    return 0;
 }
 
 PyObject *native_index_kafka_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 5) {
+    if (nargs != 6) {
         PyErr_Format(PyExc_TypeError,
-                     "index_kafka_records takes 5 arguments (data, position, count, base_timestamp_ms, "
-                     "append_timestamp_ms), not %zd", nargs);
+                     "index_kafka_records takes 6 arguments (data, position, count, last_offset_delta, "
+                     "base_timestamp_ms, append_timestamp_ms), not %zd", nargs);
         return NULL;
     }
     Py_ssize_t position, count;
     if (position_and_count(args, &position, &count) < 0) {
         return NULL;
     }
-    long long base_ts = PyLong_AsLongLong(args[3]);
-    int append = args[4] != Py_None;
-    long long append_ts = append ? PyLong_AsLongLong(args[4]) : 0;
+    long long last_offset_delta = PyLong_AsLongLong(args[3]);
+    long long base_ts = PyLong_AsLongLong(args[4]);
+    int append = args[5] != Py_None;
+    long long append_ts = append ? PyLong_AsLongLong(args[5]) : 0;
     if (PyErr_Occurred()) {
         return NULL;
     }
@@ -376,22 +400,26 @@ PyObject *native_index_kafka_records(PyObject *module, PyObject *const *args, Py
         return NULL;
     }
     Bytes in = {(const uint8_t *)view.buf, view.len};
-    Py_ssize_t after = 0;
+    Walk w = {.gapped = 1, .gaps_up_to = last_offset_delta, .columns = NULL, .base_ts = base_ts, .append = append,
+              .append_ts = append_ts, .overflow = -1};
     PyObject *index = NULL;
-    long long *columns = NULL;
-    if (walk(&in, position, count, &after) == 0) {
-        if (after != in.end) {
-            PyObject *message = PyUnicode_FromFormat("%zd bytes after the last record", in.end - after);
-            if (message != NULL) {
-                native_raise("CorruptRecordError", message);
-                Py_DECREF(message);
-            }
-        } else {
-            index = native_new_index(count, &columns);
-            if (index != NULL && index_fields(&in, position, count, base_ts, append, append_ts, columns) < 0) {
-                Py_CLEAR(index);
-            }
-        }
+    /* One walk checks the records and fills the index. Records take RECORD_BYTES_MIN bytes at least: a count
+     * the bytes cannot hold fails the walk, which then runs without an index rather than allocate one. */
+    Py_ssize_t room = position < in.end ? (in.end - position) / RECORD_BYTES_MIN : 0;
+    Py_ssize_t after = 0;
+    if (count <= room && (index = native_new_index(count, &w.columns)) == NULL) {
+        /* MemoryError is set */
+    } else if (walk(&in, position, count, &w, &after) < 0) {
+        Py_CLEAR(index);
+    } else if (index == NULL) { /* cannot be: more records than the bytes hold fail the walk */
+        PyErr_Format(PyExc_SystemError, "%zd records walked in %zd bytes", count, in.end - position);
+    } else if (after != in.end) {
+        corrupt_record(PyUnicode_FromFormat("%zd bytes after the last record", in.end - after));
+        Py_CLEAR(index);
+    } else if (w.overflow >= 0) {
+        record_error("CorruptRecordError", "record %zd: timestamp %S does not fit an int64", w.overflow, 1,
+                     w.overflow_ts, 0);
+        Py_CLEAR(index);
     }
     PyBuffer_Release(&view);
     return index;

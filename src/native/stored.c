@@ -54,8 +54,9 @@ static int index_records(const uint8_t *data, Py_ssize_t position, Py_ssize_t en
         }
         Py_ssize_t key_start = at + RECORD_HEAD_BYTES;
         Py_ssize_t value_start = key_start + (Py_ssize_t)key_kept;
-        long long row[INDEX_COLUMNS] = {timestamp,   key_start, key_bytes, value_start,
-                                        value_bytes, value_start + value_bytes, header_count};
+        /* The store's batches are dense: a record's offset delta is its number. */
+        long long row[INDEX_COLUMNS] = {timestamp,   key_start,  key_bytes, value_start, value_bytes,
+                                        value_start + value_bytes, header_count, i};
         for (int c = 0; c < INDEX_COLUMNS; c++) {
             columns[(Py_ssize_t)c * count + i] = row[c];
         }

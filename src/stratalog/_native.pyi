@@ -9,8 +9,8 @@ import pyarrow as pa
 
 def walk_records(data: bytes | bytearray | memoryview, position: int, count: int) -> int:
     """stratalog.kafka.record_check.walk_records."""
-def index_kafka_records(data: bytes | bytearray | memoryview, position: int, count: int, base_timestamp_ms: int,
-                        append_timestamp_ms: int | None) -> bytes:
+def index_kafka_records(data: bytes | bytearray | memoryview, position: int, count: int, last_offset_delta: int,
+                        base_timestamp_ms: int, append_timestamp_ms: int | None) -> bytes:
     """stratalog.kafka.record_index.index_kafka_records."""
 def index_native_records(data: bytes | bytearray | memoryview, position: int, end: int, count: int) -> bytes:
     """stratalog.engine.record_index.index_native_records."""

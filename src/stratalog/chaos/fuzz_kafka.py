@@ -57,6 +57,7 @@ from stratalog.kafka.codec import (
     encode_request,
     peek_header,
 )
+from stratalog.kafka.compaction import gap_batch, kafka_batch_records, rebuilt_batch
 from stratalog.kafka.connection import FrameReader
 from stratalog.kafka.produce_request import MalformedProduceError, decode_produce_fields
 from stratalog.kafka.record_check import check_records, walk_records
@@ -72,10 +73,10 @@ from stratalog.wal.format import crc32c
 def served_versions() -> dict[int, tuple[int, int]]:
     """``{api_key: (min_version, max_version)}`` of every API the broker registers (broker.apis), read
     from the modules' APIS lists without opening a broker."""
-    from stratalog.broker import api_admin, api_cluster, api_fetch, api_groups, api_log
+    from stratalog.broker import api_admin, api_cluster, api_epochs, api_fetch, api_groups, api_log
 
     return {api.key: (api.min_version, api.max_version)
-            for module in (api_cluster, api_log, api_fetch, api_admin, api_groups) for api in module.APIS}
+            for module in (api_cluster, api_log, api_fetch, api_epochs, api_admin, api_groups) for api in module.APIS}
 
 
 _SERVED: dict[int, tuple[int, int]] = {}
@@ -443,17 +444,19 @@ def walk_seeds() -> list[bytes]:
 def check_native_index(data: bytes) -> None:
     """The compiled record indexes (the Spark source's columns) against their Python twins: the same index,
     or the same error and message. The first byte is the record count; the second picks the encoding
-    (bit 0: Kafka's, else the store's) and, for Kafka's, a LogAppendTime (bit 1); the rest, the records
-    (a real batch's for the seeds)."""
+    (bit 0: Kafka's, else the store's) and, for Kafka's, a LogAppendTime (bit 1) and how many offsets the
+    batch spans beyond its records (bits 2-7: log compaction's gaps); the rest, the records (a real batch's
+    for the seeds, compacted ones among them)."""
     reader = Reader(data)
     count = reader.u8()
     choice = reader.u8()
     records = reader.rest()
     if choice & 1:
         append_ms = 1_700_000_000_000 if choice & 2 else None
+        last_offset_delta = count - 1 + (choice >> 2)
 
         def kafka(index: Callable[..., bytes]) -> bytes:
-            return index(records, 0, count, 1_000, append_ms)
+            return index(records, 0, count, last_offset_delta, 1_000, append_ms)
         run: Callable[[Callable[..., bytes]], bytes] = kafka
         twin: Callable[..., bytes] = index_kafka_records
         compiled = getattr(native, "index_kafka_records", None)
@@ -476,6 +479,14 @@ def check_native_index(data: bytes) -> None:
 
 def index_seeds() -> list[bytes]:
     seeds = [bytes([walk[0], 1 | 2 * n]) + walk[1:] for n, walk in enumerate(walk_seeds())]
+    # Batches as log compaction leaves them: every third record kept (offsets with gaps), and none.
+    many_fields = [(b"key-%d" % i, b"value " * i, (("n\u00e9", b"%d" % i),), 1_700_000_000_000 + i)
+                   for i in range(12)]
+    source = kafka_batch_records(kr.encode_batch(many_fields, base_offset=0))
+    kept = source.records[1::3]
+    gapped = rebuilt_batch(source, kept)
+    seeds.append(bytes([len(kept), 1 | (len(many_fields) - len(kept)) << 2]) + gapped[kr.RECORDS_POSITION:])
+    seeds.append(bytes([0, 1 | 5 << 2]) + gap_batch(0, 5)[kr.RECORDS_POSITION:])
     many = [NewRecord(b"value " * i, b"key-%d" % i if i % 3 else None, 1_700_000_000_000 + i,
                       (("n\u00e9", b"%d" % i),) if i % 2 else ()) for i in range(12)]
     for records in ([NewRecord(b"hi", b"k", 1000)], many):

@@ -1,6 +1,7 @@
 """Where each record of a batch in the store's own encoding keeps its fields: the same index as
 ``stratalog.kafka.record_index`` gives for Kafka batches (its docstring describes the layout), so a
-reader gathers columns from either encoding alike.
+reader gathers columns from either encoding alike. The store's batches are never compacted in place
+(the cleaner rewrites them as Kafka batches): their offsets are dense, OFFSET_DELTA is the row's number.
 
 ``index_native_records`` is the reference of the compiled ``stratalog._native.index_native_records``:
 every length is checked against the batch before it is used, and a record's key and value must fit in
@@ -45,8 +46,8 @@ def index_native_records(data: bytes | memoryview, position: int, end: int, coun
                                     f"fit its length of {record_bytes}")
         key_start = at + RECORD_HEAD.size
         value_start = key_start + max(key_bytes, 0)
-        note((timestamp_ms, key_start, key_bytes, value_start, value_bytes,
-                                           value_start + value_bytes, header_count))
+        note((timestamp_ms, key_start, key_bytes, value_start, value_bytes, value_start + value_bytes, header_count,
+              i))
         at = next_at
     if at != end:
         raise CorruptBatchError(f"{end - at} bytes after the last record")
