@@ -192,6 +192,13 @@ def test_damaged_kafka_records_index_alike(
                  count + count_change, last + span_change, 0, None)
 
 
+def test_more_records_than_the_bytes_hold_fail_alike_before_an_index_is_made() -> None:
+    data = records_part([(b"k", b"v", [], 0)])
+    for count in (2, 1 << 40):   # an index of 2**40 rows would be 64 TiB: the walk fails first
+        assert same_outcome(index_kafka_records, _native.index_kafka_records, data, 0, count, count, 0, None) == \
+            ("CorruptRecordError", "a record runs past the end of the batch")
+
+
 NATIVE_RECORDS = st.lists(st.builds(
     NewRecord, st.binary(max_size=300), st.none() | st.binary(max_size=40), st.integers(-(1 << 62), 1 << 62),
     st.lists(st.tuples(HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3).map(tuple)),

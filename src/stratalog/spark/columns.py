@@ -1,9 +1,11 @@
 """Record batches <-> Arrow columns, in the exact Arrow schema Spark expects for the source's columns.
 
-Decoding indexes each batch's records in one call (where each record's timestamp, key, value and
+Decoding indexes each batch's records in one call (where each record's offset, timestamp, key, value and
 headers lie: the format is a chain of variable-length records), compiled where the core is built, then
 gathers every column of a fetched range from those indexes with numpy and Arrow: no Python object and no
-Python step per record, in either encoding a batch is stored in.
+Python step per record, in either encoding a batch is stored in. A Kafka batch that log compaction
+rewrote holds fewer records than the offsets it spans (none, even): each record's offset is its own
+(the index's OFFSET_DELTA), never its place in the batch.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from stratalog.kafka.record_index import (
     INDEX_COLUMNS,
     KEY_BYTES,
     KEY_START,
+    OFFSET_DELTA,
     TIMESTAMP_MS,
     VALUE_BYTES,
     VALUE_START,
@@ -85,7 +88,8 @@ class ColumnBuilder:
     """Collects records of several streams out of one fetched buffer, then builds one RecordBatch.
 
     Each batch's records are indexed by one call (``record_index``: compiled, or its Python twin), in
-    either encoding: the store's own, or a Kafka batch as a producer sent it. ``finish`` gathers every
+    either encoding: the store's own, or a Kafka batch as a producer sent it (or as compaction left it,
+    offsets with gaps). ``finish`` gathers every
     column from those indexes with numpy and Arrow. The records of a compressed Kafka batch are
     decompressed into a piece of their own; the columns then come from the fetched bytes and those
     pieces laid end to end in order (one copy, made only where a batch was compressed).
@@ -93,8 +97,10 @@ class ColumnBuilder:
 
     labels: list[str] = field(default_factory=list)
     label_rows: list[int] = field(default_factory=list)
-    #: (first offset, count) of each run of records taken from one batch.
+    #: (first offset, count) of each run of records taken from one batch, its offsets following each other...
     runs: list[tuple[int, int]] = field(default_factory=list)
+    #: ... but for the runs of batches compaction left gaps in: (run number, the offset of each record).
+    gapped: list[tuple[int, np.ndarray]] = field(default_factory=list)
     #: The index of each run (INDEX_COLUMNS x its rows), positions counted in the pieces laid end to end.
     indexes: list[np.ndarray] = field(default_factory=list)
     #: Whether each run came from a Kafka batch (its headers are in Kafka's encoding).
@@ -104,10 +110,8 @@ class ColumnBuilder:
     #: How much of the fetched buffer the pieces hold (from its start).
     fetched_bytes_taken: int = 0
     decompressed: bool = False
-
-    @property
-    def rows(self) -> int:
-        return sum(run[1] for run in self.runs)
+    #: Records taken so far.
+    rows: int = 0
 
     def add_block(self, buf: bytes, position: int, entry: BlockEntry, label: str, start: int, end: int) -> None:
         """Take the records with offsets in ``[start, end)`` from the block ``entry`` at ``buf[position:]``.
@@ -115,21 +119,32 @@ class ColumnBuilder:
         The block's CRC must already be checked (it covers every batch header and record in it), and
         blocks must come in the order of their positions. Offsets count from ``entry.start_offset`` (the
         manifest's word), not from the batch headers, which are provisional in an object a Spark write
-        committed.
+        committed: a record's offset is its batch's placed base offset plus its offset delta.
         """
         taken = 0
         block = memoryview(buf)[position:position + entry.size_bytes]
         for at, info in placed_batches(block, entry):
             if info.end_offset <= start or info.base_offset >= end:
                 continue
-            first = max(start - info.base_offset, 0)
-            stop = min(end - info.base_offset, info.count)
             index = self._index(buf, position + at, info)
+            base = info.base_offset
+            # Offset deltas increase below the batch's span (the index checked it): with a record for every
+            # offset, row i is offset base + i; with gaps (compaction), the records in range are still one slice.
+            dense = index.shape[1] == info.count
+            if dense:
+                first, stop = max(start - base, 0), min(end - base, info.count)
+            else:
+                first, stop = np.searchsorted(index[OFFSET_DELTA], (start - base, end - base)).tolist()
+            if first >= stop:
+                continue  # none in range: compaction took them, or emptied the batch
+            if not dense:
+                self.gapped.append((len(self.runs), base + index[OFFSET_DELTA, first:stop]))
+            self.runs.append((base + first, stop - first))
             self.indexes.append(index[:, first:stop])
             self.kafka.append(info.encoding == ENCODING_KAFKA)
-            self.runs.append((info.base_offset + first, stop - first))
             taken += stop - first
         if taken:
+            self.rows += taken
             if self.labels and self.labels[-1] == label:
                 self.label_rows[-1] += taken
             else:
@@ -148,14 +163,14 @@ class ColumnBuilder:
                                                          decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
             except KafkaBatchError as e:
                 raise CorruptObjectError(f"the Kafka batch at offset {info.base_offset}: {e}") from e
-            if header.record_count != info.count:
-                raise CorruptObjectError(f"a Kafka batch of {header.record_count} records where the store's "
-                                         f"header says {info.count}")
+            if header.last_offset_delta + 1 != info.count:
+                raise CorruptObjectError(f"a Kafka batch over {header.last_offset_delta + 1} offsets where the "
+                                         f"store's header says {info.count}")
             if isinstance(records, memoryview):  # not compressed: the records are in buf, up to batch_end
                 shift = self._take_fetched(buf, at, batch_end) + batch_end - len(records)
             else:
                 shift = self._take_piece(records)
-        index = np.frombuffer(raw, dtype=np.int64).reshape(INDEX_COLUMNS, info.count)
+        index = np.frombuffer(raw, dtype=np.int64).reshape(INDEX_COLUMNS, -1)
         if shift:
             index = index.copy()
             index[[KEY_START, VALUE_START, HEADERS_START]] += shift
@@ -187,13 +202,14 @@ class ColumnBuilder:
         laid = b"".join(self.pieces) if self.decompressed else buf
         data = np.frombuffer(laid, dtype=np.uint8)
         index = np.concatenate(self.indexes, axis=1) if len(self.indexes) > 1 else self.indexes[0]
-        rows = index.shape[1]
         stream = pa.array(self.labels, pa.string()).take(
             pa.array(np.repeat(np.arange(len(self.labels), dtype=np.int32), self.label_rows)))
         firsts = np.fromiter((r[0] for r in self.runs), dtype=np.int64, count=len(self.runs))
         counts = np.fromiter((r[1] for r in self.runs), dtype=np.int64, count=len(self.runs))
         run_starts = np.cumsum(counts) - counts
-        offsets = np.repeat(firsts - run_starts, counts) + np.arange(rows, dtype=np.int64)
+        offsets = np.repeat(firsts - run_starts, counts) + np.arange(self.rows, dtype=np.int64)
+        for run, gapped in self.gapped:
+            offsets[run_starts[run]:run_starts[run] + len(gapped)] = gapped
         key_lengths = index[KEY_BYTES]
         keys = gather_binary(data, index[KEY_START], np.maximum(key_lengths, 0), key_lengths >= 0)
         values = gather_binary(data, index[VALUE_START], index[VALUE_BYTES], None)
