@@ -169,6 +169,10 @@ ROWS: dict[str, Row] = {
                               "timeout": 5000},
                       lambda r: r.topics[0].partitions[0].error_code, [(TOPIC, "t", Operation.DELETE)],
                       TOPIC_DENIED, ErrorCode.none),
+    "OffsetForLeaderEpoch": (23, 4, {"replica_id": -1, "topics": [
+        {"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": 0, "leader_epoch": 0}]}]},
+        lambda r: r.topics[0].partitions[0].error_code, [(TOPIC, "t", Operation.DESCRIBE)], TOPIC_DENIED,
+        ErrorCode.none),
     "InitProducerId": (22, 4, {"transactional_id": None, "transaction_timeout": -1, "producer_id": -1,
                                "producer_epoch": -1},
                        lambda r: r.error_code, [(CLUSTER, "kafka-cluster", Operation.IDEMPOTENT_WRITE)],

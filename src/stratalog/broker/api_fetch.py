@@ -8,7 +8,8 @@ or from objects in a worker thread. A fetch with less than ``min_bytes`` waits f
 append to one of its partitions (api_log.py's Produce wakes it), up to its wait.
 
 Topics are named by name up to Fetch v12 and by topic id from v13 (KIP-516): an id this broker does not
-know is answered UNKNOWN_TOPIC_ID.
+know is answered UNKNOWN_TOPIC_ID. From v9 each partition carries the client's current leader epoch,
+checked as Kafka checks it (leader_epochs.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kio.schema.errors import ErrorCode
 from stratalog.broker.acls import Operation
 from stratalog.broker.apis import Api
 from stratalog.broker.fetch_sessions import FINAL_EPOCH, Key, Kind, Outcome, Wanted
+from stratalog.broker.leader_epochs import leader_stream
 from stratalog.broker.quotas import CONSUMER_BYTE_RATE
 from stratalog.broker.session import Session
 from stratalog.engine import OffsetOutOfRangeError, StoreClosedError, StoreFailedError
@@ -235,9 +237,9 @@ async def _fetch_once(broker: Broker, targets: Sequence[_Target], response_max: 
         if topic in denied:
             results.append(FetchPartitionResult(index, ErrorCode.topic_authorization_failed, -1))
             continue
-        stream = broker.partition(topic, index)
+        stream, _, refused = leader_stream(broker, topic, index, target.wanted.current_leader_epoch)
         if stream is None:
-            results.append(FetchPartitionResult(index, ErrorCode(broker.partition_error(topic, index)), -1))
+            results.append(FetchPartitionResult(index, refused, -1))
             continue
         high, start = stream.end_offset, stream.start_offset
         error = ErrorCode.none

@@ -1,8 +1,10 @@
 """The log APIs but Fetch (api_fetch.py): Produce, ListOffsets, DeleteRecords, InitProducerId.
 
 Produce stores each record batch as it arrived (checked: bounds, magic, CRC, counts; its baseOffset
-written) and answers acks=1 and acks=all once the engine says the batch is durable in the WAL; fetches
-waiting on its partition are woken.
+and, as a Kafka leader does, its partitionLeaderEpoch written) and answers acks=1 and acks=all once the
+engine says the batch is durable in the WAL; fetches waiting on its partition are woken. ListOffsets
+checks the client's current leader epoch (KIP-320, leader_epochs.py); OffsetForLeaderEpoch is in
+api_epochs.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation, ResourceType
 from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
+from stratalog.broker.leader_epochs import current_epoch, leader_stream, stamped
 from stratalog.broker.producers import Verdict
 from stratalog.broker.session import Session
 from stratalog.broker.topic_configs import COMPACT, config_value, stored_codec
@@ -207,6 +210,9 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
     codec = stored_codec(topic.configs)
     if codec is not None and codec != header.compression:
         view, header = _recompressed(view, header, codec, limit, uncompressed)
+    history = broker.ownership.epochs(topic_name, index)
+    if history:   # as a Kafka leader, the epoch it appends at (a consumer's truncation checks read it)
+        view = stamped(view, current_epoch(history))
     # Before the first append since the broker started: nothing of this stream is in flight yet.
     broker.settled_ends.setdefault(stream.stream_id, stream.end_offset)
     try:
@@ -280,7 +286,9 @@ async def list_offsets(broker: Broker, request: Request, session: Session) -> di
         partitions = []
         allowed = session.may_topic(Operation.DESCRIBE, t.name)
         for p in t.partitions:
-            stream = broker.partition(t.name, p.partition_index) if allowed else None
+            # KIP-320 (v4+): the client's current leader epoch is checked first.
+            stream, _, refused = leader_stream(broker, t.name, p.partition_index, getattr(
+                p, "current_leader_epoch", -1)) if allowed else (None, (), ErrorCode.none)
             entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
                                      "timestamp": -1, "offset": -1,
                                      "leader_epoch": broker.leader_epoch(t.name, p.partition_index)}
@@ -289,7 +297,7 @@ async def list_offsets(broker: Broker, request: Request, session: Session) -> di
                 entry["error_code"] = ErrorCode.topic_authorization_failed
                 continue
             if stream is None:
-                entry["error_code"] = broker.partition_error(t.name, p.partition_index)
+                entry["error_code"] = refused
                 continue
             ts = p.timestamp
             if ts == LATEST_TIMESTAMP:

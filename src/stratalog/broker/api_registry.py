@@ -5,6 +5,7 @@ from __future__ import annotations
 from stratalog.broker import (
     api_admin,
     api_cluster,
+    api_epochs,
     api_fetch,
     api_groups,
     api_log,
@@ -17,5 +18,5 @@ from stratalog.broker.apis import Api
 
 def all_apis() -> list[Api]:
     """Every API of every handler module."""
-    return [api for module in (api_cluster, api_log, api_fetch, api_admin, api_groups, api_security, api_quotas,
-                               api_staged) for api in module.APIS]
+    return [api for module in (api_cluster, api_log, api_fetch, api_epochs, api_admin, api_groups, api_security,
+                               api_quotas, api_staged) for api in module.APIS]

@@ -16,7 +16,8 @@ PostgreSQL decides (stratalog.cluster.leases); this module follows what it says:
   holders of every partition and of every group that has a coordinator, then follow the result:
 
   - it holds a partition it does not serve yet: it reloads the stream from its committed end and the
-    partition's idempotent producers (their snapshot, then the batches after it), then serves it;
+    partition's idempotent producers (their snapshot, then the batches after it), records that its leader
+    epoch begins at that end (cluster/leader_epochs.py), then serves it;
   - it holds a partition being handed over: it stops taking produce for it, waits for its queued
     appends, flushes the store, snapshots the partition's producers and releases it;
   - another broker holds a partition it serves: it stops serving it (it can only have lost it by its own
@@ -44,11 +45,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from stratalog.broker.config import ClusterConfig
+from stratalog.broker.leader_epochs import History
 from stratalog.broker.producer_recovery import replay
 from stratalog.broker.producers import ProducerStates
 from stratalog.broker.topics import parse_stream_name, stream_name
 from stratalog.cluster.assignment import Holder, Kind, Resource
 from stratalog.cluster.failover import replay_dead_log, sweep_finished_logs
+from stratalog.cluster.leader_epochs import forget_stream, record_epoch_start
 from stratalog.cluster.lease_clock import LeaseClock, LeaseState
 from stratalog.cluster.leases import BrokerIdTakenError, BrokerInfo, Cluster, Hold, LeaseLostError, NotHolderError
 from stratalog.engine import Stream
@@ -98,6 +101,8 @@ class ClusterNode:
         self.holds: dict[Resource, Hold] = {}
         #: Partitions this broker serves: stream name -> its stream, reloaded when it was gained.
         self._served: dict[str, Stream] = {}
+        #: The leader epochs of each partition served, with where each began (OffsetForLeaderEpoch).
+        self._epochs: dict[str, History] = {}
         #: For /metrics: partitions this broker came to lead, and dead brokers' logs it replayed.
         self.partitions_gained = 0
         self.logs_replayed = 0
@@ -328,11 +333,24 @@ class ClusterNode:
         for producer_id, partition, epoch, batches in states.entries():
             broker.producers.restore(producer_id, partition, epoch, batches)
         broker.settled_ends[stream.stream_id] = stream.end_offset   # nothing of it in flight here yet
+        self._epochs[resource.name] = await asyncio.to_thread(self._record_epoch, resource.name, stream)
         self._served[resource.name] = stream
         self.partitions_gained += 1
         log.info("broker %d leads %s (leader epoch %d) from offset %d; stream reloaded in %.3f s, %d producer "
                  "batches replayed in %.3f s", self.broker_id, resource.name, hold.leader_epoch, stream.end_offset,
                  reloaded - started, replayed, time.monotonic() - reloaded)
+
+    def _record_epoch(self, name: str, stream: Stream) -> History:
+        """Record that this broker's leader epoch of the partition begins where its log ends now (nothing
+        is appended to it before it is served), while it holds it; the partition's history."""
+        with self.cluster.fenced(Kind.PARTITION, [name]) as db:
+            return record_epoch_start(db, Kind.PARTITION.value, name, self.broker_id, self.epoch,
+                                      stream.stream_id, stream.end_offset)
+
+    def forget_epochs(self, stream_id: int) -> None:
+        """A deleted partition's stream: its leader epochs' rows go too (from any thread)."""
+        with self.cluster.fenced(Kind.PARTITION, []) as db:
+            forget_stream(db, stream_id)
 
     @staticmethod
     def _load_producers(broker: Broker, states: ProducerStates, stream: Stream) -> int:
@@ -368,6 +386,7 @@ class ClusterNode:
 
     def _drop(self, broker: Broker, name: str) -> None:
         stream = self._served.pop(name, None)
+        self._epochs.pop(name, None)
         parsed = parse_stream_name(name)
         if parsed is not None:
             broker.forget_partition(*parsed)
@@ -382,6 +401,10 @@ class ClusterNode:
 
     def served(self) -> list[Stream]:
         return list(self._served.values())
+
+    def epochs(self, name: str) -> History | None:
+        """The leader epochs of a partition this broker serves, oldest first, or None."""
+        return self._epochs.get(name) if name in self._served else None
 
     def leader(self, name: str) -> tuple[int, int] | None:
         """The live leader of a partition and its leader epoch, or None while it has none."""

@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 
 from stratalog.broker.cluster_node import ClusterNode
 from stratalog.broker.config import BrokerConfig
+from stratalog.broker.leader_epochs import History
 from stratalog.broker.ownership import BrokerEndpoint, OffsetsFence
 from stratalog.broker.topics import Topic, stream_name
 from stratalog.cluster.failover import log_owner
@@ -122,6 +123,9 @@ class ClusterOwnership:
     def leader(self, topic: str, partition: int) -> tuple[int, int] | None:
         return self.node.leader(stream_name(topic, partition))
 
+    def epochs(self, topic: str, partition: int) -> History | None:
+        return self.node.epochs(stream_name(topic, partition))
+
     def topic_created(self) -> None:
         self.node.poke()   # its partitions get leaders at once, not at the next reconcile
 
@@ -152,6 +156,10 @@ class ClusterOwnership:
                 return   # deleted already, by whichever broker could
         with contextlib.suppress(UnknownStreamError):
             store.delete_stream(stream)
+        try:
+            self.node.forget_epochs(stream.stream_id)
+        except Exception as e:  # the rows stay (a hundred at most), keyed by a stream id never used again
+            log.warning("the leader epochs of the deleted stream %s were not deleted: %s", name, e)
 
     # Brokers and groups ----------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kio.schema.errors import ErrorCode
 
+from stratalog.broker.leader_epochs import STANDALONE_HISTORY, History
 from stratalog.broker.topics import Topic, stream_name
 from stratalog.engine import Stream
 from stratalog.engine.metadata import UnknownStreamError
@@ -122,6 +123,11 @@ class Ownership(Protocol):
 
     def leader(self, topic: str, partition: int) -> tuple[int, int] | None:
         """The partition's live leader and its leader epoch, or None while it has none."""
+        ...
+
+    def epochs(self, topic: str, partition: int) -> History | None:
+        """The leader epochs of a partition served here and the offset each began at, oldest first (the
+        last is the epoch it is served at); None for a partition not served here."""
         ...
 
     def topic_created(self) -> None:
@@ -238,6 +244,9 @@ class StandaloneOwnership:
 
     def leader(self, topic: str, partition: int) -> tuple[int, int] | None:
         return self._opened().config.node_id, 0
+
+    def epochs(self, topic: str, partition: int) -> History | None:
+        return STANDALONE_HISTORY if self.stream(topic, partition) is not None else None
 
     def topic_created(self) -> None:
         pass

@@ -19,6 +19,7 @@ Tables (PostgreSQL; created if missing)::
     cluster_brokers  broker_id, epoch, host, port, lease_expires_ms, left_clean, listeners (JSON)
     cluster_leaders  kind, name, broker_id, broker_epoch, leader_epoch, handing_to_id, handing_to_epoch
     cluster_logs     broker_id, epoch, state, claimed_by_id, claimed_by_epoch
+    cluster_leader_epochs  (leader_epochs.py) where each leader epoch of a partition began
 
 **Failover.** Each incarnation writes its own write-ahead log (in object storage, so it outlives the
 machine) and has a row in ``cluster_logs``. When an incarnation's lease runs out without a clean leave,
@@ -36,6 +37,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from stratalog.cluster import leader_epochs
 from stratalog.cluster.assignment import Holder, Kind, Move, MoveType, Resource, plan
 from stratalog.engine.metadata import Fence
 from stratalog.engine.metadata_backends import Backend, PostgresBackend, writing
@@ -69,7 +71,7 @@ CREATE TABLE IF NOT EXISTS cluster_logs (
     claimed_by_epoch INTEGER,
     PRIMARY KEY (broker_id, epoch)
 );
-"""
+""" + leader_epochs.SCHEMA
 #: States of an incarnation's write-ahead log (cluster_logs.state).
 LOG_OPEN = "open"              # its broker writes it, or died with it: records may be in it alone
 LOG_CLEAN = "clean"            # its broker left after committing everything: nothing to replay
