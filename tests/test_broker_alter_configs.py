@@ -73,6 +73,7 @@ def test_a_brokers_configs_show_under_kafkas_names_and_are_not_altered(broker: B
     assert entries["auto.create.topics.enable"].value == "true"
     assert entries["num.partitions"].value == "1" and entries["default.replication.factor"].value == "1"
     assert entries["log.retention.ms"].value == "604800000"
+    assert entries["max.incremental.fetch.session.cache.slots"].value == "1000"
     assert entries["stratalog.object.store.uri"].value.startswith("file://")
     assert all(e.is_read_only for e in entries.values())
     client = kafka.admin.KafkaAdminClient(bootstrap_servers=broker.bootstrap)

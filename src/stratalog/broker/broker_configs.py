@@ -48,6 +48,8 @@ def broker_configs(broker: Broker) -> list[BrokerConfigEntry]:
                           "The largest request the broker reads."),
         BrokerConfigEntry("fetch.max.bytes", str(c.fetch_response_bytes_max), TYPE_INT,
                           "The most record bytes one fetch response carries."),
+        BrokerConfigEntry("max.incremental.fetch.session.cache.slots", str(c.fetch_sessions_max), TYPE_INT,
+                          "Fetch sessions (KIP-227) kept at most."),
         BrokerConfigEntry("connections.max.idle.ms", str(c.idle_timeout_ms), TYPE_LONG,
                           "A connection idle this long is closed."),
         BrokerConfigEntry("max.connections", str(c.connections_max), TYPE_INT, "Client connections at most."),
