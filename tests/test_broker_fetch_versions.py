@@ -73,15 +73,17 @@ def test_fetch_is_served_up_to_v18() -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_topics_are_named_by_id_and_an_unknown_id_is_answered_unknown_topic_id(broker: BrokerProcess,
                                                                                 version: int) -> None:
-    unknown = uuid.uuid4()
+    unknown, zero = uuid.uuid4(), uuid.UUID(int=0)
     with KafkaConnection(broker.bootstrap, {}) as connection:
         known = topic_id(connection, TOPIC)
-        response = connection.call(ApiKey.FETCH, version, fetch_body(version, {known: {0: 0, 7: 4}, unknown: {0: 0}}))
+        response = connection.call(ApiKey.FETCH, version, fetch_body(
+            version, {known: {0: 0, 7: 4}, unknown: {0: 0}, zero: {1: 0}}))
     got = answered(response)
     assert got[(known, 0)][:2] == (0, RECORDS_PER_PARTITION) and got[(known, 0)][2] > 0
     assert got[(known, 7)][:2] == (0, RECORDS_PER_PARTITION) and got[(known, 7)][2] > 0
     assert got[(unknown, 0)] == (ErrorCode.unknown_topic_id, -1, 0)
-    assert [t.topic_id for t in response.responses] == [known, unknown]
+    assert got[(None, 1)] == (ErrorCode.unknown_topic_id, -1, 0), "the zero id (kio reads it as None)"
+    assert [t.topic_id for t in response.responses] == [known, unknown, None]
 
 
 def test_a_session_by_id_keeps_to_ids(broker: BrokerProcess) -> None:

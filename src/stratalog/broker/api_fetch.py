@@ -157,11 +157,11 @@ def _forgotten(body: Any, by_id: bool) -> Iterator[Key]:
 def _target(broker: Broker, key: Key, wanted: Wanted, by_id: bool) -> _Target:
     named, partition = key
     if by_id:
-        assert isinstance(named, uuid.UUID)
-        topic = broker.topics.by_id(named)
-        return _Target(key, None if topic is None else topic.name, named, partition, wanted)
-    assert isinstance(named, str)
-    return _Target(key, named, NO_TOPIC_ID, partition, wanted)
+        # kio reads the all-zero id as None: no topic has it.
+        topic_id = named if isinstance(named, uuid.UUID) else NO_TOPIC_ID
+        topic = broker.topics.by_id(topic_id)
+        return _Target(key, None if topic is None else topic.name, topic_id, partition, wanted)
+    return _Target(key, str(named), NO_TOPIC_ID, partition, wanted)
 
 
 def _outcome(result: FetchPartitionResult) -> Outcome:
