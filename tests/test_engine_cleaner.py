@@ -4,13 +4,14 @@ pass cut short by a crash or a trim losing nothing."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.engine import NewRecord, Stream, StreamStore
-from stratalog.engine.cleaner import CleanPolicy
+from stratalog.engine.cleaner import OBJECT_RESERVATION_MS, CleanPolicy
 from stratalog.engine.config import CleanerBounds
 from stratalog.engine.store import DATA_PREFIX
 from stratalog.kafka.records import encode_batch
@@ -156,9 +157,9 @@ def test_a_pass_that_finds_the_stream_trimmed_stops_and_leaves_no_object(tmp_pat
         meta = store.metadata
         replace = meta.replace_stream_blocks
 
-        def trim_first(*args: object) -> int:
+        def trim_first(*args: object, **kwargs: object) -> int:
             meta.trim_stream(s.stream_id, 6)   # a retention pass got there between the read and the commit
-            return replace(*args)  # type: ignore[arg-type]
+            return replace(*args, **kwargs)  # type: ignore[arg-type]
 
         meta.replace_stream_blocks = trim_first  # type: ignore[method-assign]
         report = store.clean_stream(s, EAGER, now_ms=NOW_MS)
@@ -170,7 +171,7 @@ def test_a_pass_that_finds_the_stream_trimmed_stops_and_leaves_no_object(tmp_pat
         assert [o for o, _, _ in everything(s)] == [9, 10, 11]
 
 
-def test_a_crash_before_the_commit_loses_nothing_and_the_next_open_deletes_the_object(tmp_path: Path) -> None:
+def test_a_crash_before_the_commit_loses_nothing_and_its_object_goes_after_its_reservation(tmp_path: Path) -> None:
     mem = MemoryStore()
     store = open_store(tmp_path, mem)
     s = store.create_stream("s")
@@ -178,16 +179,22 @@ def test_a_crash_before_the_commit_loses_nothing_and_the_next_open_deletes_the_o
     store.flush()
     before = everything(s)
 
-    def crash(*args: object) -> int:
+    def crash(*args: object, **kwargs: object) -> int:
         raise RuntimeError("killed")
 
     store.metadata.replace_stream_blocks = crash  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):
         store.clean_stream(s, EAGER, now_ms=NOW_MS)
     abandon(store)
+    written = {k for k in mem.objects if k.startswith(DATA_PREFIX)}
     with open_store(tmp_path, mem) as store:
-        assert store.recovery.orphan_objects_deleted == 1
+        assert store.recovery.orphan_objects_deleted == 0, "reserved in metadata: not an orphan"
         s = store.open_stream("s")
+        assert everything(s) == before
+        assert store.delete_unreferenced() == 0, "still reserved"
+        later_ms = int(time.time() * 1000) + OBJECT_RESERVATION_MS + 1
+        assert store.delete_unreferenced(now_ms=later_ms) == 1, "the dead pass's object, once its reservation ended"
+        assert {k for k in mem.objects if k.startswith(DATA_PREFIX)} < written
         assert everything(s) == before
         store.clean_stream(s, EAGER, now_ms=NOW_MS)
         assert [o for o, _, _ in everything(s)] == [8, 9, 10, 11]

@@ -19,8 +19,10 @@ A pass over a stream:
    so offsets have gaps, as in Kafka; a run of batches that lost every record becomes one empty batch
    over their offsets, so the blocks still tile the stream. Each piece of input goes to one new object,
    which replaces its blocks in one metadata transaction (``Metadata.replace_stream_blocks``); the last
-   one also records where the pass stopped. A crash leaves the blocks replaced so far (each a correct
-   cleaning), and objects written but not committed, which the store deletes at its next open.
+   one also records where the pass stopped. Each object is reserved in metadata before it is written
+   (``Metadata.reserve_object``), so a crash leaves the blocks replaced so far (each a correct cleaning)
+   and no orphan: an object written but never committed is collected as unreferenced once its reservation
+   ends, in a cluster too, where a store deletes no unknown object at open.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ log = logging.getLogger("stratalog.engine.cleaner")
 #: Bytes of a key's digest in the key map: 16, as Kafka's cleaner (MD5), so that two keys of a partition
 #: colliding is as unlikely as anything else going wrong (about 2**-64 for a billion keys).
 KEY_DIGEST_BYTES = 16
+#: How long an object a pass is writing stays reserved in metadata before it counts as unreferenced (and is
+#: collected, a grace period later): far beyond a piece's write (seconds), so only a dead writer's object
+#: is collected; a piece that takes over half of it is not committed.
+OBJECT_RESERVATION_MS = 3_600_000
 #: A pass lists the stream's blocks this many at a time.
 _ROWS_PER_QUERY = 1024
 
@@ -223,15 +229,22 @@ class Cleaner:
         size_bytes = sum(len(part) for part in parts)
         object_id = core.with_retries("allocating an object id", core.meta.allocate_object_id)
         key = object_key(object_id)
+        reserved_until_ms = int(time.time() * 1000) + OBJECT_RESERVATION_MS
+        started = time.monotonic()
+        core.with_retries(f"reserving object {key}",
+                          functools.partial(core.meta.reserve_object, object_id, key, reserved_until_ms))
         core.with_retries(f"writing object {key}", functools.partial(put_parts, core.objects, key, parts))
         new = NewObject(object_id, key, size_bytes, builder.entries)
         try:
+            if time.monotonic() - started > OBJECT_RESERVATION_MS / 2000:
+                raise StaleBlocksError(f"writing {key} took longer than half its reservation")
             with core.commit_lock:
-                core.meta.replace_stream_blocks(st.stream_id, piece, new, clean_end)
+                core.meta.replace_stream_blocks(st.stream_id, piece, new, clean_end,
+                                                reserved_until_ms=reserved_until_ms)
                 core.cold_rows.invalidate()
                 core.publish([], snapshot=True)
         except StaleBlocksError:
-            core.objects.delete(key)   # never registered: nobody reads it
+            core.objects.delete(key)   # never referenced; its reservation is collected in time
             raise
         self.bytes_cleaned += sum(row.size_bytes for row in piece)
         report.bytes_written += size_bytes

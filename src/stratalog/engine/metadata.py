@@ -302,8 +302,17 @@ class Metadata:
                                 b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc))
             return self._bump_seq(db)
 
+    def reserve_object(self, object_id: int, key: str, until_ms: int) -> None:
+        """Register an object before it is written, as unreferenced until ``until_ms``: a commit that names
+        it (``replace_stream_blocks(..., reserved_until_ms=until_ms)``) takes it; if none does (its writer
+        died), it is collected after ``until_ms`` as any object nothing refers to. So a crash between the
+        write and the commit leaves no orphan, even where the object store is shared (a cluster)."""
+        with self._tx() as db:
+            db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms, unreferenced_ms) "
+                       "VALUES (?, ?, 0, ?, ?)", (object_id, key, int(time.time() * 1000), until_ms))
+
     def replace_stream_blocks(self, stream_id: int, old_blocks: Sequence[RangeRow], new_object: NewObject,
-                              clean_end_offset: int) -> int:
+                              clean_end_offset: int, *, reserved_until_ms: int | None = None) -> int:
         """Atomically put ``new_object``'s blocks (a cleaned copy) in place of ``old_blocks`` of one stream,
         and record that the stream is cleaned up to ``clean_end_offset`` (log compaction: engine/cleaner.py).
 
@@ -327,8 +336,13 @@ class Metadata:
                 raise StaleBlocksError(f"stream {stream_id}'s blocks over {span} changed since they were read")
             db.execute("DELETE FROM ranges WHERE stream_id = ? AND start_offset >= ? AND end_offset <= ?",
                        (stream_id, *span))
-            db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
-                       (new_object.object_id, new_object.key, new_object.size_bytes, now))
+            if reserved_until_ms is None:
+                db.execute("INSERT INTO objects (object_id, key, size_bytes, created_ms) VALUES (?, ?, ?, ?)",
+                           (new_object.object_id, new_object.key, new_object.size_bytes, now))
+            elif db.execute("UPDATE objects SET size_bytes = ?, unreferenced_ms = NULL WHERE object_id = ? AND "
+                            "unreferenced_ms = ?", (new_object.size_bytes, new_object.object_id,
+                                                    reserved_until_ms)).rowcount != 1:
+                raise StaleBlocksError(f"object {new_object.key} is no longer reserved")
             db.executemany("INSERT INTO ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            [(b.stream_id, b.start_offset, b.end_offset, new_object.object_id, b.position,
                              b.size_bytes, b.record_count, b.max_timestamp_ms, b.crc) for b in new_object.blocks])
