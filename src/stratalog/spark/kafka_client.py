@@ -207,7 +207,7 @@ def _take_consumer(bootstrap: str, settings: dict[str, str]) -> tuple[Any, _Cons
     from confluent_kafka import Consumer
 
     config = {**_client_settings(bootstrap, settings), "group.id": "stratalog-spark", "enable.auto.commit": False,
-              "enable.auto.offset.store": False, "auto.offset.reset": "error", "enable.partition.eof": False,
+              "enable.auto.offset.store": False, "auto.offset.reset": "error", "enable.partition.eof": True,
               "fetch.wait.max.ms": 100}
     return Consumer(config), key
 
@@ -217,8 +217,9 @@ def read_tail(bootstrap: str, settings: dict[str, str], topic: str, partition: i
               timeout_s: float = REQUEST_TIMEOUT_S) -> Iterator[pa.RecordBatch]:
     """Records ``[start, end)`` of a partition, fetched from the broker, in batches of the source's schema.
 
-    Every offset below the high watermark the driver saw exists unless it was trimmed since: a gap
-    raises DataLossError, or with ``fail_on_data_loss`` False the read goes on from the partition's new
+    Every offset below the high watermark the driver saw holds a record unless it was trimmed since, or
+    log compaction took it (the read goes on to the next record). Offsets trimmed before they were read
+    raise DataLossError, or with ``fail_on_data_loss`` False the read goes on from the partition's new
     start. No record arrives within ``timeout_s``: BrokerReadError.
     """
     from confluent_kafka import KafkaError
@@ -237,6 +238,13 @@ def read_tail(bootstrap: str, settings: dict[str, str], topic: str, partition: i
             for message in messages:
                 error = message.error()
                 if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        # The end of the log, every record before it taken: past ``end``, log compaction took
+                        # the records left in range (as it may take a log's last ones: expired tombstones).
+                        if message.offset() >= end:
+                            at = end
+                            break
+                        continue
                     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                         at = _after_loss(consumer, topic, partition, at, end, fail_on_data_loss)
                         break
@@ -244,9 +252,8 @@ def read_tail(bootstrap: str, settings: dict[str, str], topic: str, partition: i
                 offset = message.offset()
                 if offset < at:
                     continue
-                if offset > at and fail_on_data_loss:
-                    raise DataLossError(f"{label}: offsets {at} to {offset - 1} are gone (trimmed during the "
-                                        "read); set failOnDataLoss=false to read on")
+                # A record past ``at``: log compaction took the ones between. (Never trimming: a fetch of
+                # a trimmed offset is refused, OFFSET_OUT_OF_RANGE above, not answered from further on.)
                 if offset >= end:
                     at = end
                     break

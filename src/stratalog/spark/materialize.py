@@ -131,7 +131,8 @@ def materialize(spark: SparkSession, path: str, topics: list[str] | None = None,
                 for part in plan_partitions(manifest, [stream_id], rows_max=file_rows_max, bytes_max=file_bytes_max,
                                             starts={stream_id: first}, ends={stream_id: info.end_offset}):
                     tasks.append(_FileTask(topic, partition, part))
-    written: list[TableFile] = run_tasks(spark, tasks, 1, _writer(uri), progress)
+    results: list[tuple[TableFile, int]] = run_tasks(spark, tasks, 1, _writer(uri), progress)
+    written = [f for f, _ in results]
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     retired = 0
     store = open_store(uri)
@@ -151,36 +152,40 @@ def materialize(spark: SparkSession, path: str, topics: list[str] | None = None,
                 store.delete(key)  # out of the manifest first, then deleted
     finally:
         store.close()
-    return MaterializeReport(len(written), sum(f.rows for f in written), sum(f.bytes for f in written), retired,
-                             time.monotonic() - began)
+    return MaterializeReport(len(written), sum(records for _, records in results), sum(f.bytes for f in written),
+                             retired, time.monotonic() - began)
 
 
-def _writer(uri: str) -> Callable[[list[_FileTask]], Iterator[TableFile]]:
-    def write(tasks: list[_FileTask]) -> Iterator[TableFile]:
+def _writer(uri: str) -> Callable[[list[_FileTask]], Iterator[tuple[TableFile, int]]]:
+    def write(tasks: list[_FileTask]) -> Iterator[tuple[TableFile, int]]:
         for task in tasks:
             yield write_file(uri, task.topic, task.partition, task.part)
 
     return write
 
 
-def write_file(uri: str, topic: str, partition: int, part: ReadPartition) -> TableFile:
+def write_file(uri: str, topic: str, partition: int, part: ReadPartition) -> tuple[TableFile, int]:
     """Read ``part`` (offsets of one partition) from the store's objects and put it as one Parquet file,
-    written a row group at a time: a task holds one row group and the compressed file, not the records."""
+    written a row group at a time: a task holds one row group and the compressed file, not the records.
+    The file, and the records in it: one per offset, or fewer where log compaction left gaps (none, even:
+    the file then has no rows, and no record to date its directory by, so it goes under 1970-01-01)."""
     store = shared_store(uri)
     (piece,) = part.slices
     out = io.BytesIO()
     writer = pq.ParquetWriter(out, arrow_schema(True), compression="snappy")
     held: list[pa.RecordBatch] = []
     held_bytes = 0
-    expected = piece.start_offset
+    records = 0
+    next_offset = piece.start_offset  # the least offset the next record may have
     first_ms = low = high = None
     for batch in _in_offset_order(store, piece):
-        offsets = batch.column("offset")
-        if batch.num_rows and offsets[0].as_py() != expected:
-            raise ValueError(f"{topic}/{partition}: offset {offsets[0].as_py()} read where {expected} was due")
-        expected += batch.num_rows
-        stamps = batch.column("timestamp").cast(pa.int64())
         if batch.num_rows:
+            offsets = batch.column("offset")
+            if offsets[0].as_py() < next_offset:
+                raise ValueError(f"{topic}/{partition}: offset {offsets[0].as_py()} read after {next_offset - 1}")
+            next_offset = offsets[-1].as_py() + 1
+            records += batch.num_rows
+            stamps = batch.column("timestamp").cast(pa.int64())
             first_ms = stamps[0].as_py() // 1000 if first_ms is None else first_ms
             low = min(pc.min(stamps).as_py(), low if low is not None else 1 << 62)
             high = max(pc.max(stamps).as_py(), high if high is not None else -(1 << 62))
@@ -192,12 +197,13 @@ def write_file(uri: str, topic: str, partition: int, part: ReadPartition) -> Tab
     if held:
         writer.write_table(pa.Table.from_batches(held), row_group_size=ROW_GROUP_ROWS)
     writer.close()
-    if expected != piece.end_offset or first_ms is None or low is None or high is None:
-        raise ValueError(f"{topic}/{partition}: read up to {expected} of [{piece.start_offset}, {piece.end_offset})")
-    key = file_key(topic, partition, piece.start_offset, piece.end_offset, first_ms)
+    if next_offset > piece.end_offset:
+        raise ValueError(f"{topic}/{partition}: read up to {next_offset} of [{piece.start_offset}, {piece.end_offset})")
+    key = file_key(topic, partition, piece.start_offset, piece.end_offset, 0 if first_ms is None else first_ms)
     data = out.getvalue()
     store.put(key, data)
-    return TableFile(key, partition, piece.start_offset, piece.end_offset, len(data), low // 1000, high // 1000)
+    low_ms, high_ms = (-1, -1) if low is None or high is None else (low // 1000, high // 1000)
+    return TableFile(key, partition, piece.start_offset, piece.end_offset, len(data), low_ms, high_ms), records
 
 
 def _in_offset_order(store: ObjectStore, piece: StreamSlice) -> Iterator[pa.RecordBatch]:

@@ -5,10 +5,11 @@ Layout in the store's object storage (docs/formats/tables.md)::
     tables/<topic>/<partition>/<YYYY-MM-DD>/<start:020d>-<end:020d>.parquet
     tables/<topic>/manifest/<seq:020d>.json
 
-A file holds offsets ``[start, end)`` of one partition, every record once, in offset order, with the
-data source's columns (stream, offset, timestamp, key, value); its directory is the UTC day of its first
-record. The newest manifest lists the files a reader may use; per partition they are contiguous from
-wherever retention left the partition's start. Pure functions over manifests and an ObjectStore: no Spark.
+A file holds offsets ``[start, end)`` of one partition, every record once, in offset order (offsets log
+compaction emptied have none), with the data source's columns (stream, offset, timestamp, key, value);
+its directory is the UTC day of its first record (1970-01-01 when it has none). The newest manifest lists
+the files a reader may use; per partition they are contiguous from wherever retention left the
+partition's start. Pure functions over manifests and an ObjectStore: no Spark.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class TableFile:
 
     @property
     def rows(self) -> int:
+        """The offsets the file covers: its records, but where log compaction left gaps."""
         return self.end - self.start
 
 
