@@ -135,6 +135,24 @@ def test_a_batch_that_lost_every_record_indexes_as_none() -> None:
     assert (header.base_offset, header.last_offset_delta, header.record_count, len(body), raw) == (40, 6, 0, 0, b"")
 
 
+def test_the_specs_compacted_batches_index_at_their_offsets() -> None:
+    # docs/formats/kafka-batch.md, "Worked example": the batch stored at offset 40, compacted to its second
+    # record, then emptied.
+    source = kafka_batch_records(encode_kafka([(b"k", b"hi", (), 1000), (None, b"yo", (("h", b"v"),), 1005)],
+                                              base_offset=40))
+    kept = rebuilt_batch(source, source.records[1:])
+    assert kept == bytes.fromhex(
+        "0000000000000028 0000003e ffffffff 02 3ea1c9a1 0000 00000001 00000000000003e8 00000000000003ed"
+        "ffffffffffffffff ffff ffffffff 00000001 18000a020104796f 0202680276")
+    header, body, raw = index_kafka_batch(memoryview(kept), decompressed_bytes_max=1 << 20)
+    index = columns(raw, 1)
+    assert header.base_offset + index[OFFSET_DELTA].tolist()[0] == 41
+    assert bytes(body)[index[VALUE_START, 0]:index[VALUE_START, 0] + index[VALUE_BYTES, 0]] == b"yo"
+    assert gap_batch(40, 2) == bytes.fromhex(
+        "0000000000000028 00000031 ffffffff 02 19f63ed9 0000 00000001 ffffffffffffffff ffffffffffffffff"
+        "ffffffffffffffff ffff ffffffff 00000000")
+
+
 def records_with_deltas(deltas: list[int]) -> bytes:
     """Records (key "k", value "v") whose offset deltas are ``deltas``: what a batch's payload holds."""
     return b"".join(bytes([16, 0, 0, 2 * d, 2]) + b"k" + bytes([2]) + b"v" + bytes([0]) for d in deltas)
