@@ -124,7 +124,7 @@ static ReadStatus read_long_varint(const Bytes *in, Py_ssize_t *p, uint8_t first
     }
 }
 
-/* records.py's _read_varint: the zigzag varint at *p; *p moves past it. One and two bytes (most lengths
+/* record_check.py's read_varint: the zigzag varint at *p; *p moves past it. One and two bytes (most lengths
  * and deltas) inline. */
 static inline ReadStatus read_varint(const Bytes *in, Py_ssize_t *p, i128 *value) {
     Py_ssize_t at = *p;
@@ -234,6 +234,7 @@ typedef struct {
     i128 overflow_ts;
 } Walk;
 
+/* The index's columns, in kafka/record_index.py's order. */
 enum { TIMESTAMP_MS, KEY_START, KEY_BYTES, VALUE_START, VALUE_BYTES, HEADERS_START, HEADER_COUNT, OFFSET_DELTA };
 
 /* record_check.py's walk_fields: returns 0 and the position after the last record, or -1 with an error set.
