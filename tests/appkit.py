@@ -32,7 +32,7 @@ INPUT_PARTITIONS = 3
 EVENTS = 20_000
 KEYS = 200
 #: The events go in these many batches; the app is killed after every second one (so twice), each batch
-#: committed first. Two batches between kills give most keys two changelog records, so a pass has work.
+#: committed first. Two batches between kills give every key two changelog records, so a pass has work.
 BATCHES = 6
 BATCHES_PER_RUN = 2
 #: The broker's cleaner and uploads at test speed (tests/test_broker_compaction.py), and group sessions
