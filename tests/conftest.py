@@ -17,6 +17,7 @@ from stratalog.chaos.cluster_process import S3Endpoint, running_seaweedfs
 #: time changes much.
 LONGEST_FIRST = ("test_spark_broker_stream", "test_chaos_cluster", "test_cluster_faults", "test_bench_cluster",
                  "test_queue_compaction", "test_broker_kill9", "test_fuzz", "test_engine_kill9", "test_bench_kafka",
+                 "test_app_quixstreams", "test_app_faust",
                  "test_example_clickstream", "test_bench_abuse", "test_broker_clients",
                  "test_cluster_failover_brokers", "test_engine_crash_states", "test_broker_hostile",
                  "test_wal_crash_states", "test_queue_faults")
