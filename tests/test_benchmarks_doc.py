@@ -16,6 +16,7 @@ QUEUE_RUNS = ("queues-put", "queues-put-many", "queues-100k-put", "queues-100k-p
 SPARK_RUNS = ("spark-5m-100", "spark-5m-1k", "spark-20m-100", "spark-20m-1k")
 SECTIONS = {
     "wal": ("wal",), "wal-objects": ("wal-objects",), "log": ("log",), "catchup": ("catchup",),
+    "compaction": ("compaction",),
     "streams": ("streams",), "queues": QUEUE_RUNS, "kafka": ("kafka",), "produce-path": ("produce-path",),
     "abuse": ("abuse",), "spark": SPARK_RUNS,
     "cluster": ("cluster",),
