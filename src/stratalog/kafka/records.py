@@ -67,7 +67,7 @@ from stratalog.kafka.batch_format import (
     UnsupportedMagicError,
 )
 from stratalog.kafka.codecs import Compression, compress
-from stratalog.kafka.record_check import Headers, read_varint, walk_fields, walk_headers
+from stratalog.kafka.record_check import walk_fields
 from stratalog.records import Record
 from stratalog.wal.format import crc32c
 
@@ -277,17 +277,6 @@ def _iter_timestamps(header: BatchHeader, data: bytes, p: int) -> Iterator[tuple
         yield base + fields[2], base_ts + fields[1] if append_ts is None else append_ts
     if p != end:
         raise CorruptRecordError(f"{end - p} bytes after the last record")
-
-
-#: record_index.py reads an indexed record's varints and headers by these names.
-_read_varint = read_varint
-
-
-def _read_headers(data: bytes, p: int, record_end: int, count: int) -> tuple[Headers, int]:
-    """``count`` record headers at ``data[p:]`` (after their count) and the position after them."""
-    found: list[tuple[str, bytes | None]] = []
-    p = walk_headers(data, p, record_end, count, 0, found)  # (indexed records were checked: no error names 0)
-    return tuple(found), p
 
 
 # ---------------------------------------------------------------------------------------------------
