@@ -33,11 +33,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -61,6 +61,8 @@ from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore
 from stratalog.objects.uri import open_object_store, redact
 from stratalog.wal.config import FsyncPolicy
+
+_T = TypeVar("_T")
 
 BACKLOG_RECORD_BYTES = 4 * KIB_BYTES
 PRODUCE_RECORD_BYTES = KIB_BYTES
@@ -399,36 +401,59 @@ class _Phases:
     produced: int
 
 
-def _produce_and_catch_up(store: StreamStore, plan: CatchupBenchPlan, backlog: dict[str, Any],
-                          progress: Progress) -> _Phases:
-    streams = [store.open_stream(f"producer-{i}") for i in range(plan.producers)]
-    rate_each = plan.rate_per_s / plan.producers
-    seconds_max = WARMUP_S + plan.seconds + CATCHUP_SECONDS_MAX
+@dataclass(slots=True)
+class ProducedAround(Generic[_T]):
+    """What ``produce_around`` did: the producers (their records' times), phase A's window, what phase B's
+    work returned."""
+
+    producers: list[Producer]
+    idle_from_s: float
+    idle_to_s: float
+    during: _T
+
+
+def produce_around(streams: list[Stream], rate_per_s: float, seconds: float, seconds_max: float,
+                   progress: Progress, during: Callable[[], _T]) -> ProducedAround[_T]:
+    """One producer thread a stream, at ``rate_per_s`` in all: idle for ``seconds`` after the warm-up
+    (phase A), then while ``during()`` runs (phase B); stopped and every append waited for after it."""
     start_s = time.perf_counter() + 0.01
     # Staggered, so together they append evenly spaced, as one producer at the total rate would.
-    producers = [Producer(s, rate_each, start_s + i / plan.rate_per_s, seconds_max)
+    producers = [Producer(s, rate_per_s / len(streams), start_s + i / rate_per_s, seconds_max)
                  for i, s in enumerate(streams)]
-    progress.phase(f"phase A (idle): {plan.rate_per_s:,.0f} x 1 KiB appends/s for {plan.seconds:g} s")
+    progress.phase(f"phase A (idle): {rate_per_s:,.0f} x 1 KiB appends/s for {seconds:g} s")
     for p in producers:
         p.start()
     try:
         idle_from_s = start_s + WARMUP_S
-        idle_to_s = idle_from_s + plan.seconds
+        idle_to_s = idle_from_s + seconds
         while (now := time.perf_counter()) < idle_to_s:
             time.sleep(min(PROGRESS_EVERY_S, idle_to_s - now))
             progress.advance((now - start_s) / (idle_to_s - start_s))
-        progress.phase(f"phase B (catch-up): reading {backlog['payload_bytes'] / MIB_BYTES:,.0f} MiB "
-                       "from offset 0 while producing")
-        read = read_backlog(store.open_stream(backlog["stream_id"]), backlog["records"], progress)
+        result = during()
     finally:
         for p in producers:
             p.stop()
     for p in producers:
         p.finish()
-    idle = produce_latency(producers, idle_from_s, idle_to_s)
-    idle["windows_p99_ms"] = windowed_p99_ms(producers, idle_from_s, idle_to_s, read.done_s - read.started_s)
-    return _Phases(idle, produce_latency(producers, read.started_s, read.done_s),
-                   read, sum(p.count for p in producers))
+    return ProducedAround(producers, idle_from_s, idle_to_s, result)
+
+
+def _produce_and_catch_up(store: StreamStore, plan: CatchupBenchPlan, backlog: dict[str, Any],
+                          progress: Progress) -> _Phases:
+    def catch_up() -> CatchupRead:
+        progress.phase(f"phase B (catch-up): reading {backlog['payload_bytes'] / MIB_BYTES:,.0f} MiB "
+                       "from offset 0 while producing")
+        return read_backlog(store.open_stream(backlog["stream_id"]), backlog["records"], progress)
+
+    streams = [store.open_stream(f"producer-{i}") for i in range(plan.producers)]
+    run = produce_around(streams, plan.rate_per_s, plan.seconds, WARMUP_S + plan.seconds + CATCHUP_SECONDS_MAX,
+                         progress, catch_up)
+    read = run.during
+    idle = produce_latency(run.producers, run.idle_from_s, run.idle_to_s)
+    idle["windows_p99_ms"] = windowed_p99_ms(run.producers, run.idle_from_s, run.idle_to_s,
+                                             read.done_s - read.started_s)
+    return _Phases(idle, produce_latency(run.producers, read.started_s, read.done_s),
+                   read, sum(p.count for p in run.producers))
 
 
 def _reference(store: StreamStore, plan: CatchupBenchPlan, backlog: dict[str, Any],

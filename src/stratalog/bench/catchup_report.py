@@ -10,7 +10,10 @@ from stratalog.bench.log_report import ms
 from stratalog.bench.tables import FigureTable, Verdict, report
 
 
-def produce_table(doc: dict[str, Any]) -> FigureTable:
+def produce_table(doc: dict[str, Any], phases: tuple[tuple[str, str], ...] = (
+        ("A: idle", "idle"), ("B: during catch-up", "catchup"))) -> FigureTable:
+    """Produce latency in each of ``phases`` (label, key in doc["produce"]), phase A idle: also the table of
+    `bench compaction`."""
     p = doc["produce"]
     w = p["idle"]["windows_p99_ms"]
     out = FigureTable(f"Produce latency, ms, {p['producers']} producers, {p['rate_per_s']:,.0f} x 1 KiB appends/s in "
@@ -19,7 +22,7 @@ def produce_table(doc: dict[str, Any]) -> FigureTable:
                       f"min {w['min']:.2f}, max {w['max']:.2f}",
                       ("phase", "fsync", "seconds", "count", "due p50", "due p99", "due max", "call p50", "call p99",
                        "call max"), left=("phase", "fsync"))
-    for name, key in (("A: idle", "idle"), ("B: during catch-up", "catchup")):
+    for name, key in phases:
         r = p[key]
         due, call = r["latency_from_due_ms"], r["latency_ms"]
         out.add(name, doc["fsync"], f"{r['seconds']:.1f}", f"{r['count']:,}", ms(due["p50"]), ms(due["p99"]),
@@ -50,10 +53,9 @@ def read_table(doc: dict[str, Any]) -> FigureTable:
     return out
 
 
-def targets_table(doc: dict[str, Any]) -> FigureTable:
-    out = FigureTable("Targets: produce p99 in phase B over the idle windows' median p99; the read's MiB/s over one "
-                      "thread's raw gets", ("figure", "fsync", "value", "target", ""),
-                      left=("figure", "fsync", "target"))
+def targets_table(doc: dict[str, Any], title: str = "Targets: produce p99 in phase B over the idle windows' median "
+                  "p99; the read's MiB/s over one thread's raw gets") -> FigureTable:
+    out = FigureTable(title, ("figure", "fsync", "value", "target", ""), left=("figure", "fsync", "target"))
     for t in doc["targets"]:
         sign = ">=" if t["at_least"] else "<="
         out.add(t["name"], doc["fsync"], f"{t['figure']:.2f}", f"{sign} {t['bound']:g}",

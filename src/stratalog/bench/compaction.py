@@ -30,16 +30,16 @@ from typing import Any
 from stratalog.bench.catchup import (
     PRODUCE_RECORD_BYTES,
     WARMUP_S,
-    Producer,
     drop_page_cache,
     get_ranges,
+    produce_around,
     produce_latency,
     raw_gets,
     settle,
     windowed_p99_ms,
 )
 from stratalog.bench.common import KIB_BYTES, MIB_BYTES, Activity, machine_info
-from stratalog.bench.log import PROGRESS_EVERY_S, Progress, target
+from stratalog.bench.log import Progress, target
 from stratalog.engine.cleaner import CleanPolicy, CleanReport
 from stratalog.engine.config import CleanerBounds, StoreConfig
 from stratalog.engine.store import Stream, StreamStore
@@ -109,33 +109,20 @@ def _clean(store: StreamStore, stream: Stream) -> tuple[CleanReport, float, floa
 
 def _produce_and_compact(store: StreamStore, plan: CompactionBenchPlan, built: dict[str, Any],
                          progress: Progress) -> dict[str, Any]:
-    streams = [store.open_stream(f"producer-{i}") for i in range(plan.producers)]
-    rate_each = plan.rate_per_s / plan.producers
-    start_s = time.perf_counter() + 0.01
-    producers = [Producer(s, rate_each, start_s + i / plan.rate_per_s, WARMUP_S + plan.seconds + PASS_SECONDS_MAX)
-                 for i, s in enumerate(streams)]
-    progress.phase(f"phase A (idle): {plan.rate_per_s:,.0f} x 1 KiB appends/s for {plan.seconds:g} s")
-    for p in producers:
-        p.start()
-    try:
-        idle_from_s = start_s + WARMUP_S
-        idle_to_s = idle_from_s + plan.seconds
-        while (now := time.perf_counter()) < idle_to_s:
-            time.sleep(min(PROGRESS_EVERY_S, idle_to_s - now))
-            progress.advance((now - start_s) / (idle_to_s - start_s))
+    def compact() -> tuple[CleanReport, float, float]:
         progress.phase(f"phase B: one pass of compaction over {built['block_bytes'] / MIB_BYTES:,.0f} MiB while "
                        "producing")
-        report, pass_from_s, pass_to_s = _clean(store, store.open_stream("compacted"))
-    finally:
-        for p in producers:
-            p.stop()
-    for p in producers:
-        p.finish()
-    idle = produce_latency(producers, idle_from_s, idle_to_s)
-    idle["windows_p99_ms"] = windowed_p99_ms(producers, idle_from_s, idle_to_s, pass_to_s - pass_from_s)
+        return _clean(store, store.open_stream("compacted"))
+
+    streams = [store.open_stream(f"producer-{i}") for i in range(plan.producers)]
+    run = produce_around(streams, plan.rate_per_s, plan.seconds, WARMUP_S + plan.seconds + PASS_SECONDS_MAX,
+                         progress, compact)
+    report, pass_from_s, pass_to_s = run.during
+    idle = produce_latency(run.producers, run.idle_from_s, run.idle_to_s)
+    idle["windows_p99_ms"] = windowed_p99_ms(run.producers, run.idle_from_s, run.idle_to_s, pass_to_s - pass_from_s)
     return {"rate_per_s": plan.rate_per_s, "producers": plan.producers, "record_bytes": PRODUCE_RECORD_BYTES,
-            "records": sum(p.count for p in producers), "idle": idle,
-            "compacting": produce_latency(producers, pass_from_s, pass_to_s), "pass": _pass_figures(report, built)}
+            "records": sum(p.count for p in run.producers), "idle": idle,
+            "compacting": produce_latency(run.producers, pass_from_s, pass_to_s), "pass": _pass_figures(report, built)}
 
 
 def _pass_figures(report: CleanReport, built: dict[str, Any]) -> dict[str, Any]:

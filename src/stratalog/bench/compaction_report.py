@@ -5,26 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from stratalog.bench import catchup_report
 from stratalog.bench.common import MIB_BYTES
-from stratalog.bench.log_report import ms
-from stratalog.bench.tables import FigureTable, Verdict, report
+from stratalog.bench.tables import FigureTable, report
 
 
 def produce_table(doc: dict[str, Any]) -> FigureTable:
-    p = doc["produce"]
-    w = p["idle"]["windows_p99_ms"]
-    out = FigureTable(f"Produce latency, ms, {p['producers']} producers, {p['rate_per_s']:,.0f} x 1 KiB appends/s in "
-                      "all; 'due' from when a record was due, 'call' from append(). Idle p99 in "
-                      f"{w['windows']} windows as long as phase B ({w['window_s']:.2f} s): median {w['median']:.2f}, "
-                      f"min {w['min']:.2f}, max {w['max']:.2f}",
-                      ("phase", "fsync", "seconds", "count", "due p50", "due p99", "due max", "call p50", "call p99",
-                       "call max"), left=("phase", "fsync"))
-    for name, key in (("A: idle", "idle"), ("B: during a pass of compaction", "compacting")):
-        r = p[key]
-        due, call = r["latency_from_due_ms"], r["latency_ms"]
-        out.add(name, doc["fsync"], f"{r['seconds']:.1f}", f"{r['count']:,}", ms(due["p50"]), ms(due["p99"]),
-                ms(due["max"]), ms(call["p50"]), ms(call["p99"]), ms(call["max"]))
-    return out
+    return catchup_report.produce_table(doc, (("A: idle", "idle"), ("B: during a pass of compaction", "compacting")))
 
 
 def pass_table(doc: dict[str, Any]) -> FigureTable:
@@ -44,13 +31,7 @@ def pass_table(doc: dict[str, Any]) -> FigureTable:
 
 
 def targets_table(doc: dict[str, Any]) -> FigureTable:
-    out = FigureTable("Target: produce p99 during the pass over the idle windows' median p99",
-                      ("figure", "fsync", "value", "target", ""), left=("figure", "fsync", "target"))
-    for t in doc["targets"]:
-        sign = ">=" if t["at_least"] else "<="
-        out.add(t["name"], doc["fsync"], f"{t['figure']:.2f}", f"{sign} {t['bound']:g}",
-                Verdict(bool(t["met"]) if t.get("applies", True) else None))
-    return out
+    return catchup_report.targets_table(doc, "Target: produce p99 during the pass over the idle windows' median p99")
 
 
 def tables(doc: dict[str, Any]) -> list[FigureTable]:

@@ -28,7 +28,7 @@ from stratalog.kafka.batch_format import (
 )
 from stratalog.kafka.codecs import Compression, compress
 from stratalog.kafka.record_check import walk_fields
-from stratalog.kafka.records import _check_whole_batch, _put_nullable, _put_varint
+from stratalog.kafka.records import _check_whole_batch, encode_record
 from stratalog.records import Record
 from stratalog.wal.format import crc32c
 
@@ -83,7 +83,7 @@ def native_batch_records(records: Sequence[Record], base_offset: int, span: int)
     base_ts = records[0].timestamp_ms if records else NO_TIMESTAMP
     max_ts = max((r.timestamp_ms for r in records), default=NO_TIMESTAMP)
     raw = [RawRecord(r.offset, r.timestamp_ms, r.key, False,
-                     _record_bytes(r.offset - base_offset, r.timestamp_ms - base_ts, r.key, r.value, r.headers))
+                     encode_record(r.offset - base_offset, r.timestamp_ms - base_ts, r.key, r.value, r.headers))
            for r in records]
     header = BatchHeader(base_offset, 0, -1, MAGIC, 0, 0, span - 1, base_ts, max_ts, NO_PRODUCER_ID,
                          NO_PRODUCER_EPOCH, NO_SEQUENCE, len(raw))
@@ -114,19 +114,3 @@ def _batch(base_offset: int, leader_epoch: int, attributes: int, last_offset_del
     out += payload
     CRC.pack_into(out, CRC_POSITION, crc32c(memoryview(out)[ATTRIBUTES_POSITION:]))
     return bytes(out)
-
-
-def _record_bytes(offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes,
-                  headers: Sequence[tuple[str, bytes | None]]) -> bytes:
-    body = bytearray(b"\x00")  # attributes
-    _put_varint(body, timestamp_delta)
-    _put_varint(body, offset_delta)
-    _put_nullable(body, key)
-    _put_nullable(body, value)
-    _put_varint(body, len(headers))
-    for name, header_value in headers:
-        _put_nullable(body, name.encode())
-        _put_nullable(body, header_value)
-    out = bytearray()
-    _put_varint(out, len(body))
-    return bytes(out + body)

@@ -76,7 +76,7 @@ __all__ = [
     "KafkaBatchError", "CorruptRecordError", "UnsupportedMagicError", "InvalidRecordError",
     "RecordBatchTooLargeError",
     "split_batches", "check_batch", "with_base_offset", "write_base_offset",
-    "decode_records", "record_timestamps", "encode_batch", "recompress", "uncompressed_records",
+    "decode_records", "record_timestamps", "encode_batch", "encode_record", "recompress", "uncompressed_records",
     # The layout (batch_format.py), for callers that read or patch header fields.
     "HEADER", "HEADER_BYTES", "BASE_OFFSET", "CRC", "BATCH_LENGTH", "ATTRIBUTES",
     "BASE_OFFSET_POSITION", "BATCH_LENGTH_POSITION", "PARTITION_LEADER_EPOCH_POSITION", "MAGIC_POSITION",
@@ -306,6 +306,23 @@ def _put_nullable(out: bytearray, data: bytes | None) -> None:
     out += data
 
 
+def encode_record(offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes | None,
+                  headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    """One record of a batch, its length first (no attributes are defined for records)."""
+    record = bytearray(b"\x00")  # attributes
+    _put_varint(record, timestamp_delta)
+    _put_varint(record, offset_delta)
+    _put_nullable(record, key)
+    _put_nullable(record, value)
+    _put_varint(record, len(headers))
+    for name, header_value in headers:
+        _put_nullable(record, name.encode())
+        _put_nullable(record, header_value)
+    out = bytearray()
+    _put_varint(out, len(record))
+    return bytes(out + record)
+
+
 def encode_batch(records: Sequence[Record | RecordFields], *, base_offset: int, producer_id: int = -1,
                  producer_epoch: int = -1, base_sequence: int = -1, partition_leader_epoch: int = -1,
                  compression: Compression = Compression.NONE, is_transactional: bool = False) -> bytes:
@@ -332,17 +349,7 @@ def encode_batch(records: Sequence[Record | RecordFields], *, base_offset: int, 
         if i == 0:
             base_ts = max_ts = timestamp_ms
         max_ts = max(max_ts, timestamp_ms)
-        record = bytearray(b"\x00")  # attributes
-        _put_varint(record, timestamp_ms - base_ts)
-        _put_varint(record, i)
-        _put_nullable(record, key)
-        _put_nullable(record, value)
-        _put_varint(record, len(headers))
-        for name, header_value in headers:
-            _put_nullable(record, name.encode())
-            _put_nullable(record, header_value)
-        _put_varint(body, len(record))
-        body += record
+        body += encode_record(i, timestamp_ms - base_ts, key, value, headers)
     payload = bytes(body) if compression == Compression.NONE else compress(compression, bytes(body))
     batch_bytes = HEADER_BYTES + len(payload)
     if batch_bytes > BATCH_BYTES_LIMIT:
