@@ -16,7 +16,7 @@ from stratalog.engine.batch import (
 from stratalog.engine.cold_reads import Pacer
 from stratalog.engine.core import StoreCore
 from stratalog.engine.errors import OffsetOutOfRangeError
-from stratalog.engine.log_cache import StreamState
+from stratalog.engine.log_cache import LogEntry, StreamState
 from stratalog.engine.metadata import RangeRow
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, placed_batches
 from stratalog.records import Record
@@ -35,7 +35,9 @@ class Reads:
         self._readahead_blocks_max = max(1, min(config.readahead_blocks_max,
                                                 config.block_cache_bytes_max // (2 * DATA_BLOCK_BYTES_TARGET)))
 
-    def fetch(self, st: StreamState, start: int, end: int | None, max_bytes: int) -> list[Record]:
+    def _window(self, st: StreamState, start: int, end: int | None) -> tuple[int, int, list[LogEntry]]:
+        """Where a read from ``start`` stops (``end``, at most the durable end), the committed end, and the
+        log-cache batches past it up to the stop, taken together under the lock."""
         core = self._core
         core.check_not_closed()
         with core.lock:
@@ -44,7 +46,10 @@ class Reads:
                 raise OffsetOutOfRangeError(
                     f"stream {st.stream_id}: offset {start} is outside [{low}, {visible_end}]")
             stop = visible_end if end is None else min(end, visible_end)
-            tail = st.cached_between(max(start, committed), stop)
+            return stop, committed, st.cached_between(max(start, committed), stop)
+
+    def fetch(self, st: StreamState, start: int, end: int | None, max_bytes: int) -> list[Record]:
+        stop, committed, tail = self._window(st, start, end)
         out: list[Record] = []
         budget = [max_bytes]
         if start < committed and start < stop:
@@ -63,13 +68,7 @@ class Reads:
 
     def fetch_batches(self, st: StreamState, start: int, max_bytes: int, at_least_one: bool) -> list[StoredBatch]:
         core = self._core
-        core.check_not_closed()
-        with core.lock:
-            low, stop, committed = st.start_offset, st.durable_end, st.committed_end
-            if start < low or start > stop:
-                raise OffsetOutOfRangeError(
-                    f"stream {st.stream_id}: offset {start} is outside [{low}, {stop}]")
-            tail = st.cached_between(max(start, committed), stop)
+        stop, committed, tail = self._window(st, start, None)
         out: list[StoredBatch] = []
         budget = max_bytes
 
