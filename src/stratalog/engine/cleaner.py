@@ -28,36 +28,25 @@ A pass over a stream:
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from stratalog.engine.batch import ENCODING_KAFKA, BatchInfo, decode_records, kafka_body, wrap_kafka_batch
+from stratalog.engine.cleaner_process import ProcessWork
+from stratalog.engine.cleaner_work import CleanWork, PassSettings
 from stratalog.engine.cold_reads import Pacer
 from stratalog.engine.config import CleanerBounds
 from stratalog.engine.core import StoreCore
 from stratalog.engine.log_cache import StreamState
 from stratalog.engine.metadata import NewObject, RangeRow, StaleBlocksError
-from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block, placed_batches
+from stratalog.engine.objformat import check_block
 from stratalog.engine.uploads import object_key
-from stratalog.invariant import invariant
-from stratalog.kafka.compaction import (
-    RawRecord,
-    SourceBatch,
-    gap_batch,
-    kafka_batch_records,
-    native_batch_records,
-    rebuilt_batch,
-)
 from stratalog.objects.store import put_parts
 
 log = logging.getLogger("stratalog.engine.cleaner")
 
-#: Bytes of a key's digest in the key map: 16, as Kafka's cleaner (MD5), so that two keys of a partition
-#: colliding is as unlikely as anything else going wrong (about 2**-64 for a billion keys).
-KEY_DIGEST_BYTES = 16
 #: How long an object a pass is writing stays reserved in metadata before it counts as unreferenced (and is
 #: collected, a grace period later): far beyond a piece's write (seconds), so only a dead writer's object
 #: is collected; a piece that takes over half of it is not committed.
@@ -95,10 +84,6 @@ class CleanReport:
     seconds: float = 0.0
 
 
-def key_digest(key: bytes) -> bytes:
-    return hashlib.blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
-
-
 class Cleaner:
     """Compacts a store's streams one pass at a time (see the module's docstring)."""
 
@@ -106,14 +91,27 @@ class Cleaner:
         self._core = core
         self._bounds = bounds
         self._pacer = Pacer(bounds.read_bytes_per_s_max) if bounds.read_bytes_per_s_max else None
+        self._work: CleanWork | ProcessWork = ProcessWork() if bounds.own_process else CleanWork()
+        #: The work holds one pass's key map: passes take turns.
+        self._pass_lock = threading.Lock()
         #: For /metrics: passes committed, and the input bytes they read.
         self.passes = 0
         self.bytes_cleaned = 0
+
+    def close(self) -> None:
+        """End the cleaner's process, if it has one (after the last pass)."""
+        if isinstance(self._work, ProcessWork):
+            self._work.close()
 
     def clean(self, st: StreamState, policy: CleanPolicy, *, end_offset_max: int, now_ms: int | None = None,
               should_stop: Callable[[], bool] = lambda: False) -> CleanReport:
         """One pass over the stream ``st``, if one is due (see the module's docstring). ``should_stop`` is
         asked before each piece of the rewrite: a pass asked to stop ends after the piece it is on."""
+        with self._pass_lock:
+            return self._clean(st, policy, end_offset_max, now_ms, should_stop)
+
+    def _clean(self, st: StreamState, policy: CleanPolicy, end_offset_max: int, now_ms: int | None,
+               should_stop: Callable[[], bool]) -> CleanReport:
         core = self._core
         core.check_open()
         started = time.monotonic()
@@ -124,14 +122,15 @@ class Cleaner:
         report.clean_end_offset = first_dirty
         if not _due(blocks, first_dirty, policy, now_ms):
             return report
-        keys, map_end = self._key_map(blocks, first_dirty, report)
+        self._work.begin(PassSettings(st.stream_id, st.start_offset, now_ms - policy.delete_retention_ms))
+        map_end = self._key_map(blocks, first_dirty, report)
         to_rewrite = [b for b in blocks if b.end_offset <= map_end]
         try:
             for piece in _pieces(to_rewrite, self._bounds.rewrite_bytes_max):
                 if should_stop():
                     return report
                 last = piece[-1] is to_rewrite[-1]
-                self._rewrite(st, piece, keys, policy, now_ms, map_end if last else first_dirty, report)
+                self._rewrite(st, piece, map_end if last else first_dirty, report)
         except StaleBlocksError as e:
             # A trim or the stream's deletion came first: what was replaced stands; the next pass goes on.
             log.info("compaction of stream %d stopped: %s", st.stream_id, e)
@@ -161,27 +160,22 @@ class Cleaner:
             pos = rows[-1].end_offset
         return found
 
-    def _key_map(self, blocks: list[RangeRow], first_dirty: int, report: CleanReport) -> tuple[dict[bytes, int], int]:
-        """Each key of the dirty blocks with its latest offset, and the offset the map covers up to."""
-        keys: dict[bytes, int] = {}
+    def _key_map(self, blocks: list[RangeRow], first_dirty: int, report: CleanReport) -> int:
+        """Map each key of the dirty blocks to its latest offset; the offset the map covers up to."""
         map_end = first_dirty
+        map_size = 0
         for row in blocks:
             if row.end_offset <= first_dirty:
                 continue
-            if keys and len(keys) + row.record_count > self._bounds.key_map_entries_max:
+            if map_size and map_size + row.record_count > self._bounds.key_map_entries_max:
                 break   # the next pass starts here
-            for record in self._records(row, report):
-                if record.key is not None:
-                    keys[key_digest(record.key)] = record.offset
+            records, map_size = self._work.map_block(self._read(row, report), row.entry())
+            report.records_read += records
             map_end = row.end_offset
-        return keys, map_end
+        return map_end
 
-    def _records(self, row: RangeRow, report: CleanReport) -> Iterator[RawRecord]:
-        for _, source in self._batches(row, report):
-            yield from source.records
-
-    def _batches(self, row: RangeRow, report: CleanReport) -> Iterator[tuple[BatchInfo, SourceBatch]]:
-        """Each batch of the block ``row`` with its records, read from object storage (its CRC checked)."""
+    def _read(self, row: RangeRow, report: CleanReport) -> bytes | memoryview:
+        """The block ``row`` from object storage, its CRC checked."""
         core = self._core
         # Straight from object storage, not through the block cache: a pass reads the whole stream once,
         # which would evict what readers use.
@@ -191,50 +185,24 @@ class Cleaner:
             self._pacer.take(row.size_bytes)
         report.blocks_read += 1
         report.bytes_read += row.size_bytes
-        for at, info in placed_batches(block, row.entry()):
-            if info.encoding == ENCODING_KAFKA:
-                source = kafka_batch_records(kafka_body(block, at, info))
-            else:
-                source = native_batch_records(list(decode_records(block, at, info)), info.base_offset, info.count)
-            report.records_read += len(source.records)
-            yield info, source
+        return block
 
-    def _rewrite(self, st: StreamState, piece: list[RangeRow], keys: dict[bytes, int], policy: CleanPolicy,
-                 now_ms: int, clean_end: int, report: CleanReport) -> None:
+    def _rewrite(self, st: StreamState, piece: list[RangeRow], clean_end: int, report: CleanReport) -> None:
         """Write the cleaned copy of the blocks ``piece`` as one object and put it in their place."""
         core = self._core
-        tombstone_before_ms = now_ms - policy.delete_retention_ms
-        out: list[StreamBatch] = []
-        gap_start, gap_end = -1, -1
         for row in piece:
-            for info, source in self._batches(row, report):
-                kept = [r for r in source.records if _kept(r, keys, st.start_offset, tombstone_before_ms)]
-                if not kept:
-                    gap_start = info.base_offset if gap_end != info.base_offset else gap_start
-                    gap_end = info.end_offset
-                    continue
-                if gap_end == info.base_offset:
-                    out.append(_gap(st.stream_id, gap_start, gap_end))
-                gap_end = -1
-                report.records_kept += len(kept)
-                out.append(_rebuilt(st.stream_id, info, source, kept))
-        if gap_end != -1:
-            out.append(_gap(st.stream_id, gap_start, gap_end))
-        invariant(out[0].base_offset == piece[0].start_offset and
-                  out[-1].base_offset + out[-1].count == piece[-1].end_offset,
-                  "a cleaned piece tiles the offsets of the blocks it replaces")
-        builder = ObjectBuilder()
-        builder.add_stream(st.stream_id, out)
-        parts = builder.finish_parts()
-        size_bytes = sum(len(part) for part in parts)
+            report.records_read += self._work.rewrite_block(self._read(row, report), row.entry())
+        out = self._work.finish_piece()
+        report.records_kept += out.records_kept
+        size_bytes = sum(len(part) for part in out.parts)
         object_id = core.with_retries("allocating an object id", core.meta.allocate_object_id)
         key = object_key(object_id)
         reserved_until_ms = int(time.time() * 1000) + OBJECT_RESERVATION_MS
         started = time.monotonic()
         core.with_retries(f"reserving object {key}",
                           functools.partial(core.meta.reserve_object, object_id, key, reserved_until_ms))
-        core.with_retries(f"writing object {key}", functools.partial(put_parts, core.objects, key, parts))
-        new = NewObject(object_id, key, size_bytes, builder.entries)
+        core.with_retries(f"writing object {key}", functools.partial(put_parts, core.objects, key, out.parts))
+        new = NewObject(object_id, key, size_bytes, out.entries)
         try:
             if time.monotonic() - started > OBJECT_RESERVATION_MS / 2000:
                 raise StaleBlocksError(f"writing {key} took longer than half its reservation")
@@ -259,27 +227,6 @@ def _due(blocks: list[RangeRow], first_dirty: int, policy: CleanPolicy, now_ms: 
     dirty_bytes = sum(b.size_bytes for b in dirty)
     overdue = min(b.max_timestamp_ms for b in dirty) < now_ms - policy.max_compaction_lag_ms
     return overdue or dirty_bytes >= policy.min_cleanable_dirty_ratio * total_bytes
-
-
-def _kept(record: RawRecord, keys: dict[bytes, int], start_offset: int, tombstone_before_ms: int) -> bool:
-    if record.offset < start_offset:
-        return False   # trimmed: no reader sees it
-    if record.key is None:
-        return True    # written before the topic was compacted: nothing supersedes it
-    if keys.get(key_digest(record.key), record.offset) > record.offset:
-        return False   # a later record of its key supersedes it
-    return not (record.null_value and record.timestamp_ms < tombstone_before_ms)
-
-
-def _rebuilt(stream_id: int, info: BatchInfo, source: SourceBatch, kept: list[RawRecord]) -> StreamBatch:
-    kafka = rebuilt_batch(source, kept)
-    return StreamBatch(info.base_offset, info.count, info.max_timestamp_ms,
-                       wrap_kafka_batch(stream_id, info.base_offset, info.count, info.max_timestamp_ms, kafka))
-
-
-def _gap(stream_id: int, start: int, end: int) -> StreamBatch:
-    kafka = gap_batch(start, end - start)
-    return StreamBatch(start, end - start, -1, wrap_kafka_batch(stream_id, start, end - start, -1, kafka))
 
 
 def _pieces(blocks: list[RangeRow], bytes_max: int) -> Iterator[list[RangeRow]]:

@@ -383,6 +383,7 @@ class StreamStore:
                         str(e))
         finally:
             core.closed = True
+            self._cleaner.close()
             # The last WAL future's callback refers to a stream's state: let it go with the store.
             core.last_wal_future = None
             core.wal.close()
