@@ -75,6 +75,8 @@ def test_a_brokers_configs_show_under_kafkas_names_and_are_not_altered(broker: B
     assert entries["log.retention.ms"].value == "604800000"
     assert entries["max.incremental.fetch.session.cache.slots"].value == "1000"
     assert entries["stratalog.object.store.uri"].value.startswith("file://")
+    # The port as bound (the broker listens on port 0): what Metadata gives clients.
+    assert entries["listeners"].value == entries["advertised.listeners"].value == f"PLAINTEXT://{broker.bootstrap}"
     assert all(e.is_read_only for e in entries.values())
     client = kafka.admin.KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:

@@ -6,9 +6,11 @@ set in the ``--config`` file or by ``serve``'s flags, read only here (AlterConfi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stratalog.broker.listeners import Listener
 from stratalog.broker.topic_configs import SPECS, TYPE_INT, TYPE_LONG, TYPE_STRING
 from stratalog.objects.uri import OBJECT_STORE_CONFIG
 
@@ -36,6 +38,10 @@ def broker_configs(broker: Broker) -> list[BrokerConfigEntry]:
     entries = [
         BrokerConfigEntry("broker.id", str(c.node_id), TYPE_INT, "This broker's id (Metadata's node id)."),
         BrokerConfigEntry("node.id", str(c.node_id), TYPE_INT, "This broker's id (Metadata's node id)."),
+        BrokerConfigEntry("listeners", listeners_value(c.listeners), TYPE_STRING,
+                          "Where the broker accepts connections, each with its security protocol (--listen)."),
+        BrokerConfigEntry("advertised.listeners", advertised_listeners(c.listeners), TYPE_STRING,
+                          "What Metadata tells clients to connect to on each listener (--advertise)."),
         BrokerConfigEntry("auto.create.topics.enable", str(c.auto_create_topics).lower(), TYPE_BOOLEAN,
                           "Whether a produce or metadata request for an unknown topic creates it."),
         BrokerConfigEntry("num.partitions", str(c.default_partitions), TYPE_INT,
@@ -78,3 +84,19 @@ def broker_configs(broker: Broker) -> list[BrokerConfigEntry]:
                           "When a WAL write is durable before a produce is acknowledged."),
     ]
     return sorted(entries, key=lambda e: e.name)
+
+
+def listeners_value(listeners: Sequence[Listener]) -> str:
+    """Kafka's ``listeners``: each listener as ``PROTOCOL://HOST:PORT``, the port as bound."""
+    return ",".join(_kafka_listener(listener.protocol.value, listener.host, listener.port) for listener in listeners)
+
+
+def advertised_listeners(listeners: Sequence[Listener]) -> str:
+    """Kafka's ``advertised.listeners``: what clients are told on each listener (its --advertise, else the
+    address it listens on, its port as bound)."""
+    return ",".join(_kafka_listener(listener.protocol.value, *listener.endpoint) for listener in listeners)
+
+
+def _kafka_listener(protocol: str, host: str, port: int) -> str:
+    """``PROTOCOL://HOST:PORT`` as Kafka writes a listener, an IPv6 address in brackets."""
+    return f"{protocol}://[{host}]:{port}" if ":" in host else f"{protocol}://{host}:{port}"
