@@ -17,7 +17,7 @@ from stratalog.wal.config import FsyncPolicy
 STREAM_MIB_DEFAULT = 256
 STREAM_MIB_QUICK = 32
 KEYS_DEFAULT = 10_000
-SECONDS_DEFAULT = 30.0
+SECONDS_DEFAULT = 60.0
 SECONDS_QUICK = 10.0
 RATE_PER_S_DEFAULT = 2000.0
 PRODUCERS_DEFAULT = 4
@@ -40,6 +40,9 @@ PHASES = 5
               help=f"Length of phase A (idle) [default: {SECONDS_DEFAULT:g}; --quick: {SECONDS_QUICK:g}].")
 @click.option("--read-mib-per-s", type=click.FloatRange(min=0), default=READ_MIB_PER_S_DEFAULT, show_default=True,
               help="The cleaner's read bound ([store.cleaner] read_bytes_per_s_max); 0: none.")
+@click.option("--cleaner", "cleaner_where", type=click.Choice(["process", "thread"]), default="process",
+              show_default=True, help="Where a pass decodes records: a process of its own ([store.cleaner] "
+              "own_process, the default) or the store's thread.")
 @click.option("--fsync", type=click.Choice([p.value for p in FsyncPolicy]), default=FsyncPolicy.ALWAYS.value,
               show_default=True, help="When appends are acknowledged; printed beside every figure.")
 @click.option("--dir", "dir_path", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -50,8 +53,8 @@ PHASES = 5
 @click.option("--markdown-from", "markdown_from", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=None, metavar="JSON", help="Measure nothing: print this run's tables (from --json) as Markdown.")
 def compaction(stream_mib: int | None, keys: int, rate: float, producers: int, seconds: float | None,
-               read_mib_per_s: float, fsync: str, dir_path: Path | None, quick: bool, json_path: Path | None,
-               markdown_from: Path | None) -> None:
+               read_mib_per_s: float, cleaner_where: str, fsync: str, dir_path: Path | None, quick: bool,
+               json_path: Path | None, markdown_from: Path | None) -> None:
     """How fast log compaction cleans a stream, and what a pass costs producers.
 
     Builds a stream of keyed 1 KiB records in objects, reopens the store, then runs producers at --rate:
@@ -69,7 +72,8 @@ def compaction(stream_mib: int | None, keys: int, rate: float, producers: int, s
             backlog_bytes=size * MIB_BYTES, keys=keys, rate_per_s=rate, producers=producers,
             seconds=seconds if seconds is not None else (SECONDS_QUICK if quick else SECONDS_DEFAULT),
             dir_path=target_dir, fsync=FsyncPolicy(fsync),
-            cleaner=CleanerBounds(read_bytes_per_s_max=int(read_mib_per_s * MIB_BYTES) or None))
+            cleaner=CleanerBounds(read_bytes_per_s_max=int(read_mib_per_s * MIB_BYTES) or None,
+                                  own_process=cleaner_where == "process"))
         print_machine(console, target_dir)
         with progress_bar(console, PHASES) as bar:
             doc = run_compaction_bench(plan, bar)

@@ -2,8 +2,10 @@
 
 Why: a pass decodes every record in Python. In the broker's process that holds the interpreter lock in
 turns of 5 ms against the event loop, and each Produce request waits for its turns: produce p99 was 2.3x
-idle during a pass in `stratalog bench compaction`. A child process, spawned (the broker has threads: no
-fork) and niced, leaves the sharing of the cores to the operating system, which favours the broker.
+idle during a pass in `stratalog bench compaction`. A child process, started afresh (the broker has
+threads: no fork; and no multiprocessing "spawn" either, which imports the parent's main script again, and
+runs it where a script has no main guard) and niced, leaves the sharing of the cores to the operating
+system, which favours the broker.
 
 The child serves :class:`CleanWork`'s calls over a pipe, one at a time: a call is a pickled
 ``(name, args, has_payload)`` followed by its block's bytes, unpickled, when it has one; the answer a pickled
@@ -16,9 +18,11 @@ starts a new one.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import pickle
+import socket
+import subprocess
+import sys
 import threading
 from multiprocessing.connection import Connection
 from typing import Any
@@ -32,6 +36,8 @@ log = logging.getLogger("stratalog.engine.cleaner")
 #: The child's niceness, added to the broker's: under contention the broker's event loop gets the cores
 #: first (19 is the lowest priority; 10 still lets a pass finish on a busy machine).
 NICENESS_ADDED = 10
+#: The module the child runs (its main guard calls :func:`serve`).
+CHILD_MODULE = "stratalog.engine.cleaner_child"
 #: How long a closing store waits for the child to end after its pipe closes, before killing it.
 EXIT_WAIT_S = 5.0
 
@@ -45,7 +51,7 @@ class ProcessWork:
 
     def __init__(self) -> None:
         self._conn: Connection | None = None
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
     def begin(self, settings: PassSettings) -> None:
@@ -77,10 +83,11 @@ class ProcessWork:
         if conn is not None:
             conn.close()
         if process is not None:
-            process.join(EXIT_WAIT_S)
-            if process.is_alive():
+            try:
+                process.wait(EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
                 process.kill()
-                process.join()
+                process.wait()
 
     def _call(self, name: str, args: tuple[Any, ...], payload: bytes | memoryview | None = None) -> Any:
         with self._lock:
@@ -101,26 +108,24 @@ class ProcessWork:
 
     def _connection(self) -> Connection:
         if self._conn is None:
-            ctx = multiprocessing.get_context("spawn")
-            ours, theirs = ctx.Pipe()
-            process = ctx.Process(target=serve, args=(theirs,), name="stratalog-cleaner", daemon=True)
-            process.start()
-            theirs.close()
-            self._conn, self._process = ours, process
+            ours, theirs = socket.socketpair()
+            with ours, theirs:
+                process = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, str(theirs.fileno())],
+                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                self._conn, self._process = Connection(ours.detach()), process
             log.debug("cleaner process %d started", process.pid)
         return self._conn
 
     def _gone(self, cause: BaseException) -> WorkerGoneError:
         """Forget a broken child (the next call starts another) and say so."""
         process = self._process
-        code = process.exitcode if process is not None else None
         if self._conn is not None:
             self._conn.close()
-        if process is not None and process.is_alive():
-            process.kill()
+        code = None
         if process is not None:
-            process.join()
-            code = process.exitcode
+            if process.poll() is None:
+                process.kill()
+            code = process.wait()
         self._conn = self._process = None
         return WorkerGoneError(f"the cleaner's process ended (exit code {code}): {cause!r}")
 
