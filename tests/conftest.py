@@ -13,14 +13,14 @@ from stratalog.chaos.cluster_process import S3Endpoint, running_seaweedfs
 
 #: The longest modules, longest first (``pytest --durations``, summed per module, on this 2-core machine):
 #: they go out to the workers before every other (schedulekit.py), so the run does not wait at its end for
-#: a long one that started last. The first names the unit of the Spark modules. Re-order when a module's
-#: time changes much.
-LONGEST_FIRST = ("test_spark_broker_stream", "test_chaos_cluster", "test_cluster_faults", "test_bench_cluster",
-                 "test_queue_compaction", "test_broker_kill9", "test_fuzz", "test_engine_kill9", "test_bench_kafka",
-                 "test_app_quixstreams", "test_app_faust",
-                 "test_example_clickstream", "test_bench_abuse", "test_broker_clients",
-                 "test_cluster_failover_brokers", "test_engine_crash_states", "test_broker_hostile",
-                 "test_wal_crash_states", "test_queue_faults")
+#: a long one that started last. The first two name the Spark modules' two units (schedulekit.py).
+#: Re-order when a module's time changes much.
+LONGEST_FIRST = ("test_spark_broker_stream", "test_broker_spark", "test_fuzz", "test_chaos_cluster",
+                 "test_queue_compaction", "test_bench_cluster", "test_broker_kill9", "test_cluster_faults",
+                 "test_app_quixstreams", "test_app_faust", "test_native_twins", "test_example_clickstream",
+                 "test_bench_kafka", "test_engine_kill9", "test_bench_abuse", "test_bench_produce_path",
+                 "test_engine_crash_states", "test_cluster_failover_brokers", "test_wal_crash_states",
+                 "test_broker_conformance", "test_kafka_python_suite", "test_queue_faults")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:

@@ -4,7 +4,9 @@ Each module is one unit of work, so its module-scoped servers start once; the un
 order (conftest.py puts the longest modules first), not xdist's default of most tests first, which sent
 the one-test modules of a minute or more out last and left the run waiting on them at its end. The
 modules that use the session's SparkSession are one unit: one worker starts one JVM for all of them,
-where each worker used to start its own (8 s on a quiet machine, 15-35 s under the suite's load).
+where each worker used to start its own (8 s on a quiet machine, 15-35 s under the suite's load). All but
+the streaming kill test: it runs alone (about 4 minutes, two drivers of its own besides the session), or
+the one unit would take 9-10 minutes on one worker, longer than the rest of the suite on the other two.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ SPARK_SESSION_MODULES = frozenset({
     "test_spark_broker_s3", "test_spark_source", "test_spark_compacted",
 })
 SPARK_UNIT = "tests (one SparkSession)"
+#: Spark modules that are a unit of their own (a second SparkSession, on the worker that runs them).
+SPARK_ALONE = frozenset({"test_spark_broker_stream"})
 
 
 def module_name(nodeid: str) -> str:
@@ -35,6 +39,7 @@ class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist publ
         super().__init__(config, log)
 
     def _split_scope(self, nodeid: str) -> str:
-        if module_name(nodeid) in SPARK_SESSION_MODULES:
+        name = module_name(nodeid)
+        if name in SPARK_SESSION_MODULES and name not in SPARK_ALONE:
             return SPARK_UNIT
         return nodeid.split("::", 1)[0]
