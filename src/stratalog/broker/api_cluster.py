@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation
+from stratalog.broker.api_txn import refusal
 from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
 from stratalog.broker.ownership import BrokerEndpoint
 from stratalog.broker.session import Session
@@ -26,8 +27,9 @@ from stratalog.kafka.codec import Request
 if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
 
-#: FindCoordinator key types: 0 a consumer group, 1 a transactional id (refused: no transactions).
+#: FindCoordinator key types: 0 a consumer group, 1 a transactional id.
 KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
 #: The topic id of a topic that has none (an error entry): Metadata v10+ requires the field, all zeros.
 NO_TOPIC_ID = uuid.UUID(int=0)
 
@@ -144,13 +146,15 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
     key_type = getattr(body, "key_type", KEY_TYPE_GROUP)
 
     async def answer(key: str) -> tuple[ErrorCode, str | None, int, str, int]:
+        if key_type == KEY_TYPE_TRANSACTION:
+            # Refused: what every client takes as fatal at once (librdkafka, kafka-python and aiokafka fail
+            # init_transactions in milliseconds, with this message); INVALID_REQUEST had librdkafka retry
+            # until its own timeout. Served: this broker, alone, coordinates every transactional id.
+            if refusal(broker, session, key, "FindCoordinator") is not None:
+                return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_REFUSED, -1, host, port
+            return ErrorCode.none, None, broker.config.node_id, host, port
         if key_type != KEY_TYPE_GROUP:
-            # What every client takes as fatal at once (librdkafka, kafka-python and aiokafka fail
-            # init_transactions in milliseconds, with this message): INVALID_REQUEST, answered before,
-            # had librdkafka retry until its own timeout.
-            log.warning("transactions refused (not served yet): a coordinator for transactional id %r, asked "
-                        "by %s", key, session.principal)
-            return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_REFUSED, -1, host, port
+            return ErrorCode.invalid_request, f"unknown coordinator key type {key_type}", -1, host, port
         if not session.may_group(Operation.DESCRIBE, key):
             return ErrorCode.group_authorization_failed, None, -1, host, port
         found = await broker.ownership.coordinator(key, session.listener)

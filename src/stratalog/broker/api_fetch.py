@@ -41,6 +41,7 @@ from stratalog.kafka.fetch_response import (
     NO_TOPIC_ID,
     NODE_ENDPOINTS_VERSION,
     TOPIC_ID_VERSION,
+    AbortedTransaction,
     FetchPartitionResult,
     FetchTopicResult,
     NodeEndpoint,
@@ -56,6 +57,8 @@ SENT_ELSEWHERE = frozenset((ErrorCode.not_leader_or_follower, ErrorCode.fenced_l
 #: A fetch refused for lack of response memory waits at most this long (its own wait, if shorter) before
 #: it answers with no records.
 MEMORY_WAIT_S_MAX = 0.5
+#: Fetch's isolation levels (v4+): everything up to the high watermark, or up to the last stable offset.
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 
 
 def as_kafka_batch(batch: StoredBatch) -> bytes | memoryview:
@@ -209,22 +212,27 @@ async def _read_waiting(broker: Broker, body: Any, targets: Sequence[_Target],
     # partition_max_bytes, except the first batch of the first partition that has one, which goes whole
     # (a consumer always progresses); when the response budget is spent, not even that one.
     one_over = room > 0
+    # read_committed (v4+): records up to each partition's last stable offset, with its aborted ranges.
+    committed = getattr(body, "isolation_level", READ_UNCOMMITTED) == READ_COMMITTED
     while True:
-        results, topic_bytes, waiting_on = await _fetch_once(broker, targets, response_max, one_over, denied)
+        results, topic_bytes, waiting_on = await _fetch_once(broker, targets, response_max, one_over, denied,
+                                                             committed)
         total = sum(size for size, _ in topic_bytes.values())
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or remaining_s <= 0 or not waiting_on or broker.stopping:
             return results, topic_bytes
         await broker.wait_for_data(waiting_on, remaining_s)
         if time.monotonic() >= deadline:
-            results, topic_bytes, _ = await _fetch_once(broker, targets, response_max, one_over, denied)
+            results, topic_bytes, _ = await _fetch_once(broker, targets, response_max, one_over, denied, committed)
             return results, topic_bytes
 
 
 async def _fetch_once(broker: Broker, targets: Sequence[_Target], response_max: int, one_over: bool,
-                      denied: set[str]) -> tuple[list[FetchPartitionResult], dict[str, tuple[int, int]], list[int]]:
+                      denied: set[str], committed: bool,
+                      ) -> tuple[list[FetchPartitionResult], dict[str, tuple[int, int]], list[int]]:
     """Each target's result, the record bytes and records sent of each topic that has some, and the
-    streams with nothing past the offset asked (a fetch that waits waits on them)."""
+    streams with nothing past the offset asked (a fetch that waits waits on them). ``committed``: up to
+    the last stable offset only, with the aborted transactions of what is sent."""
     total = 0
     topic_bytes: dict[str, tuple[int, int]] = {}
     waiting_on: list[int] = []
@@ -242,6 +250,8 @@ async def _fetch_once(broker: Broker, targets: Sequence[_Target], response_max: 
             results.append(FetchPartitionResult(index, refused, -1))
             continue
         high, start = stream.end_offset, stream.start_offset
+        stable = broker.transactions.last_stable_offset(topic, index, high)
+        end = stable if committed else high
         error = ErrorCode.none
         # The stored batches, each whole, as views of the engine's immutable bytes (LogCache entries,
         # cached blocks): never joined, so a fetch copies no record byte before the socket.
@@ -250,19 +260,25 @@ async def _fetch_once(broker: Broker, targets: Sequence[_Target], response_max: 
         budget = min(target.wanted.partition_max_bytes, response_max - total)
         first = one_over and not total  # clients drop a response over their bound: never two over
         sent_records = 0
-        if offset == high:
+        sent_end = offset
+        if offset >= end and offset <= high:
             waiting_on.append(stream.stream_id)
         elif budget > 0 or first:
             try:
                 batches = await _read(stream, offset, max(budget, 0), first)
+                if committed:
+                    batches = [b for b in batches if b.base_offset < stable]
                 records = _within([as_kafka_batch(b) for b in batches], budget, first)
+                sent_end = batches[len(records) - 1].end_offset if records else offset
                 sent_records = sum(b.count for b in batches[:len(records)])
             except OffsetOutOfRangeError:
                 error = ErrorCode.offset_out_of_range
             except (StoreFailedError, StoreClosedError):
                 error = ErrorCode.kafka_storage_error
-        results.append(FetchPartitionResult(index, error, high, last_stable_offset=high, log_start_offset=start,
-                                            records=records))
+        aborted = [AbortedTransaction(r.producer_id, r.first_offset) for r in
+                   broker.transactions.aborted_ranges(topic, index, offset, sent_end)] if committed else None
+        results.append(FetchPartitionResult(index, error, high, last_stable_offset=stable, log_start_offset=start,
+                                            aborted_transactions=aborted, records=records))
         if records:
             size_bytes = sum(len(r) for r in records)
             total += size_bytes

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.acls import Operation, ResourceType
+from stratalog.broker.api_txn import refusal, versioned
 from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
 from stratalog.broker.leader_epochs import current_epoch, leader_stream, stamped
 from stratalog.broker.producers import Verdict
@@ -62,13 +63,10 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
     body: ProduceBody = request.body
     acks = body.acks
     timeout_s = min(body.timeout_ms / 1000, broker.config.produce_wait_ms_max / 1000)
-    if body.transactional_id is not None or acks not in ACKS_ALLOWED:
-        error = ErrorCode.transactional_id_authorization_failed if acks in ACKS_ALLOWED \
-            else ErrorCode.invalid_required_acks
-        message = TRANSACTIONS_REFUSED if error != ErrorCode.invalid_required_acks \
-            else f"acks={acks} is not 0, 1 or -1"
-        if error != ErrorCode.invalid_required_acks:
-            log.warning("transactions refused (not served yet): a transactional produce from %s", session.principal)
+    refused = None if body.transactional_id is None else refusal(broker, session, body.transactional_id, "Produce")
+    if refused is not None or acks not in ACKS_ALLOWED:
+        error = refused if refused is not None else ErrorCode.invalid_required_acks
+        message = TRANSACTIONS_REFUSED if refused is not None else f"acks={acks} is not 0, 1 or -1"
         return _produce_response(request, [ProduceTopicResult(name, [
             ProducePartitionResult(index, error, error_message=message) for index, _ in partitions])
             for name, partitions in body.topics])
@@ -187,8 +185,13 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
             uncompressed = check_records(view, header, decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
         except KafkaBatchError as e:
             raise _RefusedError(ErrorCode(e.error_code), str(e)) from None
-    if header.is_transactional or header.is_control:
-        raise _RefusedError(ErrorCode.invalid_record, "transactional and control batches are not supported")
+    if header.is_control:
+        raise _RefusedError(ErrorCode.invalid_record, "control batches are written by the broker, not produced")
+    if header.is_transactional:
+        refused = broker.transactions.check_produce(header.producer_id, header.producer_epoch, topic_name, index)
+        if refused:
+            raise _RefusedError(refused, "the batch's transaction is not ongoing with this partition under this "
+                                "producer epoch")
     if COMPACT in config_value(topic.configs, "cleanup.policy") and _has_keyless(view, header, uncompressed):
         # As Kafka: compaction keeps the latest record of each key, and a record without one has none.
         raise _RefusedError(ErrorCode.invalid_record, f"compacted topic {topic_name!r} cannot accept a record "
@@ -368,10 +371,7 @@ async def delete_records(broker: Broker, request: Request, session: Session) -> 
 async def init_producer_id(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
     if body.transactional_id is not None:
-        log.warning("transactions refused (not served yet): InitProducerId for transactional id %r from %s",
-                    body.transactional_id, session.principal)
-        return {"throttle_time": 0, "error_code": ErrorCode.transactional_id_authorization_failed,
-                "producer_id": -1, "producer_epoch": -1}
+        return await _init_transactional(broker, request, session)
     # Kafka's rule: IdempotentWrite on the cluster, or Write on some topic.
     if not (session.may_cluster(Operation.IDEMPOTENT_WRITE) or session.may_some(Operation.WRITE, ResourceType.TOPIC)):
         return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
@@ -384,6 +384,22 @@ async def init_producer_id(broker: Broker, request: Request, session: Session) -
             return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": given, "producer_epoch": epoch}
     producer_id = await asyncio.to_thread(broker.topics.next_counter, "producer_id")
     return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": producer_id, "producer_epoch": 0}
+
+
+async def _init_transactional(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
+    """InitProducerId of a transactional producer: the coordinator's (broker/transactions.py)."""
+    body = request.body
+    txn_id = body.transactional_id
+    error = refusal(broker, session, txn_id, "InitProducerId")
+    timeout_ms = round(body.transaction_timeout.total_seconds() * 1000)
+    if error is None and not 0 < timeout_ms <= broker.config.transaction_timeout_ms_max:
+        error = ErrorCode.invalid_transaction_timeout
+    if error is not None:
+        return {"throttle_time": 0, "error_code": error, "producer_id": -1, "producer_epoch": -1}
+    error, producer_id, epoch = await broker.transactions.init_producer_id(
+        txn_id, timeout_ms, getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1))
+    return {"throttle_time": 0, "error_code": versioned(error, request), "producer_id": producer_id,
+            "producer_epoch": epoch}
 
 
 APIS = (

@@ -12,6 +12,7 @@ from stratalog.broker import (
     api_quotas,
     api_security,
     api_staged,
+    api_txn,
 )
 from stratalog.broker.apis import Api
 
@@ -19,4 +20,4 @@ from stratalog.broker.apis import Api
 def all_apis() -> list[Api]:
     """Every API of every handler module."""
     return [api for module in (api_cluster, api_log, api_fetch, api_epochs, api_admin, api_groups, api_security,
-                               api_quotas, api_staged) for api in module.APIS]
+                               api_quotas, api_staged, api_txn) for api in module.APIS]

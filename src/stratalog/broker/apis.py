@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 Handler = Callable[["Broker", Request, Session], Awaitable[Any]]
 #: The message beside TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the answer to every transactional request: the
 #: error clients fail at once on (librdkafka, kafka-python and aiokafka), and this says why.
-TRANSACTIONS_REFUSED = "transactions are not served yet by this broker"
+TRANSACTIONS_REFUSED = "transactions are refused: a cluster of brokers does not serve them yet, or the " \
+    "principal may not write this transactional id"
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ from stratalog.broker.quotas import Quotas
 from stratalog.broker.sasl import new_secret
 from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicExistsError, TopicRegistry, check_topic_name, stream_name
+from stratalog.broker.transactions import Transactions
+from stratalog.broker.txn_table import TxnTable
 from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.metadata_backends import MetadataUnavailableError
@@ -99,6 +101,8 @@ class Broker:
         #: no further (the batches after it are replayed at a restart, producer fields and all).
         self.snapshot_ends_saved: dict[int, int] = {}
         self.cleaner = LogCleaner(self)
+        #: The transaction coordinator: transactional ids, their markers, last stable offsets.
+        self.transactions = Transactions(self, TxnTable(self.tables.transactions))
         #: The WAL's write completions, taken on the event loop (None: the WAL's own thread takes them).
         self._completions: CompletionWatch | None = None
         #: Appends of idempotent batches not durable yet, by (producer id, stream id, base sequence): a
@@ -144,6 +148,7 @@ class Broker:
         broker.groups.start()
         broker._snapshot_task = asyncio.get_running_loop().create_task(broker._snapshot_periodically())
         broker.cleaner.start()
+        broker.transactions.start()
         broker.ownership.start()
         return broker
 
@@ -167,6 +172,7 @@ class Broker:
 
     async def close(self) -> None:
         await self.cleaner.stop()
+        await self.transactions.stop()
         await self.ownership.stop()
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
@@ -180,6 +186,7 @@ class Broker:
         except MetadataUnavailableError as e:   # the store still closes; the next start replays more
             log.warning("idempotent producers' snapshot not saved at the stop: %s", e)
         self._snapshots.close()
+        self.transactions.close()
         for waiters in self._waiters.values():
             for w in waiters:
                 if not w.done():

@@ -176,6 +176,16 @@ class BrokerConfig:
     #: a pass runs only once a partition's uncleaned share reaches its min.cleanable.dirty.ratio, so a
     #: short interval costs a few metadata reads per compacted partition.
     log_cleaner_interval_ms: int = 15_000
+    #: The longest transaction.timeout.ms a transactional producer may ask for (Kafka's
+    #: transaction.max.timeout.ms, 15 minutes): an open transaction holds back every read_committed
+    #: consumer of its partitions until it ends, so one abandoned must be aborted in bounded time.
+    transaction_timeout_ms_max: int = 900_000
+    #: How often the coordinator aborts transactions past their timeout and completes those whose markers
+    #: could not all be written (Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms).
+    transaction_abort_interval_ms: int = 10_000
+    #: Partitions one transaction may hold: each is a marker to write at its end and a bound on a
+    #: partition's last stable offset kept in memory and in its durable state.
+    transaction_partitions_max: int = 10_000
     store: StoreConfig = field(default_factory=StoreConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
     #: Where topics, committed offsets, users, ACLs, quotas, producer snapshots and the stream store's

@@ -1,8 +1,9 @@
 """Where the broker's tables live, and one way to open them.
 
 By default each is a SQLite file in the data directory: ``broker.sqlite`` (topics, counters, doomed
-streams, SCRAM credentials, ACLs, client quotas), ``offsets.sqlite`` (committed offsets) and
-``producers.sqlite`` (the idempotent producers' snapshot). With ``--metadata postgresql://...`` every
+streams, SCRAM credentials, ACLs, client quotas), ``offsets.sqlite`` (committed offsets),
+``producers.sqlite`` (the idempotent producers' snapshot) and ``transactions.sqlite`` (the transaction
+coordinator's state). With ``--metadata postgresql://...`` every
 one of them, and the stream store's own metadata, is a table of that one PostgreSQL database, the source
 of truth that several brokers over shared object storage will share. The tables' SQL is written once for
 both (engine/metadata_backends.py says what both accept).
@@ -31,6 +32,7 @@ BROKER_WRITER_LOCK_KEY = 0x5354524B   # "STRK"
 BROKER_FILE = "broker.sqlite"
 OFFSETS_FILE = "offsets.sqlite"
 PRODUCERS_FILE = "producers.sqlite"
+TRANSACTIONS_FILE = "transactions.sqlite"
 
 #: A table's place: a SQLite file's path, or a PostgreSQL URI.
 Location = Path | str
@@ -72,6 +74,10 @@ class BrokerTables:
     @property
     def producers(self) -> Location:
         return self._at(PRODUCERS_FILE)
+
+    @property
+    def transactions(self) -> Location:
+        return self._at(TRANSACTIONS_FILE)
 
     @property
     def shown(self) -> str:

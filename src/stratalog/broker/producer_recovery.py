@@ -26,6 +26,7 @@ from stratalog.broker.producers import ProducerStates
 from stratalog.engine import Stream
 from stratalog.engine.batch import ENCODING_KAFKA
 from stratalog.engine.metadata_backends import Backend, writing
+from stratalog.kafka.batch_format import CONTROL_BIT
 from stratalog.kafka.records import HEADER
 
 SCHEMA = """
@@ -116,8 +117,10 @@ def replay(states: ProducerStates, stream: Stream, from_offset: int) -> int:
                 continue
             if batch.encoding == ENCODING_KAFKA:
                 fields = HEADER.unpack_from(batch.body, 0)
-                producer_id, epoch, base_sequence = fields[9], fields[10], fields[11]
-                if producer_id >= 0:
+                attributes, producer_id, epoch, base_sequence = fields[5], fields[9], fields[10], fields[11]
+                # A transaction marker carries its producer's id but no sequence: the live broker records
+                # none for it either (transactions.py).
+                if producer_id >= 0 and not attributes & CONTROL_BIT:
                     states.record(producer_id, epoch, stream.stream_id, base_sequence, batch.count, batch.base_offset)
                     seen += 1
             position = batch.end_offset

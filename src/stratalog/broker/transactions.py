@@ -1,0 +1,269 @@
+"""The transaction coordinator (KIP-98, KIP-447): the shell around broker/txn_state.py's rules. It keeps
+each transactional id's state durable (broker/txn_table.py) before answering, writes the commit or abort
+markers (kafka/control_batch.py) into every partition of a transaction when it ends, stores the offsets
+committed in it when it commits, and aborts transactions that outlive their timeout. For the read path it
+answers each partition's last stable offset and aborted ranges. Spec: docs/formats/transactions.md.
+
+Standalone, this broker coordinates every transactional id and leads every partition, so a transactional
+batch is checked against the coordinator's own state (the partition must have been added, under the
+producer's current epoch). Every method runs on the broker's event loop; requests of one transactional id
+take turns (a lock each).
+
+Recovery: a transaction found Prepare* at start had its end decided and made durable, and some of its
+markers may be missing: they are written again (a marker twice in a partition is harmless: the second
+ends nothing) and the transaction completed. An Ongoing one goes on, and its timeout aborts it if its
+producer is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from kio.schema.errors import ErrorCode
+
+from stratalog.broker.leader_epochs import current_epoch, stamped
+from stratalog.broker.offsets import OffsetEntry
+from stratalog.broker.txn_state import (
+    InitAction,
+    PendingOffset,
+    Txn,
+    TxnPartition,
+    TxnState,
+    aborting,
+    bumped,
+    completed,
+    expired,
+    needs_new_id,
+    on_add,
+    on_end,
+    on_init,
+    on_offset_commit,
+)
+from stratalog.broker.txn_table import AbortedRange, TxnTable
+from stratalog.errors import StratalogError
+from stratalog.kafka.control_batch import MarkerType, marker_batch
+
+if TYPE_CHECKING:
+    from stratalog.broker.broker import Broker
+
+log = logging.getLogger("stratalog.broker.transactions")
+
+#: The coordinator's epoch written in every marker: one coordinator, that never moves, standalone.
+COORDINATOR_EPOCH = 0
+
+
+class MarkerWriteError(StratalogError):
+    """A marker could not be written: the transaction stays prepared, and is completed later."""
+
+
+class Transactions:
+    """Transactional ids, their state and the partitions they hold open (see the module's docstring)."""
+
+    def __init__(self, broker: Broker, table: TxnTable) -> None:
+        self._broker = broker
+        self._table = table
+        self._txns: dict[str, Txn] = {t.transactional_id: t for t in table.load()}
+        self._by_producer: dict[int, str] = {t.producer_id: t.transactional_id for t in self._txns.values()}
+        self._aborted = table.aborted()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # Lifecycle ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="stratalog-transactions")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def close(self) -> None:
+        self._table.close()
+
+    async def _run(self) -> None:
+        interval_s = self._broker.config.transaction_abort_interval_ms / 1000
+        while True:
+            await self.complete_and_expire()
+            await asyncio.sleep(interval_s)
+
+    async def complete_and_expire(self, now_ms: int | None = None) -> int:
+        """Complete the prepared transactions and abort the expired ones; how many ended."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        ended = 0
+        for txn_id in list(self._txns):
+            async with self._lock(txn_id):
+                txn = self._txns.get(txn_id)
+                if txn is None or not (txn.state.preparing or expired(txn, now_ms)):
+                    continue
+                if txn.state is TxnState.ONGOING:
+                    log.info("transaction of %r aborted: older than its timeout of %d ms", txn_id, txn.timeout_ms)
+                    txn = aborting(txn)
+                try:
+                    await self._end(txn)
+                    ended += 1
+                except (MarkerWriteError, StratalogError) as e:
+                    log.warning("transaction of %r not completed yet (tried again later): %s", txn_id, e)
+        return ended
+
+    def _lock(self, txn_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(txn_id, asyncio.Lock())
+
+    # The APIs ----------------------------------------------------------------------------------------
+
+    async def init_producer_id(self, txn_id: str, timeout_ms: int, producer_id: int,
+                               producer_epoch: int) -> tuple[ErrorCode, int, int]:
+        async with self._lock(txn_id):
+            txn = self._txns.get(txn_id)
+            decision = on_init(txn, producer_id, producer_epoch)
+            if decision.error:
+                return decision.error, -1, -1
+            if txn is not None and decision.action is InitAction.ABORT_FIRST:
+                log.info("transaction of %r aborted: its producer started again", txn_id)
+                txn = await self._end(aborting(txn))
+            if txn is None or needs_new_id(txn):
+                new_id = await asyncio.to_thread(self._broker.topics.next_counter, "producer_id")
+                fresh = Txn(txn_id, new_id, 0, timeout_ms)
+            else:
+                fresh = Txn(txn_id, txn.producer_id, bumped(txn).producer_epoch, timeout_ms)
+            await self._save(fresh)
+            return ErrorCode.none, fresh.producer_id, fresh.producer_epoch
+
+    async def add_partitions(self, txn_id: str, producer_id: int, producer_epoch: int,
+                             partitions: list[tuple[str, int]]) -> ErrorCode:
+        """AddPartitionsToTxn for partitions this broker leads (the caller answers the others)."""
+        async with self._lock(txn_id):
+            now_ms = int(time.time() * 1000)
+            added = tuple(TxnPartition(topic, index, self._end_offset(topic, index)) for topic, index in partitions)
+            outcome = on_add(self._txns.get(txn_id), producer_id, producer_epoch, now_ms, partitions=added)
+            if outcome.txn is not None:
+                await self._save(outcome.txn)
+            return outcome.error
+
+    async def add_offsets(self, txn_id: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
+        async with self._lock(txn_id):
+            outcome = on_add(self._txns.get(txn_id), producer_id, producer_epoch, int(time.time() * 1000),
+                             group_id=group_id)
+            if outcome.txn is not None:
+                await self._save(outcome.txn)
+            return outcome.error
+
+    async def offset_commit(self, txn_id: str, producer_id: int, producer_epoch: int, group_id: str,
+                            offsets: tuple[PendingOffset, ...]) -> ErrorCode:
+        async with self._lock(txn_id):
+            outcome = on_offset_commit(self._txns.get(txn_id), producer_id, producer_epoch, group_id, offsets)
+            if outcome.txn is not None:
+                await self._save(outcome.txn)
+            return outcome.error
+
+    async def end_txn(self, txn_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:
+        async with self._lock(txn_id):
+            outcome = on_end(self._txns.get(txn_id), producer_id, producer_epoch, commit)
+            if outcome.txn is None:
+                return outcome.error
+            try:
+                await self._end(outcome.txn)
+            except (MarkerWriteError, StratalogError) as e:
+                # Prepared and durable: it completes in the background; the client's retry of EndTxn is told
+                # CONCURRENT_TRANSACTIONS until then, and OK after.
+                log.warning("transaction of %r prepared, its markers not all written yet: %s", txn_id, e)
+                return ErrorCode.coordinator_load_in_progress
+            return ErrorCode.none
+
+    # The produce and fetch paths ---------------------------------------------------------------------
+
+    def check_produce(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode:
+        """Whether a transactional batch may be appended: its transaction Ongoing under this epoch, with the
+        partition added."""
+        txn = self._txns.get(self._by_producer.get(producer_id, ""))
+        if txn is None or txn.producer_id != producer_id:
+            return ErrorCode.invalid_producer_id_mapping
+        if producer_epoch < txn.producer_epoch:
+            return ErrorCode.invalid_producer_epoch
+        if producer_epoch > txn.producer_epoch or txn.state is not TxnState.ONGOING \
+                or not txn.has_partition(topic, partition):
+            return ErrorCode.invalid_txn_state
+        return ErrorCode.none
+
+    def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> int:
+        """The offset below which every transaction of the partition has ended (read_committed's end)."""
+        bound = high_watermark
+        for txn in self._txns.values():
+            if txn.state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                for p in txn.partitions:
+                    if p.topic == topic and p.partition == partition:
+                        bound = min(bound, p.first_offset)
+        return bound
+
+    def aborted_ranges(self, topic: str, partition: int, from_offset: int, to_offset: int) -> list[AbortedRange]:
+        """The aborted ranges of a partition that overlap ``[from_offset, to_offset)``."""
+        return [r for r in self._aborted.get((topic, partition), ())
+                if r.last_offset >= from_offset and r.first_offset < to_offset]
+
+    # Inside ------------------------------------------------------------------------------------------
+
+    def _end_offset(self, topic: str, partition: int) -> int:
+        stream = self._broker.partition(topic, partition)
+        return stream.end_offset if stream is not None else 0
+
+    async def _save(self, txn: Txn, aborted: list[tuple[str, int, AbortedRange]] | None = None) -> None:
+        await asyncio.to_thread(self._table.save, txn, aborted or [])
+        old = self._txns.get(txn.transactional_id)
+        if old is not None and old.producer_id != txn.producer_id:
+            self._by_producer.pop(old.producer_id, None)
+        self._txns[txn.transactional_id] = txn
+        self._by_producer[txn.producer_id] = txn.transactional_id
+        for topic, partition, r in aborted or []:
+            self._aborted.setdefault((topic, partition), []).append(r)
+
+    async def _end(self, prepared: Txn) -> Txn:
+        """Make ``prepared`` (PrepareCommit or PrepareAbort) durable, write its markers, store its offsets
+        if it commits, and complete it."""
+        await self._save(prepared)
+        commit = prepared.state is TxnState.PREPARE_COMMIT
+        kind = MarkerType.COMMIT if commit else MarkerType.ABORT
+        markers = await asyncio.gather(*(self._write_marker(prepared, p, kind) for p in prepared.partitions))
+        if commit and prepared.offsets:
+            await self._store_offsets(prepared.offsets)
+        aborted = [] if commit else [(p.topic, p.partition, AbortedRange(prepared.producer_id, p.first_offset, at))
+                                     for p, at in zip(prepared.partitions, markers, strict=True) if at >= 0]
+        done = completed(prepared)
+        await self._save(done, aborted)
+        return done
+
+    async def _write_marker(self, txn: Txn, p: TxnPartition, kind: MarkerType) -> int:
+        """Append the marker to one partition; its offset (-1: the partition is gone)."""
+        broker = self._broker
+        stream = broker.partition(p.topic, p.partition)
+        if stream is None:
+            if broker.topics.get(p.topic) is None:
+                return -1   # deleted with its records: nothing left to end
+            raise MarkerWriteError(f"partition {p.topic}-{p.partition} is not served here now")
+        now_ms = int(time.time() * 1000)
+        batch = memoryview(marker_batch(txn.producer_id, txn.producer_epoch, kind, coordinator_epoch=COORDINATOR_EPOCH,
+                                        timestamp_ms=now_ms))
+        history = broker.ownership.epochs(p.topic, p.partition)
+        if history:
+            batch = stamped(batch, current_epoch(history))
+        broker.settled_ends.setdefault(stream.stream_id, stream.end_offset)
+        try:
+            offset = await broker.appender.append(stream, batch, 1, now_ms)
+        except StratalogError as e:
+            raise MarkerWriteError(f"the marker of {p.topic}-{p.partition}: {e}") from e
+        broker.settled_ends[stream.stream_id] = max(broker.settled_ends.get(stream.stream_id, 0), offset + 1)
+        broker.data_arrived(stream.stream_id)
+        return offset
+
+    async def _store_offsets(self, offsets: tuple[PendingOffset, ...]) -> None:
+        now_ms = int(time.time() * 1000)
+        by_group: dict[str, list[OffsetEntry]] = {}
+        for o in offsets:
+            by_group.setdefault(o.group_id, []).append(OffsetEntry(o.topic, o.partition, o.offset, o.leader_epoch,
+                                                                   o.metadata, now_ms))
+        for group_id, entries in by_group.items():
+            await self._broker.in_offsets_order(self._broker.offsets.commit, group_id, entries)

@@ -1,0 +1,153 @@
+"""Transactions through librdkafka (confluent-kafka) against `stratalog serve`: committed records are read
+by read_committed consumers and aborted ones are not, an open transaction holds them at its first offset,
+offsets sent in a transaction count only once it commits, and a second producer with the same
+transactional id fences the first, whose records are never visible."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from brokerkit import BrokerProcess, running_broker
+
+pytestmark = pytest.mark.slow
+
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with running_broker(tmp_path_factory.mktemp("txn") / "data") as process:
+        yield process
+        assert process.stop() == 0, "".join(process.output)
+
+
+def new_topic(broker: BrokerProcess, partitions: int = 2) -> str:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(name, partitions)])[name].result(WAIT_S)
+    return name
+
+
+def transactional(broker: BrokerProcess, txn_id: str) -> Producer:
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": txn_id,
+                         "transaction.timeout.ms": 60_000})
+    producer.init_transactions(WAIT_S)
+    return producer
+
+
+def read_all(broker: BrokerProcess, topic: str, isolation: str, expected: int | None = None,
+             group: str | None = None) -> list[bytes]:
+    """Every value of ``topic`` from its start, as a consumer with ``isolation`` reads it, until it reaches
+    the end of every partition (the last stable offset, for read_committed)."""
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group or f"g-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "isolation.level": isolation,
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(topic, WAIT_S).topics[topic]
+        consumer.assign([TopicPartition(topic, p) for p in metadata.partitions])
+        values: list[bytes] = []
+        at_end: set[int] = set()
+        while len(at_end) < len(metadata.partitions) or (expected is not None and len(values) < expected):
+            message = consumer.poll(WAIT_S)
+            assert message is not None, f"no record nor end within {WAIT_S} s; read {len(values)}"
+            if message.error():
+                if message.error().code() == -191:   # _PARTITION_EOF
+                    at_end.add(message.partition())
+                    continue
+                raise KafkaException(message.error())
+            at_end.discard(message.partition())
+            values.append(message.value())
+        return values
+    finally:
+        consumer.close()
+
+
+def test_read_committed_sees_committed_records_only(broker: BrokerProcess) -> None:
+    topic = new_topic(broker)
+    producer = transactional(broker, f"tx-{uuid.uuid4().hex[:6]}")
+    for batch, commit in (("a", True), ("b", False), ("c", True)):
+        producer.begin_transaction()
+        for i in range(10):
+            producer.produce(topic, f"{batch}{i}".encode(), partition=i % 2)
+        producer.flush(WAIT_S)
+        if commit:
+            producer.commit_transaction(WAIT_S)
+        else:
+            producer.abort_transaction(WAIT_S)
+    committed = sorted(read_all(broker, topic, "read_committed"))
+    assert committed == sorted(f"{b}{i}".encode() for b in "ac" for i in range(10))
+    everything = sorted(read_all(broker, topic, "read_uncommitted"))
+    assert everything == sorted(f"{b}{i}".encode() for b in "abc" for i in range(10))
+
+
+def test_an_open_transaction_holds_read_committed_consumers_back(broker: BrokerProcess) -> None:
+    topic = new_topic(broker, 1)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    plain.produce(topic, b"before")
+    plain.flush(WAIT_S)
+    producer = transactional(broker, f"tx-{uuid.uuid4().hex[:6]}")
+    producer.begin_transaction()
+    producer.produce(topic, b"open")
+    producer.flush(WAIT_S)
+    plain.produce(topic, b"after")   # behind the open transaction: not stable yet
+    plain.flush(WAIT_S)
+    assert read_all(broker, topic, "read_committed") == [b"before"]
+    producer.commit_transaction(WAIT_S)
+    assert read_all(broker, topic, "read_committed") == [b"before", b"open", b"after"]
+
+
+def test_offsets_sent_in_a_transaction_count_once_it_commits(broker: BrokerProcess) -> None:
+    source, sink = new_topic(broker, 1), new_topic(broker, 1)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(5):
+        plain.produce(source, f"in{i}".encode())
+    plain.flush(WAIT_S)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.subscribe([source])
+    producer = transactional(broker, f"tx-{uuid.uuid4().hex[:6]}")
+    try:
+        taken = []
+        while len(taken) < 5:
+            message = consumer.poll(WAIT_S)
+            assert message is not None and not message.error()
+            taken.append(message)
+        for abort in (True, False):
+            producer.begin_transaction()
+            for m in taken:
+                producer.produce(sink, m.value().replace(b"in", b"out"))
+            producer.send_offsets_to_transaction([TopicPartition(source, 0, taken[-1].offset() + 1)],
+                                                 consumer.consumer_group_metadata(), WAIT_S)
+            if abort:
+                producer.abort_transaction(WAIT_S)
+                assert consumer.committed([TopicPartition(source, 0)], WAIT_S)[0].offset < 0, "not until commit"
+            else:
+                producer.commit_transaction(WAIT_S)
+        assert consumer.committed([TopicPartition(source, 0)], WAIT_S)[0].offset == 5
+    finally:
+        consumer.close()
+    assert read_all(broker, sink, "read_committed") == [f"out{i}".encode() for i in range(5)]
+
+
+def test_a_second_producer_with_the_same_id_fences_the_first(broker: BrokerProcess) -> None:
+    topic = new_topic(broker, 1)
+    txn_id = f"tx-{uuid.uuid4().hex[:6]}"
+    zombie = transactional(broker, txn_id)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"zombie-1")
+    zombie.flush(WAIT_S)
+    fresh = transactional(broker, txn_id)   # aborts the zombie's transaction and bumps the epoch
+    fresh.begin_transaction()
+    fresh.produce(topic, b"fresh")
+    fresh.commit_transaction(WAIT_S)
+    zombie.produce(topic, b"zombie-2")
+    with pytest.raises(KafkaException) as fenced:
+        zombie.commit_transaction(WAIT_S)
+    assert fenced.value.args[0].fatal(), fenced.value
+    assert read_all(broker, topic, "read_committed") == [b"fresh"]
