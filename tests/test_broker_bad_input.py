@@ -118,7 +118,8 @@ def test_api_versions_of_an_unknown_version_answers_unsupported_version_with_the
 
 
 @pytest.mark.parametrize(("api_key", "version", "said"), [
-    (26, 3, "EndTxn (API 26) v3 is not served (this broker serves no version of it)"),
+    (27, 0, "WriteTxnMarkers (API 27) v0 is not served (this broker serves no version of it)"),
+    (26, 4, "EndTxn (API 26) v4 is not served (this broker serves versions 0-3)"),
     (3, 99, "Metadata (API 3) v99 is not served (this broker serves versions 0-12)"),
     (9000, 0, "API 9000 v0 is not served (this broker serves no version of it)"),
 ])

@@ -198,3 +198,24 @@ def test_a_crash_before_the_commit_loses_nothing_and_its_object_goes_after_its_r
         assert everything(s) == before
         store.clean_stream(s, EAGER, now_ms=NOW_MS)
         assert [o for o, _, _ in everything(s)] == [8, 9, 10, 11]
+
+
+def test_transactions_batches_and_markers_are_kept_whole_and_supersede_nothing(tmp_path: Path) -> None:
+    from stratalog.kafka.control_batch import MarkerType, marker_batch
+
+    mem = MemoryStore()
+    with open_store(tmp_path, mem) as store:
+        s = store.create_stream("s")
+        produce(s, [(f"k{i}".encode(), b"plain-0") for i in range(5)])                        # offsets 0-4
+        txn = encode_batch([(f"k{i}".encode(), b"txn", (), T0_MS) for i in range(5)], base_offset=0,
+                           producer_id=7, producer_epoch=0, base_sequence=0, is_transactional=True)
+        s.append_kafka(txn, 5, T0_MS).result()                                                # offsets 5-9
+        s.append_kafka(marker_batch(7, 0, MarkerType.ABORT, coordinator_epoch=0, timestamp_ms=T0_MS), 1,
+                       T0_MS).result()                                                        # offset 10
+        produce(s, [(f"k{i}".encode(), b"plain-1") for i in range(3)])                        # offsets 11-13
+        s.append_kafka(marker_batch(7, 1, MarkerType.COMMIT, coordinator_epoch=0, timestamp_ms=T0_MS), 1,
+                       T0_MS).result()                                                        # offset 14
+        store.flush()
+        store.clean_stream(s, EAGER, now_ms=NOW_MS)
+        kept = [o for o, _, _ in everything(s)]
+    assert kept == [3, 4, *range(5, 11), 11, 12, 13, 14], "k0-k2 of plain-0 superseded by plain-1 only"

@@ -65,7 +65,7 @@ _PRODUCER = f"{_INTEGRATION}/test_producer_integration.py"
 _CONSUMER = f"{_INTEGRATION}/test_consumer_integration.py"
 _ADMIN = f"{_INTEGRATION}/test_admin_integration.py"
 
-#: Every one of their integration tests that applies to one broker without transactions, and that their
+#: Every one of their integration tests that applies to one broker, and that their
 #: fixtures can point at an external one (not SASL or TLS). None is left out for time: the slowest (group
 #: rebalances) take a few seconds each.
 ALLOWLIST: tuple[str, ...] = (
@@ -91,6 +91,9 @@ ALLOWLIST: tuple[str, ...] = (
     f"{_CONSUMER}::test_kafka_consumer_offsets_search_many_partitions",
     f"{_CONSUMER}::test_kafka_consumer_offsets_for_times_errors",
     f"{_CONSUMER}::test_kafka_consumer_position_after_seek_to_end",
+    # transactions: records and offsets committed in a transaction
+    f"{_PRODUCER}::test_transactional_producer_messages",
+    f"{_PRODUCER}::test_transactional_producer_offsets",
     # groups and committed offsets
     f"{_CONSUMER}::test_kafka_consumer__offset_commit_resume",
     f"{_CONSUMER}::test_group",
@@ -113,8 +116,6 @@ ALLOWLIST: tuple[str, ...] = (
 #: Their integration tests that do not run, and why: features the broker does not have, or Kafka's
 #: multi-broker and KRaft machinery that one node has no use for.
 EXCLUDED: dict[str, str] = {
-    f"{_PRODUCER}::test_transactional_producer_messages": "transactions are not supported",
-    f"{_PRODUCER}::test_transactional_producer_offsets": "transactions are not supported",
     f"{_CONSUMER}::test_kafka_consumer_offsets_for_time_old": "for brokers older than 0.10.1 (skipped by them)",
     f"{_ADMIN}::test_describe_configs_broker_resource_returns_configs":
         "below Kafka 4.0 (KAFKA_VERSION) it expects advertised.listeners as DEFAULT_CONFIG and not read only "

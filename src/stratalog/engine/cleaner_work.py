@@ -88,6 +88,8 @@ class CleanWork:
         records = 0
         for _, source in _batches(block, entry):
             records += len(source.records)
+            if source.header.is_transactional:
+                continue   # kept whole (see rewrite_block): supersedes nothing
             for record in source.records:
                 if record.key is not None:
                     keys[key_digest(record.key)] = record.offset
@@ -104,7 +106,9 @@ class CleanWork:
         records = 0
         for info, source in _batches(block, entry):
             records += len(source.records)
-            kept = [r for r in source.records if self._kept(r)]
+            # Transactions' batches, their markers too, are kept whole: a marker has a key of its own (its
+            # type), and a record of an aborted transaction must not supersede a committed one.
+            kept = source.records if source.header.is_transactional else [r for r in source.records if self._kept(r)]
             if not kept:
                 piece.gap_start = info.base_offset if piece.gap_end != info.base_offset else piece.gap_start
                 piece.gap_end = info.end_offset
