@@ -6,6 +6,7 @@ transactional id fences the first, whose records are never visible."""
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,10 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from brokerkit import BrokerProcess, running_broker
+
+with warnings.catch_warnings():   # kafka-python imports a deprecated importlib API
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import kafka
 
 pytestmark = pytest.mark.slow
 
@@ -97,8 +102,23 @@ def test_an_open_transaction_holds_read_committed_consumers_back(broker: BrokerP
     plain.produce(topic, b"after")   # behind the open transaction: not stable yet
     plain.flush(WAIT_S)
     assert read_all(broker, topic, "read_committed") == [b"before"]
+    assert end_offsets(broker, topic) == {"read_committed": 1, "read_uncommitted": 3}, "ListOffsets: the LSO"
     producer.commit_transaction(WAIT_S)
     assert read_all(broker, topic, "read_committed") == [b"before", b"open", b"after"]
+    assert end_offsets(broker, topic) == {"read_committed": 4, "read_uncommitted": 4}, "past the marker"
+
+
+def end_offsets(broker: BrokerProcess, topic: str) -> dict[str, int]:
+    """Partition 0's latest offset as ListOffsets answers each isolation level (kafka-python's end_offsets)."""
+    found = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = kafka.KafkaConsumer(bootstrap_servers=broker.bootstrap, isolation_level=isolation)
+        try:
+            partition = kafka.TopicPartition(topic, 0)
+            found[isolation] = consumer.end_offsets([partition])[partition]
+        finally:
+            consumer.close()
+    return found
 
 
 def test_offsets_sent_in_a_transaction_count_once_it_commits(broker: BrokerProcess) -> None:

@@ -40,6 +40,8 @@ from stratalog.kafka.fetch_response import (
     FETCH_VERSION_MIN,
     NO_TOPIC_ID,
     NODE_ENDPOINTS_VERSION,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
     TOPIC_ID_VERSION,
     AbortedTransaction,
     FetchPartitionResult,
@@ -57,8 +59,7 @@ SENT_ELSEWHERE = frozenset((ErrorCode.not_leader_or_follower, ErrorCode.fenced_l
 #: A fetch refused for lack of response memory waits at most this long (its own wait, if shorter) before
 #: it answers with no records.
 MEMORY_WAIT_S_MAX = 0.5
-#: Fetch's isolation levels (v4+): everything up to the high watermark, or up to the last stable offset.
-READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+
 
 
 def as_kafka_batch(batch: StoredBatch) -> bytes | memoryview:

@@ -32,6 +32,7 @@ from stratalog.engine.batch import KAFKA_DECOMPRESSED_BYTES_MAX
 from stratalog.errors import RecordTooLargeError
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Prebuilt, Request
+from stratalog.kafka.fetch_response import READ_COMMITTED, READ_UNCOMMITTED
 from stratalog.kafka.produce_request import ProduceBody
 from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from stratalog.kafka.record_check import check_records, walk_fields
@@ -284,6 +285,7 @@ def _recompressed(view: memoryview, header: BatchHeader, codec: Compression, lim
 
 
 async def list_offsets(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
+    committed = getattr(request.body, "isolation_level", READ_UNCOMMITTED) == READ_COMMITTED
     topics = []
     for t in request.body.topics:
         partitions = []
@@ -303,7 +305,9 @@ async def list_offsets(broker: Broker, request: Request, session: Session) -> di
                 entry["error_code"] = refused
                 continue
             ts = p.timestamp
-            if ts == LATEST_TIMESTAMP:
+            if ts == LATEST_TIMESTAMP and committed:   # read_committed's end: the last stable offset
+                entry["offset"] = broker.transactions.last_stable_offset(t.name, p.partition_index, stream.end_offset)
+            elif ts == LATEST_TIMESTAMP:
                 entry["offset"] = stream.end_offset
             elif ts == EARLIEST_TIMESTAMP:
                 entry["offset"] = stream.start_offset

@@ -79,6 +79,10 @@ NULL_LENGTH = -1
 VARINT_LOW_BITS = 0x7F
 VARINT_MORE = 0x80
 
+#: Fetch's and ListOffsets' isolation levels: read_uncommitted reads up to the high watermark,
+#: read_committed up to the last stable offset (no record of a transaction still open).
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+
 
 @dataclass(frozen=True, slots=True)
 class AbortedTransaction:
