@@ -1,0 +1,162 @@
+"""Exactly once through librdkafka's consume-transform-produce loop (a read_committed consumer, a
+transactional producer, send_offsets_to_transaction) while the broker is killed with -9 ROUNDS times:
+every input record appears in the output exactly once, read_committed.
+
+The producer keeps its brokers when they are all unreachable (metadata.recovery.strategy=none): with the
+default, librdkafka re-bootstraps after a few seconds without a broker and decommissions the one it had
+cached as the group's coordinator, and send_offsets_to_transaction then waits for good, past its timeout,
+for that handle to come up (its open issues 5511 and 5456), whatever the broker.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from brokerkit import BrokerProcess, start_broker
+from waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+INPUT_RECORDS = 100_000
+ROUNDS = 10
+PARTITIONS = 3
+#: Records a transaction takes from the input at most.
+PER_TXN = 2_000
+CALL_S = 60.0
+
+
+class Pipeline(threading.Thread):
+    """Reads ``source``, writes each value with an "out-" prefix into ``sink``, in transactions that also
+    commit the consumer's offsets; after a failure it aborts (or starts a new producer) and goes back to the
+    group's committed offsets."""
+
+    def __init__(self, bootstrap: str, source: str, sink: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.source, self.sink = bootstrap, source, sink
+        self.group, self.txn_id = f"eos-{uuid.uuid4().hex[:6]}", f"eos-tx-{uuid.uuid4().hex[:6]}"
+        self.committed_inputs = 0
+        self.restarts = 0
+        self.stopping = threading.Event()
+        self.failure: BaseException | None = None
+
+    def _producer(self) -> Producer:
+        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.txn_id,
+                             "transaction.timeout.ms": 30_000, "linger.ms": 5,
+                             "metadata.recovery.strategy": "none"})
+        producer.init_transactions(CALL_S)
+        return producer
+
+    def _rewind(self, consumer: Consumer) -> None:
+        """Back to the group's committed offsets: what an aborted transaction read is read again."""
+        assigned = consumer.assignment()
+        if not assigned:
+            return
+        for tp in consumer.committed(assigned, CALL_S):
+            consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
+
+    def run(self) -> None:
+        try:
+            consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group,
+                                 "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                 "isolation.level": "read_committed"})
+            consumer.subscribe([self.source])
+            producer = self._producer()
+            while not self.stopping.is_set():
+                messages = [m for m in consumer.consume(PER_TXN, 1.0) if not m.error()]
+                if not messages:
+                    continue
+                try:
+                    producer.begin_transaction()
+                    for m in messages:
+                        producer.produce(self.sink, b"out-" + m.value(), partition=m.partition())
+                    ends: dict[int, int] = {}
+                    for m in messages:
+                        ends[m.partition()] = max(ends.get(m.partition(), 0), m.offset() + 1)
+                    producer.send_offsets_to_transaction(
+                        [TopicPartition(self.source, p, o) for p, o in ends.items()],
+                        consumer.consumer_group_metadata(), CALL_S)
+                    producer.commit_transaction(CALL_S)
+                    self.committed_inputs += len(messages)
+                except KafkaException as e:
+                    self.restarts += 1
+                    if e.args[0].txn_requires_abort():
+                        try:
+                            producer.abort_transaction(CALL_S)
+                        except KafkaException:
+                            producer = self._producer()
+                    else:
+                        producer = self._producer()
+                    self._rewind(consumer)
+            consumer.close()
+        except BaseException as e:   # reported by the test
+            self.failure = e
+
+
+def read_committed(bootstrap: str, topic: str) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
+        values, at_end = [], set()
+        while len(at_end) < PARTITIONS:
+            message = consumer.poll(CALL_S)
+            assert message is not None, f"nothing within {CALL_S} s after {len(values)} records"
+            if message.error():
+                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+                at_end.add(message.partition())
+                continue
+            at_end.discard(message.partition())
+            values.append(message.value())
+        return values
+    finally:
+        consumer.close()
+
+
+def test_consume_transform_produce_writes_each_input_once_across_kill9(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    broker: BrokerProcess = start_broker(data_dir)
+    port = broker.port
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("in", PARTITIONS), NewTopic("out", PARTITIONS)]).values():
+        future.result(CALL_S)
+    plain = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    for i in range(INPUT_RECORDS):
+        plain.produce("in", b"%d" % i, partition=i % PARTITIONS)
+        if i % 10_000 == 0:
+            plain.poll(0)
+    assert plain.flush(CALL_S) == 0
+    pipeline = Pipeline(broker.bootstrap, "in", "out")
+    pipeline.start()
+    step = INPUT_RECORDS // (ROUNDS + 2)
+    try:
+        for round_ in range(ROUNDS):
+            wait_until(lambda: pipeline.committed_inputs >= (round_ + 1) * step or pipeline.failure is not None,  # noqa: B023
+                       "the pipeline progressing between kills", timeout_s=600)
+            assert pipeline.failure is None, pipeline.failure
+            broker.kill9()
+            broker.close_output()
+            broker = start_broker(data_dir, port=port)
+        wait_until(lambda: pipeline.committed_inputs >= INPUT_RECORDS or pipeline.failure is not None,
+                   "the pipeline reaching the end of its input", timeout_s=600)
+    finally:
+        pipeline.stopping.set()
+        pipeline.join(CALL_S * 3)
+    try:
+        assert pipeline.failure is None, pipeline.failure
+        values = read_committed(broker.bootstrap, "out")
+    finally:
+        assert broker.stop() == 0, "".join(broker.output)
+        broker.close_output()
+    counts = Counter(values)
+    assert [v for v, c in counts.items() if c > 1] == [], "an input written twice"
+    assert sorted(int(v[4:]) for v in counts) == list(range(INPUT_RECORDS)), "every input once"
+    print(f"{INPUT_RECORDS} inputs through {ROUNDS} kills of the broker: each once; the pipeline went back "
+          f"{pipeline.restarts} times")
