@@ -1,9 +1,10 @@
 """Shared fixtures: a real S3 server (SeaweedFS's ``weed mini``) on 127.0.0.1 and a local SparkSession, each
-started once per session; a disk whose free space the test sets; and the order in which ``make test``'s
-workers take the modules."""
+started once per session; a disk whose free space the test sets; a fresh event loop for in-process brokers; and
+the order in which ``make test``'s workers take the modules."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -60,6 +61,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 #: How to reach the session's SeaweedFS S3 gateway (the harness's own type: one way to start it).
 SeaweedS3 = S3Endpoint
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A fresh event loop, current while the test runs (for tests that drive a Broker in-process)."""
+    made = asyncio.new_event_loop()
+    asyncio.set_event_loop(made)
+    yield made
+    made.close()
+    asyncio.set_event_loop(None)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -89,15 +88,6 @@ def test_appends_queued_behind_one_that_failed_fail_too_and_none_goes_in(give_up
     assert [str(a) for a in answers[1:]] == [behind] * 2
     assert all(isinstance(a, (BackpressureError, StoreFullError)) for a in answers[1:]), "errors producers retry"
     assert appended == [3] and later == 0, "none of the three went in; an append after them does"
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    made = asyncio.new_event_loop()
-    asyncio.set_event_loop(made)
-    yield made
-    made.close()
-    asyncio.set_event_loop(None)
 
 
 def batch(sequence: int) -> bytes:

@@ -7,10 +7,7 @@ OUT_OF_ORDER_SEQUENCE_NUMBER, as a kill -9 test on a loaded machine saw)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from stratalog.broker.api_log import _check_and_append
 from stratalog.broker.broker import Broker
@@ -23,15 +20,6 @@ from stratalog.kafka.records import encode_batch
 from waiting import wait_until
 
 PRODUCER_ID = 7
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    made = asyncio.new_event_loop()
-    asyncio.set_event_loop(made)
-    yield made
-    made.close()
-    asyncio.set_event_loop(None)
 
 
 def batch(sequence: int) -> bytes:

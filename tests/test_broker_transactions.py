@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from brokerkit import BrokerProcess, running_broker
+from txnkit import read_to_end
 
 with warnings.catch_warnings():   # kafka-python imports a deprecated importlib API
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -45,33 +46,6 @@ def transactional(broker: BrokerProcess, txn_id: str) -> Producer:
     return producer
 
 
-def read_all(broker: BrokerProcess, topic: str, isolation: str, expected: int | None = None,
-             group: str | None = None) -> list[bytes]:
-    """Every value of ``topic`` from its start, as a consumer with ``isolation`` reads it, until it reaches
-    the end of every partition (the last stable offset, for read_committed)."""
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group or f"g-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "isolation.level": isolation,
-                         "enable.partition.eof": True, "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(topic, WAIT_S).topics[topic]
-        consumer.assign([TopicPartition(topic, p) for p in metadata.partitions])
-        values: list[bytes] = []
-        at_end: set[int] = set()
-        while len(at_end) < len(metadata.partitions) or (expected is not None and len(values) < expected):
-            message = consumer.poll(WAIT_S)
-            assert message is not None, f"no record nor end within {WAIT_S} s; read {len(values)}"
-            if message.error():
-                if message.error().code() == -191:   # _PARTITION_EOF
-                    at_end.add(message.partition())
-                    continue
-                raise KafkaException(message.error())
-            at_end.discard(message.partition())
-            values.append(message.value())
-        return values
-    finally:
-        consumer.close()
-
-
 def test_read_committed_sees_committed_records_only(broker: BrokerProcess) -> None:
     topic = new_topic(broker)
     producer = transactional(broker, f"tx-{uuid.uuid4().hex[:6]}")
@@ -84,9 +58,9 @@ def test_read_committed_sees_committed_records_only(broker: BrokerProcess) -> No
             producer.commit_transaction(WAIT_S)
         else:
             producer.abort_transaction(WAIT_S)
-    committed = sorted(read_all(broker, topic, "read_committed"))
+    committed = sorted(read_to_end(broker.bootstrap, topic, "read_committed"))
     assert committed == sorted(f"{b}{i}".encode() for b in "ac" for i in range(10))
-    everything = sorted(read_all(broker, topic, "read_uncommitted"))
+    everything = sorted(read_to_end(broker.bootstrap, topic, "read_uncommitted"))
     assert everything == sorted(f"{b}{i}".encode() for b in "abc" for i in range(10))
 
 
@@ -101,10 +75,10 @@ def test_an_open_transaction_holds_read_committed_consumers_back(broker: BrokerP
     producer.flush(WAIT_S)
     plain.produce(topic, b"after")   # behind the open transaction: not stable yet
     plain.flush(WAIT_S)
-    assert read_all(broker, topic, "read_committed") == [b"before"]
+    assert read_to_end(broker.bootstrap, topic, "read_committed") == [b"before"]
     assert end_offsets(broker, topic) == {"read_committed": 1, "read_uncommitted": 3}, "ListOffsets: the LSO"
     producer.commit_transaction(WAIT_S)
-    assert read_all(broker, topic, "read_committed") == [b"before", b"open", b"after"]
+    assert read_to_end(broker.bootstrap, topic, "read_committed") == [b"before", b"open", b"after"]
     assert end_offsets(broker, topic) == {"read_committed": 4, "read_uncommitted": 4}, "past the marker"
 
 
@@ -152,7 +126,7 @@ def test_offsets_sent_in_a_transaction_count_once_it_commits(broker: BrokerProce
         assert consumer.committed([TopicPartition(source, 0)], WAIT_S)[0].offset == 5
     finally:
         consumer.close()
-    assert read_all(broker, sink, "read_committed") == [f"out{i}".encode() for i in range(5)]
+    assert read_to_end(broker.bootstrap, sink, "read_committed") == [f"out{i}".encode() for i in range(5)]
 
 
 def test_a_second_producer_with_the_same_id_fences_the_first(broker: BrokerProcess) -> None:
@@ -170,4 +144,4 @@ def test_a_second_producer_with_the_same_id_fences_the_first(broker: BrokerProce
     with pytest.raises(KafkaException) as fenced:
         zombie.commit_transaction(WAIT_S)
     assert fenced.value.args[0].fatal(), fenced.value
-    assert read_all(broker, topic, "read_committed") == [b"fresh"]
+    assert read_to_end(broker.bootstrap, topic, "read_committed") == [b"fresh"]

@@ -11,10 +11,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from brokerkit import BrokerProcess, start_broker
+from txnkit import read_to_end
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -80,27 +81,6 @@ class TransactionalLoad(threading.Thread):
             self.failure = e
 
 
-def read_committed(bootstrap: str, topic: str) -> list[bytes]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                         "enable.partition.eof": True, "enable.auto.commit": False})
-    try:
-        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
-        values, at_end = [], set()
-        while len(at_end) < PARTITIONS:
-            message = consumer.poll(CALL_S)
-            assert message is not None, f"nothing within {CALL_S} s after {len(values)} records"
-            if message.error():
-                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
-                at_end.add(message.partition())
-                continue
-            at_end.discard(message.partition())
-            values.append(message.value())
-        return values
-    finally:
-        consumer.close()
-
-
 def test_every_transaction_ends_whole_across_kill9(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     broker: BrokerProcess = start_broker(data_dir)
@@ -126,7 +106,7 @@ def test_every_transaction_ends_whole_across_kill9(tmp_path: Path) -> None:
         load.join(CALL_S * 3)
     try:
         assert load.failure is None, load.failure
-        values = read_committed(broker.bootstrap, topic)
+        values = read_to_end(broker.bootstrap, topic)
     finally:
         assert broker.stop() == 0, "".join(broker.output)
         broker.close_output()

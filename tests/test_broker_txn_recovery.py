@@ -12,11 +12,9 @@ broker restarted after a crash does with a transaction in each state it may have
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.api_log import _check_and_append
@@ -31,15 +29,6 @@ from stratalog.kafka.records import HEADER, encode_batch
 
 TXN = "tx"
 PARTITIONS = 2
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    made = asyncio.new_event_loop()
-    asyncio.set_event_loop(made)
-    yield made
-    made.close()
-    asyncio.set_event_loop(None)
 
 
 def session(broker: Broker) -> Session:

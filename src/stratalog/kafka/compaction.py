@@ -17,20 +17,13 @@ from dataclasses import dataclass
 
 from stratalog.kafka.batch_compression import uncompressed_records
 from stratalog.kafka.batch_format import (
-    ATTRIBUTES_POSITION,
-    CRC,
-    CRC_POSITION,
-    HEADER,
-    HEADER_BYTES,
-    LOG_OVERHEAD_BYTES,
     MAGIC,
     BatchHeader,
 )
 from stratalog.kafka.codecs import Compression, compress
 from stratalog.kafka.record_check import walk_fields
-from stratalog.kafka.records import _check_whole_batch, encode_record
+from stratalog.kafka.records import _check_whole_batch, encode_record, packed_batch
 from stratalog.records import Record
-from stratalog.wal.format import crc32c
 
 #: What a Kafka batch may expand to when the cleaner decompresses it (as a reader's bound: engine.batch).
 DECOMPRESSED_BYTES_MAX = 128 << 20
@@ -95,22 +88,13 @@ def rebuilt_batch(source: SourceBatch, kept: Sequence[RawRecord]) -> bytes:
     h = source.header
     records = b"".join(r.raw for r in kept)
     payload = records if h.compression == Compression.NONE else compress(h.compression, records)
-    return _batch(h.base_offset, h.partition_leader_epoch, h.attributes, h.last_offset_delta, h.base_timestamp_ms,
-                  h.max_timestamp_ms, h.producer_id, h.producer_epoch, h.base_sequence, len(kept), payload)
+    return packed_batch(h.base_offset, h.partition_leader_epoch, h.attributes, h.last_offset_delta,
+                        h.base_timestamp_ms, h.max_timestamp_ms, h.producer_id, h.producer_epoch, h.base_sequence,
+                        len(kept), payload)
 
 
 def gap_batch(base_offset: int, span: int) -> bytes:
     """An empty batch over ``span`` offsets from ``base_offset``: where batches lost every record."""
-    return _batch(base_offset, -1, 0, span - 1, NO_TIMESTAMP, NO_TIMESTAMP, NO_PRODUCER_ID, NO_PRODUCER_EPOCH,
-                  NO_SEQUENCE, 0, b"")
+    return packed_batch(base_offset, -1, 0, span - 1, NO_TIMESTAMP, NO_TIMESTAMP, NO_PRODUCER_ID,
+                        NO_PRODUCER_EPOCH, NO_SEQUENCE, 0, b"")
 
-
-def _batch(base_offset: int, leader_epoch: int, attributes: int, last_offset_delta: int, base_ts: int,
-           max_ts: int, producer_id: int, producer_epoch: int, base_sequence: int, count: int,
-           payload: bytes) -> bytes:
-    length = HEADER_BYTES - LOG_OVERHEAD_BYTES + len(payload)
-    out = bytearray(HEADER.pack(base_offset, length, leader_epoch, MAGIC, 0, attributes, last_offset_delta,
-                                base_ts, max_ts, producer_id, producer_epoch, base_sequence, count))
-    out += payload
-    CRC.pack_into(out, CRC_POSITION, crc32c(memoryview(out)[ATTRIBUTES_POSITION:]))
-    return bytes(out)

@@ -14,20 +14,12 @@ import struct
 from dataclasses import dataclass
 
 from stratalog.kafka.batch_format import (
-    ATTRIBUTES_POSITION,
     CONTROL_BIT,
-    CRC,
-    CRC_POSITION,
-    HEADER,
-    HEADER_BYTES,
-    LOG_OVERHEAD_BYTES,
-    MAGIC,
     TRANSACTIONAL_BIT,
     BatchHeader,
 )
 from stratalog.kafka.record_check import walk_fields
-from stratalog.kafka.records import encode_record
-from stratalog.wal.format import crc32c
+from stratalog.kafka.records import encode_record, packed_batch
 
 #: A control record's key: its version and its type.
 CONTROL_KEY = struct.Struct(">hh")
@@ -67,13 +59,8 @@ def marker_batch(producer_id: int, producer_epoch: int, kind: MarkerType, *, coo
     key = CONTROL_KEY.pack(CONTROL_KEY_VERSION, kind)
     value = MARKER_VALUE.pack(MARKER_VALUE_VERSION, coordinator_epoch)
     record = encode_record(0, 0, key, value, ())
-    attributes = CONTROL_BIT | TRANSACTIONAL_BIT
-    length = HEADER_BYTES - LOG_OVERHEAD_BYTES + len(record)
-    out = bytearray(HEADER.pack(base_offset, length, -1, MAGIC, 0, attributes, 0, timestamp_ms, timestamp_ms,
-                                producer_id, producer_epoch, NO_SEQUENCE, 1))
-    out += record
-    CRC.pack_into(out, CRC_POSITION, crc32c(memoryview(out)[ATTRIBUTES_POSITION:]))
-    return bytes(out)
+    return packed_batch(base_offset, -1, CONTROL_BIT | TRANSACTIONAL_BIT, 0, timestamp_ms, timestamp_ms, producer_id,
+                        producer_epoch, NO_SEQUENCE, 1, record)
 
 
 def read_marker(header: BatchHeader, records: bytes | memoryview) -> Marker:

@@ -355,11 +355,20 @@ def encode_batch(records: Sequence[Record | RecordFields], *, base_offset: int, 
     if batch_bytes > BATCH_BYTES_LIMIT:
         raise ValueError(f"a batch of {batch_bytes} bytes is larger than the format allows")
     attributes = int(compression) | (TRANSACTIONAL_BIT if is_transactional else 0)
+    return packed_batch(base_offset, partition_leader_epoch, attributes, len(records) - 1, base_ts, max_ts,
+                        producer_id, producer_epoch, base_sequence, len(records), payload)
+
+
+def packed_batch(base_offset: int, leader_epoch: int, attributes: int, last_offset_delta: int, base_ts: int,
+                 max_ts: int, producer_id: int, producer_epoch: int, base_sequence: int, count: int,
+                 payload: bytes) -> bytes:
+    """A batch of ``payload`` (its records, in the codec ``attributes`` names) under a header of these
+    fields, its length and CRC computed. ValueError for a field out of its type's range."""
     out = bytearray(HEADER_BYTES)
     try:
-        HEADER.pack_into(out, 0, base_offset, batch_bytes - LOG_OVERHEAD_BYTES, partition_leader_epoch, MAGIC, 0,
-                         attributes, len(records) - 1, base_ts, max_ts, producer_id, producer_epoch,
-                         base_sequence, len(records))
+        HEADER.pack_into(out, 0, base_offset, HEADER_BYTES - LOG_OVERHEAD_BYTES + len(payload), leader_epoch, MAGIC,
+                         0, attributes, last_offset_delta, base_ts, max_ts, producer_id, producer_epoch,
+                         base_sequence, count)
     except struct.error as e:
         raise ValueError(f"a header field is out of range: {e}") from None
     out += payload
