@@ -8,10 +8,12 @@ from __future__ import annotations
 import uuid
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.errors import ErrorCode
 
 from brokerkit import BrokerProcess, running_broker
 from txnkit import read_to_end
@@ -145,3 +147,51 @@ def test_a_second_producer_with_the_same_id_fences_the_first(broker: BrokerProce
         zombie.commit_transaction(WAIT_S)
     assert fenced.value.args[0].fatal(), fenced.value
     assert read_to_end(broker.bootstrap, topic, "read_committed") == [b"fresh"]
+
+
+def test_admin_apis_show_an_open_transaction_and_its_producer(broker: BrokerProcess) -> None:
+    from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
+    from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
+    from kio.schema.list_transactions.v1.request import ListTransactionsRequest
+    from kio.schema.types import TopicName, TransactionalId
+    from kio.static.primitive import i32, i64
+
+    from stratalog.kafka.api_keys import ApiKey
+    from stratalog.kafka.client import KafkaConnection
+
+    topic = new_topic(broker, 1)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    plain.produce(topic, b"before")
+    plain.flush(WAIT_S)
+    txn_id = f"tx-{uuid.uuid4().hex[:6]}"
+    producer = transactional(broker, txn_id)
+    producer.begin_transaction()
+    producer.produce(topic, b"open")
+    producer.flush(WAIT_S)
+
+    def look() -> tuple[Any, Any, Any]:
+        with KafkaConnection(broker.bootstrap, {}) as connection:
+            described = connection.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, DescribeTransactionsRequest(
+                transactional_ids=(TransactionalId(txn_id), TransactionalId("nobody"))))
+            listed = connection.call(ApiKey.LIST_TRANSACTIONS, 1, ListTransactionsRequest(
+                state_filters=("Ongoing", "Bogus"), producer_id_filters=(), duration_filter=i64(-1)))
+            producers = connection.call(ApiKey.DESCRIBE_PRODUCERS, 0, DescribeProducersRequest(
+                topics=(TopicRequest(name=TopicName(topic), partition_indexes=(i32(0),)),)))
+        return described, listed, producers
+
+    described, listed, producers = look()
+    mine, nobody = described.transaction_states
+    assert (mine.error_code, mine.transaction_state) == (ErrorCode.none, "Ongoing")
+    assert [(t.topic, list(t.partitions)) for t in mine.topics] == [(topic, [0])]
+    assert nobody.error_code == ErrorCode.transactional_id_not_found
+    assert txn_id in [s.transactional_id for s in listed.transaction_states]
+    assert list(listed.unknown_state_filters) == ["Bogus"]
+    [partition] = producers.topics[0].partitions
+    [active] = [p for p in partition.active_producers if p.producer_id == mine.producer_id]
+    assert active.current_txn_start_offset == 1, "where the open transaction starts: after b'before'"
+    producer.commit_transaction(WAIT_S)
+    described, listed, producers = look()
+    assert described.transaction_states[0].transaction_state == "CompleteCommit"
+    assert txn_id not in [s.transactional_id for s in listed.transaction_states]
+    [active] = [p for p in producers.topics[0].partitions[0].active_producers if p.producer_id == mine.producer_id]
+    assert active.current_txn_start_offset == -1

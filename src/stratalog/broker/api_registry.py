@@ -13,6 +13,7 @@ from stratalog.broker import (
     api_security,
     api_staged,
     api_txn,
+    api_txn_admin,
 )
 from stratalog.broker.apis import Api
 
@@ -20,4 +21,4 @@ from stratalog.broker.apis import Api
 def all_apis() -> list[Api]:
     """Every API of every handler module."""
     return [api for module in (api_cluster, api_log, api_fetch, api_epochs, api_admin, api_groups, api_security,
-                               api_quotas, api_staged, api_txn) for api in module.APIS]
+                               api_quotas, api_staged, api_txn, api_txn_admin) for api in module.APIS]

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stratalog.broker.transactions")
 
+#: States of a transaction not ended yet in its partitions: they hold back the last stable offset.
+OPEN_STATES = frozenset((TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT))
 #: The coordinator's epoch written in every marker: one coordinator, that never moves, standalone.
 COORDINATOR_EPOCH = 0
 
@@ -175,6 +177,21 @@ class Transactions:
                 return ErrorCode.coordinator_load_in_progress
             return ErrorCode.none
 
+    # What the admin APIs show ------------------------------------------------------------------------
+
+    def get(self, txn_id: str) -> Txn | None:
+        return self._txns.get(txn_id)
+
+    def all(self) -> list[Txn]:
+        return list(self._txns.values())
+
+    def open_first_offset(self, producer_id: int, topic: str, partition: int) -> int:
+        """Where the open transaction of ``producer_id`` starts in a partition (-1: none open there)."""
+        txn = self._txns.get(self._by_producer.get(producer_id, ""))
+        if txn is None or txn.producer_id != producer_id or txn.state not in OPEN_STATES:
+            return -1
+        return next((p.first_offset for p in txn.partitions if (p.topic, p.partition) == (topic, partition)), -1)
+
     # The produce and fetch paths ---------------------------------------------------------------------
 
     def check_produce(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode:
@@ -194,7 +211,7 @@ class Transactions:
         """The offset below which every transaction of the partition has ended (read_committed's end)."""
         bound = high_watermark
         for txn in self._txns.values():
-            if txn.state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            if txn.state in OPEN_STATES:
                 for p in txn.partitions:
                     if p.topic == topic and p.partition == partition:
                         bound = min(bound, p.first_offset)

@@ -77,7 +77,7 @@ class Txn:
     partitions: tuple[TxnPartition, ...] = ()
     groups: tuple[str, ...] = ()
     offsets: tuple[PendingOffset, ...] = ()
-    #: When it became Ongoing (its timeout counts from here); 0 when not Ongoing.
+    #: When its last transaction began (an Ongoing one's timeout counts from here); 0: none yet.
     started_ms: int = 0
 
     def has_partition(self, topic: str, partition: int) -> bool:
@@ -189,7 +189,7 @@ def on_end(txn: Txn | None, producer_id: int, producer_epoch: int, commit: bool)
 def completed(txn: Txn) -> Txn:
     """A prepared transaction once its markers are written (and its offsets, on commit, stored)."""
     state = TxnState.COMPLETE_COMMIT if txn.state is TxnState.PREPARE_COMMIT else TxnState.COMPLETE_ABORT
-    return replace(txn, state=state, started_ms=0)
+    return replace(txn, state=state)
 
 
 def expired(txn: Txn, now_ms: int) -> bool:
