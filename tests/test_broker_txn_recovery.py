@@ -1,5 +1,6 @@
 """The transaction coordinator's recovery (broker/transactions.py), one test per row of its table: what a
-broker restarted after a crash does with a transaction in each state it may have been left in.
+broker restarted after a crash does with a transaction in each state it may have been left in; and what
+keeps its state bounded (ids expire, aborted ranges go with the records they covered).
 
 | left in              | at the restart                                                          |
 |----------------------|-------------------------------------------------------------------------|
@@ -139,3 +140,30 @@ def test_ongoing_past_its_timeout_is_aborted_and_its_producer_fenced(loop: async
             == ErrorCode.producer_fenced
     finally:
         loop.run_until_complete(broker.close())
+
+
+def test_an_ended_id_idle_past_its_expiration_and_trimmed_aborted_ranges_are_forgotten(
+        loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    later_ms = 2**62   # past transactional_id_expiration_ms, and any timeout
+    broker = crash_and_restart(loop, tmp_path, TxnState.PREPARE_ABORT)
+    try:
+        assert broker.transactions.aborted_ranges("t", 0, 0, 2) != []
+        stream = broker.partition("t", 0)
+        assert stream is not None
+        stream.trim(stream.end_offset)   # DeleteRecords, or retention, past the abort marker
+        loop.run_until_complete(broker.transactions.complete_and_expire(later_ms))
+        assert broker.transactions.get(TXN) is None
+        assert broker.transactions.aborted_ranges("t", 0, 0, 2**62) == []
+        assert broker.transactions.aborted_ranges("t", 1, 0, 2) != [], "partition 1 was not trimmed"
+    finally:
+        loop.run_until_complete(broker.close())
+    reopened = loop.run_until_complete(_open(tmp_path))
+    try:
+        assert reopened.transactions.get(TXN) is None, "forgotten in its table too"
+        assert reopened.transactions.aborted_ranges("t", 0, 0, 2**62) == []
+    finally:
+        loop.run_until_complete(reopened.close())
+
+
+async def _open(tmp_path: Path) -> Broker:
+    return Broker.open(tmp_path / "data", BrokerConfig())

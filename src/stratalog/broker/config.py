@@ -186,6 +186,10 @@ class BrokerConfig:
     #: Partitions one transaction may hold: each is a marker to write at its end and a bound on a
     #: partition's last stable offset kept in memory and in its durable state.
     transaction_partitions_max: int = 10_000
+    #: A transactional id whose last transaction ended this long ago, untouched since, is forgotten (Kafka's
+    #: transactional.id.expiration.ms, 7 days): what the coordinator keeps grows with the ids in use, not
+    #: with every id ever used.
+    transactional_id_expiration_ms: int = 604_800_000
     store: StoreConfig = field(default_factory=StoreConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
     #: Where topics, committed offsets, users, ACLs, quotas, producer snapshots and the stream store's

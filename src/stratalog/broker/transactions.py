@@ -54,6 +54,8 @@ log = logging.getLogger("stratalog.broker.transactions")
 
 #: States of a transaction not ended yet in its partitions: they hold back the last stable offset.
 OPEN_STATES = frozenset((TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT))
+#: Beyond every offset: where a deleted topic's partitions start, for its aborted ranges.
+ALL_OFFSETS_END = 2**63 - 1
 #: The coordinator's epoch written in every marker: one coordinator, that never moves, standalone.
 COORDINATOR_EPOCH = 0
 
@@ -68,7 +70,10 @@ class Transactions:
     def __init__(self, broker: Broker, table: TxnTable) -> None:
         self._broker = broker
         self._table = table
-        self._txns: dict[str, Txn] = {t.transactional_id: t for t in table.load()}
+        loaded = table.load()
+        self._txns: dict[str, Txn] = {t.transactional_id: t for t, _ in loaded}
+        #: When each id's state last changed: an ended one untouched for transactional_id_expiration_ms goes.
+        self._updated_ms: dict[str, int] = {t.transactional_id: at for t, at in loaded}
         self._by_producer: dict[int, str] = {t.producer_id: t.transactional_id for t in self._txns.values()}
         self._aborted = table.aborted()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -95,8 +100,11 @@ class Transactions:
             await asyncio.sleep(interval_s)
 
     async def complete_and_expire(self, now_ms: int | None = None) -> int:
-        """Complete the prepared transactions and abort the expired ones; how many ended."""
+        """Complete the prepared transactions and abort the expired ones (how many ended); forget the ids
+        idle past their expiration and the aborted ranges below their partition's start."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        await self._forget_expired(now_ms)
+        await self._forget_trimmed_ranges()
         ended = 0
         for txn_id in list(self._txns):
             async with self._lock(txn_id):
@@ -112,6 +120,36 @@ class Transactions:
                 except (MarkerWriteError, StratalogError) as e:
                     log.warning("transaction of %r not completed yet (tried again later): %s", txn_id, e)
         return ended
+
+    async def _forget_expired(self, now_ms: int) -> None:
+        """Kafka's transactional.id.expiration.ms: an id whose last transaction ended (or that never began
+        one) and that nothing touched for that long is forgotten, so the ids kept stay bounded by use."""
+        expiry_ms = self._broker.config.transactional_id_expiration_ms
+        for txn_id, txn in list(self._txns.items()):
+            if txn.state in OPEN_STATES or now_ms - self._updated_ms.get(txn_id, now_ms) <= expiry_ms:
+                continue
+            async with self._lock(txn_id):
+                if self._txns.get(txn_id) is txn:
+                    await asyncio.to_thread(self._table.delete, txn_id)
+                    del self._txns[txn_id]
+                    self._updated_ms.pop(txn_id, None)
+                    self._locks.pop(txn_id, None)
+                    if self._by_producer.get(txn.producer_id) == txn_id:
+                        del self._by_producer[txn.producer_id]
+
+    async def _forget_trimmed_ranges(self) -> None:
+        """Aborted ranges end below their partition's start once retention (or DeleteRecords) trims it."""
+        for (topic, partition), ranges in list(self._aborted.items()):
+            stream = self._broker.partition(topic, partition)
+            if stream is not None:
+                start = stream.start_offset
+            elif self._broker.topics.get(topic) is None:
+                start = ALL_OFFSETS_END   # the topic deleted: every range goes
+            else:
+                continue
+            if ranges and ranges[0].last_offset < start:
+                await asyncio.to_thread(self._table.forget_aborted_before, topic, partition, start)
+                self._aborted[(topic, partition)] = [r for r in ranges if r.last_offset >= start]
 
     def _lock(self, txn_id: str) -> asyncio.Lock:
         return self._locks.setdefault(txn_id, asyncio.Lock())
@@ -229,7 +267,9 @@ class Transactions:
         return stream.end_offset if stream is not None else 0
 
     async def _save(self, txn: Txn, aborted: list[tuple[str, int, AbortedRange]] | None = None) -> None:
-        await asyncio.to_thread(self._table.save, txn, aborted or [])
+        now_ms = int(time.time() * 1000)
+        await asyncio.to_thread(self._table.save, txn, now_ms, aborted or [])
+        self._updated_ms[txn.transactional_id] = now_ms
         old = self._txns.get(txn.transactional_id)
         if old is not None and old.producer_id != txn.producer_id:
             self._by_producer.pop(old.producer_id, None)

@@ -19,7 +19,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS transactions (
     transactional_id TEXT PRIMARY KEY, producer_id INTEGER NOT NULL, producer_epoch INTEGER NOT NULL,
     timeout_ms INTEGER NOT NULL, state TEXT NOT NULL, partitions TEXT NOT NULL, groups_json TEXT NOT NULL,
-    offsets TEXT NOT NULL, started_ms INTEGER NOT NULL
+    offsets TEXT NOT NULL, started_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS aborted_transactions (
     topic TEXT NOT NULL, partition_index INTEGER NOT NULL, producer_id INTEGER NOT NULL,
@@ -50,21 +50,23 @@ class TxnTable:
         with self._lock:
             self._db.close()
 
-    def load(self) -> list[Txn]:
+    def load(self) -> list[tuple[Txn, int]]:
+        """Every transactional id's state, with when it last changed (ms)."""
         with self._lock:
             rows = self._db.execute("SELECT transactional_id, producer_id, producer_epoch, timeout_ms, state, "
-                                    "partitions, groups_json, offsets, started_ms FROM transactions").fetchall()
-        return [_txn(row) for row in rows]
+                                    "partitions, groups_json, offsets, started_ms, updated_ms FROM transactions"
+                                    ).fetchall()
+        return [(_txn(row[:-1]), int(row[-1])) for row in rows]
 
-    def save(self, txn: Txn, aborted: Sequence[tuple[str, int, AbortedRange]] = ()) -> None:
+    def save(self, txn: Txn, updated_ms: int, aborted: Sequence[tuple[str, int, AbortedRange]] = ()) -> None:
         """Store ``txn`` (and, with its completed abort, the ranges it aborted) in one transaction."""
         with self._lock, writing(self._db):
             self._db.execute(
-                "INSERT INTO transactions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (transactional_id) DO "
+                "INSERT INTO transactions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (transactional_id) DO "
                 "UPDATE SET producer_id = excluded.producer_id, producer_epoch = excluded.producer_epoch, "
                 "timeout_ms = excluded.timeout_ms, state = excluded.state, partitions = excluded.partitions, "
-                "groups_json = excluded.groups_json, offsets = excluded.offsets, started_ms = excluded.started_ms",
-                _row(txn))
+                "groups_json = excluded.groups_json, offsets = excluded.offsets, started_ms = excluded.started_ms, "
+                "updated_ms = excluded.updated_ms", (*_row(txn), updated_ms))
             if aborted:
                 self._db.executemany(
                     "INSERT INTO aborted_transactions VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -81,6 +83,11 @@ class TxnTable:
             found.setdefault((str(topic), int(partition)), []).append(AbortedRange(int(producer_id), int(first),
                                                                                     int(last)))
         return found
+
+    def delete(self, txn_id: str) -> None:
+        """Forget a transactional id (expired: see transactions.py)."""
+        with self._lock, writing(self._db):
+            self._db.execute("DELETE FROM transactions WHERE transactional_id = ?", (txn_id,))
 
     def forget_aborted_before(self, topic: str, partition: int, offset: int) -> None:
         """Drop the ranges that end below ``offset`` (the partition's start after a trim)."""
