@@ -24,9 +24,8 @@ from stratalog.broker.config import BrokerConfig
 from stratalog.broker.listeners import Listener
 from stratalog.broker.session import Session
 from stratalog.broker.txn_state import PendingOffset, TxnState
-from stratalog.engine.batch import ENCODING_KAFKA
-from stratalog.kafka.batch_format import CONTROL_BIT
-from stratalog.kafka.records import HEADER, encode_batch
+from stratalog.engine.batch import ENCODING_KAFKA, is_control_batch
+from stratalog.kafka.records import encode_batch
 
 TXN = "tx"
 PARTITIONS = 2
@@ -59,7 +58,7 @@ def markers(broker: Broker, partition: int) -> list[int]:
     stream = broker.partition("t", partition)
     assert stream is not None
     return [b.base_offset for b in stream.fetch_batches(0, 1 << 20)
-            if b.encoding == ENCODING_KAFKA and HEADER.unpack_from(b.body, 0)[5] & CONTROL_BIT]
+            if b.encoding == ENCODING_KAFKA and is_control_batch(b.body)]
 
 
 def crash_and_restart(loop: asyncio.AbstractEventLoop, tmp_path: Path, left_in: TxnState | None,

@@ -11,6 +11,7 @@ import pytest
 
 from enginekit import MemoryStore, abandon, small_store_config
 from stratalog.engine import NewRecord, Stream, StreamStore
+from stratalog.engine.batch import is_control_batch
 from stratalog.engine.cleaner import OBJECT_RESERVATION_MS, CleanPolicy
 from stratalog.engine.config import CleanerBounds
 from stratalog.engine.store import DATA_PREFIX
@@ -218,4 +219,6 @@ def test_transactions_batches_and_markers_are_kept_whole_and_supersede_nothing(t
         store.flush()
         store.clean_stream(s, EAGER, now_ms=NOW_MS)
         kept = [o for o, _, _ in everything(s)]
-    assert kept == [3, 4, *range(5, 11), 11, 12, 13, 14], "k0-k2 of plain-0 superseded by plain-1 only"
+        markers = [b.base_offset for b in s.fetch_batches(0, 1 << 20) if is_control_batch(b.body)]
+    assert kept == [3, 4, *range(5, 10), 11, 12, 13], "k0-k2 of plain-0 superseded by plain-1 only"
+    assert markers == [10, 14], "the markers stay (Stream.fetch returns no record for them)"

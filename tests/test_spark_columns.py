@@ -1,7 +1,7 @@
 """The Spark source's columns from stored blocks: every encoding a batch is stored in (the store's own,
-Kafka's as producers send it, compressed or not, and as log compaction rewrites it, with gaps in its
-offsets or no records left, mixed in one block) gives exactly the records the decoders return at their
-offsets, over any offset range, with headers when asked."""
+Kafka's as producers send it, compressed or not, as log compaction rewrites it, with gaps in its offsets
+or no records left, and transactions' markers, mixed in one block) gives exactly the records the decoders
+return at their offsets, over any offset range, with headers when asked; a marker gives no record."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from stratalog.engine.batch import decode_records, encode_batch, read_batch_info, wrap_kafka_batch
 from stratalog.engine.objformat import BlockEntry, CorruptObjectError
 from stratalog.kafka.compaction import gap_batch, kafka_batch_records, rebuilt_batch
+from stratalog.kafka.control_batch import MarkerType, marker_batch
 from stratalog.kafka.records import Compression
 from stratalog.kafka.records import encode_batch as encode_kafka
 from stratalog.records import NewRecord
@@ -26,7 +27,7 @@ RECORD = st.builds(NewRecord, st.binary(max_size=60), st.none() | st.binary(max_
 #: "compacted": the batch as log compaction rewrites it, keeping the records its mask says (none: an empty
 #: batch over its offsets).
 ENCODINGS = st.sampled_from(["native", *(f"kafka-{codec.name}" for codec in Compression),
-                             *(f"compacted-{codec.name}" for codec in Compression)])
+                             *(f"compacted-{codec.name}" for codec in Compression), "marker"])
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Batch = tuple[str, list[NewRecord], list[bool]]
 BATCHES = st.lists(st.tuples(ENCODINGS, st.lists(RECORD, min_size=1, max_size=6),
@@ -36,6 +37,11 @@ BATCHES = st.lists(st.tuples(ENCODINGS, st.lists(RECORD, min_size=1, max_size=6)
 def stored(batches: list[Batch], stream_id: int, first: int) -> bytes:
     out, base = [], first
     for encoding, records, kept in batches:
+        if encoding == "marker":   # a transaction's commit marker: one offset, no row
+            marker = marker_batch(7, 0, MarkerType.COMMIT, coordinator_epoch=0, timestamp_ms=5, base_offset=base)
+            out.append(wrap_kafka_batch(stream_id, base, 1, 5, marker))
+            base += 1
+            continue
         if encoding == "native":
             out.append(encode_batch(stream_id, base, records)[0])
         else:
@@ -61,7 +67,7 @@ def test_columns_hold_the_decoded_records_of_every_encoding(blocks: list[list[Ba
     entries, expected, first = [], [], 100
     for number, batches in enumerate(blocks):
         data = stored(batches, number + 1, first)
-        count = sum(len(records) for _, records, _ in batches)
+        count = sum(1 if encoding == "marker" else len(records) for encoding, records, _ in batches)
         entries.append((len(buf), BlockEntry(number + 1, first, first + count, len(buf), len(data), count, 0,
                                              crc32c(data))))
         at = 0
@@ -103,3 +109,18 @@ def test_a_kafka_batch_over_other_offsets_than_the_stores_header_is_corrupt() ->
     builder = ColumnBuilder()
     with pytest.raises(CorruptObjectError, match="over 3 offsets where the store's header says 5"):
         builder.add_block(data, 0, BlockEntry(1, 0, 5, 0, len(data), 5, 1000, crc32c(data)), "s", 0, 5)
+
+
+def test_a_marker_takes_an_offset_and_gives_no_record() -> None:
+    data = stored([("kafka-NONE", [NewRecord(b"k", b"v", 1)], []), ("marker", [], []),
+                   ("kafka-NONE", [NewRecord(b"k", b"w", 2)], [])], 1, 10)
+    entry = BlockEntry(1, 10, 13, 0, len(data), 3, 5, crc32c(data))
+    builder = ColumnBuilder()
+    builder.add_block(data, 0, entry, "s", 10, 13)
+    assert builder.finish(data, headers=False).column("offset").to_pylist() == [10, 12]
+    at, offsets = 0, []
+    while at < len(data):
+        info = read_batch_info(data, at)
+        offsets += [r.offset for r in decode_records(data, at, info)]
+        at += info.batch_bytes
+    assert offsets == [10, 12], "Stream.fetch's decoder skips it too"

@@ -277,11 +277,21 @@ def _kafka_records(body: memoryview, base_offset: int, start_offset: int) -> Ite
     from stratalog.kafka.records import KafkaBatchError
     from stratalog.kafka.records import decode_records as decode_kafka_records
 
+    if is_control_batch(body):
+        return   # a transaction's marker: it takes an offset and holds no record of the stream's
     try:
         yield from decode_kafka_records(body, start_offset=start_offset,
                                         decompressed_bytes_max=KAFKA_DECOMPRESSED_BYTES_MAX)
     except KafkaBatchError as e:
         raise CorruptBatchError(f"Kafka batch at offset {base_offset}: {e}") from e
+
+
+def is_control_batch(body: bytes | memoryview) -> bool:
+    """Whether a stored Kafka batch is a control batch (a transaction's commit or abort marker)."""
+    from stratalog.kafka.batch_format import ATTRIBUTES, ATTRIBUTES_POSITION, CONTROL_BIT
+
+    return len(body) >= ATTRIBUTES_POSITION + ATTRIBUTES.size and \
+        bool(ATTRIBUTES.unpack_from(body, ATTRIBUTES_POSITION)[0] & CONTROL_BIT)
 
 
 def decode_headers(view: memoryview, p: int, count: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:

@@ -166,6 +166,8 @@ class ColumnBuilder:
             if header.last_offset_delta + 1 != info.count:
                 raise CorruptObjectError(f"a Kafka batch over {header.last_offset_delta + 1} offsets where the "
                                          f"store's header says {info.count}")
+            if header.is_control:   # a transaction's marker: an offset, and no row (as Stream.fetch)
+                return np.empty((INDEX_COLUMNS, 0), dtype=np.int64)
             if isinstance(records, memoryview):  # not compressed: the records are in buf, up to batch_end
                 shift = self._take_fetched(buf, at, batch_end) + batch_end - len(records)
             else:
