@@ -76,6 +76,11 @@ class Transactions:
         self._updated_ms: dict[str, int] = {t.transactional_id: at for t, at in loaded}
         self._by_producer: dict[int, str] = {t.producer_id: t.transactional_id for t in self._txns.values()}
         self._aborted = table.aborted()
+        #: Per partition, where each open transaction on it starts: what its last stable offset is the least
+        #: of, kept as transactions change so a Fetch reads it without a pass over every transaction.
+        self._open: dict[tuple[str, int], dict[str, int]] = {}
+        for txn in self._txns.values():
+            self._index_open(None, txn)
         self._locks: dict[str, asyncio.Lock] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -247,13 +252,8 @@ class Transactions:
 
     def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> int:
         """The offset below which every transaction of the partition has ended (read_committed's end)."""
-        bound = high_watermark
-        for txn in self._txns.values():
-            if txn.state in OPEN_STATES:
-                for p in txn.partitions:
-                    if p.topic == topic and p.partition == partition:
-                        bound = min(bound, p.first_offset)
-        return bound
+        starts = self._open.get((topic, partition))
+        return min(high_watermark, *starts.values()) if starts else high_watermark
 
     def aborted_ranges(self, topic: str, partition: int, from_offset: int, to_offset: int) -> list[AbortedRange]:
         """The aborted ranges of a partition that overlap ``[from_offset, to_offset)``."""
@@ -273,10 +273,22 @@ class Transactions:
         old = self._txns.get(txn.transactional_id)
         if old is not None and old.producer_id != txn.producer_id:
             self._by_producer.pop(old.producer_id, None)
+        self._index_open(old, txn)
         self._txns[txn.transactional_id] = txn
         self._by_producer[txn.producer_id] = txn.transactional_id
         for topic, partition, r in aborted or []:
             self._aborted.setdefault((topic, partition), []).append(r)
+
+    def _index_open(self, old: Txn | None, new: Txn) -> None:
+        """Move a transaction's partitions in the index of open ones from its ``old`` state to its ``new``."""
+        txn_id = new.transactional_id
+        for p in old.partitions if old is not None and old.state in OPEN_STATES else ():
+            starts = self._open.get((p.topic, p.partition), {})
+            starts.pop(txn_id, None)
+            if not starts:
+                self._open.pop((p.topic, p.partition), None)
+        for p in new.partitions if new.state in OPEN_STATES else ():
+            self._open.setdefault((p.topic, p.partition), {})[txn_id] = p.first_offset
 
     async def _end(self, prepared: Txn) -> Txn:
         """Make ``prepared`` (PrepareCommit or PrepareAbort) durable, write its markers, store its offsets
