@@ -41,9 +41,11 @@ from stratalog.records import NewRecord
 from stratalog.spark.write import StagingWriter
 
 TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+TXN = ResourceType.TRANSACTIONAL_ID
 TOPIC_DENIED, GROUP_DENIED, CLUSTER_DENIED = (ErrorCode.topic_authorization_failed,
                                               ErrorCode.group_authorization_failed,
                                               ErrorCode.cluster_authorization_failed)
+TXN_DENIED = ErrorCode.transactional_id_authorization_failed
 #: The APIs that every client may call: before a login, and to log in.
 OPEN_APIS = {18, 17, 36}
 _ids = itertools.count(1)
@@ -177,6 +179,30 @@ ROWS: dict[str, Row] = {
                                "producer_epoch": -1},
                        lambda r: r.error_code, [(CLUSTER, "kafka-cluster", Operation.IDEMPOTENT_WRITE)],
                        CLUSTER_DENIED, ErrorCode.none),
+    "AddPartitionsToTxn": (24, 3, {"v3_and_below_transactional_id": "tx", "v3_and_below_producer_id": 5,
+                                   "v3_and_below_producer_epoch": 0,
+                                   "v3_and_below_topics": [{"name": "t", "partitions": [0]}]},
+                           lambda r: r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code,
+                           [(TXN, "tx", Operation.WRITE), (TOPIC, "t", Operation.WRITE)], TXN_DENIED,
+                           ErrorCode.invalid_producer_id_mapping),
+    "AddOffsetsToTxn": (25, 3, {"transactional_id": "tx", "producer_id": 5, "producer_epoch": 0, "group_id": "g"},
+                        lambda r: r.error_code, [(TXN, "tx", Operation.WRITE), (GROUP, "g", Operation.READ)],
+                        TXN_DENIED, ErrorCode.invalid_producer_id_mapping),
+    "EndTxn": (26, 3, {"transactional_id": "tx", "producer_id": 5, "producer_epoch": 0, "committed": True},
+               lambda r: r.error_code, [(TXN, "tx", Operation.WRITE)], TXN_DENIED,
+               ErrorCode.invalid_producer_id_mapping),
+    "TxnOffsetCommit": (28, 3, {"transactional_id": "tx", "group_id": "g", "producer_id": 5, "producer_epoch": 0,
+                                "generation_id": -1, "member_id": "", "group_instance_id": None, "topics": [
+        {"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
+                                      "committed_metadata": ""}]}]},
+        lambda r: r.topics[0].partitions[0].error_code,
+        [(TXN, "tx", Operation.WRITE), (GROUP, "g", Operation.READ), (TOPIC, "t", Operation.READ)], TXN_DENIED,
+        ErrorCode.invalid_producer_id_mapping),
+    "DescribeProducers": (61, 0, {"topics": [{"name": "t", "partition_indexes": [0]}]},
+                          lambda r: r.topics[0].partitions[0].error_code, [(TOPIC, "t", Operation.READ)],
+                          TOPIC_DENIED, ErrorCode.none),
+    "DescribeTransactions": (65, 0, {"transactional_ids": ["tx"]}, lambda r: r.transaction_states[0].error_code,
+                             [(TXN, "tx", Operation.DESCRIBE)], TXN_DENIED, ErrorCode.transactional_id_not_found),
     "DescribeAcls": (29, 3, {"resource_type_filter": 1, "resource_name_filter": None, "pattern_type_filter": 1,
                              "principal_filter": None, "host_filter": None, "operation": 1, "permission_type": 1},
                      lambda r: r.error_code, [(CLUSTER, "kafka-cluster", Operation.DESCRIBE)], CLUSTER_DENIED,
@@ -229,7 +255,8 @@ ROWS: dict[str, Row] = {
 def test_every_served_api_is_in_the_table(world: World) -> None:
     names = {api.name for key, api in world.broker.apis.items() if key not in OPEN_APIS}
     own = {"StratalogCommitStaged", "StratalogReplaceObjects"}
-    assert names - set(ROWS) == {"Produce", "ListGroups", *own}  # tests of their own below
+    # Tests of their own below (ListGroups and ListTransactions leave out what may not be described).
+    assert names - set(ROWS) == {"Produce", "ListGroups", "ListTransactions", *own}
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
@@ -314,6 +341,23 @@ def test_list_groups_shows_only_the_groups_a_principal_may_describe(world: World
     listed = {g.group_id for g in call(world.broker, world.session["admin"], 16, 4, {"states_filter": []}).groups}
     assert "g" in listed
     assert call(world.broker, world.session["bob"], 16, 4, {"states_filter": []}).groups == ()
+
+
+def test_list_transactions_shows_only_the_ids_a_principal_may_describe(world: World) -> None:
+    error, _, _ = world.loop.run_until_complete(world.broker.transactions.init_producer_id("tx", 60_000, -1, -1))
+    assert error == ErrorCode.none
+    listing = {"state_filters": [], "producer_id_filters": [], "duration_filter": -1}
+    assert call(world.broker, world.session["bob"], 66, 1, listing).transaction_states == ()
+    world.allow(TXN, "tx", Operation.DESCRIBE)
+    assert [t.transactional_id for t in call(world.broker, world.session["alice"], 66, 1, listing)
+            .transaction_states] == ["tx"]
+
+
+def test_finding_a_transactions_coordinator_needs_describe_on_its_id(world: World) -> None:
+    find = {"key_type": 1, "coordinator_keys": ["tx"]}
+    assert call(world.broker, world.session["bob"], 10, 4, find).coordinators[0].error_code == TXN_DENIED
+    world.allow(TXN, "tx", Operation.DESCRIBE)
+    assert call(world.broker, world.session["alice"], 10, 4, find).coordinators[0].error_code == ErrorCode.none
 
 
 def test_a_refused_produce_appends_nothing_and_a_permitted_one_appends(world: World) -> None:

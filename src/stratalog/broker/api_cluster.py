@@ -150,7 +150,7 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
             # Refused: what every client takes as fatal at once (librdkafka, kafka-python and aiokafka fail
             # init_transactions in milliseconds, with this message); INVALID_REQUEST had librdkafka retry
             # until its own timeout. Served: this broker, alone, coordinates every transactional id.
-            if refusal(broker, session, key, "FindCoordinator") is not None:
+            if refusal(broker, session, key, "FindCoordinator", Operation.DESCRIBE) is not None:
                 return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_REFUSED, -1, host, port
             return ErrorCode.none, None, broker.config.node_id, host, port
         if key_type != KEY_TYPE_GROUP:

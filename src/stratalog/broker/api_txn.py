@@ -33,13 +33,15 @@ PRODUCER_FENCED_FROM_VERSION = {ApiKey.ADD_PARTITIONS_TO_TXN: 2, ApiKey.ADD_OFFS
                                 ApiKey.END_TXN: 2, ApiKey.TXN_OFFSET_COMMIT: 3, ApiKey.INIT_PRODUCER_ID: 4}
 
 
-def refusal(broker: Broker, session: Session, txn_id: str, what: str) -> ErrorCode | None:
-    """The answer for a transactional request this broker does not take (None: it takes it)."""
+def refusal(broker: Broker, session: Session, txn_id: str, what: str,
+            operation: Operation = Operation.WRITE) -> ErrorCode | None:
+    """The answer for a transactional request this broker does not take (None: it takes it). Kafka's ACLs:
+    WRITE on the transactional id for what changes a transaction, DESCRIBE to find its coordinator."""
     if broker.config.cluster.enabled:
         log.warning("transactions refused (a cluster of brokers does not serve them yet): %s for transactional "
                     "id %r from %s", what, txn_id, session.principal)
         return ErrorCode.transactional_id_authorization_failed
-    if not session.may(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id):
+    if not session.may(operation, ResourceType.TRANSACTIONAL_ID, txn_id):
         return ErrorCode.transactional_id_authorization_failed
     return None
 
