@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
-from brokerkit import BrokerProcess, start_broker
-from txnkit import read_to_end
-from waiting import wait_until
+from txnkit import INPUT_RECORDS, ROUNDS, assert_each_input_once, through_kills
 
 pytestmark = pytest.mark.slow
 
-INPUT_RECORDS = 100_000
-ROUNDS = 10
-PARTITIONS = 3
 #: Records a transaction takes from the input at most.
 PER_TXN = 2_000
 CALL_S = 60.0
@@ -42,7 +35,6 @@ class Pipeline(threading.Thread):
         super().__init__(daemon=True)
         self.bootstrap, self.source, self.sink = bootstrap, source, sink
         self.group, self.txn_id = f"eos-{uuid.uuid4().hex[:6]}", f"eos-tx-{uuid.uuid4().hex[:6]}"
-        self.committed_inputs = 0
         self.restarts = 0
         self.stopping = threading.Event()
         self.failure: BaseException | None = None
@@ -84,7 +76,6 @@ class Pipeline(threading.Thread):
                         [TopicPartition(self.source, p, o) for p, o in ends.items()],
                         consumer.consumer_group_metadata(), CALL_S)
                     producer.commit_transaction(CALL_S)
-                    self.committed_inputs += len(messages)
                 except KafkaException as e:
                     self.restarts += 1
                     if e.args[0].txn_requires_abort():
@@ -101,42 +92,7 @@ class Pipeline(threading.Thread):
 
 
 def test_consume_transform_produce_writes_each_input_once_across_kill9(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    broker: BrokerProcess = start_broker(data_dir)
-    port = broker.port
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    for future in admin.create_topics([NewTopic("in", PARTITIONS), NewTopic("out", PARTITIONS)]).values():
-        future.result(CALL_S)
-    plain = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 20})
-    for i in range(INPUT_RECORDS):
-        plain.produce("in", b"%d" % i, partition=i % PARTITIONS)
-        if i % 10_000 == 0:
-            plain.poll(0)
-    assert plain.flush(CALL_S) == 0
-    pipeline = Pipeline(broker.bootstrap, "in", "out")
-    pipeline.start()
-    step = INPUT_RECORDS // (ROUNDS + 2)
-    try:
-        for round_ in range(ROUNDS):
-            wait_until(lambda: pipeline.committed_inputs >= (round_ + 1) * step or pipeline.failure is not None,  # noqa: B023
-                       "the pipeline progressing between kills", timeout_s=600)
-            assert pipeline.failure is None, pipeline.failure
-            broker.kill9()
-            broker.close_output()
-            broker = start_broker(data_dir, port=port)
-        wait_until(lambda: pipeline.committed_inputs >= INPUT_RECORDS or pipeline.failure is not None,
-                   "the pipeline reaching the end of its input", timeout_s=600)
-    finally:
-        pipeline.stopping.set()
-        pipeline.join(CALL_S * 3)
-    try:
-        assert pipeline.failure is None, pipeline.failure
-        values = read_to_end(broker.bootstrap, "out")
-    finally:
-        assert broker.stop() == 0, "".join(broker.output)
-        broker.close_output()
-    counts = Counter(values)
-    assert [v for v, c in counts.items() if c > 1] == [], "an input written twice"
-    assert sorted(int(v[4:]) for v in counts) == list(range(INPUT_RECORDS)), "every input once"
+    values, pipeline = through_kills(tmp_path / "data", lambda bootstrap: Pipeline(bootstrap, "in", "out"))
+    assert_each_input_once(values)
     print(f"{INPUT_RECORDS} inputs through {ROUNDS} kills of the broker: each once; the pipeline went back "
           f"{pipeline.restarts} times")

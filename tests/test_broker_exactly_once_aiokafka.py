@@ -7,24 +7,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections import Counter
 from pathlib import Path
 
 import aiokafka
 import pytest
 from aiokafka.structs import TopicPartition as AioTopicPartition
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
-from brokerkit import BrokerProcess, start_broker
-from txnkit import read_to_end
-from waiting import wait_until
+from txnkit import INPUT_RECORDS, ROUNDS, assert_each_input_once, through_kills
 
 pytestmark = pytest.mark.slow
 
-INPUT_RECORDS = 100_000
-ROUNDS = 10
-PARTITIONS = 3
 PER_TXN = 2_000
 CALL_S = 60.0
 #: Between tries while the broker is down (it restarts in about a second).
@@ -39,7 +31,6 @@ class AioPipeline(threading.Thread):
         super().__init__(daemon=True)
         self.bootstrap = bootstrap
         self.group, self.txn_id = f"aio-{uuid.uuid4().hex[:6]}", f"aio-tx-{uuid.uuid4().hex[:6]}"
-        self.committed_inputs = 0
         self.restarts = 0
         self.stopping = threading.Event()
         self.failure: BaseException | None = None
@@ -85,7 +76,6 @@ class AioPipeline(threading.Thread):
                         ends = {AioTopicPartition("in", tp.partition): records[-1].offset + 1
                                 for tp, records in batches.items()}
                         await producer.send_offsets_to_transaction(ends, self.group)
-                    self.committed_inputs += len(messages)
                 except Exception:   # the broker died under the transaction: start it again
                     self.restarts += 1
                     await producer.stop()
@@ -104,56 +94,8 @@ class AioPipeline(threading.Thread):
                 await asyncio.sleep(RETRY_S)
 
 
-def group_done(bootstrap: str, group: str) -> int:
-    """Input records the group has committed (its offsets, summed), without joining it."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        got = consumer.committed([TopicPartition("in", p) for p in range(PARTITIONS)], timeout=CALL_S)
-        return sum(max(tp.offset, 0) for tp in got)
-    finally:
-        consumer.close()
-
-
 def test_aiokafka_consume_transform_produce_writes_each_input_once_across_kill9(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    broker: BrokerProcess = start_broker(data_dir)
-    port = broker.port
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    for future in admin.create_topics([NewTopic("in", PARTITIONS), NewTopic("out", PARTITIONS)]).values():
-        future.result(CALL_S)
-    plain = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 20})
-    for i in range(INPUT_RECORDS):
-        plain.produce("in", b"%d" % i, partition=i % PARTITIONS)
-        if i % 10_000 == 0:
-            plain.poll(0)
-    assert plain.flush(CALL_S) == 0
-    pipeline = AioPipeline(broker.bootstrap)
-    pipeline.start()
-    step = INPUT_RECORDS // (ROUNDS + 2)
-    try:
-        for round_ in range(ROUNDS):
-            target = (round_ + 1) * step
-            wait_until(lambda: pipeline.committed_inputs >= target or pipeline.failure is not None,  # noqa: B023
-                       "the pipeline progressing between kills", timeout_s=600)
-            assert pipeline.failure is None, pipeline.failure
-            broker.kill9()
-            broker.close_output()
-            broker = start_broker(data_dir, port=port)
-        # By the group's offsets: a commit the client saw fail may have landed (then it reads on past it).
-        at = broker.bootstrap
-        wait_until(lambda: group_done(at, pipeline.group) >= INPUT_RECORDS or pipeline.failure is not None,
-                   "the pipeline reaching the end of its input", timeout_s=600)
-    finally:
-        pipeline.stopping.set()
-        pipeline.join(CALL_S * 3)
-    try:
-        assert pipeline.failure is None, pipeline.failure
-        values = read_to_end(broker.bootstrap, "out")
-    finally:
-        assert broker.stop() == 0, "".join(broker.output)
-        broker.close_output()
-    counts = Counter(values)
-    assert [v for v, c in counts.items() if c > 1] == [], "an input written twice"
-    assert sorted(int(v[4:]) for v in counts) == list(range(INPUT_RECORDS)), "every input once"
+    values, pipeline = through_kills(tmp_path / "data", AioPipeline)
+    assert_each_input_once(values)
     print(f"{INPUT_RECORDS} inputs through {ROUNDS} kills with aiokafka: each once; the pipeline went back "
           f"{pipeline.restarts} times")
