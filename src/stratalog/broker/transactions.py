@@ -101,7 +101,10 @@ class Transactions:
     async def _run(self) -> None:
         interval_s = self._broker.config.transaction_abort_interval_ms / 1000
         while True:
-            await self.complete_and_expire()
+            try:
+                await self.complete_and_expire()
+            except Exception:   # a database out of reach, say: the next round tries again
+                log.exception("a round of the transaction coordinator failed; it runs again in %.0f s", interval_s)
             await asyncio.sleep(interval_s)
 
     async def complete_and_expire(self, now_ms: int | None = None) -> int:
@@ -122,7 +125,7 @@ class Transactions:
                 try:
                     await self._end(txn)
                     ended += 1
-                except (MarkerWriteError, StratalogError) as e:
+                except StratalogError as e:
                     log.warning("transaction of %r not completed yet (tried again later): %s", txn_id, e)
         return ended
 
@@ -170,7 +173,12 @@ class Transactions:
                 return decision.error, -1, -1
             if txn is not None and decision.action is InitAction.ABORT_FIRST:
                 log.info("transaction of %r aborted: its producer started again", txn_id)
-                txn = await self._end(aborting(txn))
+                try:
+                    txn = await self._end(aborting(txn))
+                except StratalogError as e:
+                    # Prepared and durable: the coordinator's rounds complete it; the client retries.
+                    log.warning("transaction of %r prepared to abort, its markers not all written yet: %s", txn_id, e)
+                    return ErrorCode.concurrent_transactions, -1, -1
             if txn is None or needs_new_id(txn):
                 new_id = await asyncio.to_thread(self._broker.topics.next_counter, "producer_id")
                 fresh = Txn(txn_id, new_id, 0, timeout_ms)
@@ -213,7 +221,7 @@ class Transactions:
                 return outcome.error
             try:
                 await self._end(outcome.txn)
-            except (MarkerWriteError, StratalogError) as e:
+            except StratalogError as e:
                 # Prepared and durable: it completes in the background; the client's retry of EndTxn is told
                 # CONCURRENT_TRANSACTIONS until then, and OK after.
                 log.warning("transaction of %r prepared, its markers not all written yet: %s", txn_id, e)
