@@ -34,7 +34,6 @@ from stratalog.broker.txn_state import (
     TxnPartition,
     TxnState,
     aborting,
-    bumped,
     completed,
     expired,
     needs_new_id,
@@ -183,7 +182,7 @@ class Transactions:
                 new_id = await asyncio.to_thread(self._broker.topics.next_counter, "producer_id")
                 fresh = Txn(txn_id, new_id, 0, timeout_ms)
             else:
-                fresh = Txn(txn_id, txn.producer_id, bumped(txn).producer_epoch, timeout_ms)
+                fresh = Txn(txn_id, txn.producer_id, txn.producer_epoch + 1, timeout_ms)
             await self._save(fresh)
             return ErrorCode.none, fresh.producer_id, fresh.producer_epoch
 

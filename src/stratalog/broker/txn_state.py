@@ -109,13 +109,6 @@ def on_init(txn: Txn | None, producer_id: int, producer_epoch: int) -> InitDecis
     return InitDecision(action=InitAction.BUMP)
 
 
-def bumped(txn: Txn, new_producer_id: int | None = None) -> Txn:
-    """``txn`` under its next epoch (or ``new_producer_id`` at epoch 0 past EPOCH_MAX), nothing ongoing."""
-    if new_producer_id is not None:
-        return replace(txn, producer_id=new_producer_id, producer_epoch=0)
-    return replace(txn, producer_epoch=txn.producer_epoch + 1)
-
-
 def needs_new_id(txn: Txn) -> bool:
     return txn.producer_epoch + 1 >= EPOCH_MAX
 
