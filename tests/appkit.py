@@ -38,6 +38,7 @@ BATCHES_PER_RUN = 2
 #: The broker's cleaner and uploads at test speed (tests/test_broker_compaction.py), and group sessions
 #: short enough that a killed app's partitions go to its next run within seconds.
 BROKER_CONFIG = ("log_cleaner_interval_ms = 100\nproducer_snapshot_interval_ms = 200\n"
+                 "transaction_abort_interval_ms = 200\n"
                  "[store]\nupload_interval_s = 0.2\n"
                  "[groups]\ngroup_min_session_timeout_ms = 1000\ngroup_initial_rebalance_delay_ms = 0\n")
 #: The last lines of an app's log that a failure shows.
@@ -53,7 +54,7 @@ def broker_args(tmp_path: Path) -> tuple[str, ...]:
 
 @dataclass
 class AppProcess:
-    """One app of tests/apps/, run as ``SCRIPT BOOTSTRAP STATE_DIR`` by ``python`` (its own environment's:
+    """One app of tests/apps/, run as ``SCRIPT BOOTSTRAP STATE_DIR [ARGS]`` by ``python`` (its own environment's:
     appvenv.py), its output in ``log_path``. With ``ready_line``, a start returns once the app's log says
     it (the app has rebuilt its state and consumes its input)."""
 
@@ -63,6 +64,8 @@ class AppProcess:
     state_dir: Path
     log_path: Path
     ready_line: str | None = None
+    #: Arguments after the state directory.
+    args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     runs: int = 0
     _log: IO[bytes] | None = field(default=None, repr=False)
@@ -74,7 +77,7 @@ class AppProcess:
         self._log.write(f"--- run {self.runs}\n".encode())
         self._log.flush()
         run_start_bytes = self._log.tell()
-        argv = [str(self.python), str(APPS / self.script), self.bootstrap, str(self.state_dir)]
+        argv = [str(self.python), str(APPS / self.script), self.bootstrap, str(self.state_dir), *self.args]
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         if self.ready_line is not None:
             ready = self.ready_line.encode()
@@ -145,8 +148,10 @@ def produce(bootstrap: str, keys: Sequence[str]) -> None:
     assert producer.flush(WAIT_S) == 0
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "appkit-offsets"})
+def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
+    """Each partition's end: its last stable offset read_committed (librdkafka's default), its high watermark
+    read_uncommitted."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "appkit-offsets", "isolation.level": isolation})
     try:
         partitions = consumer.list_topics(topic, timeout=WAIT_S).topics[topic].partitions
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=WAIT_S)[1] for p in partitions}
@@ -164,11 +169,11 @@ def committed(bootstrap: str, group: str, partitions: Sequence[int]) -> dict[int
         consumer.close()
 
 
-def read_topic(bootstrap: str, topic: str) -> list[Message]:
+def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Message]:
     """Every record of ``topic``, each partition from its start up to its end offset as of the call."""
-    ends = end_offsets(bootstrap, topic)
+    ends = end_offsets(bootstrap, topic, isolation)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "appkit-reader", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
+                         "enable.partition.eof": True, "isolation.level": isolation})
     consumer.assign([TopicPartition(topic, p, 0) for p in ends])
     pending = {p for p, end in ends.items() if end > 0}
     got: list[Message] = []

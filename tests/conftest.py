@@ -18,7 +18,8 @@ from stratalog.chaos.cluster_process import S3Endpoint, running_seaweedfs
 #: Re-order when a module's time changes much.
 LONGEST_FIRST = ("test_spark_broker_stream", "test_broker_spark", "test_fuzz", "test_chaos_cluster",
                  "test_queue_compaction", "test_bench_cluster", "test_broker_kill9", "test_cluster_faults",
-                 "test_app_quixstreams", "test_app_faust", "test_native_twins", "test_example_clickstream",
+                 "test_app_quixstreams", "test_app_faust", "test_app_quixstreams_eos", "test_native_twins",
+                 "test_example_clickstream",
                  "test_bench_kafka", "test_engine_kill9", "test_bench_abuse", "test_bench_produce_path",
                  "test_engine_crash_states", "test_cluster_failover_brokers", "test_wal_crash_states",
                  "test_broker_conformance", "test_kafka_python_suite", "test_queue_faults")
