@@ -6,21 +6,13 @@ KafkaJS speaks AlterConfigs (API 33), not IncrementalAlterConfigs, and reports e
 (``INVALID_CONFIG``), without the broker's message: the type is what the test holds the broker to.
 test_broker_alter_configs.py shows the same APIs through kafka-python and librdkafka.
 
-The node packages are installed with ``npm ci`` from tests/kafkajs/package-lock.json into the pytest cache,
-once, and reused while the lock is unchanged (as appvenv.py makes the apps' environments): a lock lets one
-test run install while another waits, and a marker written last tells a finished install from one a killed
-run left half made. The script, tests/kafkajs/admin.js, runs once per module and prints what it saw as one
+kafkajs_kit.py installs the node packages (``npm ci`` from tests/kafkajs/package-lock.json, into the pytest
+cache, once per lock). The script, tests/kafkajs/admin.js, runs once per module and prints what it saw as one
 JSON document; the tests below assert on it.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,18 +21,14 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from appkit import refused_requests
 from brokerkit import BrokerProcess, running_broker
+from kafkajs_kit import installed, run_script
 
 pytestmark = pytest.mark.slow
 
-PACKAGE = Path(__file__).parent / "kafkajs"
-SCRIPT = PACKAGE / "admin.js"
-#: npm ci fetches one small package (kafkajs has no dependencies): generous for a slow registry.
-INSTALL_TIMEOUT_S = 600
 #: The script takes a few seconds; this only keeps a hang from stalling the run (its consumer gives up at 60 s).
 SCRIPT_TIMEOUT_S = 240
-#: Written once npm ci has finished: an install without it is made again.
-COMPLETE = "stratalog-kafkajs-install-complete"
 #: What admin.js sets with alterConfigs (its TOPIC_CONFIGS).
 TOPIC_CONFIGS = {"cleanup.policy": "compact", "retention.ms": "3600000", "min.cleanable.dirty.ratio": "0.25"}
 #: What admin.js produces, in order (its RECORDS).
@@ -50,44 +38,9 @@ RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
 SOURCE_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
 
 
-def _tool(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is not on PATH: KafkaJS's tests need Node.js 18+ with npm (Debian: apt-get install "
-                    f"nodejs npm)", pytrace=False)
-    return found
-
-
-def node_modules(cache_root: Path) -> Path:
-    """The node_modules of kafkajs installed from tests/kafkajs's lock under ``cache_root``, installed first
-    if need be."""
-    lock_text = (PACKAGE / "package-lock.json").read_bytes() + (PACKAGE / "package.json").read_bytes()
-    prefix = cache_root / f"kafkajs-{hashlib.sha256(lock_text).hexdigest()[:12]}"
-    with (cache_root / "kafkajs.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)    # released when the file closes, also if this process dies
-        if not (prefix / COMPLETE).exists():
-            shutil.rmtree(prefix, ignore_errors=True)
-            _install(prefix)
-    return prefix / "node_modules"
-
-
-def _install(prefix: Path) -> None:
-    prefix.mkdir(parents=True)
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy(PACKAGE / name, prefix / name)
-    step = [_tool("npm"), "ci", "--prefix", str(prefix), "--ignore-scripts", "--no-audit", "--no-fund"]
-    done = subprocess.run(step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
-    assert done.returncode == 0, (f"{' '.join(step)} exited {done.returncode} (is the npm registry reachable?):\n"
-                                  f"{done.stdout}\n{done.stderr}")
-    (prefix / COMPLETE).write_text("")
-
-
 @pytest.fixture(scope="module")
 def kafkajs(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    _tool("node")
-    cache: pytest.Cache | None = getattr(pytestconfig, "cache", None)  # None under -p no:cacheprovider
-    root = cache.mkdir("kafkajs") if cache is not None else tmp_path_factory.mktemp("kafkajs")
-    return node_modules(root)
+    return installed(pytestconfig, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +58,7 @@ def topic() -> str:
 @pytest.fixture(scope="module")
 def seen(kafkajs: Path, broker: BrokerProcess, topic: str) -> dict[str, Any]:
     """What admin.js saw: one run of every step, against the module's broker."""
-    env = dict(os.environ, NODE_PATH=str(kafkajs))
-    done = subprocess.run([_tool("node"), str(SCRIPT), broker.bootstrap, topic], env=env, capture_output=True,
-                          text=True, timeout=SCRIPT_TIMEOUT_S, check=False)
-    shown = f"stdout:\n{done.stdout[-10_000:]}\nstderr:\n{done.stderr[-10_000:]}\nbroker:\n" \
-            f"{''.join(broker.output)[-5_000:]}"
-    assert done.returncode == 0, f"admin.js exited {done.returncode}\n{shown}"
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
+    return run_script(kafkajs, "admin.js", broker, topic, timeout_s=SCRIPT_TIMEOUT_S)
 
 
 def _only(resources: list[dict[str, Any]]) -> dict[str, Any]:
@@ -191,5 +137,5 @@ def test_keyed_records_go_through_the_compacted_topic(seen: dict[str, Any]) -> N
 
 def test_kafkajs_asks_for_nothing_the_broker_does_not_serve(seen: dict[str, Any], broker: BrokerProcess) -> None:
     assert "consumed" in seen
-    refused = [line for line in broker.output if "is not served" in line]
+    refused = refused_requests(broker)
     assert not refused, f"KafkaJS asked for what the broker does not serve: {refused}"
