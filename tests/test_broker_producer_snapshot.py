@@ -16,6 +16,7 @@ from stratalog.broker.listeners import Listener
 from stratalog.broker.producer_recovery import replay
 from stratalog.broker.producers import ProducerStates, Verdict
 from stratalog.broker.session import Session
+from stratalog.broker.txn_partitions import PartitionTxns
 from stratalog.kafka.records import encode_batch
 from waiting import wait_until
 
@@ -52,8 +53,8 @@ def test_a_snapshot_between_durable_and_settled_leads_the_restart_to_the_batch(
         assert stream is not None
         # What a restart does: the snapshot, then the batches after its ends.
         restarted = ProducerStates(broker.config.producers_max)
-        ends = broker.producer_snapshots.load(restarted)
-        replay(restarted, stream, ends.get(stream.stream_id, 0))
+        ends = broker.producer_snapshots.load(restarted, PartitionTxns())
+        replay(restarted, PartitionTxns(), stream, ends.get(stream.stream_id, 0))
         verdict, _ = restarted.check(PRODUCER_ID, 0, stream.stream_id, 1, 1)
         assert verdict is Verdict.APPEND, "the producer's next batch follows the one the snapshot raced"
         assert restarted.check(PRODUCER_ID, 0, stream.stream_id, 0, 1) == (Verdict.DUPLICATE, 0)

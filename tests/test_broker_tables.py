@@ -39,6 +39,7 @@ from stratalog.broker.producer_recovery import ProducerSnapshots
 from stratalog.broker.producers import ProducerStates
 from stratalog.broker.quotas import PRODUCER_BYTE_RATE, REQUEST_RATE, QuotaConfig, Quotas
 from stratalog.broker.topics import TopicExistsError, TopicRegistry
+from stratalog.broker.txn_partitions import AbortedRange, PartitionTxns
 from stratalog.chaos.postgres import PostgresServer
 from stratalog.engine.metadata_backends import postgres_schema, without_password
 from test_broker_acls import (  # the authorizer's cases, run on both databases
@@ -286,33 +287,56 @@ def test_a_topic_another_registry_made_meanwhile_exists_already(tables_at: Path 
 
 def test_a_producer_snapshot_is_loaded_as_saved_and_the_next_one_replaces_it(tables_at: Path | str) -> None:
     snapshots = ProducerSnapshots(tables_at)
-    snapshots.save([(7, 1, 0, [(0, 4, 10)]), (8, 2, 3, [(5, 9, 20)])], {1: 11, 2: 21})
-    snapshots.save([(7, 1, 1, [(0, 4, 10), (5, 5, 15)])], {1: 16})
+    snapshots.save([(7, 1, 0, [(0, 4, 10)]), (8, 2, 3, [(5, 9, 20)])], {1: 11, 2: 21}, [(1, 7, 3), (2, 8, 20)])
+    snapshots.save([(7, 1, 1, [(0, 4, 10), (5, 5, 15)])], {1: 16}, [(1, 7, 10)])
     snapshots.close()
 
     again = ProducerSnapshots(tables_at)
     try:
-        states = ProducerStates(10)
-        assert again.load(states) == {1: 16}
+        states, txns = ProducerStates(10), PartitionTxns()
+        assert again.load(states, txns) == {1: 16}
         assert states.entries() == [(7, 1, 1, [(0, 4, 10), (5, 5, 15)])]
+        assert txns.entries() == [(1, 7, 10)], "the open transactions are the last snapshot's"
     finally:
         again.close()
+
+
+def test_aborted_ranges_are_kept_once_and_go_below_a_trim(tables_at: Path | str) -> None:
+    snapshots = ProducerSnapshots(tables_at)
+    try:
+        snapshots.add_aborted(1, [AbortedRange(5, 7, 2), AbortedRange(9, 8, 6)])
+        snapshots.add_aborted(1, [AbortedRange(5, 7, 2)])     # a replay read the marker again
+        snapshots.add_aborted(2, [AbortedRange(4, 7, 0)])
+        snapshots.forget_aborted_before(1, 6)
+        snapshots.save([], {1: 10, 2: 5})
+        txns = PartitionTxns()
+        snapshots.load(ProducerStates(10), txns)
+        assert txns.ranges_of(1) == [AbortedRange(9, 8, 6)], "a snapshot does not replace the ranges"
+        assert txns.ranges_of(2) == [AbortedRange(4, 7, 0)]
+        gained = PartitionTxns()
+        snapshots.load_partition(ProducerStates(10), gained, 2)
+        assert gained.ranges_of(2) == [AbortedRange(4, 7, 0)] and gained.ranges_of(1) == []
+    finally:
+        snapshots.close()
 
 
 def test_brokers_sharing_the_snapshot_replace_only_the_partitions_they_lead(tables_at: Path | str) -> None:
     first, second = ProducerSnapshots(tables_at), ProducerSnapshots(tables_at)
     try:
-        first.save([(7, 1, 0, [(0, 4, 10)]), (7, 2, 0, [(0, 0, 3)])], {1: 11}, partitions_only=True)
-        second.save([(8, 2, 3, [(5, 9, 20)])], {2: 21}, partitions_only=True)
-        first.save([(7, 1, 1, [(0, 4, 10), (5, 5, 15)])], {1: 16}, partitions_only=True)
+        first.save([(7, 1, 0, [(0, 4, 10)]), (7, 2, 0, [(0, 0, 3)])], {1: 11}, [(1, 7, 4), (2, 7, 0)],
+                   partitions_only=True)
+        second.save([(8, 2, 3, [(5, 9, 20)])], {2: 21}, [(2, 8, 19)], partitions_only=True)
+        first.save([(7, 1, 1, [(0, 4, 10), (5, 5, 15)])], {1: 16}, [(1, 7, 15)], partitions_only=True)
 
-        states = ProducerStates(10)
-        assert first.load(states) == {1: 16, 2: 21}
+        states, txns = ProducerStates(10), PartitionTxns()
+        assert first.load(states, txns) == {1: 16, 2: 21}
         assert sorted(states.entries()) == [(7, 1, 1, [(0, 4, 10), (5, 5, 15)]), (8, 2, 3, [(5, 9, 20)])]
-        gained = ProducerStates(10)
-        assert second.load_partition(gained, 1) == 16
+        assert sorted(txns.entries()) == [(1, 7, 15), (2, 8, 19)]
+        gained, gained_txns = ProducerStates(10), PartitionTxns()
+        assert second.load_partition(gained, gained_txns, 1) == 16
         assert gained.entries() == [(7, 1, 1, [(0, 4, 10), (5, 5, 15)])]
-        assert second.load_partition(ProducerStates(10), 3) == 0     # never snapshotted
+        assert gained_txns.entries() == [(1, 7, 15)]
+        assert second.load_partition(ProducerStates(10), PartitionTxns(), 3) == 0     # never snapshotted
     finally:
         first.close()
         second.close()
@@ -414,7 +438,7 @@ def test_files_written_before_open_as_they_were(v1_dir: Path) -> None:
     snapshots = ProducerSnapshots(v1_dir / "producers.sqlite")
     try:
         states = ProducerStates(10)
-        assert snapshots.load(states) == {1: 20, 2: 0}
+        assert snapshots.load(states, PartitionTxns()) == {1: 20, 2: 0}
         assert states.entries() == [(7, 1, 0, [(0, 4, 10), (5, 9, 15)])]
     finally:
         snapshots.close()
@@ -428,4 +452,16 @@ def test_new_files_have_the_table_layouts_of_those_written_before(v1_dir: Path, 
                   CommittedOffsets(new / "offsets.sqlite").close, ProducerSnapshots(new / "producers.sqlite").close):
         close()
     for name in ("broker.sqlite", "offsets.sqlite", "producers.sqlite"):
-        assert _layouts(new / name) == _layouts(v1_dir / name), name
+        old = _layouts(v1_dir / name)
+        assert {n: layout for n, layout in _layouts(new / name).items() if n in old} == old, name
+
+
+def test_tables_added_since_are_made_in_files_written_before(v1_dir: Path, tmp_path: Path) -> None:
+    """The open transactions and aborted ranges came after: an old producers.sqlite gets them as a new one."""
+    new = tmp_path / "new"
+    new.mkdir()
+    ProducerSnapshots(new / "producers.sqlite").close()
+    ProducerSnapshots(v1_dir / "producers.sqlite").close()
+    layouts = _layouts(v1_dir / "producers.sqlite")
+    assert layouts == _layouts(new / "producers.sqlite")
+    assert {"producer_snapshot_txns", "aborted_ranges"} <= layouts.keys()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from stratalog.broker.producer_recovery import ProducerSnapshots
 from stratalog.broker.producers import ProducerStates
+from stratalog.broker.txn_partitions import PartitionTxns
 from stratalog.cluster.assignment import Holder, Kind, Resource
 from stratalog.cluster.leases import Cluster
 from stratalog.engine.metadata import Metadata
@@ -53,7 +54,7 @@ def test_a_broker_that_lost_a_partition_leaves_its_producer_snapshot_to_the_new_
                            partitions_only=True)
 
         states = ProducerStates(entries_max=100)
-        assert new_snapshots.load_partition(states, sid) == 2, "the new leader's end stands"
+        assert new_snapshots.load_partition(states, PartitionTxns(), sid) == 2, "the new leader's end stands"
         assert states.entries() == [(PRODUCER_ID, sid, 0, [(0, 0, 0), (1, 1, 1)])]
     finally:
         old_snapshots.close()

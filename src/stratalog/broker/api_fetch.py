@@ -251,7 +251,7 @@ async def _fetch_once(broker: Broker, targets: Sequence[_Target], response_max: 
             results.append(FetchPartitionResult(index, refused, -1))
             continue
         high, start = stream.end_offset, stream.start_offset
-        stable = broker.transactions.last_stable_offset(topic, index, high)
+        stable = broker.partition_txns.last_stable_offset(stream.stream_id, high)
         end = stable if committed else high
         error = ErrorCode.none
         # The stored batches, each whole, as views of the engine's immutable bytes (LogCache entries,
@@ -277,7 +277,7 @@ async def _fetch_once(broker: Broker, targets: Sequence[_Target], response_max: 
             except (StoreFailedError, StoreClosedError):
                 error = ErrorCode.kafka_storage_error
         aborted = [AbortedTransaction(r.producer_id, r.first_offset) for r in
-                   broker.transactions.aborted_ranges(topic, index, offset, sent_end)] if committed else None
+                   broker.partition_txns.aborted_ranges(stream.stream_id, offset, sent_end)] if committed else None
         results.append(FetchPartitionResult(index, error, high, last_stable_offset=stable, log_start_offset=start,
                                             aborted_transactions=aborted, records=records))
         if records:

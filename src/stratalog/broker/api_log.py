@@ -230,6 +230,10 @@ def _check_and_append(broker: Broker, session: Session, topic_name: str, index: 
         raise _RefusedError(ErrorCode.kafka_storage_error, str(e)) from None
     broker.metrics.produced(topic_name, header.record_count, len(view))
     stream_id = stream.stream_id
+    if header.is_transactional:
+        # Its transaction holds the partition's last stable offset from where the batch can land at the
+        # lowest, before the batch is readable (txn_partitions.py).
+        broker.partition_txns.began(stream_id, producer_id, stream.end_offset)
     if idempotent:
         key = (producer_id, stream_id, header.base_sequence)
         broker.producers.record(producer_id, header.producer_epoch, stream_id, header.base_sequence,
@@ -306,7 +310,7 @@ async def list_offsets(broker: Broker, request: Request, session: Session) -> di
                 continue
             ts = p.timestamp
             if ts == LATEST_TIMESTAMP and committed:   # read_committed's end: the last stable offset
-                entry["offset"] = broker.transactions.last_stable_offset(t.name, p.partition_index, stream.end_offset)
+                entry["offset"] = broker.partition_txns.last_stable_offset(stream.stream_id, stream.end_offset)
             elif ts == LATEST_TIMESTAMP:
                 entry["offset"] = stream.end_offset
             elif ts == EARLIEST_TIMESTAMP:

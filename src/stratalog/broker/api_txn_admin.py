@@ -101,7 +101,7 @@ async def describe_producers(broker: Broker, request: Request, session: Session)
             entry["active_producers"] = [
                 {"producer_id": pid, "producer_epoch": epoch, "last_sequence": batches[-1][1] if batches else -1,
                  "last_timestamp": NO_TIME_MS, "coordinator_epoch": -1,
-                 "current_txn_start_offset": broker.transactions.open_first_offset(pid, t.name, index)}
+                 "current_txn_start_offset": broker.partition_txns.open_first_offset(stream.stream_id, pid)}
                 for pid, stream_id, epoch, batches in active if stream_id == stream.stream_id]
         topics.append({"name": t.name, "partitions": partitions})
     return {"throttle_time": 0, "topics": topics}

@@ -42,6 +42,7 @@ from stratalog.broker.sasl import new_secret
 from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicExistsError, TopicRegistry, check_topic_name, stream_name
 from stratalog.broker.transactions import Transactions
+from stratalog.broker.txn_partitions import ALL_OFFSETS_END, PartitionTxns
 from stratalog.broker.txn_table import TxnTable
 from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
@@ -96,12 +97,14 @@ class Broker:
         self.appender = OrderedAppender(on_full=functools.partial(self.metrics.bound_reached, "log_cache_bytes_max"))
         self._snapshots = ProducerSnapshots(self.tables.producers)
         self.producer_snapshots = self._snapshots
+        #: Each partition's open transactions and aborted ranges, as its leader: read_committed's answers.
+        self.partition_txns = PartitionTxns()
         self._snapshot_task: asyncio.Task[None] | None = None
         #: Where the last saved snapshot of idempotent producers ends, per stream: the log cleaner compacts
         #: no further (the batches after it are replayed at a restart, producer fields and all).
         self.snapshot_ends_saved: dict[int, int] = {}
         self.cleaner = LogCleaner(self)
-        #: The transaction coordinator: transactional ids, their markers, last stable offsets.
+        #: The transaction coordinator: transactional ids, their states and the ends of their transactions.
         self.transactions = Transactions(self, TxnTable(self.tables.transactions))
         #: The WAL's write completions, taken on the event loop (None: the WAL's own thread takes them).
         self._completions: CompletionWatch | None = None
@@ -304,6 +307,8 @@ class Broker:
             stream = self.ownership.forget(name, p)
             if stream is not None:
                 self.producers.forget_partition(stream.stream_id)
+                self.partition_txns.forget(stream.stream_id)
+                self._snapshots.forget_aborted_before(stream.stream_id, ALL_OFFSETS_END)
         self.offsets.delete_topic(name)
         self.finish_deletes()
         return topic
@@ -328,43 +333,60 @@ class Broker:
         log.info("created topic %s (%d partitions) on first use", name, topic.partitions)
         return topic
 
-    # Idempotent producers across restarts -----------------------------------------------------------
+    # Producers and transactions across restarts ----------------------------------------------------
 
     def recover_producers(self) -> None:
-        """Rebuild the idempotent producers of every partition served here: their snapshot, then the batches
-        after it (at the open alone; a cluster's broker does it per partition as it gains each)."""
-        ends = self._snapshots.load(self.producers)
+        """Rebuild the idempotent producers and open transactions of every partition served here: their
+        snapshot, then the batches after it (at the open alone; a cluster's broker does it per partition as
+        it gains each)."""
+        ends = self._snapshots.load(self.producers, self.partition_txns)
         self.snapshot_ends_saved.update(ends)
         streams = self.ownership.served_streams()
-        replayed = sum(replay(self.producers, s, ends.get(s.stream_id, 0)) for s in streams)
+        replayed = 0
+        for s in streams:
+            found = replay(self.producers, self.partition_txns, s, ends.get(s.stream_id, 0))
+            self._snapshots.add_aborted(s.stream_id, found.aborted)
+            replayed += found.batches
         self.settled_ends.update((s.stream_id, s.end_offset) for s in streams)
         if replayed:
             log.info("idempotent producers: %d batches replayed after the last snapshot", replayed)
 
     def _snapshot_ends(self) -> dict[int, int]:
         """Where the snapshot taken now ends for each partition: at the end of what the loop has settled,
-        so every batch past it is replayed at the next start, none skipped."""
-        return {s.stream_id: min(s.end_offset, self.settled_ends.get(s.stream_id, s.end_offset))
+        so every batch past it is replayed at the next start, none skipped; and below every transaction
+        marker still being written, so each is read again if its range was not made durable."""
+        return {s.stream_id: self.partition_txns.snapshot_bound(
+                    s.stream_id, min(s.end_offset, self.settled_ends.get(s.stream_id, s.end_offset)))
                 for s in self.ownership.served_streams()}
 
     def _save_producers(self) -> None:
         ends = self._snapshot_ends()
-        self._snapshots.save(self.producers.entries(), ends, partitions_only=self.ownership.snapshot_partitions_only)
+        self._snapshots.save(self.producers.entries(), ends, self.partition_txns.entries(),
+                             partitions_only=self.ownership.snapshot_partitions_only)
         self.snapshot_ends_saved = ends
 
     async def _snapshot_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.config.producer_snapshot_interval_ms / 1000)
-            ends = self._snapshot_ends()         # in the same loop step as the entries: they agree
+            # In the same loop step: the ends, the producers and the open transactions agree.
+            ends = self._snapshot_ends()
             entries = self.producers.entries()
+            open_txns = self.partition_txns.entries()
             try:
-                await asyncio.to_thread(self._snapshots.save, entries, ends,
+                await asyncio.to_thread(self._snapshots.save, entries, ends, open_txns,
                                         partitions_only=self.ownership.snapshot_partitions_only)
+                await self._forget_trimmed_ranges()
             except MetadataUnavailableError as e:
                 # The last snapshot stands; a restart replays more batches after it. The next one retries.
                 log.warning("idempotent producers' snapshot not saved: %s", e)
                 continue
             self.snapshot_ends_saved = ends
+
+    async def _forget_trimmed_ranges(self) -> None:
+        """Aborted ranges end below their partition's start once retention (or DeleteRecords) trims it."""
+        for stream in self.ownership.served_streams():
+            if self.partition_txns.trimmed(stream.stream_id, stream.start_offset):
+                await asyncio.to_thread(self._snapshots.forget_aborted_before, stream.stream_id, stream.start_offset)
 
     # Waiting for data --------------------------------------------------------------------------------
 

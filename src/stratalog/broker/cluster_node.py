@@ -49,6 +49,7 @@ from stratalog.broker.leader_epochs import History
 from stratalog.broker.producer_recovery import replay
 from stratalog.broker.producers import ProducerStates
 from stratalog.broker.topics import parse_stream_name, stream_name
+from stratalog.broker.txn_partitions import PartitionTxns
 from stratalog.cluster.assignment import Holder, Kind, Resource
 from stratalog.cluster.failover import replay_dead_log, sweep_finished_logs
 from stratalog.cluster.leader_epochs import forget_stream, record_epoch_start
@@ -328,10 +329,13 @@ class ClusterNode:
         stream = await asyncio.to_thread(broker.store.reload_stream, resource.name)
         reloaded = time.monotonic()
         states = ProducerStates(broker.config.producers_max)
-        replayed = await asyncio.to_thread(self._load_producers, broker, states, stream)
+        txns = PartitionTxns()
+        replayed = await asyncio.to_thread(self._load_producers, broker, states, txns, stream)
         broker.producers.forget_partition(stream.stream_id)
         for producer_id, partition, epoch, batches in states.entries():
             broker.producers.restore(producer_id, partition, epoch, batches)
+        broker.partition_txns.restore(stream.stream_id, txns.open_of(stream.stream_id),
+                                      txns.ranges_of(stream.stream_id))
         broker.settled_ends[stream.stream_id] = stream.end_offset   # nothing of it in flight here yet
         self._epochs[resource.name] = await asyncio.to_thread(self._record_epoch, resource.name, stream)
         self._served[resource.name] = stream
@@ -353,9 +357,13 @@ class ClusterNode:
             forget_stream(db, stream_id)
 
     @staticmethod
-    def _load_producers(broker: Broker, states: ProducerStates, stream: Stream) -> int:
-        end = broker.producer_snapshots.load_partition(states, stream.stream_id)
-        return replay(states, stream, end)
+    def _load_producers(broker: Broker, states: ProducerStates, txns: PartitionTxns, stream: Stream) -> int:
+        """A gained partition's producers and transactions: its last snapshot's rows, then its batches after
+        them (the abort markers among them have their ranges made durable); how many batches."""
+        end = broker.producer_snapshots.load_partition(states, txns, stream.stream_id)
+        found = replay(states, txns, stream, end)
+        broker.producer_snapshots.add_aborted(stream.stream_id, found.aborted)
+        return found.batches
 
     async def _hand_off(self, broker: Broker, resource: Resource) -> None:
         """Hand a partition over once everything acknowledged for it is committed."""
@@ -372,8 +380,10 @@ class ClusterNode:
             return
         await asyncio.to_thread(broker.store.flush)
         entries = [e for e in broker.producers.entries() if e[1] == stream.stream_id]
-        end = min(stream.end_offset, broker.settled_ends.get(stream.stream_id, stream.end_offset))
-        await asyncio.to_thread(broker.producer_snapshots.save, entries, {stream.stream_id: end},
+        open_txns = [t for t in broker.partition_txns.entries() if t[0] == stream.stream_id]
+        end = broker.partition_txns.snapshot_bound(
+            stream.stream_id, min(stream.end_offset, broker.settled_ends.get(stream.stream_id, stream.end_offset)))
+        await asyncio.to_thread(broker.producer_snapshots.save, entries, {stream.stream_id: end}, open_txns,
                                 partitions_only=True)
         try:
             hold = await asyncio.to_thread(self.cluster.release, resource)
@@ -392,6 +402,7 @@ class ClusterNode:
             broker.forget_partition(*parsed)
         if stream is not None:
             broker.producers.forget_partition(stream.stream_id)
+            broker.partition_txns.forget(stream.stream_id)
 
     # What the handlers ask ------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The transaction coordinator (KIP-98, KIP-447): the shell around broker/txn_state.py's rules. It keeps
 each transactional id's state durable (broker/txn_table.py) before answering, writes the commit or abort
-markers (kafka/control_batch.py) into every partition of a transaction when it ends, stores the offsets
-committed in it when it commits, and aborts transactions that outlive their timeout. For the read path it
-answers each partition's last stable offset and aborted ranges. Spec: docs/formats/transactions.md.
+markers into every partition of a transaction when it ends (broker/txn_markers.py, as each partition's
+leader), stores the offsets committed in it when it commits, and aborts transactions that outlive their
+timeout. What read_committed consumers get (last stable offsets, aborted ranges) is each partition's own
+state (broker/txn_partitions.py), not the coordinator's. Spec: docs/formats/transactions.md.
 
 Standalone, this broker coordinates every transactional id and leads every partition, so a transactional
 batch is checked against the coordinator's own state (the partition must have been added, under the
@@ -25,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
-from stratalog.broker.leader_epochs import current_epoch, stamped
 from stratalog.broker.offsets import OffsetEntry
+from stratalog.broker.txn_markers import write_marker
 from stratalog.broker.txn_state import (
     InitAction,
     PendingOffset,
@@ -42,9 +43,9 @@ from stratalog.broker.txn_state import (
     on_init,
     on_offset_commit,
 )
-from stratalog.broker.txn_table import AbortedRange, TxnTable
+from stratalog.broker.txn_table import TxnTable
 from stratalog.errors import StratalogError
-from stratalog.kafka.control_batch import MarkerType, marker_batch
+from stratalog.kafka.control_batch import MarkerType
 
 if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
@@ -53,14 +54,8 @@ log = logging.getLogger("stratalog.broker.transactions")
 
 #: States of a transaction not ended yet in its partitions: they hold back the last stable offset.
 OPEN_STATES = frozenset((TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT))
-#: Beyond every offset: where a deleted topic's partitions start, for its aborted ranges.
-ALL_OFFSETS_END = 2**63 - 1
 #: The coordinator's epoch written in every marker: one coordinator, that never moves, standalone.
 COORDINATOR_EPOCH = 0
-
-
-class MarkerWriteError(StratalogError):
-    """A marker could not be written: the transaction stays prepared, and is completed later."""
 
 
 class Transactions:
@@ -74,12 +69,6 @@ class Transactions:
         #: When each id's state last changed: an ended one untouched for transactional_id_expiration_ms goes.
         self._updated_ms: dict[str, int] = {t.transactional_id: at for t, at in loaded}
         self._by_producer: dict[int, str] = {t.producer_id: t.transactional_id for t in self._txns.values()}
-        self._aborted = table.aborted()
-        #: Per partition, where each open transaction on it starts: what its last stable offset is the least
-        #: of, kept as transactions change so a Fetch reads it without a pass over every transaction.
-        self._open: dict[tuple[str, int], dict[str, int]] = {}
-        for txn in self._txns.values():
-            self._index_open(None, txn)
         self._locks: dict[str, asyncio.Lock] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -108,10 +97,9 @@ class Transactions:
 
     async def complete_and_expire(self, now_ms: int | None = None) -> int:
         """Complete the prepared transactions and abort the expired ones (how many ended); forget the ids
-        idle past their expiration and the aborted ranges below their partition's start."""
+        idle past their expiration."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         await self._forget_expired(now_ms)
-        await self._forget_trimmed_ranges()
         ended = 0
         for txn_id in list(self._txns):
             async with self._lock(txn_id):
@@ -143,20 +131,6 @@ class Transactions:
                     self._locks.pop(txn_id, None)
                     if self._by_producer.get(txn.producer_id) == txn_id:
                         del self._by_producer[txn.producer_id]
-
-    async def _forget_trimmed_ranges(self) -> None:
-        """Aborted ranges end below their partition's start once retention (or DeleteRecords) trims it."""
-        for (topic, partition), ranges in list(self._aborted.items()):
-            stream = self._broker.partition(topic, partition)
-            if stream is not None:
-                start = stream.start_offset
-            elif self._broker.topics.get(topic) is None:
-                start = ALL_OFFSETS_END   # the topic deleted: every range goes
-            else:
-                continue
-            if ranges and ranges[0].last_offset < start:
-                await asyncio.to_thread(self._table.forget_aborted_before, topic, partition, start)
-                self._aborted[(topic, partition)] = [r for r in ranges if r.last_offset >= start]
 
     def _lock(self, txn_id: str) -> asyncio.Lock:
         return self._locks.setdefault(txn_id, asyncio.Lock())
@@ -235,14 +209,7 @@ class Transactions:
     def all(self) -> list[Txn]:
         return list(self._txns.values())
 
-    def open_first_offset(self, producer_id: int, topic: str, partition: int) -> int:
-        """Where the open transaction of ``producer_id`` starts in a partition (-1: none open there)."""
-        txn = self._txns.get(self._by_producer.get(producer_id, ""))
-        if txn is None or txn.producer_id != producer_id or txn.state not in OPEN_STATES:
-            return -1
-        return next((p.first_offset for p in txn.partitions if (p.topic, p.partition) == (topic, partition)), -1)
-
-    # The produce and fetch paths ---------------------------------------------------------------------
+    # The produce path --------------------------------------------------------------------------------
 
     def check_produce(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode:
         """Whether a transactional batch may be appended: its transaction Ongoing under this epoch, with the
@@ -257,45 +224,21 @@ class Transactions:
             return ErrorCode.invalid_txn_state
         return ErrorCode.none
 
-    def last_stable_offset(self, topic: str, partition: int, high_watermark: int) -> int:
-        """The offset below which every transaction of the partition has ended (read_committed's end)."""
-        starts = self._open.get((topic, partition))
-        return min(high_watermark, *starts.values()) if starts else high_watermark
-
-    def aborted_ranges(self, topic: str, partition: int, from_offset: int, to_offset: int) -> list[AbortedRange]:
-        """The aborted ranges of a partition that overlap ``[from_offset, to_offset)``."""
-        return [r for r in self._aborted.get((topic, partition), ())
-                if r.last_offset >= from_offset and r.first_offset < to_offset]
-
     # Inside ------------------------------------------------------------------------------------------
 
     def _end_offset(self, topic: str, partition: int) -> int:
         stream = self._broker.partition(topic, partition)
         return stream.end_offset if stream is not None else 0
 
-    async def _save(self, txn: Txn, aborted: list[tuple[str, int, AbortedRange]] | None = None) -> None:
+    async def _save(self, txn: Txn) -> None:
         now_ms = int(time.time() * 1000)
-        await asyncio.to_thread(self._table.save, txn, now_ms, aborted or [])
+        await asyncio.to_thread(self._table.save, txn, now_ms)
         self._updated_ms[txn.transactional_id] = now_ms
         old = self._txns.get(txn.transactional_id)
         if old is not None and old.producer_id != txn.producer_id:
             self._by_producer.pop(old.producer_id, None)
-        self._index_open(old, txn)
         self._txns[txn.transactional_id] = txn
         self._by_producer[txn.producer_id] = txn.transactional_id
-        for topic, partition, r in aborted or []:
-            self._aborted.setdefault((topic, partition), []).append(r)
-
-    def _index_open(self, old: Txn | None, new: Txn) -> None:
-        """Move a transaction's partitions in the index of open ones from its ``old`` state to its ``new``."""
-        txn_id = new.transactional_id
-        for p in old.partitions if old is not None and old.state in OPEN_STATES else ():
-            starts = self._open.get((p.topic, p.partition), {})
-            starts.pop(txn_id, None)
-            if not starts:
-                self._open.pop((p.topic, p.partition), None)
-        for p in new.partitions if new.state in OPEN_STATES else ():
-            self._open.setdefault((p.topic, p.partition), {})[txn_id] = p.first_offset
 
     async def _end(self, prepared: Txn) -> Txn:
         """Make ``prepared`` (PrepareCommit or PrepareAbort) durable, write its markers, store its offsets
@@ -303,37 +246,14 @@ class Transactions:
         await self._save(prepared)
         commit = prepared.state is TxnState.PREPARE_COMMIT
         kind = MarkerType.COMMIT if commit else MarkerType.ABORT
-        markers = await asyncio.gather(*(self._write_marker(prepared, p, kind) for p in prepared.partitions))
+        await asyncio.gather(*(write_marker(self._broker, p.topic, p.partition, prepared.producer_id,
+                                            prepared.producer_epoch, kind, COORDINATOR_EPOCH)
+                               for p in prepared.partitions))
         if commit and prepared.offsets:
             await self._store_offsets(prepared.offsets)
-        aborted = [] if commit else [(p.topic, p.partition, AbortedRange(prepared.producer_id, p.first_offset, at))
-                                     for p, at in zip(prepared.partitions, markers, strict=True) if at >= 0]
         done = completed(prepared)
-        await self._save(done, aborted)
+        await self._save(done)
         return done
-
-    async def _write_marker(self, txn: Txn, p: TxnPartition, kind: MarkerType) -> int:
-        """Append the marker to one partition; its offset (-1: the partition is gone)."""
-        broker = self._broker
-        stream = broker.partition(p.topic, p.partition)
-        if stream is None:
-            if broker.topics.get(p.topic) is None:
-                return -1   # deleted with its records: nothing left to end
-            raise MarkerWriteError(f"partition {p.topic}-{p.partition} is not served here now")
-        now_ms = int(time.time() * 1000)
-        batch = memoryview(marker_batch(txn.producer_id, txn.producer_epoch, kind, coordinator_epoch=COORDINATOR_EPOCH,
-                                        timestamp_ms=now_ms))
-        history = broker.ownership.epochs(p.topic, p.partition)
-        if history:
-            batch = stamped(batch, current_epoch(history))
-        broker.settled_ends.setdefault(stream.stream_id, stream.end_offset)
-        try:
-            offset = await broker.appender.append(stream, batch, 1, now_ms)
-        except StratalogError as e:
-            raise MarkerWriteError(f"the marker of {p.topic}-{p.partition}: {e}") from e
-        broker.settled_ends[stream.stream_id] = max(broker.settled_ends.get(stream.stream_id, 0), offset + 1)
-        broker.data_arrived(stream.stream_id)
-        return offset
 
     async def _store_offsets(self, offsets: tuple[PendingOffset, ...]) -> None:
         now_ms = int(time.time() * 1000)

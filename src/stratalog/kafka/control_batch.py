@@ -15,11 +15,14 @@ from dataclasses import dataclass
 
 from stratalog.kafka.batch_format import (
     CONTROL_BIT,
+    HEADER_BYTES,
+    LOG_OVERHEAD_BYTES,
     TRANSACTIONAL_BIT,
     BatchHeader,
+    KafkaBatchError,
 )
 from stratalog.kafka.record_check import walk_fields
-from stratalog.kafka.records import encode_record, packed_batch
+from stratalog.kafka.records import check_batch, encode_record, packed_batch
 
 #: A control record's key: its version and its type.
 CONTROL_KEY = struct.Struct(">hh")
@@ -80,3 +83,14 @@ def read_marker(header: BatchHeader, records: bytes | memoryview) -> Marker:
     _, coordinator_epoch = MARKER_VALUE.unpack_from(data, value_at)
     return Marker(header.producer_id, header.producer_epoch, MarkerType(kind), coordinator_epoch,
                   header.max_timestamp_ms)
+
+
+def marker_type(batch: bytes | memoryview) -> MarkerType | None:
+    """The type of the transaction marker that ``batch`` (a whole stored control batch) is, or None if it
+    is another control batch or unreadable: a replay of a log recovers what it can read."""
+    view = memoryview(batch)
+    try:
+        header = check_batch(view, 0, batch_bytes_max=len(view), stored=True)
+        return read_marker(header, view[HEADER_BYTES:header.batch_length + LOG_OVERHEAD_BYTES]).kind
+    except (KafkaBatchError, ControlBatchError):
+        return None
