@@ -7,16 +7,21 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 LATENCY_KEYS = {"p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max", "mean", "samples"}
 #: The whole run: three servers started and stopped, two latency sizes at 1 s, two throughput sizes, each
-#: waiting for stratalog's upload interval before its read from objects.
-RUN_TIMEOUT_S = 240
+#: waiting for stratalog's upload interval before its read from objects and after each of its own produce
+#: runs (recompressed, transactional, idempotent).
+RUN_TIMEOUT_S = 300
 #: stratalog's upload interval in the run: the waits for uploads follow it (5 s by default). Long enough
-#: that a tail run of 2,000 messages is produced and read back before the next upload.
-UPLOAD_INTERVAL_S = 3
+#: that a transactional tail run of 2,000 messages is produced and read back four times (two rounds at
+#: each isolation level, about half a second each) before the next upload.
+UPLOAD_INTERVAL_S = 5
+#: The transactional tail reads: kafka_txn.READ_ROUNDS at each isolation level.
+READ_ROUNDS = 2
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -80,14 +85,18 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
         for r in peer["throughput"]:
             # 2,000 messages are far below half the upload threshold: the produce run is the tail run.
             assert r["tail_run"]["is_produce_run"] and r["tail_run"]["messages"] == 2000
+            # librdkafka's default, named: over a topic without transactions it reads every record.
+            assert peer["name"] == "nats" or r["consume_tail"]["isolation_level"] == "read_committed", r
             if peer["name"] == "stratalog":
                 assert r["consume_tail"]["from_log_cache"] is True, r
                 assert r["consume_cold"]["uploaded_before_read"] is True, r
                 recompressed = r["produce_recompressed"]  # the same run into a compression.type=zstd topic
                 assert recompressed["ok"] and recompressed["messages"] == 2000, r
                 assert recompressed["topic_configs"] == {"compression.type": "zstd"}
+                _assert_transactional_phases(r["transactional"], r["message_bytes"])
             else:
                 assert "produce_recompressed" not in r
+                assert r["transactional"]["not_applicable"], r  # said why, not silently absent
             if peer["name"] == "tansu":
                 assert r["consume_cold"]["not_applicable"], r  # memory storage: nothing to read cold
             for phase in ("produce", "consume_tail", "consume_cold"):
@@ -114,7 +123,40 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
     assert "| stratalog | 256 B |" in report.stdout and "| target |" in report.stdout
     assert "| stratalog, compression.type=zstd | 100 B | 2,000 |" in report.stdout
     assert "every batch recompressed into zstd" in report.stdout
+    assert "Transactions: the plain throughput producers, each with a transactional.id" in report.stdout
+    for peer in doc["peers"][1:]:  # one row each, saying why they have no transactional phases
+        if peer["status"] == "ran":
+            assert f"| {peer['name']} | - |" in report.stdout, peer["name"]
+    targets = {t["name"]: t for t in doc["targets"]}
+    for name in ("transactional produce (a commit every 100 ms) >= 0.8x the plain produce, each size",
+                 "read_committed tail consume >= 0.9x read_uncommitted, each size"):
+        assert targets[name]["figure"] > 0, targets[name]  # measured at both sizes
+        assert f"| {name} |" in report.stdout
     assert not _processes_mentioning(str(data_dir))
+
+
+def _assert_transactional_phases(txn: dict[str, Any], size: int) -> None:
+    """Every message of stratalog's transactional run committed and read back at both isolation levels;
+    the idempotent reference took them all too."""
+    assert txn["commit_interval_ms"] == 100
+    # 2,000 messages are far below half the upload threshold: the produce run is the tail run.
+    assert txn["tail_run"] == {"topic": f"txn-{size}", "messages": 2000, "is_produce_run": True}
+    produce = txn["produce"]
+    assert produce["ok"] and produce["errors"] == [], produce
+    assert produce["messages"] == produce["committed"] == 2000 and produce["aborted"] == 0, produce
+    assert produce["transactions"] >= 2, produce  # each of the two producers committed
+    assert produce["transactions"] == produce["end_txn_ms"]["samples"] == produce["flush_ms"]["samples"]
+    assert 0 < produce["flush_share"] + produce["end_txn_share"] <= 1, produce
+    idempotent = txn["produce_idempotent"]
+    assert idempotent["ok"] and idempotent["messages"] == 2000, idempotent
+    assert idempotent["producer_configs"] == {"enable.idempotence": True}
+    tail = txn["consume_tail"]
+    assert tail["from_log_cache"] is True, tail
+    for level in ("read_uncommitted", "read_committed"):
+        read = tail[level]
+        assert read["isolation_level"] == level and read["ok"] and read["messages"] == 2000, read
+        assert [x["messages"] for x in read["reads"]] == [2000] * READ_ROUNDS, read
+        assert read["msg_per_s"] == max(x["msg_per_s"] for x in read["reads"])
 
 
 def test_the_upload_waits_and_the_tail_run_follow_the_broker_config(tmp_path: Path) -> None:

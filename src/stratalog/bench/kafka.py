@@ -12,6 +12,10 @@ acknowledged. Consumers then read twice: from the tail, a run small enough to st
 cache (half its upload threshold) read back at once, and from objects, the same topic read again once
 the broker has uploaded it (the first read after the upload: the broker's block cache does not hold it
 yet, the object files may be in the OS page cache). Tansu keeps everything in memory: no cold read.
+Those consumers read with isolation.level=read_committed, librdkafka's default, made explicit: over a topic
+without transactions it reads what read_uncommitted reads. stratalog then runs each size's transactional
+phases (:mod:`stratalog.bench.kafka_txn`): the same produce with a transaction committed every 100 ms, and
+its tail read at both isolation levels.
 
 The peers, each a server started here on 127.0.0.1 and stopped in a ``finally``:
 
@@ -88,6 +92,10 @@ LOG_TAIL_BYTES = 2000
 NATS_STREAM_PREFIX = "bench"
 #: Each throughput size's measured phases, as keys of its result.
 THROUGHPUT_PHASES = ("produce", "consume_tail", "consume_cold", "produce_recompressed")
+#: The throughput consumers' isolation.level: librdkafka's default (read_committed), set explicitly so
+#: that the table can name it; over a topic without transactions the last stable offset is the high
+#: watermark and both levels read the same records.
+CONSUME_ISOLATION_LEVEL = "read_committed"
 #: stratalog's extra produce run per size: the same messages into a topic whose compression.type makes the
 #: broker recompress every batch (the producers send uncompressed), so its cost is the ratio of the rates.
 RECOMPRESSED_CONFIGS = {"compression.type": "zstd"}
@@ -122,8 +130,10 @@ class KafkaBenchPlan:
     @property
     def phases(self) -> int:
         per_peer = 1 + len(self.latency_sizes_bytes) + 4 * len(self.throughput_sizes_bytes)
-        recompressed = 2 * len(self.throughput_sizes_bytes) if "stratalog" in self.peers else 0
-        return 1 + len(self.peers) * per_peer + recompressed
+        # stratalog's own: the recompressed produce and its upload wait; the transactional tail run, its
+        # reads, the transactional and the idempotent produce, each with its upload wait.
+        stratalog_only = 8 * len(self.throughput_sizes_bytes) if "stratalog" in self.peers else 0
+        return 1 + len(self.peers) * per_peer + stratalog_only
 
     def tail_messages(self, size: int, peer: str = "stratalog") -> int:
         """Messages of the tail run: at most half the broker's upload threshold in payload, so record and
@@ -365,7 +375,7 @@ class _Pacer:
 # Kafka peers (confluent-kafka) -------------------------------------------------------------------------
 
 
-def _kafka_create_topic(bootstrap: str, topic: str, configs: dict[str, str] | None = None) -> None:
+def kafka_create_topic(bootstrap: str, topic: str, configs: dict[str, str] | None = None) -> None:
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -381,7 +391,7 @@ def _kafka_create_topic(bootstrap: str, topic: str, configs: dict[str, str] | No
                 raise RuntimeError(f"create topic {topic}: {e}") from e
 
 
-def _kafka_consumer(bootstrap: str, topic: str) -> Any:
+def _kafka_consumer(bootstrap: str, topic: str, isolation_level: str = CONSUME_ISOLATION_LEVEL) -> Any:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     # fetch.queue.backoff.ms: librdkafka stops fetching for this long (1 s by default) whenever its
@@ -390,7 +400,8 @@ def _kafka_consumer(bootstrap: str, topic: str) -> Any:
     # 1 ms, same broker, same run). Every Kafka peer gets the same settings.
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{topic}", "enable.auto.commit": False,
                          "fetch.max.bytes": 4 * MESSAGE_BYTES_MAX, "max.partition.fetch.bytes": MESSAGE_BYTES_MAX,
-                         "fetch.wait.max.ms": 100, "fetch.queue.backoff.ms": 1})
+                         "fetch.wait.max.ms": 100, "fetch.queue.backoff.ms": 1,
+                         "isolation.level": isolation_level})
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     return consumer
 
@@ -400,7 +411,7 @@ def kafka_latency(bootstrap: str, topic: str, size: int, rate_per_s: float, dura
     """One producer (acks=all, linger.ms=0) at ``rate_per_s``; a consumer thread beside it."""
     from confluent_kafka import Producer
 
-    _kafka_create_topic(bootstrap, topic)
+    kafka_create_topic(bootstrap, topic)
     produce_s: list[float] = []
     e2e_s: list[float] = []
     errors: list[str] = []
@@ -466,9 +477,17 @@ def kafka_latency(bootstrap: str, topic: str, size: int, rate_per_s: float, dura
     return _latency_result(size, pace.count, produce_s, e2e_s, errors, seconds)
 
 
-def _kafka_producer_main(bootstrap: str, topic: str, size: int, count: int, index: int, progress: Any,
-                         ready: Any, go: Any, results: Any) -> None:
-    """One throughput producer process: acks=all, librdkafka batching, ``count`` messages."""
+def throughput_producer_config(bootstrap: str, on_delivery: Callable[[Any, Any], None]) -> dict[str, Any]:
+    """Every throughput producer's settings (the transactional ones add their id to these)."""
+    return {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": LINGER_MS, "batch.size": BATCH_BYTES,
+            "message.max.bytes": MESSAGE_BYTES_MAX, "queue.buffering.max.messages": 1_000_000,
+            "on_delivery": on_delivery}
+
+
+def kafka_producer_main(bootstrap: str, topic: str, configs: dict[str, Any], size: int, count: int, index: int,
+                        progress: Any, ready: Any, go: Any, results: Any) -> None:
+    """One throughput producer process: acks=all, librdkafka batching, ``count`` messages; ``configs``
+    added to the producer's settings (the idempotent reference of kafka_txn)."""
     from confluent_kafka import Producer
 
     acked = [0, 0]  # acknowledged, failed
@@ -482,10 +501,14 @@ def _kafka_producer_main(bootstrap: str, topic: str, size: int, count: int, inde
             if not first_error:
                 first_error.append(str(err))
 
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": LINGER_MS,
-                         "batch.size": BATCH_BYTES, "message.max.bytes": MESSAGE_BYTES_MAX,
-                         "queue.buffering.max.messages": 1_000_000, "on_delivery": on_delivery})
+    producer = Producer({**throughput_producer_config(bootstrap, on_delivery), **configs})
     producer.list_topics(topic, timeout=30)  # connect before the clock starts
+    if configs.get("enable.idempotence"):
+        # An idempotent producer sends nothing until it has its producer id (InitProducerId, after the
+        # connection): one message acknowledged before the clock starts, not counted, makes sure it has.
+        producer.produce(topic, b"")
+        producer.flush(DRAIN_TIMEOUT_S)
+        acked[0] = 0  # a failure stays counted: the run then reports it
     payload = os.urandom(size)
     ready.put(index)
     go.wait()
@@ -507,14 +530,14 @@ def _kafka_producer_main(bootstrap: str, topic: str, size: int, count: int, inde
                  "unacknowledged": left, "error": first_error[0] if first_error else None})
 
 
-def kafka_consume_throughput(bootstrap: str, topic: str, size: int, count: int,
-                             tick: Callable[[float], None]) -> dict[str, Any]:
+def kafka_consume_throughput(bootstrap: str, topic: str, size: int, count: int, tick: Callable[[float], None],
+                             isolation_level: str = CONSUME_ISOLATION_LEVEL) -> dict[str, Any]:
     """Read ``count`` messages from the start. The clock runs from the first messages' arrival to the
     last's, and those first messages are not counted: the consumer's start (connect, metadata, offset
     lookup, first fetch: 0.2-0.6 s here) is not read throughput, and on a 32 MiB tail it was most of
     the time (52 MB/s measured with it, against several hundred without)."""
     start_s = time.monotonic()
-    consumer = _kafka_consumer(bootstrap, topic)
+    consumer = _kafka_consumer(bootstrap, topic, isolation_level)
     got, errors = 0, []
     first_s: float | None = None
     first_count = 0
@@ -540,7 +563,8 @@ def kafka_consume_throughput(bootstrap: str, topic: str, size: int, count: int,
         end_s = time.monotonic()
     finally:
         consumer.close()
-    return _rate_after_first(got, first_count, size, start_s, first_s, end_s, errors, count)
+    return {**_rate_after_first(got, first_count, size, start_s, first_s, end_s, errors, count),
+            "isolation_level": isolation_level}
 
 
 def _rate_after_first(got: int, first_count: int, size: int, start_s: float, first_s: float | None, end_s: float,
@@ -730,9 +754,11 @@ def _rate(messages: int, size: int, seconds: float, errors: list[str], expected:
 
 
 def produce_throughput(target: Callable[..., None], args: tuple[Any, ...], size: int, messages: int,
-                       producers: int, tick: Callable[[float], None]) -> dict[str, Any]:
+                       producers: int, tick: Callable[[float], None],
+                       collect: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None) -> dict[str, Any]:
     """``producers`` processes run ``target(*args, size, count, index, progress, ready, go, results)``; the
-    clock runs from releasing them together to the last one's last acknowledgement."""
+    clock runs from releasing them together to the last one's last acknowledgement. ``collect``: what the
+    result also holds from the producers' results, beyond the counts every target reports."""
     ctx = multiprocessing.get_context("spawn")  # no forked client threads or event loops
     progress = ctx.Array("q", producers, lock=False)
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
@@ -757,7 +783,8 @@ def produce_throughput(target: Callable[..., None], args: tuple[Any, ...], size:
     acknowledged = sum(d["acknowledged"] for d in done)
     errors = [f"producer {d['index']}: {d['failed']:,} failed, {d['unacknowledged']:,} unacknowledged"
               + (f" ({d['error']})" if d["error"] else "") for d in done if d["failed"] or d["unacknowledged"]]
-    return {**_rate(acknowledged, size, seconds, errors, messages), "producers": producers}
+    return {**_rate(acknowledged, size, seconds, errors, messages), "producers": producers,
+            **(collect(done) if collect is not None else {})}
 
 
 def _wait_queue(queue: Any, workers: list[Any], every: Callable[[], None] | None = None) -> Any:
@@ -901,8 +928,14 @@ def _measure(peer: PeerRun, server: Server, plan: KafkaBenchPlan, bar: Any) -> N
     if not is_nats and server.objects_dir is not None:
         bar.phase(f"{peer.name}: waiting for the latency runs' data to be uploaded")
         await_upload(server, plan.upload_wait_s)  # the log cache starts empty: the tail run stays in it
+    # Imported here: kafka_txn builds on this module's producers and consumers.
+    from stratalog.bench.kafka_txn import transactional_phases
+
     for size in plan.throughput_sizes_bytes:
-        peer.throughput.append(_throughput(peer.name, server, plan, size, bar))
+        result = _throughput(peer.name, server, plan, size, bar)
+        # After the upload that ends stratalog's plain phases: its log cache is empty again.
+        result["transactional"] = transactional_phases(server, plan, size, bar)
+        peer.throughput.append(result)
 
 
 def _throughput(name: str, server: Server, plan: KafkaBenchPlan, size: int, bar: Any) -> dict[str, Any]:
@@ -965,8 +998,8 @@ def _produce_phase(server: Server, kind: str, size: int, count: int, plan: Kafka
             return produce_throughput(_nats_producer_main, (address, _topic(kind, size, server)), size, count,
                                       plan.producers, bar.advance)
         topic = _topic(kind, size, server)
-        _kafka_create_topic(address, topic, configs)
-        return produce_throughput(_kafka_producer_main, (address, topic), size, count, plan.producers, bar.advance)
+        kafka_create_topic(address, topic, configs)
+        return produce_throughput(kafka_producer_main, (address, topic, {}), size, count, plan.producers, bar.advance)
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
 

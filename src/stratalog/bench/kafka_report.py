@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stratalog.bench.common import size_label
-from stratalog.bench.tables import markdown_table, provenance
+from stratalog.bench.tables import FigureTable, markdown_table, provenance
 
 #: The targets: stratalog alone, and against each peer (as factors).
 P99_MS_MAX_256 = 1.5
@@ -15,6 +15,10 @@ PRODUCE_MSG_PER_S_MIN_100 = 1_000_000.0
 CONSUME_TAIL_MB_PER_S_MIN = 1000.0
 NATS_FACTOR_MIN = 3.0
 TANSU_FACTOR_MIN = 0.5
+#: Issue 36's: a transactional produce that commits every 100 ms keeps 0.8x the plain produce's rate of the
+#: same run, and a read_committed tail read of those transactions 0.9x the read_uncommitted one's.
+TXN_PRODUCE_FACTOR_MIN = 0.8
+READ_COMMITTED_FACTOR_MIN = 0.9
 LATENCY_KEYS = ("p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max")
 LATENCY_HEADS = ("p0", "p50", "p90", "p99", "p99.9", "p99.99", "p99.9999", "max")
 
@@ -89,7 +93,136 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
             text = (f"{factor_of:.2f}x (stratalog {ours:,.{digits}f} vs {theirs:,.{digits}f} {unit})"
                             if factor_of is not None else "")
             out.append(_target(f"{label} {what}", factor_of, factor, True, text))
+    return out + transactional_targets(mine)
+
+
+def _ok_rate(d: dict[str, Any] | None) -> float | None:
+    """A phase's msg/s if it took every message (a rate over a timeout is not comparable)."""
+    rate = (d or {}).get("msg_per_s")
+    return float(rate) if rate and (d or {}).get("ok") else None
+
+
+def _over(top: dict[str, Any] | None, bottom: dict[str, Any] | None) -> tuple[float, float, float] | None:
+    """``top``'s rate over ``bottom``'s, with both rates; None unless both took every message."""
+    a, b = _ok_rate(top), _ok_rate(bottom)
+    return (a / b, a, b) if a is not None and b is not None else None
+
+
+def txn_ratios(r: dict[str, Any]) -> dict[str, tuple[float, float, float] | None]:
+    """A throughput size's transactional ratios: transactional and idempotent produce over the plain one,
+    transactional over idempotent, and the read_committed tail read over the read_uncommitted one."""
+    txn = r.get("transactional", {})
+    tail = txn.get("consume_tail", {})
+    return {"produce": _over(txn.get("produce"), r.get("produce")),
+            "idempotent": _over(txn.get("produce_idempotent"), r.get("produce")),
+            "txn_over_idempotent": _over(txn.get("produce"), txn.get("produce_idempotent")),
+            "read": _over(tail.get("read_committed"), tail.get("read_uncommitted"))}
+
+
+def transactional_targets(mine: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Issue 36's two targets, each met only if met at every throughput size (the lowest ratio is the
+    figure; a size without both rates leaves it unmeasured); none for a run from before the transactional
+    phases (the kept kafka-check runs)."""
+    sizes = [r for r in (mine or {}).get("throughput", []) if "commit_interval_ms" in r.get("transactional", {})]
+    if mine is not None and not sizes:
+        return []
+    interval = next((r["transactional"]["commit_interval_ms"] for r in sizes if "transactional" in r), None)
+    every = f"a commit every {interval:g} ms" if interval is not None else "transactions"
+    out = []
+    for key, name, bound, unit in (
+            ("produce", f"transactional produce ({every}) >= {TXN_PRODUCE_FACTOR_MIN:g}x the plain produce, "
+                        "each size", TXN_PRODUCE_FACTOR_MIN, "msg/s"),
+            ("read", f"read_committed tail consume >= {READ_COMMITTED_FACTOR_MIN:g}x read_uncommitted, each size",
+             READ_COMMITTED_FACTOR_MIN, "msg/s")):
+        found = [(r["message_bytes"], txn_ratios(r)[key]) for r in sizes]
+        parts = [f"{size_label(size)}: {x[0]:.2f}x ({x[1]:,.0f} vs {x[2]:,.0f} {unit})" if x is not None
+                 else f"{size_label(size)}: not measured" for size, x in found]
+        whole = bool(found) and all(x is not None for _, x in found)
+        figure = min(x[0] for _, x in found if x is not None) if whole else None
+        target = _target(name, figure, bound, True, "; ".join(parts))
+        if found:  # which size lacks its figures, rather than "not measured" alone
+            target["figure_text"] = "; ".join(parts)
+        out.append(target)
     return out
+
+
+TXN_HEADS = ("peer", "size", "produced", "commits", "time in flush", "time in EndTxn", "transactional msg/s",
+             "transactional / plain", "idempotent msg/s", "idempotent / plain", "tail read",
+             "read_uncommitted msg/s", "read_committed msg/s", "committed / uncommitted", "note")
+
+
+def _factor(x: tuple[float, float, float] | None) -> str:
+    return f"{x[0]:.2f}x" if x is not None else "-"
+
+
+def _msgs(d: dict[str, Any] | None) -> str:
+    return f"{d['msg_per_s']:,.0f}" if d and "msg_per_s" in d else "-"
+
+
+def _share(produce: dict[str, Any], key: str) -> str:
+    return f"{produce[key]:.0%}" if key in produce else "-"
+
+
+def _txn_notes(txn: dict[str, Any]) -> list[str]:
+    """Errors and shortfalls of the transactional phases, and reads not from where meant."""
+    notes: list[str] = []
+    tail = txn.get("consume_tail", {})
+    phases = [("transactional produce", txn.get("produce", {})),
+              ("idempotent produce", txn.get("produce_idempotent", {})),
+              *((f"{level} read", tail[level]) for level in ("read_uncommitted", "read_committed") if level in tail)]
+    tail_run = txn.get("tail_run", {})
+    if "produce" in tail_run:
+        phases.insert(0, ("transactional tail run", tail_run["produce"]))
+    for what, d in phases:
+        notes += [f"{what}: {x}" for x in (d.get("error"), *d.get("errors", [])) if x]
+        if d.get("aborted"):
+            notes.append(f"{what}: {d['aborted']:,} messages in aborted transactions")
+    if tail.get("error"):
+        notes.append(f"tail read: {tail['error']}")
+    if tail_run and not tail_run.get("is_produce_run"):
+        notes.append(f"tail run: a topic of its own ({tail_run['messages']:,} messages)")
+    if tail.get("from_log_cache") is False:
+        notes.append("an upload ran during the tail reads: part came from objects")
+    return notes
+
+
+def transactional_table(doc: dict[str, Any]) -> FigureTable:
+    """The transactional phases per size, beside the plain produce of the same run; one row for each peer
+    they do not run against, saying why."""
+    sizes = [r for p in doc["peers"] if p["status"] == "ran" for r in p["throughput"]
+             if "commit_interval_ms" in r.get("transactional", {})]
+    interval = f"{sizes[0]['transactional']['commit_interval_ms']:g} ms" if sizes else "-"
+    rounds = max((len(r["transactional"].get("consume_tail", {}).get("read_committed", {}).get("reads", []))
+                  for r in sizes), default=0)
+    out = FigureTable(
+        f"Transactions: the plain throughput producers, each with a transactional.id, a transaction committed "
+        f"every {interval} (librdkafka's commit_transaction first flushes: waits for every message of it to be "
+        "acknowledged; the time in each part is the share of the producers' time); idempotent: the same producers "
+        "with enable.idempotence=true and no transactions. Tail read: a transactional run of at most half the "
+        f"broker's upload threshold read back at once at each isolation level, the faster of {rounds} reads each "
+        "(read in the order ABBA)", TXN_HEADS, left=("peer", "size", "note"))
+    for peer in doc["peers"]:
+        if peer["status"] != "ran":
+            continue
+        skipped = [r["transactional"] for r in peer["throughput"] if "not_applicable" in r.get("transactional", {})]
+        if skipped:  # one row for the peer: the reason is the same at every size
+            out.add(peer["name"], "-", *["-"] * (len(TXN_HEADS) - 3), f"not run: {skipped[0]['not_applicable']}")
+        for r in peer["throughput"]:
+            if "commit_interval_ms" in r.get("transactional", {}):
+                out.add(*_txn_row(peer["name"], r))
+    return out
+
+
+def _txn_row(peer: str, r: dict[str, Any]) -> list[str]:
+    txn = r["transactional"]
+    produce, tail = txn.get("produce", {}), txn.get("consume_tail", {})
+    ratios = txn_ratios(r)
+    return [peer, size_label(r["message_bytes"]), f"{produce.get('committed', 0):,}",
+            f"{produce.get('transactions', 0):,}", _share(produce, "flush_share"), _share(produce, "end_txn_share"),
+            _msgs(produce), _factor(ratios["produce"]), _msgs(txn.get("produce_idempotent")),
+            _factor(ratios["idempotent"]), f"{tail.get('read_committed', {}).get('messages', 0):,}",
+            _msgs(tail.get("read_uncommitted")), _msgs(tail.get("read_committed")), _factor(ratios["read"]),
+            "; ".join(_txn_notes(txn))]
 
 
 def throughput_notes(r: dict[str, Any]) -> list[str]:
@@ -170,6 +303,16 @@ def _rate_cells(d: dict[str, Any]) -> list[str]:
     return [f"{d['msg_per_s']:,.0f}", f"{d['mb_per_s']:,.1f}"]
 
 
+def consumer_text(doc: dict[str, Any]) -> str:
+    """Which isolation level the plain phases' Kafka consumer read with, as the run recorded it."""
+    levels = {r["consume_tail"]["isolation_level"] for p in doc["peers"] for r in p.get("throughput", [])
+              if "isolation_level" in r.get("consume_tail", {})}
+    if not levels:
+        return "The Kafka consumer's isolation.level was not recorded (librdkafka's default: read_committed)."
+    return (f"The Kafka consumer reads with isolation.level={', '.join(sorted(levels))} (librdkafka's default is "
+            "read_committed; over topics without transactions both levels read the same records).")
+
+
 def markdown_report(doc: dict[str, Any]) -> str:
     """One run as Markdown: latency (beside the disk's, and end to end), throughput, and the targets (with
     the ratios to the peers they are about)."""
@@ -184,8 +327,8 @@ def markdown_report(doc: dict[str, Any]) -> str:
     lines += [f"Throughput: {s['producers']} producer processes, acks=all, linger.ms={s['linger_ms']}, batch.size "
               f"{s['batch_bytes'] >> 20} MiB (NATS: publish_async, 4,000 in flight). Tail: a run of at most half the "
               "broker's upload threshold read back at once, from the log cache; cold: the same topic read again "
-              "after the upload (the first read of it from objects; NATS: after the same wait). MB = 10^6 bytes.",
-              ""]
+              f"after the upload (the first read of it from objects; NATS: after the same wait). {consumer_text(doc)} "
+              "MB = 10^6 bytes.", ""]
     rows = []
     for peer in doc["peers"]:
         if peer["status"] != "ran":
@@ -199,6 +342,9 @@ def markdown_report(doc: dict[str, Any]) -> str:
                 rows.append(extra)
     lines += _table(("peer", "size", "produced", "produce msg/s", "produce MB/s", "tail read", "tail msg/s",
                      "tail MB/s", "cold msg/s", "cold MB/s", "note"), rows, 2)
+    txn = transactional_table(doc)
+    if txn.rows:  # a run from before the transactional phases has none
+        lines += [txn.markdown(), ""]
     lines += _table(("target", "measured", ""), [[t["name"], t["figure_text"], "met" if t["met"] else "**missed**"]
                                                  for t in targets(doc)], 2)
     return "\n".join(lines)

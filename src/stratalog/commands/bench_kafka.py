@@ -22,7 +22,14 @@ from stratalog.bench.kafka import (
     KafkaBenchPlan,
     ratios,
 )
-from stratalog.bench.kafka_report import markdown_report, recompressed_row, targets, throughput_notes
+from stratalog.bench.kafka_report import (
+    consumer_text,
+    markdown_report,
+    recompressed_row,
+    targets,
+    throughput_notes,
+    transactional_table,
+)
 from stratalog.bench.log_report import ms
 from stratalog.commands.bench_log import bench_dir, make_console, print_machine, progress_bar, table
 from stratalog.commands.bench_wal import parse_sizes
@@ -83,7 +90,8 @@ def _throughput_table(doc: dict[str, Any]) -> Table:
                "cold msg/s", "cold MB/s", "note")
     out = table(f"Throughput: {s['producers']} producer processes, acks=all, linger.ms={s['linger_ms']}, "
                 f"batch.size {s['batch_bytes'] >> 20} MiB (NATS: publish_async, 4,000 in flight); one consumer "
-                "reads a tail run back at once (tail), then again once uploaded (cold) (MB = 10^6 bytes)",
+                f"reads a tail run back at once (tail), then again once uploaded (cold). {consumer_text(doc)} "
+                "(MB = 10^6 bytes)",
                 columns, left=("peer", "size", "note"))
     for peer in doc["peers"]:
         if peer["status"] == "skipped":
@@ -124,6 +132,8 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
     console.print(_latency_table(doc, "end_to_end_ms", f"End-to-end latency (ms), {load}; from send to a consumer "
                                                        "beside the producer receiving it"))
     console.print(_throughput_table(doc))
+    if (txn := transactional_table(doc)).rows:
+        console.print(txn.rich())
     if doc["ratios"]:
         console.print(_ratios_table(doc))
     for t in doc["targets"]:
@@ -172,7 +182,9 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
     every message acknowledged. A consumer reads a tail run (at most half stratalog's upload threshold)
     back at once, from the tail, and again once stratalog has uploaded it, from objects (NATS: after the
     same wait; Tansu has no objects). stratalog also takes each size's messages into a topic of
-    compression.type=zstd, so that it recompresses every batch: the rate shows what that costs.
+    compression.type=zstd, so that it recompresses every batch: the rate shows what that costs; and in
+    transactions committed every 100 ms (and, for reference, idempotent without transactions), whose
+    tail it reads back with isolation.level read_uncommitted and read_committed.
     stratalog syncs before it acknowledges, NATS is set to (sync_interval: always), Tansu keeps
     everything in memory. Before the peers, the bare disk under --data-dir takes one 4 KiB O_DIRECT +
     O_DSYNC write per message at --rate for --duration-s.
