@@ -88,7 +88,8 @@ def test_resources_not_ready_are_neither_taken_over_nor_counted() -> None:
 
 
 def test_kinds_are_balanced_apart() -> None:
-    res = [*partitions(2), Resource(Kind.GROUP, "g1"), Resource(Kind.GROUP, "g2")]
+    res = [*partitions(2), Resource(Kind.GROUP, "g1"), Resource(Kind.GROUP, "g2"), Resource(Kind.TRANSACTION, "t1"),
+           Resource(Kind.TRANSACTION, "t2")]
     moves = plan(res, {}, {1: 1, 2: 1})
     held = after(moves, {})
     for kind in Kind:

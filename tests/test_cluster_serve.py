@@ -13,7 +13,7 @@ import click
 import psycopg
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from brokerkit import read_partition
@@ -160,16 +160,6 @@ def test_three_brokers_share_a_topic_route_clients_and_refuse_what_they_do_not_l
 
         wait_until(lambda: len(ledger()) == 30, lambda: f"every partition compacted ({len(ledger())} records left)")
         assert sorted(ledger()) == sorted((k % 3, f"k{k}".encode(), b"4") for k in range(30))
-
-        # Transactions are a broker alone's for now: a cluster refuses them at once, fatally, and says so.
-        transactional = Producer({"bootstrap.servers": cluster.bootstrap(1), "transactional.id": "in-a-cluster"})
-        with pytest.raises(KafkaException) as refused:
-            transactional.init_transactions(60)
-        error = refused.value.args[0]
-        del refused, transactional   # the traceback holds the producer (its threads) otherwise
-        assert error.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and error.fatal()
-        wait_until(lambda: any("transactions refused" in line for b in cluster.brokers.values() for line in b.output),
-                   "the refusal in a broker's log")
 
 
 def test_the_cluster_table_of_the_config_is_read_and_its_bounds_checked(tmp_path: Path) -> None:

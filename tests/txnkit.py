@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from brokerkit import BrokerProcess, start_broker
@@ -27,7 +27,8 @@ def read_to_end(bootstrap: str, topic: str, isolation: str = "read_committed") -
                          "enable.partition.eof": True, "enable.auto.commit": False})
     try:
         partitions = consumer.list_topics(topic, WAIT_S).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        # From each partition's start, not the reading group's offsets: no group coordinator is asked.
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         values: list[bytes] = []
         at_end: set[int] = set()
         while len(at_end) < len(partitions):

@@ -21,6 +21,7 @@ from stratalog.broker.apis import TRANSACTIONS_REFUSED, Api
 from stratalog.broker.ownership import BrokerEndpoint
 from stratalog.broker.session import Session
 from stratalog.broker.topics import InvalidTopicError, Topic, check_topic_name
+from stratalog.cluster.assignment import Kind
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 
@@ -149,17 +150,20 @@ async def find_coordinator(broker: Broker, request: Request, session: Session) -
         if key_type == KEY_TYPE_TRANSACTION:
             # Refused: what every client takes as fatal at once (librdkafka, kafka-python and aiokafka fail
             # init_transactions in milliseconds, with this message); INVALID_REQUEST had librdkafka retry
-            # until its own timeout. Served: this broker, alone, coordinates every transactional id.
+            # until its own timeout.
             if refusal(broker, session, key, "FindCoordinator", Operation.DESCRIBE) is not None:
                 return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_REFUSED, -1, host, port
-            return ErrorCode.none, None, broker.config.node_id, host, port
-        if key_type != KEY_TYPE_GROUP:
+            kind = Kind.TRANSACTION
+        elif key_type == KEY_TYPE_GROUP:
+            if not session.may_group(Operation.DESCRIBE, key):
+                return ErrorCode.group_authorization_failed, None, -1, host, port
+            kind = Kind.GROUP
+        else:
             return ErrorCode.invalid_request, f"unknown coordinator key type {key_type}", -1, host, port
-        if not session.may_group(Operation.DESCRIBE, key):
-            return ErrorCode.group_authorization_failed, None, -1, host, port
-        found = await broker.ownership.coordinator(key, session.listener)
+        found = await broker.ownership.coordinator(key, session.listener, kind)
         if found is None:
-            return ErrorCode.coordinator_not_available, "no live broker coordinates the group yet", -1, host, port
+            return ErrorCode.coordinator_not_available, f"no live broker coordinates the {kind.value} yet", -1, \
+                host, port
         return ErrorCode.none, None, *found
 
     if request.api_version >= _BATCHED_FROM_VERSION:

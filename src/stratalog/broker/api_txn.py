@@ -4,8 +4,10 @@ FindCoordinator, which transactions share with idempotence and groups, are in ap
 api_cluster.py. The rules and the state are broker/transactions.py's; these are the wire's shell:
 authorization, the request's fields in, the version's answer out.
 
-A broker of a cluster refuses them (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which every client takes as
-fatal at once, with a log line): its coordinator does not move with a lease yet.
+In a cluster, a transactional id's coordinator is whichever broker holds it (FindCoordinator names it);
+the others answer NOT_COORDINATOR, and the client finds it again. TxnOffsetCommit goes to the group's
+coordinator, which may not be the transaction's: it then keeps the offsets with the transaction in the
+database (broker/txn_table.py).
 """
 
 from __future__ import annotations
@@ -37,13 +39,16 @@ def refusal(broker: Broker, session: Session, txn_id: str, what: str,
             operation: Operation = Operation.WRITE) -> ErrorCode | None:
     """The answer for a transactional request this broker does not take (None: it takes it). Kafka's ACLs:
     WRITE on the transactional id for what changes a transaction, DESCRIBE to find its coordinator."""
-    if broker.config.cluster.enabled:
-        log.warning("transactions refused (a cluster of brokers does not serve them yet): %s for transactional "
-                    "id %r from %s", what, txn_id, session.principal)
-        return ErrorCode.transactional_id_authorization_failed
     if not session.may(operation, ResourceType.TRANSACTIONAL_ID, txn_id):
+        log.info("%s refused: %s may not %s transactional id %r", what, session.principal, operation.name, txn_id)
         return ErrorCode.transactional_id_authorization_failed
     return None
+
+
+def partition_exists(broker: Broker, topic: str, index: int) -> bool:
+    """Whether the partition exists, led here or (in a cluster) by another broker."""
+    known = broker.topics.get(topic)
+    return known is not None and 0 <= index < known.partitions
 
 
 def versioned(error: ErrorCode, request: Request) -> ErrorCode:
@@ -68,8 +73,8 @@ async def add_partitions_to_txn(broker: Broker, request: Request, session: Sessi
         for topic, index in wanted:
             if not session.may_topic(Operation.WRITE, topic):
                 errors[(topic, index)] = ErrorCode.topic_authorization_failed
-            elif broker.partition(topic, index) is None:
-                errors[(topic, index)] = ErrorCode(broker.partition_error(topic, index))
+            elif not partition_exists(broker, topic, index):
+                errors[(topic, index)] = ErrorCode.unknown_topic_or_partition
         if any(errors.values()):
             # As Kafka: nothing is added when a partition is refused; the others are not attempted.
             errors = {key: e or ErrorCode.operation_not_attempted for key, e in errors.items()}
@@ -100,6 +105,8 @@ async def txn_offset_commit(broker: Broker, request: Request, session: Session) 
     error = refusal(broker, session, body.transactional_id, "TxnOffsetCommit")
     if error is None and not session.may_group(Operation.READ, body.group_id):
         error = ErrorCode.group_authorization_failed
+    if error is None and not broker.ownership.coordinates(body.group_id):
+        error = ErrorCode.not_coordinator   # sent to the group's coordinator, as OffsetCommit
     offsets: list[PendingOffset] = []
     codes: dict[tuple[str, int], ErrorCode] = {}
     for t in body.topics:

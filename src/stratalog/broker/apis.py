@@ -16,10 +16,9 @@ if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
 
 Handler = Callable[["Broker", Request, Session], Awaitable[Any]]
-#: The message beside TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the answer to every transactional request: the
-#: error clients fail at once on (librdkafka, kafka-python and aiokafka), and this says why.
-TRANSACTIONS_REFUSED = "transactions are refused: a cluster of brokers does not serve them yet, or the " \
-    "principal may not write this transactional id"
+#: The message beside TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the answer to a transactional request the
+#: principal may not make: the error clients fail at once on (librdkafka, kafka-python and aiokafka).
+TRANSACTIONS_REFUSED = "the principal may not use this transactional id (Kafka's ACLs: WRITE, DESCRIBE)"
 
 
 @dataclass(frozen=True, slots=True)

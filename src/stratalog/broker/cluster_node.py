@@ -61,6 +61,9 @@ from stratalog.wal.config import ObjectWALConfig
 if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
 
+#: What brokers coordinate (rather than lead): a group's members and offsets, a transactional id's state.
+COORDINATED = (Kind.GROUP, Kind.TRANSACTION)
+
 log = logging.getLogger("stratalog.cluster")
 
 #: The exit status of a broker whose lease ran out: fenced, it must not serve; restart it (a new
@@ -255,7 +258,7 @@ class ClusterNode:
         before = await asyncio.to_thread(self.cluster.holds)
         resources = [Resource(Kind.PARTITION, stream_name(t.name, p))
                      for t in broker.topics.all() for p in range(t.partitions)]
-        resources += [r for r in before if r.kind is Kind.GROUP]
+        resources += [r for r in before if r.kind in COORDINATED]
         await asyncio.to_thread(self.cluster.reconcile, resources)
         self.holds = await asyncio.to_thread(self.cluster.holds)
         self.live = await asyncio.to_thread(self.cluster.live)
@@ -307,13 +310,17 @@ class ClusterNode:
     async def _follow_one(self, broker: Broker, resource: Resource, hold: Hold, held: set[str]) -> None:
         """Do what the database says of one resource (see the module's doc)."""
         mine = hold.holder == self.me
-        if resource.kind is Kind.GROUP:
+        if resource.kind in COORDINATED:
+            unload = broker.groups.unload if resource.kind is Kind.GROUP else broker.transactions.unload
             if mine and hold.handing_to is not None:
-                broker.groups.unload(resource.name)
+                unload(resource.name)
                 with contextlib.suppress(NotHolderError):
                     await asyncio.to_thread(self.cluster.release, resource)
             elif not mine:
-                broker.groups.unload(resource.name)
+                unload(resource.name)
+            elif resource.kind is Kind.TRANSACTION:
+                # Loaded now, not at its producer's next request: its timeout runs here from the start.
+                await broker.transactions.held(resource.name)
             return
         if not mine:
             return
@@ -427,19 +434,20 @@ class ClusterNode:
             return None
         return hold.holder.broker_id, hold.leader_epoch
 
-    def coordinates(self, group_id: str) -> bool:
-        hold = self.holds.get(Resource(Kind.GROUP, group_id))
+    def coordinates(self, key: str, kind: Kind = Kind.GROUP) -> bool:
+        hold = self.holds.get(Resource(kind, key))
         return hold is not None and hold.holder == self.me
 
-    async def coordinator(self, group_id: str) -> BrokerInfo | None:
-        """The live broker that coordinates a group; a group with none (new, or its coordinator died) is
-        given one now, through a reconcile of every group. None if none could be given."""
-        resource = Resource(Kind.GROUP, group_id)
+    async def coordinator(self, key: str, kind: Kind = Kind.GROUP) -> BrokerInfo | None:
+        """The live broker that coordinates a group (or a transactional id); one with none (new, or its
+        coordinator died) is given one now, through a reconcile of every one of its kind. None if none
+        could be given."""
+        resource = Resource(kind, key)
         found = self._live_holder(resource)
         if found is not None:
             return found
-        groups = {r for r in self.holds if r.kind is Kind.GROUP} | {resource}
-        await asyncio.to_thread(self.cluster.reconcile, sorted(groups))
+        same_kind = {r for r in self.holds if r.kind is kind} | {resource}
+        await asyncio.to_thread(self.cluster.reconcile, sorted(same_kind))
         self.holds = await asyncio.to_thread(self.cluster.holds)
         self.live = await asyncio.to_thread(self.cluster.live)
         return self._live_holder(resource)

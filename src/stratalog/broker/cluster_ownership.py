@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,9 @@ from stratalog.broker.config import BrokerConfig
 from stratalog.broker.leader_epochs import History
 from stratalog.broker.ownership import BrokerEndpoint, OffsetsFence
 from stratalog.broker.topics import Topic, stream_name
+from stratalog.broker.txn_marker_queue import ClusterMarkers
+from stratalog.broker.txn_markers import MarkerRequest, MarkerWriteError
+from stratalog.cluster.assignment import Kind
 from stratalog.cluster.failover import log_owner
 from stratalog.datadir import prepare_data_dir
 from stratalog.engine import Stream, StreamStore
@@ -71,6 +75,8 @@ class ClusterOwnership:
     def __init__(self, node: ClusterNode) -> None:
         self.node = node
         self._broker: Broker | None = None
+        #: The markers queued between coordinators and leaders, while serving.
+        self._markers: ClusterMarkers | None = None
 
     def _opened(self) -> Broker:
         if self._broker is None:
@@ -90,9 +96,14 @@ class ClusterOwnership:
         self._broker = broker
 
     def start(self) -> None:
-        self.node.start(self._opened())
+        broker = self._opened()
+        self.node.start(broker)
+        self._markers = ClusterMarkers(broker, str(broker.tables.transactions))
+        self._markers.start()
 
     async def stop(self) -> None:
+        if self._markers is not None:
+            await self._markers.stop()
         await self.node.stop()
 
     def commit_before_leaving(self) -> bool:
@@ -167,14 +178,24 @@ class ClusterOwnership:
         protocol = listener.protocol.value
         return [BrokerEndpoint(b.broker_id, *b.endpoint(protocol)) for b in self.node.live.values()]
 
-    async def coordinator(self, group_id: str, listener: Listener) -> BrokerEndpoint | None:
-        found = await self.node.coordinator(group_id)
+    async def coordinator(self, key: str, listener: Listener, kind: Kind = Kind.GROUP) -> BrokerEndpoint | None:
+        found = await self.node.coordinator(key, kind)
         if found is None:
             return None
         return BrokerEndpoint(found.broker_id, *found.endpoint(listener.protocol.value))
 
-    def coordinates(self, group_id: str) -> bool:
-        return self.node.coordinates(group_id)
+    def coordinates(self, key: str, kind: Kind = Kind.GROUP) -> bool:
+        return self.node.coordinates(key, kind)
+
+    @property
+    def txn_fence(self) -> OffsetsFence | None:
+        # Only a transactional id's coordinator changes its state, checked in the change's transaction.
+        return self.node.cluster.txn_fence
+
+    async def deliver_markers(self, markers: Sequence[MarkerRequest]) -> None:
+        if self._markers is None:
+            raise MarkerWriteError("the broker is not serving yet")
+        await self._markers.deliver(markers)
 
     def assignment_refused(self, named: set[int]) -> str | None:
         # Partitions go where the cluster's balance puts them: an assignment that names a broker is refused

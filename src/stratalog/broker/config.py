@@ -183,6 +183,14 @@ class BrokerConfig:
     #: How often the coordinator aborts transactions past their timeout and completes those whose markers
     #: could not all be written (Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms).
     transaction_abort_interval_ms: int = 10_000
+    #: A broker of a cluster: how often it looks for markers queued for the partitions it leads, and a
+    #: coordinator whether its queued markers were written (broker/txn_marker_queue.py). A notification
+    #: wakes both sooner; this covers one lost with a connection.
+    transaction_marker_poll_interval_ms: int = 500
+    #: How long EndTxn waits for other brokers to write its markers before it answers a retriable error (the
+    #: transaction stays prepared and its coordinator completes it later): past the lease and a reconcile,
+    #: a partition whose leader died has a new one.
+    transaction_marker_wait_ms_max: int = 10_000
     #: Partitions one transaction may hold: each is a marker to write at its end and a bound on a
     #: partition's last stable offset kept in memory and in its durable state.
     transaction_partitions_max: int = 10_000

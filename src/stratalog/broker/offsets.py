@@ -234,9 +234,12 @@ class CommittedOffsets:
             except MetadataUnavailableError as e:
                 raise OffsetsUnavailableError(f"committed offsets in {self._shown}: {e}") from e
 
-    def commit(self, group_id: str, entries: Sequence[OffsetEntry]) -> None:
+    def commit(self, group_id: str, entries: Sequence[OffsetEntry],
+               fence: Callable[[Backend, str], None] | None = None) -> None:
         """Store ``entries`` (replacing what the group had for those partitions) in one durable transaction.
-        Nothing is stored when any entry's metadata is over the bound."""
+        Nothing is stored when any entry's metadata is over the bound. ``fence``: checked instead of
+        :attr:`fence` (a transaction's coordinator commits the offsets of its transaction under its own
+        hold: broker/transactions.py)."""
         for entry in entries:
             if self.metadata_error(entry.metadata):
                 raise OffsetMetadataTooLargeError(
@@ -245,8 +248,9 @@ class CommittedOffsets:
         rows = [(group_id, e.topic, e.partition, e.offset, e.leader_epoch, e.metadata, e.commit_time_ms)
                 for e in entries]
         with self._database() as db, writing(db):
-            if self.fence is not None:
-                self.fence(db, group_id)
+            check = fence or self.fence
+            if check is not None:
+                check(db, group_id)
             db.executemany(f"INSERT INTO committed_offsets (group_id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
                            "ON CONFLICT (group_id, topic, partition) DO UPDATE SET "
                            "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "

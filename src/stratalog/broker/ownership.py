@@ -17,13 +17,15 @@ the holders PostgreSQL keeps, the partitions gained and handed off.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.leader_epochs import STANDALONE_HISTORY, History
 from stratalog.broker.topics import Topic, stream_name
+from stratalog.broker.txn_markers import MarkerRequest
+from stratalog.cluster.assignment import Kind
 from stratalog.engine import Stream
 from stratalog.engine.metadata import UnknownStreamError
 from stratalog.engine.metadata_backends import Backend
@@ -149,13 +151,26 @@ class Ownership(Protocol):
         """Every live broker, each at its listener of the protocol of ``listener`` (the client's)."""
         ...
 
-    async def coordinator(self, group_id: str, listener: Listener) -> BrokerEndpoint | None:
-        """The live broker that coordinates the group (one is given if it has none), or None if none
-        could be given."""
+    async def coordinator(self, key: str, listener: Listener, kind: Kind = Kind.GROUP) -> BrokerEndpoint | None:
+        """The live broker that coordinates the group (or, with ``kind`` TRANSACTION, the transactional
+        id): one is given if it has none; None if none could be given."""
         ...
 
-    def coordinates(self, group_id: str) -> bool:
-        """Whether this broker coordinates the group (else its APIs answer NOT_COORDINATOR here)."""
+    def coordinates(self, key: str, kind: Kind = Kind.GROUP) -> bool:
+        """Whether this broker coordinates the group or transactional id (else its APIs answer
+        NOT_COORDINATOR here)."""
+        ...
+
+    @property
+    def txn_fence(self) -> OffsetsFence | None:
+        """What a change of a transactional id's state checks first, in its database transaction (None:
+        nothing, every id is this broker's)."""
+        ...
+
+    async def deliver_markers(self, markers: Sequence[MarkerRequest]) -> None:
+        """Have the transaction markers written into partitions led by other brokers, each durable when
+        this returns (raises MarkerWriteError otherwise: the coordinator tries again later). A broker
+        alone leads every partition: it is never asked."""
         ...
 
     def assignment_refused(self, named: set[int]) -> str | None:
@@ -271,11 +286,16 @@ class StandaloneOwnership:
     def brokers(self, listener: Listener) -> list[BrokerEndpoint]:
         return [BrokerEndpoint(self._opened().config.node_id, *listener.endpoint)]
 
-    async def coordinator(self, group_id: str, listener: Listener) -> BrokerEndpoint | None:
+    async def coordinator(self, key: str, listener: Listener, kind: Kind = Kind.GROUP) -> BrokerEndpoint | None:
         return BrokerEndpoint(self._opened().config.node_id, *listener.endpoint)
 
-    def coordinates(self, group_id: str) -> bool:
+    def coordinates(self, key: str, kind: Kind = Kind.GROUP) -> bool:
         return True
+
+    txn_fence: OffsetsFence | None = None
+
+    async def deliver_markers(self, markers: Sequence[MarkerRequest]) -> None:
+        raise InvariantError("a broker alone leads every partition: no marker is for another broker")
 
     def assignment_refused(self, named: set[int]) -> str | None:
         node_id = self._opened().config.node_id

@@ -7,8 +7,13 @@ state (broker/txn_partitions.py), not the coordinator's. Spec: docs/formats/tran
 
 Standalone, this broker coordinates every transactional id and leads every partition, so a transactional
 batch is checked against the coordinator's own state (the partition must have been added, under the
-producer's current epoch). Every method runs on the broker's event loop; requests of one transactional id
-take turns (a lock each).
+producer's current epoch). In a cluster, each id is coordinated by the broker that holds it (a lease, as
+groups; docs/cluster.md): it loads the id's state when it gets it, every change is fenced by that hold
+in the database, the markers of partitions led elsewhere go through the database to their leaders
+(broker/txn_marker_queue.py), and offsets committed in the transaction at another broker (the group's
+coordinator) are kept beside its state. A partition led by a broker that does not coordinate the
+transaction takes its batches on the producer's epoch alone, as Kafka before KIP-890. Every method runs
+on the broker's event loop; requests of one transactional id take turns (a lock each).
 
 Recovery: a transaction found Prepare* at start had its end decided and made durable, and some of its
 markers may be missing: they are written again (a marker twice in a partition is harmless: the second
@@ -20,14 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.offsets import OffsetEntry
-from stratalog.broker.txn_markers import write_marker
+from stratalog.broker.txn_markers import MarkerRequest, write_marker
 from stratalog.broker.txn_state import (
     InitAction,
     PendingOffset,
@@ -44,6 +51,8 @@ from stratalog.broker.txn_state import (
     on_offset_commit,
 )
 from stratalog.broker.txn_table import TxnTable
+from stratalog.cluster.assignment import Kind
+from stratalog.engine.metadata_backends import Backend
 from stratalog.errors import StratalogError
 from stratalog.kafka.control_batch import MarkerType
 
@@ -64,7 +73,10 @@ class Transactions:
     def __init__(self, broker: Broker, table: TxnTable) -> None:
         self._broker = broker
         self._table = table
-        loaded = table.load()
+        self._in_cluster = broker.ownership.in_cluster
+        table.fence = broker.ownership.txn_fence
+        # Alone, every id is this broker's from the start; in a cluster, each as it is gained.
+        loaded = [] if self._in_cluster else table.load()
         self._txns: dict[str, Txn] = {t.transactional_id: t for t, _ in loaded}
         #: When each id's state last changed: an ended one untouched for transactional_id_expiration_ms goes.
         self._updated_ms: dict[str, int] = {t.transactional_id: at for t, at in loaded}
@@ -102,6 +114,8 @@ class Transactions:
         await self._forget_expired(now_ms)
         ended = 0
         for txn_id in list(self._txns):
+            if not self._here(txn_id):
+                continue
             async with self._lock(txn_id):
                 txn = self._txns.get(txn_id)
                 if txn is None or not (txn.state.preparing or expired(txn, now_ms)):
@@ -135,12 +149,46 @@ class Transactions:
     def _lock(self, txn_id: str) -> asyncio.Lock:
         return self._locks.setdefault(txn_id, asyncio.Lock())
 
+    # Which ids are this broker's ----------------------------------------------------------------------
+
+    def _here(self, txn_id: str) -> bool:
+        """Whether this broker coordinates the id (always, alone)."""
+        return self._broker.ownership.coordinates(txn_id, Kind.TRANSACTION)
+
+    async def _loaded(self, txn_id: str) -> Txn | None:
+        """The id's state (under its lock): a broker of a cluster reads it from the database the first time."""
+        txn = self._txns.get(txn_id)
+        if txn is not None or not self._in_cluster:
+            return txn
+        found = await asyncio.to_thread(self._table.load_one, txn_id)
+        if found is None:
+            return None
+        txn, updated_ms = found
+        self._txns[txn_id] = txn
+        self._updated_ms[txn_id] = updated_ms
+        self._by_producer[txn.producer_id] = txn_id
+        return txn
+
+    async def held(self, txn_id: str) -> None:
+        """A broker of a cluster holds the id: its state is loaded (so its timeout runs here)."""
+        async with self._lock(txn_id):
+            await self._loaded(txn_id)
+
+    def unload(self, txn_id: str) -> None:
+        """The id is no longer coordinated here: what was loaded of it goes (its next holder reads it)."""
+        txn = self._txns.pop(txn_id, None)
+        self._updated_ms.pop(txn_id, None)
+        if txn is not None and self._by_producer.get(txn.producer_id) == txn_id:
+            del self._by_producer[txn.producer_id]
+
     # The APIs ----------------------------------------------------------------------------------------
 
     async def init_producer_id(self, txn_id: str, timeout_ms: int, producer_id: int,
                                producer_epoch: int) -> tuple[ErrorCode, int, int]:
+        if not self._here(txn_id):
+            return ErrorCode.not_coordinator, -1, -1
         async with self._lock(txn_id):
-            txn = self._txns.get(txn_id)
+            txn = await self._loaded(txn_id)
             decision = on_init(txn, producer_id, producer_epoch)
             if decision.error:
                 return decision.error, -1, -1
@@ -162,18 +210,22 @@ class Transactions:
 
     async def add_partitions(self, txn_id: str, producer_id: int, producer_epoch: int,
                              partitions: list[tuple[str, int]]) -> ErrorCode:
-        """AddPartitionsToTxn for partitions this broker leads (the caller answers the others)."""
+        """AddPartitionsToTxn for partitions that exist (the caller answers the others)."""
+        if not self._here(txn_id):
+            return ErrorCode.not_coordinator
         async with self._lock(txn_id):
             now_ms = int(time.time() * 1000)
             added = tuple(TxnPartition(topic, index, self._end_offset(topic, index)) for topic, index in partitions)
-            outcome = on_add(self._txns.get(txn_id), producer_id, producer_epoch, now_ms, partitions=added)
+            outcome = on_add(await self._loaded(txn_id), producer_id, producer_epoch, now_ms, partitions=added)
             if outcome.txn is not None:
                 await self._save(outcome.txn)
             return outcome.error
 
     async def add_offsets(self, txn_id: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
+        if not self._here(txn_id):
+            return ErrorCode.not_coordinator
         async with self._lock(txn_id):
-            outcome = on_add(self._txns.get(txn_id), producer_id, producer_epoch, int(time.time() * 1000),
+            outcome = on_add(await self._loaded(txn_id), producer_id, producer_epoch, int(time.time() * 1000),
                              group_id=group_id)
             if outcome.txn is not None:
                 await self._save(outcome.txn)
@@ -181,15 +233,22 @@ class Transactions:
 
     async def offset_commit(self, txn_id: str, producer_id: int, producer_epoch: int, group_id: str,
                             offsets: tuple[PendingOffset, ...]) -> ErrorCode:
+        """TxnOffsetCommit, at the group's coordinator: kept in the transaction's state if this broker
+        coordinates it too, else beside it in the database for its coordinator."""
+        if not self._here(txn_id):
+            return await asyncio.to_thread(self._table.offset_commit_elsewhere, txn_id, producer_id, producer_epoch,
+                                           group_id, offsets)
         async with self._lock(txn_id):
-            outcome = on_offset_commit(self._txns.get(txn_id), producer_id, producer_epoch, group_id, offsets)
+            outcome = on_offset_commit(await self._loaded(txn_id), producer_id, producer_epoch, group_id, offsets)
             if outcome.txn is not None:
                 await self._save(outcome.txn)
             return outcome.error
 
     async def end_txn(self, txn_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:
+        if not self._here(txn_id):
+            return ErrorCode.not_coordinator
         async with self._lock(txn_id):
-            outcome = on_end(self._txns.get(txn_id), producer_id, producer_epoch, commit)
+            outcome = on_end(await self._loaded(txn_id), producer_id, producer_epoch, commit)
             if outcome.txn is None:
                 return outcome.error
             try:
@@ -215,6 +274,8 @@ class Transactions:
         """Whether a transactional batch may be appended: its transaction Ongoing under this epoch, with the
         partition added."""
         txn = self._txns.get(self._by_producer.get(producer_id, ""))
+        if self._in_cluster and txn is None:
+            return ErrorCode.none   # coordinated by another broker: the producer's epoch is checked alone
         if txn is None or txn.producer_id != producer_id:
             return ErrorCode.invalid_producer_id_mapping
         if producer_epoch < txn.producer_epoch:
@@ -245,21 +306,46 @@ class Transactions:
         if it commits, and complete it."""
         await self._save(prepared)
         commit = prepared.state is TxnState.PREPARE_COMMIT
-        kind = MarkerType.COMMIT if commit else MarkerType.ABORT
-        await asyncio.gather(*(write_marker(self._broker, p.topic, p.partition, prepared.producer_id,
-                                            prepared.producer_epoch, kind, COORDINATOR_EPOCH)
-                               for p in prepared.partitions))
-        if commit and prepared.offsets:
-            await self._store_offsets(prepared.offsets)
+        await self._write_markers(prepared, MarkerType.COMMIT if commit else MarkerType.ABORT)
+        offsets = prepared.offsets
+        if commit and self._in_cluster:
+            offsets += await asyncio.to_thread(self._table.offsets_elsewhere, prepared)
+        if commit and offsets:
+            await self._store_offsets(prepared.transactional_id, offsets)
         done = completed(prepared)
         await self._save(done)
         return done
 
-    async def _store_offsets(self, offsets: tuple[PendingOffset, ...]) -> None:
+    async def _write_markers(self, txn: Txn, kind: MarkerType) -> None:
+        """The transaction's marker into each of its partitions: those led here directly, the others through
+        their leaders (a cluster)."""
+        broker = self._broker
+        markers = [MarkerRequest(p.topic, p.partition, txn.producer_id, txn.producer_epoch, kind, COORDINATOR_EPOCH,
+                                 txn.transactional_id) for p in txn.partitions]
+        # Led elsewhere: the partition exists and is not served here. (A deleted topic's marker is "written"
+        # here: write_marker ends nothing there.)
+        elsewhere = [m for m in markers if self._in_cluster and broker.partition(m.topic, m.partition) is None
+                     and broker.topics.get(m.topic) is not None]
+        here = [m for m in markers if m not in elsewhere]
+        await asyncio.gather(*(write_marker(broker, m.topic, m.partition, m.producer_id, m.producer_epoch, kind,
+                                            m.coordinator_epoch) for m in here),
+                             *([broker.ownership.deliver_markers(elsewhere)] if elsewhere else []))
+
+    async def _store_offsets(self, txn_id: str, offsets: tuple[PendingOffset, ...]) -> None:
+        """A committed transaction's offsets into its groups: fenced by this broker's hold of the transaction
+        (in a cluster the group may be coordinated elsewhere), not by the group's."""
         now_ms = int(time.time() * 1000)
         by_group: dict[str, list[OffsetEntry]] = {}
         for o in offsets:
             by_group.setdefault(o.group_id, []).append(OffsetEntry(o.topic, o.partition, o.offset, o.leader_epoch,
                                                                    o.metadata, now_ms))
+        fence = self._table.fence
         for group_id, entries in by_group.items():
-            await self._broker.in_offsets_order(self._broker.offsets.commit, group_id, entries)
+            await self._broker.in_offsets_order(self._broker.offsets.commit, group_id, entries,
+                                                None if fence is None else functools.partial(_fenced_by, fence,
+                                                                                             txn_id))
+
+
+def _fenced_by(fence: Callable[[Backend, str], None], txn_id: str, db: Backend, _group_id: str) -> None:
+    """An offsets commit's fence: this broker still coordinates the transaction ``txn_id``."""
+    fence(db, txn_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stratalog.broker.leader_epochs import current_epoch, stamped
@@ -24,6 +25,19 @@ if TYPE_CHECKING:
 
 class MarkerWriteError(StratalogError):
     """A marker could not be written: the transaction stays prepared, and is completed later."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerRequest:
+    """A marker to write: the end of ``transactional_id``'s transaction in one partition."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    kind: MarkerType
+    coordinator_epoch: int
+    transactional_id: str
 
 
 async def write_marker(broker: Broker, topic: str, partition: int, producer_id: int, producer_epoch: int,

@@ -1,7 +1,8 @@
 """Who should lead what: a pure plan from the cluster's state, no I/O (leases.py applies it).
 
-A *resource* is something exactly one broker serves at a time: a topic partition, or a consumer group's
-coordination. Its *holder* is the broker (id and incarnation epoch) the database says serves it. The plan:
+A *resource* is something exactly one broker serves at a time: a topic partition, a consumer group's
+coordination, or a transactional id's. Its *holder* is the broker (id and incarnation epoch) the database
+says serves it. The plan:
 
 1. **Takeovers**: a resource with no holder, or whose holder is not live (its lease ran out) or is live in
    another incarnation (it restarted and lost its state), goes to the live broker holding the fewest
@@ -31,6 +32,7 @@ IMBALANCE_MAX = 1
 class Kind(StrEnum):
     PARTITION = "partition"
     GROUP = "group"
+    TRANSACTION = "transaction"
 
 
 @dataclass(frozen=True, slots=True, order=True)

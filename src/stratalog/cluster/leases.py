@@ -6,13 +6,13 @@ a lease that it renews well before it runs out. Time is the database's (``clock_
 brokers' clocks need not agree. A broker whose renewal finds its lease gone (it paused longer than the
 lease, or the database was out of reach that long) is *fenced*: it must stop serving and join again.
 
-Each partition and each group's coordination is held by one broker incarnation, with a *leader epoch*
-that goes up at every change of holder (Kafka's leader epoch). Any broker may *reconcile*: read the live
-brokers and the holders, plan (assignment.py) and apply the moves, in one transaction. Every change here,
-and every metadata commit a broker makes for a stream it leads (``check_holds``), runs under the same
-transaction-scoped writer lock as the stream store's metadata (metadata_backends.py), so a check and the
-commit it guards cannot be split by a takeover: a broker that lost a partition can no longer commit
-anything for it, even if it still runs.
+Each partition, each group's coordination and each transactional id's is held by one broker
+incarnation, with a *leader epoch* that goes up at every change of holder (Kafka's leader epoch). Any
+broker may *reconcile*: read the live brokers and the holders, plan (assignment.py) and apply the moves,
+in one transaction. Every change here, and every metadata commit a broker makes for a stream it leads
+(``check_holds``), runs under the same transaction-scoped writer lock as the stream store's metadata
+(metadata_backends.py), so a check and the commit it guards cannot be split by a takeover: a broker that
+lost a partition can no longer commit anything for it, even if it still runs.
 
 Tables (PostgreSQL; created if missing)::
 
@@ -356,13 +356,21 @@ class Cluster:
         unless this incarnation coordinates ``group_id`` under a live lease. The holder's row is locked
         (FOR SHARE) until that transaction ends, so a takeover or handoff of the group waits for the
         commit it guards, without the stream store's writer lock that offset commits do not take."""
+        self._coordinator_fence(db, Kind.GROUP, group_id)
+
+    def txn_fence(self, db: Backend, transactional_id: str) -> None:
+        """As :meth:`group_fence`, for the coordinator of a transactional id (its state's table, and the
+        offsets its transactions commit)."""
+        self._coordinator_fence(db, Kind.TRANSACTION, transactional_id)
+
+    def _coordinator_fence(self, db: Backend, kind: Kind, name: str) -> None:
         self._check_lease(db)
         row = db.execute("SELECT 1 FROM cluster_leaders WHERE kind = ? AND name = ? AND broker_id = ? "
                          "AND broker_epoch = ? FOR SHARE",
-                         (Kind.GROUP.value, group_id, self.broker_id, self.epoch)).fetchone()
+                         (kind.value, name, self.broker_id, self.epoch)).fetchone()
         if row is None:
-            raise NotHolderError(f"broker {self.broker_id} (epoch {self.epoch}) no longer coordinates group "
-                                 f"{group_id!r}")
+            raise NotHolderError(f"broker {self.broker_id} (epoch {self.epoch}) no longer coordinates "
+                                 f"{kind.value} {name!r}")
 
     def _check_lease(self, db: Backend) -> None:
         row = db.execute(f"SELECT 1 FROM cluster_brokers WHERE broker_id = ? AND epoch = ? "

@@ -1,0 +1,100 @@
+"""Transactions in a cluster of three brokers (`stratalog serve --cluster`): a transactional id's coordinator
+is the broker that holds it, its markers reach partitions led by the other two through the database
+(broker/txn_marker_queue.py), each partition's leader answers read_committed from its own state, and offsets
+committed in a transaction at the group's coordinator are stored when the transaction commits, wherever
+the transaction's coordinator runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from clusterkit import running_cluster, tails
+from conftest import SeaweedS3
+from stratalog.chaos.cluster_process import CLUSTER_TOML
+from txnkit import read_to_end
+from waiting import wait_until
+
+pytestmark = pytest.mark.slow
+pytest_plugins = ["pgkit"]
+
+TOPIC = "ledger"
+#: Two per broker: every transaction writes into partitions led by all three.
+PARTITIONS = 6
+CALL_S = 60.0
+#: The coordinator aborts a lapsed transaction within this of its timeout (the tests' brokers look often).
+TXN_TOML = "transaction_abort_interval_ms = 200\n" + CLUSTER_TOML
+
+
+def transactional(bootstrap: str, txn_id: str) -> Producer:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "linger.ms": 5})
+    producer.init_transactions(CALL_S)
+    return producer
+
+
+def write(producer: Producer, tag: str, commit: bool) -> None:
+    """One transaction: a record ``<tag>-<p>`` into every partition, committed or aborted."""
+    producer.begin_transaction()
+    for p in range(PARTITIONS):
+        producer.produce(TOPIC, f"{tag}-{p}".encode(), partition=p)
+    producer.flush(CALL_S)
+    if commit:
+        producer.commit_transaction(CALL_S)
+    else:
+        producer.abort_transaction(CALL_S)
+
+
+def by_partition(bootstrap: str, isolation: str) -> dict[int, list[str]]:
+    values: dict[int, list[str]] = {}
+    for value in read_to_end(bootstrap, TOPIC, isolation):
+        text = value.decode()
+        values.setdefault(int(text.rsplit("-", 1)[1]), []).append(text.rsplit("-", 1)[0])
+    return values
+
+
+def test_transactions_span_the_brokers_and_read_committed_sees_only_commits(
+        tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
+    with running_cluster(tmp_path, pg_database, seaweedfs, 3, TXN_TOML) as cluster:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1), NewTopic("in", 1, 1)])[TOPIC].result(timeout=CALL_S)
+        producer = transactional(cluster.bootstrap(1, 2, 3), "across")
+        try:
+            write(producer, "a", commit=True)
+            write(producer, "b", commit=False)
+            write(producer, "c", commit=True)
+        except KafkaException as e:
+            raise AssertionError(f"{e}\n{tails(cluster)}") from e
+        committed = by_partition(cluster.bootstrap(2), "read_committed")
+        assert committed == {p: ["a", "c"] for p in range(PARTITIONS)}, tails(cluster)
+        assert by_partition(cluster.bootstrap(3), "read_uncommitted") == {p: ["a", "b", "c"] for p in range(PARTITIONS)}
+
+        # Offsets in a transaction: stored at its commit, whichever broker coordinates the group.
+        group = "copier"
+        producer.begin_transaction()
+        producer.produce(TOPIC, b"d-0", partition=0)
+        metadata = Consumer({"bootstrap.servers": cluster.bootstrap(1), "group.id": group})
+        try:
+            producer.send_offsets_to_transaction([TopicPartition("in", 0, 17)], metadata.consumer_group_metadata(),
+                                                 CALL_S)
+            assert metadata.committed([TopicPartition("in", 0)], CALL_S)[0].offset < 0, "not before the commit"
+            producer.commit_transaction(CALL_S)
+            assert metadata.committed([TopicPartition("in", 0)], CALL_S)[0].offset == 17
+        finally:
+            metadata.close()
+
+        # A second producer of the id fences the first, wherever it is coordinated.
+        zombie = producer
+        successor = transactional(cluster.bootstrap(3), "across")
+        zombie.begin_transaction()
+        zombie.produce(TOPIC, b"z-1", partition=1)
+        with pytest.raises(KafkaException) as fenced:
+            zombie.commit_transaction(CALL_S)
+        assert fenced.value.args[0].code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                                               KafkaError.INVALID_PRODUCER_EPOCH)
+        del fenced
+        write(successor, "e", commit=True)
+        wait_until(lambda: by_partition(cluster.bootstrap(1), "read_committed")[1] == ["a", "c", "e"],
+                   lambda: f"the fenced producer's record never read:\n{tails(cluster)}")
