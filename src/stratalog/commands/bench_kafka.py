@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -207,12 +208,16 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
                               producers=producers, data_dir=target_dir, broker_config=broker_config,
                               nats_messages=nats_messages)
         machine = print_machine(console, target_dir)
+        # The report's first line says when the machine was busy at the start (its figures then say more
+        # about the machine than about the code).
+        load_start = os.getloadavg()[0]
         with progress_bar(console, plan.phases) as bar:
             measured = run_kafka_bench(plan, bar)
     peers, disk = measured["peers"], measured["disk_reference"]
     doc: dict[str, Any] = {
         "bench": "kafka", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine, "clients": CLIENTS_NOTE,
+        "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]},
         "settings": {"rate_per_s": rate_per_s, "duration_s": duration_s,
                      "latency_sizes_bytes": list(plan.latency_sizes_bytes), "acks": "all",
                      "latency_linger_ms": 0, "throughput_sizes_bytes": list(plan.throughput_sizes_bytes),
