@@ -25,7 +25,8 @@ Row = tuple[str, int, bytes | None, bytes]
 
 def broker_config(tmp_path: Path, upload_interval_s: float) -> Path:
     path = tmp_path / "broker.toml"
-    path.write_text(f"[store]\nupload_interval_s = {upload_interval_s}\n")
+    # The machine's own free space never refuses a test's appends (a test writes kilobytes).
+    path.write_text(f"[store]\nupload_interval_s = {upload_interval_s}\nfree_bytes_min = 0\nfree_percent_min = 0.0\n")
     return path
 
 
@@ -92,4 +93,100 @@ def test_batch_read_of_a_live_broker_returns_every_acknowledged_record(spark: An
         narrowed = reader.load().where("stream = 'clicks/1' AND offset >= 100 AND offset < 1200")
         assert rows_of(narrowed) == [r for r in acked if r[0] == "clicks/1" and 100 <= r[1] < 1200]
         assert reader.load().where("offset >= 1000000").count() == 0, "an empty plan reads nothing"
+        assert broker.stop() == 0
+
+
+# Transactions ----------------------------------------------------------------------------------------
+
+#: Records each transaction writes, alternating between the topic's two partitions.
+TXN_RECORDS = 6
+
+
+class Transactions:
+    """Two transactional producers whose transactions interleave batch by batch in both partitions of a
+    topic, and a plain (idempotent) producer between them: what each wrote, by fate."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self.txn = [Producer({"bootstrap.servers": bootstrap, "transactional.id": f"spark-read-{n}", "linger.ms": 0})
+                    for n in range(2)]
+        for producer in self.txn:
+            producer.init_transactions(30)
+        self.plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+        self.committed: list[bytes] = []
+        self.aborted: list[bytes] = []
+        self.rounds = 0
+
+    def send(self, producer: Any, value: bytes, partition: int) -> None:
+        producer.produce(self.topic, value=value, partition=partition)
+        assert producer.flush(30) == 0  # one batch each: the producers' batches alternate in the log
+
+    def round(self, commits: tuple[bool, bool]) -> None:
+        """One transaction of each producer, at once; each committed or aborted as ``commits`` says; a
+        plain record between each of their batches."""
+        self.rounds += 1
+        written: list[list[bytes]] = [[], []]
+        for producer in self.txn:
+            producer.begin_transaction()
+        for i in range(TXN_RECORDS):
+            for n, producer in enumerate(self.txn):
+                value = b"txn%d-r%d-%d" % (n, self.rounds, i)
+                self.send(producer, value, i % 2)
+                written[n].append(value)
+            self.send(self.plain, b"plain-r%d-%d" % (self.rounds, i), i % 2)
+            self.committed.append(b"plain-r%d-%d" % (self.rounds, i))
+        for n, producer in enumerate(self.txn):
+            if commits[n]:
+                producer.commit_transaction(30)
+                self.committed += written[n]
+            else:
+                producer.abort_transaction(30)
+                self.aborted += written[n]
+
+
+def values_of(df: Any) -> list[bytes]:
+    return sorted(r.value for r in df.collect())
+
+
+def test_read_committed_drops_aborted_transactions_from_objects_and_the_tail(spark: Any, tmp_path: Path) -> None:
+    with running_broker(tmp_path / "data", "--config", str(broker_config(tmp_path, 1.0))) as broker:
+        create_topic(broker.bootstrap, "ledger", 2)
+        txns = Transactions(broker.bootstrap, "ledger")
+        for commits in ((True, False), (False, True), (True, True), (False, False)):
+            txns.round(commits)
+        ends = BrokerView(broker.bootstrap, {}).ends([("ledger", 0), ("ledger", 1)])
+        written = sum(e.end for e in ends.values())   # records and markers
+        wait_until(lambda: uploaded(broker) >= written, "the first transactions to be uploaded")
+        txns.round((False, True))   # in the tail, most likely (the plan below says)
+        txns.round((True, False))
+
+        path = f"kafka://{broker.bootstrap}"
+        planned = BrokerBatchReader(locate({"path": path}), {}).partitions()
+        kinds = {type(p.value).__name__ for p in planned}
+        aborted_in_tasks = {r for p in planned if type(p.value).__name__ == "ObjectsPartition"
+                            for _, ranges in p.value.aborted for r in ranges}
+        assert "ObjectsPartition" in kinds and len(aborted_in_tasks) >= 4, (kinds, aborted_in_tasks)
+
+        def read(**options: str) -> list[bytes]:   # a reader of its own each time: option() changes a reader
+            return values_of(spark.read.format("stratalog").option("path", path).option("topics", "ledger")
+                             .options(**options).load())
+
+        assert read() == sorted(txns.committed), "read_committed is the default"
+        assert read(coldReads="broker") == sorted(txns.committed)
+        everything = sorted(txns.committed + txns.aborted)
+        assert read(isolationLevel="read_uncommitted") == everything, "every record, and no marker"
+        assert read(**{"kafka.isolation.level": "read_uncommitted"}) == everything
+
+        # An open transaction: read_committed stops at its first offset in each partition, so a plain record
+        # after it is not read yet; read_uncommitted reads both.
+        opener = txns.txn[0]
+        opener.begin_transaction()
+        for partition in (0, 1):
+            txns.send(opener, b"open-%d" % partition, partition)
+            txns.send(txns.plain, b"late-%d" % partition, partition)
+        assert read() == sorted(txns.committed)
+        late = [b"late-0", b"late-1"]
+        assert read(isolationLevel="read_uncommitted") == sorted([*everything, b"open-0", b"open-1", *late])
+        opener.abort_transaction(30)
+        assert read() == sorted([*txns.committed, *late]), "the abort makes what follows it stable"
         assert broker.stop() == 0

@@ -14,6 +14,7 @@ from stratalog.broker import (
     api_staged,
     api_txn,
     api_txn_admin,
+    api_txn_ranges,
 )
 from stratalog.broker.apis import Api
 
@@ -21,4 +22,5 @@ from stratalog.broker.apis import Api
 def all_apis() -> list[Api]:
     """Every API of every handler module."""
     return [api for module in (api_cluster, api_log, api_fetch, api_epochs, api_admin, api_groups, api_security,
-                               api_quotas, api_staged, api_txn, api_txn_admin) for api in module.APIS]
+                               api_quotas, api_staged, api_txn, api_txn_admin, api_txn_ranges)
+            for api in module.APIS]

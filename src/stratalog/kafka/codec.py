@@ -34,7 +34,7 @@ from stratalog.kafka.produce_response import PRODUCE_FIRST_FLEXIBLE_VERSION
 #: header versions share, read before the API is known.
 HEADER_PREFIX = struct.Struct(">hhi")
 FRAME_SIZE = struct.Struct(">i")
-#: The broker's own APIs have keys from here up (stratalog.kafka.staged_commit), far above Kafka's.
+#: The broker's own APIs have keys from here up (kafka/staged_commit.py, kafka/aborted_ranges.py), far above Kafka's.
 OWN_API_KEYS_FROM = 32_000
 
 
@@ -122,10 +122,11 @@ def _decode_produce(frame: bytes | memoryview, api_version: int, correlation_id:
 
 def _decode_own(frame: bytes | memoryview, api_key: int, api_version: int, correlation_id: int) -> Request:
     """A request of the broker's own APIs (not in Kafka's schemas: their modules say their format)."""
-    from stratalog.kafka import staged_commit
+    from stratalog.kafka import aborted_ranges, staged_commit
 
     decoders = {staged_commit.API_KEY: staged_commit.decode_request_body,
-                staged_commit.REPLACE_API_KEY: staged_commit.decode_replace_body}
+                staged_commit.REPLACE_API_KEY: staged_commit.decode_replace_body,
+                aborted_ranges.API_KEY: aborted_ranges.decode_request_body}
     decode = decoders.get(api_key)
     if decode is None:
         raise UnsupportedVersionError(api_key, api_version, correlation_id)

@@ -22,6 +22,12 @@ Options, besides ``path`` / ``bootstrap`` and ``kafka.<setting>`` (location.py):
     read from their start).
 ``maxRowsPerTrigger`` (streaming)
     Records per micro-batch at most, shared among partitions in proportion to what each has waiting.
+``isolationLevel``
+    ``read_committed`` (default, as librdkafka's): each partition is read up to its last stable offset,
+    without the records of aborted transactions (the tail: librdkafka drops them; uploaded records: the
+    tasks drop the batches the partition's leader lists as aborted, spark/txn_ranges.py);
+    ``read_uncommitted``: up to the high watermark, every record. Markers are never rows.
+    ``kafka.isolation.level`` is taken as the same option.
 
 A streaming offset is ``{"<topic>": {"<partition>": <next offset>}}``, as in Spark's Kafka source: it
 lives in the query's checkpoint, so a driver killed and restarted reads on exactly where the last
@@ -46,15 +52,25 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from stratalog.engine.manifest import Manifest, ManifestError, read_manifest
+from stratalog.kafka.aborted_ranges import AbortedTxn
 from stratalog.objects.uri import redact
 from stratalog.spark.broker_plan import TailPartition, label, plan_broker_read, read_ranges
 from stratalog.spark.filters import PushedFilters
-from stratalog.spark.kafka_client import BrokerReadError, BrokerView, PartitionEnds, TopicPartition, read_tail
+from stratalog.spark.kafka_client import (
+    ISOLATION_LEVELS,
+    READ_COMMITTED,
+    BrokerReadError,
+    BrokerView,
+    PartitionEnds,
+    TopicPartition,
+    read_tail,
+)
 from stratalog.spark.location import Location
 from stratalog.spark.object_access import NEEDS, unreadable, with_s3_options
 from stratalog.spark.options import bool_option, include_headers, int_option, option
 from stratalog.spark.plan import BYTES_PER_PARTITION, ROWS_PER_PARTITION, ReadPartition
 from stratalog.spark.reader import open_store, read_partition, shared_store
+from stratalog.spark.txn_ranges import aborted_ranges
 
 log = logging.getLogger("stratalog.spark")
 
@@ -72,7 +88,9 @@ class BrokerRead:
     def __init__(self, location: Location, options: dict[str, str]) -> None:
         assert location.bootstrap is not None
         self.bootstrap = location.bootstrap
-        self.kafka = location.kafka
+        self.isolation = isolation_level(options, location.kafka)
+        # The consumer is given the isolation level by read_tail; the admin client takes none.
+        self.kafka = {k: v for k, v in location.kafka.items() if k != "isolation.level"}
         self.objects = location.objects
         raw_topics = option(options, "topics")
         self.topics = None if raw_topics is None else [t.strip() for t in raw_topics.split(",") if t.strip()]
@@ -94,6 +112,14 @@ class BrokerRead:
 
     def view(self) -> BrokerView:
         return BrokerView(self.bootstrap, self.kafka)
+
+    @property
+    def committed(self) -> bool:
+        return self.isolation == READ_COMMITTED
+
+    def ends(self, view: BrokerView) -> dict[TopicPartition, PartitionEnds]:
+        """Each partition's start and end (read_committed: its last stable offset)."""
+        return view.ends(self.partitions_of(view), committed=self.committed)
 
     def partitions_of(self, view: BrokerView) -> list[TopicPartition]:
         counts = view.topics(self.topics)
@@ -138,13 +164,31 @@ class BrokerRead:
         finally:
             store.close()
 
-    def plan(self, ranges: dict[TopicPartition, tuple[int, int]],
+    def plan(self, view: BrokerView, ranges: dict[TopicPartition, tuple[int, int]],
              time_from_ms: int | None = None) -> list[ObjectsPartition | TailPartition]:
-        """The tasks; each names where it reads (Spark pickles the reader for tasks before planning)."""
+        """The tasks; each names where it reads (Spark pickles the reader for tasks before planning).
+        read_committed: each object read carries its streams' aborted transactions, asked of the
+        partitions' leaders over the offsets the plan reads from objects."""
         plan = plan_broker_read(self.manifest(), ranges, rows_max=self.rows_max, bytes_max=self.bytes_max,
                                 fail_on_data_loss=self.fail_on_data_loss, time_from_ms=time_from_ms)
+        cold = [p for p in plan if isinstance(p, ReadPartition)]
+        aborted = self._aborted(view, cold, ranges) if self.committed else {}
         objects = self.objects or ""
-        return [ObjectsPartition(objects, p) if isinstance(p, ReadPartition) else p for p in plan]
+        return [ObjectsPartition(objects, p, _ranges_of(p, aborted)) if isinstance(p, ReadPartition) else p
+                for p in plan]
+
+    def _aborted(self, view: BrokerView, cold: list[ReadPartition],
+                 ranges: dict[TopicPartition, tuple[int, int]]) -> dict[str, list[AbortedTxn]]:
+        """The aborted transactions of each partition (by label) over the offsets ``cold`` reads."""
+        by_label = {label(tp): tp for tp in ranges}
+        spans: dict[TopicPartition, tuple[int, int]] = {}
+        for part in cold:
+            for piece in part.slices:
+                tp = by_label[piece.name]
+                first, last = spans.get(tp, (piece.start_offset, piece.end_offset))
+                spans[tp] = (min(first, piece.start_offset), max(last, piece.end_offset))
+        found = aborted_ranges(view.leaders, self.kafka, spans)
+        return {label(tp): txns for tp, txns in found.items() if txns}
 
     # Executor side -------------------------------------------------------------------------------
 
@@ -153,18 +197,50 @@ class BrokerRead:
             return  # an empty plan: Spark still runs one task, with no partition value
         if isinstance(value, TailPartition):
             yield from read_tail(self.bootstrap, self.kafka, value.topic, value.partition, value.start, value.end,
-                                 headers=self.headers, fail_on_data_loss=self.fail_on_data_loss)
+                                 headers=self.headers, fail_on_data_loss=self.fail_on_data_loss,
+                                 isolation=self.isolation)
             return
         assert isinstance(value, ObjectsPartition)
-        yield from read_partition(shared_store(value.objects), value.part, headers=self.headers)
+        yield from read_partition(shared_store(value.objects), value.part, headers=self.headers,
+                                  aborted=dict(value.aborted))
+
+
+#: Aborted transactions by stream id, as a task gets them (tuples: a partition's value stays immutable).
+StreamTxns = tuple[tuple[int, tuple[AbortedTxn, ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectsPartition:
-    """A task reading uploaded records from the object store at ``objects``."""
+    """A task reading uploaded records from the object store at ``objects``; ``aborted``: its streams'
+    aborted transactions, by stream id (read_committed; a stream it does not name has none)."""
 
     objects: str
     part: ReadPartition
+    aborted: StreamTxns = ()
+
+
+def _ranges_of(part: ReadPartition, aborted: dict[str, list[AbortedTxn]]) -> StreamTxns:
+    """The aborted transactions a task reading ``part`` needs: those overlapping each slice, by stream id
+    (a range whose marker lies past the slice, in another task's, still applies here)."""
+    out: dict[int, set[AbortedTxn]] = {}
+    for piece in part.slices:
+        for r in aborted.get(piece.name, ()):
+            if r.last_offset >= piece.start_offset and r.first_offset < piece.end_offset:
+                out.setdefault(piece.stream_id, set()).add(r)
+    return tuple((stream_id, tuple(sorted(txns))) for stream_id, txns in sorted(out.items()))
+
+
+def isolation_level(options: dict[str, str], kafka: dict[str, str]) -> str:
+    """Option ``isolationLevel`` (or ``kafka.isolation.level``, as Spark's Kafka source takes it):
+    ``read_committed`` unless given; ValueError for another value, or for the two disagreeing."""
+    given = option(options, "isolationLevel")
+    alias = kafka.get("isolation.level")
+    if given is not None and alias is not None and given.strip().lower() != alias.strip().lower():
+        raise ValueError(f"option 'isolationLevel' is {given!r} and 'kafka.isolation.level' {alias!r}: give one")
+    level = (given or alias or READ_COMMITTED).strip().lower()
+    if level not in ISOLATION_LEVELS:
+        raise ValueError(f"option 'isolationLevel' must be {' or '.join(ISOLATION_LEVELS)}, not {level!r}")
+    return level
 
 
 def reachable_objects(location: Location, options: dict[str, str]) -> str:
@@ -201,11 +277,12 @@ class BrokerBatchReader(DataSourceReader):
         view = self.source.view()
         try:
             self.source.resolve_objects(view)
-            ends = view.ends(self.source.partitions_of(view))
+            ends = self.source.ends(view)
+            ranges = read_ranges(ends, self.pushed.offsets, self.pushed.labels,
+                                 resolve_starting(self.starting, ends))
+            return [InputPartition(p) for p in self.source.plan(view, ranges, self.pushed.time_from_ms)]
         finally:
             view.close()
-        ranges = read_ranges(ends, self.pushed.offsets, self.pushed.labels, resolve_starting(self.starting, ends))
-        return [InputPartition(p) for p in self.source.plan(ranges, self.pushed.time_from_ms)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from self.source.read(partition.value)
@@ -292,8 +369,7 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._view
 
     def _ends(self) -> dict[TopicPartition, PartitionEnds]:
-        view = self._broker()
-        return view.ends(self.source.partitions_of(view))
+        return self.source.ends(self._broker())
 
     def initialOffset(self) -> dict[str, Any]:
         return _nested(resolve_starting(self.starting, self._ends()))
@@ -322,8 +398,8 @@ class BrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = {tp: (begin.get(tp, 0), stop) for tp, stop in finish.items() if stop > begin.get(tp, 0)}
         if not ranges:
             return []
-        self._broker()  # a restarted driver plans the batch it had planned before any latestOffset
-        return [InputPartition(p) for p in self.source.plan(ranges)]
+        # (A restarted driver plans the batch it had planned before any latestOffset.)
+        return [InputPartition(p) for p in self.source.plan(self._broker(), ranges)]
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # the offsets live in the checkpoint; nothing is kept elsewhere

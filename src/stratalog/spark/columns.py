@@ -48,6 +48,7 @@ from stratalog.kafka.record_index import (
     kafka_headers,
 )
 from stratalog.kafka.records import KafkaBatchError
+from stratalog.spark.aborted import AbortedIndex, keeps
 
 #: The data source's schema, as Spark DDL and as a StructType (which needs no JVM to build).
 SCHEMA_DDL = "stream string, offset bigint, timestamp timestamp, key binary, value binary"
@@ -113,8 +114,11 @@ class ColumnBuilder:
     #: Records taken so far.
     rows: int = 0
 
-    def add_block(self, buf: bytes, position: int, entry: BlockEntry, label: str, start: int, end: int) -> None:
-        """Take the records with offsets in ``[start, end)`` from the block ``entry`` at ``buf[position:]``.
+    def add_block(self, buf: bytes, position: int, entry: BlockEntry, label: str, start: int, end: int,
+                  aborted: AbortedIndex | None = None) -> None:
+        """Take the records with offsets in ``[start, end)`` from the block ``entry`` at ``buf[position:]``,
+        but those of markers and, given the stream's ``aborted`` transactions (read_committed), of the
+        batches they wrote (spark/aborted.py).
 
         The block's CRC must already be checked (it covers every batch header and record in it), and
         blocks must come in the order of their positions. Offsets count from ``entry.start_offset`` (the
@@ -126,7 +130,7 @@ class ColumnBuilder:
         for at, info in placed_batches(block, entry):
             if info.end_offset <= start or info.base_offset >= end:
                 continue
-            index = self._index(buf, position + at, info)
+            index = self._index(buf, position + at, info, aborted)
             base = info.base_offset
             # Offset deltas increase below the batch's span (the index checked it): with a record for every
             # offset, row i is offset base + i; with gaps (compaction), the records in range are still one slice.
@@ -151,8 +155,9 @@ class ColumnBuilder:
                 self.labels.append(label)
                 self.label_rows.append(taken)
 
-    def _index(self, buf: bytes, at: int, info: BatchInfo) -> np.ndarray:
-        """The index of the batch at ``buf[at:]``, its positions counted in the pieces."""
+    def _index(self, buf: bytes, at: int, info: BatchInfo, aborted: AbortedIndex | None) -> np.ndarray:
+        """The index of the batch at ``buf[at:]``, its positions counted in the pieces (none for a batch
+        the read drops)."""
         batch_end = at + info.batch_bytes
         if info.encoding != ENCODING_KAFKA:
             shift = self._take_fetched(buf, at, batch_end)
@@ -166,7 +171,11 @@ class ColumnBuilder:
             if header.last_offset_delta + 1 != info.count:
                 raise CorruptObjectError(f"a Kafka batch over {header.last_offset_delta + 1} offsets where the "
                                          f"store's header says {info.count}")
-            if header.is_control:   # a transaction's marker: an offset, and no row (as Stream.fetch)
+            # A transaction's marker is an offset and no row (as Stream.fetch); so is an aborted batch's
+            # record under read_committed. Offsets are the placed ones (info), as everywhere here.
+            if not keeps(aborted, control=header.is_control, transactional=header.is_transactional,
+                         producer_id=header.producer_id, base_offset=info.base_offset,
+                         last_offset=info.end_offset - 1):
                 return np.empty((INDEX_COLUMNS, 0), dtype=np.int64)
             if isinstance(records, memoryview):  # not compressed: the records are in buf, up to batch_end
                 shift = self._take_fetched(buf, at, batch_end) + batch_end - len(records)

@@ -1,9 +1,11 @@
 """The data source as a Kafka client of a running broker (librdkafka, through confluent-kafka).
 
-Driver side, :class:`BrokerView`: the topics and partitions, each partition's first and next offset
-(ListOffsets: the next offset is the high watermark, below which every record is acknowledged), and the
-broker's object storage (DescribeConfigs). Executor side, :func:`read_tail`: the records of one
-partition in an offset range, through Kafka Fetch, as Arrow batches in the source's schema.
+Driver side, :class:`BrokerView`: the topics and partitions and their leaders, each partition's first
+and next offset (ListOffsets: the next offset is the high watermark, below which every record is
+acknowledged, or for read_committed the last stable offset, below which every transaction has ended),
+and the broker's object storage (DescribeConfigs). Executor side, :func:`read_tail`: the records of one
+partition in an offset range, through Kafka Fetch, as Arrow batches in the source's schema; as
+read_committed, librdkafka drops aborted transactions' records itself.
 """
 
 from __future__ import annotations
@@ -47,9 +49,15 @@ def _client_settings(bootstrap: str, settings: dict[str, str]) -> dict[str, Any]
             **settings}
 
 
+#: The isolation levels a read takes (librdkafka's ``isolation.level`` values), the default first.
+READ_COMMITTED, READ_UNCOMMITTED = "read_committed", "read_uncommitted"
+ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionEnds:
-    """A partition's first offset (the log start) and next offset (the high watermark)."""
+    """A partition's first offset (the log start) and next offset (the high watermark, or for
+    read_committed the last stable offset)."""
 
     start: int
     end: int
@@ -83,17 +91,20 @@ class BrokerView:
                                   f"it has {', '.join(sorted(found)) or 'none'}")
         return {name: found[name] for name in wanted}
 
-    def ends(self, partitions: list[TopicPartition]) -> dict[TopicPartition, PartitionEnds]:
-        """Each partition's first and next offset, in two ListOffsets round trips."""
+    def ends(self, partitions: list[TopicPartition], committed: bool = False) -> dict[TopicPartition, PartitionEnds]:
+        """Each partition's first and next offset, in two ListOffsets round trips; with ``committed``, the
+        next offset is the last stable offset (ListOffsets read_committed)."""
+        from confluent_kafka import IsolationLevel
         from confluent_kafka import TopicPartition as KafkaPartition
         from confluent_kafka.admin import OffsetSpec
 
         if not partitions:
             return {}
+        isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
 
         def ask(spec: Any) -> dict[TopicPartition, int]:
             futures = self._admin.list_offsets({KafkaPartition(t, p): spec for t, p in partitions},
-                                               request_timeout=REQUEST_TIMEOUT_S)
+                                               isolation_level=isolation, request_timeout=REQUEST_TIMEOUT_S)
             out = {}
             for tp, future in futures.items():
                 try:
@@ -105,6 +116,23 @@ class BrokerView:
         firsts = ask(OffsetSpec.earliest())  # type: ignore[no-untyped-call]
         nexts = ask(OffsetSpec.latest())  # type: ignore[no-untyped-call]
         return {tp: PartitionEnds(firsts[tp], nexts[tp]) for tp in partitions}
+
+    def leaders(self, partitions: list[TopicPartition]) -> dict[TopicPartition, str]:
+        """The ``host:port`` of each partition's leader, from fresh metadata; BrokerReadError for a
+        partition that has none (or that does not exist)."""
+        try:
+            metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+        except Exception as e:
+            raise BrokerReadError(f"broker {self.bootstrap} did not list its topics: {e}") from e
+        out = {}
+        for topic, partition in partitions:
+            found = metadata.topics.get(topic)
+            leader = found.partitions.get(partition) if found is not None else None
+            node = metadata.brokers.get(leader.leader) if leader is not None else None
+            if node is None:
+                raise BrokerReadError(f"broker {self.bootstrap} names no leader of {topic}/{partition}")
+            out[(topic, partition)] = f"{node.host}:{node.port}"
+        return out
 
     def object_store_uri(self) -> str | None:
         """The broker's object storage as it advertises it (None: it does not say)."""
@@ -213,19 +241,20 @@ def _take_consumer(bootstrap: str, settings: dict[str, str]) -> tuple[Any, _Cons
 
 
 def read_tail(bootstrap: str, settings: dict[str, str], topic: str, partition: int, start: int, end: int, *,
-              headers: bool = False, fail_on_data_loss: bool = True,
+              headers: bool = False, fail_on_data_loss: bool = True, isolation: str = READ_COMMITTED,
               timeout_s: float = REQUEST_TIMEOUT_S) -> Iterator[pa.RecordBatch]:
     """Records ``[start, end)`` of a partition, fetched from the broker, in batches of the source's schema.
 
-    Every offset below the high watermark the driver saw holds a record unless it was trimmed since, or
-    log compaction took it (the read goes on to the next record). Offsets trimmed before they were read
-    raise DataLossError, or with ``fail_on_data_loss`` False the read goes on from the partition's new
-    start. No record arrives within ``timeout_s``: BrokerReadError.
+    Every offset below the end the driver saw holds a record unless it was trimmed since, or log
+    compaction took it, or it is a transaction's marker, or (``isolation`` read_committed, below the last
+    stable offset) an aborted transaction wrote it: the read goes on to the next record. Offsets trimmed
+    before they were read raise DataLossError, or with ``fail_on_data_loss`` False the read goes on from
+    the partition's new start. No record arrives within ``timeout_s``: BrokerReadError.
     """
     from confluent_kafka import KafkaError
     from confluent_kafka import TopicPartition as KafkaPartition
 
-    consumer, key = _take_consumer(bootstrap, settings)
+    consumer, key = _take_consumer(bootstrap, {**settings, "isolation.level": isolation})
     healthy = False
     label = f"{topic}/{partition}"
     try:
@@ -239,8 +268,9 @@ def read_tail(bootstrap: str, settings: dict[str, str], topic: str, partition: i
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        # The end of the log, every record before it taken: past ``end``, log compaction took
-                        # the records left in range (as it may take a log's last ones: expired tombstones).
+                        # The end of the log (read_committed: the last stable offset), every record before it
+                        # taken: past ``end``, what was left in range is records log compaction took (as it may
+                        # take a log's last ones: expired tombstones), markers, or aborted records.
                         if message.offset() >= end:
                             at = end
                             break

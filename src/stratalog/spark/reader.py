@@ -3,20 +3,24 @@
 Nothing here needs a running stratalog process or its SQLite metadata: the plan names every block, and
 the object store is opened from the same URI the driver used. If compaction replaced and then deleted
 an object after the plan was made (its grace period passed during a long job), the slice is planned
-again from the newest manifest: the data is the same, only its place changed.
+again from the newest manifest: the data is the same, only its place changed. A read of a broker as
+read_committed hands each task its streams' aborted transactions too (spark/aborted.py), which the
+task's batches are filtered by; without them every record is returned, markers never.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pyarrow as pa
 
 from stratalog.engine.manifest import read_manifest
 from stratalog.engine.objformat import check_block
+from stratalog.kafka.aborted_ranges import AbortedTxn
 from stratalog.objects.store import ObjectNotFoundError, ObjectStore
+from stratalog.spark.aborted import AbortedIndex
 from stratalog.spark.columns import ColumnBuilder
 from stratalog.spark.plan import (
     FETCH_BYTES_MAX,
@@ -56,22 +60,29 @@ def shared_store(uri: str) -> ObjectStore:
         return store
 
 
+#: Each stream's aborted transactions, by stream id (a stream it does not name has none).
+Aborted = Mapping[int, AbortedIndex]
+
+
 def read_partition(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int = FETCH_BYTES_MAX,
-                   headers: bool = False) -> Iterator[pa.RecordBatch]:
+                   headers: bool = False,
+                   aborted: Mapping[int, Iterable[AbortedTxn]] | None = None) -> Iterator[pa.RecordBatch]:
     """The records of ``partition``, one RecordBatch per ranged get (``fetch_bytes_max`` bytes at most,
-    unless one block is larger); with a ``headers`` column when ``headers``."""
-    yield from _read(store, partition, fetch_bytes_max, headers)
+    unless one block is larger); with a ``headers`` column when ``headers``. ``aborted``: each stream's
+    aborted transactions (by stream id), whose batches are left out (read_committed)."""
+    indexes = {stream_id: AbortedIndex(ranges) for stream_id, ranges in (aborted or {}).items()}
+    yield from _read(store, partition, fetch_bytes_max, headers, indexes)
 
 
 def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int,
-          headers: bool) -> Iterator[pa.RecordBatch]:
+          headers: bool, aborted: Aborted) -> Iterator[pa.RecordBatch]:
     fetches = plan_fetches(partition, fetch_bytes_max)
     for number, fetch in enumerate(fetches):
         try:
             buf = store.get(fetch.key, fetch.start, fetch.end)
         except ObjectNotFoundError:
             # Everything fetched before this get was yielded already; read the rest from where it is now.
-            yield from _read_replanned(store, partition, fetches[number:], fetch_bytes_max, headers)
+            yield from _read_replanned(store, partition, fetches[number:], fetch_bytes_max, headers, aborted)
             return
         blocks = []
         with memoryview(buf) as view:
@@ -82,12 +93,13 @@ def _read(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int,
         builder = ColumnBuilder()
         for (index, _), (at, entry) in zip(fetch.blocks, blocks, strict=True):
             piece = partition.slices[index]
-            builder.add_block(buf, at, entry, piece.name, piece.start_offset, piece.end_offset)
+            builder.add_block(buf, at, entry, piece.name, piece.start_offset, piece.end_offset,
+                              aborted.get(piece.stream_id))
         yield builder.finish(buf, headers)
 
 
 def _read_replanned(store: ObjectStore, partition: ReadPartition, remaining: list[Fetch],
-                    fetch_bytes_max: int, headers: bool) -> Iterator[pa.RecordBatch]:
+                    fetch_bytes_max: int, headers: bool, aborted: Aborted) -> Iterator[pa.RecordBatch]:
     """Read the ranges the ``remaining`` fetches were to cover, planned again from the newest manifest."""
     manifest = read_manifest(store)
     ranges: dict[int, list[tuple[int, int]]] = {}
@@ -105,7 +117,7 @@ def _read_replanned(store: ObjectStore, partition: ReadPartition, remaining: lis
                                     rows_max=1 << 62, bytes_max=1 << 62)
             for fresh in again:
                 relabelled = ReadPartition(tuple(_relabel(s, piece.name) for s in fresh.slices))
-                yield from _read(store, relabelled, fetch_bytes_max, headers)
+                yield from _read(store, relabelled, fetch_bytes_max, headers, aborted)
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
