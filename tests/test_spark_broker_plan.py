@@ -9,10 +9,11 @@ import pytest
 
 from stratalog.engine.manifest import BlockRef, Manifest, StreamInfo
 from stratalog.engine.objformat import BlockEntry
+from stratalog.kafka.aborted_ranges import AbortedTxn
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import without_credentials
 from stratalog.spark.broker_plan import TailPartition, plan_broker_read, read_ranges
-from stratalog.spark.broker_source import EARLIEST, LATEST, parse_starting, share
+from stratalog.spark.broker_source import EARLIEST, LATEST, BrokerRead, ObjectsPartition, parse_starting, share
 from stratalog.spark.kafka_client import DataLossError, PartitionEnds
 from stratalog.spark.location import StoreLocationError, locate
 from stratalog.spark.plan import OffsetRange, ReadPartition
@@ -146,6 +147,37 @@ def test_starting_offsets_take_kafka_source_forms() -> None:
 def test_plans_travel_to_tasks_by_pickle() -> None:
     plan = plan_broker_read(manifest_of({"t/0": (0, 10)}), {("t", 0): (0, 20)}, rows_max=100, bytes_max=1 << 30)
     assert pickle.loads(pickle.dumps(plan)) == plan
+
+
+def test_an_object_read_with_aborted_transactions_travels_by_pickle() -> None:
+    (part,) = plan_broker_read(manifest_of({"t/0": (0, 10)}), {("t", 0): (0, 10)}, rows_max=100, bytes_max=1 << 30)
+    assert isinstance(part, ReadPartition)
+    value = ObjectsPartition("file:///x", part, ((0, (AbortedTxn(9, 4, 2),)),))
+    assert pickle.loads(pickle.dumps(value)) == value
+
+
+@pytest.mark.parametrize("options, level", [
+    ({}, "read_committed"),
+    ({"isolationlevel": "READ_UNCOMMITTED"}, "read_uncommitted"),
+    ({"kafka.isolation.level": "read_uncommitted"}, "read_uncommitted"),
+    ({"isolationlevel": "read_committed", "kafka.isolation.level": "read_committed"}, "read_committed"),
+])
+def test_reads_are_read_committed_unless_the_isolation_level_says_otherwise(options: dict[str, str],
+                                                                           level: str) -> None:
+    options = {"path": "kafka://127.0.0.1:9092", **options}
+    source = BrokerRead(locate(options), options)
+    assert (source.isolation, source.committed) == (level, level == "read_committed")
+    assert "isolation.level" not in source.kafka, "the consumer gets it from read_tail, the admin client never"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"isolationlevel": "committed"}, "must be read_committed or read_uncommitted, not 'committed'"),
+    ({"isolationlevel": "read_committed", "kafka.isolation.level": "read_uncommitted"}, "give one"),
+])
+def test_an_isolation_level_that_is_not_one_is_refused(options: dict[str, str], message: str) -> None:
+    options = {"path": "kafka://127.0.0.1:9092", **options}
+    with pytest.raises(ValueError, match=message):
+        BrokerRead(locate(options), options)
 
 
 def test_pipeline_retention_against_a_broker_says_the_broker_applies_it(tmp_path: Path) -> None:

@@ -31,11 +31,20 @@ batches from ``first_offset`` up to its abort marker at ``last_offset`` were abo
 ``last_offset``; ``more`` = 1 says the response had no room for the rest, which a request from the last
 one's ``last_offset + 1`` lists (no range is lost that way: every range left out ends after it).
 
-Worked example: correlation id 7, client id ``"s"``, topic ``"t"`` partition 1 from 0 to 100::
+Worked example: correlation id 7, client id ``"s"``, topic ``"t"`` partition 1 from 0 to 100 (46 bytes)::
 
-    00 00 00 2b  7d 02 00 00 00 00 00 07  00 01 73      size 43; key 32002, version 0, id 7, "s"
+    00 00 00 2a  7d 02  00 00  00 00 00 07  00 01 73    size 42; key 32002, version 0, id 7, "s"
     00 00 00 01  00 01 74  00 00 00 01                  one topic "t", one partition
-    00 00 00 01  00..00  00 00 00 00 00 00 00 64        partition 1, from 0, to 100
+    00 00 00 01  00 00 00 00 00 00 00 00                partition 1, from 0
+    00 00 00 00 00 00 00 64                             to 100
+
+and its answer, one range (producer 3 from offset 12 to its abort marker at 40), stable up to 90 (70 bytes)::
+
+    00 00 00 42  00 00 00 07  00 00 00 00  00 00  ff ff size 66; id 7, no throttle, no error, null message
+    00 00 00 01  00 01 74  00 00 00 01                  one topic "t", one partition
+    00 00 00 01  00 00  00 00 00 00 00 00 00 5a  00     partition 1, no error, stable 90, no more
+    00 00 00 01  00 00 00 00 00 00 00 03                one range: producer 3,
+    00 00 00 00 00 00 00 0c  00 00 00 00 00 00 00 28    first offset 12, last offset 40
 """
 
 from __future__ import annotations
