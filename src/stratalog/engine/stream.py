@@ -80,7 +80,13 @@ class Stream:
     def fetch(self, start_offset: int, end_offset: int | None = None,
               max_bytes: int = FETCH_BYTES_MAX_DEFAULT) -> list[Record]:
         """Records from ``start_offset`` (up to ``end_offset``), in order, about ``max_bytes`` of values at
-        most but always at least one record when one exists."""
+        most but always at least one record when one exists.
+
+        Kafka transactions are read as read_uncommitted: the records of every transaction, committed,
+        aborted or still open. Their markers (control batches) take an offset and give no record, so
+        offsets may skip. The engine knows nothing of which transactions aborted (the broker's partition
+        leader does): read through Kafka Fetch read_committed, or the Spark data source (read_committed by
+        default), for committed records only."""
         return self._parts.reads.fetch(self._state, start_offset, end_offset, max_bytes)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
