@@ -13,7 +13,8 @@ from brokerkit import BrokerProcess, running_broker
 from stratalog.engine.manifest import ManifestError, read_manifest
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.uri import LOCAL_DIR_NAME
-from stratalog.spark.broker_source import BrokerBatchReader
+from stratalog.spark import kafka_client
+from stratalog.spark.broker_source import BrokerBatchReader, BrokerStreamReader
 from stratalog.spark.kafka_client import BrokerView
 from stratalog.spark.location import locate
 from waiting import wait_until
@@ -148,6 +149,24 @@ def values_of(df: Any) -> list[bytes]:
     return sorted(r.value for r in df.collect())
 
 
+def micro_batch(path: str) -> list[bytes]:
+    """The values of a streaming query's first micro-batch from the start, everything available, its tasks
+    run here (without Spark): each partition ends at its last stable offset."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    reader = BrokerStreamReader(locate({"path": path}), {"topics": "ledger"})
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        stable = BrokerView(path.removeprefix("kafka://"), {}).ends([("ledger", 0), ("ledger", 1)], committed=True)
+        assert end == {"ledger": {str(p): e.end for (_, p), e in stable.items()}}
+        return sorted(v for part in reader.partitions(start, end) for batch in reader.read(part)
+                      for v in batch.column("value").to_pylist())
+    finally:
+        reader.stop()
+        kafka_client._consumers.close_expired(float("inf"))   # no consumer left knocking once the broker stops
+
+
 def test_read_committed_drops_aborted_transactions_from_objects_and_the_tail(spark: Any, tmp_path: Path) -> None:
     with running_broker(tmp_path / "data", "--config", str(broker_config(tmp_path, 1.0))) as broker:
         create_topic(broker.bootstrap, "ledger", 2)
@@ -187,6 +206,7 @@ def test_read_committed_drops_aborted_transactions_from_objects_and_the_tail(spa
         assert read() == sorted(txns.committed)
         late = [b"late-0", b"late-1"]
         assert read(isolationLevel="read_uncommitted") == sorted([*everything, b"open-0", b"open-1", *late])
+        assert micro_batch(path) == sorted(txns.committed), "a micro-batch ends at the last stable offset too"
         opener.abort_transaction(30)
         assert read() == sorted([*txns.committed, *late]), "the abort makes what follows it stable"
         assert broker.stop() == 0
