@@ -2,7 +2,8 @@
 is the broker that holds it, its markers reach partitions led by the other two through the database
 (broker/txn_marker_queue.py), each partition's leader answers read_committed from its own state, and offsets
 committed in a transaction at the group's coordinator are stored when the transaction commits, wherever
-the transaction's coordinator runs."""
+the transaction's coordinator runs. librdkafka's consume-transform-produce loop stays exact while brokers
+are killed with -9 and restarted, coordinators and leaders moving each time."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from clusterkit import running_cluster, tails
 from conftest import SeaweedS3
 from stratalog.chaos.cluster_process import CLUSTER_TOML
-from txnkit import read_to_end
+from txnkit import RdkafkaPipeline, assert_each_input_once, group_done, read_to_end
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -98,3 +99,45 @@ def test_transactions_span_the_brokers_and_read_committed_sees_only_commits(
         write(successor, "e", commit=True)
         wait_until(lambda: by_partition(cluster.bootstrap(1), "read_committed")[1] == ["a", "c", "e"],
                    lambda: f"the fenced producer's record never read:\n{tails(cluster)}")
+
+
+#: Inputs of the loop through kills, and the kills: each broker killed twice, in turn.
+LOOP_INPUTS = 20_000
+LOOP_KILLS = 6
+#: Bound on each stage of the loop (only against a hang: failover takes seconds).
+STAGE_S = 600.0
+
+
+def test_consume_transform_produce_is_exact_while_brokers_are_killed(
+        tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> None:
+    with running_cluster(tmp_path, pg_database, seaweedfs, 3, TXN_TOML) as cluster:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
+        for future in admin.create_topics([NewTopic("in", 3, 1), NewTopic("out", 3, 1)]).values():
+            future.result(timeout=CALL_S)
+        plain = Producer({"bootstrap.servers": cluster.bootstrap(), "enable.idempotence": True, "linger.ms": 20})
+        for i in range(LOOP_INPUTS):
+            plain.produce("in", b"%d" % i, partition=i % 3)
+            plain.poll(0)
+        assert plain.flush(CALL_S) == 0
+        pipeline = RdkafkaPipeline(cluster.bootstrap(), "in", "out")
+        pipeline.start()
+
+        def wait_done(inputs: int, what: str) -> None:
+            wait_until(lambda: pipeline.failure is not None or group_done(cluster.bootstrap(), pipeline.group)
+                       >= inputs, lambda: f"{what}:\n{tails(cluster)}", timeout_s=STAGE_S)
+            assert pipeline.failure is None, pipeline.failure
+
+        try:
+            for kill in range(LOOP_KILLS):
+                wait_done(LOOP_INPUTS * (kill + 1) // (LOOP_KILLS + 2), "the loop progressing between kills")
+                victim = 1 + kill % 3
+                cluster.brokers[victim].kill9()
+                cluster.start(victim)
+            wait_done(LOOP_INPUTS, "the loop reaching the end of its input")
+        finally:
+            pipeline.stopping.set()
+            pipeline.join(CALL_S * 3)
+        assert pipeline.failure is None, pipeline.failure
+        assert_each_input_once(read_to_end(cluster.bootstrap(), "out"), LOOP_INPUTS)
+        print(f"{LOOP_INPUTS} inputs through {LOOP_KILLS} kills of brokers: each once; the loop went back "
+              f"{pipeline.restarts} times")
