@@ -54,3 +54,17 @@ def test_forgetting_a_batch_that_is_not_in_flight_changes_nothing() -> None:
     states.forget(PID, PARTITION, 0)      # written, not in flight
     states.forget(PID + 1, PARTITION, 0)  # unknown producer
     assert states.check(PID, EPOCH, PARTITION, 0, 1) == (Verdict.DUPLICATE, 0)
+
+
+def test_a_marker_fences_the_epochs_before_its_own() -> None:
+    states = ProducerStates(10)
+    states.record(7, 0, "p", 0, 1, 0)
+    states.marked(7, 1, "p")          # the coordinator bumped the epoch to abort a lapsed transaction
+    assert states.check(7, 0, "p", 1, 1) == (Verdict.FENCED, -1)
+    assert states.check(7, 1, "p", 0, 1) == (Verdict.APPEND, -1)
+    states.marked(7, 1, "p")          # a commit at the same epoch changes nothing
+    states.record(7, 1, "p", 0, 1, 5)
+    states.marked(7, 1, "p")
+    assert states.check(7, 1, "p", 1, 1) == (Verdict.APPEND, -1), "the sequence goes on after a marker"
+    states.marked(8, 2, "p")          # a producer with no batch here yet
+    assert states.check(8, 1, "p", 0, 1) == (Verdict.FENCED, -1)

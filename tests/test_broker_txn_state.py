@@ -23,6 +23,7 @@ from stratalog.broker.txn_state import (
     on_end,
     on_init,
     on_offset_commit,
+    produce_refusal,
 )
 
 PID, EPOCH = 10, 3
@@ -138,3 +139,18 @@ def test_an_ongoing_transaction_expires_after_its_timeout_only() -> None:
     assert not expired(ongoing, 1_000 + 60_000)
     assert expired(ongoing, 1_000 + 60_001)
     assert not expired(txn(TxnState.COMPLETE_COMMIT), 10**12)
+
+
+@pytest.mark.parametrize(("state", "epoch", "partition", "expected"), [
+    (TxnState.ONGOING, EPOCH, 0, ErrorCode.none),
+    (TxnState.ONGOING, EPOCH, 1, ErrorCode.invalid_txn_state),            # the partition was not added
+    (TxnState.ONGOING, EPOCH - 1, 0, ErrorCode.invalid_producer_epoch),   # a fenced producer
+    (TxnState.ONGOING, EPOCH + 1, 0, ErrorCode.invalid_txn_state),
+    (TxnState.PREPARE_ABORT, EPOCH, 0, ErrorCode.invalid_txn_state),      # a late batch of an ending transaction
+    (TxnState.COMPLETE_COMMIT, EPOCH, 0, ErrorCode.invalid_txn_state),    # ... or an ended one
+])
+def test_a_transactional_batch_is_taken_only_inside_its_ongoing_transaction(
+        state: TxnState, epoch: int, partition: int, expected: ErrorCode) -> None:
+    assert produce_refusal(txn(state, partitions=(P0,)), PID, epoch, "t", partition) == expected
+    assert produce_refusal(None, PID, EPOCH, "t", 0) == ErrorCode.invalid_producer_id_mapping
+    assert produce_refusal(txn(TxnState.ONGOING), PID + 1, EPOCH, "t", 0) == ErrorCode.invalid_producer_id_mapping

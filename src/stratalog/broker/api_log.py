@@ -37,6 +37,8 @@ from stratalog.kafka.produce_request import ProduceBody
 from stratalog.kafka.produce_response import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from stratalog.kafka.record_check import check_records, walk_fields
 from stratalog.kafka.records import (
+    HEADER,
+    HEADER_BYTES,
     INT16_MAX,
     BatchHeader,
     Compression,
@@ -71,6 +73,7 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
         return _produce_response(request, [ProduceTopicResult(name, [
             ProducePartitionResult(index, error, error_message=message) for index, _ in partitions])
             for name, partitions in body.topics])
+    unverified = await _verify_first_batches(broker, body) if body.transactional_id is not None else {}
     pending: list[tuple[ProducePartitionResult, asyncio.Future[int], Any]] = []
     topics = []
     for name, partitions in body.topics:
@@ -79,8 +82,8 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
         for index, records in partitions:
             response = ProducePartitionResult(index, ErrorCode.none)
             results.append(response)
-            if not writable:
-                response.error_code = ErrorCode.topic_authorization_failed
+            if not writable or (name, index) in unverified:
+                response.error_code = unverified.get((name, index), ErrorCode.topic_authorization_failed)
                 broker.metrics.produce_failed(response.error_code.name)
                 continue
             outcome = _append(broker, session, name, index, records, response)
@@ -111,6 +114,30 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
     if not _lease_confirmed(broker):
         _withhold_acknowledgements(topics)
     return _produce_response(request, topics)
+
+
+async def _verify_first_batches(broker: Broker, body: ProduceBody) -> dict[tuple[str, int], ErrorCode]:
+    """A broker of a cluster: each transactional batch that would open its transaction in a partition led
+    here, checked against the transaction's state first (Transactions.verify); the partitions refused, with
+    why. Later batches of a transaction open in the partition, and everything of a broker alone, pass (the
+    append's own check covers them)."""
+    if not broker.ownership.in_cluster or body.transactional_id is None:
+        return {}
+    refused: dict[tuple[str, int], ErrorCode] = {}
+    for name, partitions in body.topics:
+        for index, records in partitions:
+            stream = broker.partition(name, index)
+            if stream is None or records is None or len(records) < HEADER_BYTES:
+                continue   # refused by the append's checks
+            header = BatchHeader(*HEADER.unpack_from(records, 0))
+            if not header.is_transactional or header.is_control \
+                    or broker.partition_txns.open_first_offset(stream.stream_id, header.producer_id) >= 0:
+                continue
+            error = await broker.transactions.verify(body.transactional_id, header.producer_id,
+                                                     header.producer_epoch, name, index)
+            if error:
+                refused[(name, index)] = error
+    return refused
 
 
 def _lease_confirmed(broker: Broker) -> bool:

@@ -197,8 +197,10 @@ def _replay_one(states: ProducerStates, txns: PartitionTxns, stream_id: int, bat
     if producer_id < 0:
         return
     if attributes & CONTROL_BIT:
-        # A marker carries its producer's id but no sequence: the live broker records none for it either.
+        # A marker carries its producer's id and epoch but no sequence: as the live broker, the epoch fences
+        # older ones, and no batch is recorded.
         kind = marker_type(batch.body)
+        states.marked(producer_id, epoch, stream_id)
         aborted = txns.aborts(stream_id, producer_id, kind, batch.base_offset) if kind is not None else None
         txns.ended(stream_id, producer_id, aborted)
         if aborted is not None:

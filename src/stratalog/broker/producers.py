@@ -95,6 +95,18 @@ class ProducerStates:
         while len(self._states) > self._entries_max:
             self._states.popitem(last=False)
 
+    def marked(self, producer_id: int, epoch: int, partition: object) -> None:
+        """A transaction marker of ``producer_id`` at ``epoch`` was written into the partition: batches of
+        older epochs are fenced from now on (a coordinator that aborts a lapsed transaction bumps the epoch
+        and ends it with the new one, so the lapsed producer's late batches cannot open another)."""
+        key = (producer_id, partition)
+        state = self._states.get(key)
+        if state is None or epoch > state.epoch:
+            self._states[key] = _PartitionState(epoch)
+            self._states.move_to_end(key)
+            while len(self._states) > self._entries_max:
+                self._states.popitem(last=False)
+
     def settle(self, producer_id: int, partition: object, base_sequence: int, base_offset: int) -> None:
         """The batch recorded in flight at ``base_sequence`` got ``base_offset``."""
         state = self._states.get((producer_id, partition))

@@ -12,8 +12,9 @@ groups; docs/cluster.md): it loads the id's state when it gets it, every change 
 in the database, the markers of partitions led elsewhere go through the database to their leaders
 (broker/txn_marker_queue.py), and offsets committed in the transaction at another broker (the group's
 coordinator) are kept beside its state. A partition led by a broker that does not coordinate the
-transaction takes its batches on the producer's epoch alone, as Kafka before KIP-890. Every method runs
-on the broker's event loop; requests of one transactional id take turns (a lock each).
+transaction checks the first batch of the transaction there against the state in the database (as
+Kafka's leaders ask the coordinator since KIP-890). Every method runs on the broker's event loop; requests
+of one transactional id take turns (a lock each).
 
 Recovery: a transaction found Prepare* at start had its end decided and made durable, and some of its
 markers may be missing: they are written again (a marker twice in a partition is harmless: the second
@@ -49,6 +50,7 @@ from stratalog.broker.txn_state import (
     on_end,
     on_init,
     on_offset_commit,
+    produce_refusal,
 )
 from stratalog.broker.txn_table import TxnTable
 from stratalog.cluster.assignment import Kind
@@ -272,18 +274,23 @@ class Transactions:
 
     def check_produce(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode:
         """Whether a transactional batch may be appended: its transaction Ongoing under this epoch, with the
-        partition added."""
+        partition added (txn_state.produce_refusal). In a cluster, a transaction coordinated elsewhere was
+        checked by :meth:`verify` before its first batch here."""
         txn = self._txns.get(self._by_producer.get(producer_id, ""))
         if self._in_cluster and txn is None:
-            return ErrorCode.none   # coordinated by another broker: the producer's epoch is checked alone
-        if txn is None or txn.producer_id != producer_id:
-            return ErrorCode.invalid_producer_id_mapping
-        if producer_epoch < txn.producer_epoch:
-            return ErrorCode.invalid_producer_epoch
-        if producer_epoch > txn.producer_epoch or txn.state is not TxnState.ONGOING \
-                or not txn.has_partition(topic, partition):
-            return ErrorCode.invalid_txn_state
-        return ErrorCode.none
+            return ErrorCode.none
+        return produce_refusal(txn, producer_id, producer_epoch, topic, partition)
+
+    async def verify(self, txn_id: str, producer_id: int, producer_epoch: int, topic: str,
+                     partition: int) -> ErrorCode:
+        """A broker of a cluster, before the first batch of a transaction in a partition it leads: the rule of
+        :meth:`check_produce` against the transaction's durable state when another broker coordinates it (as
+        Kafka's leaders ask the coordinator since KIP-890), so a late batch of an ended transaction cannot
+        open one that no coordinator would ever end."""
+        if self._here(txn_id):
+            return self.check_produce(producer_id, producer_epoch, topic, partition)
+        found = await asyncio.to_thread(self._table.load_one, txn_id)
+        return produce_refusal(None if found is None else found[0], producer_id, producer_epoch, topic, partition)
 
     # Inside ------------------------------------------------------------------------------------------
 

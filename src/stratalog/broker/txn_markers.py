@@ -63,6 +63,7 @@ async def write_marker(broker: Broker, topic: str, partition: int, producer_id: 
     broker.settled_ends.setdefault(stream_id, lowest)
     try:
         offset = await broker.appender.append(stream, batch, 1, now_ms)
+        broker.producers.marked(producer_id, producer_epoch, stream_id)
         aborted = txns.aborts(stream_id, producer_id, kind, offset)
         if aborted is not None:
             await asyncio.to_thread(broker.producer_snapshots.add_aborted, stream_id, [aborted])

@@ -179,6 +179,19 @@ def on_end(txn: Txn | None, producer_id: int, producer_epoch: int, commit: bool)
     return Outcome(ErrorCode.invalid_txn_state)
 
 
+def produce_refusal(txn: Txn | None, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode:
+    """Whether a transactional batch may be appended (ErrorCode.none) or why not: its transaction must be
+    Ongoing under this epoch, with the partition added."""
+    if txn is None or txn.producer_id != producer_id:
+        return ErrorCode.invalid_producer_id_mapping
+    if producer_epoch < txn.producer_epoch:
+        return ErrorCode.invalid_producer_epoch
+    if producer_epoch > txn.producer_epoch or txn.state is not TxnState.ONGOING or not txn.has_partition(topic,
+                                                                                                         partition):
+        return ErrorCode.invalid_txn_state
+    return ErrorCode.none
+
+
 def completed(txn: Txn) -> Txn:
     """A prepared transaction once its markers are written (and its offsets, on commit, stored)."""
     state = TxnState.COMPLETE_COMMIT if txn.state is TxnState.PREPARE_COMMIT else TxnState.COMPLETE_ABORT
