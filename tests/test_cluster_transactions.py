@@ -8,14 +8,18 @@ are killed with -9 and restarted, coordinators and leaders moving each time."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
+from kio.schema.types import TransactionalId
 
-from clusterkit import running_cluster, tails
+from clusterkit import NOT_COORDINATOR, running_cluster, tails
 from conftest import SeaweedS3
-from stratalog.chaos.cluster_process import CLUSTER_TOML
+from stratalog.chaos.cluster_process import CLUSTER_TOML, BrokerCluster
+from stratalog.kafka.api_keys import ApiKey
 from txnkit import RdkafkaPipeline, assert_each_input_once, group_done, read_to_end
 from waiting import wait_until
 
@@ -99,6 +103,22 @@ def test_transactions_span_the_brokers_and_read_committed_sees_only_commits(
         write(successor, "e", commit=True)
         wait_until(lambda: by_partition(cluster.bootstrap(1), "read_committed")[1] == ["a", "c", "e"],
                    lambda: f"the fenced producer's record never read:\n{tails(cluster)}")
+
+        # The admin APIs answer at the id's coordinator; the others send the client there.
+        states = {b: describe_transaction(cluster, b, "across") for b in (1, 2, 3)}
+        coordinators = [b for b, (error, _) in states.items() if error == 0]
+        assert len(coordinators) == 1, states
+        assert all(error == NOT_COORDINATOR for b, (error, _) in states.items() if b not in coordinators), states
+        assert states[coordinators[0]][1] == "CompleteCommit"
+
+
+def describe_transaction(cluster: BrokerCluster, broker_id: int, txn_id: str) -> tuple[int, str]:
+    """DescribeTransactions of one id at one broker: (error code, state)."""
+    with cluster.connect(broker_id) as connection:
+        response: Any = connection.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, DescribeTransactionsRequest(
+            transactional_ids=(TransactionalId(txn_id),)))
+    state = response.transaction_states[0]
+    return int(state.error_code), state.transaction_state
 
 
 #: Inputs of the loop through kills, and the kills: each broker killed twice, in turn.

@@ -17,6 +17,7 @@ from stratalog.broker.apis import Api
 from stratalog.broker.session import Session
 from stratalog.broker.transactions import OPEN_STATES
 from stratalog.broker.txn_state import Txn, TxnState
+from stratalog.cluster.assignment import Kind
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 
@@ -52,6 +53,8 @@ async def describe_transactions(broker: Broker, request: Request, session: Sessi
         error = ErrorCode.none
         if not session.may(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, txn_id):
             error = ErrorCode.transactional_id_authorization_failed
+        elif not broker.ownership.coordinates(txn_id, Kind.TRANSACTION):
+            error = ErrorCode.not_coordinator   # a cluster: the admin client asks the id's coordinator
         elif txn is None:
             error = ErrorCode.transactional_id_not_found
         states.append(_described(txn) if txn is not None and not error else {
