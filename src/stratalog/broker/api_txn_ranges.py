@@ -7,9 +7,13 @@ tells a consumer the same for what it sends; nothing in Kafka's protocol tells i
 elsewhere, so the broker serves this request of its own (kafka/aborted_ranges.py has the wire format).
 
 The answer comes from the partition's transactions as its leader keeps them (broker/txn_partitions.py,
-read only): the ranges overlapping the offsets asked, and the last stable offset. Every range that ends
-below the last stable offset is durable before it is listed, and no transaction with a batch below it is
-open, so what is listed below the last stable offset a reader saw never changes after.
+read only): the ranges overlapping the offsets asked (a marker at or after ``from_offset``, a first batch
+before ``to_offset``; a page's continuation may start past ``to_offset``), and the last stable offset.
+Every range that ends below the last stable offset is durable before it is listed, and no transaction
+with a batch below it is open, so what is listed below the last stable offset a reader saw never changes
+after. The decoder has refused a request of more than PARTITIONS_MAX partitions (the connection closes:
+only stratalog's client sends this request, and it splits); the response holds RANGES_MAX ranges at most,
+shared by its partitions in the order asked.
 
 Each topic needs Read, as Fetch would (its records are what the ranges describe): a partition of a
 topic the principal may not read answers TOPIC_AUTHORIZATION_FAILED, and nothing else about it.
@@ -25,6 +29,8 @@ from stratalog.broker.acls import Operation
 from stratalog.broker.apis import Api
 from stratalog.broker.leader_epochs import leader_stream
 from stratalog.broker.session import Session
+from stratalog.broker.txn_partitions import AbortedRange
+from stratalog.invariant import invariant
 from stratalog.kafka.aborted_ranges import (
     API_KEY,
     API_NAME,
@@ -56,17 +62,18 @@ class _Budget:
     def __init__(self) -> None:
         self.left = RANGES_MAX
 
-    def take(self, ranges: list[AbortedTxn]) -> tuple[tuple[AbortedTxn, ...], bool]:
-        taken = ranges[:self.left]
+    def take(self, ranges: list[AbortedRange]) -> tuple[tuple[AbortedTxn, ...], bool]:
+        taken = tuple(AbortedTxn(r.last_offset, r.producer_id, r.first_offset) for r in ranges[:self.left])
         self.left -= len(taken)
-        return tuple(taken), len(taken) < len(ranges)
+        return taken, len(taken) < len(ranges)
 
 
 def _partition(broker: Broker, topic: str, wanted: WantedPartition, budget: _Budget) -> PartitionRanges:
     def refused(code: ErrorCode) -> PartitionRanges:
         return PartitionRanges(wanted.partition, int(code), -1, False, ())
 
-    if wanted.from_offset < 0 or wanted.to_offset < wanted.from_offset:
+    # from_offset past to_offset is a page's continuation (kafka/aborted_ranges.py), not an error.
+    if wanted.from_offset < 0 or wanted.to_offset < 0:
         return refused(ErrorCode.invalid_request)
     stream, _, error = leader_stream(broker, topic, wanted.partition, NO_LEADER_EPOCH)
     if stream is None:
@@ -77,20 +84,15 @@ def _partition(broker: Broker, topic: str, wanted: WantedPartition, budget: _Bud
         return refused(ErrorCode.not_leader_or_follower)
     txns = broker.partition_txns
     stable = txns.last_stable_offset(stream.stream_id, stream.end_offset)
-    found = [AbortedTxn(r.last_offset, r.producer_id, r.first_offset)
-             for r in txns.aborted_ranges(stream.stream_id, wanted.from_offset, wanted.to_offset)]
-    ranges, more = budget.take(found)
+    ranges, more = budget.take(txns.aborted_ranges(stream.stream_id, wanted.from_offset, wanted.to_offset))
     return PartitionRanges(wanted.partition, int(ErrorCode.none), stable, more, ranges)
 
 
 async def aborted_ranges_request(broker: Broker, request: Request, session: Session) -> Prebuilt:
+    """Each partition's ranges, or its error; Read on each topic (the decoder bounded the partitions)."""
     body = request.body
     assert isinstance(body, AbortedRangesRequest)
-
-    if body.partitions > PARTITIONS_MAX:
-        return _answer(request, AbortedRangesResponse(
-            int(ErrorCode.invalid_request), f"{body.partitions} partitions in one {API_NAME} request; at most "
-                                            f"{PARTITIONS_MAX}", throttle_time_ms=request.throttle_ms))
+    invariant(body.partitions <= PARTITIONS_MAX, f"the decoder let {body.partitions} partitions through")
     budget = _Budget()
     topics = []
     for topic, partitions in body.topics:

@@ -8,8 +8,10 @@ and response header v0, so TLS, SASL, quotas and ACLs apply). The partition's le
 keeps of its transactions (broker/txn_partitions.py), as it answers Fetch read_committed.
 
 Bytes in, values out, no I/O (broker/api_txn_ranges.py serves it; spark/txn_ranges.py asks it). Every
-count and length is checked against the bytes left before anything is allocated. Integers are big-endian;
-a string is an int16 length (-1: null) then UTF-8.
+count is checked against its bound and against the bytes left, and every length against the bytes left,
+before anything is allocated; a frame with bytes after its body is refused (only stratalog's own client
+sends this request, and it writes none), so whatever decodes re-encodes to the same bytes. Integers are
+big-endian; a string is an int16 length (-1: null) then UTF-8; ``more`` is 0 or 1.
 
 Request v0::
 
@@ -26,10 +28,17 @@ Response v0::
                                   more int8, range_count int32,
                                   ranges [producer_id int64, first_offset int64, last_offset int64]]]
 
-A partition's ranges are those overlapping ``[from_offset, to_offset)``: the producer's transactional
-batches from ``first_offset`` up to its abort marker at ``last_offset`` were aborted. They come ordered by
-``last_offset``; ``more`` = 1 says the response had no room for the rest, which a request from the last
-one's ``last_offset + 1`` lists (no range is lost that way: every range left out ends after it).
+Bounds: a request names at most PARTITIONS_MAX partitions (and topics), each topic name at most
+TOPIC_NAME_BYTES_MAX bytes; a response answers as many and lists at most RANGES_MAX ranges in all. Either
+side refuses a frame beyond them as a protocol error.
+
+A partition's ranges are those whose abort marker is at or after ``from_offset`` (``last_offset >=
+from_offset``) and whose transaction began before ``to_offset`` (``first_offset < to_offset``): those
+overlapping ``[from_offset, to_offset)``. They come ordered by ``last_offset``; ``more`` = 1 says the
+response had no room for the rest, which a request from the last one's ``last_offset + 1`` with the same
+``to_offset`` lists (every range left out ends after it). That ``from_offset`` may lie past ``to_offset``
+(a range listed may end past the offsets asked); the same rule still selects the rest. Offsets are never
+negative.
 
 Worked example: correlation id 7, client id ``"s"``, topic ``"t"`` partition 1 from 0 to 100 (46 bytes)::
 
@@ -52,6 +61,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from stratalog.invariant import invariant
 from stratalog.kafka.codec import FRAME_SIZE, KafkaProtocolError
 from stratalog.kafka.records import INT16_MAX
 
@@ -59,8 +69,9 @@ from stratalog.kafka.records import INT16_MAX
 API_KEY = 32_002
 API_NAME = "StratalogAbortedRanges"
 VERSION = 0
-#: Partitions one request may name: the client's response bound (kafka/client.py RESPONSE_BYTES_MAX,
-#: 1 MiB) must hold their entries (at most 19 bytes each, and 255 of topic name) beside RANGES_MAX ranges.
+#: Partitions one request may name, and topics (an empty topic is bounded alike): the client's response
+#: bound (kafka/client.py RESPONSE_BYTES_MAX, 1 MiB) must hold their answers (19 bytes each, and 255 for a
+#: topic's name and count: 274 KB at most) beside RANGES_MAX ranges.
 PARTITIONS_MAX = 1_000
 #: Ranges one response holds at most (24 bytes each: 480 KB); a partition with more is paged (``more``).
 RANGES_MAX = 20_000
@@ -71,7 +82,7 @@ _I8, _I16, _I32, _I64 = struct.Struct(">b"), struct.Struct(">h"), struct.Struct(
 _HEADER_V1 = struct.Struct(">hhi")
 #: The fewest bytes a topic, a wanted partition, a partition's answer and a range take.
 _TOPIC_BYTES_MIN = 2 + 4
-_WANTED_BYTES_MIN = 4 + 8 + 8
+_WANTED_BYTES = 4 + 8 + 8
 _ANSWER_BYTES_MIN = 4 + 2 + 8 + 1 + 4
 _RANGE_BYTES = 8 + 8 + 8
 
@@ -88,6 +99,9 @@ class AbortedTxn:
 
 @dataclass(frozen=True, slots=True)
 class WantedPartition:
+    """A partition asked for: its ranges with a marker at or after ``from_offset`` that began before
+    ``to_offset`` (the module docstring says why ``from_offset`` may pass ``to_offset``)."""
+
     partition: int
     from_offset: int
     to_offset: int
@@ -95,6 +109,8 @@ class WantedPartition:
 
 @dataclass(frozen=True, slots=True)
 class AbortedRangesRequest:
+    """The partitions asked for, by topic: at most PARTITIONS_MAX in all."""
+
     #: (topic, its partitions) pairs.
     topics: tuple[tuple[str, tuple[WantedPartition, ...]], ...]
 
@@ -105,6 +121,8 @@ class AbortedRangesRequest:
 
 @dataclass(frozen=True, slots=True)
 class PartitionRanges:
+    """One partition's answer: an error (Kafka's codes), or its last stable offset and ranges."""
+
     partition: int
     error_code: int
     last_stable_offset: int
@@ -115,6 +133,8 @@ class PartitionRanges:
 
 @dataclass(frozen=True, slots=True)
 class AbortedRangesResponse:
+    """A response: a request-wide error, or each topic's partitions' answers (RANGES_MAX ranges at most)."""
+
     error_code: int = 0
     error_message: str | None = None
     topics: tuple[tuple[str, tuple[PartitionRanges, ...]], ...] = ()
@@ -122,6 +142,8 @@ class AbortedRangesResponse:
 
 
 class _Reader:
+    """Fields from ``data`` at ``at`` onwards; KafkaProtocolError for any that does not fit or is not one."""
+
     def __init__(self, data: bytes | memoryview, at: int) -> None:
         self.data = memoryview(data)
         self.at = at
@@ -136,10 +158,20 @@ class _Reader:
         self.at += fmt.size
         return int(value)
 
-    def string(self, nullable: bool = False, bytes_max: int = INT16_MAX) -> str | None:
+    def flag(self) -> bool:
+        value = self.fixed(_I8)
+        if value not in (0, 1):
+            raise KafkaProtocolError(f"{API_NAME}: a flag of {value} at byte {self.at - 1} (0 or 1)")
+        return value == 1
+
+    def nullable_string(self) -> str | None:
         length = self.fixed(_I16)
-        if length == -1 and nullable:
-            return None
+        return None if length == -1 else self._text(length, INT16_MAX)
+
+    def string(self, bytes_max: int) -> str:
+        return self._text(self.fixed(_I16), bytes_max)
+
+    def _text(self, length: int, bytes_max: int) -> str:
         if length < 0 or length > self.left() or length > bytes_max:
             raise KafkaProtocolError(f"{API_NAME}: a string of {length} bytes at byte {self.at} (bytes left: "
                                      f"{self.left()}, at most {bytes_max})")
@@ -150,11 +182,19 @@ class _Reader:
         except UnicodeDecodeError as e:
             raise KafkaProtocolError(f"{API_NAME}: a string that is not UTF-8 ({e})") from None
 
-    def count(self, entry_bytes_min: int, what: str) -> int:
+    def count(self, entry_bytes_min: int, what: str, count_max: int) -> int:
+        """An array's count: refused beyond ``count_max`` or beyond what the bytes left can hold, before the
+        caller makes anything of it."""
         n = self.fixed(_I32)
+        if n > count_max:
+            raise KafkaProtocolError(f"{API_NAME}: {n} {what}; at most {count_max}")
         if n < 0 or n * entry_bytes_min > self.left():
             raise KafkaProtocolError(f"{API_NAME}: {n} {what} cannot fit the {self.left()} bytes left")
         return n
+
+    def end(self) -> None:
+        if self.left():
+            raise KafkaProtocolError(f"{API_NAME}: {self.left()} bytes after the body, at byte {self.at}")
 
 
 def _string(out: bytearray, value: str | None) -> None:
@@ -172,17 +212,25 @@ def _framed(out: bytearray) -> bytes:
     return bytes(out)
 
 
+def _topic_name(out: bytearray, name: str) -> None:
+    # Paired with the reader's bound: a name no topic can have never goes out (the caller's bug).
+    invariant(len(name.encode()) <= TOPIC_NAME_BYTES_MAX, f"topic name {name[:40]!r}... longer than a topic's")
+    _string(out, name)
+
+
 # The request ------------------------------------------------------------------------------------------
 
 
 def encode_request(correlation_id: int, client_id: str | None, request: AbortedRangesRequest) -> bytes:
-    """The whole request frame, its size first."""
+    """The whole request frame, its size first. At most PARTITIONS_MAX partitions (the caller splits)."""
+    invariant(request.partitions <= PARTITIONS_MAX and len(request.topics) <= PARTITIONS_MAX,
+              f"{request.partitions} partitions in one {API_NAME} request; at most {PARTITIONS_MAX}")
     out = bytearray(FRAME_SIZE.size)
     out += _HEADER_V1.pack(API_KEY, VERSION, correlation_id)
     _string(out, client_id)
     out += _I32.pack(len(request.topics))
     for name, partitions in request.topics:
-        _string(out, name)
+        _topic_name(out, name)
         out += _I32.pack(len(partitions))
         for p in partitions:
             out += _I32.pack(p.partition) + _I64.pack(p.from_offset) + _I64.pack(p.to_offset)
@@ -190,14 +238,18 @@ def encode_request(correlation_id: int, client_id: str | None, request: AbortedR
 
 
 def decode_request_body(frame: bytes | memoryview, at: int) -> AbortedRangesRequest:
-    """The request body starting at byte ``at`` of ``frame``; KafkaProtocolError for bytes that are not one."""
+    """The request body starting at byte ``at`` of ``frame`` and ending with it; KafkaProtocolError for
+    bytes that are not one, or for a request beyond PARTITIONS_MAX."""
     r = _Reader(frame, at)
     topics = []
-    for _ in range(r.count(_TOPIC_BYTES_MIN, "topics")):
-        name = str(r.string(bytes_max=TOPIC_NAME_BYTES_MAX))
-        partitions = tuple(WantedPartition(r.fixed(_I32), r.fixed(_I64), r.fixed(_I64))
-                           for _ in range(r.count(_WANTED_BYTES_MIN, "partitions")))
+    left = PARTITIONS_MAX   # partitions the rest of the request may still name
+    for _ in range(r.count(_TOPIC_BYTES_MIN, "topics", PARTITIONS_MAX)):
+        name = r.string(TOPIC_NAME_BYTES_MAX)
+        count = r.count(_WANTED_BYTES, f"partitions of {name!r} (of {PARTITIONS_MAX} in all)", left)
+        left -= count
+        partitions = tuple(WantedPartition(r.fixed(_I32), r.fixed(_I64), r.fixed(_I64)) for _ in range(count))
         topics.append((name, partitions))
+    r.end()
     return AbortedRangesRequest(tuple(topics))
 
 
@@ -205,15 +257,19 @@ def decode_request_body(frame: bytes | memoryview, at: int) -> AbortedRangesRequ
 
 
 def encode_response(correlation_id: int, response: AbortedRangesResponse) -> bytes:
-    """The whole response frame, its size first."""
+    """The whole response frame, its size first. Within the bounds the reader checks (the caller's)."""
+    partitions = sum(len(ps) for _, ps in response.topics)
+    ranges = sum(len(p.ranges) for _, ps in response.topics for p in ps)
+    invariant(partitions <= PARTITIONS_MAX and len(response.topics) <= PARTITIONS_MAX and ranges <= RANGES_MAX,
+              f"a {API_NAME} response of {partitions} partitions and {ranges} ranges")
     out = bytearray(FRAME_SIZE.size)
     out += _I32.pack(correlation_id) + _I32.pack(response.throttle_time_ms) + _I16.pack(response.error_code)
     _string(out, response.error_message)
     out += _I32.pack(len(response.topics))
-    for name, partitions in response.topics:
-        _string(out, name)
-        out += _I32.pack(len(partitions))
-        for p in partitions:
+    for name, answers in response.topics:
+        _topic_name(out, name)
+        out += _I32.pack(len(answers))
+        for p in answers:
             out += (_I32.pack(p.partition) + _I16.pack(p.error_code) + _I64.pack(p.last_stable_offset)
                     + _I8.pack(1 if p.more else 0) + _I32.pack(len(p.ranges)))
             for r in p.ranges:
@@ -223,22 +279,27 @@ def encode_response(correlation_id: int, response: AbortedRangesResponse) -> byt
 
 def decode_response(frame: bytes | memoryview) -> tuple[int, AbortedRangesResponse]:
     """(correlation id, response) of a response frame without its size; KafkaProtocolError for bytes that
-    are not one."""
+    are not one, or for a response beyond PARTITIONS_MAX or RANGES_MAX."""
     r = _Reader(frame, 0)
     correlation_id = r.fixed(_I32)
     throttle_ms = r.fixed(_I32)
     error_code = r.fixed(_I16)
-    message = r.string(nullable=True)
+    message = r.nullable_string()
     topics = []
-    for _ in range(r.count(_TOPIC_BYTES_MIN, "topics")):
-        name = str(r.string(bytes_max=TOPIC_NAME_BYTES_MAX))
-        partitions = []
-        for _ in range(r.count(_ANSWER_BYTES_MIN, "partitions")):
-            partition, code, stable, more = r.fixed(_I32), r.fixed(_I16), r.fixed(_I64), r.fixed(_I8) != 0
+    partitions_left, ranges_left = PARTITIONS_MAX, RANGES_MAX
+    for _ in range(r.count(_TOPIC_BYTES_MIN, "topics", PARTITIONS_MAX)):
+        name = r.string(TOPIC_NAME_BYTES_MAX)
+        count = r.count(_ANSWER_BYTES_MIN, f"partitions of {name!r} (of {PARTITIONS_MAX} in all)", partitions_left)
+        partitions_left -= count
+        answers = []
+        for _ in range(count):
+            partition, code, stable, more = r.fixed(_I32), r.fixed(_I16), r.fixed(_I64), r.flag()
             ranges = []
-            for _ in range(r.count(_RANGE_BYTES, "ranges")):
+            for _ in range(r.count(_RANGE_BYTES, f"ranges (of {RANGES_MAX} in all)", ranges_left)):
                 producer_id, first = r.fixed(_I64), r.fixed(_I64)
                 ranges.append(AbortedTxn(r.fixed(_I64), producer_id, first))
-            partitions.append(PartitionRanges(partition, code, stable, more, tuple(ranges)))
-        topics.append((name, tuple(partitions)))
+            ranges_left -= len(ranges)
+            answers.append(PartitionRanges(partition, code, stable, more, tuple(ranges)))
+        topics.append((name, tuple(answers)))
+    r.end()
     return correlation_id, AbortedRangesResponse(error_code, message, tuple(topics), throttle_ms)
