@@ -29,13 +29,13 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.offsets import OffsetEntry
-from stratalog.broker.txn_markers import MarkerRequest, write_marker
+from stratalog.broker.txn_markers import MarkerRequest, MarkerWriteError, write_marker
 from stratalog.broker.txn_state import (
     InitAction,
     PendingOffset,
@@ -54,7 +54,8 @@ from stratalog.broker.txn_state import (
 )
 from stratalog.broker.txn_table import TxnTable
 from stratalog.cluster.assignment import Kind
-from stratalog.engine.metadata_backends import Backend
+from stratalog.cluster.leases import ClusterError
+from stratalog.engine.metadata_backends import Backend, MetadataUnavailableError
 from stratalog.errors import StratalogError
 from stratalog.kafka.control_batch import MarkerType
 
@@ -63,10 +64,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stratalog.broker.transactions")
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 #: States of a transaction not ended yet in its partitions: they hold back the last stable offset.
 OPEN_STATES = frozenset((TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT))
 #: The coordinator's epoch written in every marker: one coordinator, that never moves, standalone.
 COORDINATOR_EPOCH = 0
+
+
+def _answering_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """A transaction API whose database is out of reach (COORDINATOR_NOT_AVAILABLE) or whose id this broker
+    no longer holds (a cluster's move, found by the fence: NOT_COORDINATOR) answers the error clients retry
+    by finding the coordinator again, in the method's own shape (InitProducerId's with no producer)."""
+    @functools.wraps(method)
+    async def answered(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except (ClusterError, MetadataUnavailableError) as e:
+            log.warning("%s answered with a retriable error: %s", method.__name__, e)
+            error = ErrorCode.not_coordinator if isinstance(e, ClusterError) else ErrorCode.coordinator_not_available
+            shaped = (error, -1, -1) if method.__name__ == "init_producer_id" else error
+            return shaped  # type: ignore[return-value]
+    return answered
 
 
 class Transactions:
@@ -185,6 +205,7 @@ class Transactions:
 
     # The APIs ----------------------------------------------------------------------------------------
 
+    @_answering_errors
     async def init_producer_id(self, txn_id: str, timeout_ms: int, producer_id: int,
                                producer_epoch: int) -> tuple[ErrorCode, int, int]:
         if not self._here(txn_id):
@@ -198,7 +219,7 @@ class Transactions:
                 log.info("transaction of %r aborted: its producer started again", txn_id)
                 try:
                     txn = await self._end(aborting(txn))
-                except StratalogError as e:
+                except MarkerWriteError as e:
                     # Prepared and durable: the coordinator's rounds complete it; the client retries.
                     log.warning("transaction of %r prepared to abort, its markers not all written yet: %s", txn_id, e)
                     return ErrorCode.concurrent_transactions, -1, -1
@@ -210,6 +231,7 @@ class Transactions:
             await self._save(fresh)
             return ErrorCode.none, fresh.producer_id, fresh.producer_epoch
 
+    @_answering_errors
     async def add_partitions(self, txn_id: str, producer_id: int, producer_epoch: int,
                              partitions: list[tuple[str, int]]) -> ErrorCode:
         """AddPartitionsToTxn for partitions that exist (the caller answers the others)."""
@@ -223,6 +245,7 @@ class Transactions:
                 await self._save(outcome.txn)
             return outcome.error
 
+    @_answering_errors
     async def add_offsets(self, txn_id: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
         if not self._here(txn_id):
             return ErrorCode.not_coordinator
@@ -233,6 +256,7 @@ class Transactions:
                 await self._save(outcome.txn)
             return outcome.error
 
+    @_answering_errors
     async def offset_commit(self, txn_id: str, producer_id: int, producer_epoch: int, group_id: str,
                             offsets: tuple[PendingOffset, ...]) -> ErrorCode:
         """TxnOffsetCommit, at the group's coordinator: kept in the transaction's state if this broker
@@ -246,6 +270,7 @@ class Transactions:
                 await self._save(outcome.txn)
             return outcome.error
 
+    @_answering_errors
     async def end_txn(self, txn_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:
         if not self._here(txn_id):
             return ErrorCode.not_coordinator
@@ -255,7 +280,7 @@ class Transactions:
                 return outcome.error
             try:
                 await self._end(outcome.txn)
-            except StratalogError as e:
+            except MarkerWriteError as e:
                 # Prepared and durable: it completes in the background; the client's retry of EndTxn is told
                 # CONCURRENT_TRANSACTIONS until then, and OK after.
                 log.warning("transaction of %r prepared, its markers not all written yet: %s", txn_id, e)
@@ -281,6 +306,7 @@ class Transactions:
             return ErrorCode.none
         return produce_refusal(txn, producer_id, producer_epoch, topic, partition)
 
+    @_answering_errors
     async def verify(self, txn_id: str, producer_id: int, producer_epoch: int, topic: str,
                      partition: int) -> ErrorCode:
         """A broker of a cluster, before the first batch of a transaction in a partition it leads: the rule of
