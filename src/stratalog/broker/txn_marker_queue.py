@@ -91,7 +91,7 @@ class MarkerQueue:
             self._db.execute(f"NOTIFY {CHANNEL}")
 
 
-class Listener:
+class NotificationListener:
     """A thread that LISTENs on :data:`CHANNEL` with a connection of its own and calls ``wake`` (from that
     thread) at every notification."""
 
@@ -166,7 +166,7 @@ class ClusterMarkers:
         self._poll_s = config.transaction_marker_poll_interval_ms / 1000
         self._wait_s = config.transaction_marker_wait_ms_max / 1000
         self._queue: MarkerQueue | None = None
-        self._listener: Listener | None = None
+        self._listener: NotificationListener | None = None
         self._wakeup: Wakeup | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -174,7 +174,7 @@ class ClusterMarkers:
         loop = asyncio.get_running_loop()
         self._queue = MarkerQueue(self._uri)
         self._wakeup = Wakeup(loop)
-        self._listener = Listener(self._uri, self._wakeup.set_from_thread)
+        self._listener = NotificationListener(self._uri, self._wakeup.set_from_thread)
         self._listener.start()
         self._task = loop.create_task(self._deliver_forever(), name="stratalog-txn-markers")
 
