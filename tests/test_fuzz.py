@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,12 @@ def test_every_seed_keeps_the_contract(name: str) -> None:
     for seed in target.seeds():
         with contextlib.suppress(*target.contract):
             target.run(seed)
+
+
+def test_the_docs_table_lists_exactly_the_registered_targets() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "fuzzing.md").read_text()
+    table = text[text.index("| target | parser |"):text.index("Parsers that check a CRC first")]
+    assert sorted(re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)) == sorted(TARGETS)
 
 
 #: A planted bug's run ends at its finding, a few hundred inputs in (42-387 in ten runs); this only bounds a

@@ -13,7 +13,8 @@ read a *control byte* before the bytes to parse: one of its bits asks the target
 code behind them. Targets that promise a round trip take another bit to build values from the input,
 encode them with the project's encoder and check that decoding gives them back.
 
-The targets live in ``fuzz_kafka``, ``fuzz_wal``, ``fuzz_engine`` and ``fuzz_queues``, with their seed
+The targets live in ``fuzz_kafka``, ``fuzz_aborted_ranges`` (both sides of the broker's own request for
+aborted transactions), ``fuzz_wal``, ``fuzz_engine`` and ``fuzz_queues``, with their seed
 corpora (real encodings: the golden bytes of the tests, values encoded by the project's own encoders,
 Kafka requests written by kio). This module holds what they share and the registry.
 """
@@ -142,10 +143,10 @@ def put(buf: bytearray, fmt: struct.Struct, position: int, *values: int) -> bool
 
 def registry() -> dict[str, FuzzTarget]:
     """Every target by name, in the order the CLI runs them (self-test targets not among them)."""
-    from stratalog.chaos import fuzz_engine, fuzz_kafka, fuzz_queues, fuzz_wal
+    from stratalog.chaos import fuzz_aborted_ranges, fuzz_engine, fuzz_kafka, fuzz_queues, fuzz_wal
 
-    targets: Sequence[FuzzTarget] = (*fuzz_kafka.TARGETS, *fuzz_wal.TARGETS, *fuzz_engine.TARGETS,
-                                     *fuzz_queues.TARGETS)
+    targets: Sequence[FuzzTarget] = (*fuzz_kafka.TARGETS, *fuzz_aborted_ranges.TARGETS, *fuzz_wal.TARGETS,
+                                     *fuzz_engine.TARGETS, *fuzz_queues.TARGETS)
     return {t.name: t for t in targets}
 
 
