@@ -113,6 +113,10 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
                 assert r[phase]["messages"] == 2000
                 assert r[phase]["msg_per_s"] > 0
                 assert r[phase]["mb_per_s"] > 0
+            # Where the CPUs went: the producer processes' time per message, and the server's (counted in
+            # clock ticks: a tiny run may take less than one).
+            assert r["produce"]["producer_cpu_us_per_msg"] > 0, r["produce"]
+            assert r["produce"]["server_cpu_us_per_msg"] >= 0, r["produce"]
     # stratalog runs in this environment; its peers may be skipped, but then with a reason (above).
     assert doc["peers"][0]["status"] == "ran", doc["peers"][0]
     assert set(doc["ratios"]) <= {"stratalog/nats", "stratalog/tansu", "stratalog/disk"}
@@ -147,6 +151,7 @@ def _assert_transactional_phases(txn: dict[str, Any], size: int) -> None:
     assert produce["transactions"] >= 2, produce  # each of the two producers committed
     assert produce["transactions"] == produce["end_txn_ms"]["samples"] == produce["flush_ms"]["samples"]
     assert 0 < produce["flush_share"] + produce["end_txn_share"] <= 1, produce
+    assert produce["producer_cpu_us_per_msg"] > 0 and produce["server_cpu_us_per_msg"] >= 0, produce
     idempotent = txn["produce_idempotent"]
     assert idempotent["ok"] and idempotent["messages"] == 2000, idempotent
     assert idempotent["producer_configs"] == {"enable.idempotence": True}

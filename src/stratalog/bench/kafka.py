@@ -37,6 +37,7 @@ import importlib.util
 import multiprocessing
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -512,7 +513,7 @@ def kafka_producer_main(bootstrap: str, topic: str, configs: dict[str, Any], siz
     payload = os.urandom(size)
     ready.put(index)
     go.wait()
-    start_s = time.monotonic()
+    start_s, start_cpu_s = time.monotonic(), process_cpu_s()
     for i in range(count):
         while True:
             try:
@@ -527,7 +528,8 @@ def kafka_producer_main(bootstrap: str, topic: str, configs: dict[str, Any], siz
     end_s = time.monotonic()
     progress[index] = acked[0]
     results.put({"index": index, "start_s": start_s, "end_s": end_s, "acknowledged": acked[0], "failed": acked[1],
-                 "unacknowledged": left, "error": first_error[0] if first_error else None})
+                 "unacknowledged": left, "error": first_error[0] if first_error else None,
+                 "cpu_s": process_cpu_s() - start_cpu_s})
 
 
 def kafka_consume_throughput(bootstrap: str, topic: str, size: int, count: int, tick: Callable[[float], None],
@@ -683,7 +685,7 @@ async def _nats_produce(address: str, subject: str, size: int, count: int, index
     payload = os.urandom(size)
     ready.put(index)
     await asyncio.get_running_loop().run_in_executor(None, go.wait)
-    start_s = time.monotonic()
+    start_s, start_cpu_s = time.monotonic(), process_cpu_s()
     try:
         for i in range(count):
             # At most publish_async_max_pending (4,000) unacknowledged: publish_async waits beyond it.
@@ -697,7 +699,8 @@ async def _nats_produce(address: str, subject: str, size: int, count: int, index
         await nc.close()
     progress[index] = acked[0]
     return {"index": index, "start_s": start_s, "end_s": end_s, "acknowledged": acked[0], "failed": acked[1],
-            "unacknowledged": count - acked[0] - acked[1], "error": first_error[0] if first_error else None}
+            "unacknowledged": count - acked[0] - acked[1], "error": first_error[0] if first_error else None,
+            "cpu_s": process_cpu_s() - start_cpu_s}
 
 
 def _nats_producer_main(address: str, subject: str, size: int, count: int, index: int, progress: Any,
@@ -783,8 +786,31 @@ def produce_throughput(target: Callable[..., None], args: tuple[Any, ...], size:
     acknowledged = sum(d["acknowledged"] for d in done)
     errors = [f"producer {d['index']}: {d['failed']:,} failed, {d['unacknowledged']:,} unacknowledged"
               + (f" ({d['error']})" if d["error"] else "") for d in done if d["failed"] or d["unacknowledged"]]
+    cpu_s = sum(d["cpu_s"] for d in done)
     return {**_rate(acknowledged, size, seconds, errors, messages), "producers": producers,
+            "producer_cpu_us_per_msg": cpu_s / acknowledged * 1e6 if acknowledged else None,
             **(collect(done) if collect is not None else {})}
+
+
+def process_cpu_s() -> float:
+    """CPU seconds this process has used, every thread's (a client library's own threads included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_cpu_s(server: Server) -> float:
+    """CPU seconds ``server``'s process has used so far, every thread's (/proc/<pid>/stat utime + stime)."""
+    fields = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_server_cpu(server: Server, produce: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``produce()``'s result with the server's CPU time per acknowledged message over it (its uploads of
+    the run's data included): beside the producers', where the machine's CPUs went."""
+    before_s = server_cpu_s(server)
+    result = produce()
+    spent_s = server_cpu_s(server) - before_s
+    return {**result, "server_cpu_us_per_msg": spent_s / result["messages"] * 1e6 if result["messages"] else None}
 
 
 def _wait_queue(queue: Any, workers: list[Any], every: Callable[[], None] | None = None) -> Any:
@@ -995,11 +1021,12 @@ def _produce_phase(server: Server, kind: str, size: int, count: int, plan: Kafka
     try:
         if server.name == "nats":
             nats_create_stream(address, kind, size)
-            return produce_throughput(_nats_producer_main, (address, _topic(kind, size, server)), size, count,
-                                      plan.producers, bar.advance)
+            return with_server_cpu(server, lambda: produce_throughput(
+                _nats_producer_main, (address, _topic(kind, size, server)), size, count, plan.producers, bar.advance))
         topic = _topic(kind, size, server)
         kafka_create_topic(address, topic, configs)
-        return produce_throughput(kafka_producer_main, (address, topic, {}), size, count, plan.producers, bar.advance)
+        return with_server_cpu(server, lambda: produce_throughput(
+            kafka_producer_main, (address, topic, {}), size, count, plan.producers, bar.advance))
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
 

@@ -147,7 +147,8 @@ def transactional_targets(mine: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 TXN_HEADS = ("peer", "size", "produced", "commits", "time in flush", "time in EndTxn", "transactional msg/s",
-             "transactional / plain", "idempotent msg/s", "idempotent / plain", "tail read",
+             "transactional / plain", "idempotent msg/s", "idempotent / plain",
+             "producers' CPU µs/msg: plain, idempotent, transactional", "broker's CPU µs/msg: the same", "tail read",
              "read_uncommitted msg/s", "read_committed msg/s", "committed / uncommitted", "note")
 
 
@@ -157,6 +158,11 @@ def _factor(x: tuple[float, float, float] | None) -> str:
 
 def _msgs(d: dict[str, Any] | None) -> str:
     return f"{d['msg_per_s']:,.0f}" if d and "msg_per_s" in d else "-"
+
+
+def _cpu(runs: list[dict[str, Any]], key: str) -> str:
+    """Each produce run's CPU time per message, µs, in order ("-" for a run that has none)."""
+    return ", ".join(f"{r[key]:.1f}" if r.get(key) is not None else "-" for r in runs)
 
 
 def _share(produce: dict[str, Any], key: str) -> str:
@@ -198,9 +204,10 @@ def transactional_table(doc: dict[str, Any]) -> FigureTable:
         f"Transactions: the plain throughput producers, each with a transactional.id, a transaction committed "
         f"every {interval} (librdkafka's commit_transaction first flushes: waits for every message of it to be "
         "acknowledged; the time in each part is the share of the producers' time); idempotent: the same producers "
-        "with enable.idempotence=true and no transactions. Tail read: a transactional run of at most half the "
-        f"broker's upload threshold read back at once at each isolation level, the faster of {rounds} reads each "
-        "(read in the order ABBA)", TXN_HEADS, left=("peer", "size", "note"))
+        "with enable.idempotence=true and no transactions. CPU: the producer processes' (librdkafka's threads "
+        "included) and the broker's CPU time over each run, per message. Tail read: a transactional run of at most "
+        "half the broker's upload threshold read back at once at each isolation level, the faster of "
+        f"{rounds} reads each (read in the order ABBA)", TXN_HEADS, left=("peer", "size", "note"))
     for peer in doc["peers"]:
         if peer["status"] != "ran":
             continue
@@ -217,10 +224,12 @@ def _txn_row(peer: str, r: dict[str, Any]) -> list[str]:
     txn = r["transactional"]
     produce, tail = txn.get("produce", {}), txn.get("consume_tail", {})
     ratios = txn_ratios(r)
+    runs = [r.get("produce", {}), txn.get("produce_idempotent", {}), produce]
     return [peer, size_label(r["message_bytes"]), f"{produce.get('committed', 0):,}",
             f"{produce.get('transactions', 0):,}", _share(produce, "flush_share"), _share(produce, "end_txn_share"),
             _msgs(produce), _factor(ratios["produce"]), _msgs(txn.get("produce_idempotent")),
-            _factor(ratios["idempotent"]), f"{tail.get('read_committed', {}).get('messages', 0):,}",
+            _factor(ratios["idempotent"]), _cpu(runs, "producer_cpu_us_per_msg"), _cpu(runs, "server_cpu_us_per_msg"),
+            f"{tail.get('read_committed', {}).get('messages', 0):,}",
             _msgs(tail.get("read_uncommitted")), _msgs(tail.get("read_committed")), _factor(ratios["read"]),
             "; ".join(_txn_notes(txn))]
 

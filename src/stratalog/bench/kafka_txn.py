@@ -38,9 +38,11 @@ from stratalog.bench.kafka import (
     kafka_create_topic,
     kafka_producer_main,
     last_object_id,
+    process_cpu_s,
     produce_throughput,
     summarize_ms,
     throughput_producer_config,
+    with_server_cpu,
 )
 
 #: How often each producer commits: issue 36's "commit every 100 ms", a typical exactly-once app's commit
@@ -122,6 +124,7 @@ def kafka_txn_producer_main(bootstrap: str, topic: str, size: int, count: int, i
     ready.put(index)
     go.wait()
     start_s = opened_s = time.monotonic()
+    start_cpu_s = process_cpu_s()
     producer.begin_transaction()
     opened_at = 0  # the index of the open transaction's first message
     going = True
@@ -148,7 +151,7 @@ def kafka_txn_producer_main(bootstrap: str, topic: str, size: int, count: int, i
     results.put({"index": index, "start_s": start_s, "end_s": end_s, "acknowledged": acked[0], "failed": acked[1],
                  "unacknowledged": len(producer), "error": tally.errors[0] if tally.errors else None,
                  "committed": tally.committed, "aborted": tally.aborted, "flush_s": tally.flush_s,
-                 "end_txn_s": tally.end_s})
+                 "end_txn_s": tally.end_s, "cpu_s": process_cpu_s() - start_cpu_s})
 
 
 def _transactions(done: list[dict[str, Any]]) -> dict[str, Any]:
@@ -169,8 +172,8 @@ def produce_transactional(server: Server, topic: str, size: int, count: int, pla
     message was committed."""
     try:
         kafka_create_topic(server.address, topic)
-        result = produce_throughput(kafka_txn_producer_main, (server.address, topic), size, count, plan.producers,
-                                    bar.advance, _transactions)
+        result = with_server_cpu(server, lambda: produce_throughput(
+            kafka_txn_producer_main, (server.address, topic), size, count, plan.producers, bar.advance, _transactions))
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
     if result["committed"] != count:
@@ -185,8 +188,9 @@ def produce_idempotent(server: Server, topic: str, size: int, count: int, plan: 
     transactions."""
     try:
         kafka_create_topic(server.address, topic)
-        result = produce_throughput(kafka_producer_main, (server.address, topic, IDEMPOTENT_CONFIGS), size, count,
-                                    plan.producers, bar.advance)
+        result = with_server_cpu(server, lambda: produce_throughput(
+            kafka_producer_main, (server.address, topic, IDEMPOTENT_CONFIGS), size, count, plan.producers,
+            bar.advance))
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
     return {**result, "topic": topic, "producer_configs": IDEMPOTENT_CONFIGS}

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from stratalog.bench.common import size_label, write_json
+from stratalog.bench.common import Activity, size_label, write_json
 from stratalog.bench.kafka import (
     DISK_REFERENCE_NAME,
     LATENCY_SIZES_BYTES_DEFAULT,
@@ -44,6 +44,11 @@ PRODUCERS_DEFAULT = 2
 LATENCY_SIZE_BYTES_MAX = 4 << 20
 CLIENTS_NOTE = ("clients: confluent-kafka (librdkafka, the fastest Kafka client for Python) for stratalog and "
                 "tansu; nats-py for NATS")
+
+
+def _children_cpu_s() -> float:
+    times = os.times()
+    return times.children_user + times.children_system
 
 
 def _skipped_row(out: Table, peer: dict[str, Any], columns: int) -> None:
@@ -208,16 +213,22 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
                               producers=producers, data_dir=target_dir, broker_config=broker_config,
                               nats_messages=nats_messages)
         machine = print_machine(console, target_dir)
-        # The report's first line says when the machine was busy at the start (its figures then say more
-        # about the machine than about the code).
-        load_start = os.getloadavg()[0]
+        # The report's first line says when the machine was busy at the start, and how much else ran
+        # meanwhile (its figures then say more about the machine than about the code).
+        load_start, activity_start, children_start_s = os.getloadavg()[0], Activity.take(machine["disk_device"]), \
+            _children_cpu_s()
         with progress_bar(console, plan.phases) as bar:
             measured = run_kafka_bench(plan, bar)
+        other = Activity.take(machine["disk_device"]).others_since(activity_start)
     peers, disk = measured["peers"], measured["disk_reference"]
     doc: dict[str, Any] = {
         "bench": "kafka", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine, "clients": CLIENTS_NOTE,
         "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]},
+        # The servers and producer processes are this run's own: children, all reaped by now (their disk
+        # writes are then in this process's counters already, their CPU time in its children's).
+        "other_activity": {**other, "other_cpu_s": max(0.0, other["other_cpu_s"] - (_children_cpu_s() -
+                                                                                    children_start_s))},
         "settings": {"rate_per_s": rate_per_s, "duration_s": duration_s,
                      "latency_sizes_bytes": list(plan.latency_sizes_bytes), "acks": "all",
                      "latency_linger_ms": 0, "throughput_sizes_bytes": list(plan.throughput_sizes_bytes),
