@@ -250,3 +250,20 @@ def test_each_listener_is_registered_and_a_client_is_told_the_one_of_its_protoco
     ownership = ClusterOwnership(SimpleNamespace(live=live))  # type: ignore[arg-type]  # the node's live brokers
     tls_client = Listener.parse("SASL_SSL://0.0.0.0:9093")
     assert ownership.brokers(tls_client) == [(1, "kafka-1.example", 9093), (2, "127.0.0.1", 9002)]
+
+
+def test_only_a_transactional_ids_holder_changes_it_or_forgets_it(brokers: list[Cluster], pg_database: str) -> None:
+    b1, b2 = make_broker(brokers, pg_database, 1), make_broker(brokers, pg_database, 2)
+    txn = Resource(Kind.TRANSACTION, "tx")
+    b1.reconcile([txn])
+    holder, other = (b1, b2) if b1.holds()[txn].holder == Holder(1, 1) else (b2, b1)
+    with holder.fenced(Kind.TRANSACTION, ["tx"]) as db:
+        holder.txn_fence(db, "tx")                           # its coordinator: the change commits
+    with pytest.raises(NotHolderError, match="no longer coordinates transaction 'tx'"), \
+            other.fenced(Kind.TRANSACTION, []) as db:
+        other.txn_fence(db, "tx")
+    assert not other.forget(txn), "only its holder forgets it"
+    assert holder.forget(txn)
+    assert txn not in holder.holds()
+    holder.reconcile([txn])                                  # asked for again: given a holder anew
+    assert txn in holder.holds()

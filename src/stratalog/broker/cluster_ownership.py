@@ -11,6 +11,7 @@ store, its commits fenced by what this broker holds.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from stratalog.broker.ownership import BrokerEndpoint, OffsetsFence
 from stratalog.broker.topics import Topic, stream_name
 from stratalog.broker.txn_marker_queue import ClusterMarkers
 from stratalog.broker.txn_markers import MarkerRequest, MarkerWriteError
-from stratalog.cluster.assignment import Kind
+from stratalog.cluster.assignment import Kind, Resource
 from stratalog.cluster.failover import log_owner
 from stratalog.datadir import prepare_data_dir
 from stratalog.engine import Stream, StreamStore
@@ -186,6 +187,9 @@ class ClusterOwnership:
 
     def coordinates(self, key: str, kind: Kind = Kind.GROUP) -> bool:
         return self.node.coordinates(key, kind)
+
+    async def forget_coordinated(self, key: str, kind: Kind) -> None:
+        await asyncio.to_thread(self.node.cluster.forget, Resource(kind, key))
 
     @property
     def txn_fence(self) -> OffsetsFence | None:

@@ -161,6 +161,10 @@ class Ownership(Protocol):
         NOT_COORDINATOR here)."""
         ...
 
+    async def forget_coordinated(self, key: str, kind: Kind) -> None:
+        """A group or transactional id this broker coordinates is gone (expired): nobody holds it any more."""
+        ...
+
     @property
     def txn_fence(self) -> OffsetsFence | None:
         """What a change of a transactional id's state checks first, in its database transaction (None:
@@ -293,6 +297,9 @@ class StandaloneOwnership:
         return True
 
     txn_fence: OffsetsFence | None = None
+
+    async def forget_coordinated(self, key: str, kind: Kind) -> None:
+        pass   # alone, nothing is held
 
     async def deliver_markers(self, markers: Sequence[MarkerRequest]) -> None:
         raise InvariantError("a broker alone leads every partition: no marker is for another broker")

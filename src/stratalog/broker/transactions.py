@@ -162,6 +162,7 @@ class Transactions:
             async with self._lock(txn_id):
                 if self._txns.get(txn_id) is txn:
                     await asyncio.to_thread(self._table.delete, txn_id)
+                    await self._broker.ownership.forget_coordinated(txn_id, Kind.TRANSACTION)
                     del self._txns[txn_id]
                     self._updated_ms.pop(txn_id, None)
                     self._locks.pop(txn_id, None)

@@ -259,6 +259,15 @@ class Cluster:
                                      f"{resource.name!r} to make")
             return _holds(db, resource.kind, resource.name)[resource]
 
+    def forget(self, resource: Resource) -> bool:
+        """Delete a resource this broker holds that nobody needs any more (a transactional id its coordinator
+        forgot): whether it went. Asked for again later, it is given a holder anew."""
+        with self._tx() as db:
+            self._check_lease(db)
+            return db.execute("DELETE FROM cluster_leaders WHERE kind = ? AND name = ? AND broker_id = ? "
+                              "AND broker_epoch = ?",
+                              (resource.kind.value, resource.name, self.broker_id, self.epoch)).rowcount == 1
+
     # Failover ---------------------------------------------------------------------------------------
 
     def claim_dead_log(self) -> Holder | None:
