@@ -22,8 +22,7 @@ from stratalog.kafka.aborted_ranges import AbortedTxn
 from stratalog.kafka.control_batch import MarkerType, marker_batch
 from stratalog.kafka.records import Compression
 from stratalog.kafka.records import encode_batch as encode_kafka
-from stratalog.spark.aborted import AbortedIndex, keeps
-from stratalog.spark.broker_source import _ranges_of
+from stratalog.spark.aborted import AbortedIndex, keeps, ranges_for
 from stratalog.spark.columns import ColumnBuilder
 from stratalog.spark.plan import ReadPartition, StreamSlice
 from stratalog.wal.format import crc32c
@@ -130,7 +129,7 @@ def test_a_slice_read_from_objects_returns_the_survivors_in_it(events: list[tupl
     entry = BlockEntry(STREAM_ID, 0, log.end, 0, len(data), log.end, 5, crc32c(data))
     start, end = min(cut), max(cut)
     piece = StreamSlice(STREAM_ID, "t/0", start, end, ())
-    ((_, ranges),) = _ranges_of(ReadPartition((piece,)), {"t/0": log.ranges(0, log.end)}) or ((STREAM_ID, ()),)
+    ((_, ranges),) = ranges_for(ReadPartition((piece,)), {STREAM_ID: log.ranges(0, log.end)}) or ((STREAM_ID, ()),)
     builder = ColumnBuilder()
     builder.add_block(data, 0, entry, "t/0", start, end, AbortedIndex(ranges))
     rows = builder.finish(data).to_pylist()

@@ -1,5 +1,6 @@
 """The stratalog data source in a local[2] Spark: batch reads and writes, streaming reads and writes,
-against the local directory store and SeaweedFS."""
+against the local directory store and SeaweedFS; a stopped (or killed) broker's data directory read
+read_committed."""
 
 from __future__ import annotations
 
@@ -13,13 +14,25 @@ from urllib.parse import urlencode
 
 import pytest
 
+from brokerkit import running_broker
 from conftest import SeaweedS3
 from enginekit import small_store_config
+from stratalog.engine.manifest import ManifestError, read_manifest
 from stratalog.engine.staging import SINK_MARKER_PREFIX, STAGING_PREFIX
 from stratalog.engine.store import StreamStore
+from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore
+from stratalog.objects.uri import LOCAL_DIR_NAME
 from stratalog.records import NewRecord
+from stratalog.spark.aborted import TransactionsUnknownError
+from stratalog.spark.kafka_client import BrokerView
+from stratalog.spark.materialize import materialize, read_table_file
 from stratalog.spark.reader import open_store
+from stratalog.spark.source import StratalogReader
+from stratalog.spark.stream import StratalogStreamReader
+from stratalog.spark.tables import read_table_manifest
+from test_spark_broker_read import Transactions, create_topic, values_of
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -228,3 +241,87 @@ def test_headers_read_and_write_back(spark: Any, tmp_path: Path) -> None:
     back = {r.offset: [(h.key, h.value) for h in r.headers]
             for r in reader(spark, place, includeHeaders="true", streams="copy").collect()}
     assert back == {i: [("trace", b"t%d" % i), ("none", None)] if i % 2 else [] for i in range(10)}
+
+
+# Transactions: a broker's data directory at rest (spark/rest_txns.py) ---------------------------------
+
+#: Uploads every 0.3 s; the producers' snapshot taken at the stop only, so that after a kill -9 the objects
+#: hold what was written after it (the replay's case).
+BROKER_TOML = ("producer_snapshot_interval_ms = 3600000\n"
+               "[store]\nupload_interval_s = 0.3\nfree_bytes_min = 0\nfree_percent_min = 0.0\n")
+
+
+def uploaded_all(data_dir: Path, bootstrap: str, topic: str) -> bool:
+    """Whether the objects hold every offset of ``topic``'s two partitions."""
+    view = BrokerView(bootstrap, {})
+    try:
+        ends = {f"{t}/{p}": e.end for (t, p), e in view.ends([(topic, 0), (topic, 1)]).items()}
+    finally:
+        view.close()
+    try:
+        streams = read_manifest(LocalDirStore(data_dir / LOCAL_DIR_NAME)).streams.values()
+    except ManifestError:
+        return False
+    return {s.name: s.end_offset for s in streams if s.name in ends} == ends
+
+
+def micro_batch(path: str) -> list[bytes]:
+    """A streaming query's first micro-batch at rest, everything available, its tasks run here."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    reader = StratalogStreamReader({"path": path})
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    return sorted(v for part in reader.partitions(start, end) for batch in reader.read(part)
+                  for v in batch.column("value").to_pylist())
+
+
+def test_a_data_directory_at_rest_reads_committed_after_a_stop_and_after_a_kill(spark: Any, tmp_path: Path) -> None:
+    """A broker stopped with a transaction open: a read at rest returns the committed records and stops at
+    it. Restarted, the open transaction aborted by its producer's return, more transactions, one left open,
+    uploaded, and killed: the snapshot is the stop's, and the read replays what follows it from objects."""
+    data = tmp_path / "data"
+    config = tmp_path / "broker.toml"
+    config.write_text(BROKER_TOML)
+
+    def read(path: Path, **options: str) -> list[bytes]:
+        return values_of(spark.read.format("stratalog").option("path", str(path)).option("streams", "ledger/0,ledger/1")
+                         .options(**options).load())
+
+    with running_broker(data, "--config", str(config)) as broker:
+        create_topic(broker.bootstrap, "ledger", 2)
+        txns = Transactions(broker.bootstrap, "ledger")
+        txns.round((True, False))
+        txns.round((False, True))
+        txns.txn[0].begin_transaction()
+        for partition in (0, 1):
+            txns.send(txns.txn[0], b"open-%d" % partition, partition)
+            txns.send(txns.plain, b"late-%d" % partition, partition)
+        assert broker.stop() == 0
+    committed, aborted = list(txns.committed), list(txns.aborted)
+    del txns   # its producers: the next broker's transactions are another's
+    everything = sorted([*committed, *aborted, b"open-0", b"open-1", b"late-0", b"late-1"])
+    assert read(data) == sorted(committed), "the open transaction holds the read back"
+    assert read(data, isolationLevel="read_uncommitted") == everything
+    assert micro_batch(str(data)) == sorted(committed)
+    alone = StratalogReader({"path": str(data / LOCAL_DIR_NAME)})   # its tasks, run here: one fails as Spark's would
+    with pytest.raises(TransactionsUnknownError, match="isolationLevel=read_uncommitted"):
+        [batch for part in alone.partitions() for batch in alone.read(part)]
+    assert read(data / LOCAL_DIR_NAME, isolationLevel="read_uncommitted") == everything
+
+    with running_broker(data, "--config", str(config)) as broker:
+        again = Transactions(broker.bootstrap, "ledger")   # the same ids: the open transaction is aborted
+        again.round((True, False))
+        again.txn[1].begin_transaction()
+        for partition in (0, 1):
+            again.send(again.txn[1], b"open2-%d" % partition, partition)
+            again.send(again.plain, b"late2-%d" % partition, partition)
+        wait_until(lambda: uploaded_all(data, broker.bootstrap, "ledger"), "everything to be uploaded")
+        broker.kill9()
+    committed += [b"late-0", b"late-1", *again.committed]
+    assert read(data) == sorted(committed), "transactions after the snapshot: replayed from objects"
+    report = materialize(spark, str(data), ["ledger"])
+    objects = LocalDirStore(data / LOCAL_DIR_NAME)
+    assert sorted(v for f in read_table_manifest(objects, "ledger").files for batch in read_table_file(objects, f.key)
+                  for v in batch.column("value").to_pylist()) == sorted(committed)
+    assert report.rows == len(committed)

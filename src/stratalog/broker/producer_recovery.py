@@ -26,13 +26,14 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stratalog.broker.metadata_db import Location, open_metadata
 from stratalog.broker.producers import ProducerStates
 from stratalog.broker.txn_partitions import AbortedRange, PartitionTxns
 from stratalog.engine import Stream
 from stratalog.engine.batch import ENCODING_KAFKA, StoredBatch
-from stratalog.engine.metadata_backends import Backend, writing
+from stratalog.engine.metadata_backends import Backend, SqliteBackend, writing
 from stratalog.kafka.batch_format import CONTROL_BIT, TRANSACTIONAL_BIT
 from stratalog.kafka.control_batch import marker_type
 from stratalog.kafka.records import HEADER
@@ -78,6 +79,16 @@ class ProducerSnapshots:
         #: would replace; returns those it may (Cluster.streams_held: the partitions it still holds under a
         #: live lease). Rows of the others are left as their new leader wrote them.
         self.held: Callable[[Backend, Sequence[int]], set[int]] | None = None
+
+    @classmethod
+    def read_only(cls, path: Path) -> ProducerSnapshots:
+        """The snapshot in the SQLite file ``path``, opened read-only, for ``load`` alone: a Spark read of a
+        data directory at rest tells aborted records by it (spark/rest_txns.py) and writes nothing."""
+        self = cls.__new__(cls)
+        self._lock = threading.Lock()
+        self._db = SqliteBackend(path, SCHEMA, read_only=True)
+        self.held = None
+        return self
 
     def close(self) -> None:
         with self._lock:

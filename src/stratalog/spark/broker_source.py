@@ -51,9 +51,12 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from stratalog.broker.topics import parse_stream_name
 from stratalog.engine.manifest import Manifest, ManifestError, read_manifest
+from stratalog.invariant import InvariantError
 from stratalog.kafka.aborted_ranges import AbortedTxn
 from stratalog.objects.uri import redact
+from stratalog.spark.aborted import StreamTxns, ranges_for
 from stratalog.spark.broker_plan import TailPartition, label, plan_broker_read, read_ranges
 from stratalog.spark.filters import PushedFilters
 from stratalog.spark.kafka_client import (
@@ -172,23 +175,25 @@ class BrokerRead:
         plan = plan_broker_read(self.manifest(), ranges, rows_max=self.rows_max, bytes_max=self.bytes_max,
                                 fail_on_data_loss=self.fail_on_data_loss, time_from_ms=time_from_ms)
         cold = [p for p in plan if isinstance(p, ReadPartition)]
-        aborted = self._aborted(view, cold, ranges) if self.committed else {}
+        aborted = self.aborted(view, cold) if self.committed else {}
         objects = self.objects or ""
-        return [ObjectsPartition(objects, p, _ranges_of(p, aborted)) if isinstance(p, ReadPartition) else p
+        return [ObjectsPartition(objects, p, ranges_for(p, aborted)) if isinstance(p, ReadPartition) else p
                 for p in plan]
 
-    def _aborted(self, view: BrokerView, cold: list[ReadPartition],
-                 ranges: dict[TopicPartition, tuple[int, int]]) -> dict[str, list[AbortedTxn]]:
-        """The aborted transactions of each partition (by label) over the offsets ``cold`` reads."""
-        by_label = {label(tp): tp for tp in ranges}
+    def aborted(self, view: BrokerView, cold: Sequence[ReadPartition]) -> dict[int, list[AbortedTxn]]:
+        """The aborted transactions of each partition (by stream id) over the offsets ``cold`` reads from
+        objects (slices named ``topic/partition``), asked of the partitions' leaders. Ask after the
+        partitions' last stable offsets: every transaction ended below them has its range by then."""
         spans: dict[TopicPartition, tuple[int, int]] = {}
+        streams: dict[TopicPartition, int] = {}
         for part in cold:
             for piece in part.slices:
-                tp = by_label[piece.name]
+                tp = _topic_partition(piece.name)
+                streams[tp] = piece.stream_id
                 first, last = spans.get(tp, (piece.start_offset, piece.end_offset))
                 spans[tp] = (min(first, piece.start_offset), max(last, piece.end_offset))
         found = aborted_ranges(view.leaders, self.kafka, spans)
-        return {label(tp): txns for tp, txns in found.items() if txns}
+        return {streams[tp]: txns for tp, txns in found.items() if txns}
 
     # Executor side -------------------------------------------------------------------------------
 
@@ -205,10 +210,6 @@ class BrokerRead:
                                   aborted=dict(value.aborted))
 
 
-#: Aborted transactions by stream id, as a task gets them (tuples: a partition's value stays immutable).
-StreamTxns = tuple[tuple[int, tuple[AbortedTxn, ...]], ...]
-
-
 @dataclass(frozen=True, slots=True)
 class ObjectsPartition:
     """A task reading uploaded records from the object store at ``objects``; ``aborted``: its streams'
@@ -219,15 +220,11 @@ class ObjectsPartition:
     aborted: StreamTxns = ()
 
 
-def _ranges_of(part: ReadPartition, aborted: dict[str, list[AbortedTxn]]) -> StreamTxns:
-    """The aborted transactions a task reading ``part`` needs: those overlapping each slice, by stream id
-    (a range whose marker lies past the slice, in another task's, still applies here)."""
-    out: dict[int, set[AbortedTxn]] = {}
-    for piece in part.slices:
-        for r in aborted.get(piece.name, ()):
-            if r.last_offset >= piece.start_offset and r.first_offset < piece.end_offset:
-                out.setdefault(piece.stream_id, set()).add(r)
-    return tuple((stream_id, tuple(sorted(txns))) for stream_id, txns in sorted(out.items()))
+def _topic_partition(name: str) -> TopicPartition:
+    parsed = parse_stream_name(name)
+    if parsed is None:
+        raise InvariantError(f"a broker read's slice is named topic/partition, not {name!r}")
+    return parsed
 
 
 def isolation_level(options: dict[str, str], kafka: dict[str, str]) -> str:

@@ -5,7 +5,9 @@ the object store is opened from the same URI the driver used. If compaction repl
 an object after the plan was made (its grace period passed during a long job), the slice is planned
 again from the newest manifest: the data is the same, only its place changed. A read of a broker as
 read_committed hands each task its streams' aborted transactions too (spark/aborted.py), which the
-task's batches are filtered by; without them every record is returned, markers never.
+task's batches are filtered by, as does a read_committed read of a data directory at rest
+(spark/rest_txns.py); without them every record is returned, markers never. A read_committed read
+that has no way to know them (a store's objects alone) fails at the first transactional batch instead.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from stratalog.engine.manifest import read_manifest
 from stratalog.engine.objformat import check_block
 from stratalog.kafka.aborted_ranges import AbortedTxn
 from stratalog.objects.store import ObjectNotFoundError, ObjectStore
-from stratalog.spark.aborted import AbortedIndex
+from stratalog.spark.aborted import AbortedIndex, UnknownTransactions
 from stratalog.spark.columns import ColumnBuilder
 from stratalog.spark.plan import (
     FETCH_BYTES_MAX,
@@ -65,12 +67,17 @@ Aborted = Mapping[int, AbortedIndex]
 
 
 def read_partition(store: ObjectStore, partition: ReadPartition, fetch_bytes_max: int = FETCH_BYTES_MAX,
-                   headers: bool = False,
-                   aborted: Mapping[int, Iterable[AbortedTxn]] | None = None) -> Iterator[pa.RecordBatch]:
+                   headers: bool = False, aborted: Mapping[int, Iterable[AbortedTxn]] | None = None,
+                   unknown: str | None = None) -> Iterator[pa.RecordBatch]:
     """The records of ``partition``, one RecordBatch per ranged get (``fetch_bytes_max`` bytes at most,
     unless one block is larger); with a ``headers`` column when ``headers``. ``aborted``: each stream's
-    aborted transactions (by stream id), whose batches are left out (read_committed)."""
-    indexes = {stream_id: AbortedIndex(ranges) for stream_id, ranges in (aborted or {}).items()}
+    aborted transactions (by stream id), whose batches are left out (read_committed). ``unknown``: why
+    they cannot be known (read_committed of objects alone): a transactional batch then fails the read
+    with TransactionsUnknownError, saying so."""
+    indexes: dict[int, AbortedIndex] = {}
+    if unknown is not None:
+        indexes = {p.stream_id: UnknownTransactions(p.name, unknown) for p in partition.slices}
+    indexes.update((stream_id, AbortedIndex(ranges)) for stream_id, ranges in (aborted or {}).items())
     yield from _read(store, partition, fetch_bytes_max, headers, indexes)
 
 

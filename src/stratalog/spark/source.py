@@ -29,6 +29,12 @@ Options (all strings, as Spark passes them):
 ``tableFiles``
     A JSON list of materialized table files (object keys) to read instead, a task each, with pyarrow from
     the object store: how ``materialize.load`` reads tables where Spark has no S3A connector.
+``isolationLevel`` (or ``kafka.isolation.level``)
+    ``read_committed`` (default): topics written by Kafka transactions are read as a read_committed
+    consumer reads them, from what a stopped broker left in the data directory (spark/rest_txns.py: each
+    stream up to its oldest open transaction, without aborted records); a read of a store's objects
+    alone cannot know which transactions were aborted, and fails at the first transactional batch,
+    saying so. ``read_uncommitted``: every record.
 
 The driver reads the manifest once and plans partitions (:mod:`stratalog.spark.plan`); each task reads
 its blocks from the object store directly (:mod:`stratalog.spark.reader`). Filters ``stream = x``,
@@ -72,6 +78,7 @@ from stratalog.spark.plan import (
 )
 from stratalog.spark.queues import QueuePartition, plan_queue_read, read_queue_partition
 from stratalog.spark.reader import open_store, read_partition, shared_store
+from stratalog.spark.rest_txns import CommittedPartition, committed_partitions, rest_transactions
 
 FORMAT_NAME = "stratalog"
 
@@ -138,7 +145,13 @@ class StratalogReader(DataSourceReader):
     """Batch reader: plans on the driver, reads on executors. Picklable (options and plan only)."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        from stratalog.spark.broker_source import isolation_level
+        from stratalog.spark.kafka_client import READ_COMMITTED
+
         self.uri = object_store(options)
+        location = locate(options)
+        self.data_dir = location.data_dir
+        self.committed = isolation_level(options, location.kafka) == READ_COMMITTED
         self.streams = option(options, "streams")
         self.queues = option(options, "queues")
         self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
@@ -155,19 +168,23 @@ class StratalogReader(DataSourceReader):
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         return [f for f in filters if not self.pushed.take(f)]
 
-    def plan(self) -> list[ReadPartition] | list[QueuePartition]:
-        """The read plan (driver side)."""
+    def plan(self) -> list[ReadPartition] | list[QueuePartition] | list[CommittedPartition]:
+        """The read plan (driver side). read_committed: each stream up to its stable end at rest, each task
+        with the aborted transactions it needs (spark/rest_txns.py)."""
         store = open_store(self.uri)
         try:
             if self.queues is not None:
                 return plan_queue_read(store, self.queues, self.pushed.labels, self.pushed.offsets, self.rows_max,
                                        self.bytes_max)
             manifest = read_manifest(store)
+            ids = filter_by_label(manifest, resolve_streams(manifest, self.streams), self.pushed.labels)
+            txns = rest_transactions(self.data_dir, store, manifest, ids) if self.committed else None
         finally:
             store.close()
-        ids = filter_by_label(manifest, resolve_streams(manifest, self.streams), self.pushed.labels)
-        return plan_partitions(manifest, ids, self.pushed.offsets, self.rows_max, self.bytes_max,
-                               time_from_ms=self.pushed.time_from_ms, starts=self._starts(manifest))
+        parts = plan_partitions(manifest, ids, self.pushed.offsets, self.rows_max, self.bytes_max,
+                                ends=None if txns is None else txns.stable_ends,
+                                time_from_ms=self.pushed.time_from_ms, starts=self._starts(manifest))
+        return parts if txns is None else committed_partitions(parts, txns)
 
     def _starts(self, manifest: Manifest) -> dict[int, int] | None:
         """Option ``startingOffsets`` (JSON, ``{"topic": {"partition": offset}}``) for streams named
@@ -200,6 +217,9 @@ class StratalogReader(DataSourceReader):
             from stratalog.spark.materialize import read_table_file
 
             yield from read_table_file(shared_store(self.uri), value.key)
+            return
+        if isinstance(value, CommittedPartition):
+            yield from value.read(shared_store(self.uri), self.headers)
             return
         assert isinstance(value, ReadPartition)
         yield from read_partition(shared_store(self.uri), value, headers=self.headers)

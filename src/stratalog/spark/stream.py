@@ -15,6 +15,9 @@ Each trigger reads at most ``maxRowsPerTrigger`` rows (option; default 1,000,000
 stream in id order from ``cursor``, which moves on so that busy low-numbered streams cannot starve the
 others. ``Trigger.AvailableNow`` reads up to the ends seen when the query starts, in as many triggers as
 the limit needs. Option ``startingOffsets``: ``earliest`` (default) or ``latest``.
+
+Option ``isolationLevel`` as a batch read at rest takes it (source.py): read_committed, the default, ends
+each stream of a micro-batch at its stable end at rest and leaves out aborted records (spark/rest_txns.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pyspark.sql.streaming.datasource import (
 
 from stratalog.engine.manifest import Manifest, read_manifest
 from stratalog.objects.store import ObjectStore
-from stratalog.spark.location import object_store
+from stratalog.spark.location import locate, object_store
 from stratalog.spark.options import include_headers, int_option, option
 from stratalog.spark.plan import (
     BYTES_PER_PARTITION,
@@ -46,6 +49,7 @@ from stratalog.spark.plan import (
     resolve_streams,
 )
 from stratalog.spark.reader import open_store, read_partition, shared_store
+from stratalog.spark.rest_txns import CommittedPartition, committed_partitions, rest_transactions
 
 POSITIONS_PREFIX = "spark-positions/"
 #: Rows per trigger when the query sets no limit: about one partition's worth per core of a small cluster.
@@ -106,7 +110,13 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     """Micro-batch reader. Picklable: Spark ships it to executors for ``read``."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        from stratalog.spark.broker_source import isolation_level
+        from stratalog.spark.kafka_client import READ_COMMITTED
+
         self.uri = object_store(options)
+        location = locate(options)
+        self.data_dir = location.data_dir
+        self.committed = isolation_level(options, location.kafka) == READ_COMMITTED
         self.streams = option(options, "streams")
         self.rows_max = int_option(options, "rowsPerPartition", ROWS_PER_PARTITION)
         self.bytes_max = int_option(options, "bytesPerPartition", BYTES_PER_PARTITION)
@@ -142,6 +152,8 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         try:
             manifest = read_manifest(store)
             ends = {s.stream_id: s.end_offset for s in manifest.streams.values()}
+            if self.committed:  # latest as a read_committed consumer has it: where each stream is stable
+                ends = rest_transactions(self.data_dir, store, manifest, ends).stable_ends
             return {"seq": manifest.seq, "positions": self._save(store, manifest.seq, ends), "cursor": 0}
         finally:
             store.close()
@@ -164,8 +176,12 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             manifest = read_manifest(store)
             positions = self._load(store, start)
             cursor = int(str(start.get("cursor", 0)))
-            moved = advance(manifest, resolve_streams(manifest, self.streams), positions, cursor, rows_max,
-                            self.target)
+            ids = resolve_streams(manifest, self.streams)
+            ends = self.target
+            if self.committed:  # no further than each stream's stable end
+                stable = rest_transactions(self.data_dir, store, manifest, ids).stable_ends
+                ends = stable if ends is None else {i: min(e, ends.get(i, e)) for i, e in stable.items()}
+            moved = advance(manifest, ids, positions, cursor, rows_max, ends)
             if moved.rows == 0:
                 return start
             key = self._save(store, manifest.seq, moved.positions)
@@ -180,12 +196,14 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         try:
             manifest = read_manifest(store)
             begin, finish = self._load(store, start), self._load(store, end)
+            ids = [i for i in finish if i in manifest.streams and finish[i] > begin.get(i, 0)]
+            # The aborted ranges below ``finish``, stable when it was chosen, are all known still.
+            txns = rest_transactions(self.data_dir, store, manifest, ids) if self.committed and ids else None
         finally:
             store.close()
-        ids = [i for i in finish if i in manifest.streams and finish[i] > begin.get(i, 0)]
         plan = plan_partitions(manifest, ids, rows_max=self.rows_max, bytes_max=self.bytes_max,
                                starts=begin, ends=finish)
-        return [InputPartition(p) for p in plan]
+        return [InputPartition(p) for p in (plan if txns is None else committed_partitions(plan, txns))]
 
     def commit(self, end: dict[str, object]) -> None:
         keep = str(end.get("positions") or "")
@@ -206,5 +224,8 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         value = partition.value
+        if isinstance(value, CommittedPartition):
+            yield from value.read(shared_store(self.uri), self.headers)
+            return
         assert isinstance(value, ReadPartition)
         yield from read_partition(shared_store(self.uri), value, headers=self.headers)
