@@ -7,6 +7,13 @@ what was uploaded since; run it after a crash and it writes the same files again
 (a file's name is its offsets) and publishes them once. Files that retention left wholly below their
 partition's start leave the manifest, and are deleted once queries planned before can no longer need them.
 
+Tables hold committed records only, as a read_committed consumer reads them: through a live broker, each
+partition is written up to its last stable offset (ListOffsets read_committed), never past it, so a
+transaction open now is written by a later run once it ends, and the records of aborted transactions are
+left out with the ranges its leader gives (the data source's own, spark/txn_ranges.py); at rest, from
+what the data directory keeps of them (spark/rest_txns.py). A file covers its offsets whatever it holds:
+markers and aborted records take offsets and give no row.
+
 ``load(spark, path)`` is the read a user calls instead of ``spark.read.format("stratalog")...load()``:
 the materialized files through Spark's vectorized Parquet reader, unioned with every later offset through
 the data source (objects, and a live broker's tail), with the same columns and the same rows as the data
@@ -33,14 +40,17 @@ import pyarrow.parquet as pq
 
 from stratalog.broker.topics import parse_stream_name
 from stratalog.engine.manifest import BlockRef, Manifest, read_manifest
+from stratalog.kafka.aborted_ranges import AbortedTxn
 from stratalog.objects.store import ObjectStore
-from stratalog.spark.broker_source import BrokerRead, reachable_objects
+from stratalog.spark.aborted import StreamTxns, ranges_for
+from stratalog.spark.broker_source import BrokerRead, isolation_level
 from stratalog.spark.columns import HEADERS_DDL, SCHEMA_DDL, arrow_schema
 from stratalog.spark.jobs import Progress, no_progress, run_tasks
-from stratalog.spark.kafka_client import BrokerView
-from stratalog.spark.location import locate
+from stratalog.spark.kafka_client import READ_COMMITTED, BrokerView
+from stratalog.spark.location import Location, locate
 from stratalog.spark.plan import ReadPartition, StreamSlice, plan_partitions
 from stratalog.spark.reader import open_store, read_partition, shared_store
+from stratalog.spark.rest_txns import rest_transactions
 from stratalog.spark.tables import (
     TableFile,
     TableManifest,
@@ -76,13 +86,33 @@ class MaterializeReport:
 
 @dataclass(frozen=True, slots=True)
 class _FileTask:
+    """One file to write: ``part`` (offsets of one partition), without its ``aborted`` transactions;
+    ``unknown``: why they cannot be known (a transactional batch then fails the task)."""
+
     topic: str
     partition: int
     part: ReadPartition
+    aborted: StreamTxns = ()
+    unknown: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a run writes: the store's state when planned, and the files."""
+
+    uri: str
+    manifest: Manifest
+    by_topic: dict[str, dict[int, int]]
+    tables: dict[str, TableManifest]
+    tasks: list[_FileTask]
 
 
 def _options(path: str, options: dict[str, str]) -> dict[str, str]:
-    return {"path": path, **{k.lower(): str(v) for k, v in options.items()}}
+    opts = {"path": path, **{k.lower(): str(v) for k, v in options.items()}}
+    if isolation_level(opts, locate(opts).kafka) != READ_COMMITTED:
+        raise ValueError("materialized tables hold committed records only: to read every record, aborted "
+                         "transactions' too, read the data source with isolationLevel=read_uncommitted")
+    return opts
 
 
 def _partitions(manifest: Manifest, topics: list[str] | None) -> dict[str, dict[int, int]]:
@@ -119,19 +149,13 @@ def materialize(spark: SparkSession, path: str, topics: list[str] | None = None,
     object store URI, a data directory); one run at a time per store."""
     began = time.monotonic()
     opts = _options(path, options or {})
-    uri = reachable_objects(locate(opts), opts)
-    manifest, by_topic, tables = _snapshot(uri, topics)
-    tasks = []
-    for topic, partitions in sorted(by_topic.items()):
-        done = tables[topic].ends()
-        for partition, stream_id in sorted(partitions.items()):
-            info = manifest.streams[stream_id]
-            first = max(done.get(partition, 0), info.start_offset)
-            if first < info.end_offset:
-                for part in plan_partitions(manifest, [stream_id], rows_max=file_rows_max, bytes_max=file_bytes_max,
-                                            starts={stream_id: first}, ends={stream_id: info.end_offset}):
-                    tasks.append(_FileTask(topic, partition, part))
-    results: list[tuple[TableFile, int]] = run_tasks(spark, tasks, 1, _writer(uri), progress)
+    location = locate(opts)
+    if location.broker:
+        plan = _plan_broker(location, opts, topics, file_rows_max, file_bytes_max)
+    else:
+        plan = _plan_at_rest(location, topics, file_rows_max, file_bytes_max)
+    uri, manifest, by_topic, tables = plan.uri, plan.manifest, plan.by_topic, plan.tables
+    results: list[tuple[TableFile, int]] = run_tasks(spark, plan.tasks, 1, _writer(uri), progress)
     written = [f for f, _ in results]
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     retired = 0
@@ -156,19 +180,79 @@ def materialize(spark: SparkSession, path: str, topics: list[str] | None = None,
                              retired, time.monotonic() - began)
 
 
+def _plan_broker(location: Location, opts: dict[str, str], topics: list[str] | None, rows_max: int,
+                 bytes_max: int) -> _Plan:
+    """The files of uploaded offsets below each partition's last stable offset, not yet in their tables,
+    and the aborted transactions over them, from the partitions' leaders."""
+    source = BrokerRead(location, {**opts, "coldreads": "objects"})
+    view = source.view()
+    try:
+        source.resolve_objects(view)
+        assert source.objects is not None
+        manifest, by_topic, tables = _snapshot(source.objects, topics)
+        # The stable offsets before the ranges: every transaction ended below them has its range by then.
+        stable = view.ends([(t, p) for t, ps in by_topic.items() for p in ps], committed=True)
+        ends = {by_topic[t][p]: e.end for (t, p), e in stable.items()}
+        parts = _parts(manifest, by_topic, tables, ends, rows_max, bytes_max)
+        aborted = source.aborted(view, [part for _, _, part in parts])
+    finally:
+        view.close()
+    return _Plan(source.objects, manifest, by_topic, tables, _tasks(parts, aborted, None))
+
+
+def _plan_at_rest(location: Location, topics: list[str] | None, rows_max: int, bytes_max: int) -> _Plan:
+    """The files of offsets not yet in their tables, up to each stream's stable end at rest, and the aborted
+    transactions over them, from what the data directory keeps (spark/rest_txns.py)."""
+    assert location.objects is not None
+    manifest, by_topic, tables = _snapshot(location.objects, topics)
+    store = open_store(location.objects)
+    try:
+        txns = rest_transactions(location.data_dir, store, manifest,
+                                 [sid for ps in by_topic.values() for sid in ps.values()])
+    finally:
+        store.close()
+    parts = _parts(manifest, by_topic, tables, txns.stable_ends, rows_max, bytes_max)
+    return _Plan(location.objects, manifest, by_topic, tables, _tasks(parts, txns.aborted, txns.unknown))
+
+
+def _parts(manifest: Manifest, by_topic: dict[str, dict[int, int]], tables: dict[str, TableManifest],
+           ends: dict[int, int], rows_max: int, bytes_max: int) -> list[tuple[str, int, ReadPartition]]:
+    """(topic, partition, offsets) of each file: from where each partition's table ends to its end in
+    ``ends`` (by stream id) or, when it is further, in the manifest."""
+    out = []
+    for topic, partitions in sorted(by_topic.items()):
+        done = tables[topic].ends()
+        for partition, stream_id in sorted(partitions.items()):
+            info = manifest.streams[stream_id]
+            first = max(done.get(partition, 0), info.start_offset)
+            end = min(info.end_offset, ends.get(stream_id, info.end_offset))
+            if first < end:
+                for part in plan_partitions(manifest, [stream_id], rows_max=rows_max, bytes_max=bytes_max,
+                                            starts={stream_id: first}, ends={stream_id: end}):
+                    out.append((topic, partition, part))
+    return out
+
+
+def _tasks(parts: list[tuple[str, int, ReadPartition]], aborted: dict[int, list[AbortedTxn]],
+           unknown: str | None) -> list[_FileTask]:
+    return [_FileTask(topic, partition, part, ranges_for(part, aborted), unknown) for topic, partition, part in parts]
+
+
 def _writer(uri: str) -> Callable[[list[_FileTask]], Iterator[tuple[TableFile, int]]]:
     def write(tasks: list[_FileTask]) -> Iterator[tuple[TableFile, int]]:
         for task in tasks:
-            yield write_file(uri, task.topic, task.partition, task.part)
+            yield write_file(uri, task.topic, task.partition, task.part, task.aborted, task.unknown)
 
     return write
 
 
-def write_file(uri: str, topic: str, partition: int, part: ReadPartition) -> tuple[TableFile, int]:
+def write_file(uri: str, topic: str, partition: int, part: ReadPartition, aborted: StreamTxns = (),
+               unknown: str | None = None) -> tuple[TableFile, int]:
     """Read ``part`` (offsets of one partition) from the store's objects and put it as one Parquet file,
     written a row group at a time: a task holds one row group and the compressed file, not the records.
-    The file, and the records in it: one per offset, or fewer where log compaction left gaps (none, even:
-    the file then has no rows, and no record to date its directory by, so it goes under 1970-01-01)."""
+    The file, and the records in it: one per offset, or fewer where log compaction left gaps, markers lie
+    or ``aborted`` transactions wrote (none, even: the file then has no rows, and no record to date its
+    directory by, so it goes under 1970-01-01). ``unknown``: as read_partition's."""
     store = shared_store(uri)
     (piece,) = part.slices
     out = io.BytesIO()
@@ -178,7 +262,7 @@ def write_file(uri: str, topic: str, partition: int, part: ReadPartition) -> tup
     records = 0
     next_offset = piece.start_offset  # the least offset the next record may have
     first_ms = low = high = None
-    for batch in _in_offset_order(store, piece):
+    for batch in _in_offset_order(store, piece, dict(aborted), unknown):
         if batch.num_rows:
             offsets = batch.column("offset")
             if offsets[0].as_py() < next_offset:
@@ -206,7 +290,8 @@ def write_file(uri: str, topic: str, partition: int, part: ReadPartition) -> tup
     return TableFile(key, partition, piece.start_offset, piece.end_offset, len(data), low_ms, high_ms), records
 
 
-def _in_offset_order(store: ObjectStore, piece: StreamSlice) -> Iterator[pa.RecordBatch]:
+def _in_offset_order(store: ObjectStore, piece: StreamSlice, aborted: dict[int, tuple[AbortedTxn, ...]],
+                     unknown: str | None) -> Iterator[pa.RecordBatch]:
     """The records of ``piece`` in offset order. Its blocks (listed in offset order) are read run by run, a
     run being blocks that lie one after another in one object, which a ranged get returns in order; a
     whole partition's fetches would come back in object order (a compacted object holds old offsets under
@@ -217,7 +302,7 @@ def _in_offset_order(store: ObjectStore, piece: StreamSlice) -> Iterator[pa.Reco
         first = max(blocks[0].entry.start_offset, piece.start_offset)
         end = min(blocks[-1].entry.end_offset, piece.end_offset)
         one = ReadPartition((StreamSlice(piece.stream_id, piece.name, first, end, tuple(blocks)),))
-        yield from read_partition(store, one, headers=True)
+        yield from read_partition(store, one, headers=True, aborted=aborted, unknown=unknown)
 
     for ref in piece.blocks:
         last = run[-1] if run else None
