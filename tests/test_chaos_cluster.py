@@ -2,7 +2,9 @@
 
 A short run (two kills) through the command line: it must exit 0, print the table, and write JSON whose
 counts say nothing acknowledged was lost or written twice, no committed offset went back, and each kill
-was followed by every partition served again; everything it started is gone once it returns, and once a
+was followed by every partition served again; and, of the transactional load beside it, that every input
+its loop's group committed is in the output once, read_committed, that transactions were committed and
+aborted, and that no aborted record was read. Everything it started is gone once it returns, and once a
 SIGTERM stops it mid-run.
 """
 
@@ -44,6 +46,11 @@ def test_two_kills_lose_nothing_and_every_partition_is_served_again(tmp_path: Pa
     assert figures["records_acknowledged"] > 1000
     assert figures["records_in_log"] == figures["records_acknowledged"] + figures["records_unacknowledged_in_log"]
     assert figures["records_consumed"] >= figures["records_acknowledged"]
+    # The transactional load ran the whole time: committed and aborted transactions both, and what its loop's
+    # group committed is in the output once (the must-be-zero counts above say nothing else is).
+    assert figures["txn_loop_committed"] > 0 and figures["txn_aborter_committed"] > 0
+    assert figures["txn_aborter_aborted"] > 0 and figures["txn_aborted_records_in_log"] > 0
+    assert figures["txn_outputs"] == figures["txn_inputs_committed"] > 0
     failovers = [k["failover_s"] for k in doc["per_iteration"]]
     assert 0 < figures["failover_s_min"] == min(failovers) <= figures["failover_s_max"] == max(failovers)
     assert figures["failover_s_max"] < FAILOVER_S_MAX

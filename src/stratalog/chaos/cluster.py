@@ -2,30 +2,43 @@
 
 Brokers (``serve --cluster``) over a PostgreSQL and a SeaweedFS of their own, all on 127.0.0.1. Two
 idempotent producers (confluent-kafka, and kafka-python in a child process; acks=all) write to every
-partition while one consumer of a group reads and commits. From the seed, the harness waits a while, kills
+partition while one consumer of a group reads and commits. Beside them runs a transactional load
+(``cluster_txn_load.py``): librdkafka's consume-transform-produce loop copies that topic into another in
+transactions that commit its group's offsets, and a second transactional producer aborts every third of
+its transactions there. From the seed, the harness waits a while, kills
 a live broker with SIGKILL, measures the failover (from the kill until every partition has a live leader
 that answers for it), sometimes kills a second one the same way (never the last live broker), then
 restarts the dead and waits until the partitions are spread evenly again; and so on until the time is up.
-At the end the producers flush, the group reads every acknowledged record, and the whole log is read.
+At the end the producers flush, the group reads every acknowledged record, the loop is given time to
+commit every input, and the whole log and the loop's output are read.
 
-| count (must be 0)   | the promise                                                                 |
-|---------------------|-----------------------------------------------------------------------------|
-| lost                | every acknowledged record is in the log                                     |
-| log_duplicates      | no record is in the log twice (idempotence across failovers)                 |
-| out_of_order        | one producer's records in one partition are in the order it sent them        |
-| delivery_failures   | no produce fails for good (the producers retry across failovers)             |
-| commits_backwards   | the group's committed offset of a partition never goes back                  |
-| group_missed        | the group reads every acknowledged record                                   |
-| unserved            | every partition is served again within FAILOVER_S_MAX of a kill              |
-| stalled             | the producers get acknowledgements again within ACK_WAIT_S_MAX of a restart   |
+| count (must be 0)       | the promise                                                                   |
+|-------------------------|-------------------------------------------------------------------------------|
+| lost                    | every acknowledged record is in the log                                       |
+| log_duplicates          | no record is in the log twice (idempotence across failovers)                  |
+| out_of_order            | one producer's records in one partition are in the order it sent them         |
+| delivery_failures       | no produce fails for good (the producers retry across failovers)              |
+| commits_backwards       | the group's committed offset of a partition never goes back                   |
+| group_missed            | the group reads every acknowledged record                                     |
+| unserved                | every partition is served again within FAILOVER_S_MAX of a kill               |
+| stalled                 | the producers get acknowledgements again within ACK_WAIT_S_MAX of a restart   |
+| txn_inputs_missing      | every input below the loop group's committed offsets is in the output         |
+| txn_written_twice       | no record is in the output twice (read_committed, as all that follow)         |
+| txn_outputs_uncommitted | no output of the loop's is of an input at or past its group's committed offset |
+| txn_aborted_visible     | no record of an aborted transaction is read                                   |
+| txn_committed_missing   | every record of a committed transaction is read                               |
+| txn_stalled             | both transactional producers commit within TXN_STALL_S_MAX; every transaction ends |
 
 Reported, not judged: records the group read twice (at-least-once: those read after its last commit
 before its coordinator died), commits refused while the coordinator moved, brokers that exited by
-themselves (a lease lost on a loaded machine: restarted like the killed ones).
+themselves (a lease lost on a loaded machine: restarted like the killed ones); the transactions committed
+and aborted, the loop's restarts (failed transactions, aborted or ended by a new producer) and how far
+behind its input it was when it stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import time
@@ -38,6 +51,7 @@ from typing import Any, ClassVar
 from stratalog.chaos.cluster_load import GroupReader, Load, account, committed, read_log
 from stratalog.chaos.cluster_probe import PartitionView, served_without
 from stratalog.chaos.cluster_process import BrokerCluster, running_cluster, running_services
+from stratalog.chaos.cluster_txn_load import OUTPUT_TOPIC, TXN_MUST_BE_ZERO, TxnAccount, TxnLoad, log_ends
 from stratalog.chaos.harness import ChaosHarnessError, MustBeZeroFigures
 
 TOPIC, GROUP = "chaos", "chaos-readers"
@@ -57,8 +71,11 @@ WARM_UP_RECORDS = 300
 LIVE_BROKERS_MIN = 2
 #: The run's progress is reported this often while it waits.
 TICK_S = 0.5
+#: How long the transactional loop may take to commit every input once the producers stopped (it may be
+#: behind by a backlog after the last kill): past it, what it left is reported (txn_inputs_behind).
+TXN_CATCH_UP_S_MAX = 120.0
 MUST_BE_ZERO = ("lost", "log_duplicates", "out_of_order", "delivery_failures", "commits_backwards",
-                "group_missed", "unserved", "stalled")
+                "group_missed", "unserved", "stalled", *TXN_MUST_BE_ZERO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +116,15 @@ class RunProgress:
     kills: int
     records_acknowledged: int
     records_read: int
+    #: The transactional load's transactions, committed and aborted.
+    transactions: int
     doing: str
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterChaosFigures(MustBeZeroFigures):
+class ClusterChaosFigures(TxnAccount, MustBeZeroFigures):
+    """The run's figures: the transactional load's (TxnAccount's fields, first), then the rest."""
+
     brokers: int
     partitions: int
     kills: int
@@ -128,6 +149,9 @@ class ClusterChaosFigures(MustBeZeroFigures):
     group_missed: int
     unserved: int
     stalled: int
+    #: What a stalled transactional worker was doing (with librdkafka's last lines), and why each of their
+    #: processes was started again.
+    notes: tuple[str, ...] = ()
 
     must_be_zero: ClassVar[tuple[str, ...]] = MUST_BE_ZERO
 
@@ -149,14 +173,15 @@ class _Run:
         self.doing = "starting"
         self.load: Load | None = None
         self.reader: GroupReader | None = None
+        self.txn: TxnLoad | None = None
 
     # Waiting ---------------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        load, reader = self.load, self.reader
+        load, reader, txn = self.load, self.reader, self.txn
         self.on_progress(RunProgress(time.monotonic() - self.started, len(self.kills),
                                      load.acked_count() if load else 0, reader.read_count() if reader else 0,
-                                     self.doing))
+                                     txn.transactions() if txn else 0, self.doing))
 
     def wait(self, ready: Callable[[], Any], timeout_s: float, poll_s: float = 0.05) -> Any:
         """``ready()``'s first truthy value, or None after ``timeout_s``; the progress line kept fresh."""
@@ -176,14 +201,23 @@ class _Run:
 
     # Rounds ----------------------------------------------------------------------------------------
 
-    def served(self, dead: frozenset[int]) -> dict[int, PartitionView] | None:
+    def served(self, dead: frozenset[int]) -> dict[tuple[str, int], PartitionView] | None:
+        """Every partition of both topics with its leader, once each has a live one (none of ``dead``)
+        that answers for it; None before."""
         live = [i for i in self.cluster.live() if i not in dead]
         if not live:
             return None
-        # Asked of the first live broker, not a drawn one: the seed's draws stay the kills' alone.
-        return served_without(self.cluster, live[0], TOPIC, self.config.partitions, dead)
+        views: dict[tuple[str, int], PartitionView] = {}
+        for topic in (TOPIC, OUTPUT_TOPIC):
+            # Asked of the first live broker, not a drawn one: the seed's draws stay the kills' alone.
+            view = served_without(self.cluster, live[0], topic, self.config.partitions, dead)
+            if view is None:
+                return None
+            views.update({(topic, p): v for p, v in view.items()})
+        return views
 
     def balanced(self) -> bool:
+        """Whether the partitions (of both topics: the brokers spread them all as one) are spread evenly."""
         view = self.served(frozenset())
         if view is None:
             return False
@@ -276,44 +310,58 @@ def run_cluster_chaos(work: Path, config: ClusterChaosConfig,
             running_cluster(work / "brokers", services.database, services.objects(), config.brokers) as cluster:
         run = _Run(cluster, config, on_kill, on_progress)
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap(), "log_level": 0})
-        admin.create_topics([NewTopic(TOPIC, config.partitions, 1)])[TOPIC].result(timeout=60)
-        run.doing = "waiting for the topic to be served"
+        for future in admin.create_topics([NewTopic(TOPIC, config.partitions, 1),
+                                           NewTopic(OUTPUT_TOPIC, config.partitions, 1)]).values():
+            future.result(timeout=60)
+        run.doing = "waiting for the topics to be served"
         if run.wait(run.balanced, REBALANCE_S_MAX, poll_s=0.2) is None:
-            raise ChaosHarnessError(f"the topic's {config.partitions} partitions were never served")
+            raise ChaosHarnessError(f"the topics' {config.partitions} partitions were never served")
         run.load = load = Load(cluster.bootstrap(), TOPIC, config.partitions, config.round_s)
+        run.txn = txn = TxnLoad(cluster.bootstrap(), TOPIC, config.partitions)
         try:
             run.reader = reader = GroupReader(cluster.bootstrap(), TOPIC, GROUP)
             run.doing = "warming up"
-            if run.wait(lambda: load.acked_count() >= WARM_UP_RECORDS and reader.read_count() >= WARM_UP_RECORDS,
-                        ACK_WAIT_S_MAX) is None:
-                raise ChaosHarnessError("the producers and the group never got going")
+            if run.wait(lambda: load.acked_count() >= WARM_UP_RECORDS and reader.read_count() >= WARM_UP_RECORDS
+                        and txn.flowing(), ACK_WAIT_S_MAX) is None:
+                raise ChaosHarnessError("the producers, the group and the transactions never got going")
             deadline = run.started + 60 * config.minutes
             while time.monotonic() < deadline and (config.kills_max is None or len(run.kills) < config.kills_max):
                 if not run.play_round():
                     break
-            return _finish(run, load, reader)
+            return _finish(run, load, reader, txn)
         finally:
             load.kill()
+            txn.kill()
 
 
-def _finish(run: _Run, load: Load, reader: GroupReader) -> ClusterChaosFigures:
+def _finish(run: _Run, load: Load, reader: GroupReader, txn: TxnLoad) -> ClusterChaosFigures:
     cluster, config = run.cluster, run.config
     run.restart_exited()
     run.doing = "flushing the producers"
     run.tick()
     load.stop()
+    txn.input_stopped()
     acked = load.acked_values()
     run.doing = "waiting for the group to read every acknowledged record"
     run.wait(lambda: acked <= reader.values(), GROUP_READ_S_MAX, poll_s=0.2)
     group_missed = len(acked - reader.values())
     reader.stop()
-    run.check_commits()
-    run.doing = "reading the log"
+    run.doing = "waiting for the transactional loop to commit every input"
+    ends = log_ends(cluster.bootstrap(), TOPIC, config.partitions)
+    run.wait(lambda: txn.loop.caught_up(ends), TXN_CATCH_UP_S_MAX, poll_s=0.2)
+    run.doing = "stopping the transactional producers"
     run.tick()
-    counts = account(acked, read_log(cluster.bootstrap(), TOPIC, config.partitions))
+    stalled = txn.stop()
+    run.check_commits()
+    run.doing = "reading the log and the transactions' output"
+    run.tick()
+    log = read_log(cluster.bootstrap(), TOPIC, config.partitions)
+    counts = account(acked, log)
+    txn_account = txn.account(log, stalled)
     read_counts = Counter(v for _, _, v in reader.read)
     failovers = [k.failover_s for k in run.kills]
     return ClusterChaosFigures(
+        **dataclasses.asdict(txn_account), notes=(*stalled, *txn.notes()),
         brokers=config.brokers, partitions=config.partitions, kills=len(run.kills),
         second_kills=sum(k.second for k in run.kills),
         failover_s_min=min(failovers, default=0.0), failover_s_p50=statistics.median(failovers) if failovers else 0.0,

@@ -96,12 +96,19 @@ class Load:
             else:
                 self._failed(f"confluent {partition}:{seq}: {error}")
 
+        from confluent_kafka import KafkaException
+
         for seq in itertools.count():
             if self._stop.wait(self.round_s):
                 break
-            for p in range(self.partitions):
-                self._confluent.produce(self.topic, value=f"{CONFLUENT}:{p}:{seq}".encode(), partition=p,
-                                        on_delivery=functools.partial(delivered, partition=p, seq=seq))
+            try:
+                for p in range(self.partitions):
+                    self._confluent.produce(self.topic, value=f"{CONFLUENT}:{p}:{seq}".encode(), partition=p,
+                                            on_delivery=functools.partial(delivered, partition=p, seq=seq))
+            except KafkaException as e:
+                # A fatal error (an idempotent producer's sequence refused): it takes no more records.
+                self._failed(f"confluent: the producer failed for good: {e.args[0]}")
+                break
             self._confluent.poll(0)
         remaining = self._confluent.flush(FLUSH_S_MAX)
         if remaining:

