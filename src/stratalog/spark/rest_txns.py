@@ -59,9 +59,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("stratalog.spark")
 
 #: Bytes of blocks a read at rest replays past the producers' snapshot, over all its streams, at most: it
-#: runs on the driver before any task. A crash leaves one snapshot interval (2 s) of writes after it: 1 GiB
-#: covers 500 MB/s of them, and costs the driver about a second to fetch and check from a local disk.
-REPLAY_BYTES_MAX = 1 << 30
+#: runs on the driver before any task, at about 100 MiB/s (16 KiB transactional batches, a commit marker
+#: every four, from a local directory, 2 vCPUs under load), so 512 MiB holds a read's planning to about 5 s.
+#: A crash leaves one snapshot interval (2 s) of writes after it: 512 MiB covers 256 MiB/s of them.
+REPLAY_BYTES_MAX = 512 << 20
 #: Idempotent producers' sequence states kept while replaying: a read needs only their transactions, so
 #: one entry keeps the broker's bookkeeping of them (recorded by the replay) from growing.
 PRODUCER_STATES_MAX = 1
@@ -95,9 +96,9 @@ def rest_transactions(data_dir: str | None, store: ObjectStore, manifest: Manife
     if path is None:
         return RestTxns(ends, unknown=OBJECTS_ALONE)
     if not path.is_file():
-        return RestTxns(ends, unknown=f"{data_dir} has no {PRODUCERS_FILE} (a broker run with --metadata "
-                                      f"postgresql:// keeps it there) to tell whether it was aborted: read through "
-                                      f"the broker (kafka://HOST:PORT), or read every record with "
+        return RestTxns(ends, unknown=f"{data_dir} has no {PRODUCERS_FILE} to tell whether it was aborted (a "
+                                      f"broker run with --metadata postgresql:// keeps it in PostgreSQL): read "
+                                      f"through the broker (kafka://HOST:PORT), or read every record with "
                                       f"isolationLevel=read_uncommitted")
     states, txns = ProducerStates(PRODUCER_STATES_MAX), PartitionTxns()
     snapshots = ProducerSnapshots.read_only(path)
