@@ -106,9 +106,10 @@ class Load:
                     self._confluent.produce(self.topic, value=f"{CONFLUENT}:{p}:{seq}".encode(), partition=p,
                                             on_delivery=functools.partial(delivered, partition=p, seq=seq))
             except KafkaException as e:
-                # A fatal error (an idempotent producer's sequence refused): it takes no more records.
+                # A fatal error (an idempotent producer's sequence refused): it takes no more records, and
+                # a flush of it raised a SystemError out of confluent-kafka's delivery callbacks here.
                 self._failed(f"confluent: the producer failed for good: {e.args[0]}")
-                break
+                return
             self._confluent.poll(0)
         remaining = self._confluent.flush(FLUSH_S_MAX)
         if remaining:
