@@ -68,9 +68,12 @@ class PartitionTxns:
             if not open_here:
                 del self._open[stream_id]
         if aborted is not None:
+            # Ordered by marker, so the same range recorded again (a replay) is found by bisection: a
+            # partition may keep many thousands.
             ranges = self._aborted.setdefault(stream_id, [])
-            if aborted not in ranges:
-                bisect.insort(ranges, aborted)
+            at = bisect.bisect_left(ranges, aborted)
+            if at == len(ranges) or ranges[at] != aborted:
+                ranges.insert(at, aborted)
 
     def marking(self, stream_id: int, lowest_offset: int) -> None:
         """A marker is being written to the stream at ``lowest_offset`` or above."""
