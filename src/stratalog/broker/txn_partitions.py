@@ -17,6 +17,7 @@ answers read_committed without asking the coordinator, wherever the coordinator 
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 from stratalog.kafka.control_batch import MarkerType
@@ -43,6 +44,9 @@ class PartitionTxns:
         self._open: dict[int, dict[int, int]] = {}
         #: Per stream, its aborted ranges by marker offset.
         self._aborted: dict[int, list[AbortedRange]] = {}
+        #: Per stream, the longest of its ranges (marker offset less first offset): a lookup stops at the
+        #: first range whose marker lies this far past the offsets asked (every later one begins after them).
+        self._span_max: dict[int, int] = {}
         #: Per stream, where each marker being written can land at the lowest: a snapshot of the open
         #: transactions must end below them until their ranges are durable (producer_recovery.py).
         self._marking: dict[int, list[int]] = {}
@@ -74,6 +78,8 @@ class PartitionTxns:
             at = bisect.bisect_left(ranges, aborted)
             if at == len(ranges) or ranges[at] != aborted:
                 ranges.insert(at, aborted)
+                span = aborted.last_offset - aborted.first_offset
+                self._span_max[stream_id] = max(self._span_max.get(stream_id, 0), span)
 
     def marking(self, stream_id: int, lowest_offset: int) -> None:
         """A marker is being written to the stream at ``lowest_offset`` or above."""
@@ -96,9 +102,17 @@ class PartitionTxns:
     def aborted_ranges(self, stream_id: int, from_offset: int, to_offset: int) -> list[AbortedRange]:
         """The aborted ranges of the stream that overlap ``[from_offset, to_offset)``."""
         ranges = self._aborted.get(stream_id, [])
-        # Ranges ordered by marker: those ending below from_offset are skipped by bisection.
+        # Ranges ordered by marker: those ending below from_offset are skipped by bisection, and the walk
+        # ends where a marker lies past to_offset by more than the longest range (none after begins before).
         at = bisect.bisect_left(ranges, AbortedRange(from_offset, -1, -1))
-        return [r for r in ranges[at:] if r.first_offset < to_offset]
+        stop_after = to_offset + self._span_max.get(stream_id, 0)
+        found = []
+        for r in itertools.islice(ranges, at, None):
+            if r.last_offset > stop_after:
+                break
+            if r.first_offset < to_offset:
+                found.append(r)
+        return found
 
     def open_first_offset(self, stream_id: int, producer_id: int) -> int:
         """Where the open transaction of ``producer_id`` began in the stream (-1: none open there)."""
@@ -130,11 +144,13 @@ class PartitionTxns:
             self._open[stream_id] = dict(open_txns)
         if aborted:
             self._aborted[stream_id] = sorted(aborted)
+            self._span_max[stream_id] = max(r.last_offset - r.first_offset for r in aborted)
 
     def forget(self, stream_id: int) -> None:
         """The stream is no longer led here, or deleted."""
         self._open.pop(stream_id, None)
         self._aborted.pop(stream_id, None)
+        self._span_max.pop(stream_id, None)
 
     def trimmed(self, stream_id: int, start_offset: int) -> bool:
         """Drop the ranges that end below the stream's start (retention or DeleteRecords took their records):
