@@ -90,27 +90,34 @@ class Load:
             self.failed.append(what)
 
     def _run_confluent(self) -> None:
-        def delivered(error: object, message: object, partition: int, seq: int) -> None:
+        from confluent_kafka import KafkaException
+
+        fatal: list[str] = []
+
+        def delivered(error: Any, message: object, partition: int, seq: int) -> None:
             if error is None:
                 self._acked(CONFLUENT, partition, seq)
             else:
                 self._failed(f"confluent {partition}:{seq}: {error}")
-
-        from confluent_kafka import KafkaException
+                if error.fatal():
+                    fatal.append(str(error))
 
         for seq in itertools.count():
-            if self._stop.wait(self.round_s):
+            if self._stop.wait(self.round_s) or fatal:
                 break
             try:
                 for p in range(self.partitions):
                     self._confluent.produce(self.topic, value=f"{CONFLUENT}:{p}:{seq}".encode(), partition=p,
                                             on_delivery=functools.partial(delivered, partition=p, seq=seq))
             except KafkaException as e:
-                # A fatal error (an idempotent producer's sequence refused): it takes no more records, and
-                # a flush of it raised a SystemError out of confluent-kafka's delivery callbacks here.
-                self._failed(f"confluent: the producer failed for good: {e.args[0]}")
-                return
+                fatal.append(str(e.args[0]))
+                break
             self._confluent.poll(0)
+        if fatal:
+            # A fatal error (an idempotent producer's sequence refused) ends the producer: it takes no more
+            # records, and confluent-kafka 2.16's flush of it raises a SystemError out of its callbacks.
+            self._failed(f"confluent: the producer failed for good: {fatal[0]}")
+            return
         remaining = self._confluent.flush(FLUSH_S_MAX)
         if remaining:
             self._failed(f"confluent: {remaining} records never answered")
