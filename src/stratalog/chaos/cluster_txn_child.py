@@ -114,6 +114,8 @@ class _Worker:
 
 
 class Loop(_Worker):
+    """librdkafka's consume-transform-produce loop from ``source`` into ``sink`` (the module's doc)."""
+
     def __init__(self, bootstrap: str, source: str, sink: str) -> None:
         super().__init__(bootstrap, LOOP_TXN_ID)
         self.source, self.sink = source, sink
@@ -186,6 +188,8 @@ class Loop(_Worker):
 
 
 class Aborter(_Worker):
+    """Transactions of a record into every partition of ``sink``, every ABORT_EVERY-th aborted."""
+
     def __init__(self, bootstrap: str, sink: str, partitions: int, first_txn: int) -> None:
         super().__init__(bootstrap, ABORTER_TXN_ID)
         self.sink, self.partitions, self.first_txn = sink, partitions, first_txn
