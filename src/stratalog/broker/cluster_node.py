@@ -375,6 +375,11 @@ class ClusterNode:
     async def _hand_off(self, broker: Broker, resource: Resource) -> None:
         """Hand a partition over once everything acknowledged for it is committed."""
         stream = self._served.pop(resource.name, None)   # from here on, produce answers NOT_LEADER
+        # Told to pass on a partition it was given but never gained (it has not loaded its producers): it
+        # hands it over as it found it, leaving the last holder's snapshot rows to the next one. Saving its
+        # own (none) would wipe them, and the next leader would refuse every producer's next batch as out
+        # of order and forget the partition's open transactions.
+        served_here = stream is not None
         if stream is None:
             stream = await asyncio.to_thread(broker.store.reload_stream, resource.name)
         # Appends of this partition queued for room before the line above must reach the engine first;
@@ -382,16 +387,18 @@ class ClusterNode:
         try:
             await asyncio.wait_for(broker.appender.drained(), self.config.handoff_wait_ms_max / 1000)
         except TimeoutError:
-            self._served[resource.name] = stream
+            if served_here:
+                self._served[resource.name] = stream
             log.warning("handoff of %s put off: appends queued before it still wait for room", resource.name)
             return
         await asyncio.to_thread(broker.store.flush)
-        entries = [e for e in broker.producers.entries() if e[1] == stream.stream_id]
-        open_txns = [t for t in broker.partition_txns.entries() if t[0] == stream.stream_id]
-        end = broker.partition_txns.snapshot_bound(
-            stream.stream_id, min(stream.end_offset, broker.settled_ends.get(stream.stream_id, stream.end_offset)))
-        await asyncio.to_thread(broker.producer_snapshots.save, entries, {stream.stream_id: end}, open_txns,
-                                partitions_only=True)
+        if served_here:
+            entries = [e for e in broker.producers.entries() if e[1] == stream.stream_id]
+            open_txns = [t for t in broker.partition_txns.entries() if t[0] == stream.stream_id]
+            end = broker.partition_txns.snapshot_bound(stream.stream_id, min(
+                stream.end_offset, broker.settled_ends.get(stream.stream_id, stream.end_offset)))
+            await asyncio.to_thread(broker.producer_snapshots.save, entries, {stream.stream_id: end}, open_txns,
+                                    partitions_only=True)
         try:
             hold = await asyncio.to_thread(self.cluster.release, resource)
         except NotHolderError as e:
