@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -11,17 +12,17 @@ from typing import Any
 
 import pytest
 
+from stratalog.bench.kafka_txn import READ_ROUNDS_MAX
+
 LATENCY_KEYS = {"p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max", "mean", "samples"}
 #: The whole run: three servers started and stopped, two latency sizes at 1 s, two throughput sizes, each
 #: waiting for stratalog's upload interval before its read from objects and after each of its own produce
 #: runs (recompressed, transactional, idempotent).
 RUN_TIMEOUT_S = 300
 #: stratalog's upload interval in the run: the waits for uploads follow it (5 s by default). Long enough
-#: that a transactional tail run of 2,000 messages is produced and read back four times (two rounds at
-#: each isolation level, about half a second each) before the next upload.
+#: that a transactional tail run of 2,000 messages is produced and read back in more than one round (a read
+#: at each isolation level, about half a second each) before the next upload.
 UPLOAD_INTERVAL_S = 5
-#: The transactional tail reads: kafka_txn.READ_ROUNDS at each isolation level.
-READ_ROUNDS = 2
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -157,11 +158,13 @@ def _assert_transactional_phases(txn: dict[str, Any], size: int) -> None:
     assert idempotent["producer_configs"] == {"enable.idempotence": True}
     tail = txn["consume_tail"]
     assert tail["from_log_cache"] is True, tail
+    rounds = len(tail["read_committed"]["reads"])
+    assert 2 <= rounds <= READ_ROUNDS_MAX, tail  # rounds go on while the upload interval leaves room
     for level in ("read_uncommitted", "read_committed"):
         read = tail[level]
         assert read["isolation_level"] == level and read["ok"] and read["messages"] == 2000, read
-        assert [x["messages"] for x in read["reads"]] == [2000] * READ_ROUNDS, read
-        assert read["msg_per_s"] == max(x["msg_per_s"] for x in read["reads"])
+        assert [(x["isolation_level"], x["messages"]) for x in read["reads"]] == [(level, 2000)] * rounds, read
+        assert read["msg_per_s"] == statistics.median(x["msg_per_s"] for x in read["reads"])
 
 
 def test_the_upload_waits_and_the_tail_run_follow_the_broker_config(tmp_path: Path) -> None:

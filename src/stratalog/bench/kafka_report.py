@@ -198,16 +198,18 @@ def transactional_table(doc: dict[str, Any]) -> FigureTable:
     sizes = [r for p in doc["peers"] if p["status"] == "ran" for r in p["throughput"]
              if "commit_interval_ms" in r.get("transactional", {})]
     interval = f"{sizes[0]['transactional']['commit_interval_ms']:g} ms" if sizes else "-"
-    rounds = max((len(r["transactional"].get("consume_tail", {}).get("read_committed", {}).get("reads", []))
-                  for r in sizes), default=0)
+    counts = sorted({len(r["transactional"].get("consume_tail", {}).get("read_committed", {}).get("reads", []))
+                     for r in sizes})
+    reads = "-" if not counts else str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]} to {counts[-1]}"
     out = FigureTable(
         f"Transactions: the plain throughput producers, each with a transactional.id, a transaction committed "
         f"every {interval} (librdkafka's commit_transaction first flushes: waits for every message of it to be "
         "acknowledged; the time in each part is the share of the producers' time); idempotent: the same producers "
         "with enable.idempotence=true and no transactions. CPU: the producer processes' (librdkafka's threads "
         "included) and the broker's CPU time over each run, per message. Tail read: a transactional run of at most "
-        "half the broker's upload threshold read back at once at each isolation level, the faster of "
-        f"{rounds} reads each (read in the order ABBA)", TXN_HEADS, left=("peer", "size", "note"))
+        "half the broker's upload threshold read back at once at each isolation level, in rounds (the order "
+        "alternating) while one more ends before the broker's upload interval: each level's rate is the median "
+        f"of its reads ({reads} each)", TXN_HEADS, left=("peer", "size", "note"))
     for peer in doc["peers"]:
         if peer["status"] != "ran":
             continue

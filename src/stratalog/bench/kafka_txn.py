@@ -23,6 +23,7 @@ transactions against its own plain phases (their results say so instead of holdi
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from stratalog.bench.kafka import (
     last_object_id,
     process_cpu_s,
     produce_throughput,
+    store_setting,
     summarize_ms,
     throughput_producer_config,
     with_server_cpu,
@@ -55,10 +57,15 @@ COMMIT_INTERVAL_S = 0.1
 COMMIT_CHECK_EVERY = 256
 #: The two consumers of the tail read, as librdkafka's isolation.level values.
 ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
-#: Tail reads at each isolation level, in the order ABBA, the faster kept: a read lasts about half a second
-#: here and one stall of the shared disk or CPU moves it by tens of percent; two rounds (four reads) still
-#: end well within the broker's 5 s upload interval, so every read comes from the log cache.
-READ_ROUNDS = 2
+#: The tail is read in rounds, one read at each isolation level per round, the order alternating (ABBA...),
+#: each level's figure the median of its reads: a read's timed part lasts 0.05-0.5 s here and one stall of
+#: the shared CPUs or disk moves it by tens of percent (2x between two reads of the same level, seen).
+#: Another round starts only if it can end before the broker's upload interval since the tail run's first
+#: append (less READ_MARGIN_S), so that every read comes from the log cache: at least one round, and at
+#: most this many.
+READ_ROUNDS_MAX = 5
+#: Left of the upload interval when rounds stop: about a round's length, which varies by as much.
+READ_MARGIN_S = 1.0
 #: The idempotent reference producers' settings beside the plain ones: a transactional producer's, less
 #: its transactional.id.
 IDEMPOTENT_CONFIGS = {"enable.idempotence": True}
@@ -196,37 +203,52 @@ def produce_idempotent(server: Server, topic: str, size: int, count: int, plan: 
     return {**result, "topic": topic, "producer_configs": IDEMPOTENT_CONFIGS}
 
 
-def read_both_levels(server: Server, topic: str, size: int, count: int, bar: Any) -> dict[str, dict[str, Any]]:
-    """``topic`` read from the start READ_ROUNDS times at each isolation level (ABBA); per level, the
-    fastest read with every read kept, or the first that fell short."""
+def read_both_levels(server: Server, topic: str, size: int, count: int, deadline_s: float,
+                     bar: Any) -> dict[str, dict[str, Any]]:
+    """``topic`` read from the start at each isolation level, in rounds (ABBA...) while another round ends
+    before ``deadline_s`` (time.monotonic), READ_ROUNDS_MAX at most; per level, the median of its reads."""
     reads: dict[str, list[dict[str, Any]]] = {level: [] for level in ISOLATION_LEVELS}
-    for round_index in range(READ_ROUNDS):
-        order = ISOLATION_LEVELS if round_index % 2 == 0 else ISOLATION_LEVELS[::-1]
-        for level in order:
+    round_s = 0.0
+    for round_index in range(READ_ROUNDS_MAX):
+        if round_index and time.monotonic() + round_s > deadline_s:
+            break
+        began_s = time.monotonic()
+        for level in ISOLATION_LEVELS if round_index % 2 == 0 else ISOLATION_LEVELS[::-1]:
             try:
                 reads[level].append(kafka_consume_throughput(server.address, topic, size, count, bar.advance,
                                                              level))
             except Exception as e:
                 reads[level].append({"error": f"{type(e).__name__}: {e}", "isolation_level": level})
-    out = {}
-    for level, runs in reads.items():
-        short = [r for r in runs if not r.get("ok")]
-        chosen = short[0] if short else max(runs, key=lambda r: r["msg_per_s"])
-        out[level] = {**chosen, "reads": runs, "chosen": "a read that fell short" if short else
-                      f"the fastest of {len(runs)}"}
-    return out
+        round_s = time.monotonic() - began_s
+    return {level: _median_read(level, runs) for level, runs in reads.items()}
+
+
+def _median_read(level: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One level's reads as one figure: the median rate of reads that each took every message, or the
+    first read that fell short (then the level has no rate to compare)."""
+    short = [r for r in runs if not r.get("ok")]
+    if short:
+        return {**short[0], "reads": runs, "summary": "a read fell short"}
+    return {"isolation_level": level, "messages": runs[0]["messages"], "expected": runs[0]["expected"],
+            "ok": True, "errors": [], "msg_per_s": statistics.median(r["msg_per_s"] for r in runs),
+            "mb_per_s": statistics.median(r["mb_per_s"] for r in runs), "reads": runs,
+            "summary": f"the median of {len(runs)} reads"}
 
 
 def _tail_reads(server: Server, topic: str, size: int, produced: dict[str, Any], mark: int | None,
-                bar: Any) -> dict[str, Any]:
-    """The committed messages of ``topic`` read at both levels right after they were written; whether no
-    upload ran since ``mark`` (taken before the writes): then every read came from the log cache."""
+                plan: KafkaBenchPlan, bar: Any) -> dict[str, Any]:
+    """The committed messages of ``topic``, written by the produce run that just returned, read at both
+    levels; whether no upload ran since ``mark`` (taken before the writes): then every read came from the
+    log cache."""
+    # The broker uploads once its oldest entry is upload_interval_s old: that entry is the run's first.
+    first_append_s = time.monotonic() - produced.get("seconds", 0.0)
+    deadline_s = first_append_s + float(store_setting(plan.broker_config, "upload_interval_s")) - READ_MARGIN_S
     count = produced.get("committed", 0)
     if not count:
         return {"error": "nothing was committed"}
     bar.phase(f"{server.name}: consume {count:,} x {size:,} B of transactions from the tail, "
               f"{' and '.join(ISOLATION_LEVELS)}")
-    out: dict[str, Any] = read_both_levels(server, topic, size, count, bar)
+    out: dict[str, Any] = read_both_levels(server, topic, size, count, deadline_s, bar)
     out["from_log_cache"] = last_object_id(server) == mark
     return out
 
@@ -247,12 +269,13 @@ def transactional_phases(server: Server, plan: KafkaBenchPlan, size: int, bar: A
     if not shared:
         bar.phase(f"{server.name}: transactional tail run, produce {tail_count:,} x {size:,} B")
         out["tail_run"]["produce"] = produce_transactional(server, tail_topic, size, tail_count, plan, bar)
-        out["consume_tail"] = _tail_reads(server, tail_topic, size, out["tail_run"]["produce"], mark, bar)
+        out["consume_tail"] = _tail_reads(server, tail_topic, size, out["tail_run"]["produce"], mark, plan,
+                                          bar)
     bar.phase(f"{server.name}: produce {messages:,} x {size:,} B in transactions, committed every "
               f"{COMMIT_INTERVAL_S * 1000:g} ms, {plan.producers} producers")
     out["produce"] = produce_transactional(server, f"txn-{size}", size, messages, plan, bar)
     if shared:
-        out["consume_tail"] = _tail_reads(server, tail_topic, size, out["produce"], mark, bar)
+        out["consume_tail"] = _tail_reads(server, tail_topic, size, out["produce"], mark, plan, bar)
     bar.phase(f"{server.name}: waiting for the upload ({plan.upload_wait_s:g} s at most)")
     await_upload(server, plan.upload_wait_s)
     bar.phase(f"{server.name}: produce {messages:,} x {size:,} B, idempotent, no transactions")
