@@ -62,8 +62,8 @@ import struct
 from dataclasses import dataclass
 
 from stratalog.invariant import invariant
-from stratalog.kafka.codec import FRAME_SIZE, KafkaProtocolError
-from stratalog.kafka.records import INT16_MAX
+from stratalog.kafka.codec import FRAME_SIZE
+from stratalog.kafka.own_fields import I8, I16, I32, I64, FieldReader, framed, put_string
 
 #: The next of the broker's own keys (kafka/staged_commit.py has 32000 and 32001).
 API_KEY = 32_002
@@ -78,7 +78,6 @@ RANGES_MAX = 20_000
 #: Kafka's longest topic name (ASCII): a longer one names no topic.
 TOPIC_NAME_BYTES_MAX = 249
 
-_I8, _I16, _I32, _I64 = struct.Struct(">b"), struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _HEADER_V1 = struct.Struct(">hhi")
 #: The fewest bytes a topic, a wanted partition, a partition's answer and a range take.
 _TOPIC_BYTES_MIN = 2 + 4
@@ -141,81 +140,10 @@ class AbortedRangesResponse:
     throttle_time_ms: int = 0
 
 
-class _Reader:
-    """Fields from ``data`` at ``at`` onwards; KafkaProtocolError for any that does not fit or is not one."""
-
-    def __init__(self, data: bytes | memoryview, at: int) -> None:
-        self.data = memoryview(data)
-        self.at = at
-
-    def left(self) -> int:
-        return len(self.data) - self.at
-
-    def fixed(self, fmt: struct.Struct) -> int:
-        if self.left() < fmt.size:
-            raise KafkaProtocolError(f"{API_NAME}: the frame ends inside a field at byte {self.at}")
-        (value,) = fmt.unpack_from(self.data, self.at)
-        self.at += fmt.size
-        return int(value)
-
-    def flag(self) -> bool:
-        value = self.fixed(_I8)
-        if value not in (0, 1):
-            raise KafkaProtocolError(f"{API_NAME}: a flag of {value} at byte {self.at - 1} (0 or 1)")
-        return value == 1
-
-    def nullable_string(self) -> str | None:
-        length = self.fixed(_I16)
-        return None if length == -1 else self._text(length, INT16_MAX)
-
-    def string(self, bytes_max: int) -> str:
-        return self._text(self.fixed(_I16), bytes_max)
-
-    def _text(self, length: int, bytes_max: int) -> str:
-        if length < 0 or length > self.left() or length > bytes_max:
-            raise KafkaProtocolError(f"{API_NAME}: a string of {length} bytes at byte {self.at} (bytes left: "
-                                     f"{self.left()}, at most {bytes_max})")
-        raw = bytes(self.data[self.at:self.at + length])
-        self.at += length
-        try:
-            return raw.decode()
-        except UnicodeDecodeError as e:
-            raise KafkaProtocolError(f"{API_NAME}: a string that is not UTF-8 ({e})") from None
-
-    def count(self, entry_bytes_min: int, what: str, count_max: int) -> int:
-        """An array's count: refused beyond ``count_max`` or beyond what the bytes left can hold, before the
-        caller makes anything of it."""
-        n = self.fixed(_I32)
-        if n > count_max:
-            raise KafkaProtocolError(f"{API_NAME}: {n} {what}; at most {count_max}")
-        if n < 0 or n * entry_bytes_min > self.left():
-            raise KafkaProtocolError(f"{API_NAME}: {n} {what} cannot fit the {self.left()} bytes left")
-        return n
-
-    def end(self) -> None:
-        if self.left():
-            raise KafkaProtocolError(f"{API_NAME}: {self.left()} bytes after the body, at byte {self.at}")
-
-
-def _string(out: bytearray, value: str | None) -> None:
-    if value is None:
-        out += _I16.pack(-1)
-        return
-    raw = value.encode()
-    if len(raw) > INT16_MAX:
-        raise ValueError(f"a string of {len(raw)} bytes does not fit an int16 length")
-    out += _I16.pack(len(raw)) + raw
-
-
-def _framed(out: bytearray) -> bytes:
-    FRAME_SIZE.pack_into(out, 0, len(out) - FRAME_SIZE.size)
-    return bytes(out)
-
-
 def _topic_name(out: bytearray, name: str) -> None:
     # Paired with the reader's bound: a name no topic can have never goes out (the caller's bug).
     invariant(len(name.encode()) <= TOPIC_NAME_BYTES_MAX, f"topic name {name[:40]!r}... longer than a topic's")
-    _string(out, name)
+    put_string(out, name)
 
 
 # The request ------------------------------------------------------------------------------------------
@@ -227,27 +155,27 @@ def encode_request(correlation_id: int, client_id: str | None, request: AbortedR
               f"{request.partitions} partitions in one {API_NAME} request; at most {PARTITIONS_MAX}")
     out = bytearray(FRAME_SIZE.size)
     out += _HEADER_V1.pack(API_KEY, VERSION, correlation_id)
-    _string(out, client_id)
-    out += _I32.pack(len(request.topics))
+    put_string(out, client_id)
+    out += I32.pack(len(request.topics))
     for name, partitions in request.topics:
         _topic_name(out, name)
-        out += _I32.pack(len(partitions))
+        out += I32.pack(len(partitions))
         for p in partitions:
-            out += _I32.pack(p.partition) + _I64.pack(p.from_offset) + _I64.pack(p.to_offset)
-    return _framed(out)
+            out += I32.pack(p.partition) + I64.pack(p.from_offset) + I64.pack(p.to_offset)
+    return framed(out)
 
 
 def decode_request_body(frame: bytes | memoryview, at: int) -> AbortedRangesRequest:
     """The request body starting at byte ``at`` of ``frame`` and ending with it; KafkaProtocolError for
     bytes that are not one, or for a request beyond PARTITIONS_MAX."""
-    r = _Reader(frame, at)
+    r = FieldReader(frame, at, API_NAME)
     topics = []
     left = PARTITIONS_MAX   # partitions the rest of the request may still name
     for _ in range(r.count(_TOPIC_BYTES_MIN, "topics", PARTITIONS_MAX)):
         name = r.string(TOPIC_NAME_BYTES_MAX)
         count = r.count(_WANTED_BYTES, f"partitions of {name!r} (of {PARTITIONS_MAX} in all)", left)
         left -= count
-        partitions = tuple(WantedPartition(r.fixed(_I32), r.fixed(_I64), r.fixed(_I64)) for _ in range(count))
+        partitions = tuple(WantedPartition(r.fixed(I32), r.fixed(I64), r.fixed(I64)) for _ in range(count))
         topics.append((name, partitions))
     r.end()
     return AbortedRangesRequest(tuple(topics))
@@ -263,27 +191,27 @@ def encode_response(correlation_id: int, response: AbortedRangesResponse) -> byt
     invariant(partitions <= PARTITIONS_MAX and len(response.topics) <= PARTITIONS_MAX and ranges <= RANGES_MAX,
               f"a {API_NAME} response of {partitions} partitions and {ranges} ranges")
     out = bytearray(FRAME_SIZE.size)
-    out += _I32.pack(correlation_id) + _I32.pack(response.throttle_time_ms) + _I16.pack(response.error_code)
-    _string(out, response.error_message)
-    out += _I32.pack(len(response.topics))
+    out += I32.pack(correlation_id) + I32.pack(response.throttle_time_ms) + I16.pack(response.error_code)
+    put_string(out, response.error_message)
+    out += I32.pack(len(response.topics))
     for name, answers in response.topics:
         _topic_name(out, name)
-        out += _I32.pack(len(answers))
+        out += I32.pack(len(answers))
         for p in answers:
-            out += (_I32.pack(p.partition) + _I16.pack(p.error_code) + _I64.pack(p.last_stable_offset)
-                    + _I8.pack(1 if p.more else 0) + _I32.pack(len(p.ranges)))
+            out += (I32.pack(p.partition) + I16.pack(p.error_code) + I64.pack(p.last_stable_offset)
+                    + I8.pack(1 if p.more else 0) + I32.pack(len(p.ranges)))
             for r in p.ranges:
-                out += _I64.pack(r.producer_id) + _I64.pack(r.first_offset) + _I64.pack(r.last_offset)
-    return _framed(out)
+                out += I64.pack(r.producer_id) + I64.pack(r.first_offset) + I64.pack(r.last_offset)
+    return framed(out)
 
 
 def decode_response(frame: bytes | memoryview) -> tuple[int, AbortedRangesResponse]:
     """(correlation id, response) of a response frame without its size; KafkaProtocolError for bytes that
     are not one, or for a response beyond PARTITIONS_MAX or RANGES_MAX."""
-    r = _Reader(frame, 0)
-    correlation_id = r.fixed(_I32)
-    throttle_ms = r.fixed(_I32)
-    error_code = r.fixed(_I16)
+    r = FieldReader(frame, 0, API_NAME)
+    correlation_id = r.fixed(I32)
+    throttle_ms = r.fixed(I32)
+    error_code = r.fixed(I16)
     message = r.nullable_string()
     topics = []
     partitions_left, ranges_left = PARTITIONS_MAX, RANGES_MAX
@@ -293,11 +221,11 @@ def decode_response(frame: bytes | memoryview) -> tuple[int, AbortedRangesRespon
         partitions_left -= count
         answers = []
         for _ in range(count):
-            partition, code, stable, more = r.fixed(_I32), r.fixed(_I16), r.fixed(_I64), r.flag()
+            partition, code, stable, more = r.fixed(I32), r.fixed(I16), r.fixed(I64), r.flag()
             ranges = []
             for _ in range(r.count(_RANGE_BYTES, f"ranges (of {RANGES_MAX} in all)", ranges_left)):
-                producer_id, first = r.fixed(_I64), r.fixed(_I64)
-                ranges.append(AbortedTxn(r.fixed(_I64), producer_id, first))
+                producer_id, first = r.fixed(I64), r.fixed(I64)
+                ranges.append(AbortedTxn(r.fixed(I64), producer_id, first))
             ranges_left -= len(ranges)
             answers.append(PartitionRanges(partition, code, stable, more, tuple(ranges)))
         topics.append((name, tuple(answers)))
