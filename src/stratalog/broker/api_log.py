@@ -73,7 +73,7 @@ async def produce(broker: Broker, request: Request, session: Session) -> Prebuil
         return _produce_response(request, [ProduceTopicResult(name, [
             ProducePartitionResult(index, error, error_message=message) for index, _ in partitions])
             for name, partitions in body.topics])
-    unverified = await _verify_first_batches(broker, body) if body.transactional_id is not None else {}
+    unverified = await _verify_first_batches(broker, body)
     pending: list[tuple[ProducePartitionResult, asyncio.Future[int], Any]] = []
     topics = []
     for name, partitions in body.topics:

@@ -30,7 +30,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -73,20 +73,23 @@ OPEN_STATES = frozenset((TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PRE
 COORDINATOR_EPOCH = 0
 
 
-def _answering_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def _answering_errors(shape: Callable[[ErrorCode], Any] = lambda error: error,
+                      ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
     """A transaction API whose database is out of reach (COORDINATOR_NOT_AVAILABLE) or whose id this broker
     no longer holds (a cluster's move, found by the fence: NOT_COORDINATOR) answers the error clients retry
-    by finding the coordinator again, in the method's own shape (InitProducerId's with no producer)."""
-    @functools.wraps(method)
-    async def answered(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await method(*args, **kwargs)
-        except (ClusterError, MetadataUnavailableError) as e:
-            log.warning("%s answered with a retriable error: %s", method.__name__, e)
-            error = ErrorCode.not_coordinator if isinstance(e, ClusterError) else ErrorCode.coordinator_not_available
-            shaped = (error, -1, -1) if method.__name__ == "init_producer_id" else error
-            return shaped  # type: ignore[return-value]
-    return answered
+    by finding the coordinator again, as ``shape`` makes it the method's answer."""
+    def decorate(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(method)
+        async def answered(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return await method(*args, **kwargs)
+            except (ClusterError, MetadataUnavailableError) as e:
+                log.warning("%s answered with a retriable error: %s", method.__name__, e)
+                retriable = ErrorCode.not_coordinator if isinstance(e, ClusterError) \
+                    else ErrorCode.coordinator_not_available
+                return shape(retriable)  # type: ignore[no-any-return]
+        return answered
+    return decorate
 
 
 class Transactions:
@@ -206,7 +209,7 @@ class Transactions:
 
     # The APIs ----------------------------------------------------------------------------------------
 
-    @_answering_errors
+    @_answering_errors(lambda error: (error, -1, -1))   # InitProducerId's answer with no producer
     async def init_producer_id(self, txn_id: str, timeout_ms: int, producer_id: int,
                                producer_epoch: int) -> tuple[ErrorCode, int, int]:
         if not self._here(txn_id):
@@ -232,7 +235,7 @@ class Transactions:
             await self._save(fresh)
             return ErrorCode.none, fresh.producer_id, fresh.producer_epoch
 
-    @_answering_errors
+    @_answering_errors()
     async def add_partitions(self, txn_id: str, producer_id: int, producer_epoch: int,
                              partitions: list[tuple[str, int]]) -> ErrorCode:
         """AddPartitionsToTxn for partitions that exist (the caller answers the others)."""
@@ -246,7 +249,7 @@ class Transactions:
                 await self._save(outcome.txn)
             return outcome.error
 
-    @_answering_errors
+    @_answering_errors()
     async def add_offsets(self, txn_id: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
         if not self._here(txn_id):
             return ErrorCode.not_coordinator
@@ -257,7 +260,7 @@ class Transactions:
                 await self._save(outcome.txn)
             return outcome.error
 
-    @_answering_errors
+    @_answering_errors()
     async def offset_commit(self, txn_id: str, producer_id: int, producer_epoch: int, group_id: str,
                             offsets: tuple[PendingOffset, ...]) -> ErrorCode:
         """TxnOffsetCommit, at the group's coordinator: kept in the transaction's state if this broker
@@ -271,7 +274,7 @@ class Transactions:
                 await self._save(outcome.txn)
             return outcome.error
 
-    @_answering_errors
+    @_answering_errors()
     async def end_txn(self, txn_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:
         if not self._here(txn_id):
             return ErrorCode.not_coordinator
@@ -307,7 +310,7 @@ class Transactions:
             return ErrorCode.none
         return produce_refusal(txn, producer_id, producer_epoch, topic, partition)
 
-    @_answering_errors
+    @_answering_errors()
     async def verify(self, txn_id: str, producer_id: int, producer_epoch: int, topic: str,
                      partition: int) -> ErrorCode:
         """A broker of a cluster, before the first batch of a transaction in a partition it leads: the rule of
@@ -358,9 +361,12 @@ class Transactions:
                                  txn.transactional_id) for p in txn.partitions]
         # Led elsewhere: the partition exists and is not served here. (A deleted topic's marker is "written"
         # here: write_marker ends nothing there.)
-        elsewhere = [m for m in markers if self._in_cluster and broker.partition(m.topic, m.partition) is None
-                     and broker.topics.get(m.topic) is not None]
-        here = [m for m in markers if m not in elsewhere]
+        here: list[MarkerRequest] = []
+        elsewhere: list[MarkerRequest] = []
+        for m in markers:
+            led_elsewhere = self._in_cluster and broker.partition(m.topic, m.partition) is None \
+                and broker.topics.get(m.topic) is not None
+            (elsewhere if led_elsewhere else here).append(m)
         await asyncio.gather(*(write_marker(broker, m.topic, m.partition, m.producer_id, m.producer_epoch, kind,
                                             m.coordinator_epoch) for m in here),
                              *([broker.ownership.deliver_markers(elsewhere)] if elsewhere else []))
