@@ -485,6 +485,16 @@ def throughput_producer_config(bootstrap: str, on_delivery: Callable[[Any, Any],
             "on_delivery": on_delivery}
 
 
+def produce_queued(producer: Any, topic: str, payload: bytes) -> None:
+    """``producer.produce``, waiting while the client's queue is full for acknowledgements to drain it."""
+    while True:
+        try:
+            producer.produce(topic, payload)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
 def kafka_producer_main(bootstrap: str, topic: str, configs: dict[str, Any], size: int, count: int, index: int,
                         progress: Any, ready: Any, go: Any, results: Any) -> None:
     """One throughput producer process: acks=all, librdkafka batching, ``count`` messages; ``configs``
@@ -515,12 +525,7 @@ def kafka_producer_main(bootstrap: str, topic: str, configs: dict[str, Any], siz
     go.wait()
     start_s, start_cpu_s = time.monotonic(), process_cpu_s()
     for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, payload)
-                break
-            except BufferError:  # the client's queue is full: let acknowledgements drain it
-                producer.poll(0.01)
+        produce_queued(producer, topic, payload)
         if i % 10_000 == 0:
             producer.poll(0)
             progress[index] = acked[0]

@@ -40,6 +40,7 @@ from stratalog.bench.kafka import (
     kafka_producer_main,
     last_object_id,
     process_cpu_s,
+    produce_queued,
     produce_throughput,
     store_setting,
     summarize_ms,
@@ -136,12 +137,7 @@ def kafka_txn_producer_main(bootstrap: str, topic: str, size: int, count: int, i
     opened_at = 0  # the index of the open transaction's first message
     going = True
     for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, payload)
-                break
-            except BufferError:  # the client's queue is full: let acknowledgements drain it
-                producer.poll(0.01)
+        produce_queued(producer, topic, payload)
         if i % 10_000 == 0:
             producer.poll(0)
             progress[index] = acked[0]
