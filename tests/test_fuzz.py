@@ -4,6 +4,7 @@ a planted bug is found, and the codec's two findings stay fixed."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import re
 import subprocess
@@ -16,11 +17,11 @@ from click.testing import CliRunner
 
 from stratalog.chaos.fuzz import FuzzConfig, TargetFigures, run_target
 from stratalog.chaos.fuzz_selftest import PLANTED_PREFIX
-from stratalog.chaos.fuzz_targets import find_target, registry
+from stratalog.chaos.fuzz_targets import TARGET_MODULES, find_target, registry, selftest_registry, target_names
 from stratalog.cli import cli
 from stratalog.kafka.codec import KafkaProtocolError, decode_request
 
-TARGETS = list(registry())
+TARGETS = target_names()
 #: Each target in the run below stops after this many inputs, its seeds included, or its seeds and
 #: EXECUTIONS_MIN more where it has more seeds (the Kafka request target: one or more per version served):
 #: most run thousands of inputs a second, so the child's start (about 2 s of instrumented imports) is most
@@ -66,6 +67,23 @@ def test_every_seed_keeps_the_contract(name: str) -> None:
     for seed in target.seeds():
         with contextlib.suppress(*target.contract):
             target.run(seed)
+
+
+def test_each_module_defines_the_targets_the_table_names() -> None:
+    for module, names in TARGET_MODULES.items():
+        defined = importlib.import_module(f"stratalog.chaos.{module}").TARGETS
+        assert tuple(t.name for t in defined) == names, module
+    assert list(registry()) == TARGETS and list(selftest_registry()) == ["selftest_exception", "selftest_allocation"]
+    assert find_target("wal_recovery").name == "wal_recovery"
+    with pytest.raises(KeyError, match="no fuzz target 'nope'; there are: kafka_request"):
+        find_target("nope")
+
+
+def test_a_fuzzing_child_imports_only_its_targets_module() -> None:
+    code = ("import sys; from stratalog.chaos.fuzz_targets import find_target; find_target('wal_object'); "
+            "print(sorted(m for m in sys.modules if m.startswith('stratalog.chaos.fuzz_')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "['stratalog.chaos.fuzz_targets', 'stratalog.chaos.fuzz_wal']"
 
 
 def test_the_docs_table_lists_exactly_the_registered_targets() -> None:
