@@ -63,7 +63,8 @@ QUEUE_STORE_TESTS := tests/test_queue_store.py tests/test_queue_stateful.py test
 # The compiled core under AddressSanitizer and UndefinedBehaviorSanitizer: built apart (build/sanitize) and
 # loaded by the interpreter with gcc's sanitizer runtimes preloaded and Python's own allocator off
 # (PYTHONMALLOC=malloc, so every buffer a test hands the core has ASan's red zones around it); then the
-# twin tests and the fuzz targets that reach native code. Any report stops the run. (gcc's runtime takes
+# twin tests (a quarter of each property's examples: tests/examples.py says why) and the fuzz targets
+# that reach native code. Any report stops the run. (gcc's runtime takes
 # over libFuzzer's coverage hooks, so here the fuzz targets mutate their seeds unguided; test_fuzz.py runs
 # the same targets coverage-guided on the unsanitized build.)
 SANITIZED := build/sanitize
@@ -73,7 +74,7 @@ sanitize: $(STAMP)
 	find $(SANITIZED)/src -name '*.so' -delete
 	cd $(SANITIZED) && STRATALOG_SANITIZE=1 $(abspath $(BIN))/python setup.py --quiet build_ext --inplace
 	export LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
-	  PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  PYTHONMALLOC=malloc STRATALOG_TEST_EXAMPLES_SHARE=0.25 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  PYTHONPATH=$(SANITIZED)/src; \
 	$(BIN)/python -c "from stratalog.native import native; assert native is not None and native.__file__.startswith('$(abspath $(SANITIZED))'), native" && \
 	$(BIN)/pytest -q -p no:randomly -p no:cacheprovider tests/test_native_twins.py tests/test_kafka_record_check.py tests/test_record_index.py \

@@ -14,6 +14,7 @@ from kio.index import load_request_schema
 from kio.serial import entity_reader
 from kio.static.primitive import Records, i16, i32, i32Timedelta
 
+from examples import examples
 from stratalog.kafka.codec import KafkaProtocolError, decode_request, encode_request
 from stratalog.kafka.produce_request import (
     HEADER_PREFIX_BYTES,
@@ -53,7 +54,7 @@ def as_kio_reads_it(frame: bytes, version: int) -> tuple[str | None, ProduceBody
     return header.client_id, ProduceBody(body.transactional_id, body.acks, timeout_ms, topics)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(version=st.sampled_from(VERSIONS), client_id=st.none() | st.text(max_size=20),
        transactional_id=st.none() | st.text(max_size=20), acks=st.integers(-(1 << 15), (1 << 15) - 1),
        timeout_ms=st.integers(-(1 << 31), (1 << 31) - 1), topics=TOPICS)
@@ -68,7 +69,7 @@ def test_every_version_reads_as_kio_reads_it(version: int, client_id: str | None
     assert decode_produce(frame + b"\x00\x01\x02", version >= FLEXIBLE_FROM) == read   # bytes after it ignored
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(version=st.sampled_from(VERSIONS), topics=TOPICS.filter(bool), data=st.data())
 def test_a_frame_cut_short_is_refused(version: int, topics: list[tuple[str, list[tuple[int, bytes | None]]]],
                                       data: st.DataObject) -> None:

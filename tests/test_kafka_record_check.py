@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from stratalog.kafka.record_check import check_records
 from stratalog.kafka.records import (
     CRC_COVERS_FROM_POSITION,
@@ -96,7 +97,7 @@ def test_a_header_key_that_is_not_utf8_is_refused() -> None:
         check(resign(batch))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(st.tuples(st.none() | st.binary(max_size=70), st.none() | st.binary(max_size=200),
                           st.lists(st.tuples(st.text(max_size=5), st.none() | st.binary(max_size=5)), max_size=3),
                           st.integers(0, 10**6)), min_size=1, max_size=8),

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kio.serial import entity_reader
 
 from bytekit import MUTATIONS, mutated
+from examples import examples
 from stratalog import _native
 from stratalog.chaos.fuzz_kafka import produce_seeds, request_seeds, sample_entity
 from stratalog.engine.batch import BATCH_HEADER_BYTES
@@ -65,7 +66,7 @@ def records_part(records: list[tuple[bytes | None, bytes | None, list[tuple[str,
     return encode_batch([(k, v, tuple(h), ts) for k, v, h, ts in records], base_offset=0)[RECORDS_POSITION:]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(records=RECORDS)
 def test_valid_records_walk_to_the_same_end(
         records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]) -> None:
@@ -73,7 +74,7 @@ def test_valid_records_walk_to_the_same_end(
     assert same_walk(data, 0, len(records)) == ("returned", len(data))
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(records=RECORDS, mutations=MUTATIONS, cut=st.integers(0, 1 << 16), count_change=st.integers(-2, 2))
 def test_damaged_records_fail_alike(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]],
                                                        int]],
@@ -84,7 +85,7 @@ def test_damaged_records_fail_alike(records: list[tuple[bytes | None, bytes | No
     same_walk(bytes(data), 0, len(records) + count_change)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(data=st.binary(max_size=200), position=st.integers(0, 210), count=st.integers(-1, 20))
 def test_any_bytes_fail_alike(data: bytes, position: int, count: int) -> None:
     same_walk(data, position, count)
@@ -147,7 +148,7 @@ def same_outcome(python: Callable[..., object], compiled: Callable[..., object],
     return expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(records=RECORDS, append=st.none() | st.integers(-(1 << 63), (1 << 63) - 1),
        base=st.integers(-(1 << 63), (1 << 63) - 1))
 def test_kafka_indexes_are_the_same(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]],
@@ -169,7 +170,7 @@ def gapped_part(records: list[tuple[bytes | None, bytes | None, list[tuple[str, 
     return batch[RECORDS_POSITION:], len(chosen), len(records) - 1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(records=RECORDS, kept=st.lists(st.booleans(), min_size=12, max_size=12),
        append=st.none() | st.integers(-(1 << 63), (1 << 63) - 1), base=st.integers(-(1 << 63), (1 << 63) - 1))
 def test_compacted_kafka_indexes_are_the_same(
@@ -181,7 +182,7 @@ def test_compacted_kafka_indexes_are_the_same(
     same_outcome(index_kafka_records, _native.index_kafka_records, data, 0, count, last, base, append)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(records=RECORDS, kept=st.lists(st.booleans(), min_size=12, max_size=12), mutations=MUTATIONS,
        count_change=st.integers(-3, 2), span_change=st.integers(-3, 3), position=st.integers(-1, 3))
 def test_damaged_kafka_records_index_alike(
@@ -205,7 +206,7 @@ NATIVE_RECORDS = st.lists(st.builds(
     min_size=1, max_size=12)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(records=NATIVE_RECORDS, mutations=st.lists(MUTATIONS, max_size=1), count_change=st.integers(-3, 2),
        start=st.integers(-1, 30), end_change=st.integers(-3, 3))
 def test_native_indexes_are_the_same_whole_or_damaged(records: list[NewRecord],
@@ -217,7 +218,7 @@ def test_native_indexes_are_the_same_whole_or_damaged(records: list[NewRecord],
                  len(data) + end_change, len(records) + count_change)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(data=st.binary(max_size=200), position=st.integers(-1, 210), end=st.integers(-1, 210), count=st.integers(-1, 12))
 def test_any_bytes_index_alike(data: bytes, position: int, end: int, count: int) -> None:
     same_outcome(index_native_records, _native.index_native_records, data, position, end, count)
@@ -231,7 +232,7 @@ ROWS = st.lists(st.tuples(st.none() | st.binary(max_size=30), st.binary(max_size
                           st.integers(-(1 << 63), (1 << 63) - 1)), max_size=10)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(rows=ROWS, gaps=st.lists(st.integers(0, 40), min_size=10, max_size=10), damage=st.sampled_from(
     ["none", "key_start", "key_bytes", "value_start", "value_bytes", "dest", "short_out", "ragged"]),
        row=st.integers(0, 9), by=st.integers(-50, 50))
@@ -287,7 +288,7 @@ def test_every_served_request_walks_alike(frame: bytes) -> None:
     assert same_array_counts(frame, position, plan) == ("returned", None)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(index=st.integers(0, len(REQUESTS) - 1), mutations=MUTATIONS, shift=st.integers(-3, 3))
 def test_damaged_requests_are_refused_alike(index: int, mutations: list[tuple[str, int, int]], shift: int) -> None:
     frame = REQUESTS[index]
@@ -330,14 +331,14 @@ def test_every_produce_version_reads_alike(index: int) -> None:
     assert same_produce(frame, peek_header(frame)[1] >= 9)[0] == "returned"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(index=st.integers(0, len(PRODUCE_SEEDS) - 1), mutations=MUTATIONS, flexible=st.booleans())
 def test_damaged_produce_requests_read_or_fail_alike(index: int, mutations: list[tuple[str, int, int]],
                                                      flexible: bool) -> None:
     same_produce(mutated(PRODUCE_SEEDS[index], mutations), flexible)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.binary(max_size=64), flexible=st.booleans())
 def test_any_bytes_read_or_fail_alike_as_produce(data: bytes, flexible: bool) -> None:
     same_produce(data, flexible)

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from stratalog.native import native_crc
 from stratalog.queues.format import page_crcs
 from stratalog.queues.objects import read_messages_cached, read_random_cached, read_run_cached
@@ -77,7 +78,7 @@ def same_read(place: Path, runs: bytes, pages: object, args: tuple[int, ...]) ->
 MESSAGES = st.lists(st.binary(max_size=300) | st.sampled_from([b"", b"x" * 58, b"y" * 5000]), max_size=40)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(messages=MESSAGES, before=st.integers(0, 9000), after=st.integers(0, 5000), data=st.data())
 def test_whole_runs_read_alike(place: Path, messages: list[bytes], before: int, after: int,
                                data: st.DataObject) -> None:
@@ -93,7 +94,7 @@ def test_whole_runs_read_alike(place: Path, messages: list[bytes], before: int, 
         assert got == ("returned", None)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(messages=MESSAGES, before=st.integers(0, 9000), after=st.integers(0, 5000),
        damage=st.sampled_from(["flip", "ends", "short pages", "lying count"]), data=st.data())
 def test_damaged_runs_fail_alike(place: Path, messages: list[bytes], before: int, after: int, damage: str,
@@ -116,7 +117,7 @@ def test_damaged_runs_fail_alike(place: Path, messages: list[bytes], before: int
     same_read(place, bytes(runs), pages, (before, before + len(run), count, 3, first, stop))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(size=st.integers(0, 20000), start=st.integers(-2, 20002), end=st.integers(-2, 20002),
        count=st.integers(-1, 12), first=st.integers(-1, 13), stop=st.integers(-1, 13))
 def test_any_bounds_read_alike(place: Path, size: int, start: int, end: int, count: int, first: int,
@@ -151,7 +152,7 @@ def test_pages_the_page_cache_does_not_hold_are_not_read_alike(place: Path) -> N
     os.close(fd)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.binary(max_size=10000), value=st.integers(0, (1 << 32) - 1))
 def test_the_compiled_crc32c_is_the_packages(data: bytes, value: int) -> None:
     assert native_crc is not None
@@ -227,7 +228,7 @@ def same_random_read(objects: Objects, stream_id: int, pos: int, stop: int,
 COUNTS = st.lists(st.lists(st.integers(0, 120), max_size=6), max_size=5)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(counts=COUNTS, spare=st.integers(0, 3), data=st.data())
 def test_random_gets_across_objects_read_alike_and_right(place: Path, counts: list[list[int]], spare: int,
                                                          data: st.DataObject) -> None:

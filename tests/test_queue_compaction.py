@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from queuekit import one_object_per_round, small_queue_config
 from stratalog.engine.metadata import Metadata
 from stratalog.errors import StratalogError
@@ -848,7 +849,7 @@ def _merged_both_ways(sources: list[MergeSource], prev: np.ndarray, slice_bytes:
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.integers(0, 2**32), st.integers(2, 5), st.sampled_from([1, 64, 3000, 1 << 20]))
 def test_the_compiled_join_merges_as_its_twin(seed: int, rounds: int, slice_bytes: int) -> None:
     rng = random.Random(seed)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from stratalog.chaos import fuzz_engine, fuzz_queues
 from stratalog.native import native
 from stratalog.queues import format as format_module
@@ -302,7 +303,7 @@ def test_fuzz_finding_a_run_object_name_for_another_stream_is_corrupt() -> None:
         fuzz_queues.check_run_object(data)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=300)), max_size=150),
        st.lists(st.integers(0, 150), max_size=4), st.sampled_from([1, 100, PAGE_BYTES, 3 * PAGE_BYTES + 5, 1 << 30]))
 def test_the_compiled_layout_lays_out_the_twins_object(puts: list[tuple[int, bytes]], cuts: list[int],

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from stratalog.invariant import InvariantError
 from stratalog.native import native
 from stratalog.queues import index as index_module
@@ -127,7 +128,7 @@ def _both_reads(tail: TailIndex, stream_id: int, pos: int, stop: int, since_seq:
 
 
 @compiled
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), streams=st.integers(1, 6), count=st.integers(1, 10),
        dropped=st.integers(0, 10), since=st.integers(0, 11))
 def test_the_compiled_tail_read_gives_what_its_twin_gives(seed: int, streams: int, count: int, dropped: int,

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from stratalog.native import native
 from stratalog.queues import names as names_module
 from stratalog.queues.names import NameIndex, lookup_native, lookup_numpy, name_array, name_hashes
@@ -150,7 +151,7 @@ def test_lookups_beside_a_writer_find_the_right_id_or_none() -> None:
 _names = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(_names.filter(bool), min_size=1, max_size=200, unique=True), st.lists(_names, max_size=50),
        st.integers(1, 50))
 def test_lookup_agrees_with_a_dict(known: list[str], probes: list[str], chunk: int) -> None:
@@ -165,7 +166,7 @@ def test_lookup_agrees_with_a_dict(known: list[str], probes: list[str], chunk: i
     assert _lookup(index, asked) == [model.get(p, -1) for p in asked]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(_names.filter(bool), min_size=1, max_size=120, unique=True), st.lists(_names, max_size=40),
        st.lists(st.tuples(st.integers(0, 1023), st.integers(0, 200), st.integers(0, 2**31)), max_size=30),
        st.data())

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from queuekit import small_queue_config
 from stratalog.native import native
 from stratalog.queues import QueueStore
@@ -50,7 +51,7 @@ def outcome(put: object, name: object, message: object) -> tuple[str, str]:
     return "put", ""
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(puts=st.lists(st.tuples(NAMES, MESSAGES), max_size=30))
 def test_puts_land_and_fail_alike(stores: tuple[QueueStore, QueueStore],
                                   puts: list[tuple[object, object]]) -> None:

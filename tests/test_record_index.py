@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bytekit import MUTATIONS, mutated
+from examples import examples
 from stratalog.engine.batch import BATCH_HEADER_BYTES, CorruptBatchError, decode_records, encode_batch, read_batch_info
 from stratalog.engine.record_index import index_records as index_native
 from stratalog.kafka.compaction import gap_batch, kafka_batch_records, rebuilt_batch
@@ -49,7 +50,7 @@ def columns(index: bytes, count: int) -> np.ndarray:
     return np.frombuffer(index, dtype=np.int64).reshape(INDEX_COLUMNS, count)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(records=RECORDS, append_time=st.booleans())
 def test_a_kafka_index_points_at_what_the_decoder_returns(
         records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
@@ -74,7 +75,7 @@ def test_a_kafka_index_points_at_what_the_decoder_returns(
         assert (decoded[row].key, decoded[row].value, decoded[row].headers) == (key, value or b"", tuple(headers))
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(records=RECORDS, mutations=MUTATIONS, count_change=st.integers(-2, 2), span_change=st.integers(-2, 3))
 def test_damaged_kafka_records_raise_the_formats_error(
         records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
@@ -108,7 +109,7 @@ def compacted(records: list[tuple[bytes | None, bytes | None, list[tuple[str, by
     return rebuilt_batch(source, chosen) if chosen else gap_batch(base_offset, len(records))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(records=RECORDS, kept=st.lists(st.booleans(), min_size=12, max_size=12), base_offset=st.integers(0, 1 << 40),
        compression=st.sampled_from([Compression.NONE, Compression.GZIP, Compression.ZSTD]))
 def test_a_compacted_batchs_index_points_at_what_the_decoder_returns_at_its_offsets(
@@ -182,7 +183,7 @@ NATIVE_RECORDS = st.lists(st.builds(
     min_size=1, max_size=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(records=NATIVE_RECORDS)
 def test_a_native_index_points_at_what_the_decoder_returns(records: list[NewRecord]) -> None:
     data, _ = encode_batch(7, 100, records)
@@ -199,7 +200,7 @@ def test_a_native_index_points_at_what_the_decoder_returns(records: list[NewReco
         assert index[HEADER_COUNT, row] == len(decoded.headers)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(records=NATIVE_RECORDS, mutations=MUTATIONS, count_change=st.integers(-2, 2))
 def test_damaged_native_records_raise_the_formats_error(records: list[NewRecord], mutations: list[tuple[str, int, int]],
                                                         count_change: int) -> None:

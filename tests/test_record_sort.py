@@ -13,6 +13,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from stratalog.native import native
 from stratalog.queues.errors import QueueError
 from stratalog.queues.format import I64, Chunk, chunks_of
@@ -96,7 +97,7 @@ def test_ids_and_chunks_that_do_not_fit_are_refused(case: str, error: str) -> No
 _message = st.binary(max_size=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(_message, max_size=8), max_size=5), st.data())
 def test_the_compiled_sort_gives_its_twins_record(chunk_messages: list[list[bytes]], data: st.DataObject) -> None:
     arrays = [pa.array(m, pa.binary()) for m in chunk_messages]

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from examples import examples
 from stratalog.native import native_crc
 from stratalog.wal.format import RECORD_HEADER_BYTES, encode_record, place_record_python
 
@@ -36,7 +37,7 @@ def _both(size: int, pos: int, parts: list[bytes], offset: int) -> tuple[object,
 
 
 @compiled
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(parts=st.lists(st.binary(max_size=300), max_size=5), big=st.integers(0, 2), slack=st.integers(-3, 40),
        pos=st.integers(-2, 70), offset=st.integers(-1, 2**63 - 1))
 def test_the_compiled_placement_writes_what_its_twin_writes(parts: list[bytes], big: int, slack: int, pos: int,
