@@ -9,6 +9,7 @@ import warnings
 import pyarrow as pa
 import pytest
 
+from stratalog.kafka import aborted_ranges
 from stratalog.kafka.codec import KafkaProtocolError, UnsupportedVersionError, decode_request
 from stratalog.kafka.partitioner import murmur2, partition_for_key
 from stratalog.kafka.staged_commit import (
@@ -67,6 +68,18 @@ def test_every_truncation_of_a_request_is_a_protocol_error() -> None:
     for cut in range(len(frame)):
         with pytest.raises(KafkaProtocolError):
             decode_request(frame[:cut], SERVED)
+
+
+def test_a_damaged_request_names_its_own_api() -> None:
+    """Each of the broker's own APIs names itself in a decoding error, its header's included."""
+    replace = encode_replace_request(3, "spark", ReplaceObjectsRequest(("old-object",), (("new-object", 10),)))[4:]
+    ranges = aborted_ranges.encode_request(4, "spark", aborted_ranges.AbortedRangesRequest(()))[4:]
+    served = {API_KEY: (0, 0), REPLACE_API_KEY: (0, 0), aborted_ranges.API_KEY: (0, 0)}
+    for frame, name in ((encode_request(2, "spark", REQUEST)[4:], "StratalogCommitStaged"),
+                        (replace, "StratalogReplaceObjects"), (ranges, "StratalogAbortedRanges")):
+        for cut in (10, len(frame) - 1):   # inside the client id, and inside the body's last field
+            with pytest.raises(KafkaProtocolError, match=f"^{name}: "):
+                decode_request(frame[:cut], served)
 
 
 @pytest.mark.parametrize("where, value, message", [

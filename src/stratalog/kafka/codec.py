@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import io
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -123,14 +123,16 @@ def _decode_produce(frame: bytes | memoryview, api_version: int, correlation_id:
 def _decode_own(frame: bytes | memoryview, api_key: int, api_version: int, correlation_id: int) -> Request:
     """A request of the broker's own APIs (not in Kafka's schemas: their modules say their format)."""
     from stratalog.kafka import aborted_ranges, staged_commit
+    from stratalog.kafka.own_fields import read_request_header
 
-    decoders = {staged_commit.API_KEY: staged_commit.decode_request_body,
-                staged_commit.REPLACE_API_KEY: staged_commit.decode_replace_body,
-                aborted_ranges.API_KEY: aborted_ranges.decode_request_body}
-    decode = decoders.get(api_key)
-    if decode is None:
+    decoders: dict[int, tuple[str, Callable[[bytes | memoryview, int], Any]]] = {
+        staged_commit.API_KEY: (staged_commit.API_NAME, staged_commit.decode_request_body),
+        staged_commit.REPLACE_API_KEY: (staged_commit.REPLACE_API_NAME, staged_commit.decode_replace_body),
+        aborted_ranges.API_KEY: (aborted_ranges.API_NAME, aborted_ranges.decode_request_body)}
+    if api_key not in decoders:
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
-    _, _, _, client_id, at = staged_commit.decode_request_header(frame)
+    name, decode = decoders[api_key]
+    _, _, _, client_id, at = read_request_header(frame, name)
     return Request(api_key, api_version, correlation_id, client_id, decode(frame, at), len(frame))
 
 

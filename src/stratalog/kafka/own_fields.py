@@ -84,3 +84,13 @@ def framed(out: bytearray) -> bytes:
     """``out``, begun with FRAME_SIZE's room, with its size written there."""
     FRAME_SIZE.pack_into(out, 0, len(out) - FRAME_SIZE.size)
     return bytes(out)
+
+
+def read_request_header(frame: bytes | memoryview, api_name: str) -> tuple[int, int, int, str | None, int]:
+    """(api key, version, correlation id, client id, where the body starts) of a request frame with header
+    v1 (no tagged fields) of the broker's own API ``api_name``."""
+    r = FieldReader(frame, 0, api_name)
+    api_key, version, correlation_id = r.fixed(I16), r.fixed(I16), r.fixed(I32)
+    client_id = r.nullable_string()
+    return api_key, version, correlation_id, client_id, r.at
+

@@ -113,7 +113,7 @@ def decode_request_body(frame: bytes | memoryview, at: int) -> CommitStagedReque
 
 def decode_replace_body(frame: bytes | memoryview, at: int) -> ReplaceObjectsRequest:
     """A StratalogReplaceObjects body starting at byte ``at``; KafkaProtocolError for bytes that are not one."""
-    r = FieldReader(frame, at, API_NAME)
+    r = FieldReader(frame, at, REPLACE_API_NAME)
     replaced = tuple(r.string(KEY_BYTES_MAX) for _ in range(r.count(2, "replaced objects")))
     staged = []
     for _ in range(r.count(2 + 8, "staged objects")):
@@ -135,14 +135,6 @@ def encode_replace_request(correlation_id: int, client_id: str | None, request: 
         put_string(out, key)
         out += I64.pack(size)
     return framed(out)
-
-
-def decode_request_header(frame: bytes | memoryview) -> tuple[int, int, int, str | None, int]:
-    """(api key, version, correlation id, client id, where the body starts) of a frame with header v1."""
-    r = FieldReader(frame, 0, API_NAME)
-    api_key, version, correlation_id = r.fixed(I16), r.fixed(I16), r.fixed(I32)
-    client_id = r.nullable_string()
-    return api_key, version, correlation_id, client_id, r.at
 
 
 def encode_request(correlation_id: int, client_id: str | None, request: CommitStagedRequest) -> bytes:
