@@ -69,7 +69,9 @@ R = TypeVar("R")
 
 #: States of a transaction not ended yet in its partitions: they hold back the last stable offset.
 OPEN_STATES = frozenset((TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT))
-#: The coordinator's epoch written in every marker: one coordinator, that never moves, standalone.
+#: The coordinator's epoch written in every marker, in a cluster too: an outcome is durable under the
+#: coordinator's hold before any marker is written, so no epoch has to fence a stale coordinator's markers
+#: (docs/formats/transactions.md, "Markers").
 COORDINATOR_EPOCH = 0
 
 
