@@ -39,10 +39,11 @@ def produce(stream: Stream, pairs: list[tuple[bytes | None, bytes | None]], *, p
 
 
 def everything(stream: Stream) -> list[tuple[int, bytes | None, bytes]]:
+    """Every record kept, of any transaction: the store has no broker's view of which were aborted."""
     out = []
     pos = stream.start_offset
     while pos < stream.end_offset:
-        got = stream.fetch(pos)
+        got = stream.fetch(pos, isolation="read_uncommitted")
         if not got:
             break
         out += [(r.offset, r.key, r.value) for r in got]

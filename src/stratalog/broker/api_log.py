@@ -365,7 +365,10 @@ def _offset_for_time(stream: Any, timestamp_ms: int) -> tuple[int, int] | None:
     offset = stream.offset_for_timestamp(timestamp_ms)
     if offset is None:
         return None
-    records = stream.fetch(offset, offset + 1, max_bytes=1)
+    # The timestamp of the very record the lookup found, which may be one of an aborted or open transaction
+    # (Kafka's time index has every record too): read_committed would skip it, or stop before it, and ask
+    # the loop from this worker thread for nothing.
+    records = stream.fetch(offset, offset + 1, max_bytes=1, isolation="read_uncommitted")
     return offset, (records[0].timestamp_ms if records else timestamp_ms)
 
 
@@ -438,7 +441,7 @@ async def _init_transactional(broker: Broker, request: Request, session: Session
 
 
 APIS = (
-    Api(ApiKey.PRODUCE, "Produce", 3, 9, produce),
+    Api(ApiKey.PRODUCE, "Produce", 3, 9, produce, ordered=True),
     Api(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, list_offsets),
     Api(ApiKey.DELETE_RECORDS, "DeleteRecords", 0, 2, delete_records, ordered=True),
     Api(ApiKey.INIT_PRODUCER_ID, "InitProducerId", 0, 4, init_producer_id, ordered=True),

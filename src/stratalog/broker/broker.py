@@ -43,6 +43,7 @@ from stratalog.broker.topic_configs import check_configs, retention
 from stratalog.broker.topics import Topic, TopicExistsError, TopicRegistry, check_topic_name, stream_name
 from stratalog.broker.transactions import Transactions
 from stratalog.broker.txn_partitions import ALL_OFFSETS_END, PartitionTxns
+from stratalog.broker.txn_read_view import LoopTxnView
 from stratalog.broker.txn_table import TxnTable
 from stratalog.engine import Stream, StreamStore
 from stratalog.engine.metadata import UnknownStreamError
@@ -99,6 +100,8 @@ class Broker:
         self.producer_snapshots = self._snapshots
         #: Each partition's open transactions and aborted ranges, as its leader: read_committed's answers.
         self.partition_txns = PartitionTxns()
+        # Stream.fetch is read_committed by default: it asks these, through the loop (txn_read_view.py).
+        store.set_txn_view(LoopTxnView(self.partition_txns, asyncio.get_running_loop()))
         self._snapshot_task: asyncio.Task[None] | None = None
         #: Where the last saved snapshot of idempotent producers ends, per stream: the log cleaner compacts
         #: no further (the batches after it are replayed at a restart, producer fields and all).

@@ -2,7 +2,10 @@
 
 The broker's own tables (topics, groups) are read on its event loop, through ``on_loop``; the streams'
 offsets and records, the committed offsets and the store's figures are safe to read from the console's
-thread (each behind its own lock), so a page that reads records never holds up the loop.
+thread (each behind its own lock), so a page that reads records never holds up the loop. A messages page
+shows committed records, as a read_committed consumer reads them: ``Stream.fetch`` asks the partition's
+open and aborted transactions of the loop itself (broker/txn_read_view.py), two quick calls, and decodes
+on this thread.
 """
 
 from __future__ import annotations
@@ -156,7 +159,9 @@ class ConsoleData:
     def messages(self, viewer: Viewer, topic: str, partition: int, offset: int | None, timestamp_ms: int | None,
                  count: int, formats: Formats) -> dict[str, Any]:
         """Up to ``count`` records of a partition from ``offset`` (or from the first at or after
-        ``timestamp_ms``; neither: the last ``count``), for a viewer who may read the topic."""
+        ``timestamp_ms``; neither: the last ``count``), for a viewer who may read the topic. Committed
+        records only (read_committed, Stream.fetch's default): none of an aborted transaction, and none from
+        where a transaction still open began."""
         if not self.access.topic(viewer, topic):
             raise ConsoleError(f"no topic {topic!r}")
         if not self.access.topic(viewer, topic, Operation.READ):
@@ -174,7 +179,8 @@ class ConsoleData:
         else:
             first = end - count
         first = min(max(first, start), end)
-        records = stream.fetch(first, min(first + count, end), MESSAGES_BYTES_MAX) if first < end else []
+        records = stream.fetch(first, min(first + count, end), MESSAGES_BYTES_MAX,
+                               isolation="read_committed") if first < end else []
         shown = [{"offset": r.offset, "timestamp_ms": r.timestamp_ms, "key": formats.show(r.key),
                   "value": formats.show(r.value), "headers": [(k, formats.show(v)) for k, v in r.headers]}
                  for r in records]

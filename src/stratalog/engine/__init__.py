@@ -7,6 +7,10 @@ base = s.append([b"a", NewRecord(b"b", key=b"k")]).result()   # offsets are dens
 records = s.fetch(base)                                       # Record(offset, timestamp_ms, key, value, headers)
 store.close()
 ```
+
+``fetch`` is read_committed by default: on a store a broker wrote Kafka transactions into, opened without
+the broker, pass ``isolation="read_uncommitted"`` (every record) or read through the broker; a store written
+by ``append`` alone reads the same either way (engine/txn_view.py).
 """
 
 from stratalog.datadir import StoreLockedError
@@ -20,10 +24,11 @@ from stratalog.engine.store import (
     Stream,
     StreamStore,
 )
+from stratalog.engine.txn_view import TransactionsUnknownError
 from stratalog.records import NewRecord, Record
 
 __all__ = [
     "StreamStore", "Stream", "StoreConfig", "NewRecord", "Record",
     "BackpressureError", "OffsetOutOfRangeError", "StoreClosedError", "StoreFailedError", "StoreFullError",
-    "StoreLockedError",
+    "StoreLockedError", "TransactionsUnknownError",
 ]

@@ -1,10 +1,13 @@
 """Reads: records and batches from objects (through the block cache, with readahead for a sequential
 reader and the cold-read byte-rate bound) below a stream's committed end, then from the log cache up to
-its durable end; lookups by timestamp the same way."""
+its durable end; lookups by timestamp the same way. A fetch of records is read_committed unless asked
+otherwise: it ends at the last stable offset and skips what aborted transactions wrote, as the view of the
+stream's transactions its owner installed says (txn_view.py)."""
 
 from __future__ import annotations
 
 from stratalog.engine.batch import (
+    ENCODING_KAFKA,
     BatchInfo,
     StoredBatch,
     check_batch,
@@ -19,6 +22,15 @@ from stratalog.engine.errors import OffsetOutOfRangeError
 from stratalog.engine.log_cache import LogEntry, StreamState
 from stratalog.engine.metadata import RangeRow
 from stratalog.engine.objformat import DATA_BLOCK_BYTES_TARGET, placed_batches
+from stratalog.engine.txn_view import (
+    READ_COMMITTED,
+    CommittedFilter,
+    Isolation,
+    TransactionsUnknownError,
+    TxnView,
+    check_isolation,
+    committed_read,
+)
 from stratalog.records import Record
 
 
@@ -34,6 +46,8 @@ class Reads:
         # each other before the reader gets to them.
         self._readahead_blocks_max = max(1, min(config.readahead_blocks_max,
                                                 config.block_cache_bytes_max // (2 * DATA_BLOCK_BYTES_TARGET)))
+        #: What the store's owner (a broker) knows of the streams' transactions; None: nothing.
+        self.txn_view: TxnView | None = None
 
     def _window(self, st: StreamState, start: int, end: int | None) -> tuple[int, int, list[LogEntry]]:
         """Where a read from ``start`` stops (``end``, at most the durable end), the committed end, and the
@@ -48,12 +62,24 @@ class Reads:
             stop = visible_end if end is None else min(end, visible_end)
             return stop, committed, st.cached_between(max(start, committed), stop)
 
-    def fetch(self, st: StreamState, start: int, end: int | None, max_bytes: int) -> list[Record]:
+    def fetch(self, st: StreamState, start: int, end: int | None, max_bytes: int,
+              isolation: Isolation = READ_COMMITTED) -> list[Record]:
+        check_isolation(isolation)
+        try:
+            return self._fetch(st, start, end, max_bytes, isolation == READ_COMMITTED)
+        except TransactionsUnknownError as e:   # said with the stream's name, which the filter does not hold
+            raise TransactionsUnknownError(f"stream {st.name or st.stream_id}: {e}") from None
+
+    def _fetch(self, st: StreamState, start: int, end: int | None, max_bytes: int,
+               committed_only: bool) -> list[Record]:
         stop, committed, tail = self._window(st, start, end)
+        txns = None
+        if committed_only:   # the view asked with no store lock held (txn_view.TxnView says why)
+            stop, txns = committed_read(self.txn_view, st.stream_id, start, stop)
         out: list[Record] = []
         budget = [max_bytes]
         if start < committed and start < stop:
-            self._fetch_cold(st, start, min(stop, committed), out, budget)
+            self._fetch_cold(st, start, min(stop, committed), out, budget, txns)
             if self._cold_pacer is not None:
                 self._cold_pacer.take(max_bytes - budget[0])
             if budget[0] <= 0:
@@ -61,7 +87,7 @@ class Reads:
         pos = max(start, committed)
         for entry in tail:
             # Log-cache batches were encoded here or CRC-checked when the WAL was replayed.
-            if not _take(entry.data, 0, read_batch_info(entry.data), pos, stop, out, budget):
+            if not _take(entry.data, 0, read_batch_info(entry.data), pos, stop, out, budget, txns):
                 break
             pos = entry.end_offset
         return out
@@ -131,7 +157,8 @@ class Reads:
             self._core.blocks.prefetch(rows[1:])
         return rows[0]
 
-    def _fetch_cold(self, st: StreamState, start: int, stop: int, out: list[Record], budget: list[int]) -> None:
+    def _fetch_cold(self, st: StreamState, start: int, stop: int, out: list[Record], budget: list[int],
+                    txns: CommittedFilter | None) -> None:
         blocks = self._core.blocks
         pos = start
         ahead = self._readahead(st, start)
@@ -142,7 +169,7 @@ class Reads:
             block = blocks.get(row)  # its CRC, which covers every batch in it, is checked
             # Offsets come from the block's row, not the batch headers (provisional in a Spark write's object).
             for at, info in placed_batches(block, row.entry()):
-                if info.end_offset > pos and not _take(block, at, info, pos, stop, out, budget):
+                if info.end_offset > pos and not _take(block, at, info, pos, stop, out, budget, txns):
                     st.read_next = out[-1].offset + 1 if out else pos
                     return
             pos = row.end_offset
@@ -197,8 +224,14 @@ class Reads:
 
 
 def _take(buf: bytes, at: int, info: BatchInfo, start: int, stop: int, out: list[Record],
-          budget: list[int]) -> bool:
-    """Decode the batch ``info`` at ``buf[at:]`` into ``out``; False once ``stop`` or the budget is reached."""
+          budget: list[int], txns: CommittedFilter | None) -> bool:
+    """Decode the batch ``info`` at ``buf[at:]`` into ``out``; False once ``stop`` or the budget is reached.
+    ``txns`` (None: read_uncommitted) skips a Kafka batch an aborted transaction wrote."""
+    if txns is not None and info.encoding == ENCODING_KAFKA:
+        if info.base_offset >= stop:
+            return False   # past the read: not judged (with no view, it would fail a read that ends before it)
+        if txns.skips(buf, at, info):
+            return info.end_offset < stop
     left = budget[0]
     try:
         for rec in decode_records(buf, at, info, start):

@@ -50,6 +50,7 @@ from stratalog.engine.reads import Reads
 from stratalog.engine.recovery import RecoveryReport, recover
 from stratalog.engine.retention import Retention
 from stratalog.engine.stream import Stream, StreamParts
+from stratalog.engine.txn_view import TxnView
 from stratalog.engine.uploads import DATA_PREFIX, Uploads, object_key
 from stratalog.errors import OutOfSpaceError, release_frames
 from stratalog.free_space import SpaceGuard
@@ -323,6 +324,11 @@ class StreamStore:
     @property
     def object_store(self) -> ObjectStore:
         return self._core.objects
+
+    def set_txn_view(self, view: TxnView | None) -> None:
+        """What the store's owner knows of its streams' Kafka transactions (a broker installs its partition
+        leader's at start), for ``Stream.fetch``'s read_committed: engine/txn_view.py. None: nothing."""
+        self._parts.reads.txn_view = view
 
     def watch_completions(self, backstop_s: float) -> CompletionWatch | None:
         """Let the calling thread (an event loop) complete the appends, as the WAL's

@@ -11,6 +11,7 @@ from stratalog.engine.batch import StoredBatch
 from stratalog.engine.log_cache import StreamState
 from stratalog.engine.reads import Reads
 from stratalog.engine.retention import Retention
+from stratalog.engine.txn_view import READ_COMMITTED, Isolation
 from stratalog.records import NewRecord, Record
 
 #: A fetch's default bound on what it returns, as Kafka's fetch.max.bytes of a partition.
@@ -78,16 +79,20 @@ class Stream:
         return self._parts.reads.fetch_batches(self._state, start_offset, max_bytes, at_least_one)
 
     def fetch(self, start_offset: int, end_offset: int | None = None,
-              max_bytes: int = FETCH_BYTES_MAX_DEFAULT) -> list[Record]:
+              max_bytes: int = FETCH_BYTES_MAX_DEFAULT, *, isolation: Isolation = READ_COMMITTED) -> list[Record]:
         """Records from ``start_offset`` (up to ``end_offset``), in order, about ``max_bytes`` of values at
         most but always at least one record when one exists.
 
-        Kafka transactions are read as read_uncommitted: the records of every transaction, committed,
-        aborted or still open. Their markers (control batches) take an offset and give no record, so
-        offsets may skip. The engine knows nothing of which transactions aborted (the broker's partition
-        leader does): read through Kafka Fetch read_committed, or the Spark data source (read_committed by
-        default), for committed records only."""
-        return self._parts.reads.fetch(self._state, start_offset, end_offset, max_bytes)
+        Kafka transactions (``isolation``, named as Kafka's isolation.level): ``"read_committed"``, the
+        default, returns committed records only. The read ends at the last stable offset (where the oldest
+        transaction still open began) and skips the records of aborted transactions, as the store's view
+        of its transactions says: a broker installs its partition leader's (``StreamStore.set_txn_view``).
+        A store with no view (opened on a data directory at rest) reads every record, but raises
+        TransactionsUnknownError at a transactional batch, which may be an aborted one; data appended
+        through this API never is. ``"read_uncommitted"`` returns the records of every transaction,
+        committed, aborted or still open, and needs no view. Either way a transaction's markers (control
+        batches) take an offset and give no record, so offsets may skip."""
+        return self._parts.reads.fetch(self._state, start_offset, end_offset, max_bytes, isolation)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The first offset whose record timestamp is >= ``timestamp_ms`` (None: no such record yet)."""
