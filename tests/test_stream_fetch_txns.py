@@ -252,22 +252,33 @@ def test_a_broker_s_view_is_read_on_its_loop_and_from_other_threads(loop: asynci
 
 def test_a_loop_that_does_not_answer_fails_the_read_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(txn_read_view, "LOOP_WAIT_S", 0.05)
-    idle = asyncio.new_event_loop()   # never run: a loop busy for good, as far as a reader can tell
+    busy = asyncio.new_event_loop()
+    held, free = threading.Event(), threading.Event()
+
+    def hold() -> None:   # a callback that keeps the loop from answering until the read has failed
+        held.set()
+        free.wait(CALL_S)
+
+    busy.call_soon(hold)
+    runner = threading.Thread(target=busy.run_forever)
+    runner.start()
     try:
-        view = LoopTxnView(PartitionTxns(), idle)
-        failed: list[BaseException] = []
+        assert held.wait(CALL_S)
+        with pytest.raises(TxnViewUnavailableError, match="read_uncommitted"):
+            LoopTxnView(PartitionTxns(), busy).last_stable_offset(1, 10)
+    finally:
+        free.set()
+        busy.call_soon_threadsafe(busy.stop)
+        runner.join(CALL_S)
+        busy.close()
 
-        def read() -> None:
-            try:
-                view.last_stable_offset(1, 10)
-            except TxnViewUnavailableError as e:
-                failed.append(e)
 
-        reader = threading.Thread(target=read)
-        reader.start()
-        reader.join(CALL_S)
-        assert not reader.is_alive()
-        assert len(failed) == 1 and "read_uncommitted" in str(failed[0])
+def test_a_loop_that_does_not_run_is_not_waited_for() -> None:
+    idle = asyncio.new_event_loop()   # changes nothing while it does not run: asked at once
+    try:
+        txns = PartitionTxns()
+        txns.began(1, 7, 4)
+        assert LoopTxnView(txns, idle).last_stable_offset(1, 10) == 4
     finally:
         idle.close()
 

@@ -4,9 +4,10 @@
 ``Stream.fetch`` is read_committed by default, and the broker installs this view in its store at start.
 PartitionTxns is the event loop's alone (the loop changes it as produce and markers go on, unlocked), and
 a fetch may run on another thread: the web console's (console/views.py, a partition's messages) or a
-worker of ``asyncio.to_thread``. So a call made on the loop's thread asks PartitionTxns at once, and a
-call from any other thread is handed to the loop and waited for, ``LOOP_WAIT_S`` at most. What comes
-back is the loop's own answer: an int, or a list made for the caller.
+worker of ``asyncio.to_thread``. So a call made on the loop's thread, or while the loop does not run (it
+changes nothing then: a test between two ``run_until_complete``, a broker stopping), asks PartitionTxns at
+once, and a call from any other thread is handed to the running loop and waited for, ``LOOP_WAIT_S`` at
+most. What comes back is the loop's own answer: an int, or a list made for the caller.
 
 A thread that waits here must be one the loop never waits for: the reads ask the view with no store lock
 held (the loop's appends take the store lock), and the broker itself reads records on the loop or with
@@ -50,12 +51,12 @@ class LoopTxnView:
         return self._call(functools.partial(self._txns.aborted_ranges, stream_id, from_offset, to_offset))
 
     def _call(self, ask: Callable[[], T]) -> T:
-        """``ask()`` on the loop's thread: at once when called there, else handed to the loop and waited for."""
+        """``ask()`` at once on the loop's thread or with the loop idle, else handed to the loop and waited for."""
         try:
             on_loop = asyncio.get_running_loop() is self._loop
         except RuntimeError:   # no loop runs in this thread
             on_loop = False
-        if on_loop:
+        if on_loop or not self._loop.is_running():
             return ask()
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
