@@ -69,19 +69,38 @@ def test_read_committed_sees_committed_records_only(broker: BrokerProcess) -> No
 def test_an_open_transaction_holds_read_committed_consumers_back(broker: BrokerProcess) -> None:
     topic = new_topic(broker, 1)
     plain = Producer({"bootstrap.servers": broker.bootstrap})
-    plain.produce(topic, b"before")
+    plain.produce(topic, b"before", timestamp=1000)
     plain.flush(WAIT_S)
     producer = transactional(broker, f"tx-{uuid.uuid4().hex[:6]}")
     producer.begin_transaction()
-    producer.produce(topic, b"open")
+    producer.produce(topic, b"open", timestamp=2000)
     producer.flush(WAIT_S)
-    plain.produce(topic, b"after")   # behind the open transaction: not stable yet
+    plain.produce(topic, b"after", timestamp=3000)   # behind the open transaction: not stable yet
     plain.flush(WAIT_S)
     assert read_to_end(broker.bootstrap, topic, "read_committed") == [b"before"]
     assert end_offsets(broker, topic) == {"read_committed": 1, "read_uncommitted": 3}, "ListOffsets: the LSO"
+    # By time, read_committed finds a record below the LSO or none (Kafka's rule).
+    assert offsets_for_time(broker, topic, 500) == {"read_committed": 0, "read_uncommitted": 0}
+    assert offsets_for_time(broker, topic, 1500) == {"read_committed": None, "read_uncommitted": 1}
     producer.commit_transaction(WAIT_S)
     assert read_to_end(broker.bootstrap, topic, "read_committed") == [b"before", b"open", b"after"]
     assert end_offsets(broker, topic) == {"read_committed": 4, "read_uncommitted": 4}, "past the marker"
+    assert offsets_for_time(broker, topic, 1500) == {"read_committed": 1, "read_uncommitted": 1}
+
+
+def offsets_for_time(broker: BrokerProcess, topic: str, timestamp_ms: int) -> dict[str, int | None]:
+    """Partition 0's first offset at or after ``timestamp_ms`` as ListOffsets answers each isolation level
+    (kafka-python's offsets_for_times; None: no such record)."""
+    found = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = kafka.KafkaConsumer(bootstrap_servers=broker.bootstrap, isolation_level=isolation)
+        try:
+            partition = kafka.TopicPartition(topic, 0)
+            answer = consumer.offsets_for_times({partition: timestamp_ms})[partition]
+            found[isolation] = None if answer is None else answer.offset
+        finally:
+            consumer.close()
+    return found
 
 
 def end_offsets(broker: BrokerProcess, topic: str) -> dict[str, int]:

@@ -336,22 +336,23 @@ async def list_offsets(broker: Broker, request: Request, session: Session) -> di
                 entry["error_code"] = refused
                 continue
             ts = p.timestamp
-            if ts == LATEST_TIMESTAMP and committed:   # read_committed's end: the last stable offset
-                entry["offset"] = broker.partition_txns.last_stable_offset(stream.stream_id, stream.end_offset)
-            elif ts == LATEST_TIMESTAMP:
-                entry["offset"] = stream.end_offset
+            # What the client may fetch: read_committed ends at the last stable offset. A lookup by time
+            # finds a record below it or nothing, as in Kafka (a record of an open transaction is not found).
+            fetchable_end = broker.partition_txns.last_stable_offset(stream.stream_id, stream.end_offset) \
+                if committed else stream.end_offset
+            found: tuple[int, int] | None = None
+            if ts == LATEST_TIMESTAMP:
+                entry["offset"] = fetchable_end
             elif ts == EARLIEST_TIMESTAMP:
                 entry["offset"] = stream.start_offset
             elif ts == MAX_TIMESTAMP:
-                latest = await asyncio.to_thread(stream.latest_timestamp)
-                if latest is not None:
-                    entry["offset"], entry["timestamp"] = latest
+                found = await asyncio.to_thread(stream.latest_timestamp)
             elif ts < 0:
                 entry["error_code"] = ErrorCode.invalid_request
             else:
                 found = await asyncio.to_thread(_offset_for_time, stream, ts)
-                if found is not None:
-                    entry["offset"], entry["timestamp"] = found
+            if found is not None and found[0] < fetchable_end:
+                entry["offset"], entry["timestamp"] = found
         topics.append({"name": t.name, "partitions": partitions})
     if not _lease_confirmed(broker):   # an end offset past what a replay of its log would find
         for topic in topics:
