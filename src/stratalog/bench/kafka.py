@@ -26,6 +26,8 @@ The peers, each a server started here on 127.0.0.1 and stopped in a ``finally``:
 
 Kafka peers are driven with confluent-kafka (librdkafka, the fastest Kafka client available to Python),
 NATS with nats-py. Percentiles are numpy's, exact over every sample (a run has at most a few thousand).
+With a CPU split (:mod:`stratalog.bench.cpu_split`), each server runs on vCPUs of its own and every client
+process on the others, in every phase.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stratalog.bench.common import MS_PER_S
+from stratalog.bench.cpu_split import CpuSplit, running_on
 from stratalog.chaos.ports import free_port
 
 if TYPE_CHECKING:
@@ -124,6 +127,8 @@ class KafkaBenchPlan:
     #: NATS's messages per throughput size (None: ``messages``): it syncs each publish, about 5,000 a
     #: second here, so millions of messages would take hours where the Kafka peers take seconds.
     nats_messages: int | None = None
+    #: The servers on vCPUs of their own and the clients on the others (None: all share every vCPU).
+    cpu_split: CpuSplit | None = None
 
     def messages_for(self, peer: str) -> int:
         return self.nats_messages if peer == "nats" and self.nats_messages is not None else self.messages
@@ -313,11 +318,14 @@ def start_tansu(data_dir: Path) -> Server:
     return Server("tansu", process, address, log_path, "memory storage: nothing written to disk", version)
 
 
-def start_server(name: str, data_dir: Path, broker_config: Path | None = None) -> Server:
-    if name == "stratalog":
-        return start_stratalog(data_dir, broker_config)
-    starters = {"nats": start_nats, "tansu": start_tansu}
-    return starters[name](data_dir)
+def start_server(name: str, data_dir: Path, broker_config: Path | None = None,
+                 cpus: frozenset[int] | None = None) -> Server:
+    """Start ``name``'s server; on ``cpus`` (None: wherever this thread runs), it and every thread of it."""
+    with running_on(cpus):
+        if name == "stratalog":
+            return start_stratalog(data_dir, broker_config)
+        starters = {"nats": start_nats, "tansu": start_tansu}
+        return starters[name](data_dir)
 
 
 # Latency summaries -------------------------------------------------------------------------------------
@@ -930,7 +938,8 @@ def run_peer(name: str, plan: KafkaBenchPlan, bar: Any, servers: list[Server]) -
     peer_dir = plan.data_dir / name
     peer_dir.mkdir(parents=True, exist_ok=True)
     try:
-        server = start_server(name, peer_dir, plan.broker_config)
+        server = start_server(name, peer_dir, plan.broker_config,
+                              plan.cpu_split.server_cpus if plan.cpu_split is not None else None)
     except PeerUnavailableError as e:
         peer.skipped = str(e)
         return peer
@@ -1072,11 +1081,13 @@ def stopping(servers: list[Server]) -> Iterator[list[Server]]:
 
 
 def run_kafka_bench(plan: KafkaBenchPlan, bar: Any) -> dict[str, Any]:
-    """The disk reference first (no server running yet), then each peer in turn."""
-    bar.phase(f"disk: one 4 KiB O_DIRECT + O_DSYNC write at {plan.rate_per_s:g}/s")
-    disk = disk_latency(plan.data_dir, plan.rate_per_s, plan.duration_s, bar)
-    with stopping([]) as servers:
-        peers = [run_peer(name, plan, bar, servers).document() for name in plan.peers]
+    """The disk reference first (no server running yet), then each peer in turn; with a CPU split, this
+    process and every client process it starts on the clients' vCPUs throughout."""
+    with running_on(plan.cpu_split.client_cpus if plan.cpu_split is not None else None):
+        bar.phase(f"disk: one 4 KiB O_DIRECT + O_DSYNC write at {plan.rate_per_s:g}/s")
+        disk = disk_latency(plan.data_dir, plan.rate_per_s, plan.duration_s, bar)
+        with stopping([]) as servers:
+            peers = [run_peer(name, plan, bar, servers).document() for name in plan.peers]
     return {"disk_reference": disk, "peers": peers}
 
 

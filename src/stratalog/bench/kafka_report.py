@@ -324,6 +324,16 @@ def consumer_text(doc: dict[str, Any]) -> str:
             "read_committed; over topics without transactions both levels read the same records).")
 
 
+def cpu_split_text(doc: dict[str, Any]) -> str:
+    """The run's CPU split (``--server-cpus``) as a sentence with a space after it; nothing without one."""
+    split = doc["settings"].get("cpu_split")
+    if not split:
+        return ""
+    servers, clients = (", ".join(str(c) for c in split[k]) for k in ("server_cpus", "client_cpus"))
+    return (f"Each server ran on vCPU {servers} alone and every client process on vCPU {clients} "
+            "(`--server-cpus`), in every phase. ")
+
+
 def markdown_report(doc: dict[str, Any]) -> str:
     """One run as Markdown: latency (beside the disk's, and end to end), throughput, and the targets (with
     the ratios to the peers they are about)."""
@@ -339,7 +349,7 @@ def markdown_report(doc: dict[str, Any]) -> str:
               f"{s['batch_bytes'] >> 20} MiB (NATS: publish_async, 4,000 in flight). Tail: a run of at most half the "
               "broker's upload threshold read back at once, from the log cache; cold: the same topic read again "
               f"after the upload (the first read of it from objects; NATS: after the same wait). {consumer_text(doc)} "
-              "MB = 10^6 bytes.", ""]
+              f"{cpu_split_text(doc)}MB = 10^6 bytes.", ""]
     rows = []
     for peer in doc["peers"]:
         if peer["status"] != "ran":

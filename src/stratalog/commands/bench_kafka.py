@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stratalog.bench.common import Activity, size_label, write_json
+from stratalog.bench.cpu_split import CpuSplit, CpuSplitError, parse_cpu_list
 from stratalog.bench.kafka import (
     DISK_REFERENCE_NAME,
     LATENCY_SIZES_BYTES_DEFAULT,
@@ -171,12 +172,19 @@ def _report(console: Console, doc: dict[str, Any]) -> None:
 @click.option("--broker-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="A --config file for stratalog serve (default: its defaults), e.g. validate_records = false "
                    "to measure what checking every produced record costs.")
+@click.option("--server-cpus", metavar="LIST", default=None,
+              help="Run each server on these vCPUs (taskset's list form: 0, 0,2, 0-1) and every client process "
+                   "(producers, consumers) on the others, in every phase [default: all share every vCPU]. On a "
+                   "machine of few vCPUs the clients otherwise take part of the server's CPU, and not all alike: "
+                   "librdkafka's idempotent and transactional producers poll without sleeping while their one "
+                   "produce request per partition is in flight, the plain one does not. Split, the server has its "
+                   "vCPUs to itself in every phase, and the clients share theirs.")
 @click.option("--markdown-from", "--report", "report_path", metavar="JSON", default=None,
               type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Measure nothing: print this run's tables (from --json) as Markdown.")
 def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages: int, nats_messages: int | None,
           producers: int, data_dir: Path | None, json_path: Path | None, plot_path: Path | None,
-          broker_config: Path | None, report_path: Path | None) -> None:
+          broker_config: Path | None, server_cpus: str | None, report_path: Path | None) -> None:
     """stratalog serve beside NATS JetStream and Tansu: latency and throughput.
 
     Latency is measured as "Building a Distributed Log from Scratch, Part 1" measures it.
@@ -193,7 +201,8 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
     tail it reads back with isolation.level read_uncommitted and read_committed.
     stratalog syncs before it acknowledges, NATS is set to (sync_interval: always), Tansu keeps
     everything in memory. Before the peers, the bare disk under --data-dir takes one 4 KiB O_DIRECT +
-    O_DSYNC write per message at --rate for --duration-s.
+    O_DSYNC write per message at --rate for --duration-s. With --server-cpus, each server runs on vCPUs
+    of its own and every client on the others.
     """
     from stratalog.bench.kafka import plot_latency, run_kafka_bench
 
@@ -205,13 +214,17 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
     if unknown or not names:
         raise click.BadParameter(f"unknown peers {', '.join(unknown)}; known: {', '.join(PEERS)}",
                                  param_hint="--only")
+    try:
+        split = CpuSplit.of(parse_cpu_list(server_cpus)) if server_cpus is not None else None
+    except CpuSplitError as e:
+        raise click.BadParameter(str(e), param_hint="--server-cpus") from None
     console = make_console()
     with bench_dir(data_dir) as target_dir:
         plan = KafkaBenchPlan(peers=names, latency_sizes_bytes=parse_sizes(sizes, LATENCY_SIZE_BYTES_MAX),
                               duration_s=duration_s, rate_per_s=rate_per_s,
                               throughput_sizes_bytes=THROUGHPUT_SIZES_BYTES, messages=messages,
                               producers=producers, data_dir=target_dir, broker_config=broker_config,
-                              nats_messages=nats_messages)
+                              nats_messages=nats_messages, cpu_split=split)
         machine = print_machine(console, target_dir)
         # The report's first line says when the machine was busy at the start, and how much else ran
         # meanwhile (its figures then say more about the machine than about the code).
@@ -236,6 +249,7 @@ def kafka(only: str, sizes: str, duration_s: float, rate_per_s: float, messages:
                      "linger_ms": LINGER_MS,
                      "broker_config": broker_config.read_text() if broker_config else None,
                      "batch_bytes": 1 << 20, "percentiles": "numpy, exact over every sample",
+                     "cpu_split": split.describe() if split is not None else None,
                      "tail_messages": {str(size): plan.tail_messages(size) for size in plan.throughput_sizes_bytes}},
         "disk_reference": disk, "peers": peers, "ratios": ratios(peers, disk),
     }
