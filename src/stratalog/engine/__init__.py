@@ -13,22 +13,46 @@ the broker, pass ``isolation="read_uncommitted"`` (every record) or read through
 by ``append`` alone reads the same either way (engine/txn_view.py).
 """
 
-from stratalog.datadir import StoreLockedError
-from stratalog.engine.config import StoreConfig
-from stratalog.engine.store import (
-    BackpressureError,
-    OffsetOutOfRangeError,
-    StoreClosedError,
-    StoreFailedError,
-    StoreFullError,
-    Stream,
-    StreamStore,
-)
-from stratalog.engine.txn_view import TransactionsUnknownError
-from stratalog.records import NewRecord, Record
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stratalog.datadir import StoreLockedError
+    from stratalog.engine.config import StoreConfig
+    from stratalog.engine.store import (
+        BackpressureError,
+        OffsetOutOfRangeError,
+        StoreClosedError,
+        StoreFailedError,
+        StoreFullError,
+        Stream,
+        StreamStore,
+    )
+    from stratalog.engine.txn_view import TransactionsUnknownError
+    from stratalog.records import NewRecord, Record
 
 __all__ = [
     "StreamStore", "Stream", "StoreConfig", "NewRecord", "Record",
     "BackpressureError", "OffsetOutOfRangeError", "StoreClosedError", "StoreFailedError", "StoreFullError",
     "StoreLockedError", "TransactionsUnknownError",
 ]
+
+#: Where each name above lives. Imported when first asked for: a module of the engine (engine.batch, say)
+#: imported alone does not bring the whole store with it (the fuzzing children, the CLI's help).
+_HOMES = {
+    "StreamStore": "stratalog.engine.store", "Stream": "stratalog.engine.store",
+    "BackpressureError": "stratalog.engine.store", "OffsetOutOfRangeError": "stratalog.engine.store",
+    "StoreClosedError": "stratalog.engine.store", "StoreFailedError": "stratalog.engine.store",
+    "StoreFullError": "stratalog.engine.store", "StoreConfig": "stratalog.engine.config",
+    "StoreLockedError": "stratalog.datadir", "TransactionsUnknownError": "stratalog.engine.txn_view",
+    "NewRecord": "stratalog.records", "Record": "stratalog.records",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'stratalog.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

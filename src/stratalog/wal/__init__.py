@@ -12,22 +12,28 @@ wal.close()
 ```
 """
 
-from stratalog.errors import (
-    CapacityMismatchError,
-    CorruptHeaderError,
-    OverCapacityError,
-    RecordTooLargeError,
-    RecoveryReadError,
-    WALClosedError,
-    WALError,
-    WALFailedError,
-    WALStateError,
-)
-from stratalog.wal.config import FsyncPolicy, ObjectWALConfig, WALConfig
-from stratalog.wal.log import AppendResult, WriteAheadLog
-from stratalog.wal.object_wal import ObjectWAL
-from stratalog.wal.protocol import WAL
-from stratalog.wal.recovery import RecoveredRecord, RecoveryStats
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stratalog.errors import (
+        CapacityMismatchError,
+        CorruptHeaderError,
+        OverCapacityError,
+        RecordTooLargeError,
+        RecoveryReadError,
+        WALClosedError,
+        WALError,
+        WALFailedError,
+        WALStateError,
+    )
+    from stratalog.wal.config import FsyncPolicy, ObjectWALConfig, WALConfig
+    from stratalog.wal.log import AppendResult, WriteAheadLog
+    from stratalog.wal.object_wal import ObjectWAL
+    from stratalog.wal.protocol import WAL
+    from stratalog.wal.recovery import RecoveredRecord, RecoveryStats
 
 __all__ = [
     "WriteAheadLog", "ObjectWAL", "WAL", "AppendResult", "RecoveredRecord", "RecoveryStats", "WALConfig",
@@ -35,3 +41,22 @@ __all__ = [
     "WALError", "OverCapacityError", "WALFailedError", "WALClosedError", "WALStateError",
     "RecordTooLargeError", "CorruptHeaderError", "CapacityMismatchError", "RecoveryReadError",
 ]
+
+#: Where each name above lives. Imported when first asked for: a module of the WAL (wal.format, say)
+#: imported alone does not bring both logs with it (the engine's batch format, the fuzzing children).
+_HOMES = {
+    **dict.fromkeys(("WALError", "OverCapacityError", "WALFailedError", "WALClosedError", "WALStateError",
+                     "RecordTooLargeError", "CorruptHeaderError", "CapacityMismatchError", "RecoveryReadError"),
+                    "stratalog.errors"),
+    **dict.fromkeys(("WALConfig", "ObjectWALConfig", "FsyncPolicy"), "stratalog.wal.config"),
+    **dict.fromkeys(("WriteAheadLog", "AppendResult"), "stratalog.wal.log"),
+    "ObjectWAL": "stratalog.wal.object_wal", "WAL": "stratalog.wal.protocol",
+    **dict.fromkeys(("RecoveredRecord", "RecoveryStats"), "stratalog.wal.recovery"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'stratalog.wal' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
