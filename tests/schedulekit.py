@@ -19,7 +19,7 @@ from xdist.scheduler import LoadScopeScheduling
 SPARK_SESSION_MODULES = frozenset({
     "test_broker_security", "test_broker_spark", "test_spark_broker_read", "test_spark_broker_stream",
     "test_spark_broker_write", "test_spark_jobs", "test_spark_materialize", "test_spark_queue_source",
-    "test_spark_broker_s3", "test_spark_source", "test_spark_compacted",
+    "test_spark_broker_s3", "test_spark_source", "test_spark_compacted", "test_spark_cluster",
 })
 SPARK_UNIT = "tests (one SparkSession)"
 #: Spark modules that are a unit of their own (a second SparkSession, on the worker that runs them).

@@ -14,9 +14,11 @@ from stratalog.kafka.codec import KafkaProtocolError, UnsupportedVersionError, d
 from stratalog.kafka.partitioner import murmur2, partition_for_key
 from stratalog.kafka.staged_commit import (
     API_KEY,
+    COMMIT_VERSION_MAX,
     REPLACE_API_KEY,
     CommitStagedRequest,
     CommitStagedResponse,
+    PartitionResult,
     ReplaceObjectsRequest,
     StagedObjectEntry,
     StagedStreamEntry,
@@ -31,7 +33,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 
-SERVED = {API_KEY: (0, 0)}
+SERVED = {API_KEY: (0, COMMIT_VERSION_MAX)}
 REQUEST = CommitStagedRequest("sink-1", 42, (
     StagedObjectEntry(0, "spark-staging/w/000000-0.slo", 4096, (StagedStreamEntry("clicks/0", 0, 10),
                                                                  StagedStreamEntry("clicks/1", 0, 3))),
@@ -63,6 +65,39 @@ def test_a_response_round_trips() -> None:
     assert decode_response(encode_response(77, response)[4:]) == (77, response)
 
 
+def test_a_v1_response_carries_each_partitions_result_and_v0_does_not() -> None:
+    results = (PartitionResult("clicks/0", 0, None, True, 10),
+               PartitionResult("clicks/1", 6, "not led by this broker: partition 1 of topic 'clicks'"),
+               PartitionResult("é/2"))
+    response = CommitStagedResponse(0, None, True, 10, 1, throttle_time_ms=0, partitions=results)
+    assert decode_response(encode_response(8, response, 1)[4:], 1) == (8, response)
+    v0 = encode_response(8, response, 0)
+    assert decode_response(v0[4:], 0) == (8, CommitStagedResponse(0, None, True, 10, 1))
+    assert len(v0) == 4 + 4 + 4 + 2 + 2 + 1 + 8 + 4, "v0 ends after the objects count"
+
+
+def test_v1_response_golden_bytes() -> None:
+    """The worked layout of a v1 response: v0's fields, then one partition's name, error, message (null),
+    committed flag and records, big-endian."""
+    frame = encode_response(1, CommitStagedResponse(0, None, True, 3, 1, partitions=(
+        PartitionResult("t/0", 0, None, True, 3),)), 1)
+    assert frame.hex() == ("0000002f" "00000001" "00000000" "0000" "ffff" "01" "0000000000000003" "00000001"
+                           "00000001" "0003" "742f30" "0000" "ffff" "01" "0000000000000003")
+
+
+def test_every_truncation_of_a_v1_response_is_a_protocol_error() -> None:
+    frame = encode_response(8, CommitStagedResponse(partitions=(PartitionResult("a/1", 6, "moved"),)), 1)[4:]
+    for cut in range(len(frame)):
+        with pytest.raises(KafkaProtocolError):
+            decode_response(frame[:cut], 1)
+
+
+def test_v0_and_v1_requests_carry_the_same_body() -> None:
+    v0, v1 = encode_request(9, "spark", REQUEST, 0)[4:], encode_request(9, "spark", REQUEST, 1)[4:]
+    assert v0[:2] == v1[:2] and v0[4:] == v1[4:] and (v0[2:4], v1[2:4]) == (b"\0\0", b"\0\1")
+    assert decode_request(v0, SERVED).body == decode_request(v1, SERVED).body == REQUEST
+
+
 def test_every_truncation_of_a_request_is_a_protocol_error() -> None:
     frame = encode_request(9, "spark", REQUEST)[4:]
     for cut in range(len(frame)):
@@ -74,7 +109,7 @@ def test_a_damaged_request_names_its_own_api() -> None:
     """Each of the broker's own APIs names itself in a decoding error, its header's included."""
     replace = encode_replace_request(3, "spark", ReplaceObjectsRequest(("old-object",), (("new-object", 10),)))[4:]
     ranges = aborted_ranges.encode_request(4, "spark", aborted_ranges.AbortedRangesRequest(()))[4:]
-    served = {API_KEY: (0, 0), REPLACE_API_KEY: (0, 0), aborted_ranges.API_KEY: (0, 0)}
+    served = {API_KEY: (0, COMMIT_VERSION_MAX), REPLACE_API_KEY: (0, 0), aborted_ranges.API_KEY: (0, 0)}
     for frame, name in ((encode_request(2, "spark", REQUEST)[4:], "StratalogCommitStaged"),
                         (replace, "StratalogReplaceObjects"), (ranges, "StratalogAbortedRanges")):
         for cut in (10, len(frame) - 1):   # inside the client id, and inside the body's last field
@@ -100,7 +135,7 @@ def test_counts_and_lengths_are_bounded_by_the_bytes_left(where: str, value: int
 
 def test_other_versions_are_not_served() -> None:
     frame = bytearray(encode_request(9, "spark", REQUEST)[4:])
-    struct.pack_into(">h", frame, 2, 1)
+    struct.pack_into(">h", frame, 2, COMMIT_VERSION_MAX + 1)
     with pytest.raises(UnsupportedVersionError):
         decode_request(bytes(frame), SERVED)
 

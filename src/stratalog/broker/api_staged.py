@@ -7,6 +7,13 @@ end after whatever producers appended before; producers to those partitions wait
 commit. A streaming write names its sink and micro-batch: a batch committed before is answered
 ``committed = false`` and writes nothing, so a replayed micro-batch is exactly once.
 
+A broker alone commits the whole request in one metadata transaction. A broker of a cluster leads some
+partitions only, so it commits each partition it leads on its own (one transaction each; a micro-batch
+under a marker per sink and partition, ``spark.sink-partition.<len>:<sink><topic/partition>``, as another
+broker commits the batch's other partitions) and answers NOT_LEADER_OR_FOLLOWER for the others, their
+staged objects untouched: the driver sends those to their leaders (spark/broker_write.py). A retried
+request commits only what no earlier attempt committed.
+
 Each topic written needs Write (and Create, when it does not exist and auto-creation is on), as a
 produce would. Object keys must lie under ``spark-staging/``: a client cannot make the broker move any
 other object.
@@ -30,6 +37,7 @@ from stratalog.broker.acls import Operation
 from stratalog.broker.apis import Api
 from stratalog.broker.session import Session
 from stratalog.broker.topics import parse_stream_name
+from stratalog.cluster.leases import ClusterError
 from stratalog.engine import BackpressureError, StoreClosedError, StoreFailedError
 from stratalog.engine.objformat import CorruptObjectError
 from stratalog.engine.staging import (
@@ -48,10 +56,12 @@ from stratalog.kafka.codec import Prebuilt, Request
 from stratalog.kafka.staged_commit import (
     API_KEY,
     API_NAME,
+    COMMIT_VERSION_MAX,
     REPLACE_API_KEY,
     REPLACE_API_NAME,
     CommitStagedRequest,
     CommitStagedResponse,
+    PartitionResult,
     ReplaceObjectsRequest,
     encode_response,
 )
@@ -62,6 +72,9 @@ if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
 
 log = logging.getLogger("stratalog.broker")
+
+#: Metadata keys of a sink's last micro-batch per partition (a broker of a cluster commits by partition).
+PARTITION_MARKER_PREFIX = "spark.sink-partition."
 
 
 class _RefusedError(Exception):
@@ -96,37 +109,49 @@ def _writes(body: CommitStagedRequest) -> list[StagedWrite]:
 
 
 def _check_partitions(broker: Broker, session: Session, writes: list[StagedWrite]) -> list[int]:
-    """The stream ids written, after authorization and existence checks (topics created as a produce would)."""
-    wanted: dict[str, set[int]] = {}
-    for w in writes:
-        for o in w.objects:
-            for s in o.streams:
-                name, partition = parse_stream_name(s.name) or ("", 0)
-                wanted.setdefault(name, set()).add(partition)
+    """The stream ids written, after authorization and existence checks (topics created as a produce would);
+    _RefusedError for the first partition refused."""
     stream_ids = []
-    for topic_name, partitions in sorted(wanted.items()):
-        if not session.may_topic(Operation.WRITE, topic_name):
-            raise _RefusedError(ErrorCode.topic_authorization_failed,
-                                f"not authorized to write to topic {topic_name!r}")
-        topic = broker.topics.get(topic_name)
-        if topic is None and session.may_create_topic(topic_name):
-            topic = broker.auto_create(topic_name)
-        for p in sorted(partitions):
-            stream = broker.partition(topic_name, p) if topic is not None else None
-            if stream is None:
-                raise _RefusedError(ErrorCode.unknown_topic_or_partition,
-                                    f"no partition {p} of topic {topic_name!r}")
-            stream_ids.append(stream.stream_id)
+    for name in sorted({s.name for w in writes for o in w.objects for s in o.streams}):
+        stream_id, refusal = _partition_check(broker, session, name)
+        if refusal is not None:
+            raise refusal
+        stream_ids.append(stream_id)
     return stream_ids
 
 
+def _partition_check(broker: Broker, session: Session, name: str) -> tuple[int, _RefusedError | None]:
+    """The stream id of partition ``name`` (``topic/partition``) if this broker may commit to it here, else
+    why not: not authorized, no such partition, or (in a cluster) led by another broker."""
+    topic_name, partition = parse_stream_name(name) or ("", 0)
+    if not session.may_topic(Operation.WRITE, topic_name):
+        return -1, _RefusedError(ErrorCode.topic_authorization_failed,
+                                 f"not authorized to write to topic {topic_name!r}")
+    if broker.topics.get(topic_name) is None and session.may_create_topic(topic_name):
+        broker.auto_create(topic_name)
+    stream = broker.partition(topic_name, partition) if broker.topics.get(topic_name) is not None else None
+    if stream is None:
+        code = ErrorCode(broker.partition_error(topic_name, partition))
+        if code == ErrorCode.not_leader_or_follower:
+            return -1, _RefusedError(code, f"partition {partition} of topic {topic_name!r} is led by another broker")
+        return -1, _RefusedError(code, f"no partition {partition} of topic {topic_name!r}")
+    return stream.stream_id, None
+
+
+def partition_marker_key(sink_id: str, name: str) -> str:
+    """The metadata key holding the last micro-batch of ``sink_id`` committed to partition ``name``. The
+    sink id's length comes first, so no two (sink, partition) pairs share a key whatever they hold."""
+    return f"{PARTITION_MARKER_PREFIX}{len(sink_id)}:{sink_id}{name}"
+
+
 def _answer(request: Request, code: ErrorCode = ErrorCode.none, message: str | None = None,
-            result: CommitResult | None = None) -> Prebuilt:
-    """The response frame: an error, or what was committed."""
+            result: CommitResult | None = None, partitions: tuple[PartitionResult, ...] = ()) -> Prebuilt:
+    """The response frame, at the request's version: an error, or what was committed."""
     done = result or CommitResult(False, 0, 0)
     response = CommitStagedResponse(int(code), message, done.committed, done.records, done.objects,
-                                    throttle_time_ms=request.throttle_ms)
-    return Prebuilt([encode_response(request.correlation_id, response)], request.throttle_ms)
+                                    throttle_time_ms=request.throttle_ms, partitions=partitions)
+    version = request.api_version if request.api_key == API_KEY else 0
+    return Prebuilt([encode_response(request.correlation_id, response, version)], request.throttle_ms)
 
 
 async def commit_staged_request(broker: Broker, request: Request, session: Session) -> Prebuilt:
@@ -135,23 +160,89 @@ async def commit_staged_request(broker: Broker, request: Request, session: Sessi
 
     try:
         writes = _writes(body)
+        if broker.ownership.in_cluster:
+            return await _commit_by_partition(broker, request, session, body, writes)
         stream_ids = _check_partitions(broker, session, writes)
     except _RefusedError as e:
         return _answer(request, e.code, str(e))
     marker = (SINK_MARKER_PREFIX + body.sink_id, body.batch_id) if body.sink_id is not None else None
+    code, message, result = await _commit(broker, session, writes, marker, stream_ids)
+    names = sorted({s.name for w in writes for o in w.objects for s in o.streams})
+    # Alone, the broker commits the whole write in one transaction: every partition shares its outcome.
+    partitions = tuple(PartitionResult(name, int(code), message, result.committed,
+                                       _records(writes, name) if result.committed else 0) for name in names)
+    return _answer(request, code, message, result, partitions)
+
+
+async def _commit(broker: Broker, session: Session, writes: list[StagedWrite], marker: tuple[str, int] | None,
+                  stream_ids: list[int]) -> tuple[ErrorCode, str | None, CommitResult]:
+    """One commit_staged in a worker thread: (error code, message, result). A refusal of the cluster's fence
+    (the partition moved to another broker, or this broker's lease ran out, since it was checked) is
+    NOT_LEADER_OR_FOLLOWER."""
+    nothing = CommitResult(False, 0, 0)
     try:
         result = await asyncio.to_thread(commit_staged, broker.store, writes, marker, create_streams=False)
     except (CorruptObjectError, ObjectNotFoundError) as e:
-        return _answer(request, ErrorCode.invalid_request, f"a staged object is not as reported: {e}")
+        return ErrorCode.invalid_request, f"a staged object is not as reported: {e}", nothing
     except BackpressureError as e:
-        return _answer(request, ErrorCode.request_timed_out, str(e))
+        return ErrorCode.request_timed_out, str(e), nothing
+    except ClusterError as e:
+        return ErrorCode.not_leader_or_follower, f"not committed: {e}", nothing
     except (StoreFailedError, StoreClosedError, ObjectStoreError) as e:
         log.error("%s from %s failed: %s", API_NAME, session.host, e)
-        return _answer(request, ErrorCode.kafka_storage_error, str(e))
+        return ErrorCode.kafka_storage_error, str(e), nothing
     if result.committed:
         for stream_id in stream_ids:
             broker.data_arrived(stream_id)
-    return _answer(request, result=result)
+    return ErrorCode.none, None, result
+
+
+def _records(writes: list[StagedWrite], name: str) -> int:
+    return sum(s.count for w in writes for o in w.objects for s in o.streams if s.name == name)
+
+
+def _by_partition(writes: list[StagedWrite]) -> dict[str, list[StagedWrite]]:
+    """The request's staged objects by the partition each holds; _RefusedError for one holding several."""
+    by_name: dict[str, list[StagedWrite]] = {}
+    for w in writes:
+        for o in w.objects:
+            if len(o.streams) != 1:
+                raise _RefusedError(ErrorCode.invalid_request,
+                                    f"object {o.key[:100]!r} holds {len(o.streams)} partitions: a broker of a "
+                                    "cluster commits staged objects of one partition each")
+            by_name.setdefault(o.streams[0].name, []).append(StagedWrite(w.partition, (o,)))
+    return by_name
+
+
+async def _commit_by_partition(broker: Broker, request: Request, session: Session, body: CommitStagedRequest,
+                               writes: list[StagedWrite]) -> Prebuilt:
+    """A broker of a cluster commits each partition of the request on its own: each one it leads in one
+    metadata transaction (a micro-batch under the partition's own marker, since another broker may have
+    committed the batch's other partitions), and refuses the others (NOT_LEADER_OR_FOLLOWER) without
+    touching their staged objects, for the driver to send them to their leaders."""
+    results = []
+    total = CommitResult(False, 0, 0)
+    for name, group in sorted(_by_partition(writes).items()):
+        stream_id, refusal = _partition_check(broker, session, name)
+        if refusal is not None:
+            results.append(PartitionResult(name, int(refusal.code), str(refusal)))
+            continue
+        marker = None
+        if body.sink_id is not None:
+            # A batch committed whole, before writes were split by partition, stands for every partition.
+            if broker.store.metadata.get_meta(SINK_MARKER_PREFIX + body.sink_id, -1) >= body.batch_id:
+                results.append(PartitionResult(name))
+                continue
+            marker = (partition_marker_key(body.sink_id, name), body.batch_id)
+        code, message, result = await _commit(broker, session, group, marker, [stream_id])
+        results.append(PartitionResult(name, int(code), message, result.committed, result.records))
+        total = CommitResult(total.committed or result.committed, total.records + result.records,
+                             total.objects + result.objects)
+    if request.api_version == 0:
+        refused = next((r for r in results if r.error_code), None)
+        if refused is not None:
+            return _answer(request, ErrorCode(refused.error_code), f"{refused.name}: {refused.error_message}", total)
+    return _answer(request, result=total, partitions=tuple(results))
 
 
 def _replace_refusal(body: ReplaceObjectsRequest, session: Session) -> tuple[ErrorCode, str] | None:
@@ -200,6 +291,6 @@ async def replace_objects_request(broker: Broker, request: Request, session: Ses
     return _answer(request, result=result)
 
 
-APIS = [Api(API_KEY, API_NAME, 0, 0, commit_staged_request, ordered=True),
+APIS = [Api(API_KEY, API_NAME, 0, COMMIT_VERSION_MAX, commit_staged_request, ordered=True),
         Api(REPLACE_API_KEY, REPLACE_API_NAME, 0, 0, replace_objects_request,
             ordered=True)]

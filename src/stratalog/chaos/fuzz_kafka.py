@@ -240,7 +240,7 @@ def request_seeds() -> list[bytes]:
     return seeds
 
 
-_OWN_APIS = {staged_commit.API_KEY: (0, 0), staged_commit.REPLACE_API_KEY: (0, 0)}
+_OWN_APIS = {staged_commit.API_KEY: (0, staged_commit.COMMIT_VERSION_MAX), staged_commit.REPLACE_API_KEY: (0, 0)}
 
 
 def check_staged_commit(frame: bytes) -> None:
@@ -250,9 +250,9 @@ def check_staged_commit(frame: bytes) -> None:
     if isinstance(body, staged_commit.ReplaceObjectsRequest):
         encoded = staged_commit.encode_replace_request(request.correlation_id, request.client_id, body)
     else:
-        encoded = staged_commit.encode_request(request.correlation_id, request.client_id, body)
+        encoded = staged_commit.encode_request(request.correlation_id, request.client_id, body, request.api_version)
     again = decode_request(encoded[4:], _OWN_APIS)
-    check(again.body == body and again.client_id == request.client_id,
+    check(again.body == body and again.client_id == request.client_id and again.api_version == request.api_version,
           f"a request of API {request.api_key} re-encoded decodes to another request")
 
 
@@ -263,7 +263,7 @@ def staged_commit_seeds() -> list[bytes]:
                staged_commit.StagedObjectEntry(3, "spark-staging/w/000003-0.slo", 99, (entry("t/7", 5, 1),)))
     return [staged_commit.encode_request(1, "spark", staged_commit.CommitStagedRequest(None, -1, objects))[4:],
             staged_commit.encode_request(2, None, staged_commit.CommitStagedRequest("sink", 41, objects[:1]))[4:],
-            staged_commit.encode_request(3, "", staged_commit.CommitStagedRequest("", 0, ()))[4:],
+            staged_commit.encode_request(3, "", staged_commit.CommitStagedRequest("", 0, ()), version=0)[4:],
             staged_commit.encode_replace_request(4, "spark", staged_commit.ReplaceObjectsRequest(
                 ("data/00000000000000000001.slo", "data/00000000000000000002.slo"),
                 (("spark-staging/compact-1/000000.slo", 4096),)))[4:]]

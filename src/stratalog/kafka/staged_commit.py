@@ -29,6 +29,18 @@ Response v0 (both)::
 
     throttle_time_ms int32, error_code int16, error_message string (nullable),
     committed int8 (0: the batch was committed before, nothing written), records int64, objects int32
+
+StratalogCommitStaged v1 (a broker of a cluster answers per partition): the request is v0's; the response
+is v0's, then what became of each partition the request named::
+
+    partition_count int32
+    partitions     [name string ("topic/partition"), error_code int16, error_message string (nullable),
+                    committed int8, records int64]
+
+A v1 response's top-level error refuses the whole request (malformed, or more objects than allowed); a
+partition's error refuses that partition alone (NOT_LEADER_OR_FOLLOWER: another broker leads it, and its
+staged objects are left as they were for the driver to send there). ``committed`` 0 with no error: the
+sink's micro-batch was committed to that partition before. A v0 request is answered in v0 (one result).
 """
 
 from __future__ import annotations
@@ -44,7 +56,9 @@ API_KEY = 32_000
 API_NAME = "StratalogCommitStaged"
 REPLACE_API_KEY = 32_001
 REPLACE_API_NAME = "StratalogReplaceObjects"
+#: StratalogReplaceObjects' one version, and the versions of StratalogCommitStaged (v1: per-partition results).
 VERSION = 0
+COMMIT_VERSION_MAX = 1
 #: An object key is at most this long (keys the writers make are under 100 bytes).
 KEY_BYTES_MAX = 1024
 
@@ -52,6 +66,8 @@ _HEADER_V1 = struct.Struct(">hhi")
 #: The fewest bytes one object and one stream entry take (empty strings), bounding counts by bytes left.
 _OBJECT_BYTES_MIN = 4 + 2 + 8 + 4
 _STREAM_BYTES_MIN = 2 + 8 + 8
+#: The fewest bytes one partition result of a v1 response takes (an empty name, a null message).
+_RESULT_BYTES_MIN = 2 + 2 + 2 + 1 + 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +100,17 @@ class ReplaceObjectsRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """What became of one partition of a v1 request."""
+
+    name: str
+    error_code: int = 0
+    error_message: str | None = None
+    committed: bool = False
+    records: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class CommitStagedResponse:
     error_code: int = 0
     error_message: str | None = None
@@ -91,6 +118,8 @@ class CommitStagedResponse:
     records: int = 0
     objects: int = 0
     throttle_time_ms: int = 0
+    #: v1 only: one entry per partition the request named.
+    partitions: tuple[PartitionResult, ...] = ()
 
 
 def decode_request_body(frame: bytes | memoryview, at: int) -> CommitStagedRequest:
@@ -137,10 +166,13 @@ def encode_replace_request(correlation_id: int, client_id: str | None, request: 
     return framed(out)
 
 
-def encode_request(correlation_id: int, client_id: str | None, request: CommitStagedRequest) -> bytes:
-    """The whole request frame, its size first."""
+def encode_request(correlation_id: int, client_id: str | None, request: CommitStagedRequest,
+                   version: int = COMMIT_VERSION_MAX) -> bytes:
+    """The whole request frame, its size first (v0 and v1 carry the same body)."""
+    if not 0 <= version <= COMMIT_VERSION_MAX:
+        raise ValueError(f"{API_NAME} has versions 0 to {COMMIT_VERSION_MAX}, not {version}")
     out = bytearray(FRAME_SIZE.size)
-    out += _HEADER_V1.pack(API_KEY, VERSION, correlation_id)
+    out += _HEADER_V1.pack(API_KEY, version, correlation_id)
     put_string(out, client_id)
     put_string(out, request.sink_id)
     out += I64.pack(request.batch_id) + I32.pack(len(request.objects))
@@ -154,22 +186,40 @@ def encode_request(correlation_id: int, client_id: str | None, request: CommitSt
     return framed(out)
 
 
-def encode_response(correlation_id: int, response: CommitStagedResponse) -> bytes:
-    """The whole response frame, its size first."""
+def encode_response(correlation_id: int, response: CommitStagedResponse, version: int = 0) -> bytes:
+    """The whole response frame, its size first; v1 adds the partitions' results (StratalogReplaceObjects
+    answers v0)."""
     out = bytearray(FRAME_SIZE.size)
     out += I32.pack(correlation_id) + I32.pack(response.throttle_time_ms) + I16.pack(response.error_code)
     put_string(out, response.error_message)
     out += I8.pack(1 if response.committed else 0) + I64.pack(response.records) + I32.pack(response.objects)
+    if version >= 1:
+        out += I32.pack(len(response.partitions))
+        for p in response.partitions:
+            put_string(out, p.name)
+            out += I16.pack(p.error_code)
+            put_string(out, p.error_message)
+            out += I8.pack(1 if p.committed else 0) + I64.pack(p.records)
     return framed(out)
 
 
-def decode_response(frame: bytes | memoryview) -> tuple[int, CommitStagedResponse]:
-    """(correlation id, response) of a response frame without its size."""
+def decode_response(frame: bytes | memoryview, version: int = 0) -> tuple[int, CommitStagedResponse]:
+    """(correlation id, response) of a response frame without its size, as the request's ``version``
+    is answered."""
     r = FieldReader(frame, 0, API_NAME)
     correlation_id = r.fixed(I32)
     throttle = r.fixed(I32)
     error_code = r.fixed(I16)
     message = r.nullable_string()
     committed = r.fixed(I8) != 0
-    return correlation_id, CommitStagedResponse(error_code, message, committed, r.fixed(I64), r.fixed(I32),
-                                                throttle)
+    records, objects = r.fixed(I64), r.fixed(I32)
+    partitions = []
+    if version >= 1:
+        for _ in range(r.count(_RESULT_BYTES_MIN, "partition results")):
+            name = r.string()
+            code = r.fixed(I16)
+            text = r.nullable_string()
+            done = r.fixed(I8) != 0
+            partitions.append(PartitionResult(name, code, text, done, r.fixed(I64)))
+    return correlation_id, CommitStagedResponse(error_code, message, committed, records, objects, throttle,
+                                                tuple(partitions))

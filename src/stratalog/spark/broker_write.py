@@ -1,11 +1,14 @@
 """Spark writes into a running broker: tasks stage objects in its object storage, the broker commits them.
 
 Tasks stage exactly as a write to a store at rest does (spark/write.py), in the object storage the
-broker names (or option ``path``). The driver's commit is one StratalogCommitStaged request
-(kafka/staged_commit.py) over a Kafka connection with the ``kafka.*`` settings: the broker checks the
-writer may write each topic, places the objects at the partitions' ends after whatever producers
-appended, and commits them in one metadata transaction. A streaming write's request names its sink and
-micro-batch, and the broker commits each micro-batch once, so a replayed one writes nothing.
+broker names (or option ``path``). The driver's commit is a StratalogCommitStaged request
+(kafka/staged_commit.py) to each broker that leads partitions written, over a Kafka connection with the
+``kafka.*`` settings: the broker checks the writer may write each topic, places the objects at the
+partitions' ends after whatever producers appended, and commits them (a broker alone: the whole write in
+one metadata transaction; a broker of a cluster: each partition in one). A streaming write's request
+names its sink and micro-batch, and the broker commits each micro-batch once per partition, so a replayed
+one writes nothing. Partitions whose leader moved, or could not be reached, are sent to the leader fresh
+metadata names (:func:`commit_through_broker` says when that is safe).
 
 Where each row goes, in this order:
 
@@ -19,6 +22,7 @@ Where each row goes, in this order:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
@@ -27,8 +31,9 @@ import pyarrow.compute as pc
 from stratalog.engine.staging import CommitResult, StagedObject
 from stratalog.errors import StratalogError
 from stratalog.kafka import staged_commit
-from stratalog.kafka.client import KafkaConnection
+from stratalog.kafka.client import BrokerConnectionError, KafkaConnection
 from stratalog.kafka.partitioner import partition_for_key
+from stratalog.spark.kafka_client import BrokerReadError, BrokerView
 
 
 class BrokerWriteError(StratalogError):
@@ -86,17 +91,187 @@ def choose_partitions(destinations: Destinations, batches: Iterator[pa.RecordBat
         yield destinations.streams(batch, task)
 
 
+#: How long a commit keeps sending partitions whose leader refused them or could not be reached to the
+#: leader that fresh metadata names: a broker's failover took 3.9 to 12.6 s under load (docs/cluster.md),
+#: so this outlasts several; a leader gone for longer fails the write.
+COMMIT_RETRY_S_MAX = 120.0
+#: The first wait before such a retry, doubled at each until COMMIT_BACKOFF_S_MAX: a handoff is over in
+#: well under a second, a failover takes seconds.
+COMMIT_BACKOFF_S = 0.1
+COMMIT_BACKOFF_S_MAX = 2.0
+#: A partition refused with these was not committed and its staged objects were left as they were: its
+#: leader moved (or, in a failover, has not been chosen yet). Sent again to the leader metadata names.
+RETRIABLE_ERRORS = frozenset({5, 6})   # LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
+
+#: (Spark task, staged object) pairs.
+Staged = tuple[int, StagedObject]
+StagedExists = Callable[[Sequence[str]], bool]
+
+
 def commit_through_broker(bootstrap: str, settings: dict[str, str],
                           messages: Sequence[tuple[int, Sequence[StagedObject]]],
-                          sink: tuple[str, int] | None) -> CommitResult:
-    """Ask the broker to commit the staged objects of ``messages`` ((task, objects) pairs); ``sink`` (sink id,
-    batch id) for a micro-batch. BrokerWriteError when the broker refuses."""
-    request = staged_commit.CommitStagedRequest(
-        None if sink is None else sink[0], -1 if sink is None else sink[1],
-        tuple(staged_commit.StagedObjectEntry(task, o.key, o.size_bytes, tuple(
-            staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in o.streams))
-            for task, objects in messages for o in objects))
-    return _ask(bootstrap, settings, lambda cid, client: staged_commit.encode_request(cid, client, request))
+                          sink: tuple[str, int] | None, *, staged_exist: StagedExists | None = None,
+                          retry_s_max: float = COMMIT_RETRY_S_MAX) -> CommitResult:
+    """Have the staged objects of ``messages`` ((task, objects) pairs) committed by the brokers that lead
+    their partitions; ``sink`` (sink id, batch id) for a micro-batch. Each leader gets one request for the
+    partitions it leads (a broker alone: the whole write, one transaction; a broker of a cluster: one
+    transaction per partition). Partitions refused because their leader moved, or whose leader could not
+    be reached, go again to the leader fresh metadata names, for up to ``retry_s_max``.
+
+    Never twice: a broker answers each partition, and a partition committed is not sent again. A request
+    whose answer was lost (the connection broke after it was sent) is sent again only when that cannot
+    write twice: a micro-batch (each partition's marker makes a second commit write nothing), or a batch
+    write whose staged objects ``staged_exist`` finds all still there (a broker moves them away as it
+    commits). BrokerWriteError otherwise, and when a broker refuses for good."""
+    pending: dict[str, list[Staged]] = {}
+    for task, objects in messages:
+        for o in objects:
+            names = {s.name for s in o.streams}
+            pending.setdefault(min(names) if len(names) == 1 else "\n".join(sorted(names)), []).append((task, o))
+    commit = _ClusterCommit(bootstrap, settings, sink, staged_exist)
+    deadline = time.monotonic() + retry_s_max
+    backoff_s = COMMIT_BACKOFF_S
+    while True:
+        pending = commit.round(pending)
+        if not pending:
+            return commit.result()
+        if time.monotonic() + backoff_s > deadline:
+            raise BrokerWriteError(f"partitions {', '.join(sorted(pending))[:300]} were not committed within "
+                                   f"{retry_s_max:.0f} s ({commit.last_refusal}); committed before that: "
+                                   f"{commit.done_records} records")
+        time.sleep(backoff_s)
+        backoff_s = min(backoff_s * 2, COMMIT_BACKOFF_S_MAX)
+
+
+class _ClusterCommit:
+    """The state of one write's commit across the brokers: what was committed, and the last refusal."""
+
+    def __init__(self, bootstrap: str, settings: dict[str, str], sink: tuple[str, int] | None,
+                 staged_exist: StagedExists | None) -> None:
+        self.bootstrap = bootstrap
+        self.settings = settings
+        self.sink = sink
+        self.staged_exist = staged_exist
+        self.committed = False
+        self.done_records = 0
+        self.done_objects = 0
+        self.last_refusal = "none"
+
+    def result(self) -> CommitResult:
+        return CommitResult(self.committed, self.done_records, self.done_objects)
+
+    def round(self, pending: dict[str, list[Staged]]) -> dict[str, list[Staged]]:
+        """Send every pending partition to its leader once; the partitions to send again."""
+        leaders = self._leaders(pending)
+        if leaders is None:
+            return pending
+        by_leader: dict[str, dict[str, list[Staged]]] = {}
+        for key, staged in pending.items():
+            by_leader.setdefault(leaders[key], {})[key] = staged
+        again: dict[str, list[Staged]] = {}
+        for leader, partitions in sorted(by_leader.items()):
+            again.update(self._send(leader, partitions))
+        return again
+
+    def _leaders(self, pending: dict[str, list[Staged]]) -> dict[str, str] | None:
+        """Where to send each pending group: its partitions' leader, or for partitions that do not exist
+        any broker (which refuses them, or creates the topic as a produce would). None while a partition
+        has no leader (a failover under way). A group is one partition, or the partitions one object holds
+        (staged for a broker alone): those must share a leader."""
+        wanted = sorted({_topic_partition(name) for key in pending for name in key.split("\n")})
+        view = BrokerView(self.bootstrap, self.settings)
+        try:
+            leaders = view.leaders_known(wanted)
+        except BrokerReadError as e:
+            self.last_refusal = str(e)
+            return None
+        finally:
+            view.close()
+        leaderless = [tp for tp, leader in leaders.items() if leader is None]
+        if leaderless:
+            self.last_refusal = f"no leader of {leaderless[0][0]}/{leaderless[0][1]} yet"
+            return None
+        out = {}
+        for key in pending:
+            hosts = {leaders.get(_topic_partition(name)) or self.bootstrap for name in key.split("\n")}
+            if len(hosts) != 1:
+                raise BrokerWriteError(f"a staged object holds partitions {key.replace(chr(10), ', ')}, led by "
+                                       f"brokers {', '.join(sorted(hosts))}: a write to a cluster stages an object "
+                                       "per partition (StagingWriter's split)")
+            out[key] = hosts.pop()
+        return out
+
+    def _send(self, leader: str, partitions: dict[str, list[Staged]]) -> dict[str, list[Staged]]:
+        """One request to ``leader``; the partitions to send again."""
+        staged = [item for items in partitions.values() for item in items]
+        request = staged_commit.CommitStagedRequest(
+            None if self.sink is None else self.sink[0], -1 if self.sink is None else self.sink[1],
+            tuple(staged_commit.StagedObjectEntry(task, o.key, o.size_bytes, tuple(
+                staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in o.streams)) for task, o in staged))
+        try:
+            connection = KafkaConnection(leader, self.settings)
+        except BrokerConnectionError as e:   # nothing was sent
+            self.last_refusal = str(e)
+            return partitions
+        try:
+            with connection:
+                correlation_id = connection.next_correlation_id()
+                answer = connection.exchange(staged_commit.encode_request(correlation_id, connection.client_id,
+                                                                          request))
+        except BrokerConnectionError as e:
+            return self._answer_lost(leader, partitions, e)
+        answered, response = staged_commit.decode_response(answer, staged_commit.COMMIT_VERSION_MAX)
+        if answered != correlation_id:
+            raise BrokerWriteError(f"broker {leader} answered request {answered}, not {correlation_id}")
+        if response.error_code != 0:
+            raise BrokerWriteError(f"broker {leader} refused (error {response.error_code}): {response.error_message}")
+        return self._take(leader, partitions, response)
+
+    def _take(self, leader: str, partitions: dict[str, list[Staged]],
+              response: staged_commit.CommitStagedResponse) -> dict[str, list[Staged]]:
+        results = {p.name: p for p in response.partitions}
+        again: dict[str, list[Staged]] = {}
+        counted: set[str] = set()
+        for key, staged in partitions.items():
+            names = key.split("\n")
+            missing = [name for name in names if name not in results]
+            if missing:
+                raise BrokerWriteError(f"broker {leader} did not answer for partitions {', '.join(missing)}")
+            refused = [results[name] for name in names if results[name].error_code]
+            if refused and all(r.error_code in RETRIABLE_ERRORS for r in refused):
+                self.last_refusal = f"{leader}: {refused[0].error_message}"
+                again[key] = staged
+                continue
+            if refused:
+                r = refused[0]
+                raise BrokerWriteError(f"broker {leader} refused {r.name} (error {r.error_code}): {r.error_message}; "
+                                       f"committed before that: {self.done_records} records")
+            if any(results[name].committed for name in names):
+                self.committed = True
+                self.done_objects += len(staged)
+            for name in set(names) - counted:   # an object of several partitions shares them with others
+                self.done_records += results[name].records
+                counted.add(name)
+        return again
+
+    def _answer_lost(self, leader: str, partitions: dict[str, list[Staged]],
+                     error: BrokerConnectionError) -> dict[str, list[Staged]]:
+        """The request was sent and its answer lost (the broker died, or the connection broke)."""
+        self.last_refusal = f"{leader}: {error}"
+        if self.sink is not None:
+            return partitions   # each partition's marker makes a second commit of the batch write nothing
+        keys = [o.key for items in partitions.values() for _, o in items]
+        if self.staged_exist is not None and self.staged_exist(keys):
+            return partitions   # nothing was moved, so nothing was committed
+        raise BrokerWriteError(f"the connection to broker {leader} broke during the commit of partitions "
+                               f"{', '.join(sorted(partitions))[:300]} ({error}): whether they were committed is "
+                               f"unknown (their staged objects are gone); committed before that: "
+                               f"{self.done_records} records")
+
+
+def _topic_partition(name: str) -> tuple[str, int]:
+    topic, _, partition = name.rpartition("/")
+    return topic, int(partition)
 
 
 def replace_through_broker(bootstrap: str, settings: dict[str, str], replaced: Sequence[str],
@@ -111,7 +286,7 @@ def _ask(bootstrap: str, settings: dict[str, str], frame: Callable[[int, str | N
     with KafkaConnection(bootstrap, settings) as connection:
         correlation_id = connection.next_correlation_id()
         answer = connection.exchange(frame(correlation_id, connection.client_id))
-    answered, response = staged_commit.decode_response(answer)
+    answered, response = staged_commit.decode_response(answer, 0)
     if answered != correlation_id:
         raise BrokerWriteError(f"the broker answered request {answered}, not {correlation_id}")
     if response.error_code != 0:

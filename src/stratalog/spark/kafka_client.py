@@ -120,18 +120,28 @@ class BrokerView:
     def leaders(self, partitions: list[TopicPartition]) -> dict[TopicPartition, str]:
         """The ``host:port`` of each partition's leader, from fresh metadata; BrokerReadError for a
         partition that has none (or that does not exist)."""
+        out = {}
+        for tp, leader in self.leaders_known(partitions).items():
+            if leader is None:
+                raise BrokerReadError(f"broker {self.bootstrap} names no leader of {tp[0]}/{tp[1]}")
+            out[tp] = leader
+        return out
+
+    def leaders_known(self, partitions: list[TopicPartition]) -> dict[TopicPartition, str | None]:
+        """From fresh metadata, the ``host:port`` of the leader of each of ``partitions`` that exists (None
+        while it has none: a failover under way); a partition that does not exist is left out."""
         try:
             metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
         except Exception as e:
             raise BrokerReadError(f"broker {self.bootstrap} did not list its topics: {e}") from e
-        out = {}
+        out: dict[TopicPartition, str | None] = {}
         for topic, partition in partitions:
             found = metadata.topics.get(topic)
             leader = found.partitions.get(partition) if found is not None else None
-            node = metadata.brokers.get(leader.leader) if leader is not None else None
-            if node is None:
-                raise BrokerReadError(f"broker {self.bootstrap} names no leader of {topic}/{partition}")
-            out[(topic, partition)] = f"{node.host}:{node.port}"
+            if leader is None:
+                continue
+            node = metadata.brokers.get(leader.leader)
+            out[(topic, partition)] = None if node is None else f"{node.host}:{node.port}"
         return out
 
     def object_store_uri(self) -> str | None:

@@ -39,7 +39,9 @@ staging prefix.
 
 Streaming writes (``writeStream.format("stratalog")``) need option ``sinkId``: the commit of micro-batch
 ``b`` stores ``b`` under ``spark.sink.<sinkId>`` in the same metadata transaction, and a commit for a
-batch id at or below the stored one writes nothing (a batch replayed after a driver crash).
+batch id at or below the stored one writes nothing (a batch replayed after a driver crash). Through a
+broker the broker commits instead (spark/broker_write.py); a write to a broker stages an object per
+partition, since the brokers of a cluster commit each partition at its leader.
 
 Writes need the store closed elsewhere: the driver holds the data directory while it commits.
 Columns: ``stream`` (string) and ``value`` (binary or string) are required; ``key`` (binary or string),
@@ -132,12 +134,17 @@ class EncodedBatch:
 
 
 class StagingWriter:
-    """Encodes one task's rows into staged objects. Not thread-safe; one per task."""
+    """Encodes one task's rows into staged objects. Not thread-safe; one per task.
 
-    def __init__(self, store: ObjectStore, prefix: str, object_bytes: int = STAGED_OBJECT_BYTES) -> None:
+    ``split``: each object holds one stream (the writes through a broker, whose partitions brokers of a
+    cluster commit each at its leader); else each holds every stream pending when it is put."""
+
+    def __init__(self, store: ObjectStore, prefix: str, object_bytes: int = STAGED_OBJECT_BYTES, *,
+                 split: bool = False) -> None:
         self._store = store
         self._prefix = prefix
         self._object_bytes = object_bytes
+        self._split = split
         self._next_relative: dict[str, int] = {}
         self._pending: dict[str, list[tuple[int, EncodedBatch]]] = {}
         self._pending_bytes = 0
@@ -181,6 +188,13 @@ class StagingWriter:
 
     def _put(self) -> None:
         names = sorted(n for n, b in self._pending.items() if b)
+        for group in ([[name] for name in names] if self._split else [names]):
+            self._put_object(group)
+        self._pending = {}
+        self._pending_bytes = 0
+
+    def _put_object(self, names: list[str]) -> None:
+        """Put the pending batches of ``names`` as one object."""
         builder = ObjectBuilder(flags=FLAG_PROVISIONAL)
         streams = []
         for provisional, name in enumerate(names):
@@ -196,8 +210,6 @@ class StagingWriter:
         self._seq += 1
         put_parts(self._store, key, parts)
         self._staged.append(StagedObject(key, sum(map(len, parts)), tuple(streams)))
-        self._pending = {}
-        self._pending_bytes = 0
 
 
 #: What record_bytes counts besides key and value: timestamp, key and value lengths, header count.
@@ -323,9 +335,10 @@ def _as_binary(column: Any) -> Any:
 
 
 def write_task(store: ObjectStore, prefix: str, partition: int, batches: Iterator[pa.RecordBatch],
-               object_bytes: int = STAGED_OBJECT_BYTES) -> WriteMessage:
-    """Stage one task's rows; on failure delete what it staged before raising."""
-    writer = StagingWriter(store, f"{prefix}{partition:06d}-", object_bytes)
+               object_bytes: int = STAGED_OBJECT_BYTES, *, split: bool = False) -> WriteMessage:
+    """Stage one task's rows (``split``: an object per stream); on failure delete what it staged before
+    raising."""
+    writer = StagingWriter(store, f"{prefix}{partition:06d}-", object_bytes, split=split)
     now_ms = int(time.time() * 1000)
 
     def encode(held: list[pa.RecordBatch]) -> None:
@@ -436,7 +449,8 @@ class _WriterBase:
         task = _partition_id()
         if self.destinations is not None:
             iterator = choose_partitions(self.destinations, iterator, task)
-        return write_task(shared_store(self.uri), self.prefix, task, iterator, self.object_bytes)
+        return write_task(shared_store(self.uri), self.prefix, task, iterator, self.object_bytes,
+                          split=self.destinations is not None)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None],
                 marker: tuple[str, int] | None) -> CommitResult:
@@ -444,7 +458,8 @@ class _WriterBase:
         if self.bootstrap is not None:
             try:
                 sink = None if marker is None else (marker[0][len(SINK_MARKER_PREFIX):], marker[1])
-                return commit_through_broker(self.bootstrap, self.kafka, [(m.partition, m.objects) for m in ours], sink)
+                return commit_through_broker(self.bootstrap, self.kafka, [(m.partition, m.objects) for m in ours], sink,
+                                             staged_exist=self._staged_exist)
             finally:
                 self._abort()  # the broker moved what it committed; the rest goes
         assert self.data_dir is not None
@@ -454,6 +469,11 @@ class _WriterBase:
         finally:
             delete_staging(store.object_store, self.prefix)
             store.close()
+
+    def _staged_exist(self, keys: Sequence[str]) -> bool:
+        """Whether every one of ``keys`` is still staged (a broker commits a staged object by moving it)."""
+        there = {info.key for info in shared_store(self.uri).list(self.prefix)}
+        return all(key in there for key in keys)
 
     def _abort(self) -> None:
         store = open_store(self.uri)

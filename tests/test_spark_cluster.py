@@ -1,0 +1,237 @@
+"""The Spark data source against three `stratalog serve --cluster` brokers (PostgreSQL, SeaweedFS), a topic of
+6 partitions spread over them: a batch write commits each partition at its leader, once; a commit sent to
+one broker commits what it leads and leaves the rest for their leaders; a micro-batch retried after some
+partitions were committed commits only the rest; a streaming copy with a broker killed -9 mid-stream
+writes every input record to the output once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from clusterkit import BrokerCluster, partition_log, running_cluster, tails
+from conftest import SeaweedS3
+from stratalog.chaos.cluster_probe import served_without
+from stratalog.engine.staging import STAGING_PREFIX
+from stratalog.kafka import staged_commit
+from stratalog.objects.uri import open_object_store
+from stratalog.records import NewRecord
+from stratalog.spark.broker_write import commit_through_broker
+from stratalog.spark.write import StagingWriter
+from waiting import wait_progressing, wait_until
+
+pytestmark = pytest.mark.slow
+pytest_plugins = ["pgkit"]
+
+PARTITIONS = 6
+#: Uploads every 0.2 s: records reach objects (and the manifest) soon after they are acknowledged.
+CONFIG_TOML = "[store]\nupload_interval_s = 0.2\n" + """
+[cluster]
+lease_ms = 3000
+renew_interval_ms = 500
+reconcile_interval_ms = 300
+"""
+#: A broker's failover took 3.9 to 12.6 s under load (docs/cluster.md); a loaded machine may take longer.
+FAILOVER_S_MAX = 90.0
+#: How long the streaming copy may show no progress (no new output record) before the test calls it stuck.
+STALL_S = 240.0
+#: Restarts of the streaming query from its checkpoint allowed (as a supervisor restarts a failed query).
+QUERY_RESTARTS_MAX = 3
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> Iterator[BrokerCluster]:
+    with running_cluster(tmp_path, pg_database, seaweedfs, 3, CONFIG_TOML) as running:
+        yield running
+
+
+def create_topics(cluster: BrokerCluster, *names: str) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
+    for name, future in admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names]).items():
+        future.result(timeout=60)
+        wait_until(lambda n=name: served_without(cluster, 1, n, PARTITIONS), f"every partition of {name} served")
+
+
+def options(cluster: BrokerCluster, seaweedfs: SeaweedS3) -> dict[str, str]:
+    """The data source's options for the cluster: every broker, and S3 credentials (the brokers advertise
+    their store without them)."""
+    return {"path": f"kafka://{cluster.bootstrap()}", "s3.accessKey": seaweedfs.access_key,
+            "s3.secretKey": seaweedfs.secret_key}
+
+
+def topic_log(cluster: BrokerCluster, topic: str, dead: frozenset[int] = frozenset()) -> dict[int, list[bytes]]:
+    """Every record of each partition, read with Fetch from its leader (offsets checked dense)."""
+    via = next(i for i in cluster.live() if i not in dead)
+    view = wait_until(lambda: served_without(cluster, via, topic, PARTITIONS, dead), f"{topic} served")
+    out = {}
+    for partition, v in view.items():
+        with cluster.connect(v.leader_id) as connection:
+            out[partition] = [value for _, _, value in partition_log(connection, topic, partition)]
+    return out
+
+
+def leaders(cluster: BrokerCluster, topic: str) -> dict[int, int]:
+    view = wait_until(lambda: served_without(cluster, 1, topic, PARTITIONS), f"{topic} served")
+    return {p: v.leader_id for p, v in view.items()}
+
+
+def stage(cluster: BrokerCluster, seaweedfs: SeaweedS3, write: str, partitions: list[int],
+          topic: str = "t") -> list[tuple[int, Any]]:
+    """One task's staged objects (one per partition) of 10 records ``<write>:<partition>:<i>`` each."""
+    del seaweedfs
+    store = open_object_store(cluster.objects, Path("."))  # the test's URI carries the credentials
+    writer = StagingWriter(store, f"{STAGING_PREFIX}{write}/000000-", split=True)
+    for p in partitions:
+        writer.add(f"{topic}/{p}", [NewRecord(b"%s:%d:%d" % (write.encode(), p, i)) for i in range(10)])
+    return [(0, writer.finish())]
+
+
+def test_a_batch_write_commits_each_partition_at_its_leader_once(spark: Any, cluster: BrokerCluster,
+                                                                  seaweedfs: SeaweedS3) -> None:
+    create_topics(cluster, "written")
+    assert sorted(Counter(leaders(cluster, "written").values()).values()) == [2, 2, 2]
+    rows = [(f"k{i}", f"w{i}") for i in range(6000)]
+    writer = spark.createDataFrame(rows, "key string, value string").repartition(4).write.format("stratalog")
+    writer.options(**options(cluster, seaweedfs)).option("topic", "written").mode("append").save()
+
+    logs = topic_log(cluster, "written")
+    values = Counter(v for log in logs.values() for v in log)
+    assert values == Counter(v.encode() for _, v in rows), "each row once"
+    assert all(logs.values()), f"rows in every partition: {[len(v) for v in logs.values()]}"
+    read = spark.read.format("stratalog").options(**options(cluster, seaweedfs)).option("topics", "written").load()
+    assert read.count() == len(rows)
+    store = open_object_store(cluster.objects, Path("."))
+    assert not list(store.list(STAGING_PREFIX)), "no staged object left"
+
+
+def test_a_commit_sent_to_one_broker_commits_what_it_leads_and_the_rest_go_to_their_leaders(
+        cluster: BrokerCluster, seaweedfs: SeaweedS3) -> None:
+    create_topics(cluster, "t")
+    led = leaders(cluster, "t")
+    staged = stage(cluster, seaweedfs, "w1", list(range(PARTITIONS)))
+    request = staged_commit.CommitStagedRequest(None, -1, tuple(
+        staged_commit.StagedObjectEntry(task, o.key, o.size_bytes, tuple(
+            staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in o.streams))
+        for task, objects in staged for o in objects))
+    with cluster.connect(1) as connection:
+        answer = connection.exchange(staged_commit.encode_request(connection.next_correlation_id(), None, request))
+    _, response = staged_commit.decode_response(answer, 1)
+    by_name = {p.name: p for p in response.partitions}
+    assert {name: (p.error_code, p.committed, p.records) for name, p in by_name.items()} == {
+        f"t/{p}": (0, True, 10) if led[p] == 1 else (6, False, 0) for p in range(PARTITIONS)}
+
+    # The rest, sent as the driver sends a write: each to its leader; broker 1's are gone from staging.
+    rest = [(task, tuple(o for o in objects if led[int(o.streams[0].name.split("/")[1])] != 1))
+            for task, objects in staged]
+    result = commit_through_broker(cluster.bootstrap(), {}, rest, None)
+    assert (result.committed, result.records) == (True, 40)
+    logs = topic_log(cluster, "t")
+    assert {p: sorted(log) for p, log in logs.items()} == {
+        p: sorted(b"w1:%d:%d" % (p, i) for i in range(10)) for p in range(PARTITIONS)}
+
+
+def test_a_micro_batch_retried_after_some_partitions_committed_commits_only_the_rest(
+        cluster: BrokerCluster, seaweedfs: SeaweedS3) -> None:
+    create_topics(cluster, "t")
+    led = leaders(cluster, "t")
+    first = [p for p in range(PARTITIONS) if led[p] == 2]
+    # Batch 7 reached broker 2 alone (its answer lost, or the driver died), then the whole batch is
+    # replayed, staged again by new tasks.
+    early = commit_through_broker(cluster.bootstrap(), {}, stage(cluster, seaweedfs, "a", first), ("copy", 7))
+    assert (early.committed, early.records) == (True, 10 * len(first))
+    replay = commit_through_broker(cluster.bootstrap(), {}, stage(cluster, seaweedfs, "b", list(range(PARTITIONS))),
+                                   ("copy", 7))
+    assert (replay.committed, replay.records) == (True, 10 * (PARTITIONS - len(first)))
+    again = commit_through_broker(cluster.bootstrap(), {}, stage(cluster, seaweedfs, "c", list(range(PARTITIONS))),
+                                  ("copy", 7))
+    assert (again.committed, again.records) == (False, 0), "a batch committed everywhere writes nothing"
+    logs = topic_log(cluster, "t")
+    for p in range(PARTITIONS):
+        assert sorted(logs[p]) == sorted(b"%s:%d:%d" % (b"a" if p in first else b"b", p, i) for i in range(10))
+    store = open_object_store(cluster.objects, Path("."))
+    assert not list(store.list(STAGING_PREFIX)), "the brokers delete the staged objects of a replay"
+
+
+class Feeding(threading.Thread):
+    """Produces ``count`` records to a topic (idempotent, acks=all), remembering the acknowledged ones."""
+
+    def __init__(self, bootstrap: str, topic: str, count: int) -> None:
+        super().__init__(daemon=True)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                                  "enable.idempotence": True})
+        self.topic, self.count = topic, count
+        self.acked: list[bytes] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        def delivered(error: Any, message: Any) -> None:
+            if error is None:
+                self.acked.append(message.value())
+            else:
+                self.errors.append(str(error))
+
+        for i in range(self.count):
+            self.producer.produce(self.topic, value=b"in-%d" % i, partition=i % PARTITIONS, on_delivery=delivered)
+            self.producer.poll(0)
+        self.producer.flush(FAILOVER_S_MAX * 2)
+
+
+def test_a_streaming_copy_with_a_broker_killed_mid_stream_writes_every_record_once(
+        spark: Any, cluster: BrokerCluster, seaweedfs: SeaweedS3, tmp_path: Path) -> None:
+    create_topics(cluster, "in", "out")
+    count = 6000
+    feeding = Feeding(cluster.bootstrap(), "in", count)
+    feeding.start()
+    feeding.join(FAILOVER_S_MAX * 2)
+    assert len(feeding.acked) == count, feeding.errors[:5]
+    given = options(cluster, seaweedfs)
+
+    def start() -> Any:
+        source = spark.readStream.format("stratalog").options(**given).option("topics", "in") \
+            .option("maxRowsPerTrigger", "500").load()
+        return source.select("key", "value").writeStream.format("stratalog").options(**given) \
+            .option("topic", "out").option("sinkId", "copy").option("checkpointLocation", str(tmp_path / "ck")) \
+            .trigger(processingTime="200 milliseconds").start()
+
+    def written(dead: frozenset[int] = frozenset()) -> int:
+        try:
+            return sum(len(log) for log in topic_log(cluster, "out", dead).values())
+        except AssertionError:
+            return -1   # not every partition served yet (the failover is under way)
+
+    query = start()
+    restarts = 0
+    try:
+        wait_progressing(lambda: written() >= count // 4, written, "a quarter copied before the kill", STALL_S, 0.5)
+        victim = leaders(cluster, "out")[0]
+        cluster.brokers[victim].kill9()
+        dead = frozenset({victim})
+
+        def done() -> bool:
+            nonlocal query, restarts
+            if query.exception() is not None or not query.isActive:
+                assert restarts < QUERY_RESTARTS_MAX, f"the query failed {restarts + 1} times: {query.exception()}"
+                restarts += 1
+                query = start()   # from its checkpoint, as a supervisor restarts a failed query
+            return written(dead) >= count
+
+        wait_progressing(done, lambda: written(dead), lambda: f"the copy (restarts: {restarts})\n{tails(cluster)}",
+                         STALL_S, 0.5)
+        # Whatever is still in flight lands; nothing may land twice.
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    logs = topic_log(cluster, "out", dead)
+    copied = Counter(v for log in logs.values() for v in log)
+    twice = {v: n for v, n in copied.items() if n > 1}
+    assert not twice, f"written twice: {list(twice.items())[:10]} (restarts: {restarts})"
+    assert set(copied) == set(feeding.acked), f"missing: {sorted(set(feeding.acked) - set(copied))[:10]}"
+    print(f"streaming copy across a kill -9 of broker {victim}: {count} records once; query restarts: {restarts}")
+
