@@ -2,13 +2,15 @@
 6 partitions spread over them: a batch write commits each partition at its leader, once; a commit sent to
 one broker commits what it leads and leaves the rest for their leaders; a micro-batch retried after some
 partitions were committed commits only the rest; a streaming copy with a broker killed -9 mid-stream
-writes every input record to the output once."""
+writes every input record to the output once; 30,000 records over the three brokers' partitions are read
+from objects alone once uploaded (the brokers' manifests merged), and materialized whole."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from clusterkit import BrokerCluster, partition_log, running_cluster, tails
 from conftest import SeaweedS3
 from stratalog.chaos.cluster_probe import served_without
+from stratalog.engine.manifest import ManifestError, read_manifest
 from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.kafka import staged_commit
 from stratalog.objects.uri import open_object_store
 from stratalog.records import NewRecord
+from stratalog.spark.broker_plan import TailPartition
+from stratalog.spark.broker_source import BrokerBatchReader, ObjectsPartition
 from stratalog.spark.broker_write import commit_through_broker
+from stratalog.spark.kafka_client import BrokerView
+from stratalog.spark.location import locate
+from stratalog.spark.materialize import load, materialize
 from stratalog.spark.write import StagingWriter
 from waiting import wait_progressing, wait_until
 
@@ -54,9 +62,10 @@ def cluster(tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> Iterator[
 
 def create_topics(cluster: BrokerCluster, *names: str) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
-    for name, future in admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names]).items():
+    for future in admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names]).values():
         future.result(timeout=60)
-        wait_until(lambda n=name: served_without(cluster, 1, n, PARTITIONS), f"every partition of {name} served")
+    for name in names:
+        wait_until(partial(served_without, cluster, 1, name, PARTITIONS), f"every partition of {name} served")
 
 
 def options(cluster: BrokerCluster, seaweedfs: SeaweedS3) -> dict[str, str]:
@@ -135,6 +144,31 @@ def test_a_commit_sent_to_one_broker_commits_what_it_leads_and_the_rest_go_to_th
     logs = topic_log(cluster, "t")
     assert {p: sorted(log) for p, log in logs.items()} == {
         p: sorted(b"w1:%d:%d" % (p, i) for i in range(10)) for p in range(PARTITIONS)}
+
+
+def test_a_commit_sent_by_stale_metadata_is_refused_and_sent_again_to_the_leaders(
+        cluster: BrokerCluster, seaweedfs: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's first look at Metadata names broker 1 as every partition's leader (as after a leader
+    change it has not seen): broker 1 commits its own, refuses the rest, and they go to their leaders."""
+    create_topics(cluster, "t")
+    led = leaders(cluster, "t")
+    real = BrokerView.leaders_known
+    looks: list[int] = []
+
+    def stale_once(view: BrokerView, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], str | None]:
+        looks.append(len(partitions))
+        if len(looks) == 1:
+            return dict.fromkeys(partitions, cluster.brokers[1].bootstrap)
+        return real(view, partitions)
+
+    monkeypatch.setattr(BrokerView, "leaders_known", stale_once)
+    result = commit_through_broker(cluster.bootstrap(), {}, stage(cluster, seaweedfs, "s", list(range(PARTITIONS))),
+                                   ("stale", 0))
+    assert (result.committed, result.records) == (True, 10 * PARTITIONS)
+    assert looks == [PARTITIONS, sum(1 for p in led.values() if p != 1)], "the refused partitions, asked again"
+    logs = topic_log(cluster, "t")
+    assert {p: sorted(log) for p, log in logs.items()} == {
+        p: sorted(b"s:%d:%d" % (p, i) for i in range(10)) for p in range(PARTITIONS)}
 
 
 def test_a_micro_batch_retried_after_some_partitions_committed_commits_only_the_rest(
@@ -235,3 +269,47 @@ def test_a_streaming_copy_with_a_broker_killed_mid_stream_writes_every_record_on
     assert set(copied) == set(feeding.acked), f"missing: {sorted(set(feeding.acked) - set(copied))[:10]}"
     print(f"streaming copy across a kill -9 of broker {victim}: {count} records once; query restarts: {restarts}")
 
+
+def uploaded(cluster: BrokerCluster, topic: str) -> int:
+    """Records of ``topic`` the merged manifest covers."""
+    store = open_object_store(cluster.objects, Path("."))
+    try:
+        manifest = read_manifest(store)
+    except ManifestError:
+        return 0
+    finally:
+        store.close()
+    return sum(s.end_offset - s.start_offset for s in manifest.streams.values()
+               if s.name is not None and s.name.startswith(f"{topic}/"))
+
+
+def test_every_partition_of_the_cluster_is_read_and_materialized_from_objects(
+        spark: Any, cluster: BrokerCluster, seaweedfs: SeaweedS3) -> None:
+    create_topics(cluster, "events")
+    count = 30_000
+    feeding = Feeding(cluster.bootstrap(), "events", count)
+    feeding.start()
+    feeding.join(FAILOVER_S_MAX * 2)
+    assert len(feeding.acked) == count, feeding.errors[:5]
+    wait_progressing(lambda: uploaded(cluster, "events") >= count, lambda: uploaded(cluster, "events"),
+                     "every record in the merged manifest", STALL_S, 0.2)
+    given = {**options(cluster, seaweedfs), "topics": "events"}
+
+    as_spark_passes = {k.lower(): v for k, v in given.items()}   # Spark lower-cases option names
+    planned = [p.value for p in BrokerBatchReader(locate(as_spark_passes), as_spark_passes).partitions()]
+    from_objects = sum(p.part.rows for p in planned if isinstance(p, ObjectsPartition))
+    through_fetch = sum(p.rows for p in planned if isinstance(p, TailPartition))
+    read_streams = {s.name for p in planned if isinstance(p, ObjectsPartition) for s in p.part.slices}
+    assert (from_objects, through_fetch) == (count, 0), "every partition read from objects"
+    assert read_streams == {f"events/{p}" for p in range(PARTITIONS)}
+    read = spark.read.format("stratalog").options(**given).load()
+    assert read.count() == count
+
+    report = materialize(spark, f"kafka://{cluster.bootstrap()}", ["events"], options=options(cluster, seaweedfs))
+    assert report.rows == count
+    creds = {k: v for k, v in options(cluster, seaweedfs).items() if k != "path"}
+    tables = load(spark, f"kafka://{cluster.bootstrap()}", ["events"], tableReader="objects", **creds)
+    assert tables.count() == count
+    assert sorted(r.value for r in tables.select("value").collect()) == sorted(feeding.acked)
+    print(f"{count} records over {PARTITIONS} partitions of 3 brokers: planned {from_objects} from objects, "
+          f"{through_fetch} through Fetch; materialize wrote {report.rows} in {report.files_written} files")

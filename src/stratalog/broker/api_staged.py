@@ -230,7 +230,8 @@ async def _commit_by_partition(broker: Broker, request: Request, session: Sessio
         marker = None
         if body.sink_id is not None:
             # A batch committed whole, before writes were split by partition, stands for every partition.
-            if broker.store.metadata.get_meta(SINK_MARKER_PREFIX + body.sink_id, -1) >= body.batch_id:
+            whole = await asyncio.to_thread(broker.store.metadata.get_meta, SINK_MARKER_PREFIX + body.sink_id, -1)
+            if whole >= body.batch_id:
                 results.append(PartitionResult(name))
                 continue
             marker = (partition_marker_key(body.sink_id, name), body.batch_id)
