@@ -442,7 +442,7 @@ async def _init_transactional(broker: Broker, request: Request, session: Session
 
 
 APIS = (
-    Api(ApiKey.PRODUCE, "Produce", 3, 9, produce, ordered=True),
+    Api(ApiKey.PRODUCE, "Produce", 3, 9, produce),
     Api(ApiKey.LIST_OFFSETS, "ListOffsets", 1, 7, list_offsets),
     Api(ApiKey.DELETE_RECORDS, "DeleteRecords", 0, 2, delete_records, ordered=True),
     Api(ApiKey.INIT_PRODUCER_ID, "InitProducerId", 0, 4, init_producer_id, ordered=True),
