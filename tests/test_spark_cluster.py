@@ -147,6 +147,35 @@ def test_a_commit_sent_to_one_broker_commits_what_it_leads_and_the_rest_go_to_th
         p: sorted(b"w1:%d:%d" % (p, i) for i in range(10)) for p in range(PARTITIONS)}
 
 
+def test_a_broker_of_a_cluster_refuses_an_object_of_several_partitions_and_answers_v0_with_one_error(
+        cluster: BrokerCluster, seaweedfs: SeaweedS3) -> None:
+    create_topics(cluster, "t")
+    led = leaders(cluster, "t")
+    store = open_object_store(cluster.objects, Path("."))
+    writer = StagingWriter(store, f"{STAGING_PREFIX}joined/000000-")   # one object for both partitions
+    for p in (0, 1):
+        writer.add(f"t/{p}", [NewRecord(b"x")])
+    [joined] = writer.finish()
+    entry = staged_commit.StagedObjectEntry(0, joined.key, joined.size_bytes, tuple(
+        staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in joined.streams))
+    with cluster.connect(1) as connection:
+        frame = staged_commit.encode_request(connection.next_correlation_id(), None,
+                                             staged_commit.CommitStagedRequest(None, -1, (entry,)))
+        _, response = staged_commit.decode_response(connection.exchange(frame), 1)
+    assert (response.error_code, response.partitions) == (42, ())   # INVALID_REQUEST, nothing committed
+    assert "objects of one partition each" in (response.error_message or "")
+
+    # An older driver's v0 request: the first partition refused is the answer's error.
+    [(_, [single])] = stage(cluster, seaweedfs, "v0", [next(p for p, b in led.items() if b != 1)])
+    entry = staged_commit.StagedObjectEntry(0, single.key, single.size_bytes, tuple(
+        staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in single.streams))
+    with cluster.connect(1) as connection:
+        frame = staged_commit.encode_request(connection.next_correlation_id(), None,
+                                             staged_commit.CommitStagedRequest(None, -1, (entry,)), 0)
+        _, response = staged_commit.decode_response(connection.exchange(frame), 0)
+    assert response.error_code == 6 and "led by another broker" in (response.error_message or "")
+    assert sum(len(log) for log in topic_log(cluster, "t").values()) == 0
+
 def test_a_commit_sent_by_stale_metadata_is_refused_and_sent_again_to_the_leaders(
         cluster: BrokerCluster, seaweedfs: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver's first look at Metadata names broker 1 as every partition's leader (as after a leader

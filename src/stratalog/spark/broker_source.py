@@ -80,6 +80,9 @@ log = logging.getLogger("stratalog.spark")
 COLD_READS = ("auto", "objects", "broker")
 #: Records per micro-batch when the query sets no limit.
 MAX_ROWS_PER_TRIGGER = 1_000_000
+#: How long the driver waits for a partition's leader to answer while planning (a cluster's broker killed:
+#: its partitions have a new leader 3.9 to 12.6 s later under load, docs/cluster.md), before the read fails.
+LEADER_WAIT_S_MAX = 60.0
 EARLIEST, LATEST = -2, -1
 
 Offsets = dict[str, dict[str, int]]
@@ -192,7 +195,7 @@ class BrokerRead:
                 streams[tp] = piece.stream_id
                 first, last = spans.get(tp, (piece.start_offset, piece.end_offset))
                 spans[tp] = (min(first, piece.start_offset), max(last, piece.end_offset))
-        found = aborted_ranges(view.leaders, self.kafka, spans)
+        found = aborted_ranges(view.leaders, self.kafka, spans, unreachable_s_max=LEADER_WAIT_S_MAX)
         return {streams[tp]: txns for tp, txns in found.items() if txns}
 
     # Executor side -------------------------------------------------------------------------------

@@ -22,8 +22,10 @@ Where each row goes, in this order:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,6 +105,9 @@ COMMIT_BACKOFF_S_MAX = 2.0
 #: leader moved (or, in a failover, has not been chosen yet). Sent again to the leader metadata names.
 RETRIABLE_ERRORS = frozenset({5, 6})   # LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
 
+#: Leaders one commit sends to at once (one thread each); a cluster has a few brokers, a larger one waits.
+LEADERS_AT_ONCE_MAX = 16
+
 #: (Spark task, staged object) pairs.
 Staged = tuple[int, StagedObject]
 StagedExists = Callable[[Sequence[str]], bool]
@@ -156,6 +161,8 @@ class _ClusterCommit:
         self.done_records = 0
         self.done_objects = 0
         self.last_refusal = "none"
+        #: Guards the counts above: the requests to the leaders run in threads of their own.
+        self._lock = threading.Lock()
 
     def result(self) -> CommitResult:
         return CommitResult(self.committed, self.done_records, self.done_objects)
@@ -168,9 +175,20 @@ class _ClusterCommit:
         by_leader: dict[str, dict[str, list[Staged]]] = {}
         for key, staged in pending.items():
             by_leader.setdefault(leaders[key], {})[key] = staged
+        # The leaders commit at once: the time a reader can see the write in some partitions and not in
+        # others is one commit, not one per leader. Every request is answered before any error is raised.
+        threads = min(len(by_leader), LEADERS_AT_ONCE_MAX)
+        with ThreadPoolExecutor(threads, thread_name_prefix="stratalog-commit") as pool:
+            sent = [pool.submit(self._send, leader, partitions) for leader, partitions in sorted(by_leader.items())]
         again: dict[str, list[Staged]] = {}
-        for leader, partitions in sorted(by_leader.items()):
-            again.update(self._send(leader, partitions))
+        refusals = []
+        for future in sent:
+            try:
+                again.update(future.result())
+            except BrokerWriteError as e:
+                refusals.append(e)
+        if refusals:
+            raise refusals[0]
         return again
 
     def _leaders(self, pending: dict[str, list[Staged]]) -> dict[str, str] | None:
@@ -211,7 +229,8 @@ class _ClusterCommit:
         try:
             connection = KafkaConnection(leader, self.settings)
         except BrokerConnectionError as e:   # nothing was sent
-            self.last_refusal = str(e)
+            with self._lock:
+                self.last_refusal = str(e)
             return partitions
         try:
             with connection:
@@ -219,16 +238,19 @@ class _ClusterCommit:
                 answer = connection.exchange(staged_commit.encode_request(correlation_id, connection.client_id,
                                                                           request))
         except BrokerConnectionError as e:
-            return self._answer_lost(leader, partitions, e)
+            with self._lock:
+                return self._answer_lost(leader, partitions, e)
         answered, response = staged_commit.decode_response(answer, staged_commit.COMMIT_VERSION_MAX)
         if answered != correlation_id:
             raise BrokerWriteError(f"broker {leader} answered request {answered}, not {correlation_id}")
         if response.error_code != 0:
             raise BrokerWriteError(f"broker {leader} refused (error {response.error_code}): {response.error_message}")
-        return self._take(leader, partitions, response)
+        with self._lock:
+            return self._take(leader, partitions, response)
 
     def _take(self, leader: str, partitions: dict[str, list[Staged]],
               response: staged_commit.CommitStagedResponse) -> dict[str, list[Staged]]:
+        """What ``leader`` answered, counted (the lock held); the partitions to send again."""
         results = {p.name: p for p in response.partitions}
         again: dict[str, list[Staged]] = {}
         counted: set[str] = set()

@@ -7,8 +7,9 @@ the batches aborted transactions wrote (spark/aborted.py); the tail, read throug
 keeps the partition's transactions (broker/txn_partitions.py); partitions are asked for in one request
 per leader (PARTITIONS_MAX at most each), over one connection with the ``kafka.*`` settings. A partition
 whose leader moved meanwhile is asked again of its new leader, after fresh metadata, LEADER_LOOKUPS_MAX
-times at most. A response with no room for every range (``more``) is followed by a request from past the
-last range it listed, until none is left.
+times at most; a leader that cannot be reached is asked again after fresh metadata, with a wait, for as
+long as the caller allows (the data source: a failover's length). A response with no room for every range
+(``more``) is followed by a request from past the last range it listed, until none is left.
 
 A range missed would let a task return an aborted transaction's records, so an answer is taken only
 whole and consistent (``read_page``, no I/O): every partition asked answered once, none other, each
@@ -19,6 +20,7 @@ with another exception (the fuzz target ``spark_aborted_ranges`` holds it to tha
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -37,6 +39,10 @@ from stratalog.spark.kafka_client import BrokerReadError, TopicPartition
 #: Metadata lookups for a partition whose leader moved while the driver asked: a leader moves once per
 #: failover, so a third lookup finding it moved again means the cluster is not settled; the read fails.
 LEADER_LOOKUPS_MAX = 3
+#: The first wait before asking again after a leader could not be reached (or none was named), doubled up to
+#: UNREACHABLE_WAIT_S_MAX: a failover takes seconds (docs/cluster.md), a handoff less than one.
+UNREACHABLE_WAIT_S = 0.2
+UNREACHABLE_WAIT_S_MAX = 2.0
 #: Errors that mean "ask the partition's current leader" (Kafka's, as for Fetch).
 _MOVED = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.leader_not_available,
                     ErrorCode.fenced_leader_epoch, ErrorCode.unknown_leader_epoch})
@@ -73,35 +79,70 @@ class Page:
 
 
 def aborted_ranges(leaders: Leaders, settings: dict[str, str], wanted: Wanted,
-                   connect: Connect = KafkaConnection) -> dict[TopicPartition, list[AbortedTxn]]:
+                   connect: Connect = KafkaConnection, *, unreachable_s_max: float = 0.0,
+                   sleep: Callable[[float], None] = time.sleep,
+                   clock: Callable[[], float] = time.monotonic) -> dict[TopicPartition, list[AbortedTxn]]:
     """The aborted transactions of each partition overlapping its ``[from, to)`` in ``wanted``, ordered by
     marker. ``leaders`` names each partition's leader (``BrokerView.leaders``). BrokerReadError when a
-    leader refuses, cannot be reached, or answers with anything but a whole, consistent answer."""
+    leader refuses, or answers with anything but a whole, consistent answer; and when a leader cannot be
+    reached (nor metadata name one), once ``unreachable_s_max`` has passed: until then the partitions are
+    asked again of the leader fresh metadata names, after a wait (a broker killed in a cluster is replaced
+    within seconds)."""
     found: dict[TopicPartition, list[AbortedTxn]] = {tp: [] for tp in wanted}
     pending = {tp: span for tp, span in wanted.items() if span[0] < span[1]}
-    for _ in range(LEADER_LOOKUPS_MAX):
-        if not pending:
-            return found
-        where = leaders(sorted(pending))
+    deadline = clock() + unreachable_s_max
+    wait_s = UNREACHABLE_WAIT_S
+    moves = 0
+    while pending:
+        try:
+            where = leaders(sorted(pending))
+        except BrokerReadError:
+            if clock() + wait_s > deadline:
+                raise
+            sleep(wait_s)   # no leader named yet: a failover under way
+            wait_s = min(wait_s * 2, UNREACHABLE_WAIT_S_MAX)
+            continue
         invariant(set(where) >= set(pending), "leaders() names a leader for every partition or raises")
         by_leader: dict[str, Wanted] = {}
         for tp in sorted(pending):
             by_leader.setdefault(where[tp], {})[tp] = pending[tp]
         moved: Wanted = {}
+        unreachable: Wanted = {}
         for address, asked in by_leader.items():
-            moved.update(_ask_leader(address, settings, asked, found, connect))
-        pending = moved
-    if pending:
-        raise BrokerReadError(f"the leaders of {', '.join(f'{t}/{p}' for t, p in sorted(pending))} moved "
-                              f"{LEADER_LOOKUPS_MAX} times while their aborted transactions were asked for")
+            try:
+                moved.update(_ask_leader(address, settings, asked, found, connect))
+            except _UnreachableError as e:
+                if clock() + wait_s > deadline:
+                    raise BrokerReadError(f"asking {address} for aborted transactions: {e}") from e
+                unreachable.update(e.left)
+        if moved:
+            moves += 1
+            if moves >= LEADER_LOOKUPS_MAX:
+                raise BrokerReadError(f"the leaders of {', '.join(f'{t}/{p}' for t, p in sorted(moved))} moved "
+                                      f"{LEADER_LOOKUPS_MAX} times while their aborted transactions were asked for")
+        if unreachable:
+            sleep(wait_s)
+            wait_s = min(wait_s * 2, UNREACHABLE_WAIT_S_MAX)
+        pending = {**moved, **unreachable}
     return found
+
+
+class _UnreachableError(Exception):
+    """A leader's connection failed; ``left``: what is still to ask of its partitions."""
+
+    def __init__(self, error: BrokerConnectionError, left: Wanted) -> None:
+        super().__init__(str(error))
+        self.left = left
 
 
 def _ask_leader(address: str, settings: dict[str, str], asked: Wanted,
                 found: dict[TopicPartition, list[AbortedTxn]], connect: Connect) -> Wanted:
     """Ask one leader for every partition of ``asked``, a page at a time; add the ranges to ``found``. The
-    partitions it no longer leads, with what is left to ask of them."""
+    partitions it no longer leads, with what is left to ask of them. _UnreachableError, with what is left
+    to ask, when the connection fails: a page not answered is asked again whole, so no range is taken
+    twice nor missed."""
     moved: Wanted = {}
+    chunk: Wanted = {}
     try:
         with connect(address, settings) as connection:
             while asked:
@@ -111,12 +152,13 @@ def _ask_leader(address: str, settings: dict[str, str], asked: Wanted,
                 answer = connection.exchange(wire.encode_request(correlation_id, connection.client_id,
                                                                  page_request(chunk)))
                 page = read_page(address, chunk, correlation_id, answer)
+                chunk = {}
                 for tp, ranges in page.found.items():
                     found[tp].extend(ranges)
                 asked.update(page.left)
                 moved.update(page.moved)
     except BrokerConnectionError as e:
-        raise BrokerReadError(f"asking {address} for aborted transactions: {e}") from e
+        raise _UnreachableError(e, {**asked, **chunk, **moved}) from e
     return moved
 
 
