@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import random
 import statistics
@@ -43,6 +44,7 @@ from stratalog.chaos.cluster_process import (
     running_cluster,
     running_services,
 )
+from stratalog.chaos.harness import ChaosHarnessError
 
 TOPIC = "bench"
 PARTITIONS = 6
@@ -50,6 +52,8 @@ RECORD_BYTES = KIB_BYTES
 BROKER_COUNTS = (1, 2, 3)
 #: Sending before the measured window: connections made, batches flowing.
 WARM_UP_S = 2.0
+#: A warm-up with no record acknowledged by then is a broken cluster, not a slow one.
+WARM_UP_S_MAX = 120.0
 #: Between rounds of the failover phase's light load: one record per partition every 0.05 s.
 FAILOVER_ROUND_S = 0.05
 #: How long a failover, and the spread of partitions after a restart, may take.
@@ -90,27 +94,35 @@ def _producer(bootstrap: str, linger_ms: int) -> Any:
 
 
 def produce_for(bootstrap: str, seconds: float, rate_per_s: float | None) -> dict[str, Any]:
-    """Send 1 KiB records round robin over the partitions for WARM_UP_S + ``seconds``, as fast as they are
-    taken (``rate_per_s`` None) or paced; count those acknowledged in the window after the warm-up, and
-    the latency of those sent in it."""
+    """Send 1 KiB records round robin over the partitions, as fast as they are taken (``rate_per_s`` None)
+    or paced: a warm-up, then ``seconds`` measured; count those acknowledged in the window, and the latency
+    of those sent in it. The warm-up lasts WARM_UP_S and until a first record is acknowledged (a busy
+    machine may take longer to connect: the window starts once records flow, never before)."""
     producer = _producer(bootstrap, 5 if rate_per_s is None else 0)
     value = bytes(RECORD_BYTES)
     started = time.monotonic()
-    window_start, window_end = started + WARM_UP_S, started + WARM_UP_S + seconds
+    #: The measured window, once the warm-up has ended (inf: not yet).
+    window = [math.inf, math.inf]
     latencies_s: list[float] = []
-    counts = {"acked_in_window": 0, "failed": 0, "sent": 0}
+    counts = {"acked_in_window": 0, "failed": 0, "sent": 0, "acked": 0}
 
     def delivered(error: object, _message: object, sent_at: float) -> None:
         now = time.monotonic()
         if error is not None:
             counts["failed"] += 1
             return
-        if window_start <= now < window_end:
+        counts["acked"] += 1
+        if window[0] <= now < window[1]:
             counts["acked_in_window"] += 1
-        if window_start <= sent_at < window_end:
+        if window[0] <= sent_at < window[1]:
             latencies_s.append(now - sent_at)
 
-    while (now := time.monotonic()) < window_end:
+    while (now := time.monotonic()) < window[1]:
+        if window[0] == math.inf and counts["acked"] and now >= started + WARM_UP_S:
+            window[:] = [now, now + seconds]
+        elif now > started + WARM_UP_S_MAX and not counts["acked"]:
+            raise ChaosHarnessError(f"no record was acknowledged within {WARM_UP_S_MAX:.0f} s of the first "
+                                    f"send to {bootstrap}")
         if rate_per_s is not None:
             due = started + counts["sent"] / rate_per_s
             if due > now:
