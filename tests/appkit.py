@@ -159,6 +159,40 @@ def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -
         consumer.close()
 
 
+class Watermarks:
+    """A topic's ends, summed over its partitions, read_committed (the last stable offsets) and
+    read_uncommitted (the high watermarks), through two consumers kept open: a look is a ListOffsets round
+    trip per partition, not a client's start (which takes seconds on a busy machine, long enough for a
+    transaction to begin and end unseen)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self._consumers = {level: Consumer({"bootstrap.servers": bootstrap, "group.id": "appkit-watermarks",
+                                            "isolation.level": level})
+                           for level in ("read_committed", "read_uncommitted")}
+        self._partitions: list[int] = []
+
+    def ends(self) -> tuple[int, int]:
+        """(sum of the last stable offsets, sum of the high watermarks); (0, 0) before the topic exists."""
+        if not self._partitions:
+            found = self._consumers["read_uncommitted"].list_topics(self.topic, timeout=WAIT_S).topics[self.topic]
+            if found.error is not None:
+                return 0, 0
+            self._partitions = sorted(found.partitions)
+        stable, high = (sum(c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=WAIT_S)[1]
+                            for p in self._partitions) for c in self._consumers.values())
+        return stable, high
+
+    def open_records(self) -> int:
+        """Records (and markers) past the last stable offsets: a transaction is open in the topic."""
+        stable, high = self.ends()
+        return high - stable
+
+    def close(self) -> None:
+        for consumer in self._consumers.values():
+            consumer.close()
+
+
 def committed(bootstrap: str, group: str, partitions: Sequence[int]) -> dict[int, int]:
     """``group``'s committed offset of each partition of INPUT_TOPIC (-1001: none yet), without joining it."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
