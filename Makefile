@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean debian-packages sanitize
+.PHONY: run test suite lint bench clean debian-packages sanitize sanitize-beside
 
 # STRATALOG_BUILD_STRICT: the compiled core's warnings are errors and a failed build stops here, so a tree
 # that is run or tested never falls back to the Python twins unnoticed (setup.py).
@@ -45,9 +45,22 @@ ifneq ($(DEBIAN_NEEDED),)
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(DEBIAN_NEEDED)
 endif
 
+# The sanitizer run and the suite side by side: the sanitizer's tests keep one core busy for minutes, and the
+# suite's workers wait on servers, leases and timers much of the time, so together they end sooner than one
+# after the other. The sanitizer's output goes to build/sanitize.log, shown when it ends (whole if it
+# failed); either failing fails the target.
+test: lint debian-packages
+	$(MAKE) --no-print-directory -j2 sanitize-beside suite
+
+sanitize-beside: $(STAMP)
+	@mkdir -p build
+	@if $(MAKE) --no-print-directory sanitize > build/sanitize.log 2>&1; then \
+	  echo "sanitize passed (build/sanitize.log):"; tail -n 12 build/sanitize.log; \
+	else cat build/sanitize.log; echo "sanitize FAILED (build/sanitize.log)"; exit 1; fi
+
 # Three workers on two cores (much of the suite waits on servers, leases and timers), each module's tests
 # on one of them, so its module-scoped servers start once; tests/schedulekit.py says which goes where.
-test: lint debian-packages sanitize
+suite: $(NATIVE)
 	$(BIN)/pytest -n 3 --dist loadscope
 	STRATALOG_PURE_PYTHON=1 $(BIN)/pytest -q -p no:randomly $(PARSER_TESTS) $(QUEUE_STORE_TESTS)
 
