@@ -6,9 +6,20 @@ Produce: the same producer processes and message counts as the plain throughput 
 its messages produced, and committed every ``COMMIT_INTERVAL_S`` (librdkafka's commit_transaction first
 waits for every message of the transaction to be acknowledged). Its rate over the plain produce's of the
 same run is the first ratio (target: 0.8x, in :mod:`stratalog.bench.kafka_report`). A transactional
-producer is idempotent, and librdkafka then keeps at most 5 requests in flight where the plain producers
-keep up to a million: the same producers once more with enable.idempotence=true and no transactions
+producer is idempotent: the same producers once more with enable.idempotence=true and no transactions
 split that ratio into what idempotence costs and what the transactions add to it.
+
+What idempotence costs here is librdkafka's (2.16), not the broker's. Its per-partition bound on requests
+in flight (5, the broker's window of remembered batches) is checked against the partition's count of
+*messages* in flight, so once a request of 5 messages or more is out no other leaves for that partition
+(rdkafka_broker.c, ``rd_kafka_toppar_producer_serve``; librdkafka pull request 4989): one produce
+request per partition in flight, where the plain producer keeps a queue of them. And while it waits with
+a batch ready, its broker thread polls its sockets with a zero timeout in a loop (``strace -c`` of that
+thread at 1 KiB: 109,472 polls in 2 s against 376 for the plain producer), taking CPU from the broker and
+the other producers on a machine of few vCPUs. The broker appends a connection's pipelined produces
+without waiting for the durability of the one before (tests/test_broker_produce_pipeline.py), so a client
+that keeps several in flight gets them appended at once; ``--server-cpus`` keeps the server's vCPUs its
+own.
 
 Tail read: a transactional run small enough to stay in the broker's log cache (the produce run itself,
 or one of its own as in the plain phases) is read back at once by the plain phases' consumer, with
