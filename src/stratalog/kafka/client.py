@@ -37,6 +37,10 @@ class BrokerConnectionError(StratalogError):
     """The broker could not be reached, refused the login, or answered with something else than a response."""
 
 
+class LoginRefusedError(BrokerConnectionError):
+    """The broker refused the credentials: asking again with the same ones gets the same answer."""
+
+
 def _setting(settings: dict[str, str], *names: str, default: str | None = None) -> str | None:
     for name in names:
         if name in settings:
@@ -160,7 +164,7 @@ class KafkaConnection:
     def _authenticate(self, token: bytes) -> bytes:
         response = self.call(ApiKey.SASL_AUTHENTICATE, 2, SaslAuthenticateRequest(auth_bytes=token))
         if response.error_code != 0:
-            raise BrokerConnectionError(f"the broker refused the login: {response.error_message}")
+            raise LoginRefusedError(f"the broker refused the login: {response.error_message}")
         return bytes(response.auth_bytes)
 
 

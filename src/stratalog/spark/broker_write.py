@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from stratalog.engine.staging import CommitResult, StagedObject
 from stratalog.errors import StratalogError
 from stratalog.kafka import staged_commit
-from stratalog.kafka.client import BrokerConnectionError, KafkaConnection
+from stratalog.kafka.client import BrokerConnectionError, KafkaConnection, LoginRefusedError
 from stratalog.kafka.partitioner import partition_for_key
 from stratalog.spark.kafka_client import BrokerReadError, BrokerView
 
@@ -202,6 +202,7 @@ class _ClusterCommit:
             leaders = view.leaders_known(wanted)
         except BrokerReadError as e:
             self.last_refusal = str(e)
+            _check_login(self.bootstrap, self.settings)   # refused credentials are not tried again
             return None
         finally:
             view.close()
@@ -228,6 +229,8 @@ class _ClusterCommit:
                 staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in o.streams)) for task, o in staged))
         try:
             connection = KafkaConnection(leader, self.settings)
+        except LoginRefusedError:
+            raise   # the same credentials get the same answer: not tried again
         except BrokerConnectionError as e:   # nothing was sent
             with self._lock:
                 self.last_refusal = str(e)
@@ -289,6 +292,17 @@ class _ClusterCommit:
                                f"{', '.join(sorted(partitions))[:300]} ({error}): whether they were committed is "
                                f"unknown (their staged objects are gone); committed before that: "
                                f"{self.done_records} records")
+
+
+def _check_login(bootstrap: str, settings: dict[str, str]) -> None:
+    """Raise LoginRefusedError when ``bootstrap`` refuses ``settings``' credentials (the metadata client
+    reports a refused login as a transport failure, like a broker that is down); nothing otherwise."""
+    try:
+        KafkaConnection(bootstrap, settings).close()
+    except LoginRefusedError:
+        raise
+    except BrokerConnectionError:
+        pass   # not reachable: the next round tries again
 
 
 def _topic_partition(name: str) -> tuple[str, int]:
