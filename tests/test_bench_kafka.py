@@ -89,7 +89,9 @@ def test_bench_kafka_measures_every_peer_and_leaves_no_server(tmp_path: Path) ->
             # librdkafka's default, named: over a topic without transactions it reads every record.
             assert peer["name"] == "nats" or r["consume_tail"]["isolation_level"] == "read_committed", r
             if peer["name"] == "stratalog":
-                assert r["consume_tail"]["from_log_cache"] is True, r
+                # Read before the upload was due: from the log cache (later, on a busy machine, maybe not).
+                tail = r["consume_tail"]
+                assert tail["from_log_cache"] is True or not tail["within_upload_interval"], r
                 assert r["consume_cold"]["uploaded_before_read"] is True, r
                 recompressed = r["produce_recompressed"]  # the same run into a compression.type=zstd topic
                 assert recompressed["ok"] and recompressed["messages"] == 2000, r
@@ -157,9 +159,9 @@ def _assert_transactional_phases(txn: dict[str, Any], size: int) -> None:
     assert idempotent["ok"] and idempotent["messages"] == 2000, idempotent
     assert idempotent["producer_configs"] == {"enable.idempotence": True}
     tail = txn["consume_tail"]
-    assert tail["from_log_cache"] is True, tail
+    assert tail["from_log_cache"] is True or not tail["within_upload_interval"], tail
     rounds = len(tail["read_committed"]["reads"])
-    assert 2 <= rounds <= READ_ROUNDS_MAX, tail  # rounds go on while the upload interval leaves room
+    assert 1 <= rounds <= READ_ROUNDS_MAX, tail  # rounds go on while the upload interval leaves room
     for level in ("read_uncommitted", "read_committed"):
         read = tail[level]
         assert read["isolation_level"] == level and read["ok"] and read["messages"] == 2000, read

@@ -996,11 +996,12 @@ def _throughput(name: str, server: Server, plan: KafkaBenchPlan, size: int, bar:
         bar.phase(f"{name}: tail run, produce {tail_count:,} x {size:,} B")
         result["tail_run"]["produce"] = _produce_phase(server, "tail", size, tail_count, plan, bar)
         result["consume_tail"], tail_mark = _consume_tail(server, tail_topic, size, result["tail_run"]["produce"],
-                                                          mark, bar)
+                                                          mark, plan, bar)
     bar.phase(f"{name}: produce {messages:,} x {size:,} B, {plan.producers} producers")
     result["produce"] = _produce_phase(server, "throughput", size, messages, plan, bar)
     if shared:
-        result["consume_tail"], tail_mark = _consume_tail(server, tail_topic, size, result["produce"], mark, bar)
+        result["consume_tail"], tail_mark = _consume_tail(server, tail_topic, size, result["produce"], mark, plan,
+                                                          bar)
     if server.name == "tansu":
         result["consume_cold"] = {"not_applicable": "memory storage: nothing is uploaded or read from disk"}
         return result
@@ -1057,16 +1058,25 @@ def _consume_phase(server: Server, topic: str, size: int, count: int, bar: Any) 
 
 
 def _consume_tail(server: Server, topic: str, size: int, produced: dict[str, Any], mark: int | None,
-                  bar: Any) -> tuple[dict[str, Any], int | None]:
+                  plan: KafkaBenchPlan, bar: Any) -> tuple[dict[str, Any], int | None]:
     """Read ``topic`` from the start right after it was written; for stratalog, note whether an upload ran
     since ``mark`` (taken before the writes): if none did, every message came from the log cache. Also
     returns the last object id after the read."""
     bar.phase(f"{server.name}: consume {produced.get('messages', 0):,} x {size:,} B from the tail")
+    first_append_s = time.monotonic() - produced.get("seconds", 0.0)
     result = _consume_phase(server, topic, size, produced.get("messages", 0), bar)
     after = last_object_id(server)
     if mark is not None:
         result["from_log_cache"] = after == mark
+        result["within_upload_interval"] = within_upload_interval(first_append_s, plan)
     return result, after
+
+
+def within_upload_interval(first_append_s: float, plan: KafkaBenchPlan) -> bool:
+    """Whether a tail read that ends now ended before the broker's upload of the run was due (its oldest
+    entry, the run's first append at ``first_append_s``, upload_interval_s old): if not, as on a busy
+    machine, some of it may have been read from objects, and the report says so."""
+    return time.monotonic() - first_append_s < float(store_setting(plan.broker_config, "upload_interval_s"))
 
 
 @contextlib.contextmanager

@@ -57,6 +57,7 @@ from stratalog.bench.kafka import (
     summarize_ms,
     throughput_producer_config,
     with_server_cpu,
+    within_upload_interval,
 )
 
 #: How often each producer commits: issue 36's "commit every 100 ms", a typical exactly-once app's commit
@@ -257,6 +258,7 @@ def _tail_reads(server: Server, topic: str, size: int, produced: dict[str, Any],
               f"{' and '.join(ISOLATION_LEVELS)}")
     out: dict[str, Any] = read_both_levels(server, topic, size, count, deadline_s, bar)
     out["from_log_cache"] = last_object_id(server) == mark
+    out["within_upload_interval"] = within_upload_interval(first_append_s, plan)
     return out
 
 
