@@ -11,8 +11,8 @@ import stratalog
 
 #: Lowest first. Packages in one layer may not import each other, except as PEERS says.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "invariant", "records", "caching", "native"}),   # shared types and helpers, no I/O;
-                                                       # which core runs (compiled or Python)
+    frozenset({"errors", "invariant", "records", "caching", "native", "lazy"}),   # shared types and helpers,
+                                                       # no I/O; which core runs (compiled or Python)
     frozenset({"io", "retrying", "free_space"}),       # devices and libc: the only pread/pwrite/fdatasync;
                                                        # retries with backoff; free space and headroom
     frozenset({"objects"}),                            # object storage: a local directory, any S3 API

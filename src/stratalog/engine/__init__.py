@@ -15,8 +15,9 @@ by ``append`` alone reads the same either way (engine/txn_view.py).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stratalog.lazy import lazy_names
 
 if TYPE_CHECKING:
     from stratalog.datadir import StoreLockedError
@@ -51,8 +52,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'stratalog.engine' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+__getattr__ = lazy_names(__name__, _HOMES)
