@@ -192,6 +192,33 @@ def fail_the_metadata_commit(store: StreamStore, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(store, "commit_external_objects", refuse)
 
 
+class FenceRefusedError(Exception):
+    """Stands for a cluster's fence refusing the metadata commit (the partition moved to another broker)."""
+
+
+def test_a_commit_refused_by_a_kept_error_puts_the_staged_objects_back(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    memory = MemoryStore()
+    store = with_existing_data(tmp_path, memory)
+    messages = two_tasks(memory)
+    before = data_and_staged(memory)
+    commit = store.commit_external_objects
+
+    def refuse(*_: Any, **__: Any) -> int:
+        raise FenceRefusedError("the partition moved")
+
+    monkeypatch.setattr(store, "commit_external_objects", refuse)
+    with pytest.raises(FenceRefusedError):
+        commit_staged(store, messages, keep_staged_on=(FenceRefusedError,))
+    assert data_and_staged(memory) == before, "each object back at its staged key, nothing moved left"
+    monkeypatch.setattr(store, "commit_external_objects", commit)
+    result = commit_staged(store, messages, keep_staged_on=(FenceRefusedError,))   # sent again: it commits
+    assert result.committed and result.records == 85
+    assert {name: values(store, name) for name in EXPECTED} == EXPECTED
+    assert not {key for key in memory.objects if key.startswith(STAGING_PREFIX)}
+    store.close()
+
+
 @pytest.mark.parametrize("failure", ["metadata commit", "rename answer lost", "rename refused"])
 def test_a_failed_commit_leaves_neither_staged_nor_moved_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  failure: str) -> None:

@@ -181,7 +181,10 @@ async def _commit(broker: Broker, session: Session, writes: list[StagedWrite], m
     NOT_LEADER_OR_FOLLOWER."""
     nothing = CommitResult(False, 0, 0)
     try:
-        result = await asyncio.to_thread(commit_staged, broker.store, writes, marker, create_streams=False)
+        # A fence refusal (the partition moved since it was checked) keeps the staged objects: the writer
+        # sends the partition again to its new leader.
+        result = await asyncio.to_thread(commit_staged, broker.store, writes, marker, create_streams=False,
+                                         keep_staged_on=(ClusterError,))
     except (CorruptObjectError, ObjectNotFoundError) as e:
         return ErrorCode.invalid_request, f"a staged object is not as reported: {e}", nothing
     except BackpressureError as e:

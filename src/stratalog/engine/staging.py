@@ -141,18 +141,24 @@ class CommitResult:
 
 
 def commit_staged(store: StreamStore, messages: Sequence[TaskStaged], marker: tuple[str, int] | None = None, *,
-                 create_streams: bool = True) -> CommitResult:
+                 create_streams: bool = True,
+                 keep_staged_on: tuple[type[BaseException], ...] = ()) -> CommitResult:
     """Register staged objects with dense offsets, moving each under ``data/`` unchanged. Safe while the
     store serves appends: the streams written take the objects at their ends, and appends to them wait
     only for the metadata commit (StreamStore.commit_external_objects).
 
     With ``marker`` (key, value), a commit that already happened for that value writes nothing. Streams
     that do not exist are created, or with ``create_streams`` False refused (UnknownStreamsError).
-    Whatever happens, no staged object is left, and no moved object stays unless the commit registered it.
+    Whatever happens, no moved object stays unless the commit registered it, and no staged object is
+    left, except after an error of a ``keep_staged_on`` type (a refusal that the same commit sent elsewhere
+    may pass, such as a cluster's fence when the partition moved to another broker): then every object
+    goes back to its staged key, so the writer can send the commit again.
     """
     staged_keys = [o.key for m in messages for o in m.objects]
     moved_keys: list[str] = []
+    staged_key_of: dict[str, str] = {}
     committed = False
+    keep = False
     try:
         if marker is not None and store.metadata.get_meta(marker[0], -1) >= marker[1]:
             return CommitResult(False, 0, 0)
@@ -167,6 +173,7 @@ def commit_staged(store: StreamStore, messages: Sequence[TaskStaged], marker: tu
         work = [(message.partition, staged, store.metadata.allocate_object_id())
                 for message in sorted(messages, key=lambda m: m.partition) for staged in message.objects]
         moved_keys = [object_key(object_id) for _, _, object_id in work]
+        staged_key_of = {object_key(object_id): staged.key for _, staged, object_id in work}
 
         def check(item: tuple[int, StagedObject, int]) -> list[BlockEntry]:
             staged = item[1]
@@ -189,14 +196,32 @@ def commit_staged(store: StreamStore, messages: Sequence[TaskStaged], marker: tu
                                             [(ids[s.name], shifts[(partition, s.name)]) for s in staged.streams]))
                     for (partition, staged, object_id), entries in zip(work, indexes, strict=True)]
 
-        committed = store.commit_external_objects(sorted(ids.values()), place, marker=marker) is not None
+        try:
+            committed = store.commit_external_objects(sorted(ids.values()), place, marker=marker) is not None
+        except keep_staged_on:
+            keep = True
+            raise
         records = sum(s.count for _, staged, _ in work for s in staged.streams)
         return CommitResult(committed, records if committed else 0, len(work) if committed else 0)
     finally:
-        if not committed:
+        if keep:
+            _move_back(store, staged_key_of)
+        elif not committed:
             _delete_unregistered(store, moved_keys)
-        for key in staged_keys:
-            store.object_store.delete(key)  # gone already if it moved
+        if not keep:
+            for key in staged_keys:
+                store.object_store.delete(key)  # gone already if it moved
+
+
+def _move_back(store: StreamStore, staged_key_of: dict[str, str]) -> None:
+    """Rename each moved object (``data/`` key) back to its staged key: the commit was refused, not made.
+    If one cannot go back it is deleted as unregistered instead, and the writer's next commit fails on it."""
+    try:
+        for moved, staged in staged_key_of.items():
+            store.object_store.rename(moved, staged)
+    except (StratalogError, OSError) as e:
+        log.warning("could not put back the objects of a refused Spark commit: %s", e)
+        _delete_unregistered(store, list(staged_key_of))
 
 
 def _delete_unregistered(store: StreamStore, keys: Sequence[str]) -> None:
@@ -250,6 +275,7 @@ def replace_with_staged(store: StreamStore, replaced_keys: Sequence[str],
         objects = store.object_store
         work = [(key, size, store.metadata.allocate_object_id()) for key, size in staged]
         moved_keys = [object_key(object_id) for _, _, object_id in work]
+        staged_key_of = {object_key(object_id): staged.key for _, staged, object_id in work}
         with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="stratalog-commit") as pool:
             indexes = list(pool.map(lambda w: read_final_index(objects, w[0], w[1]), work))
             list(pool.map(lambda w: objects.rename(w[0], object_key(w[2])), work))
