@@ -89,6 +89,9 @@ def test_a_micro_batch_is_committed_once_however_often_it_is_sent(tmp_path: Path
         with pytest.raises(BrokerWriteError, match="staged objects lie under"):
             commit_through_broker(broker.bootstrap, {}, [(0, [not_staged])], None)
         assert broker.stop() == 0
+    # A micro-batch without rows stages nothing: there is nothing to commit, and no broker is asked.
+    empty = commit_through_broker("127.0.0.1:1", {}, [(0, []), (1, [])], ("sink", 8))
+    assert (empty.committed, empty.records, empty.objects) == (True, 0, 0)
 
 
 def test_compaction_beside_a_live_broker_swaps_objects_while_producers_write(spark: Any, tmp_path: Path) -> None:

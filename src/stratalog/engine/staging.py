@@ -275,7 +275,6 @@ def replace_with_staged(store: StreamStore, replaced_keys: Sequence[str],
         objects = store.object_store
         work = [(key, size, store.metadata.allocate_object_id()) for key, size in staged]
         moved_keys = [object_key(object_id) for _, _, object_id in work]
-        staged_key_of = {object_key(object_id): staged.key for _, staged, object_id in work}
         with ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="stratalog-commit") as pool:
             indexes = list(pool.map(lambda w: read_final_index(objects, w[0], w[1]), work))
             list(pool.map(lambda w: objects.rename(w[0], object_key(w[2])), work))

@@ -133,6 +133,8 @@ def commit_through_broker(bootstrap: str, settings: dict[str, str],
         for o in objects:
             names = {s.name for s in o.streams}
             pending.setdefault(min(names) if len(names) == 1 else "\n".join(sorted(names)), []).append((task, o))
+    if not pending:   # an empty micro-batch (no rows, no object staged): nothing to commit anywhere
+        return CommitResult(True, 0, 0)
     commit = _ClusterCommit(bootstrap, settings, sink, staged_exist)
     deadline = time.monotonic() + retry_s_max
     backoff_s = COMMIT_BACKOFF_S
