@@ -179,8 +179,11 @@ class Watermarks:
             if found.error is not None:
                 return 0, 0
             self._partitions = sorted(found.partitions)
-        stable, high = (sum(c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=WAIT_S)[1]
-                            for p in self._partitions) for c in self._consumers.values())
+        # The high watermarks first: records committed between the two looks then raise the stable offsets
+        # past them, never make an open transaction appear where there is none.
+        high, stable = (sum(self._consumers[level].get_watermark_offsets(TopicPartition(self.topic, p),
+                                                                         timeout=WAIT_S)[1]
+                            for p in self._partitions) for level in ("read_uncommitted", "read_committed"))
         return stable, high
 
     def open_records(self) -> int:
