@@ -32,6 +32,8 @@ DRIVER_START_S = 120.0
 STALL_S = 300.0
 #: Between looks at the sink: each look is a Spark job of the test's own session.
 LOOK_S = 0.5
+#: How long a look at the end of the written topic waits for its answer before it looks again.
+LIST_OFFSETS_S = 10.0
 
 
 class Producing(threading.Thread):
@@ -39,8 +41,7 @@ class Producing(threading.Thread):
 
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         super().__init__(daemon=True)
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                                  "enable.idempotence": True})
+        self.bootstrap = bootstrap
         self.topic, self.partitions = topic, partitions
         self.acked: set[tuple[str, int, bytes]] = set()
         self.errors: list[str] = []
@@ -68,20 +69,23 @@ class Producing(threading.Thread):
             self.acked.add((f"{self.topic}/{message.partition()}", message.offset(), message.value()))
 
     def run(self) -> None:
+        # Made and dropped here: a producer kept alive would knock on the brokers' ports after they stop.
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 5,
+                             "enable.idempotence": True})
         while True:
             with self.changed:
                 while self.sent >= self.wanted and not self.stopping:
-                    self.producer.poll(0)
+                    producer.poll(0)
                     self.changed.wait(0.1)
                 if self.sent >= self.wanted:
                     break
                 burst = min(self.wanted - self.sent, 100)
             for _ in range(burst):
-                self.producer.produce(self.topic, value=b"e%d" % self.sent, partition=self.sent % self.partitions,
-                                      on_delivery=self.delivered)
+                producer.produce(self.topic, value=b"e%d" % self.sent, partition=self.sent % self.partitions,
+                                 on_delivery=self.delivered)
                 self.sent += 1
-            self.producer.poll(0)
-        self.producer.flush(60)
+            producer.poll(0)
+        producer.flush(60)
 
 
 #: Rows of each input file of the streaming write: one file a micro-batch (maxFilesPerTrigger 1).
@@ -227,12 +231,12 @@ def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: Admin
 
 
 def topic_records(bootstrap: str, topic: str) -> int:
-    """The end offset of ``topic``'s partition 0; -1 while its leader cannot say (a failover under way)."""
+    """The end offset of ``topic``'s partition 0; -1 while no leader answers (a failover under way)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.latest()})
     try:
-        return sum(int(f.result(30).offset) for f in futures.values())
-    except KafkaException:
+        return sum(int(f.result(LIST_OFFSETS_S).offset) for f in futures.values())
+    except (KafkaException, TimeoutError):
         return -1
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,6 @@ from stratalog.spark.columns import arrow_schema
 #: How long the driver waits for the broker's answers, and a task for records the broker acknowledged
 #: (they are there: waiting longer only hides a broker that is down).
 REQUEST_TIMEOUT_S = 30.0
-#: How long the driver waits for one broker's configs before it asks the next one Metadata names (a
-#: broker answers in milliseconds; one killed does not answer at all).
-DESCRIBE_TIMEOUT_S = 5.0
 #: Records taken from the client per call: large enough to amortize the call, small enough for a batch.
 ROWS_PER_BATCH = 10_000
 
@@ -149,25 +147,34 @@ class BrokerView:
 
     def object_store_uri(self) -> str | None:
         """The broker's object storage as it advertises it (None: it does not say). In a cluster every
-        broker advertises the same store: each broker Metadata names is asked in turn until one answers, so
-        one just killed (still named until the others notice) costs DESCRIBE_TIMEOUT_S, not the read."""
+        broker advertises the same store: every broker Metadata names is asked at once and the first answer
+        counts, so one just killed (still named until the others notice) costs nothing and a slow one on a
+        loaded machine is waited for, up to REQUEST_TIMEOUT_S."""
         from confluent_kafka.admin import ConfigResource, ResourceType
 
         try:
             metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
         except Exception as e:
             raise BrokerReadError(f"broker {self.bootstrap} did not list its brokers: {e}") from e
+        asked = {next(iter(self._admin.describe_configs([ConfigResource(ResourceType.BROKER, str(node))],
+                                                        request_timeout=REQUEST_TIMEOUT_S).values())): node
+                 for node in sorted(metadata.brokers)}
         failures = []
-        for node in sorted(metadata.brokers):
-            try:
-                futures = self._admin.describe_configs([ConfigResource(ResourceType.BROKER, str(node))],
-                                                       request_timeout=DESCRIBE_TIMEOUT_S)
-                entries = next(iter(futures.values())).result()
-            except Exception as e:
-                failures.append(f"broker {node}: {e}")
-                continue
-            entry = entries.get(OBJECT_STORE_CONFIG)
-            return None if entry is None or not entry.value else str(entry.value)
+        pending = set(asked)
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        while pending:
+            done, pending = wait(pending, max(0.0, deadline - time.monotonic()), FIRST_COMPLETED)
+            if not done:
+                failures += [f"broker {asked[f]}: no answer in {REQUEST_TIMEOUT_S:g} s" for f in pending]
+                break
+            for future in sorted(done, key=asked.__getitem__):
+                try:
+                    entries = future.result()
+                except Exception as e:
+                    failures.append(f"broker {asked[future]}: {e}")
+                    continue
+                entry = entries.get(OBJECT_STORE_CONFIG)
+                return None if entry is None or not entry.value else str(entry.value)
         raise BrokerReadError(f"broker {self.bootstrap} did not describe its configs: {'; '.join(failures)}")
 
 
