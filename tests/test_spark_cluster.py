@@ -4,7 +4,7 @@ one broker commits what it leads and leaves the rest for their leaders; a micro-
 partitions were committed commits only the rest; a driver streaming out of and into the cluster, killed
 -9 mid-stream with the leader of its output killed -9 too, reads and writes every record once; 30,000
 records over the three brokers' partitions are read from objects alone once uploaded (the brokers'
-manifests merged), and materialized whole."""
+manifests merged), materialized whole, and compacted by leader."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from stratalog.objects.uri import open_object_store
 from stratalog.records import NewRecord
 from stratalog.spark.broker_plan import TailPartition
 from stratalog.spark.broker_source import BrokerBatchReader, ObjectsPartition
-from stratalog.spark.broker_write import commit_through_broker
+from stratalog.spark.broker_write import BrokerWriteError, commit_through_broker, replace_through_broker
+from stratalog.spark.jobs import CompactionOutput, compact_live, write_compacted
 from stratalog.spark.kafka_client import BrokerView
 from stratalog.spark.location import locate
 from stratalog.spark.materialize import load, materialize
@@ -289,6 +290,43 @@ def uploaded(cluster: BrokerCluster, topic: str) -> int:
                if s.name is not None and s.name.startswith(f"{topic}/"))
 
 
+def shared_objects(cluster: BrokerCluster) -> int:
+    """Objects of the merged manifest that hold blocks of more than one partition."""
+    store = open_object_store(cluster.objects, Path("."))
+    try:
+        manifest = read_manifest(store)
+    finally:
+        store.close()
+    streams_of: dict[str, set[int]] = {}
+    for stream_id, refs in manifest.blocks.items():
+        for ref in refs:
+            streams_of.setdefault(ref.key, set()).add(stream_id)
+    return sum(1 for streams in streams_of.values() if len(streams) > 1)
+
+
+def refused_by_a_follower(cluster: BrokerCluster) -> None:
+    """Ask a broker to swap an object of two partitions another broker leads: NOT_LEADER_OR_FOLLOWER."""
+    store = open_object_store(cluster.objects, Path("."))
+    try:
+        manifest = read_manifest(store)
+    finally:
+        store.close()
+    led = leaders(cluster, "events")
+    leader_of_key: dict[str, set[int]] = {}
+    for stream_id, refs in manifest.blocks.items():
+        name = manifest.streams[stream_id].name or ""
+        for ref in refs:
+            leader_of_key.setdefault(ref.key, set()).add(led[int(name.split("/")[1])])
+    key, owners = next((k, o) for k, o in sorted(leader_of_key.items()) if len(o) == 1)
+    other = next(i for i in cluster.live() if i not in owners)
+    # One of its streams rewritten as a compaction writes it, staged.
+    stream_id, refs = next((sid, refs) for sid, refs in sorted(manifest.blocks.items()) if refs[0].key == key)
+    output = CompactionOutput(0, f"{STAGING_PREFIX}refused/0.slo", stream_id, (refs[0],))
+    staged = list(write_compacted(cluster.objects, [output]))
+    with pytest.raises(BrokerWriteError, match=r"error 6\b"):
+        replace_through_broker(cluster.bootstrap(other), {}, [key], [(o.key, o.size_bytes) for o in staged])
+
+
 def test_every_partition_of_the_cluster_is_read_and_materialized_from_objects(
         spark: Any, cluster: BrokerCluster, seaweedfs: SeaweedS3) -> None:
     create_topics(cluster, "events")
@@ -317,6 +355,15 @@ def test_every_partition_of_the_cluster_is_read_and_materialized_from_objects(
     tables = load(spark, f"kafka://{cluster.bootstrap()}", ["events"], **creds)   # auto: no S3A here, pyarrow
     assert tables.count() == count
     assert sorted(r.value for r in tables.select("value").collect()) == sorted(feeding.acked)
+
+    # Compaction: a broker refuses to swap objects of partitions another leads; `pipeline compact` sends
+    # each broker the objects of its own, and every record reads the same from the per-stream objects.
+    refused_by_a_follower(cluster)
+    compacted = compact_live(spark, f"kafka://{cluster.bootstrap()}", options=creds)
+    assert compacted.objects_replaced > 0 and compacted.objects_skipped == 0 and not compacted.refusals
+    wait_until(lambda: shared_objects(cluster) == 0, "a manifest without objects of several partitions")
+    assert sorted(r.value for r in spark.read.format("stratalog").options(**given).load().select("value")
+                  .collect()) == sorted(feeding.acked)
 
     # Without credentials (the brokers advertise their store without them): a read falls back to Fetch,
     # a write says what it needs.

@@ -274,6 +274,33 @@ def test_compaction_takes_shared_objects_and_repeated_small_stream_objects() -> 
     assert len(plan_compaction(blocks, keys, object_bytes_max=1 << 20)) == 3
 
 
+def test_compaction_in_a_cluster_sends_each_broker_the_objects_of_its_own_partitions() -> None:
+    from stratalog.spark.jobs import split_by_leader
+
+    def ref(key: str, stream_id: int) -> BlockRef:
+        return BlockRef(key, BlockEntry(stream_id, 0, 10, 0, 100, 10, 0, 0))
+
+    blocks = {
+        1: [ref("b1-upload", 1), ref("before-failover", 1)],
+        2: [ref("b1-upload", 2), ref("before-failover", 2), ref("no-leader", 2)],
+        3: [ref("b2-upload", 3), ref("no-leader", 3), ref("not-a-candidate", 3)],
+        4: [ref("not-a-partition", 4)],
+    }
+    keys = {"b1-upload", "before-failover", "b2-upload", "no-leader", "not-a-partition"}
+    leader_of = {1: "b1:9092", 2: "b2:9092", 3: "b2:9092", 4: None}
+    leader_of_before = {**leader_of, 2: "b1:9092"}
+    del leader_of_before[3]   # its partition has no leader: left out of Metadata while it moves
+    groups, skipped = split_by_leader(blocks, keys, leader_of_before)
+    assert groups == {"b1:9092": {"b1-upload", "before-failover"}}
+    assert skipped == {"b2-upload", "no-leader", "not-a-partition"}
+    # After partition 2 moved to broker 2: the objects of 1 and 2 together are no one broker's to swap, and
+    # the one of 2 and 3 is broker 2's now that 3 has it as leader too.
+    groups, skipped = split_by_leader(blocks, keys, leader_of)
+    assert groups == {"b2:9092": {"b2-upload", "no-leader"}}
+    assert skipped == {"b1-upload", "before-failover", "not-a-partition"}
+    assert split_by_leader(blocks, set(), leader_of) == ({}, set())
+
+
 def test_vectorized_encoding_matches_the_engine_encoder_byte_for_byte() -> None:
     from datetime import UTC, datetime
 

@@ -21,7 +21,9 @@ other object.
 StratalogReplaceObjects: a compaction run by Spark beside the broker (``stratalog pipeline compact
 kafka://...``) stages per-stream objects and asks the broker to swap them for the objects they merge. The
 broker swaps them only if they hold exactly the ranges the old objects still hold (engine/staging.py), so a
-trim or upload meanwhile makes the request fail, never lose data. Rewriting stored objects is an
+trim or upload meanwhile makes the request fail, never lose data. In a cluster the swap is fenced as any
+metadata change: a broker swaps only objects whose partitions it leads, and answers NOT_LEADER_OR_FOLLOWER
+otherwise (the driver sends each broker the objects of its own partitions). Rewriting stored objects is an
 administrator's act: it needs Alter on the cluster.
 """
 
@@ -288,6 +290,8 @@ async def replace_objects_request(broker: Broker, request: Request, session: Ses
         result = await asyncio.to_thread(replace_with_staged, broker.store, body.replaced, body.staged)
     except (ValueError, CorruptObjectError, ObjectNotFoundError) as e:
         return _answer(request, ErrorCode.invalid_request, f"not replaced: {e}")
+    except ClusterError as e:   # the fence: an object holds a partition this broker does not lead
+        return _answer(request, ErrorCode.not_leader_or_follower, f"not replaced: {e}")
     except (StoreFailedError, StoreClosedError, ObjectStoreError) as e:
         log.error("%s from %s failed: %s", REPLACE_API_NAME, session.host, e)
         return _answer(request, ErrorCode.kafka_storage_error, str(e))

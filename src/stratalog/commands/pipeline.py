@@ -68,9 +68,10 @@ def _uri(data_dir: Path, objects_uri: str | None) -> str:
 def compact(store: str, objects_uri: str | None, master: str, object_mib: int) -> None:
     """Merge multi-stream objects into per-stream objects and swap them in atomically.
 
-    STORE is a running broker (kafka://HOST:PORT: it swaps the objects in if the ones they replace still
-    hold the same records, and needs Alter on the cluster when it checks ACLs) or a data directory (the
-    store must not be open elsewhere). Replaced objects are deleted after the grace period.
+    STORE is a running broker or cluster (kafka://HOST:PORT[,HOST:PORT...]: each broker swaps in the
+    objects of the partitions it leads if the ones they replace still hold the same records, and needs
+    Alter on the cluster when it checks ACLs) or a data directory (the store must not be open elsewhere).
+    Replaced objects are deleted after the grace period.
     """
     from stratalog.spark.jobs import compact as run
     from stratalog.spark.jobs import compact_live
@@ -89,6 +90,11 @@ def compact(store: str, objects_uri: str | None, master: str, object_mib: int) -
                          progress=progress)
     console.print(f"replaced {report.objects_replaced} objects with {report.objects_written} per-stream objects "
                   f"({report.bytes_written / 1e6:.1f} MB) in {report.seconds:.1f} s: {report.mb_per_s:.1f} MB/s")
+    if report.objects_skipped:
+        console.print(f"left {report.objects_skipped} objects for a later run: each holds partitions that "
+                      "different brokers lead now (or none, during a failover), and one broker swaps only its own")
+    for refusal in report.refusals:
+        console.print(f"[yellow]not swapped, planned again by a later run:[/] {refusal}")
 
 
 @pipeline.command()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from stratalog.engine.batch import with_placement
 from stratalog.engine.config import StoreConfig
-from stratalog.engine.manifest import BlockRef, read_manifest
+from stratalog.engine.manifest import BlockRef, Manifest, read_manifest
 from stratalog.engine.metadata import NewObject
 from stratalog.engine.objformat import ObjectBuilder, StreamBatch, check_block, placed_batches
 from stratalog.engine.staging import STAGED_OBJECTS_MAX, STAGING_PREFIX
@@ -75,6 +75,10 @@ class CompactReport:
     objects_written: int
     bytes_written: int
     seconds: float
+    #: Against a cluster: candidates left for a later run, their partitions led by several brokers (or by
+    #: none, a failover under way), and each broker's refusal (its partitions moved since the plan).
+    objects_skipped: int = 0
+    refusals: tuple[str, ...] = ()
 
     @property
     def mb_per_s(self) -> float:
@@ -174,18 +178,41 @@ def compact(spark: SparkSession, data_dir: str | os.PathLike[str], uri: str, *,
         store.close()
 
 
+def split_by_leader(blocks_by_stream: dict[int, list[BlockRef]], keys: set[str],
+                    leader_of: dict[int, str | None]) -> tuple[dict[str, set[str]], set[str]]:
+    """The candidate ``keys`` by the broker that must swap them (a broker of a cluster swaps only objects
+    whose partitions it leads): ``({leader: keys}, keys no one broker can swap)``. An object holding
+    partitions of several leaders (uploaded before a failover moved some), or of a partition with no
+    leader (``leader_of`` None or missing: a failover under way, or not a partition), is left out."""
+    leaders_of: dict[str, set[str | None]] = {}
+    for stream_id, refs in blocks_by_stream.items():
+        for ref in refs:
+            if ref.key in keys:
+                leaders_of.setdefault(ref.key, set()).add(leader_of.get(stream_id))
+    groups: dict[str, set[str]] = {}
+    skipped: set[str] = set()
+    for key, leaders in leaders_of.items():
+        leader = next(iter(leaders))
+        if len(leaders) == 1 and leader is not None:
+            groups.setdefault(leader, set()).add(key)
+        else:
+            skipped.add(key)
+    return groups, skipped
+
+
 def compact_live(spark: SparkSession, address: str, *, objects: str | None = None,
                  options: dict[str, str] | None = None, object_bytes_max: int = COMPACTED_OBJECT_BYTES_MAX,
                  progress: Progress = no_progress) -> CompactReport:
-    """Compaction beside a running broker (``address``: ``kafka://HOST:PORT``): tasks write the per-stream
-    objects under ``spark-staging/``, and the broker swaps them in (StratalogReplaceObjects) if the objects
-    they replace still hold the same ranges; otherwise it refuses (BrokerWriteError) and a later run plans
-    again. Needs Alter on the cluster when the broker checks ACLs. A run writes at most STAGED_OBJECTS_MAX
-    objects (the most one request may swap in); a store that needs more is compacted over several runs.
-    ``objects``: the broker's object storage as this machine reaches it, when not where the broker says;
-    ``options``: the data source's (``kafka.*``)."""
+    """Compaction beside a running broker or cluster (``address``: ``kafka://HOST:PORT[,...]``): tasks
+    write the per-stream objects under ``spark-staging/``, and the broker swaps them in
+    (StratalogReplaceObjects) if the objects they replace still hold the same ranges; otherwise it refuses
+    (BrokerWriteError) and a later run plans again. In a cluster each broker is sent the objects of the
+    partitions it leads (:func:`split_by_leader`); a broker's refusal leaves its objects for a later run
+    and the others go on (``CompactReport.refusals``). Needs Alter on the cluster when the broker checks
+    ACLs. A run writes at most STAGED_OBJECTS_MAX objects per broker (the most one request may swap in); a
+    store that needs more is compacted over several runs. ``objects``: the broker's object storage as this
+    machine reaches it, when not where the broker says; ``options``: the data source's (``kafka.*``)."""
     from stratalog.spark.broker_source import reachable_objects
-    from stratalog.spark.broker_write import replace_through_broker
     from stratalog.spark.location import locate
 
     started = time.monotonic()
@@ -202,27 +229,86 @@ def compact_live(spark: SparkSession, address: str, *, objects: str | None = Non
     finally:
         store.close()
     keys = compaction_candidates(manifest.blocks, object_bytes_max // 4)
-    runs = plan_compaction(manifest.blocks, keys, object_bytes_max)
-    while len(runs) > STAGED_OBJECTS_MAX:  # the most one request may swap in: this run takes fewer objects
-        keys = set(sorted(keys)[:len(keys) // 2])
-        runs = plan_compaction(manifest.blocks, keys, object_bytes_max)
-    if not runs:
-        return CompactReport(0, 0, 0, time.monotonic() - started)
+    groups, skipped = _by_leader(location.bootstrap, location.kafka, manifest, keys)
     prefix = f"{STAGING_PREFIX}compact-{uuid.uuid4().hex}/"
-    outputs = [CompactionOutput(0, f"{prefix}{n:06d}.slo", run[0].entry.stream_id, tuple(run))
-               for n, run in enumerate(runs)]
+    planned = {leader: _plan_capped(manifest.blocks, group, object_bytes_max) for leader, group in groups.items()}
+    outputs: list[CompactionOutput] = []
+    for _, runs in planned.values():
+        outputs += [CompactionOutput(0, f"{prefix}{len(outputs) + n:06d}.slo", run[0].entry.stream_id, tuple(run))
+                    for n, run in enumerate(runs)]
+    if not outputs:
+        return CompactReport(0, 0, 0, time.monotonic() - started, len(skipped))
     try:
         written = run_tasks(spark, outputs, OUTPUTS_PER_TASK, lambda part: write_compacted(uri, part), progress)
-        replace_through_broker(location.bootstrap, location.kafka, sorted(keys),
-                               [(o.key, o.size_bytes) for o in written])
+        replaced, done, refusals = _swap_by_leader(location.kafka, planned, outputs, written)
     finally:
         store = open_store(uri)
         try:
-            for info in store.list(prefix):  # what the broker did not move (it deletes what it took)
+            for info in store.list(prefix):  # what the brokers did not move (each deletes what it took)
                 store.delete(info.key)
         finally:
             store.close()
-    return CompactReport(len(keys), len(written), sum(o.size_bytes for o in written), time.monotonic() - started)
+    return CompactReport(replaced, len(done), sum(o.size_bytes for o in done), time.monotonic() - started,
+                         len(skipped), tuple(refusals))
+
+
+def _by_leader(bootstrap: str, settings: dict[str, str], manifest: Manifest,
+               keys: set[str]) -> tuple[dict[str, set[str]], set[str]]:
+    """The candidates by the broker to send them to: all to ``bootstrap`` when Metadata names one broker,
+    else each to its partitions' leader (:func:`split_by_leader`)."""
+    from stratalog.spark.kafka_client import BrokerView
+
+    view = BrokerView(bootstrap, settings)
+    try:
+        if len(view.brokers()) <= 1:
+            return ({bootstrap: keys} if keys else {}), set()
+        partitions = {sid: _partition_of(info.name) for sid, info in manifest.streams.items()}
+        known = view.leaders_known(sorted({tp for tp in partitions.values() if tp is not None}))
+    finally:
+        view.close()
+    leader_of = {sid: None if tp is None else known.get(tp) for sid, tp in partitions.items()}
+    return split_by_leader(manifest.blocks, keys, leader_of)
+
+
+def _partition_of(name: str | None) -> tuple[str, int] | None:
+    """``(topic, partition)`` of a stream named ``topic/partition``; None for any other stream."""
+    topic, _, partition = (name or "").rpartition("/")
+    return (topic, int(partition)) if topic and partition.isdigit() else None
+
+
+def _plan_capped(blocks_by_stream: dict[int, list[BlockRef]], keys: set[str],
+                 object_bytes_max: int) -> tuple[set[str], list[list[BlockRef]]]:
+    """``(keys, runs)``: the runs of ``keys``, taking fewer keys until they fit in one request."""
+    runs = plan_compaction(blocks_by_stream, keys, object_bytes_max)
+    while len(runs) > STAGED_OBJECTS_MAX:  # the most one request may swap in: this run takes fewer objects
+        keys = set(sorted(keys)[:len(keys) // 2])
+        runs = plan_compaction(blocks_by_stream, keys, object_bytes_max)
+    return keys, runs
+
+
+def _swap_by_leader(settings: dict[str, str], planned: dict[str, tuple[set[str], list[list[BlockRef]]]],
+                    outputs: list[CompactionOutput],
+                    written: list[NewObject]) -> tuple[int, list[NewObject], list[str]]:
+    """Ask each leader to swap its objects for the written ones: (objects replaced, objects swapped in,
+    refusals). A refusal is reported, not raised, when other brokers swapped theirs."""
+    from stratalog.spark.broker_write import BrokerWriteError, replace_through_broker
+
+    by_key = {o.key: o for o in written}
+    replaced, done, refusals = 0, [], []
+    at = 0
+    for leader, (keys, runs) in planned.items():
+        mine = [by_key[o.key] for o in outputs[at:at + len(runs)]]
+        at += len(runs)
+        try:
+            replace_through_broker(leader, settings, sorted(keys), [(o.key, o.size_bytes) for o in mine])
+        except BrokerWriteError as e:
+            if len(planned) == 1:
+                raise
+            refusals.append(f"{leader}: {e}")
+            continue
+        replaced += len(keys)
+        done += mine
+    return replaced, done, refusals
 
 
 # Retention ---------------------------------------------------------------------------------------

@@ -128,6 +128,14 @@ class BrokerView:
             out[tp] = leader
         return out
 
+    def brokers(self) -> list[str]:
+        """The ``host:port`` of every broker Metadata names."""
+        try:
+            metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+        except Exception as e:
+            raise BrokerReadError(f"broker {self.bootstrap} did not list its brokers: {e}") from e
+        return sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values())
+
     def leaders_known(self, partitions: list[TopicPartition]) -> dict[TopicPartition, str | None]:
         """From fresh metadata, the ``host:port`` of the leader of each of ``partitions`` that exists (None
         while it has none: a failover under way); a partition that does not exist is left out."""
