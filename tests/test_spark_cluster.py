@@ -24,7 +24,7 @@ from clusterkit import BrokerCluster, partition_log, running_cluster
 from conftest import SeaweedS3
 from sparkstreamkit import Inputs, Producing, assert_each_record_once, through_two_drivers
 from stratalog.chaos.cluster_probe import served_without
-from stratalog.engine.manifest import ManifestError, read_manifest
+from stratalog.engine.manifest import Manifest, ManifestError, read_manifest
 from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.kafka import staged_commit
 from stratalog.objects.uri import open_object_store
@@ -277,26 +277,28 @@ def test_a_driver_killed_mid_stream_with_a_broker_killed_reads_and_writes_each_r
     assert_each_record_once(rows, written, producing, inputs)
 
 
-def uploaded(cluster: BrokerCluster, topic: str) -> int:
-    """Records of ``topic`` the merged manifest covers."""
+def merged_manifest(cluster: BrokerCluster) -> Manifest:
+    """The cluster's objects as a reader sees them: every broker's manifests merged."""
     store = open_object_store(cluster.objects, Path("."))
     try:
-        manifest = read_manifest(store)
-    except ManifestError:
-        return 0
+        return read_manifest(store)
     finally:
         store.close()
+
+
+def uploaded(cluster: BrokerCluster, topic: str) -> int:
+    """Records of ``topic`` the merged manifest covers."""
+    try:
+        manifest = merged_manifest(cluster)
+    except ManifestError:
+        return 0
     return sum(s.end_offset - s.start_offset for s in manifest.streams.values()
                if s.name is not None and s.name.startswith(f"{topic}/"))
 
 
 def shared_objects(cluster: BrokerCluster) -> int:
     """Objects of the merged manifest that hold blocks of more than one partition."""
-    store = open_object_store(cluster.objects, Path("."))
-    try:
-        manifest = read_manifest(store)
-    finally:
-        store.close()
+    manifest = merged_manifest(cluster)
     streams_of: dict[str, set[int]] = {}
     for stream_id, refs in manifest.blocks.items():
         for ref in refs:
@@ -306,11 +308,7 @@ def shared_objects(cluster: BrokerCluster) -> int:
 
 def refused_by_a_follower(cluster: BrokerCluster) -> None:
     """Ask a broker to swap an object of two partitions another broker leads: NOT_LEADER_OR_FOLLOWER."""
-    store = open_object_store(cluster.objects, Path("."))
-    try:
-        manifest = read_manifest(store)
-    finally:
-        store.close()
+    manifest = merged_manifest(cluster)
     led = leaders(cluster, "events")
     leader_of_key: dict[str, set[int]] = {}
     for stream_id, refs in manifest.blocks.items():
