@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test suite lint bench clean debian-packages sanitize sanitize-beside
+.PHONY: run test suite lint bench clean debian-packages sanitize beside pure-python
 
 # STRATALOG_BUILD_STRICT: the compiled core's warnings are errors and a failed build stops here, so a tree
 # that is run or tested never falls back to the Python twins unnoticed (setup.py).
@@ -45,24 +45,27 @@ ifneq ($(DEBIAN_NEEDED),)
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(DEBIAN_NEEDED)
 endif
 
-# The sanitizer run and the suite side by side: the sanitizer's tests keep one core busy for minutes, and the
-# suite's workers wait on servers, leases and timers much of the time, so together they end sooner than one
-# after the other. The sanitizer's output goes to build/sanitize.log, shown when it ends (whole if it
-# failed); either failing fails the target.
+# The suite, and beside it the sanitizer run then the parsers' and queue store's tests on the Python twins:
+# the sanitizer's tests keep one core busy for minutes, and the suite's workers wait on servers, leases and
+# timers much of the time, so together they end sooner than one after the other. What runs beside goes to
+# build/beside.log, shown when it ends (whole if it failed); either lane failing fails the target.
 test: lint debian-packages
-	$(MAKE) --no-print-directory -j2 sanitize-beside suite
+	$(MAKE) --no-print-directory -j2 beside suite
 
-sanitize-beside: $(STAMP)
+beside: $(STAMP)
 	@mkdir -p build
-	@if $(MAKE) --no-print-directory sanitize > build/sanitize.log 2>&1; then \
-	  echo "sanitize passed (build/sanitize.log):"; tail -n 12 build/sanitize.log; \
-	else cat build/sanitize.log; echo "sanitize FAILED (build/sanitize.log)"; exit 1; fi
+	@if { $(MAKE) --no-print-directory sanitize && $(MAKE) --no-print-directory pure-python; } \
+	  > build/beside.log 2>&1; then \
+	  echo "sanitize and pure-python passed (build/beside.log):"; tail -n 12 build/beside.log; \
+	else cat build/beside.log; echo "sanitize or pure-python FAILED (build/beside.log)"; exit 1; fi
 
 # Three workers on two cores (much of the suite waits on servers, leases and timers), each module's tests
 # on one of them, so its module-scoped servers start once; tests/schedulekit.py says which goes where.
 suite: $(NATIVE)
 	$(BIN)/pytest -n 3 --dist loadscope
-	STRATALOG_PURE_PYTHON=1 $(BIN)/pytest -q -p no:randomly $(PARSER_TESTS) $(QUEUE_STORE_TESTS)
+
+pure-python: $(STAMP)
+	STRATALOG_PURE_PYTHON=1 $(BIN)/pytest -q -p no:randomly -p no:cacheprovider $(PARSER_TESTS) $(QUEUE_STORE_TESTS)
 
 # The parsers' tests on the Python twins too (STRATALOG_PURE_PYTHON), as a machine without a compiler runs.
 PARSER_TESTS := tests/test_kafka_record_check.py tests/test_kafka_records.py tests/test_kafka_fetch_response.py \
