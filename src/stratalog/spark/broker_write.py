@@ -22,6 +22,7 @@ Where each row goes, in this order:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -237,15 +238,27 @@ class _ClusterCommit:
             with self._lock:
                 self.last_refusal = str(e)
             return partitions
-        try:
-            with connection:
+        with connection:
+            try:
+                version = commit_version(connection)
+            except BrokerConnectionError as e:   # the commit not sent yet
+                with self._lock:
+                    self.last_refusal = str(e)
+                return partitions
+            try:
                 correlation_id = connection.next_correlation_id()
                 answer = connection.exchange(staged_commit.encode_request(correlation_id, connection.client_id,
-                                                                          request))
-        except BrokerConnectionError as e:
-            with self._lock:
-                return self._answer_lost(leader, partitions, e)
-        answered, response = staged_commit.decode_response(answer, staged_commit.COMMIT_VERSION_MAX)
+                                                                          request, version))
+            except BrokerConnectionError as e:
+                with self._lock:
+                    return self._answer_lost(leader, partitions, e)
+        answered, response = staged_commit.decode_response(answer, version)
+        if version == 0 and response.error_code == 0:
+            # A broker of v0 commits a request whole, in one transaction: every partition shares its outcome.
+            response = dataclasses.replace(response, partitions=tuple(
+                staged_commit.PartitionResult(name, 0, None, response.committed,
+                                              _records_of(staged, name) if response.committed else 0)
+                for name in sorted({name for key in partitions for name in key.split("\n")})))
         if answered != correlation_id:
             raise BrokerWriteError(f"broker {leader} answered request {answered}, not {correlation_id}")
         if response.error_code != 0:
@@ -294,6 +307,36 @@ class _ClusterCommit:
                                f"{', '.join(sorted(partitions))[:300]} ({error}): whether they were committed is "
                                f"unknown (their staged objects are gone); committed before that: "
                                f"{self.done_records} records")
+
+
+def commit_version(connection: KafkaConnection) -> int:
+    """The StratalogCommitStaged version to send on ``connection``: the highest the broker serves (ApiVersions)
+    and this driver knows. An older broker serves v0 only (one answer for the whole request); BrokerWriteError
+    for a broker that serves none (not a stratalog broker, or one too old for Spark writes)."""
+    from kio.schema.api_versions.v0.request import ApiVersionsRequest
+
+    from stratalog.kafka.api_keys import ApiKey
+
+    served = connection.call(ApiKey.API_VERSIONS, 0, ApiVersionsRequest())
+    versions = {int(a.api_key): (int(a.min_version), int(a.max_version)) for a in served.api_keys}
+    return negotiated_commit_version(versions)
+
+
+def negotiated_commit_version(served: dict[int, tuple[int, int]]) -> int:
+    """The version of StratalogCommitStaged both sides know, from the broker's ``{api key: (min, max)}``."""
+    if staged_commit.API_KEY not in served:
+        raise BrokerWriteError(f"the broker does not serve {staged_commit.API_NAME} (api key "
+                               f"{staged_commit.API_KEY}): Spark writes need a stratalog broker")
+    low, high = served[staged_commit.API_KEY]
+    version = min(high, staged_commit.COMMIT_VERSION_MAX)
+    if version < low:
+        raise BrokerWriteError(f"the broker serves {staged_commit.API_NAME} versions {low} to {high}, this driver "
+                               f"0 to {staged_commit.COMMIT_VERSION_MAX}: upgrade stratalog where Spark runs")
+    return version
+
+
+def _records_of(staged: list[Staged], name: str) -> int:
+    return sum(s.count for _, o in staged for s in o.streams if s.name == name)
 
 
 def _check_login(bootstrap: str, settings: dict[str, str]) -> None:
