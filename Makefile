@@ -59,10 +59,11 @@ beside: $(STAMP)
 	  echo "sanitize and pure-python passed (build/beside.log):"; tail -n 12 build/beside.log; \
 	else cat build/beside.log; echo "sanitize or pure-python FAILED (build/beside.log)"; exit 1; fi
 
-# Three workers on two cores (much of the suite waits on servers, leases and timers), each module's tests
-# on one of them, so its module-scoped servers start once; tests/schedulekit.py says which goes where.
+# WORKERS on two cores (much of the suite waits on servers, leases and timers), each module's tests on one
+# of them, so its module-scoped servers start once; tests/schedulekit.py says which goes where.
+WORKERS ?= 3
 suite: $(NATIVE)
-	$(BIN)/pytest -n 3 --dist loadscope
+	$(BIN)/pytest -n $(WORKERS) --dist loadscope
 
 pure-python: $(STAMP)
 	STRATALOG_PURE_PYTHON=1 $(BIN)/pytest -q -p no:randomly -p no:cacheprovider $(PARSER_TESTS) $(QUEUE_STORE_TESTS)

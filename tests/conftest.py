@@ -93,9 +93,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     Started on first use only, so runs without Spark tests never pay the JVM start (about 8 s).
     """
+    from sparkconf import TEST_JVM_CONF
     from stratalog.spark import local_session
 
     session = local_session("local[2]", app_name="stratalog-tests", extra_conf={
+        **TEST_JVM_CONF,
         "spark.local.dir": str(tmp_path_factory.mktemp("spark-local")),
         "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse")),
     })

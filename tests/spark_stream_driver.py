@@ -29,6 +29,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from sparkconf import TEST_JVM_CONF
 from stratalog.spark import local_session
 
 #: Records per micro-batch of the read: several batches a second at the test's produce rate.
@@ -90,7 +91,8 @@ class Supervisor:
 def main(bootstrap: str, read_topic: str, sink: str, inputs: str, write_topic: str, checkpoint: str,
          local_dir: str, options_json: str = "{}") -> None:
     options = json.loads(options_json)
-    spark = local_session("local[2]", app_name="stratalog-stream-driver", extra_conf={"spark.local.dir": local_dir})
+    spark = local_session("local[2]", app_name="stratalog-stream-driver",
+                          extra_conf={**TEST_JVM_CONF, "spark.local.dir": local_dir})
     spark.sparkContext.setLogLevel("ERROR")
     checkpoints = Path(checkpoint)
 
