@@ -1,6 +1,6 @@
 """PostgreSQL for the broker's table tests: one real server on 127.0.0.1 for the test session (started at
-the first test that asks, stopped when the session ends), a database of its own per test (or per
-module, for tests that share a cluster), and a fixture that runs a test once on SQLite and once on PostgreSQL.
+the first test that asks, stopped when the session ends), a database of its own per test, and a
+fixture that runs a test once on SQLite and once on PostgreSQL.
 
 A test module uses it with ``pytest_plugins = ["pgkit"]``: registered once as a plugin, the server is
 shared by every module that asks instead of being made again for each.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -31,29 +30,15 @@ def _admin(server: PostgresServer) -> str:
     return server.dsn.rsplit("/", 1)[0] + "/postgres"
 
 
-@contextmanager
-def _database(server: PostgresServer) -> Iterator[str]:
-    """The URI of an empty database, dropped on the way out."""
-    name = f"tables_{next(_names)}"
-    with psycopg.connect(_admin(server), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield server.dsn.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(_admin(server), autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
-
-
 @pytest.fixture
 def pg_database(pg_server: PostgresServer) -> Iterator[str]:
     """The URI of an empty database of this test's own, dropped after it."""
-    with _database(pg_server) as uri:
-        yield uri
-
-
-@pytest.fixture(scope="module")
-def pg_module_database(pg_server: PostgresServer) -> Iterator[str]:
-    """The URI of an empty database for a module's tests to share (a cluster they share), dropped after them."""
-    with _database(pg_server) as uri:
-        yield uri
+    name = f"tables_{next(_names)}"
+    with psycopg.connect(_admin(pg_server), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield pg_server.dsn.rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(_admin(pg_server), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -56,19 +56,8 @@ FAILOVER_S_MAX = 90.0
 STALL_S = 240.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pg_module_database: str,
-            seaweedfs: SeaweedS3) -> Iterator[BrokerCluster]:
-    """Three brokers the module's tests share (each writes topics and staged objects of its own; no test that
-    uses them kills one): a cluster's start is 12-19 s under the suite's load."""
-    with running_cluster(tmp_path_factory.mktemp("cluster"), pg_module_database, seaweedfs, 3,
-                         CONFIG_TOML) as running:
-        yield running
-
-
 @pytest.fixture
-def own_cluster(tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> Iterator[BrokerCluster]:
-    """Three brokers of the test's own, for a test that kills one."""
+def cluster(tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> Iterator[BrokerCluster]:
     with running_cluster(tmp_path, pg_database, seaweedfs, 3, CONFIG_TOML) as running:
         yield running
 
@@ -105,7 +94,7 @@ def leaders(cluster: BrokerCluster, topic: str) -> dict[int, int]:
 
 
 def stage(cluster: BrokerCluster, seaweedfs: SeaweedS3, write: str, partitions: list[int],
-          topic: str) -> list[tuple[int, Any]]:
+          topic: str = "t") -> list[tuple[int, Any]]:
     """One task's staged objects (one per partition) of 10 records ``<write>:<partition>:<i>`` each."""
     del seaweedfs
     store = open_object_store(cluster.objects, Path("."))  # the test's URI carries the credentials
@@ -135,9 +124,9 @@ def test_a_batch_write_commits_each_partition_at_its_leader_once(spark: Any, clu
 
 def test_a_commit_sent_to_one_broker_commits_what_it_leads_and_the_rest_go_to_their_leaders(
         cluster: BrokerCluster, seaweedfs: SeaweedS3) -> None:
-    create_topics(cluster, "one-broker")
-    led = leaders(cluster, "one-broker")
-    staged = stage(cluster, seaweedfs, "w1", list(range(PARTITIONS)), "one-broker")
+    create_topics(cluster, "t")
+    led = leaders(cluster, "t")
+    staged = stage(cluster, seaweedfs, "w1", list(range(PARTITIONS)))
     request = staged_commit.CommitStagedRequest(None, -1, tuple(
         staged_commit.StagedObjectEntry(task, o.key, o.size_bytes, tuple(
             staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in o.streams))
@@ -147,26 +136,26 @@ def test_a_commit_sent_to_one_broker_commits_what_it_leads_and_the_rest_go_to_th
     _, response = staged_commit.decode_response(answer, 1)
     by_name = {p.name: p for p in response.partitions}
     assert {name: (p.error_code, p.committed, p.records) for name, p in by_name.items()} == {
-        f"one-broker/{p}": (0, True, 10) if led[p] == 1 else (6, False, 0) for p in range(PARTITIONS)}
+        f"t/{p}": (0, True, 10) if led[p] == 1 else (6, False, 0) for p in range(PARTITIONS)}
 
     # The rest, sent as the driver sends a write: each to its leader; broker 1's are gone from staging.
     rest = [(task, tuple(o for o in objects if led[int(o.streams[0].name.split("/")[1])] != 1))
             for task, objects in staged]
     result = commit_through_broker(cluster.bootstrap(), {}, rest, None)
     assert (result.committed, result.records) == (True, 40)
-    logs = topic_log(cluster, "one-broker")
+    logs = topic_log(cluster, "t")
     assert {p: sorted(log) for p, log in logs.items()} == {
         p: sorted(b"w1:%d:%d" % (p, i) for i in range(10)) for p in range(PARTITIONS)}
 
 
 def test_a_broker_of_a_cluster_refuses_an_object_of_several_partitions_and_answers_v0_with_one_error(
         cluster: BrokerCluster, seaweedfs: SeaweedS3) -> None:
-    create_topics(cluster, "joined")
-    led = leaders(cluster, "joined")
+    create_topics(cluster, "t")
+    led = leaders(cluster, "t")
     store = open_object_store(cluster.objects, Path("."))
     writer = StagingWriter(store, f"{STAGING_PREFIX}joined/000000-")   # one object for both partitions
     for p in (0, 1):
-        writer.add(f"joined/{p}", [NewRecord(b"x")])
+        writer.add(f"t/{p}", [NewRecord(b"x")])
     [joined] = writer.finish()
     entry = staged_commit.StagedObjectEntry(0, joined.key, joined.size_bytes, tuple(
         staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in joined.streams))
@@ -178,7 +167,7 @@ def test_a_broker_of_a_cluster_refuses_an_object_of_several_partitions_and_answe
     assert "objects of one partition each" in (response.error_message or "")
 
     # An older driver's v0 request: the first partition refused is the answer's error.
-    [(_, [single])] = stage(cluster, seaweedfs, "v0", [next(p for p, b in led.items() if b != 1)], "joined")
+    [(_, [single])] = stage(cluster, seaweedfs, "v0", [next(p for p, b in led.items() if b != 1)])
     entry = staged_commit.StagedObjectEntry(0, single.key, single.size_bytes, tuple(
         staged_commit.StagedStreamEntry(s.name, s.start, s.count) for s in single.streams))
     with cluster.connect(1) as connection:
@@ -186,16 +175,14 @@ def test_a_broker_of_a_cluster_refuses_an_object_of_several_partitions_and_answe
                                              staged_commit.CommitStagedRequest(None, -1, (entry,)), 0)
         _, response = staged_commit.decode_response(connection.exchange(frame), 0)
     assert response.error_code == 6 and "led by another broker" in (response.error_message or "")
-    assert sum(len(log) for log in topic_log(cluster, "joined").values()) == 0
-    for refused in (joined, single):   # left staged, as every refused object: the driver's to delete
-        store.delete(refused.key)
+    assert sum(len(log) for log in topic_log(cluster, "t").values()) == 0
 
 def test_a_commit_sent_by_stale_metadata_is_refused_and_sent_again_to_the_leaders(
         cluster: BrokerCluster, seaweedfs: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver's first look at Metadata names broker 1 as every partition's leader (as after a leader
     change it has not seen): broker 1 commits its own, refuses the rest, and they go to their leaders."""
-    create_topics(cluster, "stale")
-    led = leaders(cluster, "stale")
+    create_topics(cluster, "t")
+    led = leaders(cluster, "t")
     real = BrokerView.leaders_known
     looks: list[int] = []
 
@@ -206,37 +193,35 @@ def test_a_commit_sent_by_stale_metadata_is_refused_and_sent_again_to_the_leader
         return real(view, partitions)
 
     monkeypatch.setattr(BrokerView, "leaders_known", stale_once)
-    staged = stage(cluster, seaweedfs, "s", list(range(PARTITIONS)), "stale")
-    result = commit_through_broker(cluster.bootstrap(), {}, staged, ("stale", 0))
+    result = commit_through_broker(cluster.bootstrap(), {}, stage(cluster, seaweedfs, "s", list(range(PARTITIONS))),
+                                   ("stale", 0))
     assert (result.committed, result.records) == (True, 10 * PARTITIONS)
     assert looks == [PARTITIONS, sum(1 for p in led.values() if p != 1)], "the refused partitions, asked again"
-    logs = topic_log(cluster, "stale")
+    logs = topic_log(cluster, "t")
     assert {p: sorted(log) for p, log in logs.items()} == {
         p: sorted(b"s:%d:%d" % (p, i) for i in range(10)) for p in range(PARTITIONS)}
 
 
 def test_a_micro_batch_retried_after_some_partitions_committed_commits_only_the_rest(
         cluster: BrokerCluster, seaweedfs: SeaweedS3) -> None:
-    create_topics(cluster, "retried")
-    led = leaders(cluster, "retried")
+    create_topics(cluster, "t")
+    led = leaders(cluster, "t")
     first = [p for p in range(PARTITIONS) if led[p] == 2]
     # Batch 7 reached broker 2 alone (its answer lost, or the driver died), then the whole batch is
     # replayed, staged again by new tasks.
-    def staged(write: str, partitions: list[int]) -> list[tuple[int, Any]]:
-        return stage(cluster, seaweedfs, write, partitions, "retried")
-
-    early = commit_through_broker(cluster.bootstrap(), {}, staged("a", first), ("copy", 7))
+    early = commit_through_broker(cluster.bootstrap(), {}, stage(cluster, seaweedfs, "a", first), ("copy", 7))
     assert (early.committed, early.records) == (True, 10 * len(first))
-    replay = commit_through_broker(cluster.bootstrap(), {}, staged("b", list(range(PARTITIONS))), ("copy", 7))
+    replay = commit_through_broker(cluster.bootstrap(), {}, stage(cluster, seaweedfs, "b", list(range(PARTITIONS))),
+                                   ("copy", 7))
     assert (replay.committed, replay.records) == (True, 10 * (PARTITIONS - len(first)))
-    again = commit_through_broker(cluster.bootstrap(), {}, staged("c", list(range(PARTITIONS))), ("copy", 7))
+    again = commit_through_broker(cluster.bootstrap(), {}, stage(cluster, seaweedfs, "c", list(range(PARTITIONS))),
+                                  ("copy", 7))
     assert (again.committed, again.records) == (False, 0), "a batch committed everywhere writes nothing"
-    logs = topic_log(cluster, "retried")
+    logs = topic_log(cluster, "t")
     for p in range(PARTITIONS):
         assert sorted(logs[p]) == sorted(b"%s:%d:%d" % (b"a" if p in first else b"b", p, i) for i in range(10))
     store = open_object_store(cluster.objects, Path("."))
-    assert not [o for w in "abc" for o in store.list(f"{STAGING_PREFIX}{w}/")], \
-        "the brokers delete the staged objects of a replay"
+    assert not list(store.list(STAGING_PREFIX)), "the brokers delete the staged objects of a replay"
 
 
 class Feeding(threading.Thread):
@@ -265,19 +250,19 @@ class Feeding(threading.Thread):
 
 
 def test_a_driver_killed_mid_stream_with_a_broker_killed_reads_and_writes_each_record_once(
-        spark: Any, own_cluster: BrokerCluster, seaweedfs: SeaweedS3, tmp_path: Path) -> None:
+        spark: Any, cluster: BrokerCluster, seaweedfs: SeaweedS3, tmp_path: Path) -> None:
     """The single-broker kill test's run (sparkstreamkit) against the cluster: a driver reads 6 partitions
     over three brokers into Parquet and writes JSON files into "out"; the leader of "out" is killed -9
     mid-stream (the write's commits move to its successor, the read's partitions on it fail over), then the
     driver is killed -9 and a second one goes on from the checkpoints."""
-    admin = AdminClient({"bootstrap.servers": own_cluster.bootstrap(1)})
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
     for future in admin.create_topics([NewTopic("events", PARTITIONS, 1), NewTopic("out", 1, 1)]).values():
         future.result(timeout=60)
-    wait_until(partial(served_without, own_cluster, 1, "events", PARTITIONS), "every partition of events served")
-    victim = wait_until(partial(served_without, own_cluster, 1, "out", 1), "out served")[0].leader_id
-    given = options(own_cluster, seaweedfs)
+    wait_until(partial(served_without, cluster, 1, "events", PARTITIONS), "every partition of events served")
+    victim = wait_until(partial(served_without, cluster, 1, "out", 1), "out served")[0].leader_id
+    given = options(cluster, seaweedfs)
     credentials = {k: v for k, v in given.items() if k != "path"}
-    bootstrap = own_cluster.bootstrap()
+    bootstrap = cluster.bootstrap()
     inputs = Inputs(tmp_path / "input")
     producing = Producing(bootstrap, "events", PARTITIONS)
     producing.start()
@@ -285,7 +270,7 @@ def test_a_driver_killed_mid_stream_with_a_broker_killed_reads_and_writes_each_r
     inputs.add(4)
     try:
         rows = through_two_drivers(spark, tmp_path, bootstrap, AdminClient({"bootstrap.servers": bootstrap}),
-                                   producing, inputs, credentials, own_cluster.brokers[victim].kill9)
+                                   producing, inputs, credentials, cluster.brokers[victim].kill9)
     finally:
         producing.stop()
     written = spark.read.format("stratalog").options(**given).option("topics", "out").load().collect()
@@ -327,14 +312,14 @@ def refused_by_a_follower(cluster: BrokerCluster) -> None:
     led = leaders(cluster, "events")
     leader_of_key: dict[str, set[int]] = {}
     for stream_id, refs in manifest.blocks.items():
-        topic, _, partition = (manifest.streams[stream_id].name or "").rpartition("/")
+        name = manifest.streams[stream_id].name or ""
         for ref in refs:
-            leader_of_key.setdefault(ref.key, set()).add(led[int(partition)] if topic == "events" else -1)
-    key, owners = next((k, o) for k, o in sorted(leader_of_key.items()) if len(o) == 1 and -1 not in o)
+            leader_of_key.setdefault(ref.key, set()).add(led[int(name.split("/")[1])])
+    key, owners = next((k, o) for k, o in sorted(leader_of_key.items()) if len(o) == 1)
     other = next(i for i in cluster.live() if i not in owners)
     # One of its streams rewritten as a compaction writes it, staged.
-    stream_id, ref = next((sid, r) for sid, refs in sorted(manifest.blocks.items()) for r in refs if r.key == key)
-    output = CompactionOutput(0, f"{STAGING_PREFIX}refused/0.slo", stream_id, (ref,))
+    stream_id, refs = next((sid, refs) for sid, refs in sorted(manifest.blocks.items()) if refs[0].key == key)
+    output = CompactionOutput(0, f"{STAGING_PREFIX}refused/0.slo", stream_id, (refs[0],))
     staged = list(write_compacted(cluster.objects, [output]))
     with pytest.raises(BrokerWriteError, match=r"error 6\b"):
         replace_through_broker(cluster.bootstrap(other), {}, [key], [(o.key, o.size_bytes) for o in staged])
