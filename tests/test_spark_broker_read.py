@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -210,3 +212,52 @@ def test_read_committed_drops_aborted_transactions_from_objects_and_the_tail(spa
         opener.abort_transaction(30)
         assert read() == sorted([*txns.committed, *late]), "the abort makes what follows it stable"
         assert broker.stop() == 0
+
+
+class FailoverAdmin:
+    """A stand-in for librdkafka's admin client whose ListOffsets for one partition finds no leader the
+    first ``misses`` times (a failover under way), then answers."""
+
+    def __init__(self, misses: int, error_code: int) -> None:
+        self.misses, self.error_code = misses, error_code
+        self.asked: list[list[tuple[str, int]]] = []
+
+    def list_offsets(self, specs: dict[Any, Any], **_: Any) -> dict[Any, Future[Any]]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.asked.append(sorted((tp.topic, tp.partition) for tp in specs))
+        out: dict[Any, Future[Any]] = {}
+        for tp in specs:
+            future: Future[Any] = Future()
+            if tp.partition == 1 and self.misses > 0:
+                future.set_exception(KafkaException(KafkaError(self.error_code)))
+            else:
+                future.set_result(SimpleNamespace(offset=10 * tp.partition))
+            out[tp] = future
+        self.misses -= any(tp.partition == 1 for tp in specs)
+        return out
+
+
+@pytest.mark.parametrize("code", [-156, 5, 6])   # no leaders found, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
+def test_the_offsets_of_a_partition_without_a_leader_are_asked_again_until_it_has_one(
+        code: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_client, "LEADER_RETRY_S_MIN", 0.001)
+    view = BrokerView.__new__(BrokerView)
+    view.bootstrap, view._admin = "b:9092", FailoverAdmin(2, code)
+    ends = view.ends([("t", 0), ("t", 1)])
+    assert ends == {("t", 0): kafka_client.PartitionEnds(0, 0), ("t", 1): kafka_client.PartitionEnds(10, 10)}
+    assert view._admin.asked[:3] == [[("t", 0), ("t", 1)], [("t", 1)], [("t", 1)]], "only the one without a leader"
+
+
+def test_a_partition_without_a_leader_past_the_wait_or_another_error_fails_the_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_client, "LEADER_RETRY_S_MIN", 0.001)
+    monkeypatch.setattr(kafka_client, "LEADER_WAIT_S_MAX", 0.05)
+    view = BrokerView.__new__(BrokerView)
+    view.bootstrap, view._admin = "b:9092", FailoverAdmin(10**9, -156)
+    with pytest.raises(kafka_client.BrokerReadError, match="offsets of t/1"):
+        view.ends([("t", 0), ("t", 1)])
+    view._admin = FailoverAdmin(1, 3)   # UNKNOWN_TOPIC_OR_PARTITION: no failover makes it exist
+    with pytest.raises(kafka_client.BrokerReadError, match="offsets of t/1"):
+        view.ends([("t", 1)])
+    assert len(view._admin.asked) == 1

@@ -26,6 +26,12 @@ from stratalog.spark.columns import arrow_schema
 #: How long the driver waits for the broker's answers, and a task for records the broker acknowledged
 #: (they are there: waiting longer only hides a broker that is down).
 REQUEST_TIMEOUT_S = 30.0
+#: How long the driver asks again for the offsets of a partition without a leader before the read fails: a
+#: cluster's failover took 3.9 to 12.6 s under load (docs/cluster.md), and a micro-batch that fails for it
+#: stops the query. Between asks: from LEADER_RETRY_S_MIN, doubling up to LEADER_RETRY_S_MAX.
+LEADER_WAIT_S_MAX = 90.0
+LEADER_RETRY_S_MIN = 0.1
+LEADER_RETRY_S_MAX = 2.0
 #: Records taken from the client per call: large enough to amortize the call, small enough for a batch.
 ROWS_PER_BATCH = 10_000
 
@@ -62,6 +68,22 @@ class PartitionEnds:
 
     start: int
     end: int
+
+
+def leader_missing(error: BaseException) -> bool:
+    """Whether librdkafka's ``error`` says a partition has no leader now (a failover under way: its leader
+    died, or moved and librdkafka's metadata is stale), or another error worth asking again for."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not isinstance(error, KafkaException) or not error.args or not isinstance(error.args[0], KafkaError):
+        return False
+    code = error.args[0]
+    return bool(code.retriable()) or code.code() in LEADER_MISSING_CODES
+
+
+#: librdkafka's codes for a partition without a leader: its own "no leaders found" (_NOENT) and Kafka's
+#: LEADER_NOT_AVAILABLE and NOT_LEADER_OR_FOLLOWER.
+LEADER_MISSING_CODES = frozenset({-156, 5, 6})
 
 
 class BrokerView:
@@ -104,14 +126,25 @@ class BrokerView:
         isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
 
         def ask(spec: Any) -> dict[TopicPartition, int]:
-            futures = self._admin.list_offsets({KafkaPartition(t, p): spec for t, p in partitions},
-                                               isolation_level=isolation, request_timeout=REQUEST_TIMEOUT_S)
-            out = {}
-            for tp, future in futures.items():
-                try:
-                    out[(tp.topic, tp.partition)] = int(future.result().offset)
-                except Exception as e:
-                    raise BrokerReadError(f"broker {self.bootstrap}: offsets of {tp.topic}/{tp.partition}: {e}") from e
+            out: dict[TopicPartition, int] = {}
+            wanted = list(partitions)
+            deadline = time.monotonic() + LEADER_WAIT_S_MAX
+            pause_s = LEADER_RETRY_S_MIN
+            while wanted:
+                futures = self._admin.list_offsets({KafkaPartition(t, p): spec for t, p in wanted},
+                                                   isolation_level=isolation, request_timeout=REQUEST_TIMEOUT_S)
+                wanted = []
+                for tp, future in futures.items():
+                    try:
+                        out[(tp.topic, tp.partition)] = int(future.result().offset)
+                    except Exception as e:
+                        if not leader_missing(e) or time.monotonic() > deadline:
+                            raise BrokerReadError(f"broker {self.bootstrap}: offsets of {tp.topic}/{tp.partition}: "
+                                                  f"{e}") from e
+                        wanted.append((tp.topic, tp.partition))   # a failover under way: ask again
+                if wanted:
+                    time.sleep(pause_s)
+                    pause_s = min(2 * pause_s, LEADER_RETRY_S_MAX)
             return out
 
         firsts = ask(OffsetSpec.earliest())  # type: ignore[no-untyped-call]
