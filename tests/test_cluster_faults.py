@@ -34,7 +34,7 @@ from stratalog.chaos.cluster_probe import NONE, PartitionView
 from stratalog.chaos.cluster_process import BrokerCluster, Placement, SeaweedServer, running_cluster, seaweed_server
 from stratalog.chaos.postgres import PostgresServer, running_postgres
 from stratalog.kafka.client import BrokerConnectionError
-from waiting import wait_until
+from waiting import wait_progressing, wait_until
 
 PARTITIONS = 6
 #: Between rounds of one record per partition, per producer: about 2 x 6 x 50 = 600 records a second.
@@ -310,8 +310,9 @@ def test_an_object_store_that_hangs_then_restarts_under_load_loses_nothing(whole
     either = frozenset({EXIT_LEASE_LOST, EXIT_STORE_FAILED})
     try:
         reader = GroupReader(cluster.bootstrap(), topic, group)
-        wait_until(lambda: load.acked_count() >= AFTER_STEP_RECORDS and reader.read_count() >= 200,
-                   "records acknowledged and read before the object store hangs")
+        wait_progressing(lambda: load.acked_count() >= AFTER_STEP_RECORDS and reader.read_count() >= 200,
+                         lambda: (load.acked_count(), reader.read_count()),
+                         "records acknowledged and read before the object store hangs")
         faulty.s3.pause()
         try:
             # Hung puts: acknowledgements stop (the log's puts wait; nothing is acknowledged past them).
