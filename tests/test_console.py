@@ -117,6 +117,8 @@ def test_a_json_value_renders_and_a_hostile_one_stays_text(broker: BrokerProcess
     Select(browser.find_element(By.NAME, "format")).select_by_visible_text("json")
     browser.find_element(By.CSS_SELECTOR, "#messages-form button").click()
     row = 'tr[data-offset="1"]'
+    # The click submits the form; the page with the records comes when the browser has loaded it.
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f"{row} pre.value"), "the page of records")
     assert json.loads(cell(browser, f"{row} pre.value")) == value
     assert cell(browser, f"{row} pre.value") == json.dumps(value, indent=2, ensure_ascii=False)
     assert cell(browser, f"{row} pre.key") == "<script>alert(1)</script>"
