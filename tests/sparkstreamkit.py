@@ -1,8 +1,9 @@
-"""A Spark driver in a process of its own (spark_stream_driver.py) streaming out of and into live brokers,
-killed with SIGKILL mid-stream and restarted from its checkpoints, for the tests against one broker
-(test_spark_broker_stream.py) and against a cluster (test_spark_cluster.py): what feeds it (a producer
-remembering every acknowledged record, JSON files appearing a few at a time) and the run through two
-drivers that the tests check for each record once."""
+"""A Spark driver in a process of its own (spark_stream_driver.py) streaming out of and into a live broker,
+killed with SIGKILL mid-stream and restarted from its checkpoints (test_spark_broker_stream.py): what
+feeds it (a producer remembering every acknowledged record, JSON files appearing a few at a time) and the
+run through two drivers that the test checks for each record once. ``options`` and ``mid_stream`` are for
+the same run against a cluster, which is not in the suite yet (a broker of the cluster was fenced during
+it, cause not found)."""
 
 from __future__ import annotations
 

@@ -261,3 +261,24 @@ def test_a_partition_without_a_leader_past_the_wait_or_another_error_fails_the_r
     with pytest.raises(kafka_client.BrokerReadError, match="offsets of t/1"):
         view.ends([("t", 1)])
     assert len(view._admin.asked) == 1
+
+
+def test_metadata_is_asked_again_while_the_broker_asked_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh client that first asks a killed bootstrap broker gets a transport failure, not another
+    broker's metadata: the driver asks again (a write query's start failed on it mid-failover)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    monkeypatch.setattr(kafka_client, "LEADER_RETRY_S_MIN", 0.001)
+    answers: list[Any] = [KafkaException(KafkaError(-195)), KafkaException(KafkaError(-187)),
+                          SimpleNamespace(topics={"t": SimpleNamespace(partitions={0: None, 1: None}, error=None)})]
+
+    def list_topics(**_: Any) -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    view = BrokerView.__new__(BrokerView)
+    view.bootstrap, view._admin = "b:9092", SimpleNamespace(list_topics=list_topics)
+    assert view.topics(["t"]) == {"t": 2}
+    assert answers == []

@@ -81,9 +81,10 @@ def leader_missing(error: BaseException) -> bool:
     return bool(code.retriable()) or code.code() in LEADER_MISSING_CODES
 
 
-#: librdkafka's codes for a partition without a leader: its own "no leaders found" (_NOENT) and Kafka's
+#: librdkafka's codes for a partition without a leader or a broker that is not there: its own "no leaders
+#: found" (_NOENT), transport failure (_TRANSPORT), all brokers down (_ALL_BROKERS_DOWN), and Kafka's
 #: LEADER_NOT_AVAILABLE and NOT_LEADER_OR_FOLLOWER.
-LEADER_MISSING_CODES = frozenset({-156, 5, 6})
+LEADER_MISSING_CODES = frozenset({-156, -195, -187, 5, 6})
 
 
 class BrokerView:
@@ -98,11 +99,26 @@ class BrokerView:
     def close(self) -> None:
         self._admin = None  # librdkafka's admin client has no close; its threads end with the object
 
+    def _metadata(self) -> Any:
+        """Metadata from any broker, asked again while librdkafka says the broker it asked is not there (one
+        of the bootstrap brokers killed and not yet left out: its answer can be a transport failure rather
+        than another broker's metadata), for up to LEADER_WAIT_S_MAX."""
+        deadline = time.monotonic() + LEADER_WAIT_S_MAX
+        pause_s = LEADER_RETRY_S_MIN
+        while True:
+            try:
+                return self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+            except Exception as e:
+                if not leader_missing(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, LEADER_RETRY_S_MAX)
+
     def topics(self, wanted: list[str] | None) -> dict[str, int]:
         """Partition count of each topic in ``wanted`` (every topic when None). A topic that does not exist
         raises BrokerReadError naming it."""
         try:
-            metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+            metadata = self._metadata()
         except Exception as e:
             raise BrokerReadError(f"broker {self.bootstrap} did not list its topics: {e}") from e
         found = {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
@@ -164,7 +180,7 @@ class BrokerView:
     def brokers(self) -> list[str]:
         """The ``host:port`` of every broker Metadata names."""
         try:
-            metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+            metadata = self._metadata()
         except Exception as e:
             raise BrokerReadError(f"broker {self.bootstrap} did not list its brokers: {e}") from e
         return sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values())
@@ -173,7 +189,7 @@ class BrokerView:
         """From fresh metadata, the ``host:port`` of the leader of each of ``partitions`` that exists (None
         while it has none: a failover under way); a partition that does not exist is left out."""
         try:
-            metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+            metadata = self._metadata()
         except Exception as e:
             raise BrokerReadError(f"broker {self.bootstrap} did not list its topics: {e}") from e
         out: dict[TopicPartition, str | None] = {}
@@ -194,7 +210,7 @@ class BrokerView:
         from confluent_kafka.admin import ConfigResource, ResourceType
 
         try:
-            metadata = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+            metadata = self._metadata()
         except Exception as e:
             raise BrokerReadError(f"broker {self.bootstrap} did not list its brokers: {e}") from e
         asked = {next(iter(self._admin.describe_configs([ConfigResource(ResourceType.BROKER, str(node))],
