@@ -22,6 +22,7 @@ from stratalog.engine.metadata_backends import (
     postgres_schema,
 )
 from stratalog.engine.objformat import BlockEntry
+from stratalog.engine.sink_markers import partition_marker_key, sink_marker_key
 from stratalog.errors import OutOfSpaceError
 from waiting import wait_until
 
@@ -174,3 +175,25 @@ def test_a_full_database_disk_is_an_out_of_space_error_and_the_connection_goes_o
         assert meta.create_stream("taken").name == "taken"
     finally:
         meta.close()
+
+
+def test_a_deleted_stream_takes_its_sinks_markers_and_no_others(tmp_path: Path, metadata: str | None) -> None:
+    """Names that a LIKE pattern could confuse with "a_b/1" (an underscore matches any character, SQLite's
+    LIKE ignores case, a longer topic ends the same way) keep their markers."""
+    names = ["a_b/1", "aXb/1", "A_B/1", "xa_b/1", "a_b/10"]
+    with _open(tmp_path, MemoryStore(), metadata) as store:
+        streams = {n: store.create_stream(n) for n in names}
+        for sink in ("copy", "c:9"):
+            for batch, name in enumerate(names):
+                store.metadata.set_meta(partition_marker_key(sink, name), batch)
+        store.metadata.set_meta(sink_marker_key("copy"), 7)
+        store.delete_stream(streams["a_b/1"])
+        assert store.metadata.get_meta(partition_marker_key("copy", "a_b/1"), -1) == -1
+        assert store.metadata.get_meta(partition_marker_key("c:9", "a_b/1"), -1) == -1
+        kept = {(sink, n): store.metadata.get_meta(partition_marker_key(sink, n), -1)
+                for sink in ("copy", "c:9") for n in names[1:]}
+        assert kept == {(sink, n): i + 1 for sink in ("copy", "c:9") for i, n in enumerate(names[1:])}
+        assert store.metadata.get_meta(sink_marker_key("copy"), -1) == 7
+        again = store.create_stream("a_b/1")   # made again under the same name: no sink's batch counts as done
+        assert again.stream_id != streams["a_b/1"].stream_id
+        assert store.metadata.get_meta(partition_marker_key("copy", "a_b/1"), -1) == -1

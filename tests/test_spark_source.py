@@ -18,7 +18,8 @@ from brokerkit import running_broker
 from conftest import SeaweedS3
 from enginekit import small_store_config
 from stratalog.engine.manifest import ManifestError, read_manifest
-from stratalog.engine.staging import SINK_MARKER_PREFIX, STAGING_PREFIX
+from stratalog.engine.sink_markers import SINK_MARKER_PREFIX
+from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.engine.store import StreamStore
 from stratalog.objects.local import LocalDirStore
 from stratalog.objects.store import ObjectStore

@@ -9,7 +9,7 @@ commit. A streaming write names its sink and micro-batch: a batch committed befo
 
 A broker alone commits the whole request in one metadata transaction. A broker of a cluster leads some
 partitions only, so it commits each partition it leads on its own (one transaction each; a micro-batch
-under a marker per sink and partition, ``spark.sink-partition.<len>:<sink><topic/partition>``, as another
+under a marker per sink and partition (engine/sink_markers.py), as another
 broker commits the batch's other partitions) and answers NOT_LEADER_OR_FOLLOWER for the others, their
 staged objects untouched: the driver sends those to their leaders (spark/broker_write.py). A retried
 request commits only what no earlier attempt committed.
@@ -42,8 +42,8 @@ from stratalog.broker.topics import parse_stream_name
 from stratalog.cluster.leases import ClusterError
 from stratalog.engine import BackpressureError, StoreClosedError, StoreFailedError
 from stratalog.engine.objformat import CorruptObjectError
+from stratalog.engine.sink_markers import partition_marker_key, sink_marker_key
 from stratalog.engine.staging import (
-    SINK_MARKER_PREFIX,
     STAGED_OBJECTS_MAX,
     STAGING_PREFIX,
     CommitResult,
@@ -74,10 +74,6 @@ if TYPE_CHECKING:
     from stratalog.broker.broker import Broker
 
 log = logging.getLogger("stratalog.broker")
-
-#: Metadata keys of a sink's last micro-batch per partition (a broker of a cluster commits by partition).
-PARTITION_MARKER_PREFIX = "spark.sink-partition."
-
 
 class _RefusedError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
@@ -140,12 +136,6 @@ def _partition_check(broker: Broker, session: Session, name: str) -> tuple[int, 
     return stream.stream_id, None
 
 
-def partition_marker_key(sink_id: str, name: str) -> str:
-    """The metadata key holding the last micro-batch of ``sink_id`` committed to partition ``name``. The
-    sink id's length comes first, so no two (sink, partition) pairs share a key whatever they hold."""
-    return f"{PARTITION_MARKER_PREFIX}{len(sink_id)}:{sink_id}{name}"
-
-
 def _answer(request: Request, code: ErrorCode = ErrorCode.none, message: str | None = None,
             result: CommitResult | None = None, partitions: tuple[PartitionResult, ...] = ()) -> Prebuilt:
     """The response frame, at the request's version: an error, or what was committed."""
@@ -167,7 +157,7 @@ async def commit_staged_request(broker: Broker, request: Request, session: Sessi
         stream_ids = _check_partitions(broker, session, writes)
     except _RefusedError as e:
         return _answer(request, e.code, str(e))
-    marker = (SINK_MARKER_PREFIX + body.sink_id, body.batch_id) if body.sink_id is not None else None
+    marker = (sink_marker_key(body.sink_id), body.batch_id) if body.sink_id is not None else None
     code, message, result = await _commit(broker, session, writes, marker, stream_ids)
     names = sorted({s.name for w in writes for o in w.objects for s in o.streams})
     # Alone, the broker commits the whole write in one transaction: every partition shares its outcome.
@@ -235,7 +225,7 @@ async def _commit_by_partition(broker: Broker, request: Request, session: Sessio
         marker = None
         if body.sink_id is not None:
             # A batch committed whole, before writes were split by partition, stands for every partition.
-            whole = await asyncio.to_thread(broker.store.metadata.get_meta, SINK_MARKER_PREFIX + body.sink_id, -1)
+            whole = await asyncio.to_thread(broker.store.metadata.get_meta, sink_marker_key(body.sink_id), -1)
             if whole >= body.batch_id:
                 results.append(PartitionResult(name))
                 continue

@@ -23,6 +23,7 @@ from stratalog.engine.metadata_backends import (
     writing,
 )
 from stratalog.engine.objformat import BlockEntry
+from stratalog.engine.sink_markers import marker_partition, partition_markers_like
 from stratalog.errors import StratalogError
 
 SCHEMA = """
@@ -463,16 +464,21 @@ class Metadata:
             return self._bump_seq(db)
 
     def delete_stream(self, stream_id: int) -> int:
-        """Forget a stream and its blocks; mark objects nothing needs any more."""
+        """Forget a stream, its blocks and the sinks' markers of its partition (sink_markers.py); mark
+        objects nothing needs any more."""
         now = int(time.time() * 1000)
         with self._tx() as db:
             self._check_fence(db, [stream_id])
             objects = [r[0] for r in db.execute("SELECT DISTINCT object_id FROM ranges WHERE stream_id = ?",
                                                 (stream_id,)).fetchall()]
-            db.execute("DELETE FROM ranges WHERE stream_id = ?", (stream_id,))
-            if db.execute("DELETE FROM streams WHERE stream_id = ?", (stream_id,)).rowcount == 0:
+            row = db.execute("SELECT name FROM streams WHERE stream_id = ?", (stream_id,)).fetchone()
+            if row is None:
                 raise UnknownStreamError(f"no stream {stream_id}")
+            db.execute("DELETE FROM ranges WHERE stream_id = ?", (stream_id,))
+            db.execute("DELETE FROM streams WHERE stream_id = ?", (stream_id,))
             db.execute("DELETE FROM meta WHERE key = ?", (_clean_end_key(stream_id),))
+            if row[0] is not None:
+                _delete_partition_markers(db, row[0])
             for object_id in objects:
                 if not db.execute("SELECT 1 FROM ranges WHERE object_id = ? LIMIT 1", (object_id,)).fetchone():
                     db.execute("UPDATE objects SET unreferenced_ms = ? WHERE object_id = ?", (now, object_id))
@@ -484,6 +490,14 @@ class Metadata:
             rows = self._db.execute("SELECT end_offset, max_timestamp_ms, size_bytes FROM ranges "
                                     "WHERE stream_id = ? ORDER BY start_offset", (stream_id,)).fetchall()
         return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
+def _delete_partition_markers(db: Backend, name: str) -> None:
+    keys = [r[0] for r in db.execute("SELECT key FROM meta WHERE key LIKE ? ESCAPE '\\'",
+                                     (partition_markers_like(name),)).fetchall()]
+    for key in keys:
+        if marker_partition(key) == name:
+            db.execute("DELETE FROM meta WHERE key = ?", (key,))
 
 
 def _clean_end_key(stream_id: int) -> str:

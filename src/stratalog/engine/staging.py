@@ -34,7 +34,6 @@ STAGING_PREFIX = "spark-staging/"
 #: Staged objects one commit or swap may name: a write of 10,000 tasks staging 10 objects each. Each costs
 #: two ranged gets and a rename, so a broker asked for a commit does bounded work.
 STAGED_OBJECTS_MAX = 100_000
-SINK_MARKER_PREFIX = "spark.sink."
 #: A staged object is put once its batches reach this size (a task holds one in memory while it builds it).
 #: Staged objects whose index the driver reads, or that it moves, at once (each call holds a footer or
 #: an index in memory at most; on S3 each is a round trip, so several in flight hide the latency).

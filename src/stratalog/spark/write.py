@@ -79,8 +79,8 @@ from stratalog.engine.objformat import (
     StreamBatch,
 )
 from stratalog.engine.record_layout import lay_out_records
+from stratalog.engine.sink_markers import SINK_MARKER_PREFIX, sink_marker_key
 from stratalog.engine.staging import (
-    SINK_MARKER_PREFIX,
     STAGING_PREFIX,
     CommitResult,
     StagedObject,
@@ -520,7 +520,7 @@ class StratalogStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         return self._write(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        result = self._commit(messages, (SINK_MARKER_PREFIX + self.sink_id, batchId))
+        result = self._commit(messages, (sink_marker_key(self.sink_id), batchId))
         if not result.committed:
             log.warning("micro-batch %d of sink %r was committed before, so nothing was written: a batch replayed "
                         "after a restart. A new query (a new checkpoint) needs a sinkId of its own, or its first "
