@@ -84,3 +84,14 @@ def test_an_older_renewal_finishing_late_moves_nothing() -> None:
 def test_a_margin_outside_the_lease_is_refused(margin_ms: int) -> None:
     with pytest.raises(ValueError, match="lease margin"):
         LeaseClock(LEASE_MS, margin_ms)
+
+
+def test_the_time_since_the_last_renewal_is_counted_from_its_sending() -> None:
+    clock = Clock()
+    lease = LeaseClock(LEASE_MS, MARGIN_MS, clock)
+    assert lease.since_renewed_s() is None
+    sent_s = lease.sent()
+    clock.now_s += 0.5
+    lease.renewed(sent_s)
+    clock.now_s += 29.5           # the machine stood still: nothing was sent meanwhile
+    assert lease.since_renewed_s() == pytest.approx(30.0)

@@ -1,10 +1,10 @@
 """The Spark data source against three `stratalog serve --cluster` brokers (PostgreSQL, SeaweedFS), a topic of
 6 partitions spread over them: a batch write commits each partition at its leader, once; a commit sent to
 one broker commits what it leads and leaves the rest for their leaders; a micro-batch retried after some
-partitions were committed commits only the rest; a streaming copy with a broker killed -9 mid-stream
-writes every input record to the output once; 30,000 records over the three brokers' partitions are read
-from objects alone once uploaded (the brokers' manifests merged), materialized whole, and compacted by
-leader."""
+partitions were committed commits only the rest; a driver streaming out of and into the cluster, killed
+-9 mid-stream with the leader of its output killed -9 too, reads and writes every record once; 30,000
+records over the three brokers' partitions are read from objects alone once uploaded (the brokers'
+manifests merged), materialized whole, and compacted by leader."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clusterkit import BrokerCluster, partition_log, running_cluster, tails
+from clusterkit import BrokerCluster, partition_log, running_cluster
 from conftest import SeaweedS3
+from sparkstreamkit import Inputs, Producing, assert_each_record_once, through_two_drivers
 from stratalog.chaos.cluster_probe import served_without
+from stratalog.chaos.cluster_process import supervised
 from stratalog.engine.manifest import Manifest, ManifestError, read_manifest
 from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.kafka import staged_commit
@@ -32,7 +34,7 @@ from stratalog.spark.broker_plan import TailPartition
 from stratalog.spark.broker_source import BrokerBatchReader, ObjectsPartition
 from stratalog.spark.broker_write import BrokerWriteError, commit_through_broker, replace_through_broker
 from stratalog.spark.jobs import CompactionOutput, compact_live, write_compacted
-from stratalog.spark.kafka_client import BrokerReadError, BrokerView
+from stratalog.spark.kafka_client import BrokerView
 from stratalog.spark.location import locate
 from stratalog.spark.materialize import load, materialize
 from stratalog.spark.write import StagingWriter
@@ -51,10 +53,8 @@ reconcile_interval_ms = 300
 """
 #: A broker's failover took 3.9 to 12.6 s under load (docs/cluster.md); a loaded machine may take longer.
 FAILOVER_S_MAX = 90.0
-#: How long the streaming copy may show no progress (no new output record) before the test calls it stuck.
+#: How long the manifest may show no progress (no new record covered) before the test calls it stuck.
 STALL_S = 240.0
-#: Restarts of the streaming query from its checkpoint allowed (as a supervisor restarts a failed query).
-QUERY_RESTARTS_MAX = 3
 
 
 @pytest.fixture
@@ -250,74 +250,36 @@ class Feeding(threading.Thread):
         producer.flush(FAILOVER_S_MAX * 2)
 
 
-def test_a_streaming_copy_with_a_broker_killed_mid_stream_writes_every_record_once(
+def test_a_driver_killed_mid_stream_with_a_broker_killed_reads_and_writes_each_record_once(
         spark: Any, cluster: BrokerCluster, seaweedfs: SeaweedS3, tmp_path: Path) -> None:
-    create_topics(cluster, "in", "out")
-    count = 6000
-    feeding = Feeding(cluster.bootstrap(), "in", count)
-    feeding.start()
-    feeding.join(FAILOVER_S_MAX * 2)
-    assert len(feeding.acked) == count, feeding.errors[:5]
+    """The single-broker kill test's run (sparkstreamkit) against the cluster: a driver reads 6 partitions
+    over three brokers into Parquet and writes JSON files into "out"; the leader of "out" is killed -9
+    mid-stream (the write's commits move to its successor, the read's partitions on it fail over), then the
+    driver is killed -9 and a second one goes on from the checkpoints. The brokers run under a supervisor,
+    as in production: a machine paused longer than the lease fences them all, and they come back."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
+    for future in admin.create_topics([NewTopic("events", PARTITIONS, 1), NewTopic("out", 1, 1)]).values():
+        future.result(timeout=60)
+    wait_until(partial(served_without, cluster, 1, "events", PARTITIONS), "every partition of events served")
+    victim = wait_until(partial(served_without, cluster, 1, "out", 1), "out served")[0].leader_id
     given = options(cluster, seaweedfs)
-
-    def start() -> Any:
-        source = spark.readStream.format("stratalog").options(**given).option("topics", "in") \
-            .option("maxRowsPerTrigger", "500").load()
-        return source.select("key", "value").writeStream.format("stratalog").options(**given) \
-            .option("topic", "out").option("sinkId", "copy").option("checkpointLocation", str(tmp_path / "ck")) \
-            .trigger(processingTime="200 milliseconds").start()
-
-    def written(dead: frozenset[int] = frozenset()) -> int:
+    credentials = {k: v for k, v in given.items() if k != "path"}
+    bootstrap = cluster.bootstrap()
+    inputs = Inputs(tmp_path / "input")
+    producing = Producing(bootstrap, "events", PARTITIONS)
+    producing.start()
+    producing.produce(6000)
+    inputs.add(4)
+    with supervised(cluster) as supervision:
         try:
-            return sum(len(log) for log in topic_log(cluster, "out", dead).values())
-        except AssertionError:
-            return -1   # not every partition served yet (the failover is under way)
-
-    query = start()
-    restarts = 0
-    failures: list[str] = []
-    try:
-        wait_progressing(lambda: written() >= count // 4, written, "a quarter copied before the kill", STALL_S, 0.5)
-        # Broker 1, first of the brokers Metadata names: the driver's questions to "any broker" meet it first.
-        victim = 1
-        assert victim in leaders(cluster, "out").values()
-        cluster.brokers[victim].kill9()
-        dead = frozenset({victim})
-        view = BrokerView(cluster.bootstrap(), {})
-
-        def store_address() -> str | None:
-            try:
-                return view.object_store_uri()
-            except BrokerReadError:
-                return None   # every broker asked timed out (2 vCPUs, three brokers, Spark): ask again
-
-        try:   # still named by Metadata until the others notice: the store's address comes from another
-            assert (wait_until(store_address, "a live broker to say where the objects are") or "").startswith("s3://")
+            rows = through_two_drivers(spark, tmp_path, bootstrap, AdminClient({"bootstrap.servers": bootstrap}),
+                                       producing, inputs, credentials, lambda: cluster.brokers[victim].kill9())
         finally:
-            view.close()
-
-        def done() -> bool:
-            nonlocal query, restarts
-            if query.exception() is not None or not query.isActive:
-                assert restarts < QUERY_RESTARTS_MAX, f"the query failed {restarts + 1} times: {query.exception()}"
-                restarts += 1
-                failures.append(" ".join(str(query.exception()).split())[:400])
-                query = start()   # from its checkpoint, as a supervisor restarts a failed query
-            return written(dead) >= count
-
-        wait_progressing(done, lambda: written(dead), lambda: f"the copy (restarts: {restarts})\n{tails(cluster)}",
-                         STALL_S, 0.5)
-        # Whatever is still in flight lands; nothing may land twice.
-        query.processAllAvailable()
-    finally:
-        query.stop()
-    logs = topic_log(cluster, "out", dead)
-    copied = Counter(v for log in logs.values() for v in log)
-    twice = {v: n for v, n in copied.items() if n > 1}
-    assert not twice, f"written twice: {list(twice.items())[:10]} (restarts: {restarts})"
-    assert set(copied) == set(feeding.acked), f"missing: {sorted(set(feeding.acked) - set(copied))[:10]}"
-    print(f"streaming copy across a kill -9 of broker {victim}: {count} records once; query restarts: {restarts}",
-          *failures, sep="\n")
+            producing.stop()
+    written = spark.read.format("stratalog").options(**given).option("topics", "out").load().collect()
+    assert_each_record_once(rows, written, producing, inputs)
+    print(f"broker {victim} killed; fenced brokers started again: {supervision.restarted}", *supervision.failures,
+          sep="\n")
 
 
 def merged_manifest(cluster: BrokerCluster) -> Manifest:

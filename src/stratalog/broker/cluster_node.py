@@ -171,7 +171,18 @@ class ClusterNode:
     def _fenced(self, why: str) -> None:
         # Exits at once: another broker may already lead this one's partitions, so nothing may be served
         # or acknowledged from here on. What was acknowledged is in the object log, replayed by others.
-        self._exit(f"is fenced and stops: {why}", EXIT_LEASE_LOST)
+        self._exit(f"is fenced and stops: {why}{self._since_renewed()}", EXIT_LEASE_LOST)
+
+    def _since_renewed(self) -> str:
+        """How long the lease went unrenewed, said when longer than the lease: a renewal is sent every
+        ``renew_interval_ms``, so a gap that long means this process or its machine stood still (a pause, a
+        stop signal, a host pausing its virtual machine) or the database answered that late."""
+        since_s = self.lease.since_renewed_s()
+        if since_s is None or since_s * 1000 <= self.config.lease_ms:
+            return ""
+        return (f" (the last renewal that went through was sent {since_s:.1f} s ago by this broker's clock, "
+                f"longer than the {self.config.lease_ms} ms lease: this process or its machine stood still, or the "
+                "database answered late, for that long)")
 
     def _exit(self, what: str, status: int) -> NoReturn:
         """Say why this broker stops (log and stderr), then end the process at once with ``status``."""

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.broker.cluster_node import EXIT_LEASE_LOST
 from stratalog.chaos.broker_process import BrokerProcess, PortTakenError, start_broker
 from stratalog.chaos.harness import ChaosHarnessError
 from stratalog.chaos.launch import dying_with_parent
@@ -41,6 +43,10 @@ lease_ms = 3000
 renew_interval_ms = 500
 reconcile_interval_ms = 300
 """
+#: How often :func:`supervised` looks for fenced brokers.
+SUPERVISE_INTERVAL_S = 0.2
+#: How much of a failed restart's message :func:`supervised` keeps.
+MESSAGE_CHARS_MAX = 2000
 #: Longest wait for weed mini to answer S3 requests and create the bucket (it takes about 1 s here).
 SEAWEEDFS_START_S_MAX = 60.0
 #: Longest wait for a clean stop after SIGINT before SIGKILL (it takes about 2 s here).
@@ -323,6 +329,15 @@ class BrokerCluster:
     def live(self) -> list[int]:
         return sorted(i for i, b in self.brokers.items() if b.process.poll() is None)
 
+    def restart_fenced(self) -> list[int]:
+        """What a broker's supervisor does when it stops fenced (exit 75, EX_TEMPFAIL: try again): start it
+        again, a new incarnation on its port. Returns the ids started; a broker killed or stopped any other
+        way stays down."""
+        fenced = [i for i, b in sorted(self.brokers.items()) if b.process.poll() == EXIT_LEASE_LOST]
+        for broker_id in fenced:
+            self.start(broker_id)
+        return fenced
+
     def bootstrap(self, *broker_ids: int) -> str:
         return ",".join(self.brokers[i].bootstrap for i in broker_ids or sorted(self.brokers))
 
@@ -351,6 +366,39 @@ def running_cluster(base: Path, database: str, objects: str, count: int,
         yield cluster
     finally:
         cluster.stop_all()
+
+
+@dataclass
+class Supervision:
+    """What :func:`supervised` did: the brokers it started again, in order, and why a start failed."""
+
+    restarted: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def supervised(cluster: BrokerCluster) -> Iterator[Supervision]:
+    """A supervisor beside ``cluster`` while the block runs: a broker that stops fenced is started again, as
+    a systemd unit with ``RestartForceExitStatus=75`` would (docs/cluster.md: brokers run under one). A
+    whole machine paused longer than the lease (a virtual machine's host pausing it, say) fences every
+    broker at once; the cluster then comes back as new incarnations that replay the old ones' logs."""
+    done = threading.Event()
+    supervision = Supervision()
+
+    def watch() -> None:
+        while not done.wait(SUPERVISE_INTERVAL_S):
+            try:
+                supervision.restarted.extend(cluster.restart_fenced())
+            except Exception as e:   # a start that failed (its port taken meanwhile): tried again
+                supervision.failures.append(str(e)[:MESSAGE_CHARS_MAX])
+
+    thread = threading.Thread(target=watch, name="stratalog-supervisor", daemon=True)
+    thread.start()
+    try:
+        yield supervision
+    finally:
+        done.set()
+        thread.join()
 
 
 @dataclass(frozen=True, slots=True)

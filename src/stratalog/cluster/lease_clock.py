@@ -68,6 +68,11 @@ class LeaseClock:
     def confirmed(self) -> bool:
         return self.state() is LeaseState.CONFIRMED
 
+    def since_renewed_s(self) -> float | None:
+        """How long ago the latest renewal that succeeded was sent, on this clock (None before the join):
+        a fenced broker says it, so a pause of the process or its machine shows as what it was."""
+        return None if self._basis_s is None else self._clock() - self._basis_s
+
     def confirmed_for_s(self) -> float:
         """How much longer the lease is confirmed without another renewal (0 if it is not)."""
         if self._basis_s is None:
