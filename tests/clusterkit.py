@@ -50,6 +50,18 @@ def running_cluster(base: Path, database: str, seaweedfs: SeaweedS3, count: int,
         yield cluster
 
 
+#: The Spark tests' brokers upload every 0.2 s: records reach objects (and the manifest) soon after they are
+#: acknowledged, so reads plan them from objects.
+SPARK_CLUSTER_TOML = "[store]\nupload_interval_s = 0.2\n" + CLUSTER_TOML
+
+
+def spark_options(cluster: BrokerCluster, seaweedfs: SeaweedS3) -> dict[str, str]:
+    """The Spark data source's options for a cluster: every broker, and S3 credentials (the brokers advertise
+    their store without them)."""
+    return {"path": f"kafka://{cluster.bootstrap()}", "s3.accessKey": seaweedfs.access_key,
+            "s3.secretKey": seaweedfs.secret_key}
+
+
 def tails(cluster: BrokerCluster, lines: int = 40) -> str:
     """The last lines every broker process printed, restarted ones included (for a failure's message)."""
     return "\n".join(f"--- {b.bootstrap} ({b.process.poll()}):\n" + "".join(b.output[-lines:]) for b in cluster.started)

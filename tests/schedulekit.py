@@ -5,8 +5,9 @@ order (conftest.py puts the longest modules first), not xdist's default of most 
 the one-test modules of a minute or more out last and left the run waiting on them at its end. The
 modules that use the session's SparkSession are one unit: one worker starts one JVM for all of them,
 where each worker used to start its own (8 s on a quiet machine, 15-35 s under the suite's load). All but
-the streaming kill test: it runs alone (about 4 minutes, two drivers of its own besides the session), or
-the one unit would take 9-10 minutes on one worker, longer than the rest of the suite on the other two.
+the streaming kill tests (one broker, then three): they run alone (about 4 minutes, two drivers of their
+own each besides the session), or the one unit would take 11-12 minutes on one worker, longer than the
+rest of the suite on the other two.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The Spark data source against three `stratalog serve --cluster` brokers (PostgreSQL, SeaweedFS), a topic of
 6 partitions spread over them: a batch write commits each partition at its leader, once; a commit sent to
 one broker commits what it leads and leaves the rest for their leaders; a micro-batch retried after some
-partitions were committed commits only the rest; a driver streaming out of and into the cluster, killed
--9 mid-stream with the leader of its output killed -9 too, reads and writes every record once; 30,000
+partitions were committed commits only the rest (the streaming copy with its driver killed is in
+test_spark_broker_stream.py, beside its single-broker twin); 30,000
 records over the three brokers' partitions are read from objects alone once uploaded (the brokers'
 manifests merged), materialized whole, and compacted by leader."""
 
@@ -20,11 +20,9 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clusterkit import BrokerCluster, partition_log, running_cluster
+from clusterkit import SPARK_CLUSTER_TOML, BrokerCluster, partition_log, running_cluster, spark_options
 from conftest import SeaweedS3
-from sparkstreamkit import Inputs, Producing, assert_each_record_once, through_two_drivers
 from stratalog.chaos.cluster_probe import served_without
-from stratalog.chaos.cluster_process import supervised
 from stratalog.engine.manifest import Manifest, ManifestError, read_manifest
 from stratalog.engine.staging import STAGING_PREFIX
 from stratalog.kafka import staged_commit
@@ -44,13 +42,6 @@ pytestmark = pytest.mark.slow
 pytest_plugins = ["pgkit"]
 
 PARTITIONS = 6
-#: Uploads every 0.2 s: records reach objects (and the manifest) soon after they are acknowledged.
-CONFIG_TOML = "[store]\nupload_interval_s = 0.2\n" + """
-[cluster]
-lease_ms = 3000
-renew_interval_ms = 500
-reconcile_interval_ms = 300
-"""
 #: A broker's failover took 3.9 to 12.6 s under load (docs/cluster.md); a loaded machine may take longer.
 FAILOVER_S_MAX = 90.0
 #: How long the manifest may show no progress (no new record covered) before the test calls it stuck.
@@ -59,7 +50,7 @@ STALL_S = 240.0
 
 @pytest.fixture
 def cluster(tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> Iterator[BrokerCluster]:
-    with running_cluster(tmp_path, pg_database, seaweedfs, 3, CONFIG_TOML) as running:
+    with running_cluster(tmp_path, pg_database, seaweedfs, 3, SPARK_CLUSTER_TOML) as running:
         yield running
 
 
@@ -69,13 +60,6 @@ def create_topics(cluster: BrokerCluster, *names: str) -> None:
         future.result(timeout=60)
     for name in names:
         wait_until(partial(served_without, cluster, 1, name, PARTITIONS), f"every partition of {name} served")
-
-
-def options(cluster: BrokerCluster, seaweedfs: SeaweedS3) -> dict[str, str]:
-    """The data source's options for the cluster: every broker, and S3 credentials (the brokers advertise
-    their store without them)."""
-    return {"path": f"kafka://{cluster.bootstrap()}", "s3.accessKey": seaweedfs.access_key,
-            "s3.secretKey": seaweedfs.secret_key}
 
 
 def topic_log(cluster: BrokerCluster, topic: str, dead: frozenset[int] = frozenset()) -> dict[int, list[bytes]]:
@@ -111,13 +95,14 @@ def test_a_batch_write_commits_each_partition_at_its_leader_once(spark: Any, clu
     assert sorted(Counter(leaders(cluster, "written").values()).values()) == [2, 2, 2]
     rows = [(f"k{i}", f"w{i}") for i in range(6000)]
     writer = spark.createDataFrame(rows, "key string, value string").repartition(4).write.format("stratalog")
-    writer.options(**options(cluster, seaweedfs)).option("topic", "written").mode("append").save()
+    writer.options(**spark_options(cluster, seaweedfs)).option("topic", "written").mode("append").save()
 
     logs = topic_log(cluster, "written")
     values = Counter(v for log in logs.values() for v in log)
     assert values == Counter(v.encode() for _, v in rows), "each row once"
     assert all(logs.values()), f"rows in every partition: {[len(v) for v in logs.values()]}"
-    read = spark.read.format("stratalog").options(**options(cluster, seaweedfs)).option("topics", "written").load()
+    given = spark_options(cluster, seaweedfs)
+    read = spark.read.format("stratalog").options(**given).option("topics", "written").load()
     assert read.count() == len(rows)
     store = open_object_store(cluster.objects, Path("."))
     assert not list(store.list(STAGING_PREFIX)), "no staged object left"
@@ -250,38 +235,6 @@ class Feeding(threading.Thread):
         producer.flush(FAILOVER_S_MAX * 2)
 
 
-def test_a_driver_killed_mid_stream_with_a_broker_killed_reads_and_writes_each_record_once(
-        spark: Any, cluster: BrokerCluster, seaweedfs: SeaweedS3, tmp_path: Path) -> None:
-    """The single-broker kill test's run (sparkstreamkit) against the cluster: a driver reads 6 partitions
-    over three brokers into Parquet and writes JSON files into "out"; the leader of "out" is killed -9
-    mid-stream (the write's commits move to its successor, the read's partitions on it fail over), then the
-    driver is killed -9 and a second one goes on from the checkpoints. The brokers run under a supervisor,
-    as in production: a machine paused longer than the lease fences them all, and they come back."""
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
-    for future in admin.create_topics([NewTopic("events", PARTITIONS, 1), NewTopic("out", 1, 1)]).values():
-        future.result(timeout=60)
-    wait_until(partial(served_without, cluster, 1, "events", PARTITIONS), "every partition of events served")
-    victim = wait_until(partial(served_without, cluster, 1, "out", 1), "out served")[0].leader_id
-    given = options(cluster, seaweedfs)
-    credentials = {k: v for k, v in given.items() if k != "path"}
-    bootstrap = cluster.bootstrap()
-    inputs = Inputs(tmp_path / "input")
-    producing = Producing(bootstrap, "events", PARTITIONS)
-    producing.start()
-    producing.produce(6000)
-    inputs.add(4)
-    with supervised(cluster) as supervision:
-        try:
-            rows = through_two_drivers(spark, tmp_path, bootstrap, AdminClient({"bootstrap.servers": bootstrap}),
-                                       producing, inputs, credentials, lambda: cluster.brokers[victim].kill9())
-        finally:
-            producing.stop()
-    written = spark.read.format("stratalog").options(**given).option("topics", "out").load().collect()
-    assert_each_record_once(rows, written, producing, inputs)
-    print(f"broker {victim} killed; fenced brokers started again: {supervision.restarted}", *supervision.failures,
-          sep="\n")
-
-
 def merged_manifest(cluster: BrokerCluster) -> Manifest:
     """The cluster's objects as a reader sees them: every broker's manifests merged."""
     store = open_object_store(cluster.objects, Path("."))
@@ -340,7 +293,7 @@ def test_every_partition_of_the_cluster_is_read_and_materialized_from_objects(
     assert len(feeding.acked) == count, feeding.errors[:5]
     wait_progressing(lambda: uploaded(cluster, "events") >= count, lambda: uploaded(cluster, "events"),
                      "every record in the merged manifest", STALL_S, 0.2)
-    given = {**options(cluster, seaweedfs), "topics": "events"}
+    given = {**spark_options(cluster, seaweedfs), "topics": "events"}
 
     as_spark_passes = {k.lower(): v for k, v in given.items()}   # Spark lower-cases option names
     planned = [p.value for p in BrokerBatchReader(locate(as_spark_passes), as_spark_passes).partitions()]
@@ -352,9 +305,9 @@ def test_every_partition_of_the_cluster_is_read_and_materialized_from_objects(
     read = spark.read.format("stratalog").options(**given).load()
     assert read.count() == count
 
-    report = materialize(spark, f"kafka://{cluster.bootstrap()}", ["events"], options=options(cluster, seaweedfs))
+    report = materialize(spark, f"kafka://{cluster.bootstrap()}", ["events"], options=spark_options(cluster, seaweedfs))
     assert report.rows == count
-    creds = {k: v for k, v in options(cluster, seaweedfs).items() if k != "path"}
+    creds = {k: v for k, v in spark_options(cluster, seaweedfs).items() if k != "path"}
     tables = load(spark, f"kafka://{cluster.bootstrap()}", ["events"], **creds)   # auto: no S3A here, pyarrow
     assert tables.count() == count
     assert sorted(r.value for r in tables.select("value").collect()) == sorted(feeding.acked)
