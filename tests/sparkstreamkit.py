@@ -2,8 +2,11 @@
 killed with SIGKILL mid-stream and restarted from its checkpoints (test_spark_broker_stream.py): what
 feeds it (a producer remembering every acknowledged record, JSON files appearing a few at a time) and the
 run through two drivers that the test checks for each record once. ``options`` and ``mid_stream`` are for
-the same run against a cluster, which is not in the suite yet (a broker of the cluster was fenced during
-it, cause not found)."""
+the same run against a cluster (S3 credentials, the kill of a broker).
+
+The waits look twice a second, so each look is cheap: the sink's rows are counted from its commit log and
+its Parquet files' footers (``SinkRows``), not by a Spark job of the test's session (on two cores, one
+every half second competed with the drivers under test)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
+import pyarrow.parquet as pq
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -31,7 +36,7 @@ DRIVER_START_S = 120.0
 #: How long the streams may show no progress at all (no new checkpoint file, no new sink row, no new
 #: record in the topic) before the test calls them stuck: a busy machine is slower, never stuck this long.
 STALL_S = 300.0
-#: Between looks at the sink: each look is a Spark job of the test's own session.
+#: Between looks at the sink and the written topic.
 LOOK_S = 0.5
 #: How long a look at the end of the written topic waits for its answer before it looks again.
 LIST_OFFSETS_S = 10.0
@@ -179,8 +184,7 @@ def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: Admin
     def sink() -> Any:
         return spark.read.schema("stream string, offset bigint, value binary").parquet(str(tmp_path / "sink"))
 
-    def sink_count() -> int:
-        return sink().count() if (tmp_path / "sink" / "_spark_metadata").is_dir() else 0
+    sink_count = SinkRows(tmp_path / "sink")
 
     def until(condition: Any, what: str, driver: Driver) -> None:
         def progress() -> tuple[int, int, int]:
@@ -228,11 +232,53 @@ def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: Admin
         assert not producing.errors
         until(lambda: sink_count() >= len(producing.acked), "the last acknowledged records", second)
         until(lambda: topic_records(bootstrap, "out") >= inputs.rows, "every file written", second)
-        return list(sink().collect())
+        rows = list(sink().collect())
+        assert len(rows) == sink_count(), "the sink's commit log counted as Spark reads it"
+        return rows
+
+
+class SinkRows:
+    """The rows a streaming file sink has committed, as Spark reads them: the files its commit log
+    (``_spark_metadata``: batch files ``N`` and compactions ``N.compact``, each a version line then one JSON
+    entry per file added or deleted) names, their rows counted from each Parquet footer once."""
+
+    def __init__(self, sink: Path) -> None:
+        self.log = sink / "_spark_metadata"
+        self._rows: dict[str, int] = {}
+
+    def __call__(self) -> int:
+        try:
+            return sum(self._rows_of(path) for path in self._committed())
+        except FileNotFoundError:   # a compaction deleted a batch file just listed: look again
+            return sum(self._rows_of(path) for path in self._committed())
+
+    def _committed(self) -> set[str]:
+        if not self.log.is_dir():
+            return set()
+        batches = {int(f.name.removesuffix(".compact")): f for f in self.log.iterdir()
+                   if f.name.removesuffix(".compact").isdigit()}
+        since = max((b for b, f in batches.items() if f.name.endswith(".compact")), default=-1)
+        files: set[str] = set()
+        for batch in sorted(b for b in batches if b >= since):
+            for line in batches[batch].read_text().splitlines()[1:]:
+                entry = json.loads(line)
+                path = unquote(urlparse(entry["path"]).path)
+                if entry["action"] == "add":
+                    files.add(path)
+                else:
+                    files.discard(path)
+        return files
+
+    def _rows_of(self, path: str) -> int:
+        if path not in self._rows:
+            self._rows[path] = pq.ParquetFile(path).metadata.num_rows
+        return self._rows[path]
 
 
 def topic_records(bootstrap: str, topic: str) -> int:
-    """The end offset of ``topic``'s partition 0; -1 while no leader answers (a failover under way)."""
+    """The end offset of ``topic``'s partition 0; -1 while no leader answers (a failover under way). A new
+    client each time: librdkafka's admin client can stay stuck on a leader that was killed (kafka_client.py,
+    TIMED_OUT), its threads spinning."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.latest()})
     try:

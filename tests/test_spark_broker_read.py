@@ -238,12 +238,55 @@ class FailoverAdmin:
         return out
 
 
+def view_with(admin: Any, *renewed: Any) -> BrokerView:
+    """A view over a stand-in admin client; each renewal (a client stuck on a dead leader replaced) takes
+    the next of ``renewed``, or the same stand-in again."""
+    view = BrokerView.__new__(BrokerView)
+    clients = list(renewed)
+    view.bootstrap, view._admin = "b:9092", admin
+    view._make_admin = lambda: clients.pop(0) if clients else view._admin
+    return view
+
+
+class StuckAdmin:
+    """librdkafka 2.16's admin client after the leader it knew was killed: every ListOffsets of partition 1
+    times out, or answers OFFSET_INVALID (-1001) without an error."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+
+    def list_offsets(self, specs: dict[Any, Any], **_: Any) -> dict[Any, Future[Any]]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        out: dict[Any, Future[Any]] = {}
+        for tp in specs:
+            future: Future[Any] = Future()
+            if tp.partition != 1:
+                future.set_result(SimpleNamespace(offset=0))
+            elif self.answer == "timeout":
+                future.set_exception(KafkaException(KafkaError(kafka_client.TIMED_OUT)))
+            else:
+                future.set_result(SimpleNamespace(offset=-1001))
+            out[tp] = future
+        return out
+
+
+@pytest.mark.parametrize("answer", ["timeout", "offset -1001"])
+def test_a_client_stuck_on_a_dead_leader_is_replaced_and_the_offsets_asked_again(
+        answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_client, "LEADER_RETRY_S_MIN", 0.001)
+    fresh = FailoverAdmin(0, 0)
+    view = view_with(StuckAdmin(answer), fresh)
+    ends = view.ends([("t", 0), ("t", 1)])
+    assert ends == {("t", 0): kafka_client.PartitionEnds(0, 0), ("t", 1): kafka_client.PartitionEnds(10, 10)}
+    assert view._admin is fresh and fresh.asked[0] == [("t", 1)], "asked again through a new client"
+
+
 @pytest.mark.parametrize("code", [-156, 5, 6])   # no leaders found, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER
 def test_the_offsets_of_a_partition_without_a_leader_are_asked_again_until_it_has_one(
         code: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kafka_client, "LEADER_RETRY_S_MIN", 0.001)
-    view = BrokerView.__new__(BrokerView)
-    view.bootstrap, view._admin = "b:9092", FailoverAdmin(2, code)
+    view = view_with(FailoverAdmin(2, code))
     ends = view.ends([("t", 0), ("t", 1)])
     assert ends == {("t", 0): kafka_client.PartitionEnds(0, 0), ("t", 1): kafka_client.PartitionEnds(10, 10)}
     assert view._admin.asked[:3] == [[("t", 0), ("t", 1)], [("t", 1)], [("t", 1)]], "only the one without a leader"
@@ -253,11 +296,10 @@ def test_a_partition_without_a_leader_past_the_wait_or_another_error_fails_the_r
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kafka_client, "LEADER_RETRY_S_MIN", 0.001)
     monkeypatch.setattr(kafka_client, "LEADER_WAIT_S_MAX", 0.05)
-    view = BrokerView.__new__(BrokerView)
-    view.bootstrap, view._admin = "b:9092", FailoverAdmin(10**9, -156)
+    view = view_with(FailoverAdmin(10**9, -156))
     with pytest.raises(kafka_client.BrokerReadError, match="offsets of t/1"):
         view.ends([("t", 0), ("t", 1)])
-    view._admin = FailoverAdmin(1, 3)   # UNKNOWN_TOPIC_OR_PARTITION: no failover makes it exist
+    view = view_with(FailoverAdmin(1, 3))   # UNKNOWN_TOPIC_OR_PARTITION: no failover makes it exist
     with pytest.raises(kafka_client.BrokerReadError, match="offsets of t/1"):
         view.ends([("t", 1)])
     assert len(view._admin.asked) == 1
@@ -278,7 +320,6 @@ def test_metadata_is_asked_again_while_the_broker_asked_is_gone(monkeypatch: pyt
             raise answer
         return answer
 
-    view = BrokerView.__new__(BrokerView)
-    view.bootstrap, view._admin = "b:9092", SimpleNamespace(list_topics=list_topics)
+    view = view_with(SimpleNamespace(list_topics=list_topics))
     assert view.topics(["t"]) == {"t": 2}
     assert answers == []

@@ -72,7 +72,7 @@ from stratalog.spark.location import Location
 from stratalog.spark.object_access import NEEDS, unreadable, with_s3_options
 from stratalog.spark.options import bool_option, include_headers, int_option, option
 from stratalog.spark.plan import BYTES_PER_PARTITION, ROWS_PER_PARTITION, ReadPartition
-from stratalog.spark.reader import open_store, read_partition, shared_store
+from stratalog.spark.reader import read_partition, shared_store
 from stratalog.spark.txn_ranges import aborted_ranges
 
 log = logging.getLogger("stratalog.spark")
@@ -160,15 +160,14 @@ class BrokerRead:
                     "objects, %s)", why, NEEDS)
 
     def manifest(self) -> Manifest | None:
+        """The broker's published view of its objects, read again at each plan (a streaming read plans every
+        micro-batch) through the process's one client of the store."""
         if self.objects is None:
             return None
-        store = open_store(self.objects)
         try:
-            return read_manifest(store)
+            return read_manifest(shared_store(self.objects))
         except ManifestError:
             return None  # nothing uploaded yet
-        finally:
-            store.close()
 
     def plan(self, view: BrokerView, ranges: dict[TopicPartition, tuple[int, int]],
              time_from_ms: int | None = None) -> list[ObjectsPartition | TailPartition]:

@@ -78,13 +78,31 @@ def leader_missing(error: BaseException) -> bool:
     if not isinstance(error, KafkaException) or not error.args or not isinstance(error.args[0], KafkaError):
         return False
     code = error.args[0]
-    return bool(code.retriable()) or code.code() in LEADER_MISSING_CODES
+    return bool(code.retriable()) or code.code() in LEADER_MISSING_CODES or code.code() == TIMED_OUT
+
+
+def _offset(offset: int) -> int:
+    """An offset ListOffsets answered; a negative one (OFFSET_INVALID: librdkafka's answer, without an error,
+    when the leader it asked is gone) raises as a timeout, to be asked again."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if offset < 0:
+        raise KafkaException(KafkaError(TIMED_OUT, f"no offset in the answer ({offset}): the leader is gone"))
+    return int(offset)
 
 
 #: librdkafka's codes for a partition without a leader or a broker that is not there: its own "no leaders
 #: found" (_NOENT), transport failure (_TRANSPORT), all brokers down (_ALL_BROKERS_DOWN), and Kafka's
 #: LEADER_NOT_AVAILABLE and NOT_LEADER_OR_FOLLOWER.
 LEADER_MISSING_CODES = frozenset({-156, -195, -187, 5, 6})
+#: librdkafka's own timeout (_TIMED_OUT): a ListOffsets to a leader that died after the client last learnt
+#: of it. librdkafka 2.16's admin client then stays stuck on the dead leader (its threads spin, every later
+#: ListOffsets times out or answers OFFSET_INVALID, -1001, without an error, also after the failover), so
+#: the view asks again through a new client.
+TIMED_OUT = -185
+#: How long one ListOffsets may take before it is asked again through a new client: a lookup on the
+#: leader, answered in milliseconds by a live one; a stuck client otherwise costs REQUEST_TIMEOUT_S a try.
+LIST_OFFSETS_TIMEOUT_S = 5.0
 
 
 class BrokerView:
@@ -94,7 +112,13 @@ class BrokerView:
         from confluent_kafka.admin import AdminClient
 
         self.bootstrap = bootstrap
-        self._admin: Any = AdminClient(_client_settings(bootstrap, settings))
+        client_settings = _client_settings(bootstrap, settings)
+        self._make_admin: Callable[[], Any] = lambda: AdminClient(client_settings)
+        self._admin: Any = self._make_admin()
+
+    def _renew(self) -> None:
+        """A new librdkafka client in place of one that may be stuck on a dead leader (TIMED_OUT)."""
+        self._admin = self._make_admin()
 
     def close(self) -> None:
         self._admin = None  # librdkafka's admin client has no close; its threads end with the object
@@ -111,6 +135,7 @@ class BrokerView:
             except Exception as e:
                 if not leader_missing(e) or time.monotonic() > deadline:
                     raise
+            self._renew()
             time.sleep(pause_s)
             pause_s = min(2 * pause_s, LEADER_RETRY_S_MAX)
 
@@ -148,17 +173,18 @@ class BrokerView:
             pause_s = LEADER_RETRY_S_MIN
             while wanted:
                 futures = self._admin.list_offsets({KafkaPartition(t, p): spec for t, p in wanted},
-                                                   isolation_level=isolation, request_timeout=REQUEST_TIMEOUT_S)
+                                                   isolation_level=isolation, request_timeout=LIST_OFFSETS_TIMEOUT_S)
                 wanted = []
                 for tp, future in futures.items():
                     try:
-                        out[(tp.topic, tp.partition)] = int(future.result().offset)
+                        out[(tp.topic, tp.partition)] = _offset(future.result().offset)
                     except Exception as e:
                         if not leader_missing(e) or time.monotonic() > deadline:
                             raise BrokerReadError(f"broker {self.bootstrap}: offsets of {tp.topic}/{tp.partition}: "
                                                   f"{e}") from e
                         wanted.append((tp.topic, tp.partition))   # a failover under way: ask again
                 if wanted:
+                    self._renew()
                     time.sleep(pause_s)
                     pause_s = min(2 * pause_s, LEADER_RETRY_S_MAX)
             return out

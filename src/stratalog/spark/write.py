@@ -476,11 +476,7 @@ class _WriterBase:
         return all(key in there for key in keys)
 
     def _abort(self) -> None:
-        store = open_store(self.uri)
-        try:
-            delete_staging(store, self.prefix)
-        finally:
-            store.close()
+        delete_staging(shared_store(self.uri), self.prefix)   # after every commit: the client is kept
 
 
 def _broker_objects(location: Location, options: dict[str, str]) -> tuple[str, dict[str, int]]:
