@@ -243,7 +243,7 @@ def view_with(admin: Any, *renewed: Any) -> BrokerView:
     the next of ``renewed``, or the same stand-in again."""
     view = BrokerView.__new__(BrokerView)
     clients = list(renewed)
-    view.bootstrap, view._admin = "b:9092", admin
+    view.bootstrap, view._admin, view._refused = "b:9092", admin, None
     view._make_admin = lambda: clients.pop(0) if clients else view._admin
     return view
 
@@ -320,6 +320,29 @@ def test_metadata_is_asked_again_while_the_broker_asked_is_gone(monkeypatch: pyt
             raise answer
         return answer
 
-    view = view_with(SimpleNamespace(list_topics=list_topics))
+    view = view_with(SimpleNamespace(list_topics=list_topics, poll=lambda _: 0))
     assert view.topics(["t"]) == {"t": 2}
     assert answers == []
+
+
+def test_a_refused_login_ends_the_wait_for_metadata_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka waits out the whole request timeout when the broker refuses the login; it says so only to
+    the error callback, which the view looks at between slices of the wait."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    monkeypatch.setattr(kafka_client, "REQUEST_TIMEOUT_S", 600.0)
+    slices: list[float] = []
+
+    def list_topics(timeout: float) -> Any:
+        slices.append(timeout)
+        raise KafkaException(KafkaError(kafka_client.TIMED_OUT))
+
+    def poll(_: float) -> int:
+        if len(slices) == 2:   # the broker's refusal arrives during the second slice
+            view._client_error(KafkaError(-169, "SASL authentication error: Authentication failed"))
+        return 0
+
+    view = view_with(SimpleNamespace(list_topics=list_topics, poll=poll))
+    with pytest.raises(kafka_client.BrokerReadError, match="refused the login: SASL authentication error"):
+        view.topics(["t"])
+    assert slices == [kafka_client.METADATA_SLICE_S] * 2

@@ -100,6 +100,11 @@ LEADER_MISSING_CODES = frozenset({-156, -195, -187, 5, 6})
 #: ListOffsets times out or answers OFFSET_INVALID, -1001, without an error, also after the failover), so
 #: the view asks again through a new client.
 TIMED_OUT = -185
+#: librdkafka's codes for a login the broker refused (SASL: _AUTHENTICATION) and a TLS handshake that
+#: failed (_SSL): asking again changes nothing.
+LOGIN_REFUSED_CODES = frozenset({-169, -181})
+#: Metadata is asked in slices this long, so that a refused login ends the wait at once.
+METADATA_SLICE_S = 1.0
 #: How long one ListOffsets may take before it is asked again through a new client: a lookup on the
 #: leader, answered in milliseconds by a live one; a stuck client otherwise costs REQUEST_TIMEOUT_S a try.
 LIST_OFFSETS_TIMEOUT_S = 5.0
@@ -112,7 +117,9 @@ class BrokerView:
         from confluent_kafka.admin import AdminClient
 
         self.bootstrap = bootstrap
-        client_settings = _client_settings(bootstrap, settings)
+        #: What librdkafka said when a broker refused the login (or the TLS handshake): no retry helps.
+        self._refused: str | None = None
+        client_settings = {**_client_settings(bootstrap, settings), "error_cb": self._client_error}
         self._make_admin: Callable[[], Any] = lambda: AdminClient(client_settings)
         self._admin: Any = self._make_admin()
 
@@ -123,6 +130,27 @@ class BrokerView:
     def close(self) -> None:
         self._admin = None  # librdkafka's admin client has no close; its threads end with the object
 
+    def _client_error(self, error: Any) -> None:
+        if error.code() in LOGIN_REFUSED_CODES:
+            self._refused = str(error.str())
+
+    def _list_topics(self) -> Any:
+        """Metadata within REQUEST_TIMEOUT_S, asked in slices of METADATA_SLICE_S: librdkafka waits out the
+        whole timeout when a broker refuses the login, so the view looks for that between slices and
+        says it at once (BrokerReadError)."""
+        from confluent_kafka import KafkaException
+
+        until = time.monotonic() + REQUEST_TIMEOUT_S
+        while True:
+            try:
+                return self._admin.list_topics(timeout=max(min(METADATA_SLICE_S, until - time.monotonic()), 0.01))
+            except KafkaException as e:
+                self._admin.poll(0)   # serves the error callback
+                if self._refused is not None:
+                    raise BrokerReadError(f"broker {self.bootstrap} refused the login: {self._refused}") from e
+                if e.args[0].code() != TIMED_OUT or time.monotonic() >= until:
+                    raise
+
     def _metadata(self) -> Any:
         """Metadata from any broker, asked again while librdkafka says the broker it asked is not there (one
         of the bootstrap brokers killed and not yet left out: its answer can be a transport failure rather
@@ -131,7 +159,7 @@ class BrokerView:
         pause_s = LEADER_RETRY_S_MIN
         while True:
             try:
-                return self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+                return self._list_topics()
             except Exception as e:
                 if not leader_missing(e) or time.monotonic() > deadline:
                     raise
