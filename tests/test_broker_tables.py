@@ -363,6 +363,41 @@ def test_a_topic_another_broker_made_is_found_on_a_miss_and_at_a_refresh(tables_
 
 # ACLs, quotas ----------------------------------------------------------------------------------------------
 
+def test_the_offsets_of_transactions_not_ended_are_pending_for_their_group(tables_at: Path | str) -> None:
+    """What OffsetFetch answers UNSTABLE_OFFSET_COMMIT for (KIP-447): a group's partitions that a
+    transaction still open or preparing holds offsets for, in its own row or kept beside it by another
+    broker (TxnOffsetCommit at a group coordinator that does not coordinate it); never those of an ended
+    transaction or of another group."""
+    from kio.schema.errors import ErrorCode
+
+    from stratalog.broker.txn_state import PendingOffset, Txn, TxnState
+    from stratalog.broker.txn_table import TxnTable
+
+    def offset(group: str, partition: int) -> PendingOffset:
+        return PendingOffset(group, "in", partition, 10, -1, None)
+
+    table = TxnTable(tables_at)
+    try:
+        for txn_id, state, offsets in (("open", TxnState.ONGOING, (offset("g", 0), offset("h", 1))),
+                                       ("preparing", TxnState.PREPARE_COMMIT, (offset("g", 2),)),
+                                       ("aborting", TxnState.PREPARE_ABORT, (offset("g", 3),)),
+                                       ("committed", TxnState.COMPLETE_COMMIT, (offset("g", 4),)),
+                                       ("aborted", TxnState.COMPLETE_ABORT, (offset("g", 5),)),
+                                       ("elsewhere", TxnState.ONGOING, ())):
+            table.save(Txn(txn_id, len(txn_id), 0, 60_000, state, groups=("g",), offsets=offsets), 0)
+        assert table.pending_offsets("g") == {("in", 0), ("in", 2), ("in", 3)}
+        assert table.pending_offsets("h") == {("in", 1)}
+        assert table.pending_offsets("nobody") == set()
+        if isinstance(tables_at, Path):
+            return   # offsets kept beside a transaction: a cluster's, always on PostgreSQL (FOR SHARE)
+        taken = table.offset_commit_elsewhere("elsewhere", len("elsewhere"), 0, "g", [offset("g", 6)])
+        assert taken == ErrorCode.none
+        assert table.pending_offsets("g") == {("in", 0), ("in", 2), ("in", 3), ("in", 6)}
+        table.save(Txn("elsewhere", len("elsewhere"), 0, 60_000, TxnState.COMPLETE_COMMIT, groups=("g",)), 0)
+        assert table.pending_offsets("g") == {("in", 0), ("in", 2), ("in", 3)}, "kept beside it: gone at its end"
+    finally:
+        table.close()
+
 def test_acls_survive_reopening_and_removal(tables_at: Path | str, authorizer: Authorizer) -> None:
     kept = [acl("orders", Operation.READ), acl("team.", Operation.WRITE, pattern=PatternType.PREFIXED)]
     authorizer.add([*kept, acl("orders", Operation.WRITE, Permission.DENY)])

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 
@@ -149,6 +149,69 @@ def test_offsets_sent_in_a_transaction_count_once_it_commits(broker: BrokerProce
         consumer.close()
     assert read_to_end(broker.bootstrap, sink, "read_committed") == [f"out{i}".encode() for i in range(5)]
 
+
+def offset_fetch(broker: BrokerProcess, version: int, group: str, topic: str, partitions: list[int],
+                 require_stable: bool) -> dict[int, tuple[int, int]]:
+    """OffsetFetch v7 (one group) or v8 (groups) as sent on the wire: each partition's error and offset."""
+    from kio.schema.offset_fetch.v7.request import OffsetFetchRequest, OffsetFetchRequestTopic
+    from kio.schema.offset_fetch.v8.request import OffsetFetchRequest as GroupsRequest
+    from kio.schema.offset_fetch.v8.request import OffsetFetchRequestGroup, OffsetFetchRequestTopics
+    from kio.schema.types import GroupId, TopicName
+    from kio.static.primitive import i32
+
+    from stratalog.kafka.api_keys import ApiKey
+    from stratalog.kafka.client import KafkaConnection
+
+    indexes = tuple(i32(p) for p in partitions)
+    with KafkaConnection(broker.bootstrap, {}) as connection:
+        if version == 7:
+            answer = connection.call(ApiKey.OFFSET_FETCH, 7, OffsetFetchRequest(
+                group_id=GroupId(group), require_stable=require_stable,
+                topics=(OffsetFetchRequestTopic(name=TopicName(topic), partition_indexes=indexes),)))
+            found = answer.topics[0].partitions
+        else:
+            answer = connection.call(ApiKey.OFFSET_FETCH, 8, GroupsRequest(require_stable=require_stable, groups=(
+                OffsetFetchRequestGroup(group_id=GroupId(group), topics=(
+                    OffsetFetchRequestTopics(name=TopicName(topic), partition_indexes=indexes),)),)))
+            found = answer.groups[0].topics[0].partitions
+    return {p.partition_index: (p.error_code, p.committed_offset) for p in found}
+
+
+def test_offsets_of_a_transaction_under_way_are_unstable_to_a_read_committed_consumer(broker: BrokerProcess) -> None:
+    """KIP-447: until a transaction that took a group's offsets ends, OffsetFetch with require_stable (what
+    read_committed consumers send when they are given partitions) answers UNSTABLE_OFFSET_COMMIT for those
+    partitions, and the client asks again; a new member never starts from the offsets the commit replaces
+    and copies their inputs a second time. Without require_stable, and once the transaction ends, the
+    committed offsets."""
+    source, sink = new_topic(broker, 2), new_topic(broker, 1)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
+    member.commit(offsets=[TopicPartition(source, 0, 2), TopicPartition(source, 1, 3)], asynchronous=False)
+    reader = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False,
+                       "isolation.level": "read_committed"})
+    producer = transactional(broker, f"tx-{uuid.uuid4().hex[:6]}")
+    try:
+        for commit in (False, True):
+            producer.begin_transaction()
+            producer.produce(sink, b"out")
+            producer.send_offsets_to_transaction([TopicPartition(source, 0, 7)], member.consumer_group_metadata(),
+                                                 WAIT_S)
+            for version in (7, 8):
+                assert offset_fetch(broker, version, group, source, [0, 1], require_stable=True) == {
+                    0: (ErrorCode.unstable_offset_commit, -1), 1: (ErrorCode.none, 3)}
+                assert offset_fetch(broker, version, group, source, [0, 1], require_stable=False) == {
+                    0: (ErrorCode.none, 2), 1: (ErrorCode.none, 3)}
+            # librdkafka asks again while the answer is unstable: its call runs out of time, never answers 2.
+            with pytest.raises(KafkaException) as waited:
+                reader.committed([TopicPartition(source, 0)], 3)
+            assert waited.value.args[0].code() == KafkaError._TIMED_OUT, waited.value
+            (producer.commit_transaction if commit else producer.abort_transaction)(WAIT_S)
+            ended = {0: (ErrorCode.none, 7 if commit else 2), 1: (ErrorCode.none, 3)}
+            assert offset_fetch(broker, 8, group, source, [0, 1], require_stable=True) == ended
+            assert reader.committed([TopicPartition(source, 0)], WAIT_S)[0].offset == ended[0][1]
+    finally:
+        member.close()
+        reader.close()
 
 def test_a_second_producer_with_the_same_id_fences_the_first(broker: BrokerProcess) -> None:
     topic = new_topic(broker, 1)

@@ -32,6 +32,9 @@ PARTITIONS = 6
 CALL_S = 60.0
 #: The coordinator aborts a lapsed transaction within this of its timeout (the tests' brokers look often).
 TXN_TOML = "transaction_abort_interval_ms = 200\n" + CLUSTER_TOML
+#: How long a read_committed consumer is let ask for an offset a transaction under way holds (it is
+#: told UNSTABLE_OFFSET_COMMIT until the transaction ends, so its call runs out of time).
+UNSTABLE_WAIT_S = 3.0
 
 
 def transactional(bootstrap: str, txn_id: str) -> Producer:
@@ -80,15 +83,23 @@ def test_transactions_span_the_brokers_and_read_committed_sees_only_commits(
         group = "copier"
         producer.begin_transaction()
         producer.produce(TOPIC, b"d-0", partition=0)
-        metadata = Consumer({"bootstrap.servers": cluster.bootstrap(1), "group.id": group})
+        metadata = Consumer({"bootstrap.servers": cluster.bootstrap(1), "group.id": group})   # read_committed
+        uncommitted = Consumer({"bootstrap.servers": cluster.bootstrap(1), "group.id": group,
+                                "isolation.level": "read_uncommitted"})
         try:
             producer.send_offsets_to_transaction([TopicPartition("in", 0, 17)], metadata.consumer_group_metadata(),
                                                  CALL_S)
-            assert metadata.committed([TopicPartition("in", 0)], CALL_S)[0].offset < 0, "not before the commit"
+            # Until the transaction ends, its offset is unstable to a read_committed consumer (KIP-447): it asks
+            # again until its call runs out of time. A read_uncommitted one is told what is stored: nothing yet.
+            with pytest.raises(KafkaException) as waited:
+                metadata.committed([TopicPartition("in", 0)], UNSTABLE_WAIT_S)
+            assert waited.value.args[0].code() == KafkaError._TIMED_OUT, waited.value
+            assert uncommitted.committed([TopicPartition("in", 0)], CALL_S)[0].offset < 0, "not before the commit"
             producer.commit_transaction(CALL_S)
             assert metadata.committed([TopicPartition("in", 0)], CALL_S)[0].offset == 17
         finally:
             metadata.close()
+            uncommitted.close()
 
         # A second producer of the id fences the first, wherever it is coordinated.
         zombie = producer

@@ -16,6 +16,7 @@ from stratalog.broker.group_state import GroupDescription
 from stratalog.broker.offsets import OffsetEntry, OffsetsUnavailableError
 from stratalog.broker.session import Session
 from stratalog.cluster.leases import ClusterError
+from stratalog.engine.metadata_backends import MetadataUnavailableError
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request
 
@@ -159,7 +160,11 @@ async def offset_commit(broker: Broker, request: Request, session: Session) -> d
     return {"throttle_time": 0, "topics": topics}
 
 
-async def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: Any) -> list[dict[str, Any]]:
+async def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: Any,
+                       require_stable: bool) -> list[dict[str, Any]]:
+    """The group's committed offsets of ``wanted`` (None: all). ``require_stable`` (v7+, sent by
+    read_committed consumers): a partition that a transaction not ended has offsets for is answered
+    UNSTABLE_OFFSET_COMMIT, which the client asks again, instead of the offset that commit may replace."""
     # The read in a worker thread: with the offsets in PostgreSQL it is a round trip, which would hold
     # every connection's requests on the loop meanwhile.
     if wanted is None:
@@ -173,6 +178,7 @@ async def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: 
         pairs = [(t.name, list(t.partition_indexes)) for t in wanted]
         found = await broker.in_offsets_order(broker.offsets.fetch, group_id,
                                               [(name, p) for name, parts in pairs for p in parts])
+    unstable = await broker.transactions.pending_offsets(group_id) if require_stable else set()
     topics = []
     for name, parts in pairs:
         partitions = []
@@ -182,6 +188,10 @@ async def _fetch_group(broker: Broker, session: Session, group_id: str, wanted: 
                  "error_code": ErrorCode.topic_authorization_failed} for p in parts]})
             continue
         for p in parts:
+            if (name, p) in unstable:
+                partitions.append({"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
+                                   "metadata": "", "error_code": ErrorCode.unstable_offset_commit})
+                continue
             entry = found.get((name, p))
             partitions.append({"partition_index": p, "committed_offset": entry.offset if entry else -1,
                                "committed_leader_epoch": entry.leader_epoch if entry else -1,
@@ -196,6 +206,7 @@ class _NotCoordinatorError(Exception):
 
 async def offset_fetch(broker: Broker, request: Request, session: Session) -> dict[str, Any]:
     body = request.body
+    require_stable = bool(getattr(body, "require_stable", False))
 
     async def answer(group_id: str, wanted: Any) -> dict[str, Any]:
         if not session.may_group(Operation.DESCRIBE, group_id):
@@ -203,8 +214,8 @@ async def offset_fetch(broker: Broker, request: Request, session: Session) -> di
         try:
             if _elsewhere(broker, group_id):
                 raise _NotCoordinatorError
-            topics = await _fetch_group(broker, session, group_id, wanted)
-        except (OffsetsUnavailableError, _NotCoordinatorError) as e:
+            topics = await _fetch_group(broker, session, group_id, wanted, require_stable)
+        except (MetadataUnavailableError, _NotCoordinatorError) as e:
             unavailable = ErrorCode.not_coordinator if isinstance(e, _NotCoordinatorError) \
                 else ErrorCode.coordinator_not_available
             if unavailable == ErrorCode.coordinator_not_available:

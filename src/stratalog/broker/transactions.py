@@ -276,6 +276,13 @@ class Transactions:
                 await self._save(outcome.txn)
             return outcome.error
 
+    async def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The group's partitions that a transaction not ended has offsets for (TxnOffsetCommit taken, the
+        transaction neither committed nor aborted, here or at any broker of a cluster): an OffsetFetch that
+        requires stable offsets is answered UNSTABLE_OFFSET_COMMIT for them (KIP-447), so a consumer of a
+        consume-transform-produce loop never starts from offsets a commit under way is about to move."""
+        return await asyncio.to_thread(self._table.pending_offsets, group_id)
+
     @_answering_errors()
     async def end_txn(self, txn_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:
         if not self._here(txn_id):
