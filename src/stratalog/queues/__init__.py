@@ -11,18 +11,39 @@ qs.close()
 ```
 """
 
-from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
-from stratalog.queues.errors import (
-    InvalidQueueNameError,
-    MessageTooLargeError,
-    PutBackpressureError,
-    QueueError,
-    TooManyQueuesError,
-)
-from stratalog.queues.recovery import QueueRecoveryReport
-from stratalog.queues.store import QueueStore
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stratalog.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from stratalog.queues.config import GROUP_NAME_CHARS_MAX, QUEUE_NAME_CHARS_MAX, QueueConfig
+    from stratalog.queues.errors import (
+        InvalidQueueNameError,
+        MessageTooLargeError,
+        PutBackpressureError,
+        QueueError,
+        TooManyQueuesError,
+    )
+    from stratalog.queues.recovery import QueueRecoveryReport
+    from stratalog.queues.store import QueueStore
 
 __all__ = [
     "QueueStore", "QueueConfig", "QueueRecoveryReport", "QUEUE_NAME_CHARS_MAX", "GROUP_NAME_CHARS_MAX",
     "QueueError", "InvalidQueueNameError", "MessageTooLargeError", "PutBackpressureError", "TooManyQueuesError",
 ]
+
+#: Where each name above lives. Imported when first asked for: a module of the package (queues.format,
+#: say) imported alone does not bring the store, its recovery and the engine with it (the fuzzing
+#: children, the CLI's help).
+_HOMES = {
+    "QueueStore": "stratalog.queues.store", "QueueRecoveryReport": "stratalog.queues.recovery",
+    "QueueConfig": "stratalog.queues.config", "QUEUE_NAME_CHARS_MAX": "stratalog.queues.config",
+    "GROUP_NAME_CHARS_MAX": "stratalog.queues.config",
+    **{name: "stratalog.queues.errors" for name in ("QueueError", "InvalidQueueNameError", "MessageTooLargeError",
+                                                     "PutBackpressureError", "TooManyQueuesError")},
+}
+
+
+__getattr__ = lazy_names(__name__, _HOMES)
