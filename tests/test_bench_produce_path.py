@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from stratalog.bench.produce_path import SHAPES
+from stratalog.bench.produce_path import LOOP_RECORDS_QUICK, SHAPES
 from stratalog.cli import cli
 
 
@@ -18,6 +18,7 @@ def test_every_step_of_every_shape_is_timed_and_reported(tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["bench"] == "produce-path" and doc["core"] == "native (C)"
+    assert (doc["repeats"], doc["loop_records"]) == (2, LOOP_RECORDS_QUICK), "--quick: shorter loops, said so"
     assert [(s["value_bytes"], s["records"]) for s in doc["shapes"]] == list(SHAPES)
     for shape in doc["shapes"]:
         assert len(shape["steps"]) == 7 and all(row["python_us"] > 0 for row in shape["steps"])

@@ -34,8 +34,12 @@ PRODUCE_VERSION = 9
 #: The codecs a topic's compression.type may name that the recompression steps time (the producer's batch
 #: is uncompressed): lz4, the fast one, and zstd, Kafka's densest.
 RECOMPRESSED_CODECS = (Compression.LZ4, Compression.ZSTD)
-#: Calls per timed loop: enough that one loop lasts well over the clock's resolution.
+#: Records a timed loop's calls carry in all: enough that one loop lasts well over the clock's resolution.
 LOOP_RECORDS = 200_000
+#: ... at --quick, which shows every step and its report in seconds: a loop still lasts milliseconds.
+LOOP_RECORDS_QUICK = 20_000
+#: Calls per timed loop at the least (the one-record shape's loops are the shortest).
+LOOP_CALLS_MIN = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +101,9 @@ def time_call(call: Callable[[], object], loops: int, repeats: int) -> float:
     return best / loops
 
 
-def measure_shape(value_bytes: int, count: int, repeats: int, progress: Callable[[], None]) -> dict[str, Any]:
-    loops = max(20, LOOP_RECORDS // count)
+def measure_shape(value_bytes: int, count: int, repeats: int, progress: Callable[[], None],
+                  loop_records: int = LOOP_RECORDS) -> dict[str, Any]:
+    loops = max(LOOP_CALLS_MIN, loop_records // count)
     rows = []
     for step in steps(value_bytes, count):
         python_s = time_call(step.python, loops, repeats)
@@ -112,7 +117,8 @@ def measure_shape(value_bytes: int, count: int, repeats: int, progress: Callable
             "compiled_us": sum(r["compiled_us"] if r["compiled_us"] is not None else r["python_us"] for r in taken)}
 
 
-def run_produce_path_bench(repeats: int, progress: Callable[[], None]) -> dict[str, Any]:
-    shapes = [measure_shape(value_bytes, count, repeats, progress) for value_bytes, count in SHAPES]
+def run_produce_path_bench(repeats: int, progress: Callable[[], None],
+                           loop_records: int = LOOP_RECORDS) -> dict[str, Any]:
+    shapes = [measure_shape(value_bytes, count, repeats, progress, loop_records) for value_bytes, count in SHAPES]
     return {"bench": "produce-path", **provenance(), "machine": machine_info("."), "core": core(),
-            "repeats": repeats, "shapes": shapes}
+            "repeats": repeats, "loop_records": loop_records, "shapes": shapes}

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from stratalog.bench.common import write_json
-from stratalog.bench.produce_path import SHAPES, run_produce_path_bench
+from stratalog.bench.produce_path import LOOP_RECORDS, LOOP_RECORDS_QUICK, SHAPES, run_produce_path_bench
 from stratalog.bench.produce_path_report import markdown_report, tables
 from stratalog.commands.bench_log import bench_dir, make_console, progress_bar
 
@@ -27,7 +27,9 @@ TRACE_REQUESTS_QUICK = 50
 @click.command(name="produce-path")
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
               help=f"Timed loops per step; the least is kept [default: {REPEATS_DEFAULT}; --quick: {REPEATS_QUICK}].")
-@click.option("--quick", is_flag=True, help=f"{REPEATS_QUICK} loops per step.")
+@click.option("--quick", is_flag=True, help=f"{REPEATS_QUICK} loops per step, each of a tenth the calls "
+              f"({LOOP_RECORDS_QUICK:,} records instead of {LOOP_RECORDS:,}), and {TRACE_REQUESTS_QUICK} traced "
+              "requests per pattern: every table in seconds, its figures rougher.")
 @click.option("--trace/--no-trace", default=True, show_default=True,
               help="Also send produces through a broker run in this process, timing each hand-over.")
 @click.option("--dir", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -56,7 +58,8 @@ def produce_path(repeats: int | None, quick: bool, trace: bool, data_dir: Path |
             done[0] += 1
             bar.phase(f"step {done[0]} of {len(SHAPES) * STEPS_PER_SHAPE}")
 
-        doc = run_produce_path_bench(repeats or (REPEATS_QUICK if quick else REPEATS_DEFAULT), progress)
+        doc = run_produce_path_bench(repeats or (REPEATS_QUICK if quick else REPEATS_DEFAULT), progress,
+                                     LOOP_RECORDS_QUICK if quick else LOOP_RECORDS)
     if trace:
         from stratalog.bench.produce_trace import PATTERNS
         from stratalog.bench.produce_trace import trace as run_trace
