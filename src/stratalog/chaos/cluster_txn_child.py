@@ -7,7 +7,10 @@ logs on stderr:
   also commits the group's offsets (send_offsets_to_transaction). After a failure it aborts (or starts a
   new producer, whose init_transactions fences the old one and ends what it left open) and goes back to
   the group's committed offsets. Lines: ``consume``, ``write N``, ``offsets``, ``commit``,
-  ``committed P:END ...``, ``failed WHY``, ``recovered aborted|renewed``, ``rewound P:OFFSET ...``.
+  ``committed P:END ...``, ``failed WHY``, ``recovered aborted|renewed``, ``rewound P:OFFSET ...``, and
+  ``reread P LAST OFFSET`` where it reads a partition again from OFFSET (having read up to LAST) without
+  a rewind of its own: a rebalance or a reset of the client's position, reported beside any input it
+  writes twice.
 - ``aborter``: a record ``a:<txn>:<partition>`` into every partition of SINK per transaction, numbered
   from FIRST_TXN, every ABORT_EVERY-th aborted on purpose. Lines: ``begin T``, ``commit T``,
   ``committed T``, ``abort T``, ``aborted T``, ``failed T WHY``, ``recovered ...``.
@@ -119,6 +122,8 @@ class Loop(_Worker):
     def __init__(self, bootstrap: str, source: str, sink: str) -> None:
         super().__init__(bootstrap, LOOP_TXN_ID)
         self.source, self.sink = source, sink
+        #: The last offset read of each partition since the loop's last rewind.
+        self._last_read: dict[int, int] = {}
 
     def run(self) -> None:
         from confluent_kafka import Consumer, KafkaException
@@ -137,6 +142,7 @@ class Loop(_Worker):
                 messages = [m for m in consumer.consume(PER_TXN_MAX, CONSUME_S) if m.error() is None]
                 if not messages:
                     continue
+                self._say_rereads(messages)
                 try:
                     self._transact(producer, consumer, messages)
                 except KafkaException as e:
@@ -145,6 +151,17 @@ class Loop(_Worker):
                     self._rewind(consumer)
         finally:
             consumer.close()
+
+    def _say_rereads(self, messages: list[Any]) -> None:
+        """Say where the consumer went back in a partition without the loop's own rewind (a rebalance that
+        started it from the group's committed offset, or the client's position reset): what the harness
+        reports beside an input written twice."""
+        for m in messages:
+            partition, offset = m.partition(), m.offset()
+            last = self._last_read.get(partition)
+            if last is not None and offset <= last:
+                self.say("reread", partition, last, offset)
+            self._last_read[partition] = offset
 
     def _transact(self, producer: Any, consumer: Any, messages: list[Any]) -> None:
         from confluent_kafka import TopicPartition
@@ -182,6 +199,7 @@ class Loop(_Worker):
                     raise GaveUpError(f"no committed offsets after a failure within {REWIND_S_MAX:.0f} s: {e}") from e
                 self.stopping.wait(REWIND_RETRY_S)
                 waited += REWIND_RETRY_S
+        self._last_read.clear()   # what the failed transaction read is read again, as meant
         for tp in found:
             consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
         self.say("rewound", *(f"{tp.partition}:{max(tp.offset, 0)}" for tp in found))

@@ -268,8 +268,13 @@ class LoopWorker(TxnWorker):
             self.committed_now()
         elif what == "rewound":
             self._positions(words[1:])
+        elif what == "reread":
+            partition, last, offset = words[1:4]
+            self._note(f"{time.strftime('%H:%M:%S')} read partition {partition} again from offset {offset} (it "
+                       f"had read up to {last}) without a rewind of its own")
         elif what == "failed":
             self.restarts += 1
+            self._note(f"{time.strftime('%H:%M:%S')} a transaction failed: {' '.join(words[1:])}")
         elif words == ["recovered", "aborted"]:
             self.recovery_aborts += 1
 
