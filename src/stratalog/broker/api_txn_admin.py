@@ -15,8 +15,7 @@ from kio.schema.errors import ErrorCode
 from stratalog.broker.acls import Operation, ResourceType
 from stratalog.broker.apis import Api
 from stratalog.broker.session import Session
-from stratalog.broker.transactions import OPEN_STATES
-from stratalog.broker.txn_state import Txn, TxnState
+from stratalog.broker.txn_state import OPEN_STATES, Txn, TxnState
 from stratalog.cluster.assignment import Kind
 from stratalog.kafka.api_keys import ApiKey
 from stratalog.kafka.codec import Request

@@ -37,6 +37,7 @@ from kio.schema.errors import ErrorCode
 from stratalog.broker.offsets import OffsetEntry
 from stratalog.broker.txn_markers import MarkerRequest, MarkerWriteError, write_marker
 from stratalog.broker.txn_state import (
+    OPEN_STATES,
     InitAction,
     PendingOffset,
     Txn,
@@ -67,8 +68,6 @@ log = logging.getLogger("stratalog.broker.transactions")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: States of a transaction not ended yet in its partitions: they hold back the last stable offset.
-OPEN_STATES = frozenset((TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT))
 #: The coordinator's epoch written in every marker, in a cluster too: an outcome is durable under the
 #: coordinator's hold before any marker is written, so no epoch has to fence a stale coordinator's markers
 #: (docs/formats/transactions.md, "Markers").

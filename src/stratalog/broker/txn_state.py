@@ -42,6 +42,11 @@ class TxnState(enum.Enum):
         return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 
 
+#: States of a transaction not ended yet: it holds back its partitions' last stable offset, and the offsets
+#: it took are unstable to an OffsetFetch that requires stable ones (KIP-447).
+OPEN_STATES = frozenset((TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT))
+
+
 @dataclass(frozen=True, slots=True)
 class TxnPartition:
     """A partition in a transaction, with an offset its records start at or after: the partition's end

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from kio.schema.errors import ErrorCode
 
 from stratalog.broker.metadata_db import Location, open_metadata
-from stratalog.broker.txn_state import PendingOffset, Txn, TxnPartition, TxnState, on_offset_commit
+from stratalog.broker.txn_state import OPEN_STATES, PendingOffset, Txn, TxnPartition, TxnState, on_offset_commit
 from stratalog.engine.metadata_backends import Backend, writing
 
 #: The columns a transaction's row is read with (``_txn`` and its update time).
@@ -21,10 +21,9 @@ _COLUMNS = ("transactional_id, producer_id, producer_epoch, timeout_ms, state, p
             "started_ms, updated_ms")
 #: States after which the offsets kept for a transaction elsewhere are stored or dropped.
 ENDED_STATES = frozenset((TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT))
-#: The states of a transaction not ended (its offsets neither stored nor dropped yet), as stored, and
-#: their placeholders in a query.
-_OPEN_STATES = tuple(s.value for s in TxnState if s not in ENDED_STATES)
-_OPEN_MARKS = ", ".join("?" * len(_OPEN_STATES))
+#: OPEN_STATES as stored, and their placeholders in a query.
+_OPEN_VALUES = tuple(sorted(s.value for s in OPEN_STATES))
+_OPEN_MARKS = ", ".join("?" * len(_OPEN_VALUES))
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS transactions (
@@ -123,20 +122,20 @@ class TxnTable:
                 (txn.transactional_id, txn.producer_id, txn.producer_epoch)).fetchall()
         return tuple(PendingOffset(str(g), str(t), int(p), int(o), int(e), m) for g, t, p, o, e, m in rows)
 
-
     def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
         """The (topic, partition) pairs of ``group_id`` that a transaction not ended yet has offsets for
         (taken by TxnOffsetCommit; the group's only if it commits): Kafka's unstable offsets (KIP-447),
         kept with the transaction's row or, taken by another broker, beside it."""
         with self._lock:
             rows = self._db.execute(f"SELECT offsets FROM transactions WHERE state IN ({_OPEN_MARKS})",
-                                    _OPEN_STATES).fetchall()
+                                    _OPEN_VALUES).fetchall()
             kept = self._db.execute("SELECT topic, partition_index FROM txn_offsets WHERE group_id = ?",
                                     (group_id,)).fetchall()
         pending = {(str(topic), int(partition)) for topic, partition in kept}
         for (offsets,) in rows:
             pending.update((o[1], int(o[2])) for o in json.loads(str(offsets)) if o[0] == group_id)
         return pending
+
 
 def _row(txn: Txn) -> tuple[object, ...]:
     partitions = json.dumps([[p.topic, p.partition, p.first_offset] for p in txn.partitions])
