@@ -346,3 +346,48 @@ def test_a_refused_login_ends_the_wait_for_metadata_at_once(monkeypatch: pytest.
     with pytest.raises(kafka_client.BrokerReadError, match="refused the login: SASL authentication error"):
         view.topics(["t"])
     assert slices == [kafka_client.METADATA_SLICE_S] * 2
+
+
+class ConfigsAdmin:
+    """A cluster's brokers asked for their configs: the first ``fails`` rounds every one answers ``code``
+    (a transport failure while one of them is killed), then each names the object store."""
+
+    def __init__(self, fails: int, code: int) -> None:
+        self.fails, self.code, self.rounds = fails, code, 0
+
+    def list_topics(self, **_: Any) -> Any:
+        return SimpleNamespace(brokers={1: None, 2: None, 3: None}, topics={})
+
+    def describe_configs(self, resources: list[Any], **_: Any) -> dict[Any, Future[Any]]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        future: Future[Any] = Future()
+        if resources[0].name == "1":
+            self.rounds += 1
+        if self.rounds <= self.fails:
+            future.set_exception(KafkaException(KafkaError(self.code)))
+        else:
+            future.set_result({kafka_client.OBJECT_STORE_CONFIG: SimpleNamespace(value="s3://bucket/p")})
+        return {resources[0]: future}
+
+
+def test_the_object_store_is_asked_again_when_every_broker_failed_to_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streaming write's start asked the brokers for their configs as the leader it knew was killed, and
+    every answer was a transport failure: it asks again through a new client (a busy machine's make test)."""
+    monkeypatch.setattr(kafka_client, "LEADER_RETRY_S_MIN", 0.001)
+    admin = ConfigsAdmin(2, -195)   # _TRANSPORT
+    view = view_with(admin)
+    assert view.object_store_uri() == "s3://bucket/p"
+    assert admin.rounds == 3
+
+
+def test_a_configs_answer_that_asking_again_cannot_change_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_client, "LEADER_RETRY_S_MIN", 0.001)
+    admin = ConfigsAdmin(10**9, 29)   # CLUSTER_AUTHORIZATION_FAILED
+    with pytest.raises(kafka_client.BrokerReadError, match="did not describe its configs: broker 1: "):
+        view_with(admin).object_store_uri()
+    assert admin.rounds == 1
+    monkeypatch.setattr(kafka_client, "LEADER_WAIT_S_MAX", 0.05)
+    with pytest.raises(kafka_client.BrokerReadError, match="did not describe its configs"):
+        view_with(ConfigsAdmin(10**9, -195)).object_store_uri()

@@ -260,33 +260,50 @@ class BrokerView:
         """The broker's object storage as it advertises it (None: it does not say). In a cluster every
         broker advertises the same store: every broker Metadata names is asked at once and the first answer
         counts, so one just killed (still named until the others notice) costs nothing and a slow one on a
-        loaded machine is waited for, up to REQUEST_TIMEOUT_S."""
+        loaded machine is waited for, up to REQUEST_TIMEOUT_S. When none answers (each a transport failure:
+        a killed broker, or a client stuck on it), they are asked again through a new client, for up to
+        LEADER_WAIT_S_MAX, as the offsets are."""
+        deadline = time.monotonic() + LEADER_WAIT_S_MAX
+        pause_s = LEADER_RETRY_S_MIN
+        while True:
+            try:
+                metadata = self._metadata()
+            except Exception as e:
+                raise BrokerReadError(f"broker {self.bootstrap} did not list its brokers: {e}") from e
+            answered, uri, failures = self._ask_object_store(sorted(metadata.brokers))
+            if answered:
+                return uri
+            if time.monotonic() > deadline or not any(leader_missing(e) for e in failures.values()):
+                said = "; ".join(f"broker {node}: {error}" for node, error in failures.items())
+                raise BrokerReadError(f"broker {self.bootstrap} did not describe its configs: {said}")
+            self._renew()
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, LEADER_RETRY_S_MAX)
+
+    def _ask_object_store(self, nodes: list[int]) -> tuple[bool, str | None, dict[int, Exception]]:
+        """Whether one of ``nodes`` described its configs, the object store it names, and each failure."""
         from confluent_kafka.admin import ConfigResource, ResourceType
 
-        try:
-            metadata = self._metadata()
-        except Exception as e:
-            raise BrokerReadError(f"broker {self.bootstrap} did not list its brokers: {e}") from e
         asked = {next(iter(self._admin.describe_configs([ConfigResource(ResourceType.BROKER, str(node))],
                                                         request_timeout=REQUEST_TIMEOUT_S).values())): node
-                 for node in sorted(metadata.brokers)}
-        failures = []
+                 for node in nodes}
+        failures: dict[int, Exception] = {}
         pending = set(asked)
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         while pending:
             done, pending = wait(pending, max(0.0, deadline - time.monotonic()), FIRST_COMPLETED)
             if not done:
-                failures += [f"broker {asked[f]}: no answer in {REQUEST_TIMEOUT_S:g} s" for f in pending]
+                failures |= {asked[f]: TimeoutError(f"no answer in {REQUEST_TIMEOUT_S:g} s") for f in pending}
                 break
             for future in sorted(done, key=asked.__getitem__):
                 try:
                     entries = future.result()
                 except Exception as e:
-                    failures.append(f"broker {asked[future]}: {e}")
+                    failures[asked[future]] = e
                     continue
                 entry = entries.get(OBJECT_STORE_CONFIG)
-                return None if entry is None or not entry.value else str(entry.value)
-        raise BrokerReadError(f"broker {self.bootstrap} did not describe its configs: {'; '.join(failures)}")
+                return True, None if entry is None or not entry.value else str(entry.value), failures
+        return False, None, failures
 
 
 # Executor side -------------------------------------------------------------------------------------
