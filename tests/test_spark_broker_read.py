@@ -271,6 +271,28 @@ class StuckAdmin:
         return out
 
 
+def test_the_rule_for_asking_again_renews_the_client_doubles_its_pause_and_ends_at_the_wait() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    now = [0.0]
+    pauses: list[float] = []
+    renewed: list[bool] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        now[0] += seconds
+
+    again = kafka_client._AskAgain(lambda: renewed.append(True), clock=lambda: now[0], sleep=sleep)
+    gone = KafkaException(KafkaError(-195))   # _TRANSPORT: asking again can mend it
+    while again.mends(gone):
+        again.pause()
+    assert pauses[:6] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0] and set(pauses[5:]) == {kafka_client.LEADER_RETRY_S_MAX}
+    assert len(renewed) == len(pauses) and kafka_client.LEADER_WAIT_S_MAX < now[0] <= kafka_client.LEADER_WAIT_S_MAX + 2
+    fresh = kafka_client._AskAgain(lambda: None, clock=lambda: 0.0, sleep=sleep)
+    assert not fresh.mends(KafkaException(KafkaError(3)))   # UNKNOWN_TOPIC_OR_PARTITION: no wait makes it exist
+    assert not fresh.mends(ValueError("not librdkafka's"))
+
+
 @pytest.mark.parametrize("answer", ["timeout", "offset -1001"])
 def test_a_client_stuck_on_a_dead_leader_is_replaced_and_the_offsets_asked_again(
         answer: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -110,6 +110,29 @@ METADATA_SLICE_S = 1.0
 LIST_OFFSETS_TIMEOUT_S = 5.0
 
 
+class _AskAgain:
+    """The driver's rule for asking again: while a failure is one asking again can mend (leader_missing: a
+    failover under way, a broker killed and not yet left out, a client stuck on a dead leader), for up to
+    LEADER_WAIT_S_MAX, through a new client each time, after a pause from LEADER_RETRY_S_MIN doubling up to
+    LEADER_RETRY_S_MAX."""
+
+    def __init__(self, renew: Callable[[], None], clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._renew, self._clock, self._sleep = renew, clock, sleep
+        self._deadline = clock() + LEADER_WAIT_S_MAX
+        self._pause_s = LEADER_RETRY_S_MIN
+
+    def mends(self, error: BaseException) -> bool:
+        """Whether to ask again after ``error``: one asking again can mend, and time is left."""
+        return leader_missing(error) and self._clock() <= self._deadline
+
+    def pause(self) -> None:
+        """A new client, then the pause before the next ask."""
+        self._renew()
+        self._sleep(self._pause_s)
+        self._pause_s = min(2 * self._pause_s, LEADER_RETRY_S_MAX)
+
+
 class BrokerView:
     """The driver's questions to the broker. Close it when done."""
 
@@ -155,17 +178,14 @@ class BrokerView:
         """Metadata from any broker, asked again while librdkafka says the broker it asked is not there (one
         of the bootstrap brokers killed and not yet left out: its answer can be a transport failure rather
         than another broker's metadata), for up to LEADER_WAIT_S_MAX."""
-        deadline = time.monotonic() + LEADER_WAIT_S_MAX
-        pause_s = LEADER_RETRY_S_MIN
+        again = _AskAgain(self._renew)
         while True:
             try:
                 return self._list_topics()
             except Exception as e:
-                if not leader_missing(e) or time.monotonic() > deadline:
+                if not again.mends(e):
                     raise
-            self._renew()
-            time.sleep(pause_s)
-            pause_s = min(2 * pause_s, LEADER_RETRY_S_MAX)
+            again.pause()
 
     def topics(self, wanted: list[str] | None) -> dict[str, int]:
         """Partition count of each topic in ``wanted`` (every topic when None). A topic that does not exist
@@ -197,8 +217,7 @@ class BrokerView:
         def ask(spec: Any) -> dict[TopicPartition, int]:
             out: dict[TopicPartition, int] = {}
             wanted = list(partitions)
-            deadline = time.monotonic() + LEADER_WAIT_S_MAX
-            pause_s = LEADER_RETRY_S_MIN
+            again = _AskAgain(self._renew)
             while wanted:
                 futures = self._admin.list_offsets({KafkaPartition(t, p): spec for t, p in wanted},
                                                    isolation_level=isolation, request_timeout=LIST_OFFSETS_TIMEOUT_S)
@@ -207,14 +226,12 @@ class BrokerView:
                     try:
                         out[(tp.topic, tp.partition)] = _offset(future.result().offset)
                     except Exception as e:
-                        if not leader_missing(e) or time.monotonic() > deadline:
+                        if not again.mends(e):
                             raise BrokerReadError(f"broker {self.bootstrap}: offsets of {tp.topic}/{tp.partition}: "
                                                   f"{e}") from e
                         wanted.append((tp.topic, tp.partition))   # a failover under way: ask again
                 if wanted:
-                    self._renew()
-                    time.sleep(pause_s)
-                    pause_s = min(2 * pause_s, LEADER_RETRY_S_MAX)
+                    again.pause()
             return out
 
         firsts = ask(OffsetSpec.earliest())  # type: ignore[no-untyped-call]
@@ -263,8 +280,7 @@ class BrokerView:
         loaded machine is waited for, up to REQUEST_TIMEOUT_S. When none answers (each a transport failure:
         a killed broker, or a client stuck on it), they are asked again through a new client, for up to
         LEADER_WAIT_S_MAX, as the offsets are."""
-        deadline = time.monotonic() + LEADER_WAIT_S_MAX
-        pause_s = LEADER_RETRY_S_MIN
+        again = _AskAgain(self._renew)
         while True:
             try:
                 metadata = self._metadata()
@@ -273,12 +289,10 @@ class BrokerView:
             answered, uri, failures = self._ask_object_store(sorted(metadata.brokers))
             if answered:
                 return uri
-            if time.monotonic() > deadline or not any(leader_missing(e) for e in failures.values()):
+            if not any(again.mends(e) for e in failures.values()):
                 said = "; ".join(f"broker {node}: {error}" for node, error in failures.items())
                 raise BrokerReadError(f"broker {self.bootstrap} did not describe its configs: {said}")
-            self._renew()
-            time.sleep(pause_s)
-            pause_s = min(2 * pause_s, LEADER_RETRY_S_MAX)
+            again.pause()
 
     def _ask_object_store(self, nodes: list[int]) -> tuple[bool, str | None, dict[int, Exception]]:
         """Whether one of ``nodes`` described its configs, the object store it names, and each failure."""
