@@ -241,7 +241,10 @@ def login_error(target: Secured) -> str:
             producer.poll(0.1)  # blocks up to 0.1 s for a callback: no pause needed between polls
         return str(errors[0]) if errors else None
 
-    return wait_until(reported, "librdkafka to report the login's error", CALL_TIMEOUT_S, poll_s=0)
+    try:
+        return wait_until(reported, "librdkafka to report the login's error", CALL_TIMEOUT_S, poll_s=0)
+    finally:
+        producer.close()   # else it retries the login for as long as it lives, past the broker's end
 
 
 def test_a_wrong_password_or_unknown_user_is_refused_alike_and_logged(broker: BrokerProcess, pki: Pki) -> None:
