@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
@@ -243,7 +244,7 @@ def view_with(admin: Any, *renewed: Any) -> BrokerView:
     the next of ``renewed``, or the same stand-in again."""
     view = BrokerView.__new__(BrokerView)
     clients = list(renewed)
-    view.bootstrap, view._admin, view._refused = "b:9092", admin, None
+    view.bootstrap, view._admin, view._refusal = "b:9092", admin, kafka_client._LoginRefusal()
     view._make_admin = lambda: clients.pop(0) if clients else view._admin
     return view
 
@@ -347,6 +348,20 @@ def test_metadata_is_asked_again_while_the_broker_asked_is_gone(monkeypatch: pyt
     assert answers == []
 
 
+def test_a_view_dropped_without_close_leaves_no_cycle_to_keep_its_client_alive() -> None:
+    """librdkafka's client lives, retrying its connections, as long as the object does: a view that
+    failed before its close must free it when dropped, not when the garbage collector next runs."""
+    gc.collect()
+    gc.disable()
+    try:
+        view = BrokerView("127.0.0.1:1", {})
+        assert view._admin is not None
+        del view
+        assert gc.collect() == 0, "the view and its client were left in a reference cycle"
+    finally:
+        gc.enable()
+
+
 def test_a_refused_login_ends_the_wait_for_metadata_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """librdkafka waits out the whole request timeout when the broker refuses the login; it says so only to
     the error callback, which the view looks at between slices of the wait."""
@@ -361,7 +376,7 @@ def test_a_refused_login_ends_the_wait_for_metadata_at_once(monkeypatch: pytest.
 
     def poll(_: float) -> int:
         if len(slices) == 2:   # the broker's refusal arrives during the second slice
-            view._client_error(KafkaError(-169, "SASL authentication error: Authentication failed"))
+            view._refusal(KafkaError(-169, "SASL authentication error: Authentication failed"))
         return 0
 
     view = view_with(SimpleNamespace(list_topics=list_topics, poll=poll))

@@ -133,6 +133,20 @@ class _AskAgain:
         self._pause_s = min(2 * self._pause_s, LEADER_RETRY_S_MAX)
 
 
+class _LoginRefusal:
+    """The view's librdkafka error callback: keeps what librdkafka said when a broker refused the login (or
+    the TLS handshake), where no retry helps. Apart from the view, so that the client holds no reference
+    back to it: a view dropped without close would otherwise live, with its client's threads and their
+    connection retries, until the garbage collector next looked for cycles."""
+
+    def __init__(self) -> None:
+        self.said: str | None = None
+
+    def __call__(self, error: Any) -> None:
+        if error.code() in LOGIN_REFUSED_CODES:
+            self.said = str(error.str())
+
+
 class BrokerView:
     """The driver's questions to the broker. Close it when done."""
 
@@ -140,9 +154,8 @@ class BrokerView:
         from confluent_kafka.admin import AdminClient
 
         self.bootstrap = bootstrap
-        #: What librdkafka said when a broker refused the login (or the TLS handshake): no retry helps.
-        self._refused: str | None = None
-        client_settings = {**_client_settings(bootstrap, settings), "error_cb": self._client_error}
+        self._refusal = _LoginRefusal()
+        client_settings = {**_client_settings(bootstrap, settings), "error_cb": self._refusal}
         self._make_admin: Callable[[], Any] = lambda: AdminClient(client_settings)
         self._admin: Any = self._make_admin()
 
@@ -152,10 +165,6 @@ class BrokerView:
 
     def close(self) -> None:
         self._admin = None  # librdkafka's admin client has no close; its threads end with the object
-
-    def _client_error(self, error: Any) -> None:
-        if error.code() in LOGIN_REFUSED_CODES:
-            self._refused = str(error.str())
 
     def _list_topics(self) -> Any:
         """Metadata within REQUEST_TIMEOUT_S, asked in slices of METADATA_SLICE_S: librdkafka waits out the
@@ -169,8 +178,8 @@ class BrokerView:
                 return self._admin.list_topics(timeout=max(min(METADATA_SLICE_S, until - time.monotonic()), 0.01))
             except KafkaException as e:
                 self._admin.poll(0)   # serves the error callback
-                if self._refused is not None:
-                    raise BrokerReadError(f"broker {self.bootstrap} refused the login: {self._refused}") from e
+                if self._refusal.said is not None:
+                    raise BrokerReadError(f"broker {self.bootstrap} refused the login: {self._refusal.said}") from e
                 if e.args[0].code() != TIMED_OUT or time.monotonic() >= until:
                     raise
 
