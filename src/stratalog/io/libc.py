@@ -1,6 +1,8 @@
 """The C library calls Python's ``os`` module lacks or makes slower, in one place.
 
-Each is loaded once through ctypes; where the C library lacks it (not glibc, an old kernel), the name is
+Each is loaded once through ctypes, from the symbols the process has already loaded (``None`` to ctypes:
+Python links the C library, so no search for it, which ``ctypes.util.find_library`` makes by running
+``ldconfig``, a process per call); where the C library lacks it (not glibc, an old kernel), the name is
 None or the function does nothing, and callers fall back to ``os``. Calls made through ``ctypes.PyDLL``
 keep the GIL: they are for calls that do not wait on the disk, where giving the GIL up and getting it back
 costs more than the call.
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import signal
 import threading
@@ -29,7 +30,7 @@ def _libc_keeping_gil(name: str, argtypes: tuple[Any, ...] | None, restype: Any)
     it cannot be loaded. It returns what libc returns (an error number or -1) and never raises.
     ``argtypes`` None: the caller passes arguments as C types itself."""
     try:
-        function = getattr(ctypes.PyDLL(ctypes.util.find_library("c")), name)
+        function = getattr(ctypes.PyDLL(None), name)
     except (OSError, AttributeError, TypeError):
         return None
     function.argtypes = argtypes
@@ -102,7 +103,7 @@ def die_with_parent() -> None:
 
 def _load_malloc_trim() -> Callable[[int], int] | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)
         trim: Callable[[int], int] = libc.malloc_trim
         return trim
     except (OSError, AttributeError):
