@@ -15,8 +15,6 @@ import hmac
 import os
 from typing import Protocol
 
-from scramp import ScramMechanism as ScrampMechanism
-
 from stratalog.broker.credentials import (
     DEFAULT_ITERATIONS,
     CredentialStore,
@@ -109,6 +107,8 @@ class ScramExchange:
         self._credentials = credentials
         self._secret = secret
         self._known = False
+        from scramp import ScramMechanism as ScrampMechanism  # here: a broker without SCRAM logins never loads it
+
         self._server = ScrampMechanism(mechanism.sasl_name).make_server(self._auth_info)
         self._round = 0
 

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,11 +21,9 @@ from stratalog.broker.listeners import server_ssl_context
 from stratalog.broker.metrics import group_lags
 from stratalog.broker.metrics_http import MetricsEndpoint
 from stratalog.broker.server import BrokerServer
-from stratalog.console.app import ConsoleApp
-from stratalog.console.history import History
-from stratalog.console.http import ConsoleServer
-from stratalog.console.login import Sessions
-from stratalog.console.views import ConsoleData
+
+if TYPE_CHECKING:
+    from stratalog.console.http import ConsoleServer
 
 #: How long a page or a scrape waits for the broker's loop to read its tables (a loop busy for this long is
 #: itself the news: the request fails with a 500 and a log line).
@@ -93,7 +91,14 @@ class Console:
 
 def start_console(broker: Broker, server: BrokerServer, config: BrokerConfig,
                   loop: asyncio.AbstractEventLoop) -> Console:
-    """The web console's server thread, and the sampler of its plots on the loop."""
+    """The web console's server thread, and the sampler of its plots on the loop. (The console's modules,
+    jinja2's templates among them, are imported here: a broker without a console does not load them.)"""
+    from stratalog.console.app import ConsoleApp
+    from stratalog.console.history import History
+    from stratalog.console.http import ConsoleServer
+    from stratalog.console.login import Sessions
+    from stratalog.console.views import ConsoleData
+
     assert config.console_listen is not None
     address = parse_http_address(config.console_listen, CONSOLE, config.allow_plaintext_anywhere)
     on_loop = _on_loop(loop)
