@@ -3,14 +3,14 @@ SIGKILL twice mid-stream and started again each time with its data directory (th
 the table is rebuilt from the changelog topic that faust created compacted and the broker's cleaner
 compacted meanwhile, and every key's count comes back exact.
 
-Why exact, under at-least-once (exactly-once needs transactions, not served yet: issue 36): faust sends
-each table update to the changelog as it makes it, and its commit flushes the producer (changelog and
-output) before it commits the offsets of the events processed. The test kills the agent once the group's
-committed offsets reach the end of the input produced so far, and produces nothing more until it runs
-again: the changelog then holds the counts of exactly the committed events, and none is reprocessed. (A
-kill between a changelog send and the commit after it would count the events after the commit twice:
-the rebuilt table has them, and they are processed again. That is at-least-once, and the test does not
-leave its verdict to that race.)
+Why exact, under at-least-once (the app asks for it; exactly-once is tested with quixstreams, in
+test_app_quixstreams_eos.py): faust sends each table update to the changelog as it makes it, and its commit
+flushes the producer (changelog and output) before it commits the offsets of the events processed. The test
+kills the agent once the group's committed offsets reach the end of the input produced so far, and produces
+nothing more until it runs again: the changelog then holds the counts of exactly the committed events, and
+none is reprocessed. (A kill between a changelog send and the commit after it would count the events after
+the commit twice: the rebuilt table has them, and they are processed again. That is at-least-once, and the
+test does not leave its verdict to that race.)
 
 Each run's events are produced once the worker says it is ready, not while it recovers: events that
 arrive during faust's recovery meet two known faust-streaming races (open issues 596 and 606 of

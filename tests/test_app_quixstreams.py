@@ -3,7 +3,7 @@ with SIGKILL twice mid-stream and started again each time with its state directo
 rebuilt from the changelog topic that quixstreams created compacted and the broker's cleaner compacted
 meanwhile, and every key's count comes back exact.
 
-Why exact, under at-least-once (exactly-once needs transactions, not served yet: issue 36): quixstreams
+Why exact, under at-least-once (this app asks for it; exactly-once is test_app_quixstreams_eos.py's): quixstreams
 changes its store only in a checkpoint's transaction, and a checkpoint produces the store's changes to the
 changelog, flushes the producer (changelog and output) and only then commits the input offsets. The test
 kills the app once the group's committed offsets reach the end of the input produced so far, and produces
