@@ -15,8 +15,9 @@ PRODUCE_MSG_PER_S_MIN_100 = 1_000_000.0
 CONSUME_TAIL_MB_PER_S_MIN = 1000.0
 NATS_FACTOR_MIN = 3.0
 TANSU_FACTOR_MIN = 0.5
-#: Issue 36's: a transactional produce that commits every 100 ms keeps 0.8x the plain produce's rate of the
-#: same run, and a read_committed tail read of those transactions 0.9x the read_uncommitted one's.
+#: The transactional targets: a transactional produce that commits every 100 ms keeps 0.8x the plain
+#: produce's rate of the same run, and a read_committed tail read of those transactions 0.9x the
+#: read_uncommitted one's.
 TXN_PRODUCE_FACTOR_MIN = 0.8
 READ_COMMITTED_FACTOR_MIN = 0.9
 LATENCY_KEYS = ("p0", "p50", "p90", "p99", "p99_9", "p99_99", "p99_9999", "max")
@@ -120,7 +121,7 @@ def txn_ratios(r: dict[str, Any]) -> dict[str, tuple[float, float, float] | None
 
 
 def transactional_targets(mine: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Issue 36's two targets, each met only if met at every throughput size (the lowest ratio is the
+    """The two transactional targets, each met only if met at every throughput size (the lowest ratio is the
     figure; a size without both rates leaves it unmeasured); none for a run from before the transactional
     phases (the kept kafka-check runs)."""
     sizes = [r for r in (mine or {}).get("throughput", []) if "commit_interval_ms" in r.get("transactional", {})]

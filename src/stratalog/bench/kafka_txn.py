@@ -1,4 +1,4 @@
-"""`stratalog bench kafka`'s transactional phases (issue 36), run against stratalog only, after each size's
+"""`stratalog bench kafka`'s transactional phases, run against stratalog only, after each size's
 plain phases of :mod:`stratalog.bench.kafka`, whose producer processes, settings and consumer they reuse.
 
 Produce: the same producer processes and message counts as the plain throughput produce, each with a
@@ -60,7 +60,7 @@ from stratalog.bench.kafka import (
     within_upload_interval,
 )
 
-#: How often each producer commits: issue 36's "commit every 100 ms", a typical exactly-once app's commit
+#: How often each producer commits: every 100 ms, a typical exactly-once app's commit
 #: interval (Kafka Streams commits every 100 ms with exactly-once on), long enough that a commit's flush and
 #: EndTxn are a small part of it, short enough that read_committed readers lag by little.
 COMMIT_INTERVAL_S = 0.1
