@@ -140,6 +140,8 @@ class ClusterChaosFigures(TxnAccount, MustBeZeroFigures):
     records_consumed: int
     group_duplicates: int
     commit_errors: int
+    #: Commits of the group's consumer without an answer for COMMIT_ANSWER_S_MAX (noted, with its lines).
+    commits_unanswered: int
     exited_by_themselves: int
     lost: int
     log_duplicates: int
@@ -361,7 +363,7 @@ def _finish(run: _Run, load: Load, reader: GroupReader, txn: TxnLoad) -> Cluster
     read_counts = Counter(v for _, _, v in reader.read)
     failovers = [k.failover_s for k in run.kills]
     return ClusterChaosFigures(
-        **dataclasses.asdict(txn_account), notes=(*stalled, *txn.notes()),
+        **dataclasses.asdict(txn_account), notes=(*stalled, *txn.notes(), *reader.notes),
         brokers=config.brokers, partitions=config.partitions, kills=len(run.kills),
         second_kills=sum(k.second for k in run.kills),
         failover_s_min=min(failovers, default=0.0), failover_s_p50=statistics.median(failovers) if failovers else 0.0,
@@ -369,6 +371,7 @@ def _finish(run: _Run, load: Load, reader: GroupReader, txn: TxnLoad) -> Cluster
         records_acknowledged=counts.acknowledged, records_in_log=counts.in_log,
         records_unacknowledged_in_log=counts.unacknowledged_in_log, records_consumed=len(reader.read),
         group_duplicates=sum(n - 1 for n in read_counts.values() if n > 1), commit_errors=reader.commit_errors,
+        commits_unanswered=reader.commits_unanswered,
         exited_by_themselves=run.exited_by_themselves, lost=counts.lost,
         log_duplicates=counts.log_duplicates, out_of_order=counts.out_of_order,
         delivery_failures=len(load.failed), commits_backwards=run.commits_backwards, group_missed=group_missed,

@@ -25,6 +25,12 @@ CONFLUENT, KAFKA_PYTHON = "c", "k"
 FLUSH_S_MAX = 150.0
 #: The group's consumer commits after this many records.
 COMMIT_EVERY_RECORDS = 100
+#: A commit of the group's consumer without an answer for this long is noted, with the client's last lines
+#: (librdkafka retries a commit across a coordinator's move within a few seconds; a sync commit once waited
+#: 306 s, with no line from the client, which logs only while it is polled).
+COMMIT_ANSWER_S_MAX = 60.0
+#: How long the consumer waits for its last commit's answer before it closes.
+LAST_COMMIT_S_MAX = 60.0
 #: How long a read of the whole log may take.
 READ_S_MAX = 300.0
 #: The group consumer's last librdkafka lines (its group protocol: cgrp) kept, to say where it stood when
@@ -171,8 +177,11 @@ class _Recent(logging.Handler):
 
 class GroupReader:
     """One consumer of a group in a thread of its own: what it reads, committed every
-    COMMIT_EVERY_RECORDS records. :meth:`describe` says what it is doing and how long it has been at it,
-    with its client's last lines about the group."""
+    COMMIT_EVERY_RECORDS records. A commit is asked for asynchronously and its answer taken by the polls
+    that go on reading, one commit at a time (two in flight could land out of order and take the group's
+    offsets back): a commit the client never answers does not stop the reading, it is counted and noted
+    with the client's lines about the group, which reach Python only while the client is polled.
+    :meth:`describe` says what it is doing and how long it has been at it, with those lines."""
 
     _count = itertools.count()
 
@@ -181,6 +190,12 @@ class GroupReader:
 
         self.read: list[tuple[int, int, bytes]] = []          # partition, offset, value
         self.commit_errors = 0
+        #: Commits without an answer after COMMIT_ANSWER_S_MAX, and what the client said meanwhile.
+        self.commits_unanswered = 0
+        self.notes: list[str] = []
+        #: When the commit in flight was asked for (None: none is), and whether it was noted unanswered.
+        self._commit_asked: float | None = None
+        self._unanswered_noted = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._doing = ("starting", time.monotonic())
@@ -192,7 +207,7 @@ class GroupReader:
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                                    "auto.offset.reset": "earliest", "enable.auto.commit": False,
                                    "session.timeout.ms": 6000, "heartbeat.interval.ms": 300,
-                                   "debug": "cgrp", "logger": logger})
+                                   "debug": "cgrp", "logger": logger, "on_commit": self._answered})
         self._consumer.subscribe([topic])
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -201,32 +216,67 @@ class GroupReader:
         with self._lock:
             return len(self.read)
 
-    def _run(self) -> None:
-        from confluent_kafka import KafkaException
+    def _answered(self, error: Any, _partitions: Any) -> None:
+        """librdkafka's answer to the commit in flight (called from a poll)."""
+        if error is not None:
+            self.commit_errors += 1   # the coordinator moved, or nothing was read yet: the next commit goes on
+        self._commit_asked = None
 
+    def _run(self) -> None:
         since_commit = 0
         while not self._stop.is_set():
             self._doing = ("polling", time.monotonic())
-            message = self._consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                with self._lock:
-                    self.read.append(_fields(message))
-                since_commit += 1
-            if since_commit >= COMMIT_EVERY_RECORDS:
-                self._doing = ("committing", time.monotonic())
-                try:
-                    self._consumer.commit(asynchronous=False)
-                    since_commit = 0
-                except KafkaException:
-                    self.commit_errors += 1   # the coordinator moved: the next try finds the new one
+            since_commit += self._take(self._consumer.poll(0.2))
+            self._note_unanswered()
+            if since_commit >= COMMIT_EVERY_RECORDS and self._commit_asked is None:
+                self._commit()
+                since_commit = 0
         self._doing = ("committing before it closes", time.monotonic())
-        try:
-            self._consumer.commit(asynchronous=False)
-        except KafkaException:
-            self.commit_errors += 1
+        until = time.monotonic() + LAST_COMMIT_S_MAX
+        last_asked = False
+        while time.monotonic() < until:   # the commit in flight answered, then the last one
+            if self._commit_asked is None:
+                if last_asked:
+                    break
+                self._commit()
+                last_asked = True
+            self._take(self._consumer.poll(0.2))
+        self._note_unanswered(ended=True)
         self._doing = ("closing", time.monotonic())
         self._consumer.close()
         self._doing = ("closed", time.monotonic())
+
+    def _take(self, message: Any) -> int:
+        """Keep a record read (1), or nothing (0)."""
+        if message is None or message.error() is not None:
+            return 0
+        with self._lock:
+            self.read.append(_fields(message))
+        return 1
+
+    def _commit(self) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            self._consumer.commit(asynchronous=True)
+        except KafkaException:
+            self.commit_errors += 1
+            return
+        self._commit_asked, self._unanswered_noted = time.monotonic(), False
+
+    def _note_unanswered(self, ended: bool = False) -> None:
+        """Count and note the commit in flight once it has waited COMMIT_ANSWER_S_MAX (or the reader ended)."""
+        asked = self._commit_asked
+        if asked is None or self._unanswered_noted:
+            return
+        waited_s = time.monotonic() - asked
+        if waited_s < COMMIT_ANSWER_S_MAX and not ended:
+            return
+        self._unanswered_noted = True
+        self.commits_unanswered += 1
+        lines = "\n".join(self._log)
+        self.notes.append(f"{time.strftime('%H:%M:%S')} a commit of the group's consumer had no answer after "
+                          f"{waited_s:.1f} s; the client's last lines:\n{lines}")
 
     def values(self) -> set[bytes]:
         with self._lock:
@@ -237,7 +287,8 @@ class GroupReader:
         doing, since = self._doing
         lines = "\n".join(self._log)
         return (f"the group's consumer has been {doing} for {time.monotonic() - since:.1f} s, read "
-                f"{self.read_count()} records, met {self.commit_errors} commit errors; its last lines:\n{lines}")
+                f"{self.read_count()} records, met {self.commit_errors} commit errors and "
+                f"{self.commits_unanswered} commits without an answer; its last lines:\n{lines}")
 
     def stop(self) -> None:
         self._stop.set()

@@ -18,6 +18,7 @@ from stratalog.chaos.cluster import (
     RunProgress,
     run_cluster_chaos,
 )
+from stratalog.chaos.cluster_load import COMMIT_ANSWER_S_MAX
 from stratalog.chaos.cluster_process import stopped_by_signals, work_directory
 from stratalog.chaos.harness import ChaosHarnessError
 from stratalog.chaos.launch import no_child_left
@@ -37,6 +38,7 @@ _ROWS: tuple[tuple[str, str], ...] = (
     ("records consumed by the group", "records_consumed"),
     ("read twice by the group (at-least-once)", "group_duplicates"),
     ("commits refused while the coordinator moved", "commit_errors"),
+    (f"commits without an answer in {COMMIT_ANSWER_S_MAX:g} s (noted)", "commits_unanswered"),
     ("brokers that exited by themselves (restarted)", "exited_by_themselves"),
     ("transactions the loop committed", "txn_loop_committed"),
     ("the loop's failed transactions (aborted or a new producer)", "txn_loop_restarts"),
