@@ -14,7 +14,8 @@ from stratalog.chaos.cluster_process import S3Endpoint, running_seaweedfs
 
 #: The longest modules, longest first (``pytest --durations``, summed per module, on this 2-core machine):
 #: they go out to the workers before every other (schedulekit.py), so the run does not wait at its end for
-#: a long one that started last. The first two name the Spark modules' two units (schedulekit.py).
+#: a long one that started last. The first is the streaming kill tests' (two Spark drivers each), the second
+#: names the unit of the modules that share the SparkSession (schedulekit.py).
 #: Re-order when a module's time changes much.
 LONGEST_FIRST = ("test_spark_broker_stream", "test_broker_spark", "test_fuzz", "test_chaos_cluster",
                  "test_queue_compaction", "test_bench_cluster", "test_broker_kill9", "test_cluster_faults",

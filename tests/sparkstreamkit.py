@@ -5,8 +5,10 @@ run through two drivers that the test checks for each record once. ``options`` a
 the same run against a cluster (S3 credentials, the kill of a broker).
 
 The waits look twice a second, so each look is cheap: the sink's rows are counted from its commit log and
-its Parquet files' footers (``SinkRows``), not by a Spark job of the test's session (on two cores, one
-every half second competed with the drivers under test)."""
+its Parquet files' footers (``SinkRows``), not by a Spark job (on two cores, one every half second competed
+with the drivers under test). The test reads the results without Spark too, so it starts no SparkSession
+of its own beside the drivers' JVMs: the sink's rows from the files its commit log names (as Spark's file
+source reads a streaming sink), the written topic through a Kafka consumer."""
 
 from __future__ import annotations
 
@@ -24,11 +26,11 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from spark_stream_driver import RESTARTED
-from waiting import wait_progressing
+from waiting import wait_progressing, wait_until
 
 DRIVER = Path(__file__).with_name("spark_stream_driver.py")
 #: A driver starts its own JVM: allow for a slow start on a busy machine.
@@ -40,6 +42,8 @@ STALL_S = 300.0
 LOOK_S = 0.5
 #: How long a look at the end of the written topic waits for its answer before it looks again.
 LIST_OFFSETS_S = 10.0
+#: How long reading the written topic back may take (a few thousand records).
+READ_S_MAX = 120.0
 
 
 class Producing(threading.Thread):
@@ -174,16 +178,13 @@ def stream_driver(tmp_path: Path, bootstrap: str, inputs: Inputs, name: str,
         driver.kill()
 
 
-def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: AdminClient, producing: Producing,
-                        inputs: Inputs, options: dict[str, str] | None = None,
-                        mid_stream: Callable[[], None] = lambda: None) -> list[Any]:
+def through_two_drivers(tmp_path: Path, bootstrap: str, admin: AdminClient, producing: Producing, inputs: Inputs,
+                        options: dict[str, str] | None = None,
+                        mid_stream: Callable[[], None] = lambda: None) -> list[SinkRow]:
     """The rows of the sink after two drivers: the first reads and writes, sees the topic trimmed behind it,
     lives through ``mid_stream()`` (a broker killed) and is killed -9 mid-stream; the second, started from
     the checkpoints, goes on until every acknowledged record is in the sink and every input row in "out".
     ``options``: the data source's own (S3 credentials) for the drivers."""
-    def sink() -> Any:
-        return spark.read.schema("stream string, offset bigint, value binary").parquet(str(tmp_path / "sink"))
-
     sink_count = SinkRows(tmp_path / "sink")
 
     def until(condition: Any, what: str, driver: Driver) -> None:
@@ -209,8 +210,9 @@ def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: Admin
               first)
         # Trim what the sink holds (a retention pass behind the reader); the kill comes a few
         # micro-batches later, so the batch a restart plans again starts past the trim.
-        held = sink().groupBy("stream").max("offset").collect()
-        trim_to = {r[0]: r[1] for r in held}
+        trim_to: dict[str, int] = {}
+        for stream, offset, _ in sink_count.rows():
+            trim_to[stream] = max(offset, trim_to.get(stream, offset))
         count = sink_count()
         done = admin.delete_records([TopicPartition("events", int(s.split("/")[1]), o) for s, o in trim_to.items()])
         for future in done.values():
@@ -232,9 +234,11 @@ def through_two_drivers(spark: Any, tmp_path: Path, bootstrap: str, admin: Admin
         assert not producing.errors
         until(lambda: sink_count() >= len(producing.acked), "the last acknowledged records", second)
         until(lambda: topic_records(bootstrap, "out") >= inputs.rows, "every file written", second)
-        rows = list(sink().collect())
-        assert len(rows) == sink_count(), "the sink's commit log counted as Spark reads it"
-        return rows
+        return sink_count.rows()
+
+
+#: A row of the sink: the record's stream ("topic/partition"), offset and value.
+SinkRow = tuple[str, int, bytes]
 
 
 class SinkRows:
@@ -251,6 +255,15 @@ class SinkRows:
             return sum(self._rows_of(path) for path in self._committed())
         except FileNotFoundError:   # a compaction deleted a batch file just listed: look again
             return sum(self._rows_of(path) for path in self._committed())
+
+    def rows(self) -> list[SinkRow]:
+        """Every row of the files the commit log names."""
+        rows: list[SinkRow] = []
+        for path in sorted(self._committed()):
+            table = pq.read_table(path, columns=["stream", "offset", "value"])
+            rows.extend(zip(*(table.column(name).to_pylist() for name in ("stream", "offset", "value")),
+                            strict=True))
+        return rows
 
     def _committed(self) -> set[str]:
         if not self.log.is_dir():
@@ -287,11 +300,34 @@ def topic_records(bootstrap: str, topic: str) -> int:
         return -1
 
 
-def assert_each_record_once(rows: list[Any], written: list[Any], producing: Producing, inputs: Inputs) -> None:
-    """Every acknowledged record read into the sink (``rows``) once; every input row written once, at the
+def written_records(bootstrap: str, topic: str) -> list[tuple[int, bytes]]:
+    """The offset and value of every record of ``topic``'s partition 0, read by a Kafka consumer from its
+    first offset to its end (AssertionError if they do not come in READ_S_MAX)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "stream-test-check", "log_level": 0,
+                         "enable.auto.commit": False})
+    try:
+        start, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=LIST_OFFSETS_S)
+        consumer.assign([TopicPartition(topic, 0, start)])
+        records: list[tuple[int, bytes]] = []
+
+        def read_to_end() -> bool:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                records.append((message.offset(), message.value()))
+            return bool(consumer.position([TopicPartition(topic, 0)])[0].offset >= end)
+
+        wait_until(read_to_end, lambda: f"{topic} read to offset {end} ({len(records)} records read)", READ_S_MAX,
+                   poll_s=0)
+        return records
+    finally:
+        consumer.close()
+
+
+def assert_each_record_once(read: list[SinkRow], written: list[tuple[int, bytes]], producing: Producing,
+                            inputs: Inputs) -> None:
+    """Every acknowledged record read into the sink (``read``) once; every input row written once, at the
     offsets 0 to n-1 of "out" (``written``, read back)."""
-    read = [(r.stream, r.offset, r.value) for r in rows]
     assert len(read) == len(set(read)), "a record reached the sink twice"
     assert set(read) == producing.acked, f"missing: {sorted(producing.acked - set(read))[:10]}"
-    assert sorted(int(r.value) for r in written) == list(range(inputs.rows)), "each input row once"
-    assert sorted(r.offset for r in written) == list(range(inputs.rows))
+    assert sorted(int(value) for _, value in written) == list(range(inputs.rows)), "each input row once"
+    assert sorted(offset for offset, _ in written) == list(range(inputs.rows))

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -16,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from brokerkit import running_broker
 from clusterkit import SPARK_CLUSTER_TOML, BrokerCluster, running_cluster, spark_options
 from conftest import SeaweedS3
-from sparkstreamkit import Inputs, Producing, assert_each_record_once, through_two_drivers
+from sparkstreamkit import Inputs, Producing, assert_each_record_once, through_two_drivers, written_records
 from stratalog.chaos.cluster_probe import served_without
 from stratalog.chaos.cluster_process import supervised
 from waiting import wait_until
@@ -28,8 +27,7 @@ pytest_plugins = ["pgkit"]
 PARTITIONS = 6
 
 
-def test_a_driver_killed_mid_stream_and_restarted_reads_and_writes_each_record_once(spark: Any,
-                                                                                    tmp_path: Path) -> None:
+def test_a_driver_killed_mid_stream_and_restarted_reads_and_writes_each_record_once(tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
     config.write_text("[store]\nupload_interval_s = 0.5\n")
     inputs = Inputs(tmp_path / "input")
@@ -42,11 +40,10 @@ def test_a_driver_killed_mid_stream_and_restarted_reads_and_writes_each_record_o
         producing.produce(6000)
         inputs.add(4)
         try:
-            rows = through_two_drivers(spark, tmp_path, broker.bootstrap, admin, producing, inputs)
+            rows = through_two_drivers(tmp_path, broker.bootstrap, admin, producing, inputs)
         finally:
             producing.stop()
-        written = spark.read.format("stratalog").option("path", f"kafka://{broker.bootstrap}") \
-            .option("topics", "out").load().collect()
+        written = written_records(broker.bootstrap, "out")
         assert broker.stop() == 0
     assert_each_record_once(rows, written, producing, inputs)
 
@@ -58,7 +55,7 @@ def cluster(tmp_path: Path, pg_database: str, seaweedfs: SeaweedS3) -> Iterator[
 
 
 def test_against_a_cluster_a_driver_killed_with_the_leader_of_its_output_reads_and_writes_each_record_once(
-        spark: Any, cluster: BrokerCluster, seaweedfs: SeaweedS3, tmp_path: Path) -> None:
+        cluster: BrokerCluster, seaweedfs: SeaweedS3, tmp_path: Path) -> None:
     """The single-broker kill test's run (sparkstreamkit) against the cluster: a driver reads 6 partitions
     over three brokers into Parquet and writes JSON files into "out"; the leader of "out" is killed -9
     mid-stream (the write's commits move to its successor, the read's partitions on it fail over), then the
@@ -83,11 +80,11 @@ def test_against_a_cluster_a_driver_killed_with_the_leader_of_its_output_reads_a
 
     with supervised(cluster) as supervision:
         try:
-            rows = through_two_drivers(spark, tmp_path, bootstrap, AdminClient({"bootstrap.servers": bootstrap}),
-                                       producing, inputs, credentials, kill_the_leader)
+            rows = through_two_drivers(tmp_path, bootstrap, AdminClient({"bootstrap.servers": bootstrap}), producing,
+                                       inputs, credentials, kill_the_leader)
         finally:
             producing.stop()
-    written = spark.read.format("stratalog").options(**given).option("topics", "out").load().collect()
+    written = written_records(bootstrap, "out")
     assert_each_record_once(rows, written, producing, inputs)
     print(f"broker {victim} killed; fenced brokers started again: {supervision.restarted}", *supervision.failures,
           sep="\n")
