@@ -5,6 +5,7 @@ a user's client id and the default user; the broker's refusals and a wrong passw
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -269,3 +270,22 @@ def test_the_brokers_refusal_of_a_quota_is_the_commands_error(cluster: Cluster) 
 def test_a_wrong_password_is_a_clear_error(cluster: Cluster, args: tuple[str, ...]) -> None:
     result = run(cluster, *args, config=cluster.wrong, exit_code=1)
     assert "Authentication failed" in result.output, result.output
+
+
+def test_a_refused_command_leaves_no_client_behind(cluster: Cluster) -> None:
+    """librdkafka's client lives, retrying its login, as long as the object does: once a refused command
+    is done with, its client must be freed at once, not left in a reference cycle until the collector runs."""
+    from confluent_kafka.admin import AdminClient
+
+    def clients() -> int:
+        return sum(isinstance(o, AdminClient) for o in gc.get_objects())
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = clients()
+        for args in (("acls", "list"), ("quotas", "describe")):
+            run(cluster, *args, config=cluster.wrong, exit_code=1)
+        assert clients() == before
+    finally:
+        gc.enable()

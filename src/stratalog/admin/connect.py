@@ -89,14 +89,28 @@ def answer(admin: Any, future: concurrent.futures.Future[Any], what: str, timeou
     while not concurrent.futures.wait([future], ERRORS_POLL_S).done:
         if time.monotonic() > deadline:
             raise AdminError(f"{what}: no answer within {timeout_s:g} s")
-        try:
-            admin.poll(0)
-        except AdminError as e:
-            raise AdminError(f"{what}: {e}") from None
+        refused = _lasting_error(admin)
+        if refused is not None:
+            raise AdminError(f"{what}: {refused}")
+    # The failure is taken as a value, not raised by result(): raised, it would hold this frame (and so the
+    # future and the client) in its traceback while the future holds it, a cycle that keeps the client and
+    # its threads, retrying a refused login for good, until the garbage collector next looks for cycles.
+    error = future.exception(0)   # KafkaException, or ValueError/TypeError for what librdkafka refuses to send
+    if error is not None:
+        raise AdminError(f"{what}: {describe_error(error)}")
+    return future.result(0)
+
+
+def _lasting_error(admin: Any) -> str | None:
+    """What the error callback of :func:`admin_client` raised while ``admin`` was polled, or None. The
+    error's traceback is dropped: confluent-kafka keeps what a callback raised with the client, and through
+    the traceback's frames it would hold the client itself, the same cycle as above."""
     try:
-        return future.result(0)
-    except Exception as e:  # KafkaException, or ValueError/TypeError for what librdkafka refuses to send
-        raise AdminError(f"{what}: {describe_error(e)}") from None
+        admin.poll(0)
+    except AdminError as e:
+        e.__traceback__ = None
+        return str(e)
+    return None
 
 
 def admin_client(settings: Mapping[str, str]) -> Any:
