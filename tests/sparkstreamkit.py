@@ -26,11 +26,12 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from spark_stream_driver import RESTARTED
-from waiting import wait_progressing, wait_until
+from stratalog.chaos.cluster_load import read_log
+from waiting import wait_progressing
 
 DRIVER = Path(__file__).with_name("spark_stream_driver.py")
 #: A driver starts its own JVM: allow for a slow start on a busy machine.
@@ -42,8 +43,6 @@ STALL_S = 300.0
 LOOK_S = 0.5
 #: How long a look at the end of the written topic waits for its answer before it looks again.
 LIST_OFFSETS_S = 10.0
-#: How long reading the written topic back may take (a few thousand records).
-READ_S_MAX = 120.0
 
 
 class Producing(threading.Thread):
@@ -300,34 +299,11 @@ def topic_records(bootstrap: str, topic: str) -> int:
         return -1
 
 
-def written_records(bootstrap: str, topic: str) -> list[tuple[int, bytes]]:
-    """The offset and value of every record of ``topic``'s partition 0, read by a Kafka consumer from its
-    first offset to its end (AssertionError if they do not come in READ_S_MAX)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "stream-test-check", "log_level": 0,
-                         "enable.auto.commit": False})
-    try:
-        start, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=LIST_OFFSETS_S)
-        consumer.assign([TopicPartition(topic, 0, start)])
-        records: list[tuple[int, bytes]] = []
-
-        def read_to_end() -> bool:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                records.append((message.offset(), message.value()))
-            return bool(consumer.position([TopicPartition(topic, 0)])[0].offset >= end)
-
-        wait_until(read_to_end, lambda: f"{topic} read to offset {end} ({len(records)} records read)", READ_S_MAX,
-                   poll_s=0)
-        return records
-    finally:
-        consumer.close()
-
-
-def assert_each_record_once(read: list[SinkRow], written: list[tuple[int, bytes]], producing: Producing,
-                            inputs: Inputs) -> None:
+def assert_each_record_once(read: list[SinkRow], bootstrap: str, producing: Producing, inputs: Inputs) -> None:
     """Every acknowledged record read into the sink (``read``) once; every input row written once, at the
-    offsets 0 to n-1 of "out" (``written``, read back)."""
+    offsets 0 to n-1 of "out" (read back by a Kafka consumer: read_log's value ``i`` is at offset ``i``)."""
     assert len(read) == len(set(read)), "a record reached the sink twice"
     assert set(read) == producing.acked, f"missing: {sorted(producing.acked - set(read))[:10]}"
-    assert sorted(int(value) for _, value in written) == list(range(inputs.rows)), "each input row once"
-    assert sorted(offset for offset, _ in written) == list(range(inputs.rows))
+    written = read_log(bootstrap, "out", 1)[0]
+    assert sorted(int(value) for value in written) == list(range(inputs.rows)), "each input row once"
+    assert len(written) == inputs.rows

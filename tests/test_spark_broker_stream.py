@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from brokerkit import running_broker
 from clusterkit import SPARK_CLUSTER_TOML, BrokerCluster, running_cluster, spark_options
 from conftest import SeaweedS3
-from sparkstreamkit import Inputs, Producing, assert_each_record_once, through_two_drivers, written_records
+from sparkstreamkit import Inputs, Producing, assert_each_record_once, through_two_drivers
 from stratalog.chaos.cluster_probe import served_without
 from stratalog.chaos.cluster_process import supervised
 from waiting import wait_until
@@ -43,9 +43,8 @@ def test_a_driver_killed_mid_stream_and_restarted_reads_and_writes_each_record_o
             rows = through_two_drivers(tmp_path, broker.bootstrap, admin, producing, inputs)
         finally:
             producing.stop()
-        written = written_records(broker.bootstrap, "out")
+        assert_each_record_once(rows, broker.bootstrap, producing, inputs)
         assert broker.stop() == 0
-    assert_each_record_once(rows, written, producing, inputs)
 
 
 @pytest.fixture
@@ -84,7 +83,6 @@ def test_against_a_cluster_a_driver_killed_with_the_leader_of_its_output_reads_a
                                        inputs, credentials, kill_the_leader)
         finally:
             producing.stop()
-    written = written_records(bootstrap, "out")
-    assert_each_record_once(rows, written, producing, inputs)
+    assert_each_record_once(rows, bootstrap, producing, inputs)
     print(f"broker {victim} killed; fenced brokers started again: {supervision.restarted}", *supervision.failures,
           sep="\n")
