@@ -19,6 +19,7 @@ from kio.serial import entity_reader
 
 from bytekit import MUTATIONS, mutated
 from examples import examples
+from recordgen import NATIVE_RECORDS_BY_SEED, RECORDS, RECORDS_BY_SEED, KafkaRecord
 from stratalog import _native
 from stratalog.chaos.fuzz_kafka import produce_seeds, request_seeds, sample_entity
 from stratalog.engine.batch import BATCH_HEADER_BYTES
@@ -54,28 +55,20 @@ def same_walk(data: bytes, position: int, count: int) -> Outcome:
     return python
 
 
-HEADER_KEYS = st.one_of(st.text(max_size=8), st.binary(max_size=8).map(lambda b: b.decode("latin-1")))
-RECORDS = st.lists(st.tuples(
-    st.none() | st.binary(max_size=40),
-    st.none() | st.binary(max_size=300),
-    st.lists(st.tuples(HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3),
-    st.integers(0, 1 << 45)), min_size=1, max_size=12)
-
-
-def records_part(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]) -> bytes:
+def records_part(records: list[KafkaRecord]) -> bytes:
     return encode_batch([(k, v, tuple(h), ts) for k, v, h, ts in records], base_offset=0)[RECORDS_POSITION:]
 
 
 @settings(max_examples=examples(300), deadline=None)
 @given(records=RECORDS)
 def test_valid_records_walk_to_the_same_end(
-        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]) -> None:
+        records: list[KafkaRecord]) -> None:
     data = records_part(records)
     assert same_walk(data, 0, len(records)) == ("returned", len(data))
 
 
 @settings(max_examples=examples(1500), deadline=None)
-@given(records=RECORDS, mutations=MUTATIONS, cut=st.integers(0, 1 << 16), count_change=st.integers(-2, 2))
+@given(records=RECORDS_BY_SEED, mutations=MUTATIONS, cut=st.integers(0, 1 << 16), count_change=st.integers(-2, 2))
 def test_damaged_records_fail_alike(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]],
                                                        int]],
                                     mutations: list[tuple[str, int, int]], cut: int, count_change: int) -> None:
@@ -160,7 +153,7 @@ def test_kafka_indexes_are_the_same(records: list[tuple[bytes | None, bytes | No
     same_outcome(index_kafka_records, _native.index_kafka_records, memoryview(data), 0, len(records), last, 0, append)
 
 
-def gapped_part(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+def gapped_part(records: list[KafkaRecord],
                 kept: list[bool]) -> tuple[bytes, int, int]:
     """The records part of the batch of ``records`` as log compaction rewrites it, keeping the records
     ``kept`` (an empty batch over its offsets where none is), with its record count and lastOffsetDelta."""
@@ -174,7 +167,7 @@ def gapped_part(records: list[tuple[bytes | None, bytes | None, list[tuple[str, 
 @given(records=RECORDS, kept=st.lists(st.booleans(), min_size=12, max_size=12),
        append=st.none() | st.integers(-(1 << 63), (1 << 63) - 1), base=st.integers(-(1 << 63), (1 << 63) - 1))
 def test_compacted_kafka_indexes_are_the_same(
-        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]], kept: list[bool],
+        records: list[KafkaRecord], kept: list[bool],
         append: int | None, base: int) -> None:
     data, count, last = gapped_part(records, kept)
     assert same_outcome(index_kafka_records, _native.index_kafka_records, data, 0, count, last, 0, append)[0] == \
@@ -183,10 +176,10 @@ def test_compacted_kafka_indexes_are_the_same(
 
 
 @settings(max_examples=examples(1500), deadline=None)
-@given(records=RECORDS, kept=st.lists(st.booleans(), min_size=12, max_size=12), mutations=MUTATIONS,
+@given(records=RECORDS_BY_SEED, kept=st.lists(st.booleans(), min_size=12, max_size=12), mutations=MUTATIONS,
        count_change=st.integers(-3, 2), span_change=st.integers(-3, 3), position=st.integers(-1, 3))
 def test_damaged_kafka_records_index_alike(
-        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]], kept: list[bool],
+        records: list[KafkaRecord], kept: list[bool],
         mutations: list[tuple[str, int, int]], count_change: int, span_change: int, position: int) -> None:
     data, count, last = gapped_part(records, kept)
     same_outcome(index_kafka_records, _native.index_kafka_records, mutated(data, mutations), position,
@@ -200,14 +193,8 @@ def test_more_records_than_the_bytes_hold_fail_alike_before_an_index_is_made() -
             ("CorruptRecordError", "a record runs past the end of the batch")
 
 
-NATIVE_RECORDS = st.lists(st.builds(
-    NewRecord, st.binary(max_size=300), st.none() | st.binary(max_size=40), st.integers(-(1 << 62), 1 << 62),
-    st.lists(st.tuples(HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3).map(tuple)),
-    min_size=1, max_size=12)
-
-
 @settings(max_examples=examples(1500), deadline=None)
-@given(records=NATIVE_RECORDS, mutations=st.lists(MUTATIONS, max_size=1), count_change=st.integers(-3, 2),
+@given(records=NATIVE_RECORDS_BY_SEED, mutations=st.lists(MUTATIONS, max_size=1), count_change=st.integers(-3, 2),
        start=st.integers(-1, 30), end_change=st.integers(-3, 3))
 def test_native_indexes_are_the_same_whole_or_damaged(records: list[NewRecord],
                                                       mutations: list[list[tuple[str, int, int]]],

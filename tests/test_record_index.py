@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from bytekit import MUTATIONS, mutated
 from examples import examples
+from recordgen import NATIVE_RECORDS, NATIVE_RECORDS_BY_SEED, RECORDS, RECORDS_BY_SEED, KafkaRecord
 from stratalog.engine.batch import BATCH_HEADER_BYTES, CorruptBatchError, decode_records, encode_batch, read_batch_info
 from stratalog.engine.record_index import index_records as index_native
 from stratalog.kafka.compaction import gap_batch, kafka_batch_records, rebuilt_batch
@@ -40,12 +41,7 @@ from stratalog.kafka.records import decode_records as decode_kafka
 from stratalog.kafka.records import encode_batch as encode_kafka
 from stratalog.records import NewRecord
 
-HEADER_KEYS = st.text(max_size=8)
-RECORDS = st.lists(st.tuples(
-    st.none() | st.binary(max_size=40),
-    st.none() | st.binary(max_size=300),
-    st.lists(st.tuples(HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3),
-    st.integers(0, 1 << 45)), min_size=1, max_size=12)
+
 def columns(index: bytes, count: int) -> np.ndarray:
     return np.frombuffer(index, dtype=np.int64).reshape(INDEX_COLUMNS, count)
 
@@ -53,7 +49,7 @@ def columns(index: bytes, count: int) -> np.ndarray:
 @settings(max_examples=examples(300), deadline=None)
 @given(records=RECORDS, append_time=st.booleans())
 def test_a_kafka_index_points_at_what_the_decoder_returns(
-        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+        records: list[KafkaRecord],
         append_time: bool) -> None:
     data = encode_kafka([(k, v, tuple(h), ts) for k, v, h, ts in records], base_offset=0)
     header = check_batch(memoryview(data), 0, batch_bytes_max=len(data))
@@ -76,9 +72,9 @@ def test_a_kafka_index_points_at_what_the_decoder_returns(
 
 
 @settings(max_examples=examples(1000), deadline=None)
-@given(records=RECORDS, mutations=MUTATIONS, count_change=st.integers(-2, 2), span_change=st.integers(-2, 3))
+@given(records=RECORDS_BY_SEED, mutations=MUTATIONS, count_change=st.integers(-2, 2), span_change=st.integers(-2, 3))
 def test_damaged_kafka_records_raise_the_formats_error(
-        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+        records: list[KafkaRecord],
         mutations: list[tuple[str, int, int]], count_change: int, span_change: int) -> None:
     body = encode_kafka([(k, v, tuple(h), ts) for k, v, h, ts in records], base_offset=0)[RECORDS_POSITION:]
     data = mutated(body, mutations)
@@ -98,7 +94,7 @@ def test_damaged_kafka_records_raise_the_formats_error(
 # Stored Kafka batches that log compaction rewrote -------------------------------------------------------
 
 
-def compacted(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+def compacted(records: list[KafkaRecord],
               kept: list[bool], base_offset: int, compression: Compression = Compression.NONE) -> bytes:
     """The batch of ``records`` at ``base_offset`` with only the records ``kept`` (as the cleaner rewrites
     it); an empty batch over its offsets where none is kept."""
@@ -113,7 +109,7 @@ def compacted(records: list[tuple[bytes | None, bytes | None, list[tuple[str, by
 @given(records=RECORDS, kept=st.lists(st.booleans(), min_size=12, max_size=12), base_offset=st.integers(0, 1 << 40),
        compression=st.sampled_from([Compression.NONE, Compression.GZIP, Compression.ZSTD]))
 def test_a_compacted_batchs_index_points_at_what_the_decoder_returns_at_its_offsets(
-        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]], kept: list[bool],
+        records: list[KafkaRecord], kept: list[bool],
         base_offset: int, compression: Compression) -> None:
     batch = compacted(records, kept, base_offset, compression)
     header, body, raw = index_kafka_batch(memoryview(batch), decompressed_bytes_max=1 << 20)
@@ -177,12 +173,6 @@ def test_offset_deltas_with_gaps_are_indexed_as_they_are() -> None:
     assert index[KEY_BYTES].tolist() == [1, 1, 1]
 
 
-NATIVE_RECORDS = st.lists(st.builds(
-    NewRecord, st.binary(max_size=300), st.none() | st.binary(max_size=40), st.integers(-(1 << 62), 1 << 62),
-    st.lists(st.tuples(HEADER_KEYS, st.none() | st.binary(max_size=20)), max_size=3).map(tuple)),
-    min_size=1, max_size=12)
-
-
 @settings(max_examples=examples(300), deadline=None)
 @given(records=NATIVE_RECORDS)
 def test_a_native_index_points_at_what_the_decoder_returns(records: list[NewRecord]) -> None:
@@ -201,7 +191,7 @@ def test_a_native_index_points_at_what_the_decoder_returns(records: list[NewReco
 
 
 @settings(max_examples=examples(1000), deadline=None)
-@given(records=NATIVE_RECORDS, mutations=MUTATIONS, count_change=st.integers(-2, 2))
+@given(records=NATIVE_RECORDS_BY_SEED, mutations=MUTATIONS, count_change=st.integers(-2, 2))
 def test_damaged_native_records_raise_the_formats_error(records: list[NewRecord], mutations: list[tuple[str, int, int]],
                                                         count_change: int) -> None:
     body = encode_batch(7, 100, records)[0][BATCH_HEADER_BYTES:]
