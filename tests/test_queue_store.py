@@ -4,6 +4,7 @@ consumer positions and corruption. (The bench command's tests are in test_bench_
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -724,3 +725,37 @@ def test_uploads_and_merges_write_objects_in_pieces_of_upload_sync_bytes(tmp_pat
     assert len(steps) >= 3 and set(steps) == {12345}    # two uploads and a merge
     with pytest.raises(ValueError, match="upload_sync_bytes"):
         QueueStore.open(tmp_path / "bad", config=small_queue_config(upload_sync_bytes=0))
+
+
+def _name_dict_bytes(ids: dict[str, int]) -> int:
+    """What the names' dict takes, every name and id counted (as stats() reports it, kept as names come)."""
+    return sys.getsizeof(ids) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in ids.items())
+
+
+def test_stats_count_the_bytes_of_every_queue_name_kept_and_recovered(tmp_path: Path) -> None:
+    with _open(tmp_path) as qs:
+        assert qs.stats()["name_dict_bytes"] == _name_dict_bytes(qs.writer.ids)
+        qs.put("first", b"x")
+        qs.put_many([f"queue-{i}" for i in range(300)] + ["first"], [b"y"] * 301)
+        qs.flush()
+        assert len(qs.writer.ids) == 301
+        assert qs.stats()["name_dict_bytes"] == _name_dict_bytes(qs.writer.ids)
+    with _open(tmp_path) as qs:   # names recovered from the WAL
+        assert len(qs.writer.ids) == 301
+        assert qs.stats()["name_dict_bytes"] == _name_dict_bytes(qs.writer.ids)
+        qs.put("after-recovery", b"z")
+        qs.flush()
+        assert qs.stats()["name_dict_bytes"] == _name_dict_bytes(qs.writer.ids)
+
+
+def test_a_non_ascii_name_counts_as_it_was_added(tmp_path: Path) -> None:
+    # Python keeps a UTF-8 copy of a non-ASCII str once something asks for one (writing the name does):
+    # the name's size grows after it was counted, by that copy at most.
+    name = "ü" * 40
+    with _open(tmp_path) as qs:
+        before = qs.stats()["name_dict_bytes"]
+        qs.put(name, b"x")
+        qs.flush()
+        counted = qs.stats()["name_dict_bytes"]
+        assert counted - before >= sys.getsizeof("ü" * 40) + sys.getsizeof(0)
+        assert counted <= _name_dict_bytes(qs.writer.ids) <= counted + len(name.encode()) + 1

@@ -417,7 +417,6 @@ class QueueStore:
         view = self.log_cache.view
         objects = view.objects
         writer, reader, compactor = self.writer, self.reader, self.compactor
-        ids = writer.ids.copy()  # one C call: the writer may add names meanwhile
         stream_count = writer.stream_count
         return {
             "queues": stream_count,
@@ -427,7 +426,7 @@ class QueueStore:
             "index_bytes_used": view.index.used_bytes,
             "page_crc_bytes": sum(o.pages.nbytes for o in objects),
             "queue_state_bytes": writer.queues.nbytes,
-            "name_dict_bytes": sys.getsizeof(ids) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in ids.items()),
+            "name_dict_bytes": sys.getsizeof(writer.ids) + writer.name_bytes,
             "name_index_bytes": writer.names.nbytes,
             "log_cache_bytes": self.log_cache.cache_bytes,
             "log_cache_records": len(view.records),
